@@ -1,0 +1,69 @@
+"""Capabilities checked before generating, each with an error that says what to do instead."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from transformers import DynamicCache, GenerationConfig
+
+from .config import SpeculativeConfig
+
+
+def check_supported(
+    model: Any, input_ids: torch.Tensor, config: GenerationConfig, model_kwargs: dict[str, Any], streamer: Any
+) -> None:
+    """Raise a clear error for anything speculative decoding here cannot reproduce losslessly."""
+    if model.config.is_encoder_decoder:
+        raise ValueError(
+            "speculative= supports decoder-only models; encoder-decoder models are not supported yet."
+        )
+    if getattr(model, "_is_stateful", False):
+        raise ValueError(
+            f"{type(model).__name__} keeps a recurrent state that cannot be rolled back after a rejection; "
+            "speculative decoding needs an attention KV cache."
+        )
+    if config.num_beams > 1:
+        raise ValueError(
+            f"speculative= cannot be combined with beam search (num_beams={config.num_beams}); "
+            "use num_beams=1, or drop speculative= for beam search."
+        )
+    if not config.use_cache:
+        raise ValueError("speculative= needs the KV cache; remove use_cache=False.")
+    cache = model_kwargs.get("cache")
+    if cache is not None and (type(cache) is not DynamicCache or not getattr(cache, "is_croppable", True)):
+        raise ValueError(
+            f"speculative= needs a DynamicCache it can roll back, got {type(cache).__name__} "
+            "(a static, compiled, sliding-window or quantized cache). Drop cache_implementation= / cache=."
+        )
+    if model_kwargs.get("inputs_embeds") is not None:
+        raise ValueError("speculative= needs input_ids; inputs_embeds is not supported.")
+    if config.return_dict_in_generate and (config.output_attentions or config.output_hidden_states):
+        raise ValueError(
+            "speculative= does not return attentions or hidden states; drop output_attentions / "
+            "output_hidden_states (output_scores and output_logits are supported)."
+        )
+    if streamer is not None and input_ids.shape[0] > 1:
+        raise ValueError("A streamer takes one sequence: stream with batch size 1, or drop streamer=.")
+    if cache is not None and cache.get_seq_length() > 0:
+        raise ValueError(
+            "speculative= starts from an empty cache; pass the whole prompt without a filled cache=."
+        )
+
+
+def resolve_method(config: SpeculativeConfig, model: Any) -> SpeculativeConfig:
+    """Turn `method="auto"` into a concrete drafter, without touching the user's config object."""
+    if config.method != "auto":
+        return config
+    if config.draft is not None:
+        return dataclasses.replace(config, method="draft_model")
+    try:
+        from .selection import load_choice, select_draft
+    except ImportError:  # pragma: no cover - selection ships with the package
+        return dataclasses.replace(config, method="ngram")
+    choice = select_draft(model)
+    if choice.draft is None:
+        return dataclasses.replace(config, method=choice.method)
+    draft, draft_tokenizer = load_choice(choice, model)
+    return dataclasses.replace(config, method=choice.method, draft=draft, draft_tokenizer=draft_tokenizer)

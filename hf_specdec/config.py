@@ -1,0 +1,62 @@
+"""`SpeculativeConfig`: what the user asks for with `generate(..., speculative=...)`."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+DraftLength = int | Literal["auto"]
+
+
+@dataclass
+class SpeculativeConfig:
+    """How to speculate.
+
+    Args:
+        method: a drafter name (`"ngram"`, `"draft_model"`, ...) or `"auto"`, which uses the draft
+            model given in `draft` when there is one and otherwise chooses for the target.
+        draft: for `method="draft_model"`: a local folder, a Hub repo id, or a loaded model.
+        draft_tokenizer: the draft's tokenizer when `draft` is a loaded model; lets the
+            compatibility check compare vocabularies instead of sizes.
+        num_draft_tokens: tokens drafted per step: an integer for a fixed length, or `"auto"`
+            to choose it each step from measured acceptance and costs.
+        options: settings of the chosen drafter (see its config class, e.g. `NgramConfig`).
+    """
+
+    method: str = "auto"
+    draft: Any = None
+    draft_tokenizer: Any = None
+    num_draft_tokens: DraftLength = "auto"
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.method, str):
+            raise TypeError(f"`method` must be a string, got {type(self.method).__name__}.")
+        n = self.num_draft_tokens
+        if n != "auto" and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f'`num_draft_tokens` must be a positive integer or "auto", got {n!r}.')
+
+    @classmethod
+    def from_user(cls, value: Any) -> SpeculativeConfig | None:
+        """Normalise what `speculative=` accepts: True/False/None, a method name, a dict, a config."""
+        if value is None or value is False:
+            return None
+        if value is True:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            return cls(method=value)
+        if isinstance(value, dict):
+            known = {f.name for f in dataclasses.fields(cls)}
+            unknown = sorted(set(value) - known)
+            if unknown:
+                raise ValueError(
+                    f"Unknown key(s) {unknown} in the `speculative` dict; valid keys are {sorted(known)}."
+                )
+            return cls(**value)
+        raise TypeError(
+            "`speculative` must be True, False, None, a method name, a dict or a SpeculativeConfig; "
+            f"got {type(value).__name__}."
+        )

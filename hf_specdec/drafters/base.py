@@ -1,0 +1,78 @@
+"""The drafter protocol: one signature for every draft source."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from ..config import SpeculativeConfig
+    from ..processing import ScoreProcessor
+
+
+@dataclass
+class DraftRequest:
+    """What the loop knows when it asks for a draft: the same object for every drafter.
+
+    Row b's sequence so far is `tokens[b, :lengths[b]]`: its left-padded prompt (padding is where
+    `attention_mask` is 0) followed by every token generated for it.
+    """
+
+    tokens: torch.Tensor  # [B, capacity]
+    attention_mask: torch.Tensor  # [B, capacity], 1 on real tokens
+    lengths: list[int]  # [B]
+    max_tokens: list[int]  # [B] most draft tokens worth proposing per row; 0 means none
+    do_sample: bool  # propose by sampling, and return the distributions sampled from
+    score: ScoreProcessor  # turns draft logits into scores exactly as the target's are processed
+    row_ids: list[int]  # [B] each row's index in the user's batch; finished rows drop out
+
+    def row(self, b: int) -> torch.Tensor:
+        """Row b's sequence so far, [1, lengths[b]]."""
+        return self.tokens[b : b + 1, : self.lengths[b]]
+
+
+@dataclass
+class Draft:
+    """Proposed tokens for every row; row b proposes `tokens[b, :lengths[b]]`."""
+
+    tokens: torch.Tensor  # [B, k], padding past each row's length is ignored
+    lengths: list[int]  # [B]
+    probs: torch.Tensor | None = None  # [B, k, V] the processed distributions sampled from; None = certain
+
+    @classmethod
+    def empty(cls, batch_size: int, device: torch.device) -> Draft:
+        return cls(torch.zeros(batch_size, 0, dtype=torch.long, device=device), [0] * batch_size)
+
+
+def options_to_config(config_cls: type, options: dict[str, Any]) -> Any:
+    """Build a drafter's config dataclass from `SpeculativeConfig.options`, naming unknown keys."""
+    known = {f.name for f in dataclasses.fields(config_cls)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ValueError(f"Unknown option(s) {unknown} for {config_cls.__name__}; valid: {sorted(known)}.")
+    return config_cls(**options)
+
+
+class Drafter(Protocol):
+    """A draft source. Implementations live one per module in `hf_specdec/drafters/`."""
+
+    name: ClassVar[str]
+    supports_sampling: ClassVar[bool]
+
+    @classmethod
+    def from_config(cls, config: SpeculativeConfig, target: PreTrainedModel, tokenizer: Any) -> Drafter:
+        """Build the drafter for one `generate` call (state lives in the instance, i.e. the call)."""
+        ...
+
+    def propose(self, request: DraftRequest) -> Draft:
+        """Propose up to `request.max_tokens[b]` tokens for each row b."""
+        ...
+
+    def observe(self, accepted: list[int]) -> None:
+        """Learn how many tokens of the last draft each row accepted (optional for stateless drafters)."""
+        ...

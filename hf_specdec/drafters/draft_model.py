@@ -1,0 +1,196 @@
+"""A separate, smaller causal LM that shares the target's tokenizer drafts autoregressively."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from ..kv import RaggedKV
+from ..tokenizer_check import compare_tokenizers
+from . import register_drafter
+from .base import Draft, DraftRequest, options_to_config
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from ..config import SpeculativeConfig
+
+
+@dataclass
+class DraftModelConfig:
+    """Settings of the `draft_model` drafter.
+
+    Args:
+        min_confidence: stop a greedy draft early once the draft's own probability of its next
+            token falls below this (llama.cpp's `--draft-p-min`); 0 always drafts the full length.
+    """
+
+    min_confidence: float = 0.0
+
+
+# Loaded drafts by (name, dtype, device): loading takes seconds, a generate call should not.
+_LOADED: dict[tuple[str, torch.dtype, str], tuple[Any, Any]] = {}
+
+
+def load_draft(name: str, target: PreTrainedModel) -> tuple[PreTrainedModel, Any]:
+    """Load a draft model and its tokenizer with the target's dtype and device (cached)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    key = (str(name), target.dtype, str(target.device))
+    if key not in _LOADED:
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=target.dtype).to(target.device).eval()
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(name)
+        except (OSError, ValueError):
+            tokenizer = None
+        _LOADED.clear()  # keep one draft in memory, not every one ever used
+        _LOADED[key] = (model, tokenizer)
+    return _LOADED[key]
+
+
+def check_compatible(
+    target: PreTrainedModel, target_tokenizer: Any, draft: PreTrainedModel, draft_tokenizer: Any
+) -> None:
+    """Refuse a draft whose token ids mean something else; warn when that cannot be checked."""
+    if target_tokenizer is not None and draft_tokenizer is not None:
+        check = compare_tokenizers(target_tokenizer, draft_tokenizer)
+        if not check.compatible:
+            raise ValueError(
+                f"The draft model cannot draft for this target: its {check.explain()}. "
+                "Use a draft from the same model family, or method='ngram'."
+            )
+        return
+    target_vocab = target.config.get_text_config().vocab_size
+    draft_vocab = draft.config.get_text_config().vocab_size
+    if target_vocab != draft_vocab:
+        raise ValueError(
+            f"The draft's vocabulary has {draft_vocab} entries but the target's has {target_vocab}, and no "
+            "tokenizers were given to compare. Pass `draft_tokenizer=` in the SpeculativeConfig and "
+            "`tokenizer=` to generate() so the vocabularies can be compared token by token."
+        )
+    warnings.warn(
+        "Draft compatibility was judged by vocabulary size only. Pass the draft's tokenizer "
+        "(`SpeculativeConfig(draft_tokenizer=...)`) and the target's (`generate(tokenizer=...)`) to check "
+        "that token ids mean the same strings; a mismatch does not break correctness, only speed.",
+        stacklevel=4,
+    )
+
+
+@register_drafter
+class DraftModelDrafter:
+    """Drafts with a small model, greedily or by sampling from its processed distribution."""
+
+    name: ClassVar[str] = "draft_model"
+    supports_sampling: ClassVar[bool] = True
+
+    def __init__(self, draft: PreTrainedModel, config: DraftModelConfig, device: torch.device) -> None:
+        self.model = draft
+        self.config = config
+        self.device = device  # the target's: tokens come in and go out there
+        self.kv: RaggedKV | None = None
+        self.cached: list[torch.Tensor] = []  # per row: the real tokens the draft cache holds
+        self.row_ids: list[int] = []
+
+    @classmethod
+    def from_config(
+        cls, config: SpeculativeConfig, target: PreTrainedModel, tokenizer: Any
+    ) -> DraftModelDrafter:
+        if config.draft is None:
+            raise ValueError(
+                "method='draft_model' needs a draft: "
+                "SpeculativeConfig(method='draft_model', draft='repo/or/path') or draft=<a loaded model>."
+            )
+        if isinstance(config.draft, str):
+            draft, draft_tokenizer = load_draft(config.draft, target)
+        else:
+            draft, draft_tokenizer = config.draft, config.draft_tokenizer
+        if draft is target:
+            warnings.warn(
+                "The draft is the target itself: every draft is accepted but nothing is gained.", stacklevel=4
+            )
+        check_compatible(target, tokenizer, draft, draft_tokenizer)
+        return cls(draft.eval(), options_to_config(DraftModelConfig, config.options), target.device)
+
+    def propose(self, request: DraftRequest) -> Draft:
+        self._follow_rows(request.row_ids)
+        draft_device = self.model.device
+        contexts = [request.row(b) for b in range(len(request.row_ids))]
+        real = [
+            ctx[0][request.attention_mask[b, : request.lengths[b]].bool()] for b, ctx in enumerate(contexts)
+        ]
+
+        # Roll the cache back to what each row still shares with its sequence, then feed the rest.
+        keep = [self._shared_prefix(self.cached[b], seq) for b, seq in enumerate(real)]
+        self.kv.truncate(torch.tensor(keep, device=draft_device))
+        pending = [seq[n:] for seq, n in zip(real, keep)]
+        logits = self.kv.forward(*_right_aligned(pending, draft_device), logits_to_keep=1)[:, -1]
+
+        batch, steps = len(real), max(request.max_tokens, default=0)
+        tokens = torch.zeros(batch, steps, dtype=torch.long, device=self.device)
+        probs = [] if request.do_sample else None
+        lengths = [0] * batch
+        active = [request.max_tokens[b] > 0 for b in range(batch)]
+        for i in range(steps):
+            scores = request.score(
+                [torch.cat([c, tokens[b : b + 1, :i]], 1) for b, c in enumerate(contexts)],
+                logits.to(self.device),
+            )
+            dist = scores.softmax(dim=-1)
+            if request.do_sample:
+                token = torch.multinomial(dist, 1).squeeze(1)
+                probs.append(dist)
+            else:
+                token = scores.argmax(dim=-1)
+            tokens[:, i] = token
+            confident = dist.gather(1, token[:, None]).squeeze(1) >= self.config.min_confidence
+            for b in range(batch):
+                if active[b]:
+                    lengths[b] = i + 1
+                    active[b] = i + 1 < request.max_tokens[b] and (request.do_sample or bool(confident[b]))
+            if not any(active):
+                break
+            valid = torch.tensor(active, device=draft_device)[:, None]
+            logits = self.kv.forward(token[:, None].to(draft_device), valid, logits_to_keep=1)[:, -1]
+
+        width = max(lengths, default=0)
+        fed = [max(n - 1, 0) for n in lengths]  # a row's last draft token is never fed
+        self.cached = [torch.cat([seq, tokens[b, : fed[b]].to(seq.device)]) for b, seq in enumerate(real)]
+        stacked = torch.stack(probs, dim=1)[:, :width] if probs else None
+        return Draft(tokens[:, :width], lengths, stacked)
+
+    def observe(self, accepted: list[int]) -> None:
+        pass  # the next propose() rolls back by comparing sequences, which also survives EOS and restarts
+
+    def _follow_rows(self, row_ids: list[int]) -> None:
+        if self.kv is None:
+            self.kv = RaggedKV(self.model, None, len(row_ids), self.model.device)
+            self.cached = [torch.zeros(0, dtype=torch.long, device=self.device) for _ in row_ids]
+        elif row_ids != self.row_ids:
+            where = [self.row_ids.index(r) for r in row_ids]
+            self.kv.select_rows(torch.tensor(where, device=self.model.device))
+            self.cached = [self.cached[i] for i in where]
+        self.row_ids = list(row_ids)
+
+    @staticmethod
+    def _shared_prefix(cached: torch.Tensor, seq: torch.Tensor) -> int:
+        """Length of the common prefix, leaving at least one token of `seq` to feed."""
+        n = min(len(cached), len(seq) - 1)
+        if n <= 0:
+            return 0
+        differs = torch.nonzero(cached[:n] != seq[:n].to(cached.device))
+        return int(differs[0]) if differs.numel() else n
+
+
+def _right_aligned(chunks: list[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack ragged 1-D token chunks as [B, T], right-aligned so every row's last token is last."""
+    width = max(len(c) for c in chunks)
+    tokens = torch.zeros(len(chunks), width, dtype=torch.long, device=device)
+    valid = torch.zeros(len(chunks), width, dtype=torch.bool, device=device)
+    for b, chunk in enumerate(chunks):
+        if len(chunk):
+            tokens[b, width - len(chunk) :] = chunk.to(device)
+            valid[b, width - len(chunk) :] = True
+    return tokens, valid

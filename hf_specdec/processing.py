@@ -1,0 +1,84 @@
+"""Applying the call's logits processors to many positions at once, exactly as `generate` would."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LogitsProcessorList
+from transformers.generation import logits_process as lp
+
+# Warpers that read only the scores, never the tokens: these can process every row and position
+# in one batched call. Any other processor (repetition penalty, min length, no-repeat n-gram, ...)
+# sees the exact token sequence that plain `generate` would have shown it, one row at a time.
+_CONTEXT_FREE = tuple(
+    getattr(lp, name)
+    for name in (
+        "TemperatureLogitsWarper",
+        "TopKLogitsWarper",
+        "TopPLogitsWarper",
+        "MinPLogitsWarper",
+        "TypicalLogitsWarper",
+        "EpsilonLogitsWarper",
+        "EtaLogitsWarper",
+    )
+    if hasattr(lp, name)
+)
+
+
+class ScoreProcessor:
+    """Turns raw logits into the processed scores `generate` would sample or argmax from."""
+
+    def __init__(self, logits_processor: LogitsProcessorList | None, vocab_size: int) -> None:
+        self.processors = logits_processor or LogitsProcessorList()
+        self.vocab_size = vocab_size
+        self.context_free = all(isinstance(p, _CONTEXT_FREE) for p in self.processors)
+
+    def fit_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """Bring logits [..., V'] to the target's vocabulary [..., V] in float32.
+
+        A draft with a larger (padded) vocabulary loses ids the target cannot emit; a smaller one
+        gets -inf for ids it cannot propose.
+        """
+        logits = logits.float()
+        size = logits.shape[-1]
+        if size > self.vocab_size:
+            return logits[..., : self.vocab_size]
+        if size < self.vocab_size:
+            pad = logits.new_full((*logits.shape[:-1], self.vocab_size - size), float("-inf"))
+            return torch.cat([logits, pad], dim=-1)
+        return logits
+
+    def __call__(self, contexts: list[torch.Tensor], logits: torch.Tensor) -> torch.Tensor:
+        """Process one position per row: row b's next-token logits given `contexts[b]` [1, L_b].
+
+        logits: [B, V]; returns [B, V].
+        """
+        logits = self.fit_vocab(logits)
+        if not self.processors:
+            return logits
+        if self.context_free:
+            return self.processors(contexts[0], logits)
+        return torch.cat([self.processors(ctx, logits[b : b + 1]) for b, ctx in enumerate(contexts)], dim=0)
+
+    def positions(
+        self,
+        contexts: list[torch.Tensor],  # [1, L_b] per row
+        draft_tokens: torch.Tensor,  # [B, k]
+        draft_lengths: list[int],  # [B]
+        logits: torch.Tensor,  # [B, k + 1, V]
+    ) -> torch.Tensor:
+        """Process the target's logits after each draft prefix: position i of row b follows
+        `contexts[b]` + `draft_tokens[b, :i]`. Positions past a row's draft are left unprocessed."""
+        logits = self.fit_vocab(logits)
+        if not self.processors:
+            return logits
+        batch, width, vocab = logits.shape
+        if self.context_free:
+            return self.processors(contexts[0], logits.reshape(batch * width, vocab)).reshape(
+                batch, width, vocab
+            )
+        scores = logits.clone()
+        for b, ctx in enumerate(contexts):
+            for i in range(draft_lengths[b] + 1):
+                seq = torch.cat([ctx, draft_tokens[b : b + 1, :i]], dim=1)
+                scores[b, i] = self.processors(seq, logits[b, i : i + 1])[0]
+        return scores

@@ -1,0 +1,114 @@
+"""Acceptance statistics: plain counters, with every derived figure computed here and only here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SpeculativeStats:
+    """Counters of one speculative `generate` call.
+
+    `steps` counts verification steps of a row (one per row per target forward after the prompt;
+    `target_forwards` counts the forwards themselves); `speculative_steps` of them verified a
+    non-empty draft and `plain_steps` decoded one token without a draft. `drafted` and `accepted`
+    count draft tokens; `position_drafted[i]` / `position_accepted[i]` count the i-th drafted
+    token of a step (conditional on the earlier ones having been accepted, as in the paper).
+    `emitted` counts tokens the call produced (accepted drafts plus one target token a step,
+    cut at EOS / max length).
+    """
+
+    method: str = ""
+    target_forwards: int = 0
+    steps: int = 0
+    speculative_steps: int = 0
+    plain_steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    emitted: int = 0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    position_drafted: list[int] = field(default_factory=list)
+    position_accepted: list[int] = field(default_factory=list)
+    draft_lengths: list[int] = field(default_factory=list)  # the adaptive policy's choice per step
+
+    def record_step(self, drafted: int, accepted: int) -> None:
+        """Count one verification step that checked `drafted` tokens and kept `accepted` of them."""
+        self.steps += 1
+        if drafted == 0:
+            self.plain_steps += 1
+            return
+        self.speculative_steps += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        grow = drafted - len(self.position_drafted)
+        if grow > 0:
+            self.position_drafted.extend([0] * grow)
+            self.position_accepted.extend([0] * grow)
+        for i in range(drafted):
+            self.position_drafted[i] += 1
+        for i in range(accepted):
+            self.position_accepted[i] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Fraction of drafted tokens the target accepted (0 when nothing was drafted)."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """τ: tokens gained per target forward, counting the target's own token: 1 + accepted/steps."""
+        return 1.0 + self.accepted / self.steps if self.steps else 0.0
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        """α_i: the chance that draft position i is accepted given that positions < i were."""
+        return [a / d if d else 0.0 for a, d in zip(self.position_accepted, self.position_drafted)]
+
+    def merge(self, other: SpeculativeStats) -> None:
+        """Add another call's counters to these (for benchmarks that sum over prompts)."""
+        for name in (
+            "target_forwards",
+            "steps",
+            "speculative_steps",
+            "plain_steps",
+            "drafted",
+            "accepted",
+            "emitted",
+        ):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.draft_seconds += other.draft_seconds
+        self.verify_seconds += other.verify_seconds
+        for mine, theirs in (
+            (self.position_drafted, other.position_drafted),
+            (self.position_accepted, other.position_accepted),
+        ):
+            mine.extend([0] * (len(theirs) - len(mine)))
+            for i, count in enumerate(theirs):
+                mine[i] += count
+        self.method = self.method or other.method
+
+    def to_dict(self) -> dict:
+        """Counters and derived figures, for JSON reports."""
+        return {
+            "method": self.method,
+            "target_forwards": self.target_forwards,
+            "steps": self.steps,
+            "speculative_steps": self.speculative_steps,
+            "plain_steps": self.plain_steps,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "emitted": self.emitted,
+            "acceptance_rate": self.acceptance_rate,
+            "mean_accepted_length": self.mean_accepted_length,
+            "per_position_acceptance": self.per_position_acceptance,
+            "draft_seconds": self.draft_seconds,
+            "verify_seconds": self.verify_seconds,
+        }
+
+    def __str__(self) -> str:
+        return (
+            f"{self.method}: {self.steps} steps ({self.speculative_steps} speculative), "
+            f"{self.accepted}/{self.drafted} drafted tokens accepted ({self.acceptance_rate:.0%}), "
+            f"mean accepted length {self.mean_accepted_length:.2f}"
+        )

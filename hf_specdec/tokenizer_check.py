@@ -1,0 +1,72 @@
+"""Do two tokenizers map text to the same ids? Decided by their vocabularies, not `vocab_size`.
+
+`config.vocab_size` is the size of the embedding matrix, which model authors pad to a multiple
+of 64 or 128 (Qwen2.5-7B: 152064, Qwen2.5-0.5B: 151936, one tokenizer). What matters for
+speculative decoding is that every token id means the same string in both models and that the
+special tokens that end or frame a generation agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+_SPECIAL_ATTRS = ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id")
+
+
+@dataclass
+class TokenizerCheck:
+    """The outcome of comparing a target's tokenizer with a draft's."""
+
+    compatible: bool
+    shared_vocab_size: int  # ids below this mean the same token in both
+    differences: list[str] = field(default_factory=list)  # human-readable, the first few
+
+    def explain(self) -> str:
+        if self.compatible:
+            return f"tokenizers agree on all {self.shared_vocab_size} token ids and on their special tokens"
+        return "tokenizers differ: " + "; ".join(self.differences)
+
+
+def compare_tokenizers(target: Any, draft: Any, *, max_reported: int = 5) -> TokenizerCheck:
+    """Compare two tokenizers by their token-to-id maps and special tokens.
+
+    Args:
+        target: the target model's tokenizer (any `PreTrainedTokenizerBase`).
+        draft: the draft model's tokenizer.
+        max_reported: how many differing tokens to name in `differences`.
+    """
+    target_vocab: dict[str, int] = target.get_vocab()
+    draft_vocab: dict[str, int] = draft.get_vocab()
+    differences: list[str] = []
+
+    mismatched = [
+        (token, idx, draft_vocab.get(token))
+        for token, idx in target_vocab.items()
+        if draft_vocab.get(token, idx) != idx
+    ]
+    mismatched.sort(key=lambda item: item[1])
+    for token, idx, other in mismatched[:max_reported]:
+        differences.append(f"token {token!r} is id {idx} in the target but id {other} in the draft")
+    if len(mismatched) > max_reported:
+        differences.append(f"... {len(mismatched) - max_reported} more tokens map to different ids")
+
+    # Tokens one side has and the other lacks are fine above the shared range (padding, added
+    # tokens of a fine-tune); inside it they would silently change meaning.
+    shared = min(len(target_vocab), len(draft_vocab))
+    target_ids = {idx for idx in target_vocab.values() if idx < shared}
+    draft_ids = {idx for idx in draft_vocab.values() if idx < shared}
+    missing = sorted(target_ids ^ draft_ids)
+    if missing and not mismatched:
+        differences.append(
+            f"{len(missing)} ids below {shared} exist in only one tokenizer (first: {missing[0]})"
+        )
+
+    for attr in _SPECIAL_ATTRS:
+        t_id, d_id = getattr(target, attr, None), getattr(draft, attr, None)
+        if attr == "pad_token_id" or t_id is None or d_id is None:
+            continue  # pad only fills batches; a missing special token is not a conflict
+        if t_id != d_id:
+            differences.append(f"{attr} is {t_id} in the target but {d_id} in the draft")
+
+    return TokenizerCheck(compatible=not differences, shared_vocab_size=shared, differences=differences)

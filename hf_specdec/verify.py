@@ -1,0 +1,85 @@
+"""Accepting draft tokens: pure tensor functions, one vocabulary, batched over rows.
+
+Every function takes the draft of a step and the target's *processed* scores at the k + 1
+positions the target just computed (after each draft prefix, and one past the whole draft) and
+returns, per row, how many draft tokens were accepted and the tokens to append: the accepted
+drafts followed by one token of the target's own (the correction after a rejection, or the
+bonus token when every draft token was accepted). So a step never gains fewer than one token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def greedy_verify(
+    draft_tokens: torch.Tensor,  # [B, k]
+    draft_lengths: torch.Tensor,  # [B], real draft tokens per row (<= k)
+    target_scores: torch.Tensor,  # [B, k + 1, V] processed target scores
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy acceptance: keep the longest draft prefix equal to the target's own argmax.
+
+    Returns `accepted` [B] and `tokens` [B, k + 1], of which row b emits `tokens[b, :accepted[b] + 1]`.
+    Because accepted drafts equal the target's argmax, the emitted tokens are exactly what the
+    target would have chosen one step at a time.
+    """
+    k = draft_tokens.shape[1]
+    target_tokens = target_scores.argmax(dim=-1)  # [B, k + 1]
+    positions = torch.arange(k, device=draft_tokens.device)
+    matches = (draft_tokens == target_tokens[:, :k]) & (positions < draft_lengths[:, None])
+    accepted = matches.to(torch.int64).cumprod(dim=-1).sum(dim=-1)
+    return accepted, target_tokens
+
+
+def rejection_sample(
+    draft_tokens: torch.Tensor,  # [B, k]
+    draft_lengths: torch.Tensor,  # [B]
+    draft_probs: torch.Tensor | None,  # [B, k, V], or None for a deterministic proposal
+    target_probs: torch.Tensor,  # [B, k + 1, V] processed target distribution p
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Speculative sampling (Leviathan et al. 2023, Algorithm 1; Chen et al. 2023).
+
+    Draft token x_i, drawn from q_i, is accepted with probability min(1, p_i(x_i) / q_i(x_i)). At
+    the first rejection the replacement is drawn from norm(max(0, p_i - q_i)); if all k are
+    accepted a bonus token is drawn from p_{k+1}. Each emitted token is then distributed exactly
+    as p. A drafter without probabilities (n-gram lookup) proposed x_i with certainty: q_i is
+    one-hot, so acceptance is p_i(x_i) and the residual is p_i with x_i removed.
+
+    Returns `accepted` [B] and `tokens` [B, k + 1] as `greedy_verify` does.
+    """
+    batch, k = draft_tokens.shape
+    device = draft_tokens.device
+    rows = torch.arange(batch, device=device)
+    in_draft = torch.arange(k, device=device) < draft_lengths[:, None]  # [B, k]
+
+    # Acceptance test for every position at once; only the prefix before the first failure counts.
+    p_draft = target_probs[:, :k].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [B, k]
+    if draft_probs is None:
+        q_draft = torch.ones_like(p_draft)
+    else:
+        q_draft = draft_probs.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)
+    uniform = torch.rand(batch, k, device=device, dtype=p_draft.dtype)
+    accept = (uniform * q_draft < p_draft) & in_draft
+    accepted = accept.to(torch.int64).cumprod(dim=-1).sum(dim=-1)  # [B]
+
+    # The one target token of the step, drawn at position n = accepted from the residual
+    # max(0, p_n - q_n); past the draft q_n is zero and the residual is p_n itself (the bonus).
+    p_next = target_probs[rows, accepted]  # [B, V]
+    residual = p_next.clone()
+    rejected = accepted < draft_lengths  # rows whose draft ended in a rejection
+    if rejected.any():
+        n = accepted.clamp(max=k - 1)
+        if draft_probs is None:
+            residual[rows[rejected], draft_tokens[rows, n][rejected]] = 0.0
+        else:
+            q_next = draft_probs[rows, n]
+            residual[rejected] = (p_next[rejected] - q_next[rejected]).clamp_min(0.0)
+    # p == q leaves a zero residual only where rejection had probability zero; keep p then.
+    empty = residual.sum(dim=-1) <= 0
+    if empty.any():
+        residual[empty] = p_next[empty]
+    next_token = torch.multinomial(residual, num_samples=1).squeeze(-1)  # [B]
+
+    tokens = torch.cat([draft_tokens, draft_tokens.new_zeros(batch, 1)], dim=1)
+    tokens[rows, accepted] = next_token
+    return accepted, tokens
