@@ -58,12 +58,11 @@ def resolve_method(config: SpeculativeConfig, model: Any) -> SpeculativeConfig:
         return config
     if config.draft is not None:
         return dataclasses.replace(config, method="draft_model")
-    try:
-        from .selection import load_choice, select_draft
-    except ImportError:  # pragma: no cover - selection ships with the package
-        return dataclasses.replace(config, method="ngram")
+    from .selection import locate_draft, select_draft
+
     choice = select_draft(model)
     if choice.draft is None:
         return dataclasses.replace(config, method=choice.method)
-    draft, draft_tokenizer = load_choice(choice, model)
-    return dataclasses.replace(config, method=choice.method, draft=draft, draft_tokenizer=draft_tokenizer)
+    # The selection compared the tokenizers already (or the registry pair was reviewed).
+    options = {**config.options, "tokenizer_verified": True}
+    return dataclasses.replace(config, method=choice.method, draft=str(locate_draft(choice)), options=options)

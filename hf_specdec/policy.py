@@ -89,8 +89,8 @@ class AdaptiveDraftLength:
         plain = self._verify(batch_size, 1)
         if plain is None:
             return 0  # measure a plain step first: it is what generate would have done anyway
-        if self._verify(batch_size, 2) is None and not any(self.drafted):
-            return self.first_k
+        if self._verify(batch_size, 2) is None:
+            return self.first_k  # nothing measured beyond plain steps yet: explore
         best_k, best_rate = 0, 1.0 / plain
         expected, survive = 1.0, 1.0
         for k in range(1, self.max_k + 1):

@@ -26,9 +26,12 @@ class DraftModelConfig:
     Args:
         min_confidence: stop a greedy draft early once the draft's own probability of its next
             token falls below this (llama.cpp's `--draft-p-min`); 0 always drafts the full length.
+        tokenizer_verified: the pair's tokenizers are known to agree (set by automatic draft
+            selection, which compared them), so no vocabulary-size check is needed.
     """
 
     min_confidence: float = 0.0
+    tokenizer_verified: bool = False
 
 
 # Loaded drafts by (name, dtype, device): loading takes seconds, a generate call should not.
@@ -111,8 +114,10 @@ class DraftModelDrafter:
             warnings.warn(
                 "The draft is the target itself: every draft is accepted but nothing is gained.", stacklevel=4
             )
-        check_compatible(target, tokenizer, draft, draft_tokenizer)
-        return cls(draft.eval(), options_to_config(DraftModelConfig, config.options), target.device)
+        options = options_to_config(DraftModelConfig, config.options)
+        if not options.tokenizer_verified:
+            check_compatible(target, tokenizer, draft, draft_tokenizer)
+        return cls(draft.eval(), options, target.device)
 
     def propose(self, request: DraftRequest) -> Draft:
         self._follow_rows(request.row_ids)

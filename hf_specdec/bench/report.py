@@ -1,0 +1,243 @@
+"""Figures derived from measurements (medians, speedups, acceptance) and the files a run writes."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..stats import SpeculativeStats
+from .result import PLAIN, Measurement
+
+if TYPE_CHECKING:
+    from .result import BenchResult
+
+Key = tuple[int, str, str]  # (batch size, category, row)
+
+
+def summarize(measurements: list[Measurement]) -> list[dict[str, Any]]:
+    """One entry per (batch size, category, row), in the order they were first measured.
+
+    `speedup` is the row's median tokens/s over plain's median tokens/s in that category;
+    `paired_speedup` the median over prompts of each prompt's own ratio (less sensitive to drift).
+    """
+    groups = _group(measurements, lambda m: (m.batch_size, m.category, m.row))
+    entries = []
+    for (batch_size, category, row), group in groups.items():
+        plain = groups.get((batch_size, category, PLAIN), [])
+        entry = {"batch_size": batch_size, "category": category, "row": row}
+        entries.append({**entry, **_figures(group, plain)})
+    return entries
+
+
+def overall(measurements: list[Measurement], summary: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (batch size, row): geometric mean over categories of the speedup, and statistics merged
+    over every prompt (acceptance rate, τ, acceptance by draft position)."""
+    entries = []
+    for (batch_size, row), group in _group(measurements, lambda m: (m.batch_size, m.row)).items():
+        speedups = [
+            e["speedup"]
+            for e in summary
+            if e["batch_size"] == batch_size and e["row"] == row and e["speedup"] is not None
+        ]
+        entry = {"batch_size": batch_size, "row": row, "categories": len(speedups)}
+        entry["geomean_speedup"] = _geomean(speedups)
+        entry["errors"] = sum(m.error is not None for m in group)
+        entries.append({**entry, **_stats_figures(group)})
+    return entries
+
+
+def _figures(group: list[Measurement], plain: list[Measurement]) -> dict[str, Any]:
+    ok = [m for m in group if m.error is None]
+    plain_ok = [m for m in plain if m.error is None]
+    tokens_per_s = _median(m.tokens_per_s for m in ok)
+    plain_tokens_per_s = _median(m.tokens_per_s for m in plain_ok)
+    by_prompts = {tuple(m.prompt_ids): m.tokens_per_s for m in plain_ok}
+    paired = [
+        m.tokens_per_s / by_prompts[tuple(m.prompt_ids)] for m in ok if by_prompts.get(tuple(m.prompt_ids))
+    ]
+    identical = [m.identical for m in ok if m.identical is not None]
+    return {
+        "runs": len(group),
+        "errors": len(group) - len(ok),
+        "error": next((m.error for m in group if m.error), None),
+        "new_tokens": sum(m.new_tokens for m in ok),
+        "seconds": sum(m.seconds for m in ok),
+        "median_tokens_per_s": tokens_per_s,
+        "speedup": tokens_per_s / plain_tokens_per_s if tokens_per_s and plain_tokens_per_s else None,
+        "paired_speedup": _median(paired),
+        "identical": sum(identical) / len(identical) if identical else None,
+        **_stats_figures(ok),
+    }
+
+
+def _stats_figures(group: list[Measurement]) -> dict[str, Any]:
+    stats = [m.stats for m in group if m.stats is not None]
+    if not stats:
+        return {"acceptance_rate": None, "mean_accepted_length": None, "per_position_acceptance": None}
+    merged = SpeculativeStats()
+    for s in stats:
+        merged.merge(s)
+    return {
+        "acceptance_rate": merged.acceptance_rate,
+        "mean_accepted_length": merged.mean_accepted_length,
+        "per_position_acceptance": merged.per_position_acceptance,
+    }
+
+
+def to_markdown(result: BenchResult) -> str:
+    """A header with the settings, then per batch size a speedup overview and a table per category."""
+    summary, totals = result.summary(), result.overall()
+    lines = _header(result)
+    for batch_size in result.settings["batch_sizes"]:
+        entries = [e for e in summary if e["batch_size"] == batch_size]
+        if entries:
+            lines += _overview(batch_size, entries, [t for t in totals if t["batch_size"] == batch_size])
+            for category in dict.fromkeys(e["category"] for e in entries):
+                lines += _category_table(category, [e for e in entries if e["category"] == category])
+    return "\n".join(lines) + "\n"
+
+
+def save(result: BenchResult, out_dir: Path, *, plots: bool = True) -> list[Path]:
+    """Write results.json and results.md (and PNG plots when matplotlib is installed)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = [out_dir / "results.json", out_dir / "results.md"]
+    written[0].write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    written[1].write_text(result.to_markdown())
+    if plots:
+        from .plots import MissingMatplotlib, plot_acceptance, plot_speedup
+
+        try:
+            written.append(plot_speedup(result.summary(), out_dir / "speedup.png"))
+            written.append(plot_acceptance(result.overall(), out_dir / "acceptance_by_position.png"))
+        except MissingMatplotlib as err:
+            warnings.warn(str(err), stacklevel=2)
+    return written
+
+
+def _header(result: BenchResult) -> list[str]:
+    s = result.settings
+    mode = "sampling" if s["sample"] else "greedy"
+    lines = ["# hf-specdec benchmark", ""]
+    lines += [*s.get("notes", []), ""] if s.get("notes") else []
+    if s.get("command"):
+        lines += ["Reproduce with:", "", f"    {s['command']}", ""]
+    lines += [
+        f"- Model: `{s['model']}`" + (f", draft `{s['draft']}`" if s["draft"] else ", no draft model"),
+        f"- Suite: {s['suite']}, {s['prompts']} prompts in {len(s['categories'])} categories; "
+        f"batch sizes {', '.join(map(str, s['batch_sizes']))}; {mode}; max_new_tokens {s['max_new_tokens']}; "
+        f"chat template {'on' if s['chat_template'] else 'off'}; num_draft_tokens {s['num_draft_tokens']}",
+        f"- Machine: {s['machine']}, {s['cpu_cores']} cores, {s['torch_threads']} torch threads; "
+        f"load average (1/5/15 min) {_load(s.get('load_average_start'))} at start, "
+        f"{_load(s.get('load_average_end'))} at end",
+        f"- Software: torch {s['torch']}, transformers {s['transformers']}, Python {s['python']}; "
+        f"date {s['date']}",
+        "- Rows: " + ", ".join(f"`{r}`" for r in s["rows"]) + _missing_rows(s),
+        "- Speedup = the row's median tokens/s over plain `generate`'s, per category; rows run "
+        "interleaved prompt by prompt in one process, order rotated per prompt, after one warm-up. "
+        "τ = mean accepted length (1 + accepted / steps). Identical = share of outputs token-identical "
+        "to plain greedy.",
+        "",
+    ]
+    if result.interrupted:
+        lines += ["**Interrupted: partial results.**", ""]
+    return lines
+
+
+def _missing_rows(settings: dict[str, Any]) -> str:
+    if settings["draft"]:
+        return ""
+    return (
+        ". Not run: `draft_model` and `transformers_assisted`, which need a smaller draft model "
+        "sharing the target's tokenizer (`--draft`)"
+    )
+
+
+def _overview(batch_size: int, entries: list[dict], totals: list[dict]) -> list[str]:
+    rows = [r for r in dict.fromkeys(e["row"] for e in entries) if r != PLAIN]
+    lines = [
+        f"## Speedup vs plain generate, batch size {batch_size}",
+        "",
+        "| category | prompts | plain tok/s | " + " | ".join(rows) + " |",
+        "|---|---:|---:|" + "---:|" * len(rows),
+    ]
+    for category in dict.fromkeys(e["category"] for e in entries):
+        cells = {e["row"]: e for e in entries if e["category"] == category}
+        plain = cells.get(PLAIN, {})
+        lines.append(
+            f"| {category} | {plain.get('runs', '')} | {_num(plain.get('median_tokens_per_s'))} | "
+            + " | ".join(_speedup_cell(cells.get(r)) for r in rows)
+            + " |"
+        )
+    geomeans = {t["row"]: t["geomean_speedup"] for t in totals}
+    lines.append(
+        "| **geometric mean** | | | " + " | ".join(f"**{_x(geomeans.get(r))}**" for r in rows) + " |"
+    )
+    return [*lines, ""]
+
+
+def _category_table(category: str, entries: list[dict]) -> list[str]:
+    lines = [
+        f"### {category}",
+        "",
+        "| row | tokens/s | speedup | paired speedup | acceptance | τ | identical | errors |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for e in entries:
+        error = f"{e['errors']}/{e['runs']}: {_short(e['error'])}" if e["errors"] else ""
+        lines.append(
+            f"| {e['row']} | {_num(e['median_tokens_per_s'])} | {_x(e['speedup'])} | "
+            f"{_x(e['paired_speedup'])} | {_pct(e['acceptance_rate'])} | "
+            f"{_num(e['mean_accepted_length'], 2)} | {_pct(e['identical'])} | {error} |"
+        )
+    return [*lines, ""]
+
+
+def _speedup_cell(entry: dict | None) -> str:
+    if entry is None:
+        return "–"
+    if entry["speedup"] is None and entry["errors"]:
+        return "error"
+    return _x(entry["speedup"])
+
+
+def _group(measurements: Iterable[Measurement], key: Any) -> dict[Any, list[Measurement]]:
+    groups: dict[Any, list[Measurement]] = {}
+    for m in measurements:
+        groups.setdefault(key(m), []).append(m)
+    return groups
+
+
+def _median(values: Iterable[float]) -> float | None:
+    values = list(values)
+    return statistics.median(values) if values else None
+
+
+def _geomean(values: list[float]) -> float | None:
+    positive = [v for v in values if v > 0]
+    return math.exp(sum(map(math.log, positive)) / len(positive)) if positive else None
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _x(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}x"
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{value:.0%}"
+
+
+def _load(values: list[float] | None) -> str:
+    return "unknown" if not values else " / ".join(f"{v:.2f}" for v in values)
+
+
+def _short(message: str | None, limit: int = 80) -> str:
+    text = (message or "").replace("|", "/").replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 1] + "…"

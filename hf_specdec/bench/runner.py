@@ -1,0 +1,362 @@
+"""Timing rows against plain `generate`, prompt by prompt and interleaved in one process.
+
+For every batch of prompts each row runs once, in an order rotated from batch to batch so that a
+slow drift of the machine (other processes, thermal) falls on every row alike. Greedy outputs are
+compared with plain `generate`'s token for token.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..drafters import DRAFTERS
+from .result import PLAIN, BenchResult, Measurement
+from .suites import Prompt, load_prompt_file, load_suite, take_per_category
+
+PROMPT_LOOKUP_TOKENS = 10  # transformers' documented default for prompt_lookup_num_tokens
+WARMUP_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class Row:
+    """One way of generating: `generate` with these extra keyword arguments."""
+
+    name: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    batched: bool = True  # transformers' assisted generation refuses batch size > 1
+
+
+def run_bench(
+    model: Any = None,
+    *,
+    tokenizer: Any = None,
+    draft: Any = None,
+    methods: Sequence[str] | None = None,
+    suite: str = "builtin",
+    prompts: Path | str | Sequence[Prompt] | None = None,
+    data_dir: Path | str | None = None,
+    limit: int | None = None,
+    batch_sizes: Sequence[int] = (1,),
+    max_new_tokens: int = 128,
+    sample: bool = False,
+    chat_template: bool | None = None,
+    num_draft_tokens: int | str = "auto",
+    transformers_baselines: bool = True,
+    progress: bool = True,
+) -> BenchResult:
+    """Benchmark speculative methods against plain `generate` and transformers' assisted generation.
+
+    Args:
+        model: a model folder or repo id, or a loaded model (then pass `tokenizer`); default: the
+            offline SmolLM2-135M-Instruct demo model.
+        draft: a draft model (folder, repo id or loaded model) for `draft_model` and `auto`, and for
+            transformers' `assistant_model=` row.
+        methods: our methods to time (`hf_specdec.DRAFTERS` or "auto"); default `ngram`, plus
+            `draft_model` when a draft is given.
+        suite / prompts: a suite name (see `SUITES`), or a JSONL file or list of `Prompt` instead.
+        limit: at most this many prompts per category.
+        chat_template: None applies the tokenizer's chat template when it has one; True requires one.
+        transformers_baselines: also time `prompt_lookup_num_tokens=10` and, with a draft,
+            `assistant_model=` (batch size 1 only).
+
+    Ctrl-C stops the run and returns what was measured so far, with `interrupted=True`.
+    """
+    methods = list(methods) if methods else ["ngram"] + (["draft_model"] if draft is not None else [])
+    _check_methods(methods, draft)
+    _check_batch_sizes(batch_sizes)
+    chosen = _select_prompts(suite, prompts, data_dir, limit)
+    model, tokenizer, model_name = _load_model(model, tokenizer)
+    chat = _use_chat_template(tokenizer, chat_template)
+    draft_model, draft_tokenizer = _load_draft(draft, model)
+    rows = _rows(methods, draft_model, draft_tokenizer, num_draft_tokens, transformers_baselines)
+    settings = _settings(
+        model_name, draft, methods, rows, suite if prompts is None else str(prompts), chosen,
+        batch_sizes, max_new_tokens, sample, chat, num_draft_tokens,
+    )  # fmt: skip
+    result = BenchResult(settings)
+    generation = dict(max_new_tokens=max_new_tokens, do_sample=sample, return_dict_in_generate=True)
+    generation["pad_token_id"] = _pad_id(tokenizer, model)
+    try:
+        _measure(model, tokenizer, rows, chosen, batch_sizes, chat, generation, result, progress)
+    except KeyboardInterrupt:
+        result.interrupted = True
+    result.settings["load_average_end"] = _load_average()
+    return result
+
+
+def _measure(
+    model: Any,
+    tokenizer: Any,
+    rows: list[Row],
+    prompts: list[Prompt],
+    batch_sizes: Sequence[int],
+    chat: bool,
+    generation: dict[str, Any],
+    result: BenchResult,
+    progress: bool,
+) -> None:
+    from tqdm.auto import tqdm
+
+    plan = [(b, _batches(prompts, b), [r for r in rows if r.batched or b == 1]) for b in batch_sizes]
+    bar = tqdm(total=sum(len(items) * len(rs) for _, items, rs in plan), disable=not progress, unit="run")
+    try:
+        for batch_size, items, batch_rows in plan:
+            inputs = _encode(tokenizer, items[0], chat, generation["pad_token_id"], model.device)
+            for row in batch_rows:  # warm-up: first calls pay for allocations and lazy imports
+                _time_row(model, row, inputs, {**generation, "max_new_tokens": WARMUP_TOKENS}, 0)
+            for i, item in enumerate(items):
+                inputs = _encode(tokenizer, item, chat, generation["pad_token_id"], model.device)
+                outputs: dict[str, Any] = {}
+                for row in batch_rows[i % len(batch_rows) :] + batch_rows[: i % len(batch_rows)]:
+                    bar.set_postfix_str(f"bs={batch_size} {item[0].category} {row.name}")
+                    measurement, outputs[row.name] = _time_row(model, row, inputs, generation, i)
+                    measurement.batch_size, measurement.category = batch_size, item[0].category
+                    measurement.prompt_ids = [p.id for p in item]
+                    result.measurements.append(measurement)
+                    bar.update()
+                if not generation["do_sample"]:
+                    _mark_identical(result.measurements[-len(batch_rows) :], outputs, inputs, _eos_ids(model))
+    finally:
+        bar.close()
+
+
+def _time_row(
+    model: Any, row: Row, inputs: dict[str, torch.Tensor], generation: dict[str, Any], seed: int
+) -> tuple[Measurement, Any]:
+    """Run one row once; an exception is recorded in the measurement, not raised."""
+    measurement = Measurement(batch_size=0, category="", prompt_ids=[], row=row.name)
+    if generation["do_sample"]:
+        torch.manual_seed(seed)
+    try:
+        start = time.perf_counter()
+        out = model.generate(**inputs, **generation, **row.kwargs)
+        measurement.seconds = time.perf_counter() - start
+    except Exception as err:  # one failing row must not lose the others
+        measurement.error = f"{type(err).__name__}: {err}"
+        return measurement, None
+    eos = _eos_ids(model)
+    measurement.new_tokens = sum(len(t) for t in _new_tokens(out.sequences, inputs, eos))
+    measurement.stats = getattr(out, "speculative_stats", None)
+    return measurement, out
+
+
+def _mark_identical(
+    measurements: list[Measurement], outputs: dict[str, Any], inputs: dict[str, Any], eos: set[int]
+) -> None:
+    """Set each greedy measurement's fraction of sequences token-identical to plain `generate`'s."""
+    plain = outputs.get(PLAIN)
+    if plain is None:
+        return
+    reference = _new_tokens(plain.sequences, inputs, eos)
+    for m in measurements:
+        out = outputs.get(m.row)
+        if out is not None:
+            ours = _new_tokens(out.sequences, inputs, eos)
+            m.identical = sum(a == b for a, b in zip(reference, ours)) / len(reference)
+
+
+def _new_tokens(sequences: torch.Tensor, inputs: dict[str, Any], eos: set[int]) -> list[list[int]]:
+    """Each row's generated tokens, up to and including its first EOS (what follows is padding)."""
+    prompt_len = inputs["input_ids"].shape[1]
+    rows = []
+    for row in sequences[:, prompt_len:].tolist():
+        end = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
+        rows.append(row[:end])
+    return rows
+
+
+def _eos_ids(model: Any) -> set[int]:
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        return set()
+    return set(eos) if isinstance(eos, list) else {int(eos)}
+
+
+def _rows(
+    methods: list[str], draft: Any, draft_tokenizer: Any, num_draft_tokens: int | str, baselines: bool
+) -> list[Row]:
+    rows = [Row(PLAIN)]
+    for method in methods:
+        spec = dict(method=method, num_draft_tokens=num_draft_tokens)
+        if draft is not None and method in ("draft_model", "auto"):
+            spec.update(draft=draft, draft_tokenizer=draft_tokenizer)
+        rows.append(Row(method, {"speculative": spec}))
+    if baselines:
+        rows.append(
+            Row("transformers_prompt_lookup", {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS}, False)
+        )
+        if draft is not None:
+            rows.append(Row("transformers_assisted", {"assistant_model": draft}, False))
+    return rows
+
+
+def _check_methods(methods: list[str], draft: Any) -> None:
+    valid = sorted(["auto", *DRAFTERS])
+    unknown = [m for m in methods if m not in valid]
+    if unknown:
+        raise ValueError(f"Unknown method(s) {', '.join(unknown)}; valid methods: {', '.join(valid)}.")
+    if len(set(methods)) != len(methods):
+        raise ValueError(f"Methods are listed twice: {', '.join(methods)}.")
+    if "draft_model" in methods and draft is None:
+        raise ValueError("Method draft_model needs a draft model: pass --draft (draft= in Python).")
+
+
+def _check_batch_sizes(batch_sizes: Sequence[int]) -> None:
+    if not batch_sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batch_sizes):
+        raise ValueError(f"Batch sizes must be positive integers, got {list(batch_sizes)}.")
+
+
+def _select_prompts(
+    suite: str, prompts: Path | str | Sequence[Prompt] | None, data_dir: Any, limit: int | None
+) -> list[Prompt]:
+    if prompts is None:
+        chosen = load_suite(suite, data_dir)
+    elif isinstance(prompts, (str, Path)):
+        chosen = load_prompt_file(prompts)
+    else:
+        chosen = list(prompts)
+    if limit is not None and limit < 1:
+        raise ValueError(f"--limit must be at least 1, got {limit}.")
+    chosen = take_per_category(chosen, limit)
+    if not chosen:
+        raise ValueError("No prompts to benchmark.")
+    return chosen
+
+
+def _batches(prompts: list[Prompt], size: int) -> list[list[Prompt]]:
+    """Consecutive prompts of one category, `size` at a time (a category's last batch may be smaller)."""
+    by_category: dict[str, list[Prompt]] = {}
+    for prompt in prompts:
+        by_category.setdefault(prompt.category, []).append(prompt)
+    return [group[i : i + size] for group in by_category.values() for i in range(0, len(group), size)]
+
+
+def _load_model(model: Any, tokenizer: Any) -> tuple[Any, Any, str]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..models import demo_model_path
+
+    if model is None:
+        model = demo_model_path()
+    if isinstance(model, (str, Path)):
+        name = str(model)
+        tokenizer = tokenizer or AutoTokenizer.from_pretrained(name)
+        return AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32).eval(), tokenizer, name
+    name = getattr(model, "name_or_path", type(model).__name__)
+    return model, tokenizer or AutoTokenizer.from_pretrained(name), name
+
+
+def _load_draft(draft: Any, target: Any) -> tuple[Any, Any]:
+    """A draft path becomes a loaded model once, shared by our row and transformers' assisted row."""
+    if draft is None or not isinstance(draft, (str, Path)):
+        return draft, None
+    from ..drafters.draft_model import load_draft
+
+    return load_draft(str(draft), target)
+
+
+def _use_chat_template(tokenizer: Any, requested: bool | None) -> bool:
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if requested and not has_template:
+        raise ValueError(
+            "--chat-template was requested but the tokenizer has no chat template; "
+            "drop --chat-template to benchmark raw prompts."
+        )
+    return has_template if requested is None else requested
+
+
+def _encode(
+    tokenizer: Any, prompts: list[Prompt], chat: bool, pad_id: int, device: torch.device
+) -> dict[str, torch.Tensor]:
+    """Left-padded `input_ids` and `attention_mask` (padded here: the tokenizer is left untouched)."""
+    ids = [_token_ids(tokenizer, p, chat) for p in prompts]
+    width = max(len(x) for x in ids)
+    input_ids = torch.full((len(ids), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(ids), width), dtype=torch.long)
+    for b, row in enumerate(ids):
+        input_ids[b, width - len(row) :] = torch.tensor(row)
+        attention_mask[b, width - len(row) :] = 1
+    return {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device)}
+
+
+def _token_ids(tokenizer: Any, prompt: Prompt, chat: bool) -> list[int]:
+    if chat and not prompt.raw:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt.text}], add_generation_prompt=True, tokenize=False
+        )
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer(prompt.text)["input_ids"]
+
+
+def _pad_id(tokenizer: Any, model: Any) -> int:
+    for candidate in (tokenizer.pad_token_id, model.generation_config.pad_token_id, *_eos_ids(model)):
+        if candidate is not None:
+            return int(candidate)
+    return 0
+
+
+def _settings(
+    model_name: str,
+    draft: Any,
+    methods: list[str],
+    rows: list[Row],
+    suite: str,
+    prompts: list[Prompt],
+    batch_sizes: Sequence[int],
+    max_new_tokens: int,
+    sample: bool,
+    chat: bool,
+    num_draft_tokens: int | str,
+) -> dict[str, Any]:
+    import transformers
+
+    return {
+        "model": model_name,
+        "draft": None if draft is None else str(getattr(draft, "name_or_path", draft)),
+        "methods": methods,
+        "rows": [r.name for r in rows],
+        "suite": suite,
+        "prompts": len(prompts),
+        "categories": sorted({p.category for p in prompts}),
+        "batch_sizes": list(batch_sizes),
+        "max_new_tokens": max_new_tokens,
+        "sample": sample,
+        "chat_template": chat,
+        "num_draft_tokens": num_draft_tokens,
+        "prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS,
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "machine": _cpu_name(),
+        "cpu_cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "load_average_start": _load_average(),
+    }
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None

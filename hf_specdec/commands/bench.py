@@ -1,0 +1,109 @@
+"""`hf-specdec bench`: time speculative methods against plain generate and transformers' own drafting."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from hf_specdec.bench.suites import SUITES
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "bench",
+        help="benchmark speculative methods against plain generate",
+        description="Time plain generate, our speculative methods and transformers' prompt lookup / "
+        "assisted generation on a prompt suite, interleaved prompt by prompt; write markdown, JSON "
+        "and PNG plots.",
+    )
+    parser.add_argument("--model", default=None, help="model folder or repo id (default: the demo model)")
+    parser.add_argument("--draft", default=None, help="draft model for draft_model and transformers_assisted")
+    parser.add_argument(
+        "--methods",
+        default=None,
+        help="comma-separated methods (default: ngram, plus draft_model with --draft)",
+    )
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "--suite", default="builtin", choices=list(SUITES), help="prompt suite (default: builtin)"
+    )
+    source.add_argument("--prompts", type=Path, default=None, help="a JSONL file with a 'prompt' per line")
+    parser.add_argument(
+        "--data-dir", type=Path, default=None, help="benchmark data (default: $HF_SPECDEC_DATA)"
+    )
+    parser.add_argument("--limit", type=int, default=None, help="at most N prompts per category")
+    parser.add_argument("--batch-sizes", default="1", help="comma-separated batch sizes (default: 1)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--sample", action="store_true", help="sample (do_sample=True) instead of greedy")
+    parser.add_argument("--num-draft-tokens", default="auto", help='an integer, or "auto" (default)')
+    template = parser.add_mutually_exclusive_group()
+    template.add_argument("--chat-template", dest="chat_template", action="store_true", default=None)
+    template.add_argument("--no-chat-template", dest="chat_template", action="store_false")
+    parser.add_argument(
+        "--no-transformers", action="store_true", help="skip transformers' prompt lookup / assisted rows"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path("bench_out"), help="output folder (default: bench_out)"
+    )
+    parser.add_argument("--markdown", type=Path, default=None, help="also write the markdown report here")
+    parser.add_argument("--note", action="append", default=[], help="a line of text for the report's header")
+    parser.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from hf_specdec.bench import run_bench
+
+    try:
+        result = run_bench(
+            args.model,
+            draft=args.draft,
+            methods=_split(args.methods) or None,
+            suite=args.suite,
+            prompts=args.prompts,
+            data_dir=args.data_dir,
+            limit=args.limit,
+            batch_sizes=[_positive_int(b, "--batch-sizes") for b in _split(args.batch_sizes)],
+            max_new_tokens=args.max_new_tokens,
+            sample=args.sample,
+            chat_template=args.chat_template,
+            num_draft_tokens=_draft_tokens(args.num_draft_tokens),
+            transformers_baselines=not args.no_transformers,
+            progress=not args.quiet,
+        )
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    result.settings["command"] = "hf-specdec bench " + shlex.join(sys.argv[2:]) if _is_cli() else None
+    result.settings["notes"] = args.note
+    written = result.save(args.out, plots=not args.no_plots)
+    if args.markdown:
+        args.markdown.write_text(result.to_markdown())
+        written.append(args.markdown)
+    print(result.to_markdown())
+    print("Wrote " + ", ".join(map(str, written)), file=sys.stderr)
+    if result.interrupted:
+        print("Interrupted: the files hold the results measured so far.", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _split(text: str | None) -> list[str]:
+    return [part.strip() for part in (text or "").split(",") if part.strip()]
+
+
+def _positive_int(text: str, option: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"{option} takes positive integers, got {text!r}.")
+    return int(text)
+
+
+def _draft_tokens(text: str) -> int | str:
+    return "auto" if text == "auto" else _positive_int(text, "--num-draft-tokens")
+
+
+def _is_cli() -> bool:
+    return len(sys.argv) > 1 and sys.argv[1] == "bench"

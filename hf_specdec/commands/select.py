@@ -1,0 +1,53 @@
+"""`hf-specdec select TARGET`: which draft (or draft-free method) speculative decoding would use."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from hf_specdec.selection import DraftChoice, DraftSelectionError, select_draft
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "select",
+        help="choose a draft model for a target",
+        description="Choose a draft model (or a draft-free method) for a target model, and say why.",
+    )
+    parser.add_argument("target", metavar="TARGET", help="a Hub repo id or a local model folder")
+    parser.add_argument("--json", action="store_true", help="print the decision as JSON")
+    parser.add_argument("--token", default=None, help="Hugging Face token for gated or private repos")
+    parser.add_argument("--revision", default=None, help="the target's branch, tag or commit")
+    parser.add_argument(
+        "--trust-remote-code", action="store_true", help="consider drafts that need custom code (auto_map)"
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        choice = select_draft(
+            args.target, token=args.token, revision=args.revision, trust_remote_code=args.trust_remote_code
+        )
+    except (DraftSelectionError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps(choice.to_dict(), indent=2) if args.json else _describe(choice))
+    return 0
+
+
+def _describe(choice: DraftChoice) -> str:
+    lines = [
+        f"method:    {choice.method}",
+        f"draft:     {choice.draft or '-'}",
+        f"reason:    {choice.reason}",
+        f"source:    {choice.source}",
+    ]
+    if choice.size_ratio:
+        lines.append(f"size:      1/{1 / choice.size_ratio:.1f} of the target")
+    if choice.tokenizer_check:
+        lines.append(f"tokenizer: {choice.tokenizer_check}")
+    lines += [f"rejected:  {item}" for item in choice.rejected]
+    return "\n".join(lines)

@@ -1,0 +1,284 @@
+"""Search the Hub for a draft model that fits a target not listed in the registry.
+
+Candidates come from the same author and family as the target (or as its `base_model`, for a
+fine-tune), with sizes from the Hub's safetensors metadata and architectures from `config.json`.
+They are ranked by expected speedup: same instruct/base variant first, then the smallest whose
+size is between 1/100 and 1/4 of the target's. The first whose downloaded tokenizer maps every
+token to the same id as the target's (`compare_tokenizers`) wins. No remote code is ever run:
+a candidate whose config needs it (`auto_map`) is skipped unless `trust_remote_code=True`.
+
+The endpoint (`HF_ENDPOINT`) and cache (`HF_HUB_CACHE`) are read when called, not at import.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hf_specdec.selection import DRAFT_FREE_METHOD, DraftChoice, DraftSelectionError, params_from_name
+
+MIN_RATIO = 1 / 100  # a smaller draft agrees too rarely with the target to pay
+MAX_RATIO = 1 / 4  # a larger draft costs too much per drafted token
+_EXPAND = ["safetensors", "config", "cardData", "gated", "siblings", "tags"]
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "config.json",
+)
+_MODEL_FILES = re.compile(r"^(config\.json|generation_config\.json|model.*\.safetensors(\.index\.json)?)$")
+_GATED_CANDIDATE = "gated: pass a token that has accepted its licence to consider it"
+_QUANTIZED = re.compile(r"(gguf|awq|gptq|int4|int8|fp8|mlx|onnx|bnb|exl2)", re.IGNORECASE)
+_INSTRUCT = re.compile(r"(instruct|chat|(^|-)it($|-))", re.IGNORECASE)
+_SIZE_SPLIT = re.compile(r"-(?:\d+x)?\d+(?:\.\d+)?[MmBb](?=$|-)")
+
+
+@dataclass
+class _Candidate:
+    repo_id: str
+    params: float
+    instruct: bool
+    info: Any  # huggingface_hub.ModelInfo
+    tokenizer_note: str | None = None
+
+
+def hub_endpoint() -> str:
+    """`$HF_ENDPOINT` read now, else the endpoint huggingface_hub read at import."""
+    from huggingface_hub import constants
+
+    return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+
+
+def search_draft(
+    repo_id: str, *, token: str | None = None, revision: str | None = None, trust_remote_code: bool = False
+) -> DraftChoice:
+    """Search the Hub for the best draft for `repo_id`; a draft-free choice when none fits."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=hub_endpoint(), token=token)
+    info = _target_info(api, repo_id, revision)
+    target_params = _params(info)
+    if target_params is None:
+        return _draft_free(repo_id, "its size is unknown (no safetensors metadata and no size in its name)")
+    family_repo = _base_model(info) or repo_id
+    target_tok = _target_tokenizer(repo_id, info, token)
+    rejected: list[str] = []
+    candidates = _candidates(api, repo_id, family_repo, token)
+    for cand in _rank(candidates, target_params, _is_instruct(repo_id), rejected):
+        verdict = _check_candidate(cand, target_tok, token=token, trust_remote_code=trust_remote_code)
+        if verdict is None:
+            return _chosen(repo_id, cand, target_params, family_repo, rejected)
+        rejected.append(f"{cand.repo_id}: {verdict}")
+    why = f"no model of the {family_repo} family on the Hub is 1/100 to 1/4 of its size and has its tokenizer"
+    return _draft_free(repo_id, why, rejected)
+
+
+def _chosen(
+    repo_id: str, cand: _Candidate, target_params: float, family_repo: str, rejected: list[str]
+) -> DraftChoice:
+    ratio = round(cand.params / target_params, 4)
+    reason = (
+        f"{cand.repo_id} is the smallest model of the {family_repo} family on the Hub that shares "
+        f"the target's tokenizer, at 1/{1 / ratio:.0f} of its size."
+    )
+    return DraftChoice(
+        method="draft_model",
+        draft=cand.repo_id,
+        reason=reason,
+        target=repo_id,
+        source="hub",
+        size_ratio=ratio,
+        tokenizer_check=cand.tokenizer_note,
+        rejected=rejected,
+    )
+
+
+def download_model(repo_id: str, *, token: str | None = None, revision: str | None = None) -> Path:
+    """Download a model's config, generation config and safetensors weights; return the folder."""
+    from huggingface_hub import HfApi
+
+    info = HfApi(endpoint=hub_endpoint(), token=token).model_info(
+        repo_id, revision=revision, expand=["siblings"]
+    )
+    names = [s.rfilename for s in info.siblings or [] if _MODEL_FILES.match(s.rfilename)]
+    names += [s.rfilename for s in info.siblings or [] if s.rfilename in _TOKENIZER_FILES]
+    return _download(repo_id, sorted(set(names)), token=token, revision=revision)
+
+
+# --- target -----------------------------------------------------------------------------------
+
+
+def _target_info(api: Any, repo_id: str, revision: str | None) -> Any:
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+    try:
+        return api.model_info(repo_id, revision=revision, expand=_EXPAND)
+    except GatedRepoError as err:
+        raise DraftSelectionError(_gated_message(repo_id)) from err
+    except RevisionNotFoundError as err:
+        raise DraftSelectionError(f"{repo_id} has no revision {revision!r} on the Hub.") from err
+    except RepositoryNotFoundError as err:
+        raise DraftSelectionError(
+            f"{repo_id} was not found on the Hub ({hub_endpoint()}). If it is private, pass a token "
+            "with read access (token=... or --token)."
+        ) from err
+
+
+def _target_tokenizer(repo_id: str, info: Any, token: str | None) -> Any:
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        return _load_tokenizer(_download_tokenizer(repo_id, info, token=token))
+    except GatedRepoError as err:
+        raise DraftSelectionError(_gated_message(repo_id)) from err
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as err:
+        raise DraftSelectionError(f"Could not get the tokenizer of {repo_id} from the Hub: {err}") from err
+
+
+def _gated_message(repo_id: str) -> str:
+    return (
+        f"{repo_id} is gated on the Hub: accept its licence on its model page, then pass a token "
+        "that has access (token=... or --token, or `hf auth login`)."
+    )
+
+
+def _base_model(info: Any) -> str | None:
+    """The `base_model` a fine-tune names in its card, if any (the first when it lists several)."""
+    base = getattr(info.card_data, "base_model", None) if info.card_data else None
+    if isinstance(base, list):
+        base = base[0] if base else None
+    return base if isinstance(base, str) and base != info.id else None
+
+
+def _params(info: Any) -> float | None:
+    if info.safetensors is not None and info.safetensors.total:
+        return float(info.safetensors.total)
+    return params_from_name(info.id)
+
+
+def _is_instruct(repo_id: str) -> bool:
+    return bool(_INSTRUCT.search(repo_id.split("/")[-1]))
+
+
+# --- candidates -------------------------------------------------------------------------------
+
+
+def _family(repo_id: str) -> str:
+    """`Qwen/Qwen2.5-7B-Instruct` -> `Qwen2.5`: the name up to its size."""
+    name = repo_id.split("/")[-1]
+    match = _SIZE_SPLIT.search(name)
+    return name[: match.start()] if match else name.split("-")[0]
+
+
+def _candidates(api: Any, repo_id: str, family_repo: str, token: str | None) -> list[Any]:
+    author, family = family_repo.split("/")[0], _family(family_repo)
+    models = api.list_models(author=author, search=family, expand=_EXPAND, limit=500, token=token)
+    return [m for m in models if m.id != repo_id and _family(m.id).lower() == family.lower()]
+
+
+def _rank(infos: list[Any], target_params: float, instruct: bool, rejected: list[str]) -> list[_Candidate]:
+    """Keep candidates of a useful size, best expected speedup first."""
+    kept = []
+    for info in infos:
+        params = _params(info)
+        if _QUANTIZED.search(info.id):
+            continue  # quantized exports of a sibling: not a transformers draft
+        if params is None:
+            rejected.append(f"{info.id}: size unknown")
+        elif not MIN_RATIO <= params / target_params <= MAX_RATIO:
+            rejected.append(
+                f"{info.id}: 1/{target_params / params:.1f} of the target's size, outside 1/100..1/4"
+            )
+        else:
+            kept.append(_Candidate(info.id, params, _is_instruct(info.id), info))
+    return sorted(kept, key=lambda c: (c.instruct != instruct, c.params))
+
+
+def _check_candidate(
+    cand: _Candidate, target_tok: Any, *, token: str | None, trust_remote_code: bool
+) -> str | None:
+    """None when `cand` can draft for the target; otherwise why not. Sets `cand.tokenizer_note`."""
+    from huggingface_hub import get_token
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
+
+    from hf_specdec.tokenizer_check import compare_tokenizers
+
+    config = cand.info.config or {}
+    if "auto_map" in config and not trust_remote_code:
+        return "needs custom code (auto_map); pass trust_remote_code=True to consider it"
+    if "quantization_config" in config:
+        return "quantized checkpoint"
+    if not _loadable(config, trust_remote_code):
+        return f"model_type {config.get('model_type')!r} is not a causal LM transformers can load"
+    if cand.info.gated and not (token or get_token()):
+        return _GATED_CANDIDATE  # its files may be cached, but its weights could not be downloaded
+    try:
+        draft_tok = _load_tokenizer(_download_tokenizer(cand.repo_id, cand.info, token=token))
+    except GatedRepoError:
+        return _GATED_CANDIDATE
+    except RepositoryNotFoundError:
+        return "no longer available on the Hub"
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as err:
+        return f"tokenizer could not be fetched or loaded ({type(err).__name__})"
+    check = compare_tokenizers(target_tok, draft_tok)
+    cand.tokenizer_note = check.explain()
+    return None if check.compatible else check.explain()
+
+
+def _loadable(config: dict[str, Any], trust_remote_code: bool) -> bool:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if trust_remote_code and "auto_map" in config:
+        return True
+    return config.get("model_type") in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+
+def _draft_free(repo_id: str, why: str, rejected: list[str] | None = None) -> DraftChoice:
+    reason = f"{repo_id} gets a draft-free method: {why}."
+    return DraftChoice(DRAFT_FREE_METHOD, None, reason, repo_id, "hub", rejected=rejected or [])
+
+
+# --- files ------------------------------------------------------------------------------------
+
+
+def _download_tokenizer(repo_id: str, info: Any, *, token: str | None) -> Path:
+    names = [s.rfilename for s in info.siblings or [] if s.rfilename in _TOKENIZER_FILES]
+    return _download(
+        repo_id, names or ["tokenizer.json", "tokenizer_config.json"], token=token, revision=info.sha
+    )
+
+
+def _download(repo_id: str, names: list[str], *, token: str | None, revision: str | None) -> Path:
+    """Download `names` from one commit of `repo_id` into the Hub cache; return their folder."""
+    from huggingface_hub import hf_hub_download
+
+    paths = [
+        hf_hub_download(
+            repo_id,
+            name,
+            revision=revision,
+            token=token,
+            endpoint=hub_endpoint(),
+            cache_dir=os.environ.get("HF_HUB_CACHE"),
+        )
+        for name in names
+    ]
+    return Path(paths[0]).parent
+
+
+def _load_tokenizer(folder: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)

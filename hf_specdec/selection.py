@@ -1,0 +1,262 @@
+"""Choose how to speculate for a target model: a draft model that shares its tokenizer, or none.
+
+`select_draft(target)` answers from, in order:
+
+1. the reviewed registry `configs/draft_pairs.toml` (works offline);
+2. an earlier decision cached under `cache_dir() / "selections"` (works offline);
+3. a search of the Hub (see `hf_specdec.hub_search`), whose decision is then cached.
+
+With `HF_HUB_OFFLINE=1` only the first two are used. When nothing fits, the answer is a
+draft-free method (`"ngram"`) with the reason. `load_draft(choice, target_model)` loads the draft.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from hf_specdec.models import cache_dir
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+DRAFT_FREE_METHOD = "ngram"
+_REGISTRY_NAME = "draft_pairs.toml"
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_SIZE = re.compile(r"(?:^|[-_])(?:\d+x)?(\d+(?:\.\d+)?)([MmBb])(?=$|[-_])")
+_SCALE = {"m": 1e6, "b": 1e9}
+
+
+class DraftSelectionError(RuntimeError):
+    """The target itself cannot be examined (gated, private, missing); the message says what to do."""
+
+
+@dataclass
+class DraftChoice:
+    """How to speculate for one target, and why.
+
+    Attributes:
+        method: a drafter name: `"draft_model"`, or a draft-free method such as `"ngram"`.
+        draft: the draft's repo id or local folder; None for draft-free methods.
+        reason: one sentence for humans.
+        target: the repo id the decision was made for (None for a local folder with no Hub origin).
+        source: where the answer came from: `"registry"`, `"hub"`, `"cache"`, `"offline"` (not in the
+            registry, no cached decision, Hub not searched) or `"local"` (a folder with no Hub origin).
+        size_ratio: draft parameters / target parameters, when known.
+        tokenizer_check: how the tokenizers were compared, and the outcome.
+        rejected: candidates the Hub search looked at and why each was not taken.
+    """
+
+    method: str
+    draft: str | None
+    reason: str
+    target: str | None = None
+    source: str = "registry"
+    size_ratio: float | None = None
+    tokenizer_check: str | None = None
+    rejected: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DraftChoice:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def select_draft(
+    target: Any,
+    *,
+    token: str | None = None,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+) -> DraftChoice:
+    """Choose a draft model (or a draft-free method) for `target`.
+
+    Args:
+        target: a Hub repo id, a local model folder, or a loaded `PreTrainedModel`.
+        token: a Hugging Face token, needed when the target or a candidate is gated or private.
+        revision: the target's revision (branch, tag or commit) on the Hub.
+        trust_remote_code: allow drafts whose config needs custom code (`auto_map`); off by default.
+
+    Raises:
+        DraftSelectionError: the target is gated, private or missing on the Hub.
+    """
+    repo_id, note = _resolve_target(target)
+    if repo_id is None:
+        return DraftChoice(DRAFT_FREE_METHOD, None, note, source="local")
+    choice = registry_lookup(repo_id)
+    if choice is None:
+        choice = _cached_or_searched(
+            repo_id, token=token, revision=revision, trust_remote_code=trust_remote_code
+        )
+    if note:
+        choice = dataclasses.replace(choice, reason=f"{choice.reason} ({note})")
+    return choice
+
+
+def load_draft(
+    choice: DraftChoice, target_model: Any, *, token: str | None = None, trust_remote_code: bool = False
+) -> Any | None:
+    """Load `choice.draft` with AutoModelForCausalLM in the target's dtype, on the target's device.
+
+    Returns None for a draft-free choice. Hub drafts are fetched from `$HF_ENDPOINT` (read now).
+    """
+    if choice.draft is None:
+        return None
+    from transformers import AutoModelForCausalLM
+
+    location = locate_draft(choice, token=token)
+    model = AutoModelForCausalLM.from_pretrained(
+        location, dtype=target_model.dtype, token=token, trust_remote_code=trust_remote_code
+    )
+    return model.to(target_model.device).eval()
+
+
+def locate_draft(choice: DraftChoice, *, token: str | None = None) -> str:
+    """A local folder (or, offline, the repo id for the local HF cache) holding `choice.draft`."""
+    if choice.draft is None:
+        raise ValueError(f"{choice.method!r} is draft-free: there is no draft model to locate.")
+    if Path(choice.draft).is_dir() or hub_offline():
+        return choice.draft
+    from hf_specdec.hub_search import download_model
+
+    return str(download_model(choice.draft, token=token))
+
+
+def hub_offline() -> bool:
+    """`HF_HUB_OFFLINE`, read now (huggingface_hub reads it once, at import)."""
+    from huggingface_hub import constants
+
+    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return constants.HF_HUB_OFFLINE or value.upper() in {"1", "ON", "YES", "TRUE"}
+
+
+# --- target -----------------------------------------------------------------------------------
+
+
+def _resolve_target(target: Any) -> tuple[str | None, str]:
+    """Return (repo id or None, a note on how it was found, or why there is none)."""
+    if not isinstance(target, (str, os.PathLike)):
+        target = getattr(target, "name_or_path", None) or getattr(target.config, "_name_or_path", "")
+    name = str(target)
+    if not name:
+        return (
+            None,
+            "the model does not say which Hub model it comes from (no name_or_path), so no draft is known",
+        )
+    if not Path(name).is_dir():
+        if not _REPO_ID.match(name):
+            raise ValueError(f"{name!r} is neither a local folder nor a Hub repo id (owner/name).")
+        return name, ""
+    origin = _folder_origin(Path(name))
+    if origin is None:
+        return (
+            None,
+            f"the local folder {name} does not say which Hub model it comes from, so no draft is known",
+        )
+    return origin, f"from the local folder's config.json, which names {origin}"
+
+
+def _folder_origin(folder: Path) -> str | None:
+    config = folder / "config.json"
+    if not config.exists():
+        return None
+    origin = json.loads(config.read_text()).get("_name_or_path", "")
+    return origin if _REPO_ID.match(origin) and not Path(origin).exists() else None
+
+
+def params_from_name(repo_id: str) -> float | None:
+    """Parameters read from a name such as `Qwen2.5-7B-Instruct` (7e9); None without a size."""
+    match = _SIZE.search(repo_id.split("/")[-1])
+    return float(match.group(1)) * _SCALE[match.group(2).lower()] if match else None
+
+
+# --- registry ---------------------------------------------------------------------------------
+
+
+def registry_path() -> Path:
+    """The registry: `configs/draft_pairs.toml` of the checkout, else the copy shipped in the package."""
+    checkout = Path(__file__).resolve().parents[1] / "configs" / _REGISTRY_NAME
+    return checkout if checkout.exists() else Path(__file__).resolve().parent / "_configs" / _REGISTRY_NAME
+
+
+@cache
+def _registry() -> dict[str, dict[str, Any]]:
+    """Target repo id (lower case) -> its registry entry."""
+    data = tomllib.loads(registry_path().read_text())
+    table: dict[str, dict[str, Any]] = {}
+    for entry in data.get("pair", []) + data.get("draft_free", []):
+        for target in entry["targets"]:
+            table[target.lower()] = entry
+    return table
+
+
+def registry_lookup(repo_id: str) -> DraftChoice | None:
+    """The registry's answer for `repo_id`, or None when the registry does not list it."""
+    entry = _registry().get(repo_id.lower())
+    if entry is None:
+        return None
+    if "draft" not in entry:
+        reason = f"{repo_id} gets a draft-free method: {entry['reason']}."
+        return DraftChoice(entry["method"], None, reason, target=repo_id, tokenizer_check=None)
+    draft = entry["draft"]
+    reason = f"{draft} is a known good draft for {repo_id} ({entry['source']})."
+    if entry.get("gated"):
+        reason += f" {draft} is gated: accept its licence on the Hub and pass a token."
+    return DraftChoice(
+        "draft_model",
+        draft,
+        reason,
+        target=repo_id,
+        size_ratio=_name_ratio(draft, repo_id),
+        tokenizer_check="same tokenizer per the reviewed registry",
+    )
+
+
+def _name_ratio(draft: str, target: str) -> float | None:
+    d, t = params_from_name(draft), params_from_name(target)
+    return round(d / t, 4) if d and t else None
+
+
+# --- cache ------------------------------------------------------------------------------------
+
+
+def _cache_file(repo_id: str, revision: str | None, *, token: str | None, trust_remote_code: bool) -> Path:
+    # The answer depends on what the caller may see and run, so those are part of the key.
+    flags = f"token={bool(token)},remote={trust_remote_code}"
+    digest = hashlib.sha256(flags.encode()).hexdigest()[:8]
+    name = f"{repo_id.replace('/', '--')}@{revision or 'main'}-{digest}.json"
+    return cache_dir() / "selections" / name
+
+
+def _cached_or_searched(
+    repo_id: str, *, token: str | None, revision: str | None, trust_remote_code: bool
+) -> DraftChoice:
+    path = _cache_file(repo_id, revision, token=token, trust_remote_code=trust_remote_code)
+    if path.exists():
+        return dataclasses.replace(DraftChoice.from_dict(json.loads(path.read_text())), source="cache")
+    if hub_offline():
+        reason = (
+            f"{repo_id} is not in the registry and HF_HUB_OFFLINE is set, so no draft could be searched "
+            "for; speculating from n-grams of the text instead."
+        )
+        return DraftChoice(DRAFT_FREE_METHOD, None, reason, target=repo_id, source="offline")
+    from hf_specdec.hub_search import search_draft
+
+    choice = search_draft(repo_id, token=token, revision=revision, trust_remote_code=trust_remote_code)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(choice.to_dict(), indent=2))
+    tmp.replace(path)  # atomic: a crash never leaves half a decision behind
+    return choice

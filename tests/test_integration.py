@@ -1,0 +1,115 @@
+"""`speculative=` in generate(), pipelines and streamers, on the real SmolLM2-135M."""
+
+from __future__ import annotations
+
+import torch
+from transformers import TextIteratorStreamer, pipeline
+
+from hf_specdec.integration import _ORIGINAL_GENERATE
+
+MESSAGES = [
+    {
+        "role": "user",
+        "content": "Repeat exactly: the quick brown fox jumps over the lazy dog. "
+        "The quick brown fox jumps over the lazy dog.",
+    }
+]
+
+
+class RecordingStreamer:
+    """The streamer protocol generate uses: put(prompt), put(tokens)..., end()."""
+
+    def __init__(self) -> None:
+        self.puts: list[list[int]] = []
+        self.ended = 0
+
+    def put(self, value: torch.Tensor) -> None:
+        self.puts.append(value.reshape(-1).tolist())
+
+    def end(self) -> None:
+        self.ended += 1
+
+
+def _inputs(tokenizer, messages=MESSAGES):
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+
+
+def test_generate_without_speculative_is_transformers_own(smollm2):
+    model, tokenizer = smollm2
+    inputs = _inputs(tokenizer)
+    ours = model.generate(**inputs, max_new_tokens=8, do_sample=False)
+    theirs = _ORIGINAL_GENERATE(model, **inputs, max_new_tokens=8, do_sample=False)
+    assert torch.equal(ours, theirs)
+    for off in (False, None):
+        assert torch.equal(model.generate(**inputs, max_new_tokens=8, do_sample=False, speculative=off), theirs)
+
+
+def test_pipeline_speculative_matches_plain(smollm2):
+    model, tokenizer = smollm2
+    pipe = pipeline("text-generation", model=model, tokenizer=tokenizer)
+    plain = pipe(MESSAGES, max_new_tokens=24, do_sample=False)
+    spec = pipe(MESSAGES, max_new_tokens=24, do_sample=False, speculative=True)
+    assert spec == plain
+
+
+def test_pipeline_batched(smollm2):
+    model, tokenizer = smollm2
+    tokenizer.padding_side = "left"
+    pipe = pipeline("text-generation", model=model, tokenizer=tokenizer)
+    chats = [MESSAGES, [{"role": "user", "content": "Name a colour."}], [{"role": "user", "content": "Hi!"}]]
+    plain = pipe(chats, max_new_tokens=16, do_sample=False, batch_size=3)
+    spec = pipe(chats, max_new_tokens=16, do_sample=False, batch_size=3, speculative="ngram")
+    assert spec == plain
+
+
+def test_streamer_gets_every_token_once_in_order(smollm2):
+    model, tokenizer = smollm2
+    inputs = _inputs(tokenizer)
+    streamer = RecordingStreamer()
+    out = model.generate(**inputs, max_new_tokens=30, do_sample=False, speculative="ngram", streamer=streamer)
+    prompt_len = inputs["input_ids"].shape[1]
+    assert streamer.puts[0] == inputs["input_ids"][0].tolist()
+    streamed = [t for chunk in streamer.puts[1:] for t in chunk]
+    assert streamed == out[0, prompt_len:].tolist()
+    assert streamer.ended == 1
+    assert any(len(chunk) > 1 for chunk in streamer.puts[1:]), "accepted drafts arrive as multi-token chunks"
+
+
+def test_text_iterator_streamer(smollm2):
+    model, tokenizer = smollm2
+    inputs = _inputs(tokenizer)
+    streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, timeout=60)
+    out = model.generate(**inputs, max_new_tokens=20, do_sample=False, speculative="ngram", streamer=streamer)
+    text = "".join(streamer)
+    prompt_len = inputs["input_ids"].shape[1]
+    assert text == tokenizer.decode(out[0, prompt_len:], skip_special_tokens=False)
+
+
+def test_stats_on_smollm2(smollm2):
+    model, tokenizer = smollm2
+    inputs = _inputs(tokenizer)
+    out = model.generate(
+        **inputs, max_new_tokens=30, do_sample=False, speculative="ngram", return_dict_in_generate=True
+    )
+    stats = out.speculative_stats
+    assert stats.method == "ngram"
+    assert stats.emitted == out.sequences.shape[1] - inputs["input_ids"].shape[1]
+    assert stats.accepted > 0 and stats.mean_accepted_length == 1 + stats.accepted / stats.steps
+    assert stats.steps == stats.speculative_steps + stats.plain_steps
+    assert stats.draft_seconds > 0 and stats.verify_seconds > 0
+
+
+def test_stop_strings_and_scores(smollm2):
+    model, tokenizer = smollm2
+    inputs = _inputs(tokenizer)
+    kwargs = dict(max_new_tokens=30, do_sample=False, stop_strings=["lazy"], tokenizer=tokenizer)
+    plain = model.generate(**inputs, **kwargs, return_dict_in_generate=True, output_scores=True)
+    spec = model.generate(
+        **inputs, **kwargs, speculative="ngram", return_dict_in_generate=True, output_scores=True
+    )
+    assert torch.equal(spec.sequences, plain.sequences)
+    assert tokenizer.decode(spec.sequences[0]).endswith("lazy")
+    assert len(spec.scores) == len(plain.scores)
+    for ours, theirs in zip(spec.scores, plain.scores):
+        assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
+        torch.testing.assert_close(ours, theirs, atol=1e-3, rtol=1e-4)

@@ -1,0 +1,324 @@
+"""`select_draft`: the registry, the Hub search against a real local Hub server, caching, the CLI."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+from pathlib import Path
+
+import huggingface_hub.constants
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from hf_specdec.selection import DraftSelectionError, load_draft, registry_lookup, select_draft
+
+try:  # `python -m pytest` from the repo root, or --import-mode=importlib
+    from tests.hub_server import TOKEN, HubServer
+except ImportError:  # plain `pytest`: the tests folder itself is on sys.path
+    from hub_server import TOKEN, HubServer
+
+WORDS = [
+    *("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "one", "small"),
+    *("cat", "sat", "on", "warm", "mat", "and", "two", "birds", "sang", "in", "green", "trees"),
+]
+TARGET = "acme/Tiny-160M-Instruct"
+GOOD_DRAFT = "acme/Tiny-7M-Instruct"
+
+# repo id -> (hidden size, layers, config vocab_size, tokenizer, extra config, server options).
+# Target ~170k parameters; the ratio window 1/100..1/4 keeps the ~6-7k drafts and drops the rest.
+REPOS = {
+    TARGET: (64, 4, 128, "A", {}, {}),
+    "acme/Tiny-160M": (64, 4, 128, "A", {}, {}),
+    "acme/Tiny-1M-Instruct": (4, 1, 128, "A", {}, {}),  # too small: < 1/100 of the target
+    "acme/Tiny-5M-Instruct": (16, 1, 128, "B", {}, {}),  # decoy: same words, other ids
+    "acme/Tiny-5M": (16, 1, 130, "A", {}, {}),  # compatible but a base model
+    "acme/Tiny-5.5M-Instruct": (16, 1, 136, "A", {}, {"vanished": True}),  # listed, then 404
+    "acme/Tiny-6M-Instruct-Custom": (16, 1, 140, "A", {"auto_map": {"AutoModelForCausalLM": "x.Y"}}, {}),
+    "acme/Tiny-6.5M-Instruct": (16, 1, 144, "A", {}, {"gated": True}),
+    GOOD_DRAFT: (16, 1, 160, "A", {}, {}),  # padded vocab_size (160 vs 128), same tokenizer
+    "acme/Tiny-80M-Instruct": (48, 3, 128, "A", {}, {}),  # too large: > 1/4 of the target
+    "someone/Tiny-160M-Instruct-Pirate": (64, 4, 128, "A", {}, {"card_data": {"base_model": TARGET}}),
+    "lonely/Solo-160M": (64, 4, 128, "A", {}, {}),
+    "acme/Secret-160M-Instruct": (64, 4, 128, "A", {}, {"gated": True}),
+}
+
+
+def _tokenizer(order: str) -> PreTrainedTokenizerFast:
+    words = list(dict.fromkeys(WORDS))
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for word in words if order == "A" else reversed(words):
+        vocab[word] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
+def _build_repo(folder: Path, hidden: int, layers: int, vocab: int, tok: str, extra: dict) -> Path:
+    torch.manual_seed(0)
+    heads = max(1, hidden // 16)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=1,
+        head_dim=hidden // heads,
+        max_position_embeddings=64,
+    )
+    LlamaForCausalLM(config).save_pretrained(folder)
+    _tokenizer(tok).save_pretrained(folder)
+    if extra:
+        path = folder / "config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **extra}))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def hub(tmp_path_factory: pytest.TempPathFactory):
+    """A local Hub serving REPOS; HF_ENDPOINT and the caches point at it for the whole session."""
+    root = tmp_path_factory.mktemp("hub")
+    server = HubServer()
+    for repo_id, (hidden, layers, vocab, tok, extra, options) in REPOS.items():
+        folder = _build_repo(root / repo_id.replace("/", "--"), hidden, layers, vocab, tok, extra)
+        server.add(repo_id, folder, **options)
+    server.start()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_ENDPOINT", server.url)
+        mp.setenv("HF_HUB_CACHE", str(root / "hf-cache"))
+        mp.setenv("NO_PROXY", "127.0.0.1,localhost")
+        mp.delenv("HF_TOKEN", raising=False)
+        mp.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+        mp.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(root / "no-token"))  # ignore a login
+        mp.delenv("HF_HUB_OFFLINE", raising=False)
+        yield server
+    server.stop()
+
+
+@pytest.fixture(autouse=True)
+def selections_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh hf-specdec cache per test, so decisions never leak between tests."""
+    monkeypatch.setenv("HF_SPECDEC_CACHE", str(tmp_path / "specdec"))
+    return tmp_path / "specdec"
+
+
+# --- registry (offline) ---------------------------------------------------------------------------
+
+REGISTRY_CASES = [
+    ("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.2-1B-Instruct"),
+    ("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"),
+    ("HuggingFaceTB/SmolLM2-1.7B-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"),
+    ("deepseek-ai/DeepSeek-R1-Distill-Qwen-14B", "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"),
+    ("google/gemma-2-9b-it", "google/gemma-2-2b-it"),
+    ("Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B"),
+    ("HuggingFaceTB/SmolLM2-135M-Instruct", None),
+    ("mistralai/Mistral-7B-Instruct-v0.3", None),
+]
+
+
+@pytest.mark.parametrize(("target", "draft"), REGISTRY_CASES)
+def test_registry_answers_offline(target: str, draft: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    choice = select_draft(target)
+    assert (choice.draft, choice.source) == (draft, "registry")
+    assert choice.method == ("draft_model" if draft else "ngram")
+    assert choice.reason
+
+
+def test_registry_pairs_are_instruct_to_instruct() -> None:
+    from hf_specdec.selection import _registry
+
+    for target, entry in _registry().items():
+        if "draft" in entry:
+            assert ("instruct" in target or "-it" in target) == (
+                "instruct" in entry["draft"].lower() or "-it" in entry["draft"].lower()
+            ), target
+            assert entry["source"], target
+            assert registry_lookup(target).size_ratio is None or registry_lookup(target).size_ratio <= 0.25
+
+
+def test_local_smollm2_folder_is_draft_free(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    (tmp_path / "config.json").write_text(
+        json.dumps({"_name_or_path": "HuggingFaceTB/SmolLM2-135M-Instruct"})
+    )
+    choice = select_draft(tmp_path)
+    assert choice.method == "ngram" and choice.draft is None
+    assert "smallest" in choice.reason and "config.json" in choice.reason
+
+
+def test_demo_model_folder_is_draft_free(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hf_specdec.models import DEMO_MODEL_NAME, cache_dir
+
+    folder = Path.home() / ".cache" / "hf-specdec" / "models" / DEMO_MODEL_NAME  # the default cache
+    folder = folder if folder.exists() else cache_dir() / "models" / DEMO_MODEL_NAME
+    if not (folder / "config.json").exists():
+        pytest.skip("the demo model has not been built on this machine")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    choice = select_draft(folder)
+    assert (choice.method, choice.draft) == ("ngram", None) and "smallest" in choice.reason
+
+
+def test_model_without_name_is_draft_free() -> None:
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2
+        )
+    )
+    choice = select_draft(model)
+    assert (choice.method, choice.source) == ("ngram", "local") and "name_or_path" in choice.reason
+
+
+def test_folder_without_origin_is_draft_free(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"_name_or_path": str(tmp_path)}))
+    choice = select_draft(str(tmp_path))
+    assert (choice.method, choice.source) == ("ngram", "local")
+    assert "does not say which Hub model" in choice.reason
+
+
+def test_unknown_target_offline_is_draft_free(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    choice = select_draft("nobody/Unknown-7B")
+    assert (choice.method, choice.source) == ("ngram", "offline")
+    assert "HF_HUB_OFFLINE" in choice.reason
+
+
+# --- Hub search -----------------------------------------------------------------------------------
+
+
+def test_search_ranks_and_checks_tokenizers(hub: HubServer) -> None:
+    choice = select_draft(TARGET)
+    assert (choice.method, choice.draft, choice.source) == ("draft_model", GOOD_DRAFT, "hub")
+    assert 1 / 100 <= choice.size_ratio <= 1 / 4
+    assert "agree" in choice.tokenizer_check  # padded vocab_size 160 vs 128 is accepted
+    rejected = "\n".join(choice.rejected)
+    assert "acme/Tiny-5M-Instruct: tokenizers differ" in rejected  # the decoy
+    assert "acme/Tiny-5.5M-Instruct: no longer available" in rejected
+    assert "acme/Tiny-6M-Instruct-Custom: needs custom code" in rejected
+    assert "acme/Tiny-6.5M-Instruct: gated" in rejected
+    assert "acme/Tiny-1M-Instruct: 1/" in rejected and "acme/Tiny-80M-Instruct: 1/" in rejected
+    assert "acme/Tiny-5M:" not in rejected  # a base draft is ranked after instruct ones, never reached
+
+
+def test_base_target_prefers_base_draft(hub: HubServer) -> None:
+    assert select_draft("acme/Tiny-160M").draft == "acme/Tiny-5M"
+
+
+def test_token_opens_gated_candidate(hub: HubServer) -> None:
+    assert select_draft(TARGET, token=TOKEN).draft == "acme/Tiny-6.5M-Instruct"
+
+
+def test_trust_remote_code_admits_custom_candidate(hub: HubServer) -> None:
+    assert select_draft(TARGET, trust_remote_code=True).draft == "acme/Tiny-6M-Instruct-Custom"
+
+
+def test_fine_tune_searches_its_base_family(hub: HubServer) -> None:
+    choice = select_draft("someone/Tiny-160M-Instruct-Pirate")
+    assert choice.draft == GOOD_DRAFT and TARGET in choice.reason
+
+
+def test_no_candidate_falls_back_to_ngram(hub: HubServer) -> None:
+    choice = select_draft("lonely/Solo-160M")
+    assert (choice.method, choice.draft, choice.source) == ("ngram", None, "hub")
+    assert "no model of the lonely/Solo-160M family" in choice.reason
+
+
+def test_gated_target_says_token_needed(hub: HubServer) -> None:
+    with pytest.raises(DraftSelectionError, match="gated.*token"):
+        select_draft("acme/Secret-160M-Instruct")
+
+
+def test_missing_target_and_revision(hub: HubServer) -> None:
+    with pytest.raises(DraftSelectionError, match="not found.*private"):
+        select_draft("acme/Nothing-1B")
+    with pytest.raises(DraftSelectionError, match="no revision"):
+        select_draft(TARGET, revision="v9")
+
+
+def test_decision_is_cached_and_reused_offline(hub: HubServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = select_draft(TARGET)
+    seen = len(hub.requests)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    again = select_draft(TARGET)
+    assert len(hub.requests) == seen  # no request reached the Hub
+    assert (again.draft, again.source) == (first.draft, "cache")
+    assert again.rejected == first.rejected
+
+
+def test_loaded_model_target_and_load_draft(hub: HubServer, tmp_path: Path) -> None:
+    folder = tmp_path / "target"
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (folder / name).write_bytes(hub.repos[TARGET].files[name])
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "_name_or_path": TARGET}))
+    target = LlamaForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    choice = select_draft(target)
+    assert choice.draft == GOOD_DRAFT
+    draft = load_draft(choice, target)
+    assert draft.dtype == torch.bfloat16 and draft.device == target.device
+    assert draft.config.vocab_size == 160 and not draft.training
+
+
+# --- CLI ------------------------------------------------------------------------------------------
+
+
+def _select_cli(argv: list[str]) -> int:
+    """`hf-specdec select ...` through the select command's own parser."""
+    from hf_specdec.commands import select
+
+    parser = argparse.ArgumentParser()
+    select.register(parser.add_subparsers())
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_cli_json(hub: HubServer, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _select_cli(["select", TARGET, "--json", "--token", TOKEN]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["draft"] == "acme/Tiny-6.5M-Instruct" and data["method"] == "draft_model"
+
+
+def test_cli_text_and_error(hub: HubServer, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _select_cli(["select", "Qwen/Qwen2.5-7B-Instruct"]) == 0
+    assert "Qwen/Qwen2.5-0.5B-Instruct" in capsys.readouterr().out
+    assert _select_cli(["select", "acme/Secret-160M-Instruct"]) == 1
+    assert "gated" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("hf_specdec.commands.demo") is None, reason="hf_specdec.cli needs every command"
+)
+def test_cli_main(capsys: pytest.CaptureFixture[str]) -> None:
+    from hf_specdec.cli import main
+
+    assert main(["select", "HuggingFaceTB/SmolLM2-1.7B-Instruct", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["draft"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def test_registry_is_shipped_with_the_checkout() -> None:
+    from hf_specdec.selection import registry_path
+
+    assert registry_path() == Path(__file__).resolve().parents[1] / "configs" / "draft_pairs.toml"
+
+
+def test_speculative_true_uses_the_selected_draft(hub: HubServer, tmp_path: Path) -> None:
+    folder = tmp_path / "target"
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (folder / name).write_bytes(hub.repos[TARGET].files[name])
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "_name_or_path": TARGET}))
+    target = LlamaForCausalLM.from_pretrained(folder).eval()
+    prompt = torch.tensor([[1, 5, 6, 7, 8, 5, 6]])
+    plain = target.generate(prompt, max_new_tokens=12, do_sample=False)
+    out = target.generate(
+        prompt, max_new_tokens=12, do_sample=False, speculative=True, return_dict_in_generate=True
+    )
+    assert out.speculative_stats.method == "draft_model"
+    assert out.speculative_stats.drafted > 0
+    assert torch.equal(out.sequences, plain)
