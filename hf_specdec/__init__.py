@@ -1,7 +1,7 @@
 """hf-specdec: lossless speculative decoding for Hugging Face transformers.
 
-    import hf_specdec  # adds `speculative=` to model.generate() and text-generation pipelines
-    out = model.generate(**inputs, max_new_tokens=200, speculative=True)
+import hf_specdec  # adds `speculative=` to model.generate() and text-generation pipelines
+out = model.generate(**inputs, max_new_tokens=200, speculative=True)
 """
 
 from __future__ import annotations

@@ -15,7 +15,9 @@ import hf_specdec
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 
 
-def tiny_llama(seed: int, vocab_size: int = 64, layers: int = 2, eos_token_id: int | None = 5) -> LlamaForCausalLM:
+def tiny_llama(
+    seed: int, vocab_size: int = 64, layers: int = 2, eos_token_id: int | None = 5
+) -> LlamaForCausalLM:
     """A random 2-layer Llama. A large `initializer_range` makes its distributions peaked,
     so greedy decoding has few near-ties and sampling tests see non-uniform probabilities."""
     config = LlamaConfig(
@@ -99,7 +101,9 @@ def pytest_configure(config):
     torch.set_num_threads(int(os.environ.get("HF_SPECDEC_TEST_THREADS", "2")))
 
 
-def assert_greedy_match(model, plain: torch.Tensor, spec: torch.Tensor, attention_mask=None, tie_gap: float = 1e-3):
+def assert_greedy_match(
+    model, plain: torch.Tensor, spec: torch.Tensor, attention_mask=None, tie_gap: float = 1e-3
+):
     """Each row of `spec` equals `plain`, except after a float near-tie of the target's top two logits.
 
     Verification runs the target on several tokens at once, so its fp32 logits differ from plain

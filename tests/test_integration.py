@@ -31,7 +31,9 @@ class RecordingStreamer:
 
 
 def _inputs(tokenizer, messages=MESSAGES):
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    return tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
 
 
 def test_generate_without_speculative_is_transformers_own(smollm2):
@@ -41,7 +43,9 @@ def test_generate_without_speculative_is_transformers_own(smollm2):
     theirs = _ORIGINAL_GENERATE(model, **inputs, max_new_tokens=8, do_sample=False)
     assert torch.equal(ours, theirs)
     for off in (False, None):
-        assert torch.equal(model.generate(**inputs, max_new_tokens=8, do_sample=False, speculative=off), theirs)
+        assert torch.equal(
+            model.generate(**inputs, max_new_tokens=8, do_sample=False, speculative=off), theirs
+        )
 
 
 def test_pipeline_speculative_matches_plain(smollm2):
