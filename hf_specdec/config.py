@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-DraftLength = int | Literal["auto"]
+DraftLength = int | Literal["auto"] | Any
 
 
 @dataclass
@@ -19,8 +19,9 @@ class SpeculativeConfig:
         draft: for `method="draft_model"`: a local folder, a Hub repo id, or a loaded model.
         draft_tokenizer: the draft's tokenizer when `draft` is a loaded model; lets the
             compatibility check compare vocabularies instead of sizes.
-        num_draft_tokens: tokens drafted per step: an integer for a fixed length, or `"auto"`
-            to choose it each step from measured acceptance and costs.
+        num_draft_tokens: tokens drafted per step: an integer for a fixed length, `"auto"` to
+            choose it each step from measured acceptance and costs (state kept for the call), or
+            a policy object such as `AdaptiveDraftLength()` that keeps what it learns across calls.
         options: settings of the chosen drafter (see its config class, e.g. `NgramConfig`).
     """
 
@@ -34,8 +35,11 @@ class SpeculativeConfig:
         if not isinstance(self.method, str):
             raise TypeError(f"`method` must be a string, got {type(self.method).__name__}.")
         n = self.num_draft_tokens
-        if n != "auto" and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-            raise ValueError(f'`num_draft_tokens` must be a positive integer or "auto", got {n!r}.')
+        is_policy = hasattr(n, "draft_length") and hasattr(n, "update")
+        if n != "auto" and not is_policy and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(
+                f'`num_draft_tokens` must be a positive integer, "auto" or a policy object, got {n!r}.'
+            )
 
     @classmethod
     def from_user(cls, value: Any) -> SpeculativeConfig | None:

@@ -33,7 +33,6 @@ def speculative_decode(
     speculative: SpeculativeConfig,
     streamer: Any = None,
     tokenizer: Any = None,
-    policy: DraftLengthPolicy | None = None,
     **model_kwargs: Any,
 ) -> Any:
     """Generate with speculative decoding; returns what `generate` would (plus `speculative_stats`)."""
@@ -46,7 +45,7 @@ def speculative_decode(
         raise ValueError(
             f"method={speculative.method!r} supports greedy decoding only; pass do_sample=False."
         )
-    policy = policy or _default_policy(speculative)
+    policy = _default_policy(speculative)
     stats = SpeculativeStats(method=speculative.method)
     batch, prompt_len = input_ids.shape
     device = input_ids.device
@@ -67,6 +66,7 @@ def speculative_decode(
             target.select_rows(torch.tensor([cached_rows.index(r) for r in rows], device=device))
             cached_rows = rows
         k = policy.draft_length(len(rows))
+        stats.draft_lengths.append(k)
         request = DraftRequest(
             tokens=out.tokens[rows],
             attention_mask=out.mask[rows],
@@ -120,15 +120,15 @@ def speculative_decode(
         stats.verify_seconds += verified_at - drafted_at
 
     stats.emitted = out.emitted
-    if isinstance(policy, AdaptiveDraftLength):
-        stats.draft_lengths = policy.choices
     return out.finish(stats, target.cache)
 
 
 def _default_policy(config: SpeculativeConfig) -> DraftLengthPolicy:
     if config.num_draft_tokens == "auto":
-        return AdaptiveDraftLength()
-    return FixedDraftLength(config.num_draft_tokens)
+        return AdaptiveDraftLength()  # a fresh one per call: nothing learnt leaks into the next
+    if isinstance(config.num_draft_tokens, int):
+        return FixedDraftLength(config.num_draft_tokens)
+    return config.num_draft_tokens  # the user's own policy object, kept across their calls
 
 
 def _last_index(lengths: list[int], device: torch.device) -> torch.Tensor:

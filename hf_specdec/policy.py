@@ -76,21 +76,13 @@ class AdaptiveDraftLength:
     verify_cost: dict[tuple[int, int], _Ema] = field(default_factory=dict)  # (batch, width) -> seconds
     plain_run: int = 0
     backoff: int = 1
-    last_choice: int = -1
-    choices: list[int] = field(default_factory=list)  # every k chosen, for reports
 
     def draft_length(self, batch_size: int) -> int:
-        k = self._choose(batch_size)
-        self.choices.append(k)
-        self.last_choice = k
-        return k
-
-    def _choose(self, batch_size: int) -> int:
         plain = self._verify(batch_size, 1)
         if plain is None:
             return 0  # measure a plain step first: it is what generate would have done anyway
-        if self._verify(batch_size, 2) is None:
-            return self.first_k  # nothing measured beyond plain steps yet: explore
+        if not any(w > 1 for (b, w) in self.verify_cost if b == batch_size):
+            return self.first_k  # nothing measured beyond plain steps at this batch size: explore
         best_k, best_rate = 0, 1.0 / plain
         expected, survive = 1.0, 1.0
         for k in range(1, self.max_k + 1):
@@ -135,18 +127,17 @@ class AdaptiveDraftLength:
             known = {w: e.value for (b, w), e in self.verify_cost.items() if b == sizes[0]}
         if width in known:
             return known[width]
-        if width == 1:
+        if width == 1 or 1 not in known:
             return None
-        wider = [w for w in known if w >= 2]
-        if not wider:
-            return None
-        below = [w for w in wider if w < width]
-        above = [w for w in wider if w > width]
+        # Interpolate between measured widths (a plain step included). Guessing low is safe: the
+        # width then gets tried and measured; guessing high would keep it from ever being tried.
+        below = [w for w in known if w < width]
+        above = [w for w in known if w > width]
         if below and above:
             lo, hi = max(below), min(above)
             t = (width - lo) / (hi - lo)
             return known[lo] * (1 - t) + known[hi] * t
         # Beyond what was measured: assume verify cost keeps growing by 3% of a plain step per token.
-        edge = max(below) if below else min(above)
-        step = 0.03 * known.get(1, known[edge])
+        edge = max(below)
+        step = 0.03 * known[1]
         return known[edge] + step * (width - edge)
