@@ -50,7 +50,7 @@ def speculative_decode(
     batch, prompt_len = input_ids.shape
     device = input_ids.device
     vocab = model.config.get_text_config().vocab_size
-    score = ScoreProcessor(logits_processor, vocab)
+    score = ScoreProcessor(logits_processor, vocab, batch)
     out = OutputCollector(input_ids, model_kwargs.get("attention_mask"), generation_config, streamer)
     target = RaggedKV(model, model_kwargs.get("cache"), batch, device)
 
@@ -91,7 +91,7 @@ def speculative_decode(
         )
         logits = target.forward(feed, valid, logits_to_keep=width)
         contexts = [request.row(b) for b in range(len(rows))]
-        scores = score.positions(contexts, draft.tokens, draft.lengths, logits)
+        scores = score.positions(contexts, rows, draft.tokens, draft.lengths, logits)
         draft_lengths = torch.tensor(draft.lengths, device=device)
         if generation_config.do_sample:
             accepted_t, tokens = rejection_sample(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from transformers import LogitsProcessorList
 from transformers.generation import logits_process as lp
@@ -24,13 +26,40 @@ _CONTEXT_FREE = tuple(
 )
 
 
+# Processor attributes that hold one entry per row of the user's batch (transformers builds the
+# repetition penalty with each row's left-padding length, so padding is never penalised).
+_PER_ROW_ATTRIBUTES = ("prompt_ignore_length",)
+
+
 class ScoreProcessor:
     """Turns raw logits into the processed scores `generate` would sample or argmax from."""
 
-    def __init__(self, logits_processor: LogitsProcessorList | None, vocab_size: int) -> None:
+    def __init__(
+        self, logits_processor: LogitsProcessorList | None, vocab_size: int, batch_size: int
+    ) -> None:
         self.processors = logits_processor or LogitsProcessorList()
         self.vocab_size = vocab_size
+        self.batch_size = batch_size
         self.context_free = all(isinstance(p, _CONTEXT_FREE) for p in self.processors)
+        self._row_processors: dict[int, LogitsProcessorList] = {}
+
+    def for_row(self, row_id: int) -> LogitsProcessorList:
+        """The processors as they apply to one row of the user's batch, called with that row alone."""
+        if row_id not in self._row_processors:
+            row = LogitsProcessorList()
+            for processor in self.processors:
+                sliced = {
+                    name: value[row_id : row_id + 1]
+                    for name in _PER_ROW_ATTRIBUTES
+                    if isinstance(value := getattr(processor, name, None), torch.Tensor)
+                    and value.shape[0] == self.batch_size
+                }
+                if sliced:
+                    processor = copy.copy(processor)
+                    processor.__dict__.update(sliced)
+                row.append(processor)
+            self._row_processors[row_id] = row
+        return self._row_processors[row_id]
 
     def fit_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """Bring logits [..., V'] to the target's vocabulary [..., V] in float32.
@@ -47,7 +76,9 @@ class ScoreProcessor:
             return torch.cat([logits, pad], dim=-1)
         return logits
 
-    def __call__(self, contexts: list[torch.Tensor], logits: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, contexts: list[torch.Tensor], row_ids: list[int], logits: torch.Tensor
+    ) -> torch.Tensor:
         """Process one position per row: row b's next-token logits given `contexts[b]` [1, L_b].
 
         logits: [B, V]; returns [B, V].
@@ -57,11 +88,13 @@ class ScoreProcessor:
             return logits
         if self.context_free:
             return self.processors(contexts[0], logits)
-        return torch.cat([self.processors(ctx, logits[b : b + 1]) for b, ctx in enumerate(contexts)], dim=0)
+        rows = zip(contexts, row_ids)
+        return torch.cat([self.for_row(r)(ctx, logits[b : b + 1]) for b, (ctx, r) in enumerate(rows)], dim=0)
 
     def positions(
         self,
         contexts: list[torch.Tensor],  # [1, L_b] per row
+        row_ids: list[int],  # [B] rows of the user's batch
         draft_tokens: torch.Tensor,  # [B, k]
         draft_lengths: list[int],  # [B]
         logits: torch.Tensor,  # [B, k + 1, V]
@@ -77,8 +110,9 @@ class ScoreProcessor:
                 batch, width, vocab
             )
         scores = logits.clone()
-        for b, ctx in enumerate(contexts):
+        for b, (ctx, row_id) in enumerate(zip(contexts, row_ids)):
+            processors = self.for_row(row_id)
             for i in range(draft_lengths[b] + 1):
                 seq = torch.cat([ctx, draft_tokens[b : b + 1, :i]], dim=1)
-                scores[b, i] = self.processors(seq, logits[b, i : i + 1])[0]
+                scores[b, i] = processors(seq, logits[b, i : i + 1])[0]
         return scores

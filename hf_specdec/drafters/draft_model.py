@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -11,7 +12,7 @@ import torch
 from ..kv import RaggedKV
 from ..tokenizer_check import compare_tokenizers
 from . import register_drafter
-from .base import Draft, DraftRequest, options_to_config
+from .base import Draft, Drafter, DraftRequest, options_to_config
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -98,16 +99,20 @@ class DraftModelDrafter:
         self.row_ids: list[int] = []
 
     @classmethod
-    def from_config(
-        cls, config: SpeculativeConfig, target: PreTrainedModel, tokenizer: Any
-    ) -> DraftModelDrafter:
+    def from_config(cls, config: SpeculativeConfig, target: PreTrainedModel, tokenizer: Any) -> Drafter:
         if config.draft is None:
             raise ValueError(
                 "method='draft_model' needs a draft: "
                 "SpeculativeConfig(method='draft_model', draft='repo/or/path') or draft=<a loaded model>."
             )
-        if isinstance(config.draft, str):
-            draft, draft_tokenizer = load_draft(config.draft, target)
+        from ..onnx import is_onnx_folder
+
+        if is_onnx_folder(config.draft):  # an exported folder with no PyTorch weights
+            from .onnx import OnnxDrafter
+
+            return OnnxDrafter.from_config(config, target, tokenizer)
+        if isinstance(config.draft, (str, Path)):
+            draft, draft_tokenizer = load_draft(str(config.draft), target)
         else:
             draft, draft_tokenizer = config.draft, config.draft_tokenizer
         if draft is target:
@@ -141,6 +146,7 @@ class DraftModelDrafter:
         for i in range(steps):
             scores = request.score(
                 [torch.cat([c, tokens[b : b + 1, :i]], 1) for b, c in enumerate(contexts)],
+                request.row_ids,
                 logits.to(self.device),
             )
             dist = scores.softmax(dim=-1)
@@ -171,13 +177,16 @@ class DraftModelDrafter:
 
     def _follow_rows(self, row_ids: list[int]) -> None:
         if self.kv is None:
-            self.kv = RaggedKV(self.model, None, len(row_ids), self.model.device)
+            self.kv = self._new_kv(len(row_ids))
             self.cached = [torch.zeros(0, dtype=torch.long, device=self.device) for _ in row_ids]
         elif row_ids != self.row_ids:
             where = [self.row_ids.index(r) for r in row_ids]
             self.kv.select_rows(torch.tensor(where, device=self.model.device))
             self.cached = [self.cached[i] for i in where]
         self.row_ids = list(row_ids)
+
+    def _new_kv(self, batch_size: int) -> RaggedKV:
+        return RaggedKV(self.model, None, batch_size, self.model.device)
 
     @staticmethod
     def _shared_prefix(cached: torch.Tensor, seq: torch.Tensor) -> int:

@@ -1,0 +1,198 @@
+"""Every unsupported combination fails with a clear error that says what to do instead; and
+`speculative=False/None` (or no `speculative=` at all) is plain `generate`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+from transformers.generation.streamers import BaseStreamer
+
+from hf_specdec import SpeculativeConfig
+from hf_specdec.integration import _ORIGINAL_GENERATE
+
+from .conftest import random_batch, tiny_llama
+
+
+class _ListStreamer(BaseStreamer):
+    def __init__(self):
+        self.chunks = []
+
+    def put(self, value):
+        self.chunks.append(value)
+
+    def end(self):
+        pass
+
+
+@pytest.fixture(scope="module")
+def small_vocab_draft():
+    return tiny_llama(3, vocab_size=48)
+
+
+NGRAM = dict(method="ngram")
+
+
+def _cases(target, small_vocab_draft):
+    """name -> (generate kwargs, error type, regex the message must match)."""
+    return {
+        "unknown_method": (
+            dict(speculative="medusa"),
+            ValueError,
+            r"Unknown speculative method 'medusa'; valid methods: .*draft_model.*ngram",
+        ),
+        "unknown_dict_key": (
+            dict(speculative=dict(method="ngram", num_tokens=3)),
+            ValueError,
+            r"Unknown key\(s\) \['num_tokens'\].*valid keys are",
+        ),
+        "unknown_option": (
+            dict(speculative=dict(method="ngram", options=dict(ngram_size=3))),
+            ValueError,
+            r"Unknown option\(s\) \['ngram_size'\] for NgramConfig; valid",
+        ),
+        "bad_ngram_sizes": (
+            dict(speculative=dict(method="ngram", options=dict(min_ngram=3, max_ngram=2))),
+            ValueError,
+            r"1 <= min_ngram <= max_ngram",
+        ),
+        "bad_speculative_type": (
+            dict(speculative=3.5),
+            TypeError,
+            r"must be True, False, None, a method name",
+        ),
+        "num_beams": (
+            dict(speculative=NGRAM, num_beams=2),
+            ValueError,
+            r"cannot be combined with beam search.*num_beams=1",
+        ),
+        "assistant_model": (
+            dict(speculative=NGRAM, assistant_model=small_vocab_draft),
+            ValueError,
+            r"`assistant_model` cannot be combined with `speculative=`.*method='draft_model'",
+        ),
+        "prompt_lookup": (
+            dict(speculative=NGRAM, prompt_lookup_num_tokens=3),
+            ValueError,
+            r"`prompt_lookup_num_tokens` cannot be combined with `speculative=`",
+        ),
+        "static_cache": (
+            dict(speculative=NGRAM, cache_implementation="static"),
+            ValueError,
+            r"needs a DynamicCache.*Drop cache_implementation=",
+        ),
+        "filled_cache": (
+            dict(speculative=NGRAM, cache="filled"),
+            ValueError,
+            r"starts from an empty cache",
+        ),
+        "streamer_batch": (
+            dict(speculative=NGRAM, streamer="batch"),
+            ValueError,
+            r"stream with batch size 1, or drop streamer=",
+        ),
+        "draft_model_without_draft": (
+            dict(speculative=dict(method="draft_model")),
+            ValueError,
+            r"method='draft_model' needs a draft: .*draft=",
+        ),
+        "draft_vocab_mismatch": (
+            dict(speculative=dict(method="draft_model", draft=small_vocab_draft)),
+            ValueError,
+            r"vocabulary has 48 entries but the target's has 64.*Pass `draft_tokenizer=`",
+        ),
+        "output_attentions": (
+            dict(speculative=NGRAM, output_attentions=True, return_dict_in_generate=True),
+            ValueError,
+            r"does not return attentions or hidden states; drop output_attentions",
+        ),
+        "output_hidden_states": (
+            dict(speculative=NGRAM, output_hidden_states=True, return_dict_in_generate=True),
+            ValueError,
+            r"drop output_attentions / output_hidden_states",
+        ),
+        "stop_strings_without_tokenizer": (
+            dict(speculative=NGRAM, stop_strings=["x"]),
+            ValueError,
+            r"stop_strings need the tokenizer: pass tokenizer=",
+        ),
+        "use_cache_false": (
+            dict(speculative=NGRAM, use_cache=False),
+            ValueError,
+            r"needs the KV cache; remove use_cache=False",
+        ),
+    }
+
+
+CASE_NAMES = list(_cases(None, None))
+
+
+@pytest.mark.parametrize("name", CASE_NAMES)
+def test_clear_error(target, small_vocab_draft, name):
+    kwargs, error, message = _cases(target, small_vocab_draft)[name]
+    batch = 2 if name == "streamer_batch" else 1
+    input_ids, attention_mask = random_batch(0, batch)
+    if kwargs.get("streamer") == "batch":
+        kwargs["streamer"] = _ListStreamer()
+    if kwargs.get("cache") == "filled":
+        cache = DynamicCache(config=target.config)
+        with torch.no_grad():
+            target(input_ids=input_ids, cache=cache, use_cache=True)
+        kwargs["cache"] = cache
+    with pytest.raises(error, match=message):
+        target.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=4, **kwargs)
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5, "fast", None])
+def test_bad_num_draft_tokens(target, bad):
+    input_ids, attention_mask = random_batch(0, 1)
+    with pytest.raises(ValueError, match=r"`num_draft_tokens` must be a positive integer.*got"):
+        target.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=4,
+            speculative=dict(method="ngram", num_draft_tokens=bad),
+        )
+    with pytest.raises(ValueError, match="num_draft_tokens"):
+        SpeculativeConfig(num_draft_tokens=bad)
+
+
+def test_bad_method_type():
+    with pytest.raises(TypeError, match="`method` must be a string"):
+        SpeculativeConfig(method=3)
+
+
+def test_streamer_with_one_row_is_fine(target):
+    input_ids, attention_mask = random_batch(0, 1)
+    streamer = _ListStreamer()
+    out = target.generate(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=6,
+        speculative=NGRAM,
+        streamer=streamer,
+    )
+    streamed = torch.cat([c.reshape(-1) for c in streamer.chunks[1:]])  # chunk 0 is the prompt
+    assert torch.equal(streamed, out[0, input_ids.shape[1] :])
+
+
+@pytest.mark.parametrize("off", [False, None])
+def test_speculative_off_is_plain_generate(target, off):
+    input_ids, attention_mask = random_batch(1, 3)
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=8, do_sample=False)
+    plain = _ORIGINAL_GENERATE(target, **kwargs)
+    out = target.generate(**kwargs, speculative=off, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, plain)
+    assert getattr(out, "speculative_stats", None) is None
+    assert type(out).__name__ != "SpeculativeGenerateOutput"
+
+
+def test_generate_without_speculative_is_unaffected(target):
+    input_ids, attention_mask = random_batch(2, 2)
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=8, do_sample=False)
+    assert torch.equal(target.generate(**kwargs), _ORIGINAL_GENERATE(target, **kwargs))
+    # Options speculative decoding refuses still work without it.
+    beams = target.generate(**kwargs, num_beams=2)
+    assert torch.equal(beams, _ORIGINAL_GENERATE(target, **kwargs, num_beams=2))
+    no_cache = target.generate(**kwargs, use_cache=False)
+    assert torch.equal(no_cache[:, : input_ids.shape[1]], input_ids)

@@ -1,0 +1,392 @@
+"""Greedy speculative decoding is token-identical to plain `generate` (GUIDE §6), for every drafter,
+draft length, batch shape, EOS position, length limit and stop criterion."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+from hf_specdec import SpeculativeConfig
+
+from .conftest import random_batch, tiny_llama
+
+NEAR_TIE = 1e-4
+DRAFT_LENGTHS = [1, 3, 8, "auto"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Models and shared checks
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def target_no_eos():
+    """`target`'s weights without an EOS token: every row runs to max_new_tokens."""
+    return tiny_llama(0, eos_token_id=None)
+
+
+@pytest.fixture(scope="module")
+def drafts(target, weak_draft, good_draft):
+    return {"weak": weak_draft, "good": good_draft, "self": target}
+
+
+def spec_for(method: str, drafts: dict, k) -> dict:
+    if method == "ngram":
+        return dict(method="ngram", num_draft_tokens=k, options=dict(min_ngram=1))
+    return dict(method="draft_model", draft=drafts[method], num_draft_tokens=k)
+
+
+_PLAIN: dict = {}
+
+
+def plain_generate(model, input_ids, attention_mask, **kwargs):
+    """Plain greedy `generate`, memoised per model and arguments (it is the reference, not the test)."""
+    key = (id(model), input_ids.numpy().tobytes(), tuple(input_ids.shape), tuple(sorted(kwargs.items())))
+    if key not in _PLAIN:
+        _PLAIN[key] = model.generate(
+            input_ids=input_ids, attention_mask=attention_mask, do_sample=False, **kwargs
+        )
+    return _PLAIN[key]
+
+
+def generated_counts(sequences: torch.Tensor, prompt_len: int, eos: int | None) -> list[int]:
+    """Tokens each row generated: up to and including its first EOS, else all."""
+    counts = []
+    for row in sequences[:, prompt_len:].tolist():
+        counts.append(row.index(eos) + 1 if eos is not None and eos in row else len(row))
+    return counts
+
+
+def check_stats(stats, sequences: torch.Tensor, prompt_len: int, eos: int | None) -> None:
+    assert stats.steps == stats.speculative_steps + stats.plain_steps
+    assert 0 <= stats.accepted <= stats.drafted
+    assert stats.emitted == sum(generated_counts(sequences, prompt_len, eos))
+    # Every step emits at least one token and at most its accepted drafts plus one.
+    assert stats.emitted <= stats.steps + stats.accepted
+    assert stats.target_forwards <= stats.steps
+
+
+def assert_same_as_plain(
+    model, spec: torch.Tensor, plain: torch.Tensor, attention_mask: torch.Tensor
+) -> None:
+    """Exact equality, except at a float near-tie of the target's top two logits (GUIDE §6)."""
+    if torch.equal(spec, plain):
+        return
+    assert spec.shape[0] == plain.shape[0], (spec.shape, plain.shape)
+    width = min(spec.shape[1], plain.shape[1])
+    diff = (spec[:, :width] != plain[:, :width]).nonzero()
+    assert diff.numel(), f"same prefix, different lengths: {spec.shape} vs {plain.shape}"
+    row, col = (int(x) for x in diff[0])
+    if attention_mask is None:  # no padding
+        real = plain[row, :col]
+    else:
+        prompt_len = attention_mask.shape[1]
+        real = torch.cat([plain[row, :prompt_len][attention_mask[row].bool()], plain[row, prompt_len:col]])
+    with torch.no_grad():
+        logits = model(real[None]).logits[0, -1]
+    top2 = logits.topk(2).values
+    gap = float(top2[0] - top2[1])
+    assert gap < NEAR_TIE, (
+        f"row {row} differs at position {col} (spec {int(spec[row, col])}, plain {int(plain[row, col])}) "
+        f"and the target's top-2 logit gap there is {gap:.3g}, not a near-tie"
+    )
+
+
+def run_both(model, spec_kwargs, input_ids, attention_mask, max_new_tokens=None, **extra):
+    if max_new_tokens is not None:
+        extra["max_new_tokens"] = max_new_tokens
+    plain = plain_generate(model, input_ids, attention_mask, **extra)
+    out = model.generate(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        do_sample=False,
+        speculative=spec_kwargs,
+        return_dict_in_generate=True,
+        **extra,
+    )
+    assert_same_as_plain(model, out.sequences, plain, attention_mask)
+    check_stats(
+        out.speculative_stats, out.sequences, input_ids.shape[1], model.generation_config.eos_token_id
+    )
+    return out, plain
+
+
+# ---------------------------------------------------------------------------------------------
+# The main table
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch,seed", [(1, 0), (3, 1), (3, 2)], ids=["b1-s0", "b3-s1", "b3-s2"])
+@pytest.mark.parametrize("k", DRAFT_LENGTHS, ids=[f"k{k}" for k in DRAFT_LENGTHS])
+@pytest.mark.parametrize("method", ["ngram", "weak", "good", "self"])
+def test_greedy_identity(target, drafts, method, k, batch, seed):
+    input_ids, attention_mask = random_batch(seed, batch)
+    out, _ = run_both(target, spec_for(method, drafts, k), input_ids, attention_mask, max_new_tokens=12)
+    stats = out.speculative_stats
+    if method == "self" and k != "auto":
+        assert stats.speculative_steps > 0 and stats.accepted == stats.drafted
+
+
+@pytest.mark.parametrize("max_new_tokens", range(1, 6))
+@pytest.mark.parametrize("method", ["ngram", "good", "self"])
+def test_greedy_every_length_boundary(target_no_eos, drafts, method, max_new_tokens):
+    """k = 3: max_new_tokens from 1 (no room to draft) to k + 2 (one full step and one more)."""
+    input_ids, attention_mask = random_batch(3, 3)
+    out, _ = run_both(target_no_eos, spec_for(method, drafts, 3), input_ids, attention_mask, max_new_tokens)
+    assert out.sequences.shape[1] == input_ids.shape[1] + max_new_tokens
+
+
+@pytest.mark.parametrize("form", ["string", "dict", "config"])
+def test_speculative_argument_forms(target, form):
+    input_ids, attention_mask = random_batch(4, 2)
+    spec = {
+        "string": "ngram",
+        "dict": dict(method="ngram"),
+        "config": SpeculativeConfig(method="ngram", num_draft_tokens=2),
+    }[form]
+    run_both(target, spec, input_ids, attention_mask, max_new_tokens=10)
+
+
+def test_one_row_of_identical_prompts_batch(target, drafts):
+    """Identical rows in a batch stay identical (no cross-row leakage in the ragged caches)."""
+    input_ids, attention_mask = random_batch(5, 1)
+    ids, mask = input_ids.repeat(3, 1), attention_mask.repeat(3, 1)
+    out, _ = run_both(target, spec_for("good", drafts, 3), ids, mask, max_new_tokens=12)
+    assert torch.equal(out.sequences[0], out.sequences[1]) and torch.equal(out.sequences[1], out.sequences[2])
+
+
+# ---------------------------------------------------------------------------------------------
+# EOS inside a draft, rows finishing at different steps
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def eos_setup(target_no_eos):
+    """A target whose EOS is a token it really generates mid-output, at different steps per row."""
+    input_ids, attention_mask = random_batch(7, 4)
+    generated = target_no_eos.generate(
+        input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=20, do_sample=False
+    )[:, input_ids.shape[1] :].tolist()
+    best, best_spread = None, -1
+    for token in sorted({t for row in generated for t in row}):
+        first = [row.index(token) if token in row else 20 for row in generated]
+        mid = [f for f in first if 2 <= f < 18]
+        spread = len(set(first)) if len(mid) >= 2 else -1
+        if token not in (0,) and spread > best_spread:
+            best, best_spread = token, spread
+    assert best is not None
+    model = tiny_llama(0, eos_token_id=best)
+    return model, best, input_ids, attention_mask
+
+
+@pytest.mark.parametrize("k", [2, 8, "auto"], ids=["k2", "k8", "kauto"])
+@pytest.mark.parametrize("method", ["ngram", "good", "self"])
+def test_greedy_eos_inside_draft(eos_setup, drafts, target_no_eos, method, k):
+    model, eos, input_ids, attention_mask = eos_setup
+    # The "self" draft has the target's weights, so its drafts run straight through EOS.
+    spec = spec_for(method, {**drafts, "self": target_no_eos}, k)
+    out, plain = run_both(model, spec, input_ids, attention_mask, max_new_tokens=20)
+    counts = generated_counts(plain, input_ids.shape[1], eos)
+    assert len(set(counts)) >= 2 and min(counts) < 20, counts  # rows finish at different steps
+    pad = model.generation_config.pad_token_id
+    for row, n in enumerate(counts):
+        assert bool((out.sequences[row, input_ids.shape[1] + n :] == pad).all())
+
+
+# ---------------------------------------------------------------------------------------------
+# Stop strings (real tokenizer) and num_return_sequences
+# ---------------------------------------------------------------------------------------------
+
+
+def test_greedy_stop_strings_real_tokenizer(smollm2):
+    model, tokenizer = smollm2
+    tokenizer.padding_side = "left"
+    enc = tokenizer(["The capital of France is", "1, 2, 3, 4,"], return_tensors="pt", padding=True)
+    free = model.generate(**enc, max_new_tokens=10, do_sample=False)
+    text = tokenizer.decode(free[0, enc.input_ids.shape[1] :], skip_special_tokens=True)
+    words = text.split()
+    assert len(words) >= 3, text
+    stop = words[len(words) // 2]  # a word in the middle of row 0's continuation
+    kwargs = dict(max_new_tokens=10, stop_strings=[stop], tokenizer=tokenizer)
+    plain = model.generate(**enc, do_sample=False, **kwargs)
+    assert plain.shape[1] < free.shape[1] or not torch.equal(plain, free)  # the stop string bites
+    spec = dict(method="ngram", num_draft_tokens=3, options=dict(min_ngram=1))
+    out = model.generate(**enc, do_sample=False, speculative=spec, return_dict_in_generate=True, **kwargs)
+    assert_same_as_plain(model, out.sequences, plain, enc.attention_mask)
+
+
+@pytest.mark.parametrize("method", ["ngram", "good"])
+def test_num_return_sequences_with_sampling(target_no_eos, drafts, method):
+    input_ids, attention_mask = random_batch(6, 2)
+    kwargs = dict(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=6,
+        do_sample=True,
+        num_return_sequences=3,
+    )
+    torch.manual_seed(0)
+    plain = target_no_eos.generate(**kwargs)
+    out = target_no_eos.generate(
+        **kwargs, speculative=spec_for(method, drafts, 2), return_dict_in_generate=True
+    )
+    assert out.sequences.shape == plain.shape == (6, input_ids.shape[1] + 6)
+    prompt = input_ids.repeat_interleave(3, dim=0)
+    assert torch.equal(out.sequences[:, : input_ids.shape[1]], prompt)
+    check_stats(out.speculative_stats, out.sequences, input_ids.shape[1], None)
+
+
+# ---------------------------------------------------------------------------------------------
+# The "auto" draft-length policy
+# ---------------------------------------------------------------------------------------------
+
+
+def test_auto_with_identical_draft_speculates_and_accepts_everything(target_no_eos):
+    input_ids, attention_mask = random_batch(8, 1)
+    spec = dict(method="draft_model", draft=target_no_eos, num_draft_tokens="auto")
+    out, _ = run_both(target_no_eos, spec, input_ids, attention_mask, max_new_tokens=40)
+    stats = out.speculative_stats
+    assert stats.speculative_steps > 0
+    assert stats.accepted == stats.drafted > 0
+
+
+@pytest.fixture(scope="module")
+def contrary_draft(target_no_eos):
+    """The target with its output rows rolled by one: its argmax is always the target's + 1."""
+    draft = tiny_llama(0, eos_token_id=None)
+    with torch.no_grad():
+        draft.lm_head.weight.copy_(torch.roll(target_no_eos.lm_head.weight, 1, dims=0))
+    return draft
+
+
+def test_auto_with_contrary_draft_mostly_decodes_plainly(target_no_eos, contrary_draft):
+    input_ids, attention_mask = random_batch(9, 1)
+    spec = dict(method="draft_model", draft=contrary_draft, num_draft_tokens="auto")
+    out, _ = run_both(target_no_eos, spec, input_ids, attention_mask, max_new_tokens=60)
+    stats = out.speculative_stats
+    assert stats.accepted == 0
+    assert stats.plain_steps > stats.speculative_steps, stats.to_dict()
+
+
+# ---------------------------------------------------------------------------------------------
+# No state leaks across calls
+# ---------------------------------------------------------------------------------------------
+
+
+def _counts(stats) -> dict:
+    d = stats.to_dict()
+    return {k: v for k, v in d.items() if not k.endswith("_seconds")}
+
+
+@pytest.mark.parametrize("method", ["ngram", "good"])
+def test_repeated_calls_give_identical_results_and_stats(target, drafts, method):
+    input_ids, attention_mask = random_batch(10, 3)
+    spec = SpeculativeConfig(**spec_for(method, drafts, 3))
+    before_options = copy.deepcopy(spec.options)
+    before = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+    runs = [
+        target.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=12,
+            do_sample=False,
+            speculative=spec,
+            return_dict_in_generate=True,
+        )
+        for _ in range(2)
+    ]
+    assert torch.equal(runs[0].sequences, runs[1].sequences)
+    assert _counts(runs[0].speculative_stats) == _counts(runs[1].speculative_stats)
+    for name, value in before.items():
+        assert getattr(spec, name) is value, name
+    assert spec.options == before_options
+
+
+def test_user_config_is_not_modified(target, good_draft):
+    input_ids, attention_mask = random_batch(11, 2)
+    ngram = SpeculativeConfig(method="ngram", num_draft_tokens="auto", options={"min_ngram": 1})
+    auto = SpeculativeConfig(method="auto", draft=good_draft, num_draft_tokens=2)
+    snapshot = dataclasses.asdict(ngram)
+    for spec in (ngram, auto):
+        target.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=8,
+            do_sample=False,
+            speculative=spec,
+        )
+    assert dataclasses.asdict(ngram) == snapshot
+    assert auto.method == "auto" and auto.draft is good_draft and auto.options == {}
+
+
+# ---------------------------------------------------------------------------------------------
+# Logits processors, EOS lists, length forms, output_scores / output_logits
+# ---------------------------------------------------------------------------------------------
+
+PROCESSOR_CASES = {
+    # Fails today: generate builds RepetitionPenaltyLogitsProcessor with a per-row
+    # `prompt_ignore_length` tensor for padded batches, and hf_specdec calls it one row at a time.
+    "repetition_penalty_padded_batch": dict(repetition_penalty=1.3),
+    "no_repeat_ngram": dict(no_repeat_ngram_size=2),
+    "min_new_tokens": dict(min_new_tokens=10),
+    "eos_list": dict(eos_token_id=[5, 38, 21]),
+    "bad_words": dict(bad_words_ids=[[21], [38]]),
+    "suppress": dict(suppress_tokens=[21, 38], begin_suppress_tokens=[53]),
+    "sequence_bias": dict(sequence_bias={(21,): -10.0, (53, 60): 5.0}),
+}
+
+
+@pytest.mark.parametrize("method", ["ngram", "good"])
+@pytest.mark.parametrize("case", list(PROCESSOR_CASES))
+def test_greedy_with_logits_processors(target, drafts, case, method):
+    input_ids, attention_mask = random_batch(3, 3)
+    extra = PROCESSOR_CASES[case]
+    plain = target.generate(
+        input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=15, do_sample=False, **extra
+    )
+    out = target.generate(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=15,
+        do_sample=False,
+        speculative=spec_for(method, drafts, 3),
+        **extra,
+    )
+    assert_same_as_plain(target, out, plain, attention_mask)
+
+
+@pytest.mark.parametrize("form", ["max_length", "prompt_of_one_token", "no_attention_mask"])
+def test_greedy_length_and_input_forms(target_no_eos, drafts, form):
+    input_ids, attention_mask = random_batch(12, 2)
+    kwargs = dict(max_new_tokens=9)
+    if form == "max_length":
+        kwargs = dict(max_length=input_ids.shape[1] + 7)
+    elif form == "prompt_of_one_token":
+        input_ids, attention_mask = torch.tensor([[17]]), torch.tensor([[1]])
+    else:
+        input_ids, attention_mask = input_ids[:1, -3:], None
+    for method in ("ngram", "good"):
+        run_both(target_no_eos, spec_for(method, drafts, 3), input_ids, attention_mask, **kwargs)
+
+
+def test_output_scores_and_logits_match_plain(target_no_eos, drafts):
+    input_ids, attention_mask = random_batch(13, 3)
+    kwargs = dict(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=8,
+        do_sample=False,
+        output_scores=True,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    plain = target_no_eos.generate(**kwargs)
+    for method in ("ngram", "good"):
+        out = target_no_eos.generate(**kwargs, speculative=spec_for(method, drafts, 3))
+        assert torch.equal(out.sequences, plain.sequences)
+        assert len(out.scores) == len(plain.scores) == len(out.logits) == 8
+        for mine, theirs in zip(out.scores + out.logits, plain.scores + plain.logits):
+            torch.testing.assert_close(mine, theirs, atol=1e-4, rtol=1e-4)

@@ -1,0 +1,198 @@
+"""`SpeculativeStats` arithmetic, and the invariants the stats of real calls satisfy."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hf_specdec import SpeculativeStats
+
+from .conftest import random_batch, tiny_llama
+
+# (drafted, accepted) per step
+STEP_TABLES = {
+    "empty": [],
+    "plain_only": [(0, 0), (0, 0)],
+    "all_accepted": [(3, 3), (3, 3)],
+    "none_accepted": [(4, 0), (2, 0)],
+    "mixed": [(3, 1), (0, 0), (5, 5), (2, 0), (1, 1)],
+}
+
+
+def reference(steps):
+    drafted = sum(d for d, _ in steps)
+    accepted = sum(a for _, a in steps)
+    width = max((d for d, _ in steps), default=0)
+    pos_d = [sum(1 for d, _ in steps if d > i) for i in range(width)]
+    pos_a = [sum(1 for _, a in steps if a > i) for i in range(width)]
+    return dict(
+        steps=len(steps),
+        speculative_steps=sum(1 for d, _ in steps if d),
+        plain_steps=sum(1 for d, _ in steps if not d),
+        drafted=drafted,
+        accepted=accepted,
+        position_drafted=pos_d,
+        position_accepted=pos_a,
+    )
+
+
+def recorded(steps, method="x") -> SpeculativeStats:
+    stats = SpeculativeStats(method=method)
+    for d, a in steps:
+        stats.record_step(d, a)
+    return stats
+
+
+def check_invariants(stats: SpeculativeStats) -> None:
+    assert stats.steps == stats.speculative_steps + stats.plain_steps
+    assert 0 <= stats.accepted <= stats.drafted
+    assert sum(stats.position_drafted) == stats.drafted
+    assert sum(stats.position_accepted) == stats.accepted
+    assert all(a <= d for a, d in zip(stats.position_accepted, stats.position_drafted))
+    assert stats.position_drafted == sorted(stats.position_drafted, reverse=True)  # drafts are prefixes
+    assert 0.0 <= stats.acceptance_rate <= 1.0
+    if stats.steps:
+        assert stats.mean_accepted_length == pytest.approx(1 + stats.accepted / stats.steps)
+    else:
+        assert stats.mean_accepted_length == 0.0
+
+
+@pytest.mark.parametrize("table", list(STEP_TABLES))
+def test_record_step_and_derived_figures(table):
+    steps = STEP_TABLES[table]
+    stats = recorded(steps)
+    ref = reference(steps)
+    for name, value in ref.items():
+        assert getattr(stats, name) == value, name
+    check_invariants(stats)
+    assert stats.acceptance_rate == (
+        pytest.approx(ref["accepted"] / ref["drafted"]) if ref["drafted"] else 0.0
+    )
+    expected_alpha = [a / d for a, d in zip(ref["position_accepted"], ref["position_drafted"])]
+    assert stats.per_position_acceptance == pytest.approx(expected_alpha)
+
+
+def test_mixed_table_by_hand():
+    stats = recorded(STEP_TABLES["mixed"])
+    assert stats.position_drafted == [4, 3, 2, 1, 1]
+    assert stats.position_accepted == [3, 1, 1, 1, 1]
+    assert stats.per_position_acceptance == pytest.approx([0.75, 1 / 3, 0.5, 1.0, 1.0])
+    assert stats.acceptance_rate == pytest.approx(7 / 11)
+    assert stats.mean_accepted_length == pytest.approx(1 + 7 / 5)
+
+
+@pytest.mark.parametrize(
+    "left,right", [("mixed", "all_accepted"), ("empty", "mixed"), ("plain_only", "none_accepted")]
+)
+def test_merge_equals_recording_everything(left, right):
+    a = recorded(STEP_TABLES[left], method="")
+    a.emitted, a.target_forwards, a.draft_seconds, a.verify_seconds = 5, 2, 0.5, 1.0
+    b = recorded(STEP_TABLES[right], method="ngram")
+    b.emitted, b.target_forwards, b.draft_seconds, b.verify_seconds = 7, 3, 0.25, 2.0
+    b_before = b.to_dict()
+    a.merge(b)
+    both = recorded(STEP_TABLES[left] + STEP_TABLES[right])
+    for name in ("steps", "speculative_steps", "plain_steps", "drafted", "accepted"):
+        assert getattr(a, name) == getattr(both, name), name
+    assert a.position_drafted == both.position_drafted
+    assert a.position_accepted == both.position_accepted
+    assert (a.emitted, a.target_forwards) == (12, 5)
+    assert a.draft_seconds == pytest.approx(0.75) and a.verify_seconds == pytest.approx(3.0)
+    assert a.method == "ngram"  # an empty method takes the other's
+    assert b.to_dict() == b_before  # merging does not modify the other
+    check_invariants(a)
+
+
+def test_merge_keeps_own_method():
+    a, b = recorded([(1, 1)], method="draft_model"), recorded([(1, 0)], method="ngram")
+    a.merge(b)
+    assert a.method == "draft_model"
+
+
+def test_to_dict_is_json_and_consistent():
+    stats = recorded(STEP_TABLES["mixed"], method="ngram")
+    d = stats.to_dict()
+    json.dumps(d)
+    assert d["method"] == "ngram"
+    for name in (
+        "target_forwards",
+        "steps",
+        "speculative_steps",
+        "plain_steps",
+        "drafted",
+        "accepted",
+        "emitted",
+    ):
+        assert d[name] == getattr(stats, name)
+    assert d["acceptance_rate"] == stats.acceptance_rate
+    assert d["mean_accepted_length"] == stats.mean_accepted_length
+    assert d["per_position_acceptance"] == stats.per_position_acceptance
+    assert "ngram" in str(stats)
+
+
+def test_fresh_stats_do_not_share_lists():
+    a, b = SpeculativeStats(), SpeculativeStats()
+    a.record_step(2, 1)
+    assert b.position_drafted == [] and b.position_accepted == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Stats of real calls
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def target_no_eos():
+    return tiny_llama(0, eos_token_id=None)
+
+
+CALLS = {
+    "ngram-k3-b3": (dict(method="ngram", num_draft_tokens=3, options=dict(min_ngram=1)), 3, False),
+    "draft-k2-b3": (dict(method="draft_model", num_draft_tokens=2), 3, False),
+    "draft-auto-b1": (dict(method="draft_model", num_draft_tokens="auto"), 1, False),
+    "draft-k3-b2-sample": (dict(method="draft_model", num_draft_tokens=3), 2, True),
+    "ngram-auto-b2-eos": (dict(method="ngram", num_draft_tokens="auto", options=dict(min_ngram=1)), 2, False),
+}
+
+
+@pytest.mark.parametrize("case", list(CALLS))
+def test_real_call_stats_invariants(target, target_no_eos, good_draft, case):
+    spec, batch, do_sample = CALLS[case]
+    model = target if case.endswith("eos") else target_no_eos
+    if spec["method"] == "draft_model":
+        spec = {**spec, "draft": good_draft}
+    input_ids, attention_mask = random_batch(20, batch)
+    torch.manual_seed(0)
+    new = 16
+    out = model.generate(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=new,
+        do_sample=do_sample,
+        speculative=spec,
+        return_dict_in_generate=True,
+    )
+    stats = out.speculative_stats
+    check_invariants(stats)
+    assert stats.method == spec["method"]
+    eos = model.generation_config.eos_token_id
+    generated = 0
+    for row in out.sequences[:, input_ids.shape[1] :].tolist():
+        generated += row.index(eos) + 1 if eos is not None and eos in row else len(row)
+    assert stats.emitted == generated
+    if eos is None:
+        assert stats.emitted == batch * new
+        # Drafts never run past max_new_tokens, so without EOS nothing is cut: each row-step
+        # emits exactly its accepted drafts plus one token of the target's.
+        assert stats.emitted == stats.steps + stats.accepted
+    # Each row-step emits between 1 and accepted + 1 tokens (fewer only when cut at EOS / max length).
+    assert stats.emitted <= stats.steps + stats.accepted
+    assert stats.steps >= batch
+    assert 1 <= stats.target_forwards <= stats.steps
+    assert stats.draft_seconds >= 0 and stats.verify_seconds > 0
+    if spec["num_draft_tokens"] == "auto":
+        assert len(stats.draft_lengths) == stats.target_forwards
+    else:
+        assert all(length <= spec["num_draft_tokens"] for length, _ in enumerate(stats.position_drafted, 1))
