@@ -8,6 +8,7 @@ plain decoding; this module only replaces the token-by-token loop.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -80,47 +81,53 @@ def speculative_decode(
         start = time.perf_counter()
         draft = drafter.propose(request) if k > 0 else Draft.empty(len(rows), device)
         drafted_at = time.perf_counter()
-
-        # Verify: one target forward over [last token, draft...] for every row.
-        width = 1 + draft.tokens.shape[1]
-        feed = torch.cat(
-            [request.tokens.gather(1, _last_index(request.lengths, device)), draft.tokens], dim=1
-        )
-        valid = (
-            torch.arange(width, device=device)[None, :] <= torch.tensor(draft.lengths, device=device)[:, None]
-        )
-        logits = target.forward(feed, valid, logits_to_keep=width)
-        contexts = [request.row(b) for b in range(len(rows))]
-        scores = score.positions(contexts, rows, draft.tokens, draft.lengths, logits)
-        draft_lengths = torch.tensor(draft.lengths, device=device)
-        if generation_config.do_sample:
-            accepted_t, tokens = rejection_sample(
-                draft.tokens, draft_lengths, draft.probs, scores.softmax(-1)
-            )
-        else:
-            accepted_t, tokens = greedy_verify(draft.tokens, draft_lengths, scores)
-        accepted = accepted_t.tolist()  # the one host sync of the step
+        step = _verify(target, request, draft)
         verified_at = time.perf_counter()
 
-        # Keep each row's last token and its accepted drafts in the cache; its new token is not in it.
-        target.truncate(target.lengths - valid.sum(dim=1) + accepted_t + 1)
-        drafter.observe(accepted)
+        drafter.observe(step.accepted)
         stats.target_forwards += 1
         for b, row in enumerate(rows):
-            stats.record_step(draft.lengths[b], accepted[b])
-            out.emit(
-                row,
-                tokens[b, : accepted[b] + 1],
-                scores[b, : accepted[b] + 1],
-                logits[b, : accepted[b] + 1],
-                stopping_criteria,
-            )
-        policy.update(len(rows), draft.lengths, accepted, drafted_at - start, verified_at - drafted_at)
+            n = step.accepted[b] + 1  # accepted drafts and the target's own token
+            stats.record_step(draft.lengths[b], step.accepted[b])
+            out.emit(row, step.tokens[b, :n], step.scores[b, :n], step.logits[b, :n], stopping_criteria)
+        policy.update(len(rows), draft.lengths, step.accepted, drafted_at - start, verified_at - drafted_at)
         stats.draft_seconds += drafted_at - start
         stats.verify_seconds += verified_at - drafted_at
 
     stats.emitted = out.emitted
     return out.finish(stats, target.cache)
+
+
+@dataclass
+class _Verified:
+    accepted: list[int]  # [B] draft tokens accepted per row
+    tokens: torch.Tensor  # [B, k + 1] row b emits tokens[b, : accepted[b] + 1]
+    scores: torch.Tensor  # [B, k + 1, V] processed target scores at those positions
+    logits: torch.Tensor  # [B, k + 1, V] raw target logits
+
+
+def _verify(target: RaggedKV, request: DraftRequest, draft: Draft) -> _Verified:
+    """One target forward over [last token, draft...] per row; accept; roll the cache back.
+
+    The target's cache holds every token of a row but its last, so the logits at position i of
+    this forward are the target's prediction for draft token i (and, after the draft, the bonus).
+    """
+    device = draft.tokens.device
+    width = 1 + draft.tokens.shape[1]
+    draft_lengths = torch.tensor(draft.lengths, device=device)
+    last = request.tokens.gather(1, torch.tensor(request.lengths, device=device)[:, None] - 1)
+    feed = torch.cat([last, draft.tokens], dim=1)  # [B, width]
+    valid = torch.arange(width, device=device)[None, :] <= draft_lengths[:, None]
+    logits = target.forward(feed, valid, logits_to_keep=width)
+    contexts = [request.row(b) for b in range(len(request.row_ids))]
+    scores = request.score.positions(contexts, request.row_ids, draft.tokens, draft.lengths, logits)
+    if request.do_sample:
+        accepted, tokens = rejection_sample(draft.tokens, draft_lengths, draft.probs, scores.softmax(-1))
+    else:
+        accepted, tokens = greedy_verify(draft.tokens, draft_lengths, scores)
+    # Keep the fed last token and the accepted drafts; the row's new token is not in the cache yet.
+    target.truncate(target.lengths - valid.sum(dim=1) + accepted + 1)
+    return _Verified(accepted.tolist(), tokens, scores, logits)
 
 
 def _default_policy(config: SpeculativeConfig) -> DraftLengthPolicy:
@@ -129,7 +136,3 @@ def _default_policy(config: SpeculativeConfig) -> DraftLengthPolicy:
     if isinstance(config.num_draft_tokens, int):
         return FixedDraftLength(config.num_draft_tokens)
     return config.num_draft_tokens  # the user's own policy object, kept across their calls
-
-
-def _last_index(lengths: list[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(lengths, device=device)[:, None] - 1

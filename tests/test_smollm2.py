@@ -53,7 +53,9 @@ def test_batched_ngram_matches_plain_batched_on_specbench(smollm2):
     model, tokenizer = smollm2
     tokenizer.padding_side = "left"
     texts = [
-        tokenizer.apply_chat_template([{"role": "user", "content": t[-600:]}], add_generation_prompt=True, tokenize=False)
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": t[-600:]}], add_generation_prompt=True, tokenize=False
+        )
         for _, t in PROMPTS[:4]
     ]
     inputs = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)

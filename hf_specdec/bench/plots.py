@@ -30,7 +30,7 @@ def plot_speedup(summary: list[dict[str, Any]], path: Path) -> Path:
     """Grouped bars: speedup vs plain per category (groups) and row (bars), one panel per batch size."""
     plt = _pyplot()
     batch_sizes = list(dict.fromkeys(e["batch_size"] for e in summary))
-    fig, axes = plt.subplots(len(batch_sizes), 1, figsize=(9, 3.6 * len(batch_sizes)), squeeze=False)
+    fig, axes = plt.subplots(len(batch_sizes), 1, figsize=(11, 3.6 * len(batch_sizes)), squeeze=False)
     for ax, batch_size in zip(axes[:, 0], batch_sizes):
         entries = [e for e in summary if e["batch_size"] == batch_size]
         categories = list(dict.fromkeys(e["category"] for e in entries))
@@ -44,7 +44,7 @@ def plot_speedup(summary: list[dict[str, Any]], path: Path) -> Path:
         ax.set_xticks(range(len(categories)), categories, rotation=20, ha="right")
         ax.set_ylabel("speedup vs plain generate")
         ax.set_title(f"batch size {batch_size}")
-        ax.legend(fontsize="small")
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -62,7 +62,8 @@ def plot_acceptance(overall: list[dict[str, Any]], path: Path) -> Path:
             ax.plot(range(1, len(alphas) + 1), alphas, marker="o", label=label)
     ax.set_xlabel("draft position")
     ax.set_ylabel("acceptance given earlier positions accepted")
-    ax.set_ylim(0, 1.05)
+    ax.set_ylim(-0.02, 1.05)
+    ax.xaxis.get_major_locator().set_params(integer=True)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize="small")
     else:

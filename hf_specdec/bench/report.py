@@ -26,12 +26,22 @@ def summarize(measurements: list[Measurement]) -> list[dict[str, Any]]:
     `paired_speedup` the median over prompts of each prompt's own ratio (less sensitive to drift).
     """
     groups = _group(measurements, lambda m: (m.batch_size, m.category, m.row))
+    rank = {row: i for i, row in enumerate(dict.fromkeys(m.row for m in measurements))}
     entries = []
-    for (batch_size, category, row), group in groups.items():
+    for batch_size, category, row in sorted(groups, key=lambda k: _order(k, groups, rank)):
+        group = groups[(batch_size, category, row)]
         plain = groups.get((batch_size, category, PLAIN), [])
         entry = {"batch_size": batch_size, "category": category, "row": row}
         entries.append({**entry, **_figures(group, plain)})
     return entries
+
+
+def _order(key: Key, groups: dict[Key, Any], rank: dict[str, int]) -> tuple[int, int, int]:
+    """Batch sizes and categories as first measured, rows in the order the run defined them."""
+    keys = list(groups)
+    first_category = next(i for i, k in enumerate(keys) if k[:2] == key[:2])
+    first_batch = next(i for i, k in enumerate(keys) if k[0] == key[0])
+    return first_batch, first_category, rank[key[2]]
 
 
 def overall(measurements: list[Measurement], summary: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -63,6 +73,7 @@ def _figures(group: list[Measurement], plain: list[Measurement]) -> dict[str, An
     identical = [m.identical for m in ok if m.identical is not None]
     return {
         "runs": len(group),
+        "prompts": sum(len(m.prompt_ids) for m in group),
         "errors": len(group) - len(ok),
         "error": next((m.error for m in group if m.error), None),
         "new_tokens": sum(m.new_tokens for m in ok),
@@ -123,7 +134,8 @@ def _header(result: BenchResult) -> list[str]:
     s = result.settings
     mode = "sampling" if s["sample"] else "greedy"
     lines = ["# hf-specdec benchmark", ""]
-    lines += [*s.get("notes", []), ""] if s.get("notes") else []
+    for note in s.get("notes") or []:
+        lines += [note, ""]
     if s.get("command"):
         lines += ["Reproduce with:", "", f"    {s['command']}", ""]
     lines += [
@@ -169,7 +181,7 @@ def _overview(batch_size: int, entries: list[dict], totals: list[dict]) -> list[
         cells = {e["row"]: e for e in entries if e["category"] == category}
         plain = cells.get(PLAIN, {})
         lines.append(
-            f"| {category} | {plain.get('runs', '')} | {_num(plain.get('median_tokens_per_s'))} | "
+            f"| {category} | {plain.get('prompts', '')} | {_num(plain.get('median_tokens_per_s'))} | "
             + " | ".join(_speedup_cell(cells.get(r)) for r in rows)
             + " |"
         )

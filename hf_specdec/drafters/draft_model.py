@@ -121,6 +121,8 @@ class DraftModelDrafter:
             )
         options = options_to_config(DraftModelConfig, config.options)
         if not options.tokenizer_verified:
+            if tokenizer is None and draft_tokenizer is not None:
+                tokenizer = _local_tokenizer(target)
             check_compatible(target, tokenizer, draft, draft_tokenizer)
         return cls(draft.eval(), options, target.device)
 
@@ -196,6 +198,23 @@ class DraftModelDrafter:
             return 0
         differs = torch.nonzero(cached[:n] != seq[:n].to(cached.device))
         return int(differs[0]) if differs.numel() else n
+
+
+def _local_tokenizer(model: PreTrainedModel) -> Any:
+    """The target's tokenizer when it was loaded from a local folder that has one, else None."""
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    folder = Path(getattr(model, "name_or_path", "") or "")
+    if not folder.is_dir() or not any(
+        (folder / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")
+    ):
+        return None
+    try:
+        return AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError):
+        return None
 
 
 def _right_aligned(chunks: list[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,231 @@
+"""`hf_specdec.bench` and `hf-specdec bench` on a tiny random Llama that uses SmolLM2's real tokenizer."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+import hf_specdec
+from hf_specdec import cli
+from hf_specdec.bench import SUITES, run_bench
+from hf_specdec.bench.suites import load_prompt_file, load_suite, take_per_category
+from hf_specdec.drafters.ngram import NgramDrafter
+
+MAX_NEW = 6
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory) -> Path:
+    """A 1-layer random Llama (vocabulary 49152) saved next to SmolLM2's tokenizer and chat template."""
+    folder = tmp_path_factory.mktemp("tiny-smol")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(hf_specdec.demo_model_path(quiet=True))
+    except RuntimeError as err:
+        pytest.skip(f"SmolLM2 tokenizer unavailable: {err}")
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        initializer_range=0.4,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).eval().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def result(tiny_folder):
+    return run_bench(tiny_folder, suite="builtin", limit=1, max_new_tokens=MAX_NEW, progress=False)
+
+
+def test_every_row_runs_on_every_prompt(result):
+    rows = ["plain", "ngram", "transformers_prompt_lookup"]
+    assert result.settings["rows"] == rows
+    assert not result.interrupted
+    categories = result.settings["categories"]
+    assert len(categories) == 6 and result.settings["prompts"] == 6
+    assert len(result.measurements) == len(rows) * len(categories)
+    for m in result.measurements:
+        assert m.error is None, m.error
+        assert 0 < m.new_tokens <= MAX_NEW and m.seconds > 0
+        assert m.identical == 1.0  # greedy: every row reproduces plain generate
+        assert (m.stats is not None) == (m.row == "ngram")
+
+
+def test_summary_figures_are_consistent(result):
+    summary = result.summary()
+    for entry in summary:
+        group = [m for m in result.measurements if (m.category, m.row) == (entry["category"], entry["row"])]
+        plain = next(e for e in summary if (e["category"], e["row"]) == (entry["category"], "plain"))
+        # One prompt per category: the medians are that prompt's own tokens/s.
+        assert entry["median_tokens_per_s"] == pytest.approx(group[0].new_tokens / group[0].seconds)
+        assert entry["speedup"] == pytest.approx(entry["median_tokens_per_s"] / plain["median_tokens_per_s"])
+        assert entry["paired_speedup"] == pytest.approx(entry["speedup"])
+        assert entry["identical"] == 1.0
+    for total in result.overall():
+        speedups = [e["speedup"] for e in summary if e["row"] == total["row"]]
+        geomean = math.exp(sum(map(math.log, speedups)) / len(speedups))
+        assert total["geomean_speedup"] == pytest.approx(geomean)
+    ngram = next(t for t in result.overall() if t["row"] == "ngram")
+    assert 0.0 <= ngram["acceptance_rate"] <= 1.0 and ngram["mean_accepted_length"] >= 1.0
+
+
+def test_save_writes_json_markdown_and_plots(result, tmp_path):
+    pytest.importorskip("matplotlib")
+    written = result.save(tmp_path)
+    names = {p.name for p in written}
+    assert names == {"results.json", "results.md", "speedup.png", "acceptance_by_position.png"}
+    for path in written:
+        assert path.stat().st_size > 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert len(data["measurements"]) == len(result.measurements)
+    assert data["measurements"][0]["tokens_per_s"] == pytest.approx(result.measurements[0].tokens_per_s)
+    markdown = (tmp_path / "results.md").read_text()
+    assert "geometric mean" in markdown and "### translation" in markdown
+    assert "Not run: `draft_model`" in markdown
+
+
+def test_batched_rows_skip_transformers_baselines(tiny_folder, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": f"Count to {n}.", "category": "c"}) for n in (3, 7)))
+    result = run_bench(tiny_folder, prompts=prompts, batch_sizes=[2], max_new_tokens=MAX_NEW, progress=False)
+    assert [m.row for m in result.measurements] == ["plain", "ngram"]
+    assert all(m.batch_size == 2 and m.identical == 1.0 and m.error is None for m in result.measurements)
+
+
+def test_a_failing_row_is_reported_and_the_others_kept(tiny_folder, monkeypatch, tmp_path):
+    def boom(self, request):
+        raise RuntimeError("drafter exploded")
+
+    monkeypatch.setattr(NgramDrafter, "propose", boom)
+    result = run_bench(tiny_folder, limit=1, max_new_tokens=MAX_NEW, progress=False)
+    errors = [m for m in result.measurements if m.error]
+    assert errors and all(m.row == "ngram" and "drafter exploded" in m.error for m in errors)
+    assert all(m.error is None for m in result.measurements if m.row != "ngram")
+    markdown = result.to_markdown()
+    assert "| error |" in markdown.split("###")[0]  # the overview marks the failed row per category
+    assert "RuntimeError: drafter exploded" in markdown
+
+
+def test_ctrl_c_keeps_results_so_far(tiny_folder, monkeypatch):
+    from hf_specdec.bench import runner
+
+    calls = {"n": 0}
+    real = runner._time_row
+
+    def interrupt_late(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > 3 + 4:  # 3 warm-up runs, then 4 measured runs
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "_time_row", interrupt_late)
+    result = run_bench(tiny_folder, limit=1, max_new_tokens=MAX_NEW, progress=False)
+    assert result.interrupted and len(result.measurements) == 4
+    assert "Interrupted" in result.to_markdown()
+
+
+def test_cli_writes_files(tiny_folder, tmp_path, capsys):
+    out, markdown = tmp_path / "out", tmp_path / "BENCH.md"
+    argv = ["bench", "--model", str(tiny_folder), "--limit", "1", "--max-new-tokens", "4"]
+    argv += ["--no-transformers", "--no-plots", "--quiet", "--out", str(out), "--markdown", str(markdown)]
+    argv += ["--note", "A note for the header."]
+    assert cli.main(argv) == 0
+    assert (out / "results.json").exists() and not (out / "speedup.png").exists()
+    text = markdown.read_text()
+    assert text == (out / "results.md").read_text() and "A note for the header." in text
+    assert "transformers_prompt_lookup" not in text
+    assert "## Speedup vs plain generate, batch size 1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--methods", "ngram,medusa"], "valid methods: auto, draft_model, ngram"),
+        (["--methods", "draft_model"], "needs a draft model"),
+        (["--chat-template"], "has no chat template"),
+        (["--batch-sizes", "0"], "positive integers"),
+    ],
+)
+def test_cli_errors(tiny_folder, tmp_path, capsys, argv, message):
+    if argv == ["--chat-template"]:  # a model whose tokenizer has no chat template
+        folder = tmp_path / "no-template"
+        AutoTokenizer.from_pretrained(tiny_folder).save_pretrained(folder)
+        (folder / "chat_template.jinja").unlink(missing_ok=True)
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        config.pop("chat_template", None)
+        (folder / "tokenizer_config.json").write_text(json.dumps(config))
+        for name in ("config.json", "model.safetensors"):
+            (folder / name).write_bytes((tiny_folder / name).read_bytes())
+        argv = [*argv, "--model", str(folder)]
+    else:
+        argv = [*argv, "--model", str(tiny_folder)]
+    try:
+        code = cli.main(["bench", *argv, "--quiet", "--out", str(tmp_path / "o")])
+    except SystemExit as exit_:
+        code = exit_.code
+    assert code != 0
+    assert message in capsys.readouterr().err
+
+
+def test_unknown_suite_lists_the_valid_ones(capsys):
+    with pytest.raises(ValueError, match="valid suites: specbench, specbench-quick, mtbench, humaneval"):
+        load_suite("spec-bench")
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--suite", "nope"])
+    assert "invalid choice" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("", "is empty"),
+        ("\n  \n", "is empty"),
+        ('{"prompt": "ok"}\n{"prompt": "ok", \n', "line 2: not valid JSON"),
+        ('{"prompt": "ok"}\n\n["a list"]\n', "line 3: expected a JSON object"),
+        ('{"category": "qa"}\n', "line 1: needs a non-empty 'prompt'"),
+        ('{"turns": []}\n', "line 1: needs a non-empty 'prompt'"),
+    ],
+)
+def test_prompt_file_errors_name_the_line(tmp_path, content, message):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=message):
+        load_prompt_file(path)
+
+
+def test_prompt_file_fields(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"turns": ["first", "second"], "category": "qa", "question_id": 7}\n{"prompt": "p"}\n')
+    first, second = load_prompt_file(path)
+    assert (first.id, first.category, first.text) == ("7", "qa", "first")
+    assert (second.id, second.category, second.raw) == ("2", "custom", False)
+
+
+def test_shared_suites_load():
+    sizes = {"specbench": 480, "mtbench": 80, "humaneval": 164, "builtin": 12}
+    for name, size in sizes.items():
+        try:
+            prompts = load_suite(name)
+        except ValueError as err:
+            pytest.skip(str(err))
+        assert len(prompts) == size
+    quick = load_suite("specbench-quick")
+    categories = {"mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"}
+    assert {p.category for p in quick} == categories and len(quick) == 3 * len(categories)
+    assert all(p.raw for p in load_suite("humaneval"))
+    assert set(SUITES) == {"specbench", "specbench-quick", "mtbench", "humaneval", "builtin"}
+    assert len(take_per_category(load_suite("builtin"), 1)) == 6
