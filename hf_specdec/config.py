@@ -16,7 +16,8 @@ class SpeculativeConfig:
     Args:
         method: a drafter name (`"ngram"`, `"draft_model"`, ...) or `"auto"`, which uses the draft
             model given in `draft` when there is one and otherwise chooses for the target.
-        draft: for `method="draft_model"`: a local folder, a Hub repo id, or a loaded model.
+        draft: for `method="draft_model"`: a local folder, a Hub repo id, or a loaded model;
+            for `method="onnx"`: a folder exported with `hf-specdec export-onnx`.
         draft_tokenizer: the draft's tokenizer when `draft` is a loaded model; lets the
             compatibility check compare vocabularies instead of sizes.
         num_draft_tokens: tokens drafted per step: an integer for a fixed length, `"auto"` to

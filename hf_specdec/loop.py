@@ -80,17 +80,18 @@ def speculative_decode(
 
         start = time.perf_counter()
         draft = drafter.propose(request) if k > 0 else Draft.empty(len(rows), device)
+        draft = policy.trim(draft, len(rows))
         drafted_at = time.perf_counter()
         step = _verify(target, request, draft)
         verified_at = time.perf_counter()
 
-        drafter.observe(step.accepted)
+        drafter.observe(draft, step.accepted)
         stats.target_forwards += 1
         for b, row in enumerate(rows):
             n = step.accepted[b] + 1  # accepted drafts and the target's own token
             stats.record_step(draft.lengths[b], step.accepted[b])
             out.emit(row, step.tokens[b, :n], step.scores[b, :n], step.logits[b, :n], stopping_criteria)
-        policy.update(len(rows), draft.lengths, step.accepted, drafted_at - start, verified_at - drafted_at)
+        policy.update(len(rows), draft, step.accepted, drafted_at - start, verified_at - drafted_at)
         stats.draft_seconds += drafted_at - start
         stats.verify_seconds += verified_at - drafted_at
 

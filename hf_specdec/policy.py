@@ -4,9 +4,14 @@ The adaptive policy follows the analysis of Leviathan et al. (2023, §3): with p
 acceptance α_i (conditional on the earlier draft tokens being accepted), drafting k tokens yields
 E(k) = 1 + Σ_{j≤k} Π_{i≤j} α_i tokens per target forward and costs k draft steps plus one verify
 of k + 1 tokens. It learns α_i, the draft cost per token and the verify cost per width (for the
-current batch size) during the call and drafts the k that maximises tokens per second; k = 0 is
-plain decoding, chosen whenever no draft length is predicted to beat it. While decoding plainly it
-probes again now and then (with exponential back-off) so that it notices when drafting pays again.
+current batch size) during the call, and
+
+- before drafting, asks for the k that maximises expected tokens per second; k = 0 is plain
+  decoding, chosen whenever no draft length is predicted to beat it (it probes again now and then,
+  with exponential back-off, so that it notices when drafting pays again);
+- after drafting, cuts each row's draft where the drafter's own per-token confidence says the
+  remaining tokens are not worth their verify cost. Confidences are calibrated here: per bucket of
+  the drafter's score, the policy counts how often such tokens were actually accepted.
 """
 
 from __future__ import annotations
@@ -14,7 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from .drafters.base import Draft
+
 MAX_DRAFT = 12
+_BUCKETS = 10
 
 
 class DraftLengthPolicy(Protocol):
@@ -22,28 +30,30 @@ class DraftLengthPolicy(Protocol):
         """Tokens to draft in the coming step (0: decode one token plainly)."""
         ...
 
+    def trim(self, draft: Draft, batch_size: int) -> Draft:
+        """Cut rows of a fresh draft that are not worth verifying in full."""
+        ...
+
     def update(
-        self,
-        batch_size: int,
-        drafted: list[int],
-        accepted: list[int],
-        draft_seconds: float,
-        verify_seconds: float,
+        self, batch_size: int, draft: Draft, accepted: list[int], draft_seconds: float, verify_seconds: float
     ) -> None:
-        """Learn from the step just taken: per-row drafted/accepted counts and its two costs."""
+        """Learn from the step just taken: the verified draft, per-row acceptance and the two costs."""
         ...
 
 
 @dataclass
 class FixedDraftLength:
-    """Always draft `k` tokens."""
+    """Always draft `k` tokens and verify all of them."""
 
     k: int
 
     def draft_length(self, batch_size: int) -> int:
         return self.k
 
-    def update(self, batch_size, drafted, accepted, draft_seconds, verify_seconds) -> None:
+    def trim(self, draft: Draft, batch_size: int) -> Draft:
+        return draft
+
+    def update(self, batch_size, draft, accepted, draft_seconds, verify_seconds) -> None:
         pass
 
 
@@ -55,13 +65,17 @@ class _Ema:
         self.value = x if self.value is None else (1 - weight) * self.value + weight * x
 
 
+def _beta_mean(hits: float, trials: float, prior: float, weight: float) -> float:
+    return (hits + prior * weight) / (trials + weight)
+
+
 @dataclass
 class AdaptiveDraftLength:
     """Cost-aware draft length; its state lives in the object (one per `generate` call by default).
 
     Args:
         first_k: draft length of the first speculative steps, before anything is measured.
-        prior_acceptance, prior_weight: the Beta-style prior on each α_i, worth `prior_weight` drafts.
+        prior_acceptance, prior_weight: the prior on each α_i, worth `prior_weight` drafts.
         probe_every: plain steps before the first re-probe once plain decoding was chosen.
     """
 
@@ -72,6 +86,8 @@ class AdaptiveDraftLength:
     max_k: int = MAX_DRAFT
     drafted: list[float] = field(default_factory=lambda: [0.0] * MAX_DRAFT)
     accepted: list[float] = field(default_factory=lambda: [0.0] * MAX_DRAFT)
+    bucket_drafted: list[float] = field(default_factory=lambda: [0.0] * _BUCKETS)
+    bucket_accepted: list[float] = field(default_factory=lambda: [0.0] * _BUCKETS)
     draft_cost: _Ema = field(default_factory=_Ema)  # seconds per drafted position
     verify_cost: dict[tuple[int, int], _Ema] = field(default_factory=dict)  # (batch, width) -> seconds
     plain_run: int = 0
@@ -83,14 +99,8 @@ class AdaptiveDraftLength:
             return 0  # measure a plain step first: it is what generate would have done anyway
         if not any(w > 1 for (b, w) in self.verify_cost if b == batch_size):
             return self.first_k  # nothing measured beyond plain steps at this batch size: explore
-        best_k, best_rate = 0, 1.0 / plain
-        expected, survive = 1.0, 1.0
-        for k in range(1, self.max_k + 1):
-            survive *= self.alpha(k - 1)
-            expected += survive
-            cost = k * (self.draft_cost.value or 0.0) + self._verify(batch_size, k + 1)
-            if expected / cost > best_rate * 1.02:  # a 2% margin: noise must not flip us into a loss
-                best_k, best_rate = k, expected / cost
+        alphas = [self.alpha(i) for i in range(self.max_k)]
+        best_k = self._best_length(batch_size, alphas, self.draft_cost.value or 0.0)
         if best_k == 0:
             self.plain_run += 1
             if self.plain_run >= self.probe_every * self.backoff:
@@ -101,21 +111,57 @@ class AdaptiveDraftLength:
             self.plain_run, self.backoff = 0, 1
         return best_k
 
+    def trim(self, draft: Draft, batch_size: int) -> Draft:
+        if draft.confidence is None or self._verify(batch_size, 1) is None:
+            return draft
+        if not any(w > 1 for (b, w) in self.verify_cost if b == batch_size):
+            return draft
+        scores = draft.confidence.tolist()
+        lengths = [
+            self._best_length(batch_size, [self.calibrated(c) for c in row[:n]], 0.0)  # drafting is paid
+            for row, n in zip(scores, draft.lengths)
+        ]
+        return draft.truncated(lengths) if lengths != draft.lengths else draft
+
+    def _best_length(self, batch_size: int, alphas: list[float], draft_cost: float) -> int:
+        """The k <= len(alphas) maximising expected tokens per second (0 = plain decoding)."""
+        best_k, best_rate = 0, 1.0 / self._verify(batch_size, 1)
+        expected, survive = 1.0, 1.0
+        for k, alpha in enumerate(alphas, start=1):
+            survive *= alpha
+            expected += survive
+            rate = expected / (k * draft_cost + self._verify(batch_size, k + 1))
+            if rate > best_rate * 1.02:  # a 2% margin: noise must not flip us into a loss
+                best_k, best_rate = k, rate
+        return best_k
+
     def alpha(self, position: int) -> float:
         """Estimated acceptance of draft position `position` (0-based), given the earlier ones."""
-        d, a = self.drafted[position], self.accepted[position]
-        return (a + self.prior_acceptance * self.prior_weight) / (d + self.prior_weight)
+        return _beta_mean(
+            self.accepted[position], self.drafted[position], self.prior_acceptance, self.prior_weight
+        )
 
-    def update(self, batch_size, drafted, accepted, draft_seconds, verify_seconds) -> None:
-        width = 1 + max(drafted, default=0)
+    def calibrated(self, confidence: float) -> float:
+        """Acceptance observed for draft tokens whose drafter confidence fell in this bucket."""
+        bucket = min(int(confidence * _BUCKETS), _BUCKETS - 1)
+        prior = (bucket + 0.5) / _BUCKETS
+        return _beta_mean(self.bucket_accepted[bucket], self.bucket_drafted[bucket], prior, self.prior_weight)
+
+    def update(self, batch_size, draft, accepted, draft_seconds, verify_seconds) -> None:
+        width = 1 + max(draft.lengths, default=0)
         self.verify_cost.setdefault((batch_size, width), _Ema()).add(verify_seconds)
         if width > 1:
             self.draft_cost.add(draft_seconds / (width - 1))
-        for d, a in zip(drafted, accepted):
-            for i in range(min(d, self.max_k)):
+        scores = draft.confidence.tolist() if draft.confidence is not None else None
+        for b, (d, a) in enumerate(zip(draft.lengths, accepted)):
+            # Position i was tested only if every earlier draft token was accepted.
+            for i in range(min(d, a + 1, self.max_k)):
                 self.drafted[i] += 1
-                if i < a:
-                    self.accepted[i] += 1
+                self.accepted[i] += i < a
+                if scores is not None:
+                    bucket = min(int(scores[b][i] * _BUCKETS), _BUCKETS - 1)
+                    self.bucket_drafted[bucket] += 1
+                    self.bucket_accepted[bucket] += i < a
 
     def _verify(self, batch_size: int, width: int) -> float | None:
         """Predicted verify seconds at this width, from the nearest measured widths."""
@@ -139,5 +185,7 @@ class AdaptiveDraftLength:
             return known[lo] * (1 - t) + known[hi] * t
         # Beyond what was measured: assume verify cost keeps growing by 3% of a plain step per token.
         edge = max(below)
-        step = 0.03 * known[1]
-        return known[edge] + step * (width - edge)
+        return known[edge] + 0.03 * known[1] * (width - edge)
+
+
+__all__ = ["AdaptiveDraftLength", "DraftLengthPolicy", "FixedDraftLength"]

@@ -12,8 +12,8 @@ class SpeculativeStats:
     `steps` counts verification steps of a row (one per row per target forward after the prompt;
     `target_forwards` counts the forwards themselves); `speculative_steps` of them verified a
     non-empty draft and `plain_steps` decoded one token without a draft. `drafted` and `accepted`
-    count draft tokens; `position_drafted[i]` / `position_accepted[i]` count the i-th drafted
-    token of a step (conditional on the earlier ones having been accepted, as in the paper).
+    count draft tokens; `position_drafted[i]` counts drafts that had an i-th token and
+    `position_accepted[i]` those whose first i + 1 tokens were all accepted (vLLM's counters).
     `emitted` counts tokens the call produced (accepted drafts plus one target token a step,
     cut at EOS / max length).
     """
@@ -62,7 +62,8 @@ class SpeculativeStats:
 
     @property
     def per_position_acceptance(self) -> list[float]:
-        """α_i: the chance that draft position i is accepted given that positions < i were."""
+        """Per draft position i: the fraction of drafts reaching position i whose tokens 0..i were
+        all accepted (vLLM's per-position acceptance; it falls with i by construction)."""
         return [a / d if d else 0.0 for a, d in zip(self.position_accepted, self.position_drafted)]
 
     def merge(self, other: SpeculativeStats) -> None:

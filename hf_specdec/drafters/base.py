@@ -43,10 +43,23 @@ class Draft:
     tokens: torch.Tensor  # [B, k], padding past each row's length is ignored
     lengths: list[int]  # [B]
     probs: torch.Tensor | None = None  # [B, k, V] the processed distributions sampled from; None = certain
+    # [B, k] the drafter's estimate that token i is accepted given tokens < i were; None = no estimate.
+    confidence: torch.Tensor | None = None
 
     @classmethod
     def empty(cls, batch_size: int, device: torch.device) -> Draft:
         return cls(torch.zeros(batch_size, 0, dtype=torch.long, device=device), [0] * batch_size)
+
+    def truncated(self, lengths: list[int]) -> Draft:
+        """The same draft with row b cut to `lengths[b]` tokens (never longer than proposed)."""
+        lengths = [min(n, m) for n, m in zip(lengths, self.lengths)]
+        width = max(lengths, default=0)
+        return Draft(
+            self.tokens[:, :width],
+            lengths,
+            None if self.probs is None else self.probs[:, :width],
+            None if self.confidence is None else self.confidence[:, :width],
+        )
 
 
 def options_to_config(config_cls: type, options: dict[str, Any]) -> Any:
@@ -73,6 +86,7 @@ class Drafter(Protocol):
         """Propose up to `request.max_tokens[b]` tokens for each row b."""
         ...
 
-    def observe(self, accepted: list[int]) -> None:
-        """Learn how many tokens of the last draft each row accepted (optional for stateless drafters)."""
+    def observe(self, draft: Draft, accepted: list[int]) -> None:
+        """Learn that row b of `draft` (as verified, possibly cut shorter than proposed) had its
+        first `accepted[b]` tokens accepted. Drafters without anything to learn do nothing."""
         ...

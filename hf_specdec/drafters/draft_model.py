@@ -143,6 +143,7 @@ class DraftModelDrafter:
         batch, steps = len(real), max(request.max_tokens, default=0)
         tokens = torch.zeros(batch, steps, dtype=torch.long, device=self.device)
         probs = [] if request.do_sample else None
+        confidence = torch.zeros(batch, steps, device=self.device)
         lengths = [0] * batch
         active = [request.max_tokens[b] > 0 for b in range(batch)]
         for i in range(steps):
@@ -158,7 +159,8 @@ class DraftModelDrafter:
             else:
                 token = scores.argmax(dim=-1)
             tokens[:, i] = token
-            confident = dist.gather(1, token[:, None]).squeeze(1) >= self.config.min_confidence
+            confidence[:, i] = dist.gather(1, token[:, None]).squeeze(1)
+            confident = confidence[:, i] >= self.config.min_confidence
             for b in range(batch):
                 if active[b]:
                     lengths[b] = i + 1
@@ -172,9 +174,9 @@ class DraftModelDrafter:
         fed = [max(n - 1, 0) for n in lengths]  # a row's last draft token is never fed
         self.cached = [torch.cat([seq, tokens[b, : fed[b]].to(seq.device)]) for b, seq in enumerate(real)]
         stacked = torch.stack(probs, dim=1)[:, :width] if probs else None
-        return Draft(tokens[:, :width], lengths, stacked)
+        return Draft(tokens[:, :width], lengths, stacked, confidence[:, :width])
 
-    def observe(self, accepted: list[int]) -> None:
+    def observe(self, draft: Draft, accepted: list[int]) -> None:
         pass  # the next propose() rolls back by comparing sequences, which also survives EOS and restarts
 
     def _follow_rows(self, row_ids: list[int]) -> None:

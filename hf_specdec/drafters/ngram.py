@@ -62,15 +62,16 @@ class _RowIndex:
                     self.tables[n][tuple(toks[j - n : j])] = j
         self.indexed = max(self.indexed, len(toks))
 
-    def lookup(self, max_tokens: int) -> list[int]:
+    def lookup(self, max_tokens: int) -> tuple[list[int], int]:
+        """The continuation of the longest, most recent match of the current suffix, and its size."""
         toks = self.tokens
         for n in reversed(self.sizes):
             if len(toks) <= n:
                 continue
             start = self.tables[n].get(tuple(toks[-n:]))
             if start is not None:
-                return toks[start : start + max_tokens]
-        return []
+                return toks[start : start + max_tokens], n
+        return [], 0
 
 
 @register_drafter
@@ -98,13 +99,18 @@ class NgramDrafter:
             # Only the tokens added since the last step are new; left padding is never indexed.
             new = int(real.sum()) - len(index.tokens)
             index.extend(row[real][-new:].tolist() if new > 0 else [])
-            proposals.append(index.lookup(request.max_tokens[b]) if request.max_tokens[b] > 0 else [])
-        lengths = [len(p) for p in proposals]
+            proposals.append(index.lookup(request.max_tokens[b]) if request.max_tokens[b] > 0 else ([], 0))
+        lengths = [len(p) for p, _ in proposals]
         width = max(lengths, default=0)
         tokens = torch.zeros(len(proposals), width, dtype=torch.long)
-        for b, proposal in enumerate(proposals):
+        confidence = torch.zeros(len(proposals), width)
+        for b, (proposal, size) in enumerate(proposals):
             tokens[b, : len(proposal)] = torch.tensor(proposal, dtype=torch.long)
-        return Draft(tokens.to(request.tokens.device), lengths)
+            # A raw score, not a probability: longer matches are likelier to continue. The
+            # draft-length policy learns what each score is worth in accepted tokens.
+            confidence[b, : len(proposal)] = size / (size + 1)
+        device = request.tokens.device
+        return Draft(tokens.to(device), lengths, confidence=confidence.to(device))
 
-    def observe(self, accepted: list[int]) -> None:
+    def observe(self, draft: Draft, accepted: list[int]) -> None:
         pass
