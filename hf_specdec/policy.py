@@ -112,15 +112,22 @@ class AdaptiveDraftLength:
         return best_k
 
     def trim(self, draft: Draft, batch_size: int) -> Draft:
-        if draft.confidence is None or self._verify(batch_size, 1) is None:
+        if self._verify(batch_size, 1) is None or not any(
+            w > 1 for (b, w) in self.verify_cost if b == batch_size
+        ):
             return draft
-        if not any(w > 1 for (b, w) in self.verify_cost if b == batch_size):
-            return draft
-        scores = draft.confidence.tolist()
-        lengths = [
-            self._best_length(batch_size, [self.calibrated(c) for c in row[:n]], 0.0)  # drafting is paid
-            for row, n in zip(scores, draft.lengths)
-        ]
+        if draft.probs is not None or draft.confidence is None:
+            # A sampled draft must not be cut by its own tokens' confidences: keeping token i only
+            # when it looks likely would bias which tokens reach the acceptance test, and the
+            # output would no longer follow the target's distribution. Cut by position alone.
+            longest = self._best_length(batch_size, [self.alpha(i) for i in range(self.max_k)], 0.0)
+            lengths = [min(n, longest) for n in draft.lengths]
+        else:
+            scores = draft.confidence.tolist()
+            lengths = [
+                self._best_length(batch_size, [self.calibrated(c) for c in row[:n]], 0.0)  # drafting is paid
+                for row, n in zip(scores, draft.lengths)
+            ]
         return draft.truncated(lengths) if lengths != draft.lengths else draft
 
     def _best_length(self, batch_size: int, alphas: list[float], draft_cost: float) -> int:

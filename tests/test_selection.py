@@ -249,14 +249,19 @@ def test_decision_is_cached_and_reused_offline(hub: HubServer, monkeypatch: pyte
     assert again.rejected == first.rejected
 
 
-def test_loaded_model_target_and_load_draft(hub: HubServer, tmp_path: Path) -> None:
+def _local_copy_of_target(hub: HubServer, tmp_path: Path) -> Path:
+    """TARGET's weights in a local folder whose config.json names the Hub repo it came from."""
     folder = tmp_path / "target"
     folder.mkdir()
     for name in ("config.json", "model.safetensors"):
         (folder / name).write_bytes(hub.repos[TARGET].files[name])
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "_name_or_path": TARGET}))
-    target = LlamaForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    return folder
+
+
+def test_loaded_model_target_and_load_draft(hub: HubServer, tmp_path: Path) -> None:
+    target = LlamaForCausalLM.from_pretrained(_local_copy_of_target(hub, tmp_path), dtype=torch.bfloat16)
     choice = select_draft(target)
     assert choice.draft == GOOD_DRAFT
     draft = load_draft(choice, target)
@@ -307,13 +312,7 @@ def test_registry_is_shipped_with_the_checkout() -> None:
 
 
 def test_speculative_true_uses_the_selected_draft(hub: HubServer, tmp_path: Path) -> None:
-    folder = tmp_path / "target"
-    folder.mkdir()
-    for name in ("config.json", "model.safetensors"):
-        (folder / name).write_bytes(hub.repos[TARGET].files[name])
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "_name_or_path": TARGET}))
-    target = LlamaForCausalLM.from_pretrained(folder).eval()
+    target = LlamaForCausalLM.from_pretrained(_local_copy_of_target(hub, tmp_path)).eval()
     prompt = torch.tensor([[1, 5, 6, 7, 8, 5, 6]])
     plain = target.generate(prompt, max_new_tokens=12, do_sample=False)
     out = target.generate(
