@@ -152,6 +152,8 @@ CASES = {
     "draft_model-rep_penalty": ("draft_model", "rep_penalty"),
     "ngram-topk_topp": ("ngram", "topk_topp"),
     "ngram-rep_penalty": ("ngram", "rep_penalty"),
+    "draft_model-temp-auto_length": ("draft_model", "temp"),
+    "ngram-temp-auto_length": ("ngram", "temp"),
 }
 
 
@@ -159,10 +161,11 @@ CASES = {
 def test_speculative_samples_follow_target_distribution(models, case):
     target, draft = models
     method, setting = CASES[case]
+    length = "auto" if case.endswith("auto_length") else 2  # "auto" also trims drafts each step
     if method == "draft_model":
-        spec = dict(method="draft_model", draft=draft, num_draft_tokens=2)
+        spec = dict(method="draft_model", draft=draft, num_draft_tokens=length)
     else:
-        spec = dict(method="ngram", num_draft_tokens=2, options=dict(min_ngram=1))
+        spec = dict(method="ngram", num_draft_tokens=length, options=dict(min_ngram=1))
     exact = exact_distribution(target, SETTINGS[setting])
     samples = sample(target, SETTINGS[setting], seed=list(CASES).index(case), speculative=spec)
     pvalue = chi2_pvalue(continuation_index(samples), exact)
