@@ -45,6 +45,14 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     settings = dict(max_new_tokens=args.max_new_tokens, do_sample=False, tokenizer=tokenizer)
+    speculative = hf_specdec.SpeculativeConfig(method=args.method)
+    if args.draft:
+        dtype = getattr(torch, args.draft_dtype) if args.draft_dtype else model.dtype
+        draft = AutoModelForCausalLM.from_pretrained(args.draft, dtype=dtype).eval()
+        draft_tokenizer = AutoTokenizer.from_pretrained(args.draft)
+        speculative = hf_specdec.SpeculativeConfig(
+            method="draft_model", draft=draft, draft_tokenizer=draft_tokenizer
+        )
 
     warm = _encode(tokenizer, "Hello!")
     model.generate(**warm, max_new_tokens=4, do_sample=False)
@@ -64,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
                 t_plain += time.perf_counter() - start
             else:
                 spec = model.generate(
-                    **inputs, **settings, speculative=args.method, return_dict_in_generate=True
+                    **inputs, **settings, speculative=speculative, return_dict_in_generate=True
                 )
                 t_spec += time.perf_counter() - start
         new_plain = plain.shape[1] - inputs["input_ids"].shape[1]
