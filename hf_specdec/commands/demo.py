@@ -31,6 +31,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--model", default=None, help="a model folder or repo id (default: the offline demo model)"
     )
+    parser.add_argument("--draft", default=None, help="a draft model folder (implies method draft_model)")
+    parser.add_argument(
+        "--draft-dtype",
+        default=None,
+        choices=["float32", "bfloat16", "float16"],
+        help="load the draft in this dtype (e.g. a bfloat16 copy of the target as its own draft)",
+    )
     parser.set_defaults(func=run)
 
 
