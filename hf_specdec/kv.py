@@ -9,6 +9,8 @@ nothing is ever a hole and the mask is dropped, so batch 1 runs exactly like pla
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
@@ -30,10 +32,17 @@ class RaggedKV:
     def width(self) -> int:
         return self.mask.shape[1]
 
-    def forward(self, tokens: torch.Tensor, valid: torch.Tensor, logits_to_keep: int = 0) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        valid: torch.Tensor,
+        logits_to_keep: int = 0,
+        output_hidden_states: bool = False,
+    ) -> Any:
         """Run the model on `tokens` [B, T] (only `valid` [B, T] ones are real) and cache them.
 
-        Returns the logits of the last `logits_to_keep` positions (all if 0), [B, T', V].
+        Returns the model output: `.logits` of the last `logits_to_keep` positions (all if 0),
+        [B, T', V], and `.hidden_states` of every position when asked for.
         """
         # Real tokens continue each row's own numbering; holes get any position, they are masked.
         positions = (self.lengths[:, None] + valid.cumsum(dim=1) - 1).clamp_min(0)
@@ -47,8 +56,9 @@ class RaggedKV:
             cache=self.cache,
             use_cache=True,
             logits_to_keep=logits_to_keep,
+            output_hidden_states=output_hidden_states,
         )
-        return out.logits
+        return out
 
     def truncate(self, lengths: torch.Tensor) -> None:
         """Keep only the first `lengths[b]` real tokens of each row b; the rest become holes."""

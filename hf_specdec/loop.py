@@ -57,8 +57,14 @@ def speculative_decode(
 
     # The target's cache always holds every token of a row but its last: each step feeds that
     # last token followed by the draft, so position i of the output scores draft token i.
+    layers = getattr(drafter, "hidden_state_layers", ())
+    features = _Features(layers, batch)
     if prompt_len > 1:
-        target.forward(input_ids[:, :-1], out.attention_mask[:, :-1].bool(), logits_to_keep=1)
+        prompt_mask = out.attention_mask[:, :-1].bool()
+        prefill = target.forward(
+            input_ids[:, :-1], prompt_mask, logits_to_keep=1, output_hidden_states=bool(layers)
+        )
+        features.add(prefill, prompt_mask, list(range(batch)))
 
     cached_rows = list(range(batch))
     while out.active_rows:
@@ -76,13 +82,14 @@ def speculative_decode(
             do_sample=generation_config.do_sample,
             score=score,
             row_ids=rows,
+            hidden_states=features.take(rows),
         )
 
         start = time.perf_counter()
         draft = drafter.propose(request) if k > 0 else Draft.empty(len(rows), device)
         draft = policy.trim(draft, len(rows))
         drafted_at = time.perf_counter()
-        step = _verify(target, request, draft)
+        step = _verify(target, request, draft, features)
         verified_at = time.perf_counter()
 
         drafter.observe(draft, step.accepted)
@@ -107,7 +114,7 @@ class _Verified:
     logits: torch.Tensor  # [B, k + 1, V] raw target logits
 
 
-def _verify(target: RaggedKV, request: DraftRequest, draft: Draft) -> _Verified:
+def _verify(target: RaggedKV, request: DraftRequest, draft: Draft, features: _Features) -> _Verified:
     """One target forward over [last token, draft...] per row; accept; roll the cache back.
 
     The target's cache holds every token of a row but its last, so the logits at position i of
@@ -119,7 +126,8 @@ def _verify(target: RaggedKV, request: DraftRequest, draft: Draft) -> _Verified:
     last = request.tokens.gather(1, torch.tensor(request.lengths, device=device)[:, None] - 1)
     feed = torch.cat([last, draft.tokens], dim=1)  # [B, width]
     valid = torch.arange(width, device=device)[None, :] <= draft_lengths[:, None]
-    logits = target.forward(feed, valid, logits_to_keep=width)
+    output = target.forward(feed, valid, logits_to_keep=width, output_hidden_states=bool(features.layers))
+    logits = output.logits
     contexts = [request.row(b) for b in range(len(request.row_ids))]
     scores = request.score.positions(contexts, request.row_ids, draft.tokens, draft.lengths, logits)
     if request.do_sample:
@@ -128,7 +136,33 @@ def _verify(target: RaggedKV, request: DraftRequest, draft: Draft) -> _Verified:
         accepted, tokens = greedy_verify(draft.tokens, draft_lengths, scores)
     # Keep the fed last token and the accepted drafts; the row's new token is not in the cache yet.
     target.truncate(target.lengths - valid.sum(dim=1) + accepted + 1)
+    kept = torch.arange(width, device=device)[None, :] <= accepted[:, None]
+    features.add(output, kept, request.row_ids)
     return _Verified(accepted.tolist(), tokens, scores, logits)
+
+
+class _Features:
+    """Target hidden states a drafter asked for, gathered per row until its next request."""
+
+    def __init__(self, layers: tuple[int, ...], batch: int) -> None:
+        self.layers = layers
+        self.pending: dict[int, list[torch.Tensor]] = {row: [] for row in range(batch)}
+
+    def add(self, output: Any, kept: torch.Tensor, row_ids: list[int]) -> None:
+        """Keep the hidden states of the positions `kept` [B, T] that stay in the target's cache."""
+        if not self.layers:
+            return
+        hidden = torch.cat([output.hidden_states[i] for i in self.layers], dim=-1)  # [B, T, layers * H]
+        for b, row in enumerate(row_ids):
+            self.pending[row].append(hidden[b][kept[b]])
+
+    def take(self, row_ids: list[int]) -> list[torch.Tensor] | None:
+        if not self.layers:
+            return None
+        taken = [torch.cat(self.pending[row]) if self.pending[row] else None for row in row_ids]
+        for row in row_ids:
+            self.pending[row] = []
+        return taken
 
 
 def _default_policy(config: SpeculativeConfig) -> DraftLengthPolicy:

@@ -30,6 +30,10 @@ class DraftRequest:
     do_sample: bool  # propose by sampling, and return the distributions sampled from
     score: ScoreProcessor  # turns draft logits into scores exactly as the target's are processed
     row_ids: list[int]  # [B] each row's index in the user's batch; finished rows drop out
+    # For drafters that declare `hidden_state_layers`: per row, the target's hidden states
+    # [n_b, layers * H] of the tokens it cached since the previous request (the prompt at first,
+    # then the fed last token and the accepted drafts of each step), in sequence order.
+    hidden_states: list[torch.Tensor] | None = None
 
     def row(self, b: int) -> torch.Tensor:
         """Row b's sequence so far, [1, lengths[b]]."""
@@ -76,6 +80,9 @@ class Drafter(Protocol):
 
     name: ClassVar[str]
     supports_sampling: ClassVar[bool]
+    # Target layers whose hidden states the drafter reads (EAGLE/Medusa-style heads); () for none.
+    # Indices into the model's `hidden_states` output (0 = embeddings, -1 = last).
+    hidden_state_layers: ClassVar[tuple[int, ...]] = ()
 
     @classmethod
     def from_config(cls, config: SpeculativeConfig, target: PreTrainedModel, tokenizer: Any) -> Drafter:

@@ -138,7 +138,7 @@ class DraftModelDrafter:
         keep = [self._shared_prefix(self.cached[b], seq) for b, seq in enumerate(real)]
         self.kv.truncate(torch.tensor(keep, device=draft_device))
         pending = [seq[n:] for seq, n in zip(real, keep)]
-        logits = self.kv.forward(*_right_aligned(pending, draft_device), logits_to_keep=1)[:, -1]
+        logits = self.kv.forward(*_right_aligned(pending, draft_device), logits_to_keep=1).logits[:, -1]
 
         batch, steps = len(real), max(request.max_tokens, default=0)
         tokens = torch.zeros(batch, steps, dtype=torch.long, device=self.device)
@@ -168,7 +168,7 @@ class DraftModelDrafter:
             if not any(active):
                 break
             valid = torch.tensor(active, device=draft_device)[:, None]
-            logits = self.kv.forward(token[:, None].to(draft_device), valid, logits_to_keep=1)[:, -1]
+            logits = self.kv.forward(token[:, None].to(draft_device), valid, logits_to_keep=1).logits[:, -1]
 
         width = max(lengths, default=0)
         fed = [max(n - 1, 0) for n in lengths]  # a row's last draft token is never fed

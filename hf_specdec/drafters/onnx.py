@@ -328,13 +328,17 @@ def quantized_copy(target: PreTrainedModel, tokenizer: Any = None) -> Path:
 
 
 def _fingerprint(model: PreTrainedModel) -> str:
-    """Identifies a model's weights cheaply: config plus a sum and a few values of every tensor."""
-    digest = hashlib.sha256(model.config.to_json_string(use_diff=False).encode())
+    """Identifies a model's weights cheaply: a sum and a few values of every tensor, with its shape.
+
+    Not the config: `generate` writes into it (attention implementation, cache flags), which must
+    not trigger a rebuild.
+    """
+    digest = hashlib.sha256(type(model).__name__.encode())
     with torch.no_grad():
         for name, p in model.state_dict().items():
             flat = p.detach().flatten()
             summary = torch.cat([flat[:8].float().cpu(), flat.float().sum().cpu()[None]])
-            digest.update(name.encode() + summary.numpy().tobytes())
+            digest.update(f"{name}{tuple(p.shape)}".encode() + summary.numpy().tobytes())
     return digest.hexdigest()
 
 

@@ -1,0 +1,65 @@
+"""The decoding loop's contract with drafters: what a drafter is shown, step by step."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from hf_specdec import register_drafter
+from hf_specdec.drafters import DRAFTERS
+from hf_specdec.drafters.base import Draft, DraftRequest
+
+from .conftest import random_batch
+
+
+class _FeatureRecorder:
+    """Proposes nothing useful (the target's own token 7 every time), records what it is shown."""
+
+    name: ClassVar[str] = "_feature_recorder"
+    supports_sampling: ClassVar[bool] = True
+    hidden_state_layers: ClassVar[tuple[int, ...]] = (-1,)
+    seen: ClassVar[list] = []
+
+    @classmethod
+    def from_config(cls, config, target, tokenizer):
+        return cls()
+
+    def propose(self, request: DraftRequest) -> Draft:
+        rows = [
+            request.row(b)[0][request.attention_mask[b, : request.lengths[b]].bool()].clone()
+            for b in range(len(request.row_ids))
+        ]
+        self.seen.append((list(request.row_ids), rows, request.hidden_states))
+        width = max(request.max_tokens)
+        return Draft(torch.full((len(request.row_ids), width), 7), list(request.max_tokens))
+
+    def observe(self, draft, accepted):
+        pass
+
+
+def test_drafter_receives_target_hidden_states_of_every_cached_token(target):
+    register_drafter(_FeatureRecorder)
+    try:
+        _FeatureRecorder.seen.clear()
+        input_ids, attention_mask = random_batch(3, 2, min_len=4, max_len=9)
+        target.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=6,
+            do_sample=False,
+            speculative=dict(method="_feature_recorder", num_draft_tokens=2),
+        )
+    finally:
+        DRAFTERS.pop("_feature_recorder")
+    collected: dict[int, list[torch.Tensor]] = {0: [], 1: []}
+    for row_ids, rows, hidden in _FeatureRecorder.seen:
+        for b, row in enumerate(row_ids):
+            collected[row].append(hidden[b])
+            features = torch.cat(collected[row])
+            sequence = rows[b]
+            # Features cover every token the target has cached: all of the sequence but its last.
+            assert features.shape[0] == len(sequence) - 1
+            with torch.no_grad():
+                ref = target(input_ids=sequence[None], output_hidden_states=True).hidden_states[-1][0]
+            torch.testing.assert_close(features, ref[:-1], atol=1e-4, rtol=1e-4)
