@@ -47,7 +47,9 @@ def load_prompts(categories: tuple[str, ...], count: int, max_chars: int = 1500)
 
 def encode(tokenizer, prompts: list[str]):
     texts = [
-        tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False
+        )
         for p in prompts
     ]
     return tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
@@ -93,7 +95,9 @@ def run_case(model, inputs, speculative, max_new_tokens: int, repeats: int) -> d
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--batch-sizes", default="1,4,8,16,32")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=1)
@@ -116,8 +120,10 @@ def main() -> None:
     model.generate(**encode(tokenizer, ["Hi"]), max_new_tokens=4)  # warm-up
 
     results = []
-    print("| prompts | batch | method | plain tok/s | spec tok/s | speedup | acceptance | τ | "
-          "spec/plain steps | mean k chosen | identical |")
+    print(
+        "| prompts | batch | method | plain tok/s | spec tok/s | speedup | acceptance | τ | "
+        "spec/plain steps | mean k chosen | identical |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for kind, batch in cases:
         prompts = load_prompts(GROUNDED if kind == "grounded" else OPEN, batch)
@@ -127,7 +133,8 @@ def main() -> None:
             r.update(prompts=kind, batch=batch, method=name)
             results.append(r)
             print(
-                f"| {kind} | {batch} | {name} | {r['plain_tokens_per_s']:.1f} | {r['spec_tokens_per_s']:.1f} | "
+                f"| {kind} | {batch} | {name} | {r['plain_tokens_per_s']:.1f} | "
+                f"{r['spec_tokens_per_s']:.1f} | "
                 f"{r['speedup']:.2f}x | {r['acceptance_rate']:.0%} | {r['mean_accepted_length']:.2f} | "
                 f"{r['speculative_steps']}/{r['plain_steps']} | {r['mean_draft_length_chosen']:.1f} | "
                 f"{'yes' if r['identical'] else 'no'} |",
