@@ -9,6 +9,7 @@ nothing is ever a hole and the mask is dropped, so batch 1 runs exactly like pla
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -27,6 +28,7 @@ class RaggedKV:
         )
         self.mask = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)  # [B, cache_len]
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # real tokens per row
+        self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     @property
     def width(self) -> int:
@@ -55,9 +57,11 @@ class RaggedKV:
             position_ids=positions,
             cache=self.cache,
             use_cache=True,
-            logits_to_keep=logits_to_keep,
             output_hidden_states=output_hidden_states,
+            **({"logits_to_keep": logits_to_keep} if self.keeps_logits else {}),
         )
+        if not self.keeps_logits and logits_to_keep:
+            out.logits = out.logits[:, -logits_to_keep:]
         return out
 
     def truncate(self, lengths: torch.Tensor) -> None:
