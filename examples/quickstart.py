@@ -1,0 +1,38 @@
+"""Speculative decoding with an unchanged `generate` call: plain vs speculative=True, side by side.
+
+python examples/quickstart.py
+"""
+
+import time
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import hf_specdec  # adds `speculative=` to generate() and pipelines
+
+path = hf_specdec.demo_model_path()  # SmolLM2-135M-Instruct, built offline on first use
+tokenizer = AutoTokenizer.from_pretrained(path)
+model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+
+article = (
+    "The library opens at nine on weekdays and at ten on Saturdays. The library is closed on Sundays. "
+    "Members can borrow five books at a time, and books are due back after three weeks."
+)
+messages = [{"role": "user", "content": f"Answer from the text: when does the library open?\n\n{article}"}]
+inputs = tokenizer.apply_chat_template(
+    messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+)
+
+start = time.perf_counter()
+plain = model.generate(**inputs, max_new_tokens=64, do_sample=False)
+plain_s = time.perf_counter() - start
+
+start = time.perf_counter()
+out = model.generate(
+    **inputs, max_new_tokens=64, do_sample=False, speculative=True, return_dict_in_generate=True
+)
+spec_s = time.perf_counter() - start
+
+print(tokenizer.decode(out.sequences[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True))
+print(out.speculative_stats)
+print(f"identical to plain generate: {torch.equal(plain, out.sequences)}; {plain_s / spec_s:.2f}x faster")
