@@ -17,6 +17,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -150,10 +151,11 @@ class OrtKV:
     def width(self) -> int:
         return self.mask.shape[1]
 
-    def forward(self, tokens: torch.Tensor, valid: torch.Tensor, logits_to_keep: int = 0) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, valid: torch.Tensor, logits_to_keep: int = 0) -> SimpleNamespace:
         """Run the decoder on `tokens` [B, T] (only `valid` [B, T] ones are real) and cache them.
 
-        Returns the logits of the last `logits_to_keep` positions (all if 0), [B, T', V].
+        Returns, as `RaggedKV.forward` does, an output whose `.logits` are those of the last
+        `logits_to_keep` positions (all if 0), [B, T', V].
         """
         device = self.decoder.device
         tokens, valid = tokens.to(device), valid.to(device)
@@ -180,7 +182,7 @@ class OrtKV:
         self.binding.synchronize_outputs()
         self.current = 1 - self.current
         logits = self._logits_view(batch, new)
-        return (logits[:, -logits_to_keep:] if logits_to_keep else logits).clone()
+        return SimpleNamespace(logits=(logits[:, -logits_to_keep:] if logits_to_keep else logits).clone())
 
     def truncate(self, lengths: torch.Tensor) -> None:
         """Keep only the first `lengths[b]` real tokens of each row b; the rest become holes."""
