@@ -68,18 +68,8 @@ class SpeculativeStats:
 
     def merge(self, other: SpeculativeStats) -> None:
         """Add another call's counters to these (for benchmarks that sum over prompts)."""
-        for name in (
-            "target_forwards",
-            "steps",
-            "speculative_steps",
-            "plain_steps",
-            "drafted",
-            "accepted",
-            "emitted",
-        ):
+        for name in _SUMMED:
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.draft_seconds += other.draft_seconds
-        self.verify_seconds += other.verify_seconds
         for mine, theirs in (
             (self.position_drafted, other.position_drafted),
             (self.position_accepted, other.position_accepted),
@@ -93,18 +83,10 @@ class SpeculativeStats:
         """Counters and derived figures, for JSON reports."""
         return {
             "method": self.method,
-            "target_forwards": self.target_forwards,
-            "steps": self.steps,
-            "speculative_steps": self.speculative_steps,
-            "plain_steps": self.plain_steps,
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-            "emitted": self.emitted,
+            **{name: getattr(self, name) for name in _SUMMED},
             "acceptance_rate": self.acceptance_rate,
             "mean_accepted_length": self.mean_accepted_length,
             "per_position_acceptance": self.per_position_acceptance,
-            "draft_seconds": self.draft_seconds,
-            "verify_seconds": self.verify_seconds,
         }
 
     def __str__(self) -> str:
@@ -113,3 +95,17 @@ class SpeculativeStats:
             f"{self.accepted}/{self.drafted} drafted tokens accepted ({self.acceptance_rate:.0%}), "
             f"mean accepted length {self.mean_accepted_length:.2f}"
         )
+
+
+# Counters that add up across calls (everything but the method and the per-position lists).
+_SUMMED = (
+    "target_forwards",
+    "steps",
+    "speculative_steps",
+    "plain_steps",
+    "drafted",
+    "accepted",
+    "emitted",
+    "draft_seconds",
+    "verify_seconds",
+)
