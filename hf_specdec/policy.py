@@ -100,8 +100,13 @@ class AdaptiveDraftLength:
         if not any(w > 1 for (b, w) in self.verify_cost if b == batch_size):
             return self.first_k  # nothing measured beyond plain steps at this batch size: explore
         alphas = [self.alpha(i) for i in range(self.max_k)]
-        best_k = self._best_length(batch_size, alphas, self.draft_cost.value or 0.0)
+        draft_cost = self.draft_cost.value or 0.0
+        best_k = self._best_width(batch_size, [alphas], draft_cost)
         if best_k == 0:
+            # Probe again later, unless even drafts that are always accepted could not pay for
+            # what drafting and verifying cost here: then fresh acceptance figures change nothing.
+            if self._best_width(batch_size, [[1.0] * self.max_k], draft_cost) == 0:
+                return 0
             self.plain_run += 1
             if self.plain_run >= self.probe_every * self.backoff:
                 self.plain_run = 0
@@ -120,23 +125,33 @@ class AdaptiveDraftLength:
             # A sampled draft must not be cut by its own tokens' confidences: keeping token i only
             # when it looks likely would bias which tokens reach the acceptance test, and the
             # output would no longer follow the target's distribution. Cut by position alone.
-            longest = self._best_length(batch_size, [self.alpha(i) for i in range(self.max_k)], 0.0)
-            lengths = [min(n, longest) for n in draft.lengths]
+            alphas = [self.alpha(i) for i in range(self.max_k)]
+            rows = [alphas[:n] for n in draft.lengths]
         else:
-            scores = draft.confidence.tolist()
-            lengths = [
-                self._best_length(batch_size, [self.calibrated(c) for c in row[:n]], 0.0)  # drafting is paid
-                for row, n in zip(scores, draft.lengths)
+            rows = [
+                [self.calibrated(c) for c in row[:n]]
+                for row, n in zip(draft.confidence.tolist(), draft.lengths)
             ]
+        # Rows share one forward, so they share its width: pick the width that pays for the batch.
+        width = self._best_width(batch_size, rows, 0.0)  # drafting is already paid for
+        lengths = [min(n, width) for n in draft.lengths]
         return draft.truncated(lengths) if lengths != draft.lengths else draft
 
-    def _best_length(self, batch_size: int, alphas: list[float], draft_cost: float) -> int:
-        """The k <= len(alphas) maximising expected tokens per second (0 = plain decoding)."""
-        best_k, best_rate = 0, 1.0 / self._verify(batch_size, 1)
-        expected, survive = 1.0, 1.0
-        for k, alpha in enumerate(alphas, start=1):
-            survive *= alpha
-            expected += survive
+    def _best_width(self, batch_size: int, rows: list[list[float]], draft_cost: float) -> int:
+        """The draft width k maximising expected tokens per second over `rows` (per-row α lists;
+        row b drafts min(k, len(rows[b])) tokens); 0 means plain decoding."""
+        plain = self._verify(batch_size, 1)
+        best_k, best_rate = 0, len(rows) / plain
+        gains = []  # gains[b][k-1]: expected tokens row b gains from its first k draft tokens
+        for alphas in rows:
+            survive, total, row_gains = 1.0, 0.0, []
+            for alpha in alphas:
+                survive *= alpha
+                total += survive
+                row_gains.append(total)
+            gains.append(row_gains)
+        for k in range(1, max((len(a) for a in rows), default=0) + 1):
+            expected = sum(1.0 + (g[min(k, len(g)) - 1] if g else 0.0) for g in gains)
             rate = expected / (k * draft_cost + self._verify(batch_size, k + 1))
             if rate > best_rate * 1.02:  # a 2% margin: noise must not flip us into a loss
                 best_k, best_rate = k, rate

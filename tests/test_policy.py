@@ -77,15 +77,37 @@ def test_verify_cost_is_interpolated_from_plain_and_measured_widths():
     assert policy._verify(1, 7) > 2.0  # beyond the widest measurement: grows, optimistically
 
 
-def test_trim_cuts_low_confidence_rows_and_keeps_confident_ones():
+def test_trim_cuts_low_confidence_drafts_and_keeps_confident_ones():
     policy = AdaptiveDraftLength()
     _teach(policy, batch=1, verify=CPU_COSTS, accepted_of_4=2)
     # Teach calibration: confidence 0.95 tokens are always accepted, 0.15 tokens never.
     for _ in range(50):
         policy.update(1, _draft([4], 0.95), [4], 0.0, CPU_COSTS[5])
         policy.update(1, _draft([4], 0.15), [0], 0.0, CPU_COSTS[5])
-    trimmed = policy.trim(_draft([4, 4], [[0.95] * 4, [0.15] * 4]), 1)
-    assert trimmed.lengths == [4, 0]
+    assert policy.trim(_draft([4], 0.95), 1).lengths == [4]
+    assert policy.trim(_draft([4], 0.15), 1).lengths == [0]
+
+
+def test_trim_picks_one_width_for_the_batch():
+    """Rows share a forward: a batch of unsure rows is cut even if one row would pay alone."""
+    policy = AdaptiveDraftLength()
+    for _ in range(30):
+        policy.update(8, _draft([0] * 8), [0] * 8, 0.0, 1.0)
+        policy.update(8, _draft([4] * 8), [0] * 8, 0.0, 1.6)
+    for _ in range(50):
+        policy.update(8, _draft([4] * 8, 0.95), [4] * 8, 0.0, 1.6)
+        policy.update(8, _draft([4] * 8, 0.15), [0] * 8, 0.0, 1.6)
+    mostly_unsure = [[0.95] * 4] + [[0.15] * 4] * 7
+    assert policy.trim(_draft([4] * 8, mostly_unsure), 8).lengths == [0] * 8
+    assert policy.trim(_draft([4] * 8, [[0.95] * 4] * 8), 8).lengths == [4] * 8
+
+
+def test_no_probing_when_even_perfect_drafts_cannot_pay():
+    policy = AdaptiveDraftLength(probe_every=2)
+    for _ in range(10):
+        policy.update(1, _draft([0]), [0], 0.0, 1.0)
+        policy.update(1, _draft([4]), [4], 4.0, 1.5)  # drafting costs a whole step per token
+    assert [policy.draft_length(1) for _ in range(20)] == [0] * 20
 
 
 def test_sampled_drafts_are_not_cut_by_their_own_tokens():
