@@ -64,14 +64,18 @@ def speculative_decode(
         prefill = target.forward(
             input_ids[:, :-1], prompt_mask, logits_to_keep=1, output_hidden_states=bool(layers)
         )
-        features.add(prefill, prompt_mask, list(range(batch)))
+        features.add(prefill, prompt_mask, list(range(batch)), torch.arange(batch, device=device))
 
-    cached_rows = list(range(batch))
+    cached_rows = list(range(batch))  # rows of the user's batch in the target's cache, in order
     while out.active_rows:
         rows = out.active_rows
-        if rows != cached_rows:  # finished rows leave the batch and stop costing work
+        # Finished rows stop drafting at once but leave the target's batch only once half of it
+        # has finished: removing them copies the whole cache, and on CPU an odd batch of 15 runs
+        # slower than 16, so dropping rows one at a time costs more than it saves.
+        if len(rows) <= len(cached_rows) // 2:
             target.select_rows(torch.tensor([cached_rows.index(r) for r in rows], device=device))
             cached_rows = rows
+        slots = [cached_rows.index(r) for r in rows]
         k = policy.draft_length(len(rows))
         stats.draft_lengths.append(k)
         request = DraftRequest(
@@ -89,7 +93,7 @@ def speculative_decode(
         draft = drafter.propose(request) if k > 0 else Draft.empty(len(rows), device)
         draft = policy.trim(draft, len(rows))
         drafted_at = time.perf_counter()
-        step = _verify(target, request, draft, features)
+        step = _verify(target, slots, request, draft, features)
         verified_at = time.perf_counter()
 
         drafter.observe(draft, step.accepted)
@@ -114,11 +118,14 @@ class _Verified:
     logits: torch.Tensor  # [B, k + 1, V] raw target logits
 
 
-def _verify(target: RaggedKV, request: DraftRequest, draft: Draft, features: _Features) -> _Verified:
+def _verify(
+    target: RaggedKV, slots: list[int], request: DraftRequest, draft: Draft, features: _Features
+) -> _Verified:
     """One target forward over [last token, draft...] per row; accept; roll the cache back.
 
     The target's cache holds every token of a row but its last, so the logits at position i of
     this forward are the target's prediction for draft token i (and, after the draft, the bonus).
+    Request row b sits at `slots[b]` of the target's batch; other (finished) rows get holes.
     """
     device = draft.tokens.device
     width = 1 + draft.tokens.shape[1]
@@ -126,8 +133,13 @@ def _verify(target: RaggedKV, request: DraftRequest, draft: Draft, features: _Fe
     last = request.tokens.gather(1, torch.tensor(request.lengths, device=device)[:, None] - 1)
     feed = torch.cat([last, draft.tokens], dim=1)  # [B, width]
     valid = torch.arange(width, device=device)[None, :] <= draft_lengths[:, None]
-    output = target.forward(feed, valid, logits_to_keep=width, output_hidden_states=bool(features.layers))
-    logits = output.logits
+    index = torch.tensor(slots, device=device)
+    feed_all = feed.new_zeros(target.mask.shape[0], width).index_copy_(0, index, feed)
+    valid_all = valid.new_zeros(target.mask.shape[0], width).index_copy_(0, index, valid)
+    output = target.forward(
+        feed_all, valid_all, logits_to_keep=width, output_hidden_states=bool(features.layers)
+    )
+    logits = output.logits[index]
     contexts = [request.row(b) for b in range(len(request.row_ids))]
     scores = request.score.positions(contexts, request.row_ids, draft.tokens, draft.lengths, logits)
     if request.do_sample:
@@ -135,9 +147,11 @@ def _verify(target: RaggedKV, request: DraftRequest, draft: Draft, features: _Fe
     else:
         accepted, tokens = greedy_verify(draft.tokens, draft_lengths, scores)
     # Keep the fed last token and the accepted drafts; the row's new token is not in the cache yet.
-    target.truncate(target.lengths - valid.sum(dim=1) + accepted + 1)
+    lengths = target.lengths.clone()
+    lengths[index] += accepted + 1 - valid.sum(dim=1)
+    target.truncate(lengths)
     kept = torch.arange(width, device=device)[None, :] <= accepted[:, None]
-    features.add(output, kept, request.row_ids)
+    features.add(output, kept, request.row_ids, index)
     return _Verified(accepted.tolist(), tokens, scores, logits)
 
 
@@ -148,11 +162,14 @@ class _Features:
         self.layers = layers
         self.pending: dict[int, list[torch.Tensor]] = {row: [] for row in range(batch)}
 
-    def add(self, output: Any, kept: torch.Tensor, row_ids: list[int]) -> None:
-        """Keep the hidden states of the positions `kept` [B, T] that stay in the target's cache."""
+    def add(self, output: Any, kept: torch.Tensor, row_ids: list[int], slots: torch.Tensor) -> None:
+        """Keep the hidden states of the positions `kept` [B, T] that stay in the target's cache;
+        request row b is row `slots[b]` of `output`."""
         if not self.layers:
             return
-        hidden = torch.cat([output.hidden_states[i] for i in self.layers], dim=-1)  # [B, T, layers * H]
+        hidden = torch.cat(
+            [output.hidden_states[i][slots] for i in self.layers], dim=-1
+        )  # [B, T, layers * H]
         for b, row in enumerate(row_ids):
             self.pending[row].append(hidden[b][kept[b]])
 

@@ -97,8 +97,8 @@ class AdaptiveDraftLength:
         plain = self._verify(batch_size, 1)
         if plain is None:
             return 0  # measure a plain step first: it is what generate would have done anyway
-        if not any(w > 1 for (b, w) in self.verify_cost if b == batch_size):
-            return self.first_k  # nothing measured beyond plain steps at this batch size: explore
+        if not self._measured_wide():
+            return self.first_k  # nothing measured beyond plain steps yet: explore
         alphas = [self.alpha(i) for i in range(self.max_k)]
         draft_cost = self.draft_cost.value or 0.0
         best_k = self._best_width(batch_size, [alphas], draft_cost)
@@ -117,9 +117,7 @@ class AdaptiveDraftLength:
         return best_k
 
     def trim(self, draft: Draft, batch_size: int) -> Draft:
-        if self._verify(batch_size, 1) is None or not any(
-            w > 1 for (b, w) in self.verify_cost if b == batch_size
-        ):
+        if self._verify(batch_size, 1) is None or not self._measured_wide():
             return draft
         if draft.probs is not None or draft.confidence is None:
             # A sampled draft must not be cut by its own tokens' confidences: keeping token i only
@@ -138,10 +136,14 @@ class AdaptiveDraftLength:
         return draft.truncated(lengths) if lengths != draft.lengths else draft
 
     def _best_width(self, batch_size: int, rows: list[list[float]], draft_cost: float) -> int:
-        """The draft width k maximising expected tokens per second over `rows` (per-row α lists;
-        row b drafts min(k, len(rows[b])) tokens); 0 means plain decoding."""
+        """The draft width k maximising expected tokens per second (0 means plain decoding).
+
+        `rows` holds each row's α list; row b drafts min(k, len(rows[b])) tokens. A batch moves at
+        the pace of its slowest row (the call ends when the last row does), so a width pays only
+        if it speeds up the row that gains least from it.
+        """
         plain = self._verify(batch_size, 1)
-        best_k, best_rate = 0, len(rows) / plain
+        best_k, best_rate = 0, 1.0 / plain
         gains = []  # gains[b][k-1]: expected tokens row b gains from its first k draft tokens
         for alphas in rows:
             survive, total, row_gains = 1.0, 0.0, []
@@ -151,8 +153,8 @@ class AdaptiveDraftLength:
                 row_gains.append(total)
             gains.append(row_gains)
         for k in range(1, max((len(a) for a in rows), default=0) + 1):
-            expected = sum(1.0 + (g[min(k, len(g)) - 1] if g else 0.0) for g in gains)
-            rate = expected / (k * draft_cost + self._verify(batch_size, k + 1))
+            slowest = min((g[min(k, len(g)) - 1] if g else 0.0) for g in gains)
+            rate = (1.0 + slowest) / (k * draft_cost + self._verify(batch_size, k + 1))
             if rate > best_rate * 1.02:  # a 2% margin: noise must not flip us into a loss
                 best_k, best_rate = k, rate
         return best_k
@@ -184,6 +186,10 @@ class AdaptiveDraftLength:
                     bucket = min(int(scores[b][i] * _BUCKETS), _BUCKETS - 1)
                     self.bucket_drafted[bucket] += 1
                     self.bucket_accepted[bucket] += i < a
+
+    def _measured_wide(self) -> bool:
+        """Whether any verify of a draft has been timed (at any batch size: the nearest stands in)."""
+        return any(w > 1 for (_, w) in self.verify_cost)
 
     def _verify(self, batch_size: int, width: int) -> float | None:
         """Predicted verify seconds at this width, from the nearest measured widths."""

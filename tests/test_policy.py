@@ -89,7 +89,7 @@ def test_trim_cuts_low_confidence_drafts_and_keeps_confident_ones():
 
 
 def test_trim_picks_one_width_for_the_batch():
-    """Rows share a forward: a batch of unsure rows is cut even if one row would pay alone."""
+    """Rows share a forward and the batch ends with its slowest row: one unsure row cuts the draft."""
     policy = AdaptiveDraftLength()
     for _ in range(30):
         policy.update(8, _draft([0] * 8), [0] * 8, 0.0, 1.0)
@@ -97,8 +97,8 @@ def test_trim_picks_one_width_for_the_batch():
     for _ in range(50):
         policy.update(8, _draft([4] * 8, 0.95), [4] * 8, 0.0, 1.6)
         policy.update(8, _draft([4] * 8, 0.15), [0] * 8, 0.0, 1.6)
-    mostly_unsure = [[0.95] * 4] + [[0.15] * 4] * 7
-    assert policy.trim(_draft([4] * 8, mostly_unsure), 8).lengths == [0] * 8
+    one_unsure = [[0.95] * 4] * 7 + [[0.15] * 4]
+    assert policy.trim(_draft([4] * 8, one_unsure), 8).lengths == [0] * 8
     assert policy.trim(_draft([4] * 8, [[0.95] * 4] * 8), 8).lengths == [4] * 8
 
 
