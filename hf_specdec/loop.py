@@ -91,7 +91,7 @@ def speculative_decode(
 
         start = time.perf_counter()
         draft = drafter.propose(request) if k > 0 else Draft.empty(len(rows), device)
-        draft = policy.trim(draft, len(rows))
+        draft = policy.trim(draft, len(rows), [out.room(r) for r in rows])
         drafted_at = time.perf_counter()
         step = _verify(target, slots, request, draft, features)
         verified_at = time.perf_counter()

@@ -30,8 +30,8 @@ class DraftLengthPolicy(Protocol):
         """Tokens to draft in the coming step (0: decode one token plainly)."""
         ...
 
-    def trim(self, draft: Draft, batch_size: int) -> Draft:
-        """Cut rows of a fresh draft that are not worth verifying in full."""
+    def trim(self, draft: Draft, batch_size: int, remaining: list[int] | None = None) -> Draft:
+        """Cut a fresh draft to the width worth verifying; `remaining[b]`: tokens row b has left."""
         ...
 
     def update(
@@ -50,7 +50,7 @@ class FixedDraftLength:
     def draft_length(self, batch_size: int) -> int:
         return self.k
 
-    def trim(self, draft: Draft, batch_size: int) -> Draft:
+    def trim(self, draft: Draft, batch_size: int, remaining: list[int] | None = None) -> Draft:
         return draft
 
     def update(self, batch_size, draft, accepted, draft_seconds, verify_seconds) -> None:
@@ -116,7 +116,7 @@ class AdaptiveDraftLength:
             self.plain_run, self.backoff = 0, 1
         return best_k
 
-    def trim(self, draft: Draft, batch_size: int) -> Draft:
+    def trim(self, draft: Draft, batch_size: int, remaining: list[int] | None = None) -> Draft:
         if self._verify(batch_size, 1) is None or not self._measured_wide():
             return draft
         if draft.probs is not None or draft.confidence is None:
@@ -131,19 +131,22 @@ class AdaptiveDraftLength:
                 for row, n in zip(draft.confidence.tolist(), draft.lengths)
             ]
         # Rows share one forward, so they share its width: pick the width that pays for the batch.
-        width = self._best_width(batch_size, rows, 0.0)  # drafting is already paid for
+        width = self._best_width(batch_size, rows, 0.0, remaining)  # drafting is already paid for
         lengths = [min(n, width) for n in draft.lengths]
         return draft.truncated(lengths) if lengths != draft.lengths else draft
 
-    def _best_width(self, batch_size: int, rows: list[list[float]], draft_cost: float) -> int:
-        """The draft width k maximising expected tokens per second (0 means plain decoding).
+    def _best_width(
+        self, batch_size: int, rows: list[list[float]], draft_cost: float, remaining: list[int] | None = None
+    ) -> int:
+        """The draft width k that finishes the batch soonest (0 means plain decoding).
 
-        `rows` holds each row's α list; row b drafts min(k, len(rows[b])) tokens. A batch moves at
-        the pace of its slowest row (the call ends when the last row does), so a width pays only
-        if it speeds up the row that gains least from it.
+        `rows` holds each row's α list; row b drafts min(k, len(rows[b])) tokens and has
+        `remaining[b]` tokens left to generate. A step advances row b by 1 + g_b(k) expected
+        tokens, so the batch needs about max_b remaining_b / (1 + g_b(k)) more steps: drafting
+        pays only where it speeds up the rows that have the most left to do. With one row this
+        is the tokens-per-second rule of Leviathan et al.
         """
-        plain = self._verify(batch_size, 1)
-        best_k, best_rate = 0, 1.0 / plain
+        remaining = remaining or [1] * len(rows)
         gains = []  # gains[b][k-1]: expected tokens row b gains from its first k draft tokens
         for alphas in rows:
             survive, total, row_gains = 1.0, 0.0, []
@@ -152,11 +155,12 @@ class AdaptiveDraftLength:
                 total += survive
                 row_gains.append(total)
             gains.append(row_gains)
+        best_k, best_time = 0, max(remaining) * self._verify(batch_size, 1)
         for k in range(1, max((len(a) for a in rows), default=0) + 1):
-            slowest = min((g[min(k, len(g)) - 1] if g else 0.0) for g in gains)
-            rate = (1.0 + slowest) / (k * draft_cost + self._verify(batch_size, k + 1))
-            if rate > best_rate * 1.02:  # a 2% margin: noise must not flip us into a loss
-                best_k, best_rate = k, rate
+            steps = max(r / (1.0 + (g[min(k, len(g)) - 1] if g else 0.0)) for r, g in zip(remaining, gains))
+            time = steps * (k * draft_cost + self._verify(batch_size, k + 1))
+            if time * 1.02 < best_time:  # a 2% margin: noise must not flip us into a loss
+                best_k, best_time = k, time
         return best_k
 
     def alpha(self, position: int) -> float:

@@ -89,7 +89,7 @@ def test_trim_cuts_low_confidence_drafts_and_keeps_confident_ones():
 
 
 def test_trim_picks_one_width_for_the_batch():
-    """Rows share a forward and the batch ends with its slowest row: one unsure row cuts the draft."""
+    """Rows share a forward and the batch ends with its slowest row: the rows with most left decide."""
     policy = AdaptiveDraftLength()
     for _ in range(30):
         policy.update(8, _draft([0] * 8), [0] * 8, 0.0, 1.0)
@@ -98,7 +98,10 @@ def test_trim_picks_one_width_for_the_batch():
         policy.update(8, _draft([4] * 8, 0.95), [4] * 8, 0.0, 1.6)
         policy.update(8, _draft([4] * 8, 0.15), [0] * 8, 0.0, 1.6)
     one_unsure = [[0.95] * 4] * 7 + [[0.15] * 4]
-    assert policy.trim(_draft([4] * 8, one_unsure), 8).lengths == [0] * 8
+    # The unsure row has the most left to do: drafting for the others cannot end the batch sooner.
+    assert policy.trim(_draft([4] * 8, one_unsure), 8, remaining=[10] * 7 + [30]).lengths == [0] * 8
+    # The unsure row is nearly done: the confident rows set the pace and drafting pays.
+    assert policy.trim(_draft([4] * 8, one_unsure), 8, remaining=[30] * 7 + [2]).lengths == [4] * 8
     assert policy.trim(_draft([4] * 8, [[0.95] * 4] * 8), 8).lengths == [4] * 8
 
 
