@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
+from .checks import check_supported, resolve_method
 from .config import SpeculativeConfig
 from .drafters import Draft, DraftRequest, build_drafter
 from .kv import RaggedKV
@@ -37,8 +38,6 @@ def speculative_decode(
     **model_kwargs: Any,
 ) -> Any:
     """Generate with speculative decoding; returns what `generate` would (plus `speculative_stats`)."""
-    from .checks import check_supported, resolve_method
-
     check_supported(model, input_ids, generation_config, model_kwargs, streamer)
     speculative = resolve_method(speculative, model)
     drafter = build_drafter(speculative, model, tokenizer)

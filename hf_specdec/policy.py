@@ -16,6 +16,7 @@ current batch size) during the call, and
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -58,11 +59,19 @@ class FixedDraftLength:
 
 
 @dataclass
-class _Ema:
-    value: float | None = None
+class _Recent:
+    """The median of the last few timings: one stall (page fault, another process) must not
+    make a width look expensive for the rest of the call, as it would in a running mean."""
 
-    def add(self, x: float, weight: float = 0.3) -> None:
-        self.value = x if self.value is None else (1 - weight) * self.value + weight * x
+    samples: list[float] = field(default_factory=list)
+    keep: int = 5
+
+    def add(self, x: float) -> None:
+        self.samples = [*self.samples[-(self.keep - 1) :], x]
+
+    @property
+    def value(self) -> float | None:
+        return statistics.median(self.samples) if self.samples else None
 
 
 def _beta_mean(hits: float, trials: float, prior: float, weight: float) -> float:
@@ -88,8 +97,8 @@ class AdaptiveDraftLength:
     accepted: list[float] = field(default_factory=lambda: [0.0] * MAX_DRAFT)
     bucket_drafted: list[float] = field(default_factory=lambda: [0.0] * _BUCKETS)
     bucket_accepted: list[float] = field(default_factory=lambda: [0.0] * _BUCKETS)
-    draft_cost: _Ema = field(default_factory=_Ema)  # seconds per drafted position
-    verify_cost: dict[tuple[int, int], _Ema] = field(default_factory=dict)  # (batch, width) -> seconds
+    draft_cost: _Recent = field(default_factory=_Recent)  # seconds per drafted position
+    verify_cost: dict[tuple[int, int], _Recent] = field(default_factory=dict)  # (batch, width) -> seconds
     plain_run: int = 0
     backoff: int = 1
 
@@ -177,7 +186,7 @@ class AdaptiveDraftLength:
 
     def update(self, batch_size, draft, accepted, draft_seconds, verify_seconds) -> None:
         width = 1 + max(draft.lengths, default=0)
-        self.verify_cost.setdefault((batch_size, width), _Ema()).add(verify_seconds)
+        self.verify_cost.setdefault((batch_size, width), _Recent()).add(verify_seconds)
         if width > 1:
             self.draft_cost.add(draft_seconds / (width - 1))
         scores = draft.confidence.tolist() if draft.confidence is not None else None
