@@ -12,6 +12,7 @@ from .integration import install, uninstall
 from .models import demo_model_path
 from .output import SpeculativeGenerateOutput
 from .policy import AdaptiveDraftLength, FixedDraftLength
+from .selection import DraftChoice, select_draft
 from .stats import SpeculativeStats
 
 __version__ = "0.1.0"
@@ -21,6 +22,7 @@ install()
 __all__ = [
     "DRAFTERS",
     "AdaptiveDraftLength",
+    "DraftChoice",
     "FixedDraftLength",
     "SpeculativeConfig",
     "SpeculativeGenerateOutput",
@@ -28,5 +30,6 @@ __all__ = [
     "demo_model_path",
     "install",
     "register_drafter",
+    "select_draft",
     "uninstall",
 ]

@@ -321,3 +321,10 @@ def test_speculative_true_uses_the_selected_draft(hub: HubServer, tmp_path: Path
     assert out.speculative_stats.method == "draft_model"
     assert out.speculative_stats.drafted > 0
     assert torch.equal(out.sequences, plain)
+
+
+def test_select_draft_is_public_api() -> None:
+    import hf_specdec
+
+    assert hf_specdec.select_draft is select_draft
+    assert "select_draft" in hf_specdec.__all__ and "DraftChoice" in hf_specdec.__all__
