@@ -134,7 +134,7 @@ def _timed(model, inputs, settings, speculative):
 def _greedy_agreement(folder: Path, sequence: torch.Tensor, prompt_len: int) -> tuple[int, int]:
     """How many of the target's greedy tokens the int8 model also ranks first, given the same prefix."""
     kv = OrtKV(OnnxDecoder.load(folder, threads=torch.get_num_threads()), 1)
-    logits = kv.forward(sequence[:, :-1], torch.ones_like(sequence[:, :-1], dtype=torch.bool))
+    logits = kv.forward(sequence[:, :-1], torch.ones_like(sequence[:, :-1], dtype=torch.bool)).logits
     predicted = logits[0, prompt_len - 1 :].argmax(-1)
     return int((predicted == sequence[0, prompt_len:]).sum()), len(predicted)
 
