@@ -40,11 +40,13 @@ class RaggedKV:
         valid: torch.Tensor,
         logits_to_keep: int = 0,
         output_hidden_states: bool = False,
+        **inputs: Any,
     ) -> Any:
         """Run the model on `tokens` [B, T] (only `valid` [B, T] ones are real) and cache them.
 
         Returns the model output: `.logits` of the last `logits_to_keep` positions (all if 0),
-        [B, T', V], and `.hidden_states` of every position when asked for.
+        [B, T', V], and `.hidden_states` of every position when asked for. `inputs` go to the
+        model as they are (a draft head's features).
         """
         # Real tokens continue each row's own numbering; holes get any position, they are masked.
         positions = (self.lengths[:, None] + valid.cumsum(dim=1) - 1).clamp_min(0)
@@ -58,6 +60,7 @@ class RaggedKV:
             cache=self.cache,
             use_cache=True,
             output_hidden_states=output_hidden_states,
+            **inputs,
             **({"logits_to_keep": logits_to_keep} if self.keeps_logits else {}),
         )
         if not self.keeps_logits and logits_to_keep:

@@ -85,7 +85,7 @@ def speculative_decode(
             do_sample=generation_config.do_sample,
             score=score,
             row_ids=rows,
-            hidden_states=features.take(rows),
+            hidden_states=features.take(rows) if k > 0 else None,  # kept for the next draft
         )
 
         start = time.perf_counter()

@@ -31,7 +31,7 @@ def build_drafter(config: SpeculativeConfig, target: PreTrainedModel, tokenizer:
 
 
 def _register_builtin() -> None:
-    from . import draft_model, ngram, onnx  # noqa: F401  (importing registers them)
+    from . import draft_model, eagle, medusa, ngram, onnx  # noqa: F401  (importing registers them)
 
 
 _register_builtin()

@@ -1,0 +1,104 @@
+"""EAGLE drafting: chain a one-layer feature head, seeded with the target's own hidden states."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from transformers import DynamicCache
+
+from ..heads.checkpoint import load_head
+from ..kv import RaggedKV
+from . import register_drafter
+from .base import Draft, Drafter, DraftRequest, options_to_config
+from .heads import HeadDrafterConfig, chain, full_vocab_logits, head_source, real_tokens
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from ..config import SpeculativeConfig
+
+
+@register_drafter
+class EagleDrafter:
+    """Feeds the head the target's features of every token the target has cached, then chains.
+
+    The head keeps its own KV cache: positions whose features came from the target stay, the
+    chained draft positions (fed the head's own predictions) are cut off at the next request.
+    """
+
+    name: ClassVar[str] = "eagle"
+    supports_sampling: ClassVar[bool] = True
+
+    def __init__(self, head: Any, config: HeadDrafterConfig, vocab_size: int, device: torch.device) -> None:
+        self.head = head
+        self.config = config
+        self.vocab_size = vocab_size
+        self.device = device
+        self.hidden_state_layers = head.feature_layers
+        self.kv: RaggedKV | None = None
+        self.done: list[int] = []  # per row: positions the head has read real features for
+        self.row_ids: list[int] = []
+
+    @classmethod
+    def from_config(cls, config: SpeculativeConfig, target: PreTrainedModel, tokenizer: Any) -> Drafter:
+        head = load_head(head_source(config, cls.name), target, method=cls.name)
+        options = options_to_config(HeadDrafterConfig, config.options)
+        return cls(head, options, target.config.get_text_config().vocab_size, target.device)
+
+    @torch.no_grad()
+    def propose(self, request: DraftRequest) -> Draft:
+        self._follow_rows(request.row_ids)
+        batch = len(request.row_ids)
+        self.kv.truncate(torch.tensor(self.done, device=self.device))  # drop last step's chained positions
+
+        # Position t reads (f_t, x_{t+1}): new features arrive for the tokens the target just cached.
+        tokens, features, valid = [], [], []
+        for b in range(batch):
+            real = real_tokens(request, b)
+            new = request.hidden_states[b]
+            start, count = self.done[b], 0 if new is None else len(new)
+            if start + count != len(real) - 1:
+                raise RuntimeError(
+                    f"EAGLE head out of step: row {request.row_ids[b]} has {len(real)} tokens but "
+                    f"{start + count} features."
+                )
+            tokens.append(real[start + 1 : start + 1 + count])
+            features.append(self.head.project_features(new) if count else None)
+            self.done[b] += count
+        width = max(len(t) for t in tokens)
+        ids = torch.zeros(batch, width, dtype=torch.long, device=self.device)
+        feats = torch.zeros(batch, width, self.head.config.hidden_size, device=self.device)
+        valid = torch.zeros(batch, width, dtype=torch.bool, device=self.device)
+        for b, (ids_b, feats_b) in enumerate(zip(tokens, features)):
+            if len(ids_b):  # right-aligned: every row's newest position is the last column
+                ids[b, width - len(ids_b) :] = ids_b
+                feats[b, width - len(ids_b) :] = feats_b.to(feats.dtype)
+                valid[b, width - len(ids_b) :] = True
+        output = self.kv.forward(ids, valid, logits_to_keep=1, features=feats)
+
+        max_tokens = [n if self.done[b] > 0 else 0 for b, n in enumerate(request.max_tokens)]
+
+        def logits_at(i: int, previous: torch.Tensor | None, active: list[bool]) -> torch.Tensor:
+            nonlocal output
+            if i > 0:  # chain: the predicted feature stands in for the target's at the next position
+                fed = torch.tensor(active, device=self.device)[:, None]
+                output = self.kv.forward(
+                    previous[:, None], fed, logits_to_keep=1, features=output.hidden_states[:, -1:]
+                )
+            return full_vocab_logits(output.logits[:, -1], self.head.draft_vocab, self.vocab_size)
+
+        return chain(request, max_tokens, self.config.min_confidence, logits_at)
+
+    def observe(self, draft: Draft, accepted: list[int]) -> None:
+        pass  # the accepted tokens' real features arrive with the next request
+
+    def _follow_rows(self, row_ids: list[int]) -> None:
+        if self.kv is None:
+            self.kv = RaggedKV(self.head, DynamicCache(), len(row_ids), self.device)
+            self.done = [0] * len(row_ids)
+        elif row_ids != self.row_ids:
+            where = [self.row_ids.index(r) for r in row_ids]
+            self.kv.select_rows(torch.tensor(where, device=self.device))
+            self.done = [self.done[i] for i in where]
+        self.row_ids = list(row_ids)

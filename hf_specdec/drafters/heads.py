@@ -1,0 +1,93 @@
+"""What the head drafters (EAGLE, Medusa) share: loading a head, and turning its logits into tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .base import Draft, DraftRequest
+
+
+@dataclass
+class HeadDrafterConfig:
+    """Settings of the `eagle` and `medusa` drafters.
+
+    Args:
+        min_confidence: stop a greedy draft once the head's probability of its next token falls
+            below this; 0 leaves the cut to the draft-length policy.
+    """
+
+    min_confidence: float = 0.0
+
+
+def full_vocab_logits(logits: torch.Tensor, draft_vocab: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Logits [B, draft_vocab] scattered into [B, vocab_size]; tokens outside the subset get -inf,
+    so the draft never proposes them and its sampling distribution gives them probability 0."""
+    full = logits.new_full((logits.shape[0], vocab_size), float("-inf"))
+    return full.index_copy_(1, draft_vocab.to(logits.device), logits)
+
+
+def next_tokens(
+    request: DraftRequest, drafted: torch.Tensor, logits: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's next draft token and the processed distribution it came from.
+
+    `drafted` [B, i] holds the tokens drafted so far this step: processors that read the context
+    (repetition penalty) must see them, exactly as the target's processing will.
+    """
+    contexts = [torch.cat([request.row(b), drafted[b : b + 1]], dim=1) for b in range(drafted.shape[0])]
+    scores = request.score(contexts, request.row_ids, logits.float())
+    dist = scores.softmax(dim=-1)
+    token = torch.multinomial(dist, 1).squeeze(1) if request.do_sample else scores.argmax(dim=-1)
+    return token, dist
+
+
+def real_tokens(request: DraftRequest, b: int) -> torch.Tensor:
+    """Row b's tokens without its left padding, [n]."""
+    return request.row(b)[0][request.attention_mask[b, : request.lengths[b]].bool()]
+
+
+def head_source(config: Any, method: str) -> Any:
+    if config.draft is None:
+        raise ValueError(
+            f"method={method!r} needs a trained head: "
+            f"SpeculativeConfig(method={method!r}, draft='folder/or/repo'). Train one with "
+            f"`hf-specdec train-draft --target <model> --method {method} --out <folder>`."
+        )
+    return config.draft
+
+
+def chain(
+    request: DraftRequest,
+    max_tokens: list[int],
+    min_confidence: float,
+    logits_at: Callable[[int, torch.Tensor | None, list[bool]], torch.Tensor],
+) -> Draft:
+    """Draft token by token: `logits_at(i, previous_token, active)` gives the full-vocabulary logits
+    [B, V] of position i (rows not `active` any more are ignored). Row b stops after
+    `max_tokens[b]` tokens, or, when greedy, once its token's probability is below `min_confidence`."""
+    batch, steps = len(max_tokens), max(max_tokens, default=0)
+    drafted = torch.zeros(batch, steps, dtype=torch.long, device=request.tokens.device)
+    confidence = torch.zeros(batch, steps, device=request.tokens.device)
+    probs: list[torch.Tensor] = []
+    lengths = [0] * batch
+    active = [n > 0 for n in max_tokens]
+    token = None
+    for i in range(steps):
+        token, dist = next_tokens(request, drafted[:, :i], logits_at(i, token, active))
+        drafted[:, i] = token
+        confidence[:, i] = dist.gather(1, token[:, None]).squeeze(1)
+        probs.append(dist)
+        for b in range(batch):
+            if active[b]:
+                lengths[b] = i + 1
+                sure = request.do_sample or float(confidence[b, i]) >= min_confidence
+                active[b] = i + 1 < max_tokens[b] and sure
+        if not any(active):
+            break
+    width = max(lengths, default=0)
+    stacked = torch.stack(probs, dim=1)[:, :width] if request.do_sample and probs else None
+    return Draft(drafted[:, :width], lengths, stacked, confidence[:, :width])

@@ -1,0 +1,201 @@
+"""EAGLE: a one-layer head that predicts the target's next feature from its last one.
+
+At position t the head reads the target's feature f_t (its last hidden state, the one its LM head
+turns into logits) and the embedding of token x_{t+1}, and predicts f_{t+1}; the target's own LM
+head turns that into a guess for x_{t+2}. Drafting chains: the predicted feature stands in for
+the real one at the next position. Only a frequency-ranked subset of the vocabulary is scored
+while drafting (the target still verifies with all of it, so the output stays lossless).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+from transformers.utils import ModelOutput
+
+from .layers import DecoderLayer
+
+
+@dataclass
+class EagleHeadConfig:
+    """Shape of an EAGLE head and the target it was trained for (saved as `head_config.json`)."""
+
+    hidden_size: int
+    vocab_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_parameters: dict[str, Any] = field(
+        default_factory=lambda: {"rope_type": "default", "rope_theta": 1e4}
+    )
+    target: str = ""  # the target's name or path, for messages
+    target_num_layers: int = 0
+    draft_vocab_size: int = 0  # 0: the whole vocabulary
+    fc_bias: bool = False
+    input_norm: bool = False  # EAGLE-1's layer has no input norm: its input is the fc projection
+    method: str = "eagle"
+
+    @classmethod
+    def for_target(cls, target: Any, draft_vocab_size: int = 0, **overrides: Any) -> EagleHeadConfig:
+        text = target.config.get_text_config()
+        heads = text.num_attention_heads
+        return cls(
+            hidden_size=text.hidden_size,
+            vocab_size=text.vocab_size,
+            num_attention_heads=heads,
+            num_key_value_heads=getattr(text, "num_key_value_heads", None) or heads,
+            head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
+            intermediate_size=text.intermediate_size,
+            rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6),
+            rope_parameters=dict(getattr(text, "rope_parameters", None) or {"rope_type": "default"}),
+            target=str(getattr(target, "name_or_path", "") or ""),
+            target_num_layers=text.num_hidden_layers,
+            draft_vocab_size=draft_vocab_size,
+            **overrides,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class HeadOutput(ModelOutput):
+    logits: torch.Tensor | None = None  # [B, T', draft_vocab] over `EagleHead.draft_vocab`
+    hidden_states: torch.Tensor | None = None  # [B, T, H] predicted next features
+
+
+class EagleHead(nn.Module):
+    """The trainable part of an EAGLE draft; the token embedding and LM head are the target's."""
+
+    def __init__(self, config: EagleHeadConfig, embed_tokens: nn.Module, lm_head: nn.Module) -> None:
+        super().__init__()
+        self.config = config
+        hidden = config.hidden_size
+        self.fc = nn.Linear(2 * hidden, hidden, bias=config.fc_bias)
+        self.layer = DecoderLayer(
+            hidden,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+            config.intermediate_size,
+            config.rms_norm_eps,
+            input_norm=config.input_norm,
+        )
+        self.rotary = LlamaRotaryEmbedding(
+            LlamaConfig(
+                hidden_size=hidden,
+                num_attention_heads=config.num_attention_heads,
+                head_dim=config.head_dim,
+                rope_parameters=dict(config.rope_parameters),
+            )
+        )
+        draft_vocab = torch.arange(config.draft_vocab_size or config.vocab_size)
+        self.register_buffer("draft_vocab", draft_vocab)  # draft index -> token id, saved with the head
+        # The target's embedding and LM head stay the target's: kept outside the module tree so
+        # they are neither trained nor saved with the head.
+        self._target_parts = (embed_tokens, lm_head)
+        self._lm_weight: torch.Tensor | None = None
+
+    # Target hidden-state layers the head reads (indices into `output_hidden_states`); EAGLE-1
+    # and our heads read the last, post-norm one. EAGLE-3 heads read three and project them.
+    feature_layers: tuple[int, ...] = (-1,)
+
+    def project_features(self, raw: torch.Tensor) -> torch.Tensor:
+        """Target hidden states [.., len(feature_layers) * H] -> the head's feature input [.., H]."""
+        return raw
+
+    def set_draft_vocab(self, token_ids: torch.Tensor) -> None:
+        self.draft_vocab = token_ids.to(self.draft_vocab.device, torch.long)
+        self.config.draft_vocab_size = len(token_ids)
+        self._lm_weight = None
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self._target_parts[0](token_ids)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits [.., draft_vocab] of predicted features: the target's LM head, subset rows only."""
+        if self._lm_weight is None or self._lm_weight.device != hidden.device:
+            weight = self._target_parts[1].weight.detach()
+            self._lm_weight = weight[self.draft_vocab.to(weight.device)].to(hidden.device)
+        return hidden.to(self._lm_weight.dtype) @ self._lm_weight.T
+
+    def inputs(self, token_ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """The layer's input at each position: features f_t with the embedding of x_{t+1}."""
+        embeds = self.embed(token_ids).to(self.fc.weight.dtype)
+        return self.fc(torch.cat([embeds, features.to(self.fc.weight.dtype)], dim=-1))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [B, T] x_{t+1}
+        features: torch.Tensor,  # [B, T, H] f_t (real, or the head's own earlier prediction)
+        attention_mask: torch.Tensor | None = None,  # [B, past + T], 1 on real positions
+        position_ids: torch.Tensor | None = None,
+        cache: Any = None,
+        use_cache: bool = True,
+        logits_to_keep: int = 0,
+        **_: Any,
+    ) -> HeadOutput:
+        x = self.inputs(input_ids, features)
+        length = x.shape[1]
+        if position_ids is None:
+            past = cache.get_seq_length() if cache is not None else 0
+            position_ids = torch.arange(past, past + length, device=x.device)[None]
+        cos, sin = self.rotary(x, position_ids)
+        q, k, v = self.layer.qkv(x, cos, sin)
+        if cache is not None and use_cache:
+            k, v = cache.update(k, v, 0)
+        mask = _causal_mask(length, k.shape[2], attention_mask, x.device)
+        hidden = self.layer.finish(x, self.layer.self_attn.attend(q, k, v, mask))
+        kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
+        return HeadOutput(logits=self.logits(kept), hidden_states=hidden)
+
+    def unrolled(self, input_ids: torch.Tensor, features: torch.Tensor, steps: int) -> list[torch.Tensor]:
+        """Training-time test: predicted features [B, T, H] of `steps` chained draft steps.
+
+        Step 1 reads the real f_t at every position t. Step s reads, at position t, step s-1's
+        prediction of f_t, and attends as drafting would: to step-1 keys up to t-s+1 and to
+        step r's key at t-s+r (r = 2..s), the draft positions chained so far.
+        """
+        batch, length = input_ids.shape
+        positions = torch.arange(length, device=input_ids.device)[None].expand(batch, -1)
+        embeds = self.embed(input_ids).to(self.fc.weight.dtype)
+        x = self.fc(torch.cat([embeds, features.to(embeds.dtype)], dim=-1))
+        cos, sin = self.rotary(x, positions)
+        keys, values, predicted = [], [], []
+        t = torch.arange(length, device=input_ids.device)
+        for step in range(1, steps + 1):
+            if step > 1:  # position t reads the previous step's prediction of f_t, made at t - 1
+                shifted = torch.cat([predicted[-1][:, :1], predicted[-1][:, :-1]], dim=1)
+                x = self.fc(torch.cat([embeds, shifted], dim=-1))
+            q, k, v = self.layer.qkv(x, cos, sin)
+            keys.append(k)
+            values.append(v)
+            blocks = [t[None, :] <= (t[:, None] - step + 1)]  # step-1 keys
+            for r in range(2, step + 1):
+                blocks.append(t[None, :] == (t[:, None] - step + r))
+            mask = torch.cat(blocks, dim=1)  # every query sees its own key (the last block's diagonal)
+            attention = self.layer.self_attn.attend(
+                q, torch.cat(keys, dim=2), torch.cat(values, dim=2), mask[None].expand(batch, -1, -1)
+            )
+            predicted.append(self.layer.finish(x, attention))
+        return predicted
+
+
+def _causal_mask(length: int, total: int, attention_mask: torch.Tensor | None, device: torch.device):
+    """[B or 1, length, total]: query t (at column total - length + t) sees earlier real keys and itself."""
+    query_at = torch.arange(total - length, total, device=device)[:, None]
+    key_at = torch.arange(total, device=device)[None, :]
+    mask = key_at <= query_at
+    if attention_mask is not None:
+        mask = mask[None] & attention_mask[:, None, :total].bool()
+        mask |= (key_at == query_at)[None]  # a hole attends to itself rather than to nothing (no NaN)
+        return mask
+    return mask[None]

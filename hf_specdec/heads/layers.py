@@ -1,0 +1,92 @@
+"""The one decoder layer an EAGLE head runs: Llama's, written out so that training can unroll it.
+
+Attention takes an explicit boolean mask, so the same code serves drafting (a KV cache with
+holes, see `kv.RaggedKV`) and training-time test (queries of a later draft step attending to
+keys of earlier steps).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, bias: bool = False) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
+
+    def project(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values [B, heads, T, d] of `x` [B, T, H], rotated to their positions."""
+        batch, length, _ = x.shape
+        q = self.q_proj(x).view(batch, length, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        return q, k, v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Attention output [B, T, H]; `mask` [B, T, S] is True where query t may see key s."""
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).flatten(2))
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm attention + MLP. EAGLE-1 heads have no input norm (their input is a projection)."""
+
+    def __init__(
+        self,
+        hidden: int,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        intermediate: int,
+        eps: float,
+        input_norm: bool,
+        bias: bool = False,
+    ) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(hidden, eps) if input_norm else None
+        self.self_attn = Attention(hidden, heads, kv_heads, head_dim, bias)
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+        self.mlp = MLP(hidden, intermediate)
+
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        normed = x if self.input_layernorm is None else self.input_layernorm(x)
+        return self.self_attn.project(normed, cos, sin)
+
+    def finish(self, x: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+        x = x + attention
+        return x + self.mlp(self.post_attention_layernorm(x))

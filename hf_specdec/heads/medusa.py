@@ -1,0 +1,107 @@
+"""Medusa: k small heads on the target's last hidden state, head i guessing the token i+1 ahead.
+
+All k guesses come from one feature, so a draft costs k tiny MLPs and no sequential model
+calls; the price is that head i does not see the guesses before it. Our heads score with the
+target's own LM head over a frequency-ranked vocabulary subset; published Medusa checkpoints
+carry one full LM head per Medusa head.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class MedusaHeadConfig:
+    """Shape of a Medusa head set and the target it was trained for (saved as `head_config.json`)."""
+
+    hidden_size: int
+    vocab_size: int
+    num_heads: int = 4
+    num_layers: int = 1  # residual blocks per head
+    target: str = ""
+    target_num_layers: int = 0
+    draft_vocab_size: int = 0  # 0: the whole vocabulary
+    own_lm_heads: bool = False  # published Medusa: each head has its own full LM head
+    method: str = "medusa"
+
+    @classmethod
+    def for_target(cls, target: Any, draft_vocab_size: int = 0, **overrides: Any) -> MedusaHeadConfig:
+        text = target.config.get_text_config()
+        return cls(
+            hidden_size=text.hidden_size,
+            vocab_size=text.vocab_size,
+            target=str(getattr(target, "name_or_path", "") or ""),
+            target_num_layers=text.num_hidden_layers,
+            draft_vocab_size=draft_vocab_size,
+            **overrides,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class ResBlock(nn.Module):
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden, hidden)
+        nn.init.zeros_(self.linear.weight)  # starts as the identity: head i begins as the target's LM head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + F.silu(self.linear(x))
+
+
+class MedusaHead(nn.Module):
+    feature_layers: tuple[int, ...] = (-1,)
+
+    def __init__(self, config: MedusaHeadConfig, lm_head: nn.Module) -> None:
+        super().__init__()
+        self.config = config
+        self.blocks = nn.ModuleList(
+            nn.Sequential(*[ResBlock(config.hidden_size) for _ in range(config.num_layers)])
+            for _ in range(config.num_heads)
+        )
+        self.lm_heads = (
+            nn.ModuleList(
+                nn.Linear(config.hidden_size, config.vocab_size, bias=False) for _ in range(config.num_heads)
+            )
+            if config.own_lm_heads
+            else None
+        )
+        self.register_buffer("draft_vocab", torch.arange(config.draft_vocab_size or config.vocab_size))
+        self._target_lm_head = (lm_head,)  # not trained, not saved
+        self._lm_weight: torch.Tensor | None = None
+
+    def set_draft_vocab(self, token_ids: torch.Tensor) -> None:
+        self.draft_vocab = token_ids.to(self.draft_vocab.device, torch.long)
+        self.config.draft_vocab_size = len(token_ids)
+        self._lm_weight = None
+
+    def forward(self, features: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
+        """Logits [.., num_heads, draft_vocab] of the tokens 1..num_heads after the next one."""
+        count = self.config.num_heads if num_heads is None else num_heads
+        outputs = []
+        for i in range(count):
+            hidden = self.blocks[i](features.to(self._dtype()))
+            if self.lm_heads is not None:
+                outputs.append(self.lm_heads[i](hidden)[..., self.draft_vocab])
+            else:
+                outputs.append(hidden @ self._weight(hidden).T)
+        return torch.stack(outputs, dim=-2)
+
+    def _dtype(self) -> torch.dtype:
+        if self.config.num_layers:
+            return self.blocks[0][0].linear.weight.dtype
+        return self._target_lm_head[0].weight.dtype
+
+    def _weight(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self._lm_weight is None or self._lm_weight.device != hidden.device:
+            weight = self._target_lm_head[0].weight.detach()
+            self._lm_weight = weight[self.draft_vocab.to(weight.device)].to(hidden.device, hidden.dtype)
+        return self._lm_weight
