@@ -8,6 +8,8 @@
 
 With `HF_HUB_OFFLINE=1` only the first two are used. When nothing fits, the answer is a
 draft-free method (`"ngram"`) with the reason. `load_draft(choice, target_model)` loads the draft.
+Published draft heads (EAGLE, Medusa) the registry knows for the target are listed besides, in
+`DraftChoice.heads` (see `known_heads`).
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ class DraftChoice:
         size_ratio: draft parameters / target parameters, when known.
         tokenizer_check: how the tokenizers were compared, and the outcome.
         rejected: candidates the Hub search looked at and why each was not taken.
+        heads: published draft heads trained on the target (registry `[[head]]` entries), each a dict
+            with `method` ("eagle" or "medusa"), `head` (its Hub repo), `layout` and `source`; use one
+            with `speculative=dict(method=h["method"], draft=h["head"])`.
     """
 
     method: str
@@ -64,6 +69,7 @@ class DraftChoice:
     size_ratio: float | None = None
     tokenizer_check: str | None = None
     rejected: list[str] = field(default_factory=list)
+    heads: list[dict[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -102,7 +108,7 @@ def select_draft(
         )
     if note:
         choice = dataclasses.replace(choice, reason=f"{choice.reason} ({note})")
-    return choice
+    return dataclasses.replace(choice, heads=known_heads(repo_id))
 
 
 def load_draft(
@@ -192,14 +198,29 @@ def registry_path() -> Path:
 
 
 @cache
+def _registry_data() -> dict[str, Any]:
+    return tomllib.loads(registry_path().read_text())
+
+
+@cache
 def _registry() -> dict[str, dict[str, Any]]:
     """Target repo id (lower case) -> its registry entry."""
-    data = tomllib.loads(registry_path().read_text())
+    data = _registry_data()
     table: dict[str, dict[str, Any]] = {}
     for entry in data.get("pair", []) + data.get("draft_free", []):
         for target in entry["targets"]:
             table[target.lower()] = entry
     return table
+
+
+def known_heads(repo_id: str, method: str | None = None) -> list[dict[str, str]]:
+    """Published draft heads the registry lists for `repo_id` (of `method` only, when given), in
+    registry order; each is {"method", "head", "layout", "source"}."""
+    found = []
+    for entry in _registry_data().get("head", []):
+        if repo_id.lower() in (t.lower() for t in entry["targets"]) and method in (None, entry["method"]):
+            found.append({key: entry[key] for key in ("method", "head", "layout", "source")})
+    return found
 
 
 def registry_lookup(repo_id: str) -> DraftChoice | None:

@@ -1,0 +1,243 @@
+"""Heads published in their authors' own layouts, converted into our modules.
+
+- EAGLE-1 / EAGLE-2 (github.com/SafeAILab/EAGLE, `eagle/model/cnets1.py`; e.g. the Hub repo
+  `yuhuili/EAGLE-Vicuna-7B-v1.3`): `config.json` (a LlamaConfig with one layer; `bias` says
+  whether `fc` has one) and `pytorch_model.bin` or `model.safetensors` holding `fc.*` over
+  cat(token embedding, feature), `layers.0.*` (no input norm) and the embedding, which we ignore.
+- EAGLE-3 (same repo, `eagle/model/cnets.py`; e.g. `yuhuili/EAGLE3-LLaMA3.1-Instruct-8B`): the
+  same files, holding `fc` over three target layers, `midlayer.*`, `norm`, `lm_head` and `d2t`.
+- Medusa (github.com/FasterDecoding/Medusa, `medusa/model/medusa_model.py`; e.g.
+  `FasterDecoding/medusa-vicuna-7b-v1.3`): `config.json` with `medusa_num_heads`,
+  `medusa_num_layers` and `medusa_lm_head.safetensors` or `.pt` holding, for head i,
+  `{i}.{j}.linear.*` (residual block j) and `{i}.{num_layers}.weight` (its own LM head).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .checkpoint import CONFIG_NAME, WEIGHTS_NAME, build_head, check_head_matches, load_state, read_weights
+from .eagle import EagleHeadConfig
+from .eagle3 import Eagle3Head, default_feature_layers
+from .layers import Attention
+from .medusa import MedusaHeadConfig
+
+EAGLE_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+MEDUSA_WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
+LAYOUTS = (
+    f"hf-specdec ({CONFIG_NAME} + {WEIGHTS_NAME}); "
+    "EAGLE-1/2 and EAGLE-3 (config.json + model.safetensors or pytorch_model.bin, as in "
+    "SafeAILab/EAGLE); Medusa (config.json with medusa_num_heads + medusa_lm_head.safetensors or "
+    "medusa_lm_head.pt, as in FasterDecoding/Medusa)"
+)
+
+
+def load_published(folder: Path, target: Any) -> nn.Module:
+    """The head in `folder` (an EAGLE-1/2, EAGLE-3 or Medusa layout) as our module, for `target`."""
+    folder = Path(folder)
+    medusa = _first(folder, MEDUSA_WEIGHTS)
+    if medusa is not None:
+        return _medusa(folder, medusa, target)
+    eagle = _first(folder, EAGLE_WEIGHTS)
+    if eagle is not None and (folder / "config.json").is_file():
+        state = read_weights(eagle)
+        if any(name.startswith("midlayer.") for name in state):
+            return _eagle3(folder, eagle, state, target)
+        if any(name.startswith("layers.") for name in state):
+            return _eagle1(folder, eagle, state, target)
+        raise ValueError(
+            f"{eagle} holds neither an EAGLE-1/2 layer (layers.0.*) nor an EAGLE-3 one (midlayer.*); "
+            f"its tensors: {_some(state)}. Supported layouts: {LAYOUTS}."
+        )
+    found = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+    raise ValueError(
+        f"Draft head folder {folder} is not in a layout hf-specdec knows: it holds "
+        f"{', '.join(found) or 'no files'}. Supported layouts: {LAYOUTS}."
+    )
+
+
+# --- EAGLE-1 / EAGLE-2 ------------------------------------------------------------------------
+
+
+def _eagle1(folder: Path, path: Path, state: dict[str, torch.Tensor], target: Any) -> nn.Module:
+    raw = _read_config(folder)
+    if raw.get("num_hidden_layers", 1) != 1:
+        raise ValueError(
+            f"{folder / 'config.json'}: an EAGLE head with {raw['num_hidden_layers']} layers; "
+            "hf-specdec runs one-layer heads only."
+        )
+    config = EagleHeadConfig(
+        **_llama_shape(raw, folder),
+        target=str(raw.get("_name_or_path", "") or ""),
+        fc_bias="fc.bias" in state,
+        input_norm=False,  # the reference's layer 0 has no input norm
+    )
+    check_head_matches(config, target, str(folder))
+    head = build_head(config, target)
+    qkv_bias = "layers.0.self_attn.q_proj.bias" in state  # the reference's `qkv_bias` (Qwen heads)
+    if qkv_bias:
+        attention = Attention(
+            config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim, True
+        )
+        head.layer.self_attn = attention.to(device=target.device, dtype=target.dtype)
+    ours = {"draft_vocab": head.draft_vocab}
+    for name, tensor in state.items():
+        if name == "embed_tokens.weight":
+            continue  # the target's own embedding is used
+        ours[name.replace("layers.0.", "layer.", 1) if name.startswith("layers.0.") else name] = tensor
+    load_state(head, ours, path)
+    return head
+
+
+# --- EAGLE-3 ----------------------------------------------------------------------------------
+
+
+def _eagle3(folder: Path, path: Path, state: dict[str, torch.Tensor], target: Any) -> nn.Module:
+    raw = _read_config(folder)
+    text = target.config.get_text_config()
+    shape = _llama_shape(raw, folder)
+    if raw.get("target_hidden_size", shape["hidden_size"]) != shape["hidden_size"]:
+        raise ValueError(
+            f"{folder / 'config.json'}: an EAGLE-3 head of hidden size {shape['hidden_size']} for a target "
+            f"of hidden size {raw['target_hidden_size']} (with its own embedding); hf-specdec runs heads "
+            "of the target's hidden size only."
+        )
+    d2t = state.get("d2t")
+    draft_vocab_size = int(raw.get("draft_vocab_size") or shape["vocab_size"])
+    if d2t is None and draft_vocab_size != shape["vocab_size"]:
+        raise ValueError(f"{path} has no d2t map for its draft vocabulary of {draft_vocab_size} tokens.")
+    config = EagleHeadConfig(
+        **shape,
+        target=str(raw.get("_name_or_path", "") or ""),
+        draft_vocab_size=draft_vocab_size,
+        input_norm=True,
+    )
+    check_head_matches(config, target, str(folder))
+    layers = _eagle3_layers(raw, text.num_hidden_layers, folder)
+    head = Eagle3Head(config, layers, target.get_input_embeddings())
+    vocab = torch.arange(draft_vocab_size)
+    if d2t is not None:
+        if d2t.shape != vocab.shape:
+            raise ValueError(f"{path}: d2t has shape {tuple(d2t.shape)}, expected ({draft_vocab_size},).")
+        vocab = vocab + d2t.long()  # draft index i is target token i + d2t[i]
+    if int(vocab.min()) < 0 or int(vocab.max()) >= text.vocab_size:
+        raise ValueError(f"{path}: d2t maps draft tokens outside the target's {text.vocab_size} ids.")
+    ours = {name: t for name, t in state.items() if name not in ("d2t", "t2d", "embed_tokens.weight")}
+    ours["draft_vocab"] = vocab
+    load_state(head, ours, path)
+    return head.to(device=target.device, dtype=target.dtype)
+
+
+def _eagle3_layers(raw: dict[str, Any], num_layers: int, folder: Path) -> tuple[int, ...]:
+    """Target layers the head reads: the config's (vLLM's `eagle_aux_hidden_state_layer_ids`, same
+    indexing: the input of decoder layer i), else the reference's 2, L // 2, L - 3."""
+    given = raw.get("eagle_aux_hidden_state_layer_ids") or (raw.get("eagle_config") or {}).get(
+        "eagle_aux_hidden_state_layer_ids"
+    )
+    layers = tuple(sorted(set(given))) if given else default_feature_layers(num_layers)
+    if len(layers) != 3 or min(layers) < 0 or max(layers) > num_layers:
+        raise ValueError(
+            f"The EAGLE-3 head {folder} reads three distinct target layers, but for this "
+            f"{num_layers}-layer target they would be {layers}; set eagle_aux_hidden_state_layer_ids "
+            "in its config.json."
+        )
+    return layers
+
+
+# --- Medusa -----------------------------------------------------------------------------------
+
+
+def _medusa(folder: Path, path: Path, target: Any) -> nn.Module:
+    raw = _read_config(folder)
+    state = read_weights(path)
+    state = {name.removeprefix("medusa_head."): tensor for name, tensor in state.items()}
+    num_layers = int(raw.get("medusa_num_layers", 1))
+    lm_head = state.get(f"0.{num_layers}.weight")
+    if lm_head is None or lm_head.dim() != 2:
+        raise ValueError(
+            f"{path} has no LM head for Medusa head 0 ({f'0.{num_layers}.weight'}) with "
+            f"medusa_num_layers={num_layers}; its tensors: {_some(state)}."
+        )
+    config = MedusaHeadConfig(
+        hidden_size=lm_head.shape[1],
+        vocab_size=lm_head.shape[0],
+        num_heads=int(raw.get("medusa_num_heads", 0) or _count_heads(state)),
+        num_layers=num_layers,
+        target=str(raw.get("base_model_name_or_path", "") or ""),
+        own_lm_heads=True,
+    )
+    check_head_matches(config, target, str(folder))
+    head = build_head(config, target)
+    ours = {"draft_vocab": head.draft_vocab}
+    for name, tensor in state.items():
+        i, j, rest = (name.split(".", 2) + ["", ""])[:3]
+        if j == str(num_layers) and rest == "weight":
+            ours[f"lm_heads.{i}.weight"] = tensor
+        else:
+            ours[f"blocks.{name}"] = tensor
+    load_state(head, ours, path)
+    return head
+
+
+def _count_heads(state: dict[str, torch.Tensor]) -> int:
+    return len({name.split(".", 1)[0] for name in state})
+
+
+# --- shared -----------------------------------------------------------------------------------
+
+
+def _first(folder: Path, names: tuple[str, ...]) -> Path | None:
+    return next((folder / name for name in names if (folder / name).is_file()), None)
+
+
+def _read_config(folder: Path) -> dict[str, Any]:
+    path = folder / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{folder} has head weights but no config.json: the checkpoint is incomplete.")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON ({err.msg}): the checkpoint is corrupt.") from None
+
+
+def _llama_shape(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """EagleHeadConfig's shape fields from a reference head's LlamaConfig-like `config.json`."""
+    try:
+        hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
+        return dict(
+            hidden_size=hidden,
+            vocab_size=int(raw["vocab_size"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
+            head_dim=int(raw.get("head_dim") or hidden // heads),
+            intermediate_size=int(raw["intermediate_size"]),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),  # the reference's EConfig default
+            rope_parameters=_rope(raw, folder),
+        )
+    except KeyError as err:
+        raise ValueError(
+            f"{folder / 'config.json'} lacks {err.args[0]!r}: not an EAGLE head config."
+        ) from None
+
+
+def _rope(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """HF `rope_parameters` for the reference's `rope_theta` (10000 when absent) and `rope_scaling`."""
+    theta = float(raw.get("rope_theta", 10000.0))
+    scaling = raw.get("rope_scaling")
+    if not scaling:
+        return {"rope_type": "default", "rope_theta": theta}
+    kind = scaling.get("rope_type") or scaling.get("type")
+    if kind is None:
+        raise ValueError(f"{folder / 'config.json'}: rope_scaling {scaling} names no type.")
+    parameters = {k: v for k, v in scaling.items() if k != "type"}
+    return {**parameters, "rope_type": kind, "rope_theta": theta}
+
+
+def _some(state: dict[str, torch.Tensor]) -> str:
+    names = sorted(state)
+    return ", ".join(names[:8]) + (f" ... ({len(names)} in all)" if len(names) > 8 else "")

@@ -1,0 +1,566 @@
+"""Published heads (EAGLE-1/2, EAGLE-3, Medusa layouts): converted, checked, and lossless in `generate`.
+
+Checkpoints are written here in each reference layout with random weights for tiny random Llama
+targets. The EAGLE-1 and EAGLE-3 conversions are also compared with the reference formulas
+written out from the raw tensors, so a key-mapping mistake cannot pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import huggingface_hub.constants
+import pytest
+import torch
+from safetensors.torch import save_file
+from transformers import DynamicCache
+
+from hf_specdec.heads.checkpoint import load_head
+from hf_specdec.heads.eagle import EagleHead
+from hf_specdec.heads.eagle3 import Eagle3Head
+from hf_specdec.heads.medusa import MedusaHead
+from hf_specdec.selection import DraftChoice, known_heads, select_draft
+
+from ..conftest import assert_greedy_match, random_batch, tiny_llama
+
+try:  # `python -m pytest` from the repo root, or --import-mode=importlib
+    from tests.hub_server import HubServer
+except ImportError:  # plain `pytest`: the tests folder itself is on sys.path
+    from hub_server import HubServer
+
+
+@pytest.fixture(scope="module")
+def target8():
+    """An 8-layer target: EAGLE-3 reads the inputs of its layers 2, 4 and 5."""
+    return tiny_llama(0, layers=8)
+
+
+# --- writers of the reference layouts -------------------------------------------------------------
+
+
+def _shape(target) -> dict:
+    text = target.config.get_text_config()
+    return dict(
+        hidden=text.hidden_size,
+        heads=text.num_attention_heads,
+        kv=text.num_key_value_heads,
+        head_dim=text.hidden_size // text.num_attention_heads,
+        inter=text.intermediate_size,
+        vocab=text.vocab_size,
+    )
+
+
+def _llama_config(s: dict, **extra) -> dict:
+    """A reference head's config.json: LlamaConfig fields of a one-layer model."""
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_act": "silu",
+        "hidden_size": s["hidden"],
+        "intermediate_size": s["inter"],
+        "num_attention_heads": s["heads"],
+        "num_key_value_heads": s["kv"],
+        "num_hidden_layers": 1,
+        "vocab_size": s["vocab"],
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 500.0,  # not the 10000 default: a config value that is ignored would show
+        **extra,
+    }
+
+
+def _rand(*shape: int, scale: float = 0.3) -> torch.Tensor:
+    return torch.randn(*shape) * scale
+
+
+def _save(state: dict, path: Path) -> None:
+    if path.suffix == ".safetensors":
+        save_file({k: v.contiguous() for k, v in state.items()}, str(path))
+    else:
+        torch.save(state, path)
+
+
+def _attention(s: dict, prefix: str, width: int) -> dict:
+    q, kv = s["heads"] * s["head_dim"], s["kv"] * s["head_dim"]
+    return {
+        f"{prefix}.self_attn.q_proj.weight": _rand(q, width),
+        f"{prefix}.self_attn.k_proj.weight": _rand(kv, width),
+        f"{prefix}.self_attn.v_proj.weight": _rand(kv, width),
+        f"{prefix}.self_attn.o_proj.weight": _rand(s["hidden"], q),
+        f"{prefix}.post_attention_layernorm.weight": 1 + _rand(s["hidden"], scale=0.1),
+        f"{prefix}.mlp.gate_proj.weight": _rand(s["inter"], s["hidden"]),
+        f"{prefix}.mlp.up_proj.weight": _rand(s["inter"], s["hidden"]),
+        f"{prefix}.mlp.down_proj.weight": _rand(s["hidden"], s["inter"]),
+    }
+
+
+def write_eagle1(
+    folder: Path, target, *, weights: str = "pytorch_model.bin", bias: bool = True, hidden: int | None = None
+) -> Path:
+    """SafeAILab/EAGLE `cnets1.Model` as saved: fc over cat(embedding, feature), layers.0 (no input norm)."""
+    torch.manual_seed(1)
+    s = _shape(target)
+    if hidden is not None:
+        s = {**s, "hidden": hidden, "head_dim": hidden // s["heads"]}
+    h = s["hidden"]
+    state = {"fc.weight": _rand(h, 2 * h), **_attention(s, "layers.0", h)}
+    if bias:
+        state["fc.bias"] = _rand(h)
+    state["embed_tokens.weight"] = _rand(s["vocab"], h)  # saved by the reference, unused by us
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(_llama_config(s, bias=bias)))
+    _save(state, folder / weights)
+    return folder
+
+
+def write_eagle3(folder: Path, target, *, draft_vocab: int = 40, extra: dict | None = None) -> Path:
+    """SafeAILab/EAGLE `cnets.Model` (EAGLE-3) as saved: fc over 3 layers, midlayer, norm, lm_head, d2t."""
+    torch.manual_seed(2)
+    s = _shape(target)
+    h = s["hidden"]
+    kept = torch.randperm(s["vocab"])[:draft_vocab].sort().values  # target ids of the draft vocabulary
+    state = {
+        "fc.weight": _rand(h, 3 * h, scale=0.1),
+        **_attention(s, "midlayer", 2 * h),
+        "midlayer.hidden_norm.weight": 1 + _rand(h, scale=0.1),
+        "midlayer.input_layernorm.weight": 1 + _rand(h, scale=0.1),
+        "norm.weight": 1 + _rand(h, scale=0.1),
+        "lm_head.weight": _rand(draft_vocab, h),
+        "d2t": kept - torch.arange(draft_vocab),
+        "t2d": torch.zeros(s["vocab"], dtype=torch.bool).index_fill_(0, kept, True),
+    }
+    state["midlayer.self_attn.o_proj.weight"] = _rand(h, s["heads"] * s["head_dim"])
+    folder.mkdir(parents=True, exist_ok=True)
+    config = _llama_config(s, draft_vocab_size=draft_vocab, architectures=["LlamaForCausalLMEagle3"])
+    (folder / "config.json").write_text(json.dumps({**config, **(extra or {})}))
+    _save(state, folder / "model.safetensors")
+    return folder
+
+
+def write_medusa(
+    folder: Path,
+    target,
+    *,
+    weights: str = "medusa_lm_head.safetensors",
+    heads: int = 3,
+    layers: int = 1,
+    hidden: int | None = None,
+) -> Path:
+    """FasterDecoding/Medusa `medusa_head` as saved: {i}.{j}.linear.* blocks, {i}.{layers}.weight LM head."""
+    torch.manual_seed(3)
+    s = _shape(target)
+    h = hidden or s["hidden"]
+    # each head's LM head starts as the target's (as the reference initialises it), then drifts
+    lm_head = target.lm_head.weight.detach().float() if hidden is None else _rand(s["vocab"], h)
+    state = {}
+    for i in range(heads):
+        for j in range(layers):
+            state[f"{i}.{j}.linear.weight"] = _rand(h, h, scale=0.1)
+            state[f"{i}.{j}.linear.bias"] = _rand(h, scale=0.1)
+        state[f"{i}.{layers}.weight"] = lm_head + _rand(s["vocab"], h, scale=0.05)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {"medusa_num_heads": heads, "medusa_num_layers": layers, "base_model_name_or_path": "tiny"}
+    (folder / "config.json").write_text(json.dumps(config))
+    _save(state, folder / weights)
+    return folder
+
+
+# --- the reference formulas, from the raw tensors ---------------------------------------------------
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def _rope(x: torch.Tensor, theta: float) -> torch.Tensor:
+    """x [B, heads, T, d] rotated to positions 0..T-1 as the reference does (rotate_half)."""
+    d, length = x.shape[-1], x.shape[-2]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2).float() / d))
+    freqs = torch.arange(length).float()[:, None] * inv_freq[None]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    half = torch.cat([-x[..., d // 2 :], x[..., : d // 2]], dim=-1)
+    return x * emb.cos() + half * emb.sin()
+
+
+def _reference_attention(x: torch.Tensor, w: dict, p: str, s: dict, theta: float) -> torch.Tensor:
+    b, t, _ = x.shape
+
+    def heads(y: torch.Tensor, n: int) -> torch.Tensor:
+        return y.view(b, t, n, s["head_dim"]).transpose(1, 2)
+
+    q = _rope(heads(x @ w[f"{p}.self_attn.q_proj.weight"].T, s["heads"]), theta)
+    k = _rope(heads(x @ w[f"{p}.self_attn.k_proj.weight"].T, s["kv"]), theta)
+    v = heads(x @ w[f"{p}.self_attn.v_proj.weight"].T, s["kv"])
+    k = k.repeat_interleave(s["heads"] // s["kv"], dim=1)
+    v = v.repeat_interleave(s["heads"] // s["kv"], dim=1)
+    scores = q @ k.transpose(2, 3) / math.sqrt(s["head_dim"])
+    scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    out = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, -1)
+    return out @ w[f"{p}.self_attn.o_proj.weight"].T
+
+
+def _reference_mlp(x: torch.Tensor, w: dict, p: str) -> torch.Tensor:
+    gate = x @ w[f"{p}.mlp.gate_proj.weight"].T
+    return (torch.nn.functional.silu(gate) * (x @ w[f"{p}.mlp.up_proj.weight"].T)) @ w[
+        f"{p}.mlp.down_proj.weight"
+    ].T
+
+
+def reference_eagle1(w: dict, s: dict, embed: torch.Tensor, lm_head: torch.Tensor, ids, feats):
+    """cnets1.Model.forward + the target's LM head: fc(cat(embeds, hidden)), a layer without input norm."""
+    x = torch.cat([embed[ids], feats], dim=-1) @ w["fc.weight"].T + w.get("fc.bias", 0)
+    x = x + _reference_attention(x, w, "layers.0", s, 500.0)
+    x = x + _reference_mlp(_rms(x, w["layers.0.post_attention_layernorm.weight"]), w, "layers.0")
+    return x @ lm_head.T, x
+
+
+def reference_eagle3(w: dict, s: dict, embed: torch.Tensor, ids, raw_feats):
+    """cnets.Model.forward (EAGLE-3) and its scoring: lm_head(norm(out)) over the draft vocabulary."""
+    hidden = raw_feats @ w["fc.weight"].T
+    normed = torch.cat(
+        [
+            _rms(embed[ids], w["midlayer.input_layernorm.weight"]),
+            _rms(hidden, w["midlayer.hidden_norm.weight"]),
+        ],
+        dim=-1,
+    )
+    x = hidden + _reference_attention(normed, w, "midlayer", s, 500.0)
+    x = x + _reference_mlp(_rms(x, w["midlayer.post_attention_layernorm.weight"]), w, "midlayer")
+    return _rms(x, w["norm.weight"]) @ w["lm_head.weight"].T, x
+
+
+def _raw(path: Path) -> dict:
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    return torch.load(path, weights_only=True)
+
+
+# --- conversion is exact ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("weights", "bias"), [("pytorch_model.bin", True), ("model.safetensors", False)], ids=["bin", "st-nobias"]
+)
+def test_eagle1_matches_reference_formula(tmp_path, target, weights, bias):
+    folder = write_eagle1(tmp_path / "eagle1", target, weights=weights, bias=bias)
+    head = load_head(folder, target, method="eagle")
+    assert isinstance(head, EagleHead) and head.layer.input_layernorm is None
+    assert (head.fc.bias is not None) == bias
+    assert head.config.rope_parameters["rope_theta"] == 500.0
+
+    w, s = _raw(folder / weights), _shape(target)
+    ids = torch.randint(0, s["vocab"], (2, 7))
+    feats = torch.randn(2, 7, s["hidden"])
+    embed, lm_head = target.model.embed_tokens.weight.detach(), target.lm_head.weight.detach()
+    expected_logits, expected_hidden = reference_eagle1(w, s, embed, lm_head, ids, feats)
+    with torch.no_grad():
+        out = head(ids, feats, cache=None)
+        # the same through a KV cache, 4 positions then 3
+        cache = DynamicCache()
+        first = head(ids[:, :4], feats[:, :4], cache=cache)
+        rest = head(ids[:, 4:], feats[:, 4:], cache=cache)
+    torch.testing.assert_close(out.logits, expected_logits, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out.hidden_states, expected_hidden, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        torch.cat([first.logits, rest.logits], 1), expected_logits, atol=1e-4, rtol=1e-4
+    )
+
+
+def test_eagle3_matches_reference_formula(tmp_path, target8):
+    folder = write_eagle3(tmp_path / "eagle3", target8)
+    head = load_head(folder, target8, method="eagle")
+    assert isinstance(head, Eagle3Head)
+    assert head.feature_layers == (2, 4, 5)  # inputs of layers 2, L//2, L-3 of an 8-layer target
+    assert head.config.method == "eagle" and head.config.draft_vocab_size == 40
+
+    w, s = _raw(folder / "model.safetensors"), _shape(target8)
+    torch.testing.assert_close(head.draft_vocab, torch.arange(40) + w["d2t"])  # target id = i + d2t[i]
+    assert bool(w["t2d"][head.draft_vocab].all())
+    ids = torch.randint(0, s["vocab"], (2, 6))
+    raw = torch.randn(2, 6, 3 * s["hidden"])
+    embed = target8.model.embed_tokens.weight.detach()
+    expected_logits, expected_hidden = reference_eagle3(w, s, embed, ids, raw)
+    with torch.no_grad():
+        cache = DynamicCache()
+        first = head(ids[:, :4], head.project_features(raw[:, :4]), cache=cache)
+        rest = head(ids[:, 4:], head.project_features(raw[:, 4:]), cache=cache)
+    torch.testing.assert_close(
+        torch.cat([first.logits, rest.logits], 1), expected_logits, atol=1e-4, rtol=1e-4
+    )
+    torch.testing.assert_close(
+        torch.cat([first.hidden_states, rest.hidden_states], 1), expected_hidden, atol=1e-4, rtol=1e-4
+    )
+
+
+@pytest.mark.parametrize("weights", ["medusa_lm_head.safetensors", "medusa_lm_head.pt"])
+def test_medusa_matches_reference_formula(tmp_path, target, weights):
+    folder = write_medusa(tmp_path / "medusa", target, weights=weights, heads=3, layers=2)
+    head = load_head(folder, target, method="medusa")
+    assert isinstance(head, MedusaHead) and head.lm_heads is not None
+    assert (head.config.num_heads, head.config.num_layers) == (3, 2)
+    w = _raw(folder / weights)
+    feats = torch.randn(5, _shape(target)["hidden"])
+    with torch.no_grad():
+        logits = head(feats)  # [5, heads, V]
+    for i in range(3):  # medusa_head[i] = Sequential(ResBlock x layers, Linear(H, V))
+        x = feats
+        for j in range(2):
+            x = x + torch.nn.functional.silu(x @ w[f"{i}.{j}.linear.weight"].T + w[f"{i}.{j}.linear.bias"])
+        torch.testing.assert_close(logits[:, i], x @ w[f"{i}.2.weight"].T, atol=1e-4, rtol=1e-4)
+
+
+def test_converted_heads_take_the_targets_dtype(tmp_path):
+    target = tiny_llama(0).to(torch.bfloat16)
+    for folder, method in [
+        (write_eagle1(tmp_path / "e1", target), "eagle"),
+        (write_medusa(tmp_path / "m", target), "medusa"),
+    ]:
+        head = load_head(folder, target, method=method)
+        assert {p.dtype for p in head.parameters()} == {torch.bfloat16}, folder.name
+    target8 = tiny_llama(0, layers=8).to(torch.bfloat16)
+    head = load_head(write_eagle3(tmp_path / "e3", target8), target8)
+    assert {p.dtype for p in head.parameters()} == {torch.bfloat16}
+
+
+# --- lossless in generate ---------------------------------------------------------------------------
+
+LAYOUTS = {
+    "eagle1-bin": (lambda f, t: write_eagle1(f, t), "eagle"),
+    "eagle1-safetensors-nobias": (
+        lambda f, t: write_eagle1(f, t, weights="model.safetensors", bias=False),
+        "eagle",
+    ),
+    "eagle3": (lambda f, t: write_eagle3(f, t), "eagle"),
+    "medusa-safetensors": (lambda f, t: write_medusa(f, t), "medusa"),
+    "medusa-pt": (lambda f, t: write_medusa(f, t, weights="medusa_lm_head.pt", heads=4), "medusa"),
+}
+
+
+@pytest.mark.parametrize("batch", [1, 2], ids=["b1", "b2-left-padded"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_generate_with_published_head_equals_plain_greedy(tmp_path, target, target8, layout, batch):
+    write, method = LAYOUTS[layout]
+    model = target8 if layout == "eagle3" else target
+    folder = write(tmp_path / layout, model)
+    if batch == 1:
+        input_ids, attention_mask = torch.tensor([[1, 17, 42, 9, 33]]), None
+    else:
+        input_ids, attention_mask = random_batch(seed=4, batch=2, min_len=3, max_len=9)
+        assert not bool(attention_mask.all())  # really left-padded
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, do_sample=False, max_new_tokens=16)
+    plain = model.generate(**kwargs)
+    out = model.generate(
+        **kwargs,
+        speculative=dict(method=method, draft=str(folder), num_draft_tokens=3),
+        return_dict_in_generate=True,
+    )
+    assert_greedy_match(model, plain, out.sequences, attention_mask)
+    stats = out.speculative_stats
+    assert stats.drafted > 0 and 0 <= stats.accepted <= stats.drafted
+
+
+def test_exact_eagle1_head_is_accepted_in_full(tmp_path):
+    """A target whose one layer adds nothing is a bigram model: its feature for x_{t+1} is
+    norm(E[x_{t+1}]). An EAGLE-1 head whose fc keeps the embedding and whose attention and MLP add
+    nothing predicts E[x_{t+1}], which the target's LM head ranks as the target does."""
+    target = tiny_llama(0, layers=1, eos_token_id=None)
+    with torch.no_grad():
+        target.model.layers[0].self_attn.o_proj.weight.zero_()
+        target.model.layers[0].mlp.down_proj.weight.zero_()
+    folder = write_eagle1(tmp_path / "exact", target, weights="model.safetensors")
+    state = _raw(folder / "model.safetensors")
+    h = _shape(target)["hidden"]
+    state["fc.weight"] = torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1)  # cat(embedding, feature)
+    state["fc.bias"] = torch.zeros(h)
+    state["layers.0.self_attn.o_proj.weight"].zero_()
+    state["layers.0.mlp.down_proj.weight"].zero_()
+    _save(state, folder / "model.safetensors")
+    input_ids, attention_mask = random_batch(seed=5, batch=2, min_len=3, max_len=9)
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, do_sample=False, max_new_tokens=20)
+    plain = target.generate(**kwargs)
+    out = target.generate(
+        **kwargs,
+        speculative=dict(method="eagle", draft=str(folder), num_draft_tokens=3),
+        return_dict_in_generate=True,
+    )
+    assert_greedy_match(target, plain, out.sequences, attention_mask)
+    assert out.speculative_stats.drafted > 0
+    assert out.speculative_stats.accepted == out.speculative_stats.drafted
+
+
+# --- bad input --------------------------------------------------------------------------------------
+
+
+def test_unknown_folder_names_its_files_and_the_supported_layouts(tmp_path, target):
+    (tmp_path / "README.md").write_text("a head")
+    (tmp_path / "weights.npz").write_bytes(b"\0" * 8)
+    with pytest.raises(ValueError) as err:
+        load_head(tmp_path, target)
+    message = str(err.value)
+    assert "README.md" in message and "weights.npz" in message
+    for layout in ("head_config.json", "EAGLE-1/2", "EAGLE-3", "Medusa", "medusa_lm_head.safetensors"):
+        assert layout in message
+
+
+def test_eagle_weights_of_another_kind_are_refused(tmp_path, target):
+    folder = write_eagle1(tmp_path / "odd", target)
+    torch.save({"blocks.0.weight": torch.zeros(2)}, folder / "pytorch_model.bin")
+    with pytest.raises(ValueError, match=r"neither an EAGLE-1/2 layer .*blocks\.0\.weight"):
+        load_head(folder, target)
+
+
+@pytest.mark.parametrize("layout", ["eagle1", "medusa"])
+def test_head_for_another_hidden_size_is_refused(tmp_path, target, layout):
+    write = write_eagle1 if layout == "eagle1" else write_medusa
+    folder = write(tmp_path / layout, target, hidden=16)
+    with pytest.raises(ValueError, match=r"hidden size 16.*has 32"):
+        load_head(folder, target)
+
+
+@pytest.mark.parametrize("weights", ["pytorch_model.bin", "model.safetensors", "medusa_lm_head.safetensors"])
+def test_truncated_weights_are_called_corrupt(tmp_path, target, weights):
+    if weights.startswith("medusa"):
+        folder = write_medusa(tmp_path / "h", target, weights=weights)
+    else:
+        folder = write_eagle1(tmp_path / "h", target, weights=weights)
+    path = folder / weights
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(ValueError, match="corrupt"):
+        load_head(folder, target)
+
+
+def test_wrong_method_is_refused(tmp_path, target):
+    folder = write_medusa(tmp_path / "m", target)
+    with pytest.raises(ValueError, match=r"is a medusa head, not a eagle head"):
+        load_head(folder, target, method="eagle")
+
+
+def test_eagle3_needs_three_distinct_target_layers(tmp_path, target, target8):
+    folder = write_eagle3(tmp_path / "e3", target)  # 2 layers: 2, 1, -1 are not three inputs
+    with pytest.raises(ValueError, match="three distinct target layers"):
+        load_head(folder, target)
+    # the config may name them (vLLM's key), then any target depth works
+    folder = write_eagle3(tmp_path / "e3b", target, extra={"eagle_aux_hidden_state_layer_ids": [2, 0, 1]})
+    assert load_head(folder, target).feature_layers == (0, 1, 2)
+
+
+def test_incomplete_medusa_weights_name_the_missing_heads(tmp_path, target):
+    folder = write_medusa(tmp_path / "m", target, heads=2)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "medusa_num_heads": 3}))
+    with pytest.raises(ValueError, match=r"missing: blocks\.2\.0\.linear\.bias"):
+        load_head(folder, target)
+
+
+# --- from the Hub -----------------------------------------------------------------------------------
+
+
+def _serve_tree_listing(server: HubServer) -> None:
+    """Add `GET /api/models/{repo}/tree/{rev}` (what `snapshot_download` lists files with) to the
+    test Hub, which answers the endpoints of the draft search only."""
+    tree = re.compile(r"^/api/models/([^/]+/[^/]+)/tree/([^/]+)$")
+    base = server._httpd.RequestHandlerClass
+
+    class Handler(base):
+        def _route(self, *, body: bool) -> None:
+            match = tree.match(unquote(urlsplit(self.path).path))
+            repo = server.repos.get(match.group(1)) if match else None
+            if repo is None:
+                return super()._route(body=body)
+            server.requests.append((self.command, self.path))
+            entries = [
+                {"type": "file", "path": name, "size": len(blob), "oid": _git_blob_id(blob)}
+                for name, blob in sorted(repo.files.items())
+            ]
+            self._json(entries, body)
+
+    server._httpd.RequestHandlerClass = Handler
+
+
+def _git_blob_id(blob: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(blob) + blob).hexdigest()
+
+
+def test_eagle1_head_from_a_hub_repo(tmp_path, target, monkeypatch):
+    repo = "yuhuili/EAGLE-Tiny-Test"
+    server = HubServer()
+    server.add(repo, write_eagle1(tmp_path / "repo", target))
+    _serve_tree_listing(server)
+    server.start()
+    try:
+        # checkpoint._local_folder calls snapshot_download without an endpoint: huggingface_hub's
+        # import-time constants are what it reads, so point those at the local server too.
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+        monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", server.url)
+        monkeypatch.setattr(
+            huggingface_hub.constants,
+            "HUGGINGFACE_CO_URL_TEMPLATE",
+            server.url + "/{repo_id}/resolve/{revision}/{filename}",
+        )
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+
+        head = load_head(repo, target, method="eagle")
+        assert isinstance(head, EagleHead) and head.fc.bias is not None
+        fetched = {path for method, path in server.requests if "/resolve/" in path}
+        assert any(path.endswith("/pytorch_model.bin") for path in fetched)
+
+        input_ids = torch.tensor([[1, 17, 42, 9, 33]])
+        plain = target.generate(input_ids=input_ids, do_sample=False, max_new_tokens=12)
+        spec = target.generate(
+            input_ids=input_ids,
+            do_sample=False,
+            max_new_tokens=12,
+            speculative=dict(method="eagle", draft=repo, num_draft_tokens=3),
+        )
+        assert_greedy_match(target, plain, spec)
+    finally:
+        server.stop()
+
+
+# --- draft selection: the registry's published heads (offline) -----------------------------------
+
+
+def test_select_draft_reports_published_heads_offline(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setenv("HF_SPECDEC_CACHE", str(tmp_path / "specdec"))
+
+    llama = select_draft("meta-llama/Llama-3.1-8B-Instruct")
+    assert (llama.method, llama.draft) == ("draft_model", "meta-llama/Llama-3.2-1B-Instruct")  # unchanged
+    assert [(h["method"], h["head"], h["layout"]) for h in llama.heads] == [
+        ("eagle", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", "EAGLE-3")
+    ]
+    vicuna = select_draft("lmsys/vicuna-7b-v1.3")  # no draft model listed: heads beside a draft-free method
+    assert (vicuna.method, vicuna.source) == ("ngram", "offline")
+    assert {h["method"]: h["head"] for h in vicuna.heads} == {
+        "eagle": "yuhuili/EAGLE-Vicuna-7B-v1.3",
+        "medusa": "FasterDecoding/medusa-vicuna-7b-v1.3",
+    }
+    assert DraftChoice.from_dict(json.loads(json.dumps(vicuna.to_dict()))) == vicuna
+    assert [h["head"] for h in known_heads("LMSYS/Vicuna-7B-v1.3", method="medusa")] == [
+        "FasterDecoding/medusa-vicuna-7b-v1.3"
+    ]
+    assert select_draft("Qwen/Qwen3-8B").heads == []
+
+
+def test_registry_heads_are_sourced_and_of_a_known_layout():
+    from hf_specdec.selection import _REPO_ID, _registry_data
+
+    entries = _registry_data()["head"]
+    assert entries
+    for entry in entries:
+        assert entry["source"] and len(entry["targets"]) == 1, entry  # a head fits one target
+        assert entry["layout"] in {"EAGLE-1/2", "EAGLE-3", "Medusa"}, entry
+        assert entry["method"] == ("medusa" if entry["layout"] == "Medusa" else "eagle"), entry
+        assert _REPO_ID.match(entry["head"]) and _REPO_ID.match(entry["targets"][0]), entry
