@@ -154,7 +154,10 @@ def test_cli_writes_files(tiny_folder, tmp_path, capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--methods", "ngram,medusa"], "valid methods: auto, draft_model, ngram"),
+        (["--methods", "ngram,lookahead"], "valid methods: auto, draft_model, eagle, medusa, ngram"),
+        (["--methods", "ngram,medusa"], "needs a trained head: pass --head medusa=FOLDER"),
+        (["--head", "eagle"], "--head takes METHOD=FOLDER"),
+        (["--categories", "poetry"], "No prompts of category poetry"),
         (["--methods", "draft_model"], "needs a draft model"),
         (["--chat-template"], "has no chat template"),
         (["--batch-sizes", "0"], "positive integers"),
@@ -182,7 +185,7 @@ def test_cli_errors(tiny_folder, tmp_path, capsys, argv, message):
 
 
 def test_unknown_suite_lists_the_valid_ones(capsys):
-    with pytest.raises(ValueError, match="valid suites: specbench, specbench-quick, mtbench, humaneval"):
+    with pytest.raises(ValueError, match="valid suites: specbench, specbench-quick, specbench-train, mtbench, humaneval"):
         load_suite("spec-bench")
     with pytest.raises(SystemExit):
         cli.main(["bench", "--suite", "nope"])

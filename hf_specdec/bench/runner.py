@@ -41,11 +41,13 @@ def run_bench(
     *,
     tokenizer: Any = None,
     draft: Any = None,
+    heads: dict[str, Any] | None = None,
     methods: Sequence[str] | None = None,
     suite: str = "builtin",
     prompts: Path | str | Sequence[Prompt] | None = None,
     data_dir: Path | str | None = None,
     limit: int | None = None,
+    categories: Sequence[str] | None = None,
     batch_sizes: Sequence[int] = (1,),
     max_new_tokens: int = 128,
     sample: bool = False,
@@ -61,28 +63,34 @@ def run_bench(
             offline SmolLM2-135M-Instruct demo model.
         draft: a draft model (folder, repo id or loaded model) for `draft_model` and `auto`, and for
             transformers' `assistant_model=` row.
+        heads: trained heads by method, e.g. `{"eagle": "my-eagle-head"}` (folders or repo ids).
         methods: our methods to time (`hf_specdec.DRAFTERS` or "auto"); default `ngram`, plus
-            `draft_model` when a draft is given.
+            `draft_model` when a draft is given and the methods of `heads`.
         suite / prompts: a suite name (see `SUITES`), or a JSONL file or list of `Prompt` instead.
         limit: at most this many prompts per category.
+        categories: only the prompts of these categories.
         chat_template: None applies the tokenizer's chat template when it has one; True requires one.
         transformers_baselines: also time `prompt_lookup_num_tokens=10` and, with a draft,
             `assistant_model=` (batch size 1 only).
 
     Ctrl-C stops the run and returns what was measured so far, with `interrupted=True`.
     """
-    methods = list(methods) if methods else ["ngram"] + (["draft_model"] if draft is not None else [])
-    _check_methods(methods, draft)
+    heads = dict(heads or {})
+    if not methods:
+        methods = ["ngram"] + (["draft_model"] if draft is not None else []) + list(heads)
+    methods = list(methods)
+    _check_methods(methods, draft, heads)
     _check_batch_sizes(batch_sizes)
-    chosen = _select_prompts(suite, prompts, data_dir, limit)
+    chosen = _select_prompts(suite, prompts, data_dir, limit, categories)
     model, tokenizer, model_name = _load_model(model, tokenizer)
     chat = _use_chat_template(tokenizer, chat_template)
     draft_model, draft_tokenizer = _load_draft(draft, model)
-    rows = _rows(methods, draft_model, draft_tokenizer, num_draft_tokens, transformers_baselines)
+    rows = _rows(methods, draft_model, draft_tokenizer, heads, num_draft_tokens, transformers_baselines)
     settings = _settings(
         model_name, draft, methods, rows, suite if prompts is None else str(prompts), chosen,
         batch_sizes, max_new_tokens, sample, chat, num_draft_tokens,
     )  # fmt: skip
+    settings["heads"] = {method: str(head) for method, head in heads.items()}
     result = BenchResult(settings)
     generation = dict(max_new_tokens=max_new_tokens, do_sample=sample, return_dict_in_generate=True)
     generation["pad_token_id"] = _pad_id(tokenizer, model)
@@ -183,13 +191,20 @@ def _eos_ids(model: Any) -> set[int]:
 
 
 def _rows(
-    methods: list[str], draft: Any, draft_tokenizer: Any, num_draft_tokens: int | str, baselines: bool
+    methods: list[str],
+    draft: Any,
+    draft_tokenizer: Any,
+    heads: dict[str, Any],
+    num_draft_tokens: int | str,
+    baselines: bool,
 ) -> list[Row]:
     rows = [Row(PLAIN)]
     for method in methods:
         spec = dict(method=method, num_draft_tokens=num_draft_tokens)
         if draft is not None and method in ("draft_model", "auto"):
             spec.update(draft=draft, draft_tokenizer=draft_tokenizer)
+        if method in heads:
+            spec.update(draft=heads[method])
         rows.append(Row(method, {"speculative": spec}))
     if baselines:
         rows.append(
@@ -200,7 +215,7 @@ def _rows(
     return rows
 
 
-def _check_methods(methods: list[str], draft: Any) -> None:
+def _check_methods(methods: list[str], draft: Any, heads: dict[str, Any]) -> None:
     valid = sorted(["auto", *DRAFTERS])
     unknown = [m for m in methods if m not in valid]
     if unknown:
@@ -209,6 +224,15 @@ def _check_methods(methods: list[str], draft: Any) -> None:
         raise ValueError(f"Methods are listed twice: {', '.join(methods)}.")
     if "draft_model" in methods and draft is None:
         raise ValueError("Method draft_model needs a draft model: pass --draft (draft= in Python).")
+    for method in ("eagle", "medusa"):
+        if method in methods and method not in heads:
+            raise ValueError(
+                f"Method {method} needs a trained head: pass --head {method}=FOLDER (heads= in Python); "
+                f"train one with `hf-specdec train-draft --method {method}`."
+            )
+    unused = sorted(set(heads) - set(methods))
+    if unused:
+        raise ValueError(f"Heads given for {', '.join(unused)}, which is not among the methods benchmarked.")
 
 
 def _check_batch_sizes(batch_sizes: Sequence[int]) -> None:
@@ -217,7 +241,11 @@ def _check_batch_sizes(batch_sizes: Sequence[int]) -> None:
 
 
 def _select_prompts(
-    suite: str, prompts: Path | str | Sequence[Prompt] | None, data_dir: Any, limit: int | None
+    suite: str,
+    prompts: Path | str | Sequence[Prompt] | None,
+    data_dir: Any,
+    limit: int | None,
+    categories: Sequence[str] | None = None,
 ) -> list[Prompt]:
     if prompts is None:
         chosen = load_suite(suite, data_dir)
@@ -227,6 +255,15 @@ def _select_prompts(
         chosen = list(prompts)
     if limit is not None and limit < 1:
         raise ValueError(f"--limit must be at least 1, got {limit}.")
+    if categories:
+        present = {p.category for p in chosen}
+        missing = sorted(set(categories) - present)
+        if missing:
+            raise ValueError(
+                f"No prompts of category {', '.join(missing)}; "
+                f"the prompts have: {', '.join(sorted(present))}."
+            )
+        chosen = [p for p in chosen if p.category in set(categories)]
     chosen = take_per_category(chosen, limit)
     if not chosen:
         raise ValueError("No prompts to benchmark.")

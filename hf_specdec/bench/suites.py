@@ -130,6 +130,12 @@ def _specbench_quick(data: Path) -> list[Prompt]:
     return take_per_category(_specbench(data), QUICK_PER_CATEGORY)
 
 
+def _specbench_train(data: Path) -> list[Prompt]:
+    """Spec-Bench without the `specbench-quick` prompts: train heads here, measure them there."""
+    held_out = {p.id for p in _specbench_quick(data)}
+    return [p for p in _specbench(data) if p.id not in held_out]
+
+
 def _mtbench(data: Path) -> list[Prompt]:
     return load_prompt_file(_require(data / "mtbench" / "question.jsonl"))
 
@@ -146,6 +152,7 @@ def _builtin(data: Path) -> list[Prompt]:
 SUITES: dict[str, Callable[[Path], list[Prompt]]] = {
     "specbench": _specbench,
     "specbench-quick": _specbench_quick,
+    "specbench-train": _specbench_train,
     "mtbench": _mtbench,
     "humaneval": _humaneval,
     "builtin": _builtin,

@@ -21,6 +21,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", default=None, help="model folder or repo id (default: the demo model)")
     parser.add_argument("--draft", default=None, help="draft model for draft_model and transformers_assisted")
     parser.add_argument(
+        "--head",
+        action="append",
+        default=[],
+        metavar="METHOD=FOLDER",
+        help="a trained head for eagle or medusa (repeatable), e.g. --head eagle=my-eagle-head",
+    )
+    parser.add_argument(
         "--methods",
         default=None,
         help="comma-separated methods (default: ngram, plus draft_model with --draft)",
@@ -34,6 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--data-dir", type=Path, default=None, help="benchmark data (default: $HF_SPECDEC_DATA)"
     )
     parser.add_argument("--limit", type=int, default=None, help="at most N prompts per category")
+    parser.add_argument("--categories", default=None, help="comma-separated categories to keep")
     parser.add_argument("--batch-sizes", default="1", help="comma-separated batch sizes (default: 1)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--sample", action="store_true", help="sample (do_sample=True) instead of greedy")
@@ -61,11 +69,13 @@ def run(args: argparse.Namespace) -> int:
         result = run_bench(
             args.model,
             draft=args.draft,
+            heads=_heads(args.head),
             methods=_split(args.methods) or None,
             suite=args.suite,
             prompts=args.prompts,
             data_dir=args.data_dir,
             limit=args.limit,
+            categories=_split(args.categories) or None,
             batch_sizes=[_positive_int(b, "--batch-sizes") for b in _split(args.batch_sizes)],
             max_new_tokens=args.max_new_tokens,
             sample=args.sample,
@@ -93,6 +103,16 @@ def run(args: argparse.Namespace) -> int:
 
 def _split(text: str | None) -> list[str]:
     return [part.strip() for part in (text or "").split(",") if part.strip()]
+
+
+def _heads(values: list[str]) -> dict[str, str]:
+    heads = {}
+    for value in values:
+        method, sep, folder = value.partition("=")
+        if not sep or method not in ("eagle", "medusa") or not folder:
+            raise ValueError(f"--head takes METHOD=FOLDER with METHOD eagle or medusa, got {value!r}.")
+        heads[method] = folder
+    return heads
 
 
 def _positive_int(text: str, option: str) -> int:

@@ -1,0 +1,118 @@
+"""Training text for a draft head: the target's own answers to prompts, or a corpus the user gives.
+
+Self-distillation: the head learns to predict what the target generates, so the training text is
+the target's greedy continuation of real prompts (prompt tokens included). A plain-text corpus is
+used as it is. The target's features and next-token predictions are computed later (`features`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from ..bench.runner import _encode, _pad_id, _token_ids, _use_chat_template
+from ..bench.suites import Prompt, load_prompt_file, load_suite
+
+MIN_TOKENS = 2_000  # less than this cannot train anything; say so instead of producing a useless head
+
+
+def load_prompts(suite: str | None, data: str | Path | None) -> list[Prompt] | list[str]:
+    """Prompts of a suite or a JSONL file, or the chunks of text of a .txt corpus."""
+    if data is not None:
+        path = Path(data)
+        if path.suffix == ".txt":
+            if not path.is_file():
+                raise ValueError(f"Training corpus {path} does not exist.")
+            text = path.read_text(encoding="utf-8")
+            chunks = [c.strip() for c in text.split("\n\n") if c.strip()]
+            if not chunks:
+                raise ValueError(f"Training corpus {path} is empty.")
+            return chunks
+        return load_prompt_file(path)
+    return load_suite(suite or "specbench-train")
+
+
+@dataclass
+class Sequence:
+    """One training text: token ids, and where the target's own answer starts (0 for a corpus)."""
+
+    ids: torch.Tensor
+    answer_start: int
+
+
+def build_sequences(
+    model: Any,
+    tokenizer: Any,
+    source: list[Prompt] | list[str],
+    cache_file: Path,
+    max_new_tokens: int = 192,
+    batch_size: int = 16,
+    max_length: int = 1024,
+) -> list[Sequence]:
+    """Token sequences to train on (cached in `cache_file`, so an interrupted run does not redo them)."""
+    key = {"items": len(source), "first": str(source[0])[:200], "max_new_tokens": max_new_tokens}
+    if cache_file.is_file():
+        cached = torch.load(cache_file, weights_only=True)
+        if cached.get("key") == json.dumps(key):
+            return [Sequence(ids, int(start)) for ids, start in zip(cached["ids"], cached["answer_starts"])]
+    if isinstance(source[0], str):
+        sequences = _corpus_sequences(tokenizer, source, max_length)
+    else:
+        sequences = _generated_sequences(model, tokenizer, source, max_new_tokens, batch_size, max_length)
+    total = sum(len(s.ids) for s in sequences)
+    if total < MIN_TOKENS:
+        raise ValueError(
+            f"The training data holds only {total} tokens ({len(sequences)} sequences); a head needs "
+            f"at least {MIN_TOKENS}. Give more prompts (--suite specbench-train) or a longer corpus (--data)."
+        )
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(
+        {
+            "key": json.dumps(key),
+            "ids": [s.ids for s in sequences],
+            "answer_starts": [s.answer_start for s in sequences],
+        },
+        cache_file,
+    )
+    return sequences
+
+
+def _corpus_sequences(tokenizer: Any, chunks: list[str], max_length: int) -> list[Sequence]:
+    ids = [t for chunk in chunks for t in tokenizer(chunk + "\n\n")["input_ids"]]
+    starts = range(0, len(ids), max_length)
+    return [Sequence(torch.tensor(ids[i : i + max_length]), 0) for i in starts if len(ids[i:]) > 8]
+
+
+@torch.no_grad()
+def _generated_sequences(
+    model: Any, tokenizer: Any, prompts: list[Prompt], max_new_tokens: int, batch_size: int, max_length: int
+) -> list[Sequence]:
+    chat = _use_chat_template(tokenizer, None)
+    pad = _pad_id(tokenizer, model)
+    eos = model.generation_config.eos_token_id
+    eos = set([eos] if isinstance(eos, int) else eos or [])
+    # Similar lengths share a batch, so little time goes into padding.
+    order = sorted(prompts, key=lambda p: len(_token_ids(tokenizer, p, chat)))
+    sequences = []
+    with tqdm(total=len(order), desc="generating training answers", unit="prompt") as bar:
+        for i in range(0, len(order), batch_size):
+            batch = order[i : i + batch_size]
+            inputs = _encode(tokenizer, batch, chat, pad, model.device)
+            out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)
+            for b in range(len(batch)):
+                prompt = inputs["input_ids"][b][inputs["attention_mask"][b].bool()]
+                answer = out[b, inputs["input_ids"].shape[1] :].tolist()
+                for n, token in enumerate(answer):
+                    if token in eos:
+                        answer = answer[: n + 1]
+                        break
+                ids = torch.cat([prompt.cpu(), torch.tensor(answer, dtype=torch.long)])
+                cut = max(0, len(ids) - max_length)  # keep the answer and the prompt's end
+                sequences.append(Sequence(ids[cut:], max(0, len(prompt) - cut)))
+            bar.update(len(batch))
+    return sequences

@@ -1,0 +1,312 @@
+"""The training loop for draft heads: time-budgeted, resumable, with a held-out acceptance estimate.
+
+EAGLE heads train with training-time test (EAGLE-3): the head is unrolled for a few chained
+draft steps, each step reading the previous step's predicted features, so it learns to draft
+from its own guesses and not only from the target's features. The loss per step is the
+cross-entropy against the target's greedy token plus a regression onto the target's feature.
+Medusa head i learns the token i+1 positions after the next.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from ..heads.checkpoint import build_head, load_state, read_weights, save_head
+from ..heads.eagle import EagleHeadConfig
+from ..heads.medusa import MedusaHeadConfig
+from .features import Example
+
+CHECKPOINT_DIR = "checkpoint"
+STATE_NAME = "trainer_state.pt"
+
+
+@dataclass
+class TrainConfig:
+    """Settings of `hf-specdec train-draft` (saved beside the head as `training.json`)."""
+
+    method: str = "eagle"
+    minutes: float = 30.0  # training time, not counting data generation
+    unrolled_steps: int = 3  # EAGLE: chained draft steps trained at once (training-time test)
+    medusa_heads: int = 4
+    draft_vocab_size: int = 8192  # most frequent target tokens the head scores; 0 = all
+    learning_rate: float = 1e-3
+    batch_tokens: int = 4096
+    holdout: float = 0.05  # share of sequences kept out of training to estimate acceptance
+    eval_every_minutes: float = 3.0
+    save_every_minutes: float = 5.0
+    seed: int = 0
+
+
+def train_head(target: Any, examples: list[Example], out: Path, config: TrainConfig) -> dict[str, Any]:
+    """Train a head for `target` on `examples`; returns the training log (also saved in `out`)."""
+    if config.method not in ("eagle", "medusa"):
+        raise ValueError(f"Unknown head method {config.method!r}; use eagle or medusa.")
+    target.requires_grad_(False)
+    rng = random.Random(config.seed)
+    shuffled = examples[:]
+    rng.shuffle(shuffled)
+    held = max(1, round(len(shuffled) * config.holdout))
+    if len(shuffled) - held < 1:
+        raise ValueError(
+            f"{len(examples)} training sequences cannot be split into training and held-out sets."
+        )
+    heldout, train = shuffled[:held], shuffled[held:]
+
+    head = _new_head(target, train, config)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=config.learning_rate, weight_decay=0.0)
+    state = {"step": 0, "seconds": 0.0, "history": [], "epoch": 0}
+    resumed = _resume(out / CHECKPOINT_DIR, head, optimizer, state)
+    budget = config.minutes * 60
+    to_draft = _index_of(head.draft_vocab, head.config.vocab_size)
+    last_eval = last_save = state["seconds"]
+    log = {
+        "config": asdict(config),
+        "train_sequences": len(train),
+        "train_tokens": sum(len(e.ids) for e in train),
+        "heldout_sequences": len(heldout),
+        "draft_vocab_coverage": _coverage(train, head.draft_vocab, head.config.vocab_size),
+        "resumed_at_step": state["step"] if resumed else None,
+    }
+    bar = tqdm(
+        total=round(budget), initial=round(state["seconds"]), desc=f"training {config.method} head", unit="s"
+    )
+    try:
+        while state["seconds"] < budget:
+            for batch in _batches(train, config.batch_tokens, rng):
+                started = time.perf_counter()
+                warmup = min(1.0, (state["step"] + 1) / 50)
+                for group in optimizer.param_groups:
+                    group["lr"] = (
+                        config.learning_rate
+                        * warmup
+                        * 0.5
+                        * (1 + math.cos(math.pi * state["seconds"] / budget))
+                    )
+                head.train()
+                loss, _ = _loss(head, batch, to_draft, config)
+                optimizer.zero_grad()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+                optimizer.step()
+                state["step"] += 1
+                spent = time.perf_counter() - started
+                state["seconds"] += spent
+                bar.update(round(state["seconds"]) - bar.n)
+                bar.set_postfix(loss=f"{loss.item():.3f}", step=state["step"])
+                if (
+                    state["seconds"] - last_eval >= config.eval_every_minutes * 60
+                    or state["seconds"] >= budget
+                ):
+                    estimate = evaluate(head, heldout, to_draft, config)
+                    state["history"].append(
+                        {"step": state["step"], "seconds": round(state["seconds"]), **estimate}
+                    )
+                    bar.write(_describe(state["history"][-1]))
+                    last_eval = state["seconds"]
+                if state["seconds"] - last_save >= config.save_every_minutes * 60:
+                    _checkpoint(out / CHECKPOINT_DIR, head, optimizer, state)
+                    last_save = state["seconds"]
+                if state["seconds"] >= budget:
+                    break
+            state["epoch"] += 1
+    except KeyboardInterrupt:
+        _checkpoint(out / CHECKPOINT_DIR, head, optimizer, state)
+        bar.close()
+        raise KeyboardInterrupt(
+            f"Interrupted; the checkpoint is in {out / CHECKPOINT_DIR}: run the same command to resume."
+        ) from None
+    bar.close()
+    if not state["history"] or state["history"][-1]["step"] != state["step"]:
+        estimate = evaluate(head, heldout, to_draft, config)
+        state["history"].append({"step": state["step"], "seconds": round(state["seconds"]), **estimate})
+    _checkpoint(out / CHECKPOINT_DIR, head, optimizer, state)
+    save_head(head, out)
+    log.update(
+        steps=state["step"],
+        epochs=state["epoch"],
+        train_seconds=round(state["seconds"]),
+        history=state["history"],
+    )
+    (out / "training.json").write_text(json.dumps(log, indent=2))
+    return log
+
+
+@torch.no_grad()
+def evaluate(
+    head: Any, examples: list[Example], to_draft: torch.Tensor, config: TrainConfig
+) -> dict[str, Any]:
+    """Held-out estimate on the target's answers: per-position greedy acceptance and mean accepted length."""
+    head.eval()
+    correct_sum = None
+    counted = 0
+    accepted_total = 0.0
+    for example in examples:
+        _, correct = _loss(head, [example], to_draft, config)  # correct: [steps, T] over answer positions
+        if correct.shape[1] == 0:
+            continue
+        steps = correct.shape[0]
+        # A chain started at position t is accepted up to its first miss: step s is judged at t + s - 1.
+        run = torch.ones(correct.shape[1] - steps + 1, dtype=torch.bool)
+        length = torch.zeros_like(run, dtype=torch.float)
+        for s in range(steps):
+            run &= correct[s, s : s + len(run)]
+            length += run.float()
+        accepted_total += float(length.sum())
+        counted += len(run)
+        # Conditional acceptance of position s given positions < s were accepted.
+        cond = [float(correct[0].float().mean())]
+        prev = correct[0, : correct.shape[1] - steps + 1]
+        for s in range(1, steps):
+            now = prev & correct[s, s : s + len(prev)]
+            cond.append(float(now.sum()) / max(1, float(prev.sum())))
+            prev = now
+        weights = torch.tensor(cond) * len(run)
+        correct_sum = weights if correct_sum is None else correct_sum + weights
+    if not counted:
+        return {"acceptance": [], "tau": 1.0}
+    return {
+        "acceptance": [round(float(a) / counted, 4) for a in correct_sum],
+        "tau": round(1 + accepted_total / counted, 3),
+    }
+
+
+def _loss(
+    head: Any, batch: list[Example], to_draft: torch.Tensor, config: TrainConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Training loss of a batch; for a batch of one, also which steps got which answer positions
+    right, [steps, T]: a draft started at t is judged at column t for its first token, t + 1 for
+    its second, and so on (what `evaluate` reads)."""
+    ids, features, labels, valid, answer = _stack(batch, head)
+    judge = len(batch) == 1
+    losses, correct = [], []
+    if config.method == "eagle":
+        inputs, targets = ids[:, 1:], to_draft[labels[:, 1:]]  # t reads (f_t, x_{t+1}), predicts f_{t+1}
+        positions = torch.arange(inputs.shape[1], device=ids.device)[None]
+        for s, predicted in enumerate(head.unrolled(inputs, features[:, :-1], config.unrolled_steps)):
+            use = valid[:, 1:] & (positions >= s)  # step s + 1 reads s earlier predictions
+            logits = head.logits(predicted[use])
+            ce = F.cross_entropy(logits.float(), targets[use], ignore_index=-100)
+            reg = F.smooth_l1_loss(predicted[use], features[:, 1:][use].to(predicted.dtype))
+            losses.append((ce + reg) * 0.8**s)
+            if judge:
+                hit = torch.zeros(inputs.shape[1], dtype=torch.bool, device=ids.device)
+                hit[use[0]] = logits.argmax(-1) == targets[use]
+                correct.append(hit)
+    else:
+        logits = head(features, num_heads=config.medusa_heads)  # [B, T, heads, V']
+        length = ids.shape[1]
+        for i in range(min(config.medusa_heads, length - 2)):
+            ahead = 2 + i  # head i at position t guesses x_{t+2+i}: i + 1 tokens after the next
+            label = to_draft[ids[:, ahead:]]
+            use = valid[:, ahead:]
+            guess = logits[:, : length - ahead, i]
+            losses.append(F.cross_entropy(guess[use].float(), label[use], ignore_index=-100))
+            if judge:  # all heads read the same position: head i's verdict goes i columns later
+                hit = torch.zeros(length - 1, dtype=torch.bool, device=ids.device)
+                hit[i : length - ahead + i] = guess[0].argmax(-1) == label[0]
+                correct.append(hit)
+    hits = torch.stack(correct)[:, answer[0, 1:]].cpu() if correct else torch.zeros(0, 0, dtype=torch.bool)
+    return sum(losses), hits
+
+
+def _stack(batch: list[Example], head: Any):
+    width = max(len(e.ids) for e in batch)
+    size = batch[0].features.shape[-1]
+    ids = torch.zeros(len(batch), width, dtype=torch.long)
+    labels = torch.zeros(len(batch), width, dtype=torch.long)
+    features = torch.zeros(len(batch), width, size)
+    valid = torch.zeros(len(batch), width, dtype=torch.bool)
+    answer = torch.zeros(len(batch), width, dtype=torch.bool)
+    for b, e in enumerate(batch):
+        n = len(e.ids)
+        ids[b, :n], labels[b, :n], features[b, :n] = e.ids, e.labels, e.features.float()
+        valid[b, :n] = True
+        answer[b, e.answer_start : n] = True
+    device = head.draft_vocab.device
+    if hasattr(head, "project_features"):  # EAGLE-3-style heads project several layers into one feature
+        features = head.project_features(features.to(device))
+    return ids.to(device), features.to(device), labels.to(device), valid.to(device), answer.to(device)
+
+
+def _batches(examples: list[Example], batch_tokens: int, rng: random.Random) -> list[list[Example]]:
+    """Shuffled batches of similar-length sequences, about `batch_tokens` padded tokens each."""
+    order = sorted(examples, key=lambda e: len(e.ids) + rng.random())
+    batches, current = [], []
+    for e in order:
+        if current and (len(current) + 1) * len(e.ids) > batch_tokens:
+            batches.append(current)
+            current = []
+        current.append(e)
+    if current:
+        batches.append(current)
+    rng.shuffle(batches)
+    return batches
+
+
+def _new_head(target: Any, train: list[Example], config: TrainConfig) -> Any:
+    vocab = target.config.get_text_config().vocab_size
+    size = config.draft_vocab_size if 0 < config.draft_vocab_size < vocab else vocab
+    counts = torch.bincount(torch.cat([e.labels for e in train] + [e.ids for e in train]), minlength=vocab)
+    draft_vocab = torch.sort(torch.argsort(counts, descending=True, stable=True)[:size]).values
+    if config.method == "eagle":
+        head_config = EagleHeadConfig.for_target(target, draft_vocab_size=size)
+    else:
+        head_config = MedusaHeadConfig.for_target(
+            target, draft_vocab_size=size, num_heads=config.medusa_heads
+        )
+    torch.manual_seed(config.seed)
+    head = build_head(head_config, target).float()
+    head.set_draft_vocab(draft_vocab)
+    return head
+
+
+def _index_of(draft_vocab: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Token id -> index in the draft vocabulary, -100 (ignored by the loss) outside it."""
+    table = torch.full((vocab,), -100, dtype=torch.long, device=draft_vocab.device)
+    table[draft_vocab] = torch.arange(len(draft_vocab), device=draft_vocab.device)
+    return table
+
+
+def _coverage(examples: list[Example], draft_vocab: torch.Tensor, vocab: int) -> float:
+    inside = torch.zeros(vocab, dtype=torch.bool)
+    inside[draft_vocab.cpu()] = True
+    labels = torch.cat([e.labels[e.answer_start :] for e in examples])
+    return round(float(inside[labels].float().mean()), 4) if len(labels) else 0.0
+
+
+def _describe(entry: dict[str, Any]) -> str:
+    accepted = ", ".join(f"{a:.0%}" for a in entry["acceptance"])
+    return (
+        f"step {entry['step']} ({entry['seconds']} s): held-out acceptance by position {accepted}; "
+        f"τ ≈ {entry['tau']}"
+    )
+
+
+def _checkpoint(folder: Path, head: Any, optimizer: Any, state: dict[str, Any]) -> None:
+    save_head(head, folder)
+    tmp = folder / (STATE_NAME + ".tmp")
+    torch.save({"optimizer": optimizer.state_dict(), **state}, tmp)
+    tmp.replace(folder / STATE_NAME)
+
+
+def _resume(folder: Path, head: Any, optimizer: Any, state: dict[str, Any]) -> bool:
+    if not (folder / STATE_NAME).is_file():
+        return False
+    saved = torch.load(folder / STATE_NAME, weights_only=False)
+    weights = read_weights(folder / "head.safetensors")
+    if "draft_vocab" in weights:
+        head.set_draft_vocab(weights["draft_vocab"])
+    load_state(head, weights, folder / "head.safetensors")
+    optimizer.load_state_dict(saved.pop("optimizer"))
+    state.update(saved)
+    return True

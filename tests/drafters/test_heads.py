@@ -1,0 +1,145 @@
+"""EAGLE and Medusa drafting is lossless: greedy token-identical, sampling exact, batches ragged.
+
+The heads here are built by hand so that they really agree with their target part of the time:
+for a one-layer target, an EAGLE head whose fc passes the next token's embedding through and whose
+layer is a copy of the target's layer computes almost the target's own next hidden state (it only
+lacks the first token in its context); the target's final norm has unit weights, so the LM head
+ranks tokens the same. A Medusa head starts as the identity, i.e. it guesses that the next token
+repeats, which a small random model does now and then.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_specdec.heads.checkpoint import build_head, save_head
+from hf_specdec.heads.eagle import EagleHeadConfig
+from hf_specdec.heads.medusa import MedusaHeadConfig
+
+from ..conftest import assert_greedy_match, random_batch, tiny_llama
+from ..test_sampling import (
+    ALPHA,
+    NEW,
+    SETTINGS,
+    VOCAB,
+    chi2_pvalue,
+    continuation_index,
+    exact_distribution,
+    sample,
+)
+
+
+def copied_layer_eagle(target, draft_vocab: torch.Tensor | None = None):
+    hidden = target.config.hidden_size
+    size = 0 if draft_vocab is None else len(draft_vocab)
+    head = build_head(EagleHeadConfig.for_target(target, draft_vocab_size=size, input_norm=True), target)
+    with torch.no_grad():
+        head.fc.weight.zero_()
+        head.fc.weight[:, :hidden] = torch.eye(hidden)  # the layer reads the token embedding only
+        head.layer.load_state_dict(target.model.layers[0].state_dict())
+    if draft_vocab is not None:
+        head.set_draft_vocab(draft_vocab)
+    return head
+
+
+def identity_medusa(target, draft_vocab: torch.Tensor | None = None, heads: int = 3):
+    size = 0 if draft_vocab is None else len(draft_vocab)
+    head = build_head(MedusaHeadConfig.for_target(target, draft_vocab_size=size, num_heads=heads), target)
+    if draft_vocab is not None:
+        head.set_draft_vocab(draft_vocab)
+    return head
+
+
+@pytest.fixture(scope="module")
+def one_layer():
+    return tiny_llama(30, layers=1)
+
+
+@pytest.fixture(scope="module")
+def heads(one_layer):
+    subset = torch.arange(4, 64)  # a draft vocabulary without a few tokens: drafts never use them
+    return {"eagle": copied_layer_eagle(one_layer, subset), "medusa": identity_medusa(one_layer, subset)}
+
+
+@pytest.mark.parametrize("method", ["eagle", "medusa"])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("length", [1, 3, "auto"])
+def test_greedy_matches_plain_generate(one_layer, heads, method, batch, length):
+    input_ids, attention_mask = random_batch(seed=batch * 7 + 1, batch=batch)
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=40, do_sample=False)
+    plain = one_layer.generate(**kwargs)
+    spec = dict(method=method, draft=heads[method], num_draft_tokens=length)
+    out = one_layer.generate(**kwargs, speculative=spec, return_dict_in_generate=True)
+    assert_greedy_match(one_layer, plain, out.sequences, attention_mask)
+    if method == "eagle" and length != "auto":
+        stats = out.speculative_stats
+        assert 0 < stats.accepted < stats.drafted  # both paths ran: accepted and rolled back
+
+
+def test_eagle_head_round_trips_through_a_folder(one_layer, heads, tmp_path):
+    save_head(heads["eagle"], tmp_path / "head")
+    input_ids, attention_mask = random_batch(seed=3, batch=2)
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=24, do_sample=False)
+    by_object = one_layer.generate(**kwargs, speculative=dict(method="eagle", draft=heads["eagle"]))
+    by_folder = one_layer.generate(**kwargs, speculative=dict(method="eagle", draft=str(tmp_path / "head")))
+    assert torch.equal(by_object, by_folder)
+
+
+@pytest.fixture(scope="module")
+def sampling_target():
+    return tiny_llama(31, vocab_size=VOCAB, layers=1, eos_token_id=None)
+
+
+@pytest.mark.parametrize("method", ["eagle", "medusa"])
+@pytest.mark.parametrize("setting", ["temp", "rep_penalty"])
+def test_sampling_follows_the_target_distribution(sampling_target, method, setting):
+    subset = torch.tensor([0, 1, 2, 3, 5, 6])  # tokens 4 and 7 can only come from the target
+    head = (copied_layer_eagle if method == "eagle" else identity_medusa)(sampling_target, subset)
+    exact = exact_distribution(sampling_target, SETTINGS[setting])
+    spec = dict(method=method, draft=head, num_draft_tokens=2)
+    samples = sample(sampling_target, SETTINGS[setting], seed=11, speculative=spec)
+    assert samples.shape[1] == 8 + NEW
+    pvalue = chi2_pvalue(continuation_index(samples), exact)
+    assert pvalue > ALPHA, f"{method}/{setting}: p = {pvalue:.2e}"
+
+
+def test_method_needs_a_head(one_layer):
+    ids = torch.tensor([[6, 7, 8]])
+    with pytest.raises(ValueError, match="needs a trained head.*train-draft"):
+        one_layer.generate(input_ids=ids, max_new_tokens=4, speculative="eagle")
+
+
+def test_a_head_for_another_target_is_refused(one_layer, tmp_path):
+    other = tiny_llama(32, layers=3)  # same hidden size and vocab, more layers
+    save_head(copied_layer_eagle(other), tmp_path / "other")
+    ids = torch.tensor([[6, 7, 8]])
+    with pytest.raises(ValueError, match="layer count 3.*has 1"):
+        one_layer.generate(
+            input_ids=ids, max_new_tokens=4, speculative=dict(method="eagle", draft=str(tmp_path / "other"))
+        )
+
+
+def test_a_medusa_head_is_not_an_eagle_head(one_layer, heads, tmp_path):
+    save_head(heads["medusa"], tmp_path / "medusa")
+    ids = torch.tensor([[6, 7, 8]])
+    with pytest.raises(ValueError, match="is a medusa head.*method='medusa'"):
+        one_layer.generate(
+            input_ids=ids, max_new_tokens=4, speculative=dict(method="eagle", draft=str(tmp_path / "medusa"))
+        )
+
+
+def test_corrupt_checkpoints_say_so(one_layer, heads, tmp_path):
+    folder = save_head(heads["eagle"], tmp_path / "head")
+    data = (folder / "head.safetensors").read_bytes()
+    (folder / "head.safetensors").write_bytes(data[: len(data) // 2])
+    ids = torch.tensor([[6, 7, 8]])
+    with pytest.raises(ValueError, match="corrupt"):
+        one_layer.generate(
+            input_ids=ids, max_new_tokens=4, speculative=dict(method="eagle", draft=str(folder))
+        )
+    (folder / "head_config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        one_layer.generate(
+            input_ids=ids, max_new_tokens=4, speculative=dict(method="eagle", draft=str(folder))
+        )

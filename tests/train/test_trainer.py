@@ -1,0 +1,114 @@
+"""Training heads: it learns, it saves a head that drafts losslessly, it resumes, it refuses bad data."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hf_specdec.heads.checkpoint import load_head
+from hf_specdec.train.data import MIN_TOKENS, Sequence, build_sequences, load_prompts
+from hf_specdec.train.features import target_features
+from hf_specdec.train.trainer import TrainConfig, _index_of, _loss, _new_head, train_head
+
+from ..conftest import assert_greedy_match, random_batch, tiny_llama
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(40, layers=1, eos_token_id=None)
+
+
+@pytest.fixture(scope="module")
+def examples(target):
+    """The target's own greedy continuations of random prompts, as the trainer sees them."""
+    input_ids, attention_mask = random_batch(seed=41, batch=48, min_len=3, max_len=8)
+    out = target.generate(
+        input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=48, do_sample=False
+    )
+    sequences = []
+    for row, mask in zip(out, attention_mask):
+        prompt_len = int(mask.sum())
+        sequences.append(Sequence(row[input_ids.shape[1] - prompt_len :], prompt_len))
+    return target_features(target, sequences, layers=(-1,))
+
+
+def test_features_are_the_targets_hidden_states_and_greedy_tokens(target, examples):
+    e = examples[0]
+    with torch.no_grad():
+        out = target(e.ids[None], output_hidden_states=True)
+    torch.testing.assert_close(e.features.float(), out.hidden_states[-1][0], atol=2e-2, rtol=2e-2)  # bf16
+    assert torch.equal(e.labels, out.logits[0].argmax(-1))
+    # In the answer the target's greedy choice is the next token itself.
+    assert torch.equal(e.labels[e.answer_start - 1 : -1], e.ids[e.answer_start :])
+
+
+@pytest.mark.parametrize("method", ["eagle", "medusa"])
+def test_training_lowers_the_loss_and_saves_a_lossless_head(target, examples, method, tmp_path):
+    config = TrainConfig(method=method, minutes=0.25, draft_vocab_size=48, eval_every_minutes=1, holdout=0.1)
+    head = _new_head(target, examples, config)
+    to_draft = _index_of(head.draft_vocab, 64)
+    with torch.no_grad():
+        before = float(_loss(head, examples[:16], to_draft, config)[0])
+    log = train_head(target, examples, tmp_path, config)
+    trained = load_head(str(tmp_path), target, method=method)
+    with torch.no_grad():
+        after = float(_loss(trained.float(), examples[:16], to_draft, config)[0])
+    assert after < 0.8 * before, (before, after)
+    saved = json.loads((tmp_path / "training.json").read_text())
+    assert saved["steps"] == log["steps"] > 10 and saved["history"][-1]["tau"] >= 1.0
+    assert len(saved["history"][-1]["acceptance"]) == (3 if method == "eagle" else 4)
+
+    input_ids, attention_mask = random_batch(seed=42, batch=3)
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=32, do_sample=False)
+    plain = target.generate(**kwargs)
+    spec = target.generate(**kwargs, speculative=dict(method=method, draft=str(tmp_path), num_draft_tokens=3))
+    assert_greedy_match(target, plain, spec, attention_mask)
+
+
+def test_an_interrupted_run_resumes_where_it_stopped(target, examples, tmp_path):
+    first = train_head(target, examples, tmp_path, TrainConfig(minutes=0.05, draft_vocab_size=48))
+    assert first["resumed_at_step"] is None
+    second = train_head(target, examples, tmp_path, TrainConfig(minutes=0.1, draft_vocab_size=48))
+    assert second["resumed_at_step"] == first["steps"]
+    assert second["steps"] > first["steps"]
+    assert second["train_seconds"] >= 0.1 * 60 - 1
+
+
+def test_empty_and_short_data_are_refused(target, tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    with pytest.raises(ValueError, match="is empty"):
+        load_prompts(None, empty)
+    short = tmp_path / "short.txt"
+    short.write_text("a few words only")
+
+    class Tokenizer:  # a whitespace tokenizer is enough to count tokens
+        def __call__(self, text):
+            return {"input_ids": [7] * len(text.split())}
+
+    with pytest.raises(ValueError, match=f"at least {MIN_TOKENS}"):
+        build_sequences(target, Tokenizer(), load_prompts(None, short), tmp_path / "seq.pt")
+    with pytest.raises(ValueError, match="does not exist"):
+        load_prompts(None, tmp_path / "missing.txt")
+
+
+def test_train_draft_command_on_the_real_demo_model(smollm2_path, tmp_path, capsys):
+    """The CLI end to end on SmolLM2 with its real tokenizer: read a corpus, train, save, report."""
+    from pathlib import Path
+
+    from hf_specdec.cli import main
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(readme + "\n\n" + readme)
+    out = tmp_path / "head"
+    args = ["train-draft", "--target", str(smollm2_path), "--method", "medusa", "--out", str(out)]
+    code = main([*args, "--data", str(corpus), "--minutes", "0.1", "--draft-vocab", "1024"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "Held-out estimate" in printed and "τ ≈" in printed
+    log = json.loads((out / "training.json").read_text())
+    assert log["data"]["tokens"] >= MIN_TOKENS and log["data"]["source"] == str(corpus)
+    assert (out / "head.safetensors").is_file() and (out / "training.png").is_file()
