@@ -185,7 +185,9 @@ def test_cli_errors(tiny_folder, tmp_path, capsys, argv, message):
 
 
 def test_unknown_suite_lists_the_valid_ones(capsys):
-    with pytest.raises(ValueError, match="valid suites: specbench, specbench-quick, specbench-train, mtbench, humaneval"):
+    with pytest.raises(
+        ValueError, match="valid suites: specbench, specbench-quick, specbench-train, mtbench"
+    ):
         load_suite("spec-bench")
     with pytest.raises(SystemExit):
         cli.main(["bench", "--suite", "nope"])
@@ -230,5 +232,14 @@ def test_shared_suites_load():
     categories = {"mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"}
     assert {p.category for p in quick} == categories and len(quick) == 3 * len(categories)
     assert all(p.raw for p in load_suite("humaneval"))
-    assert set(SUITES) == {"specbench", "specbench-quick", "mtbench", "humaneval", "builtin"}
+    assert set(SUITES) == {
+        "specbench",
+        "specbench-quick",
+        "specbench-train",
+        "mtbench",
+        "humaneval",
+        "builtin",
+    }
+    train = load_suite("specbench-train")  # where heads train: never a prompt the quick suite measures
+    assert len(train) == 480 - len(quick) and not {p.id for p in train} & {p.id for p in quick}
     assert len(take_per_category(load_suite("builtin"), 1)) == 6
