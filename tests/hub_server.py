@@ -1,8 +1,9 @@
 """A small Hub-compatible HTTP server for tests: real repos, served the way huggingface_hub expects.
 
-It answers the endpoints `HfApi.list_models`, `HfApi.model_info` and `hf_hub_download` call
-(huggingface_hub 2.x): `GET /api/models`, `GET /api/models/{repo}[/revision/{rev}]` and
-`HEAD|GET /{repo}/resolve/{rev}/{file}`, with the headers the client reads (`X-Repo-Commit`,
+It answers the endpoints `HfApi.list_models`, `HfApi.model_info`, `HfApi.list_repo_tree` (what
+`snapshot_download` lists files with) and `hf_hub_download` call (huggingface_hub 2.x):
+`GET /api/models`, `GET /api/models/{repo}[/revision/{rev}]`, `GET /api/models/{repo}/tree/{rev}`
+and `HEAD|GET /{repo}/resolve/{rev}/{file}`, with the headers the client reads (`X-Repo-Commit`,
 `ETag`, `Content-Length`, `X-Error-Code`). Repos can be gated (401 `GatedRepo` on files without
 the test token), private (401 `RepoNotFound` everywhere without it) or vanished (listed by
 `/api/models`, 404 everywhere else, as a repo deleted between listing and download).
@@ -23,6 +24,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 TOKEN = "hf_test_token"
 _INFO = re.compile(r"^/api/models/([^/]+/[^/]+?)(?:/revision/([^/]+))?$")
+_TREE = re.compile(r"^/api/models/([^/]+/[^/]+)/tree/([^/]+)(?:/(.*))?$")
 _RESOLVE = re.compile(r"^/([^/]+/[^/]+)/resolve/([^/]+)/(.+)$")
 
 
@@ -87,6 +89,11 @@ def _safetensors_summary(blob: bytes) -> dict[str, Any]:
     return {"parameters": counts, "total": sum(counts.values())}
 
 
+def _git_blob_id(blob: bytes) -> str:
+    """A file's git blob id: the Hub's `oid` in tree listings and its `ETag` for non-LFS files."""
+    return hashlib.sha1(b"blob %d\0" % len(blob) + blob).hexdigest()
+
+
 class HubServer:
     """A threaded HTTP server on 127.0.0.1 (random port) serving `repos`; records every request."""
 
@@ -134,6 +141,8 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             hub.requests.append((self.command, path))
             if path == "/api/models":
                 return self._list(parse_qs(parts.query), body)
+            if match := _TREE.match(path):
+                return self._tree(match.group(1), match.group(2), match.group(3), body)
             if match := _INFO.match(path):
                 return self._info(match.group(1), match.group(2), body)
             if match := _RESOLVE.match(path):
@@ -173,6 +182,20 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             if repo is not None:
                 self._json(repo.info(), body)
 
+        def _tree(self, repo_id: str, revision: str, folder: str | None, body: bool) -> None:
+            """The repo's files (all of them: files are flat, so `recursive` changes nothing)."""
+            repo = self._repo(repo_id, revision, body)
+            if repo is None:
+                return
+            if folder:
+                self._error(404, "EntryNotFound", f"{folder} does not exist", body, commit=repo.sha)
+                return
+            entries = [
+                {"type": "file", "oid": _git_blob_id(blob), "size": len(blob), "path": name}
+                for name, blob in sorted(repo.files.items())
+            ]
+            self._json(entries, body)
+
         def _resolve(self, repo_id: str, revision: str, filename: str, body: bool) -> None:
             repo = self._repo(repo_id, revision, body)
             if repo is None:
@@ -184,8 +207,7 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             if blob is None:
                 self._error(404, "EntryNotFound", "Entry not found", body, commit=repo.sha)
                 return
-            etag = hashlib.sha1(b"blob %d\0" % len(blob) + blob).hexdigest()
-            headers = {"X-Repo-Commit": repo.sha, "ETag": f'"{etag}"'}
+            headers = {"X-Repo-Commit": repo.sha, "ETag": f'"{_git_blob_id(blob)}"'}
             self._send(200, blob, "application/octet-stream", body, headers)
 
         def _json(self, data: Any, body: bool) -> None:

@@ -295,6 +295,25 @@ def test_cli_text_and_error(hub: HubServer, capsys: pytest.CaptureFixture[str]) 
     assert "gated" in capsys.readouterr().err
 
 
+def test_cli_text_lists_published_heads_offline(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    assert _select_cli(["select", "meta-llama/Llama-3.1-8B-Instruct"]) == 0
+    out = capsys.readouterr().out
+    assert "draft:     meta-llama/Llama-3.2-1B-Instruct" in out
+    heads = [line for line in out.splitlines() if line.startswith("head:")]
+    assert heads == [
+        "head:      eagle yuhuili/EAGLE3-LLaMA3.1-Instruct-8B "
+        "(EAGLE-3 layout; source: eagle-readme (EAGLE-3 weights); vllm-tests)"
+    ]
+    assert "speculative=dict(method=METHOD, draft=REPO)" in out
+    assert _select_cli(["select", "Qwen/Qwen3-8B"]) == 0  # the registry lists no head for it
+    out = capsys.readouterr().out
+    assert "head:" not in out and "speculative=dict" not in out
+
+
 @pytest.mark.skipif(
     importlib.util.find_spec("hf_specdec.commands.demo") is None, reason="hf_specdec.cli needs every command"
 )

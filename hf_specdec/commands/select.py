@@ -50,4 +50,10 @@ def _describe(choice: DraftChoice) -> str:
     if choice.tokenizer_check:
         lines.append(f"tokenizer: {choice.tokenizer_check}")
     lines += [f"rejected:  {item}" for item in choice.rejected]
+    for head in choice.heads:  # published heads for this target, from the registry
+        layout = f"{head['layout']} layout; " if head.get("layout") else ""
+        source = head.get("source") or "-"
+        lines.append(f"head:      {head['method']} {head['head']} ({layout}source: {source})")
+    if choice.heads:
+        lines.append("           (use a head with speculative=dict(method=METHOD, draft=REPO))")
     return "\n".join(lines)

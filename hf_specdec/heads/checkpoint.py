@@ -8,6 +8,7 @@ head are never copied).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -149,16 +150,56 @@ def load_state(head: nn.Module, state: dict[str, torch.Tensor], path: Path) -> N
 
 
 def _local_folder(source: Any) -> Path:
+    """`source` as a local folder: itself, or its Hub snapshot (endpoint and cache read now)."""
     path = Path(str(source)).expanduser()
     if path.is_dir():
         return path
     if path.exists() or str(source).startswith((".", "/", "~")):
         raise ValueError(f"Draft head {source!r} is not a folder.")
     from huggingface_hub import snapshot_download
-
-    return Path(
-        snapshot_download(
-            str(source),
-            allow_patterns=["*.json", "*.safetensors", "*.bin", "*.pt"],
-        )
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
     )
+
+    from hf_specdec.hub_search import hub_endpoint
+    from hf_specdec.selection import hub_offline
+
+    repo = str(source)
+    endpoint = hub_endpoint()
+    try:
+        return Path(
+            snapshot_download(
+                repo,
+                allow_patterns=["*.json", "*.safetensors", "*.bin", "*.pt"],
+                endpoint=endpoint,
+                cache_dir=os.environ.get("HF_HUB_CACHE"),
+                local_files_only=hub_offline(),
+            )
+        )
+    except HFValidationError:
+        raise ValueError(
+            f"Draft head {repo!r} is neither a local folder nor a Hub repo id (owner/name)."
+        ) from None
+    except GatedRepoError as err:  # before RepositoryNotFoundError, its base class
+        raise ValueError(
+            f"The draft head {repo} is gated on the Hub: accept its licence on its model page, then log in "
+            "with a token that has access (`hf auth login`, or set HF_TOKEN)."
+        ) from err
+    except RepositoryNotFoundError as err:
+        raise ValueError(
+            f"The draft head {repo} was not found on the Hub ({endpoint}), nor as a local folder. Check "
+            "the repo id or the path; if the repo is private, log in with a token that has read access "
+            "(`hf auth login`, or set HF_TOKEN)."
+        ) from err
+    except LocalEntryNotFoundError as err:
+        raise ValueError(
+            f"The draft head {repo} is not in the local Hub cache and could not be downloaded from "
+            f"{endpoint} (offline, or the Hub is unreachable): connect and unset HF_HUB_OFFLINE, or pass "
+            "the folder of a downloaded copy."
+        ) from err
+    except HfHubHTTPError as err:
+        raise ValueError(f"Could not download the draft head {repo} from {endpoint}: {err}") from err

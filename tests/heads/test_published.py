@@ -7,12 +7,9 @@ written out from the raw tensors, so a key-mapping mistake cannot pass.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import re
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
 
 import huggingface_hub.constants
 import pytest
@@ -461,71 +458,60 @@ def test_incomplete_medusa_weights_name_the_missing_heads(tmp_path, target):
 # --- from the Hub -----------------------------------------------------------------------------------
 
 
-def _serve_tree_listing(server: HubServer) -> None:
-    """Add `GET /api/models/{repo}/tree/{rev}` (what `snapshot_download` lists files with) to the
-    test Hub, which answers the endpoints of the draft search only."""
-    tree = re.compile(r"^/api/models/([^/]+/[^/]+)/tree/([^/]+)$")
-    base = server._httpd.RequestHandlerClass
-
-    class Handler(base):
-        def _route(self, *, body: bool) -> None:
-            match = tree.match(unquote(urlsplit(self.path).path))
-            repo = server.repos.get(match.group(1)) if match else None
-            if repo is None:
-                return super()._route(body=body)
-            server.requests.append((self.command, self.path))
-            entries = [
-                {"type": "file", "path": name, "size": len(blob), "oid": _git_blob_id(blob)}
-                for name, blob in sorted(repo.files.items())
-            ]
-            self._json(entries, body)
-
-    server._httpd.RequestHandlerClass = Handler
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    """A local Hub; HF_ENDPOINT and HF_HUB_CACHE point at it (read when a head is downloaded)."""
+    server = HubServer().start()
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))  # a login
+    yield server
+    server.stop()
 
 
-def _git_blob_id(blob: bytes) -> str:
-    return hashlib.sha1(b"blob %d\0" % len(blob) + blob).hexdigest()
-
-
-def test_eagle1_head_from_a_hub_repo(tmp_path, target, monkeypatch):
+def test_eagle1_head_from_a_hub_repo(tmp_path, target, hub):
     repo = "yuhuili/EAGLE-Tiny-Test"
-    server = HubServer()
-    server.add(repo, write_eagle1(tmp_path / "repo", target))
-    _serve_tree_listing(server)
-    server.start()
-    try:
-        # checkpoint._local_folder calls snapshot_download without an endpoint: huggingface_hub's
-        # import-time constants are what it reads, so point those at the local server too.
-        monkeypatch.setenv("HF_ENDPOINT", server.url)
-        monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
-        monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", server.url)
-        monkeypatch.setattr(
-            huggingface_hub.constants,
-            "HUGGINGFACE_CO_URL_TEMPLATE",
-            server.url + "/{repo_id}/resolve/{revision}/{filename}",
-        )
-        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
-        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-        monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
-        monkeypatch.delenv("HF_TOKEN", raising=False)
+    hub.add(repo, write_eagle1(tmp_path / "repo", target))
 
-        head = load_head(repo, target, method="eagle")
-        assert isinstance(head, EagleHead) and head.fc.bias is not None
-        fetched = {path for method, path in server.requests if "/resolve/" in path}
-        assert any(path.endswith("/pytorch_model.bin") for path in fetched)
+    head = load_head(repo, target, method="eagle")
+    assert isinstance(head, EagleHead) and head.fc.bias is not None
+    fetched = {path for method, path in hub.requests if "/resolve/" in path}
+    assert any(path.endswith("/pytorch_model.bin") for path in fetched)
+    assert any(path.startswith(f"/api/models/{repo}/tree/") for _, path in hub.requests)
+    assert (tmp_path / "hf-cache" / "models--yuhuili--EAGLE-Tiny-Test").is_dir()  # HF_HUB_CACHE, read now
 
-        input_ids = torch.tensor([[1, 17, 42, 9, 33]])
-        plain = target.generate(input_ids=input_ids, do_sample=False, max_new_tokens=12)
-        spec = target.generate(
-            input_ids=input_ids,
-            do_sample=False,
-            max_new_tokens=12,
-            speculative=dict(method="eagle", draft=repo, num_draft_tokens=3),
-        )
-        assert_greedy_match(target, plain, spec)
-    finally:
-        server.stop()
+    input_ids = torch.tensor([[1, 17, 42, 9, 33]])
+    plain = target.generate(input_ids=input_ids, do_sample=False, max_new_tokens=12)
+    spec = target.generate(
+        input_ids=input_ids,
+        do_sample=False,
+        max_new_tokens=12,
+        speculative=dict(method="eagle", draft=repo, num_draft_tokens=3),
+    )
+    assert_greedy_match(target, plain, spec)
+
+
+def test_missing_gated_and_private_hub_heads_say_what_to_do(tmp_path, target, hub):
+    folder = write_eagle1(tmp_path / "repo", target)
+    hub.add("yuhuili/Gated-Head", folder, gated=True)
+    hub.add("yuhuili/Private-Head", folder, private=True)
+    with pytest.raises(ValueError, match=r"yuhuili/No-Such-Head was not found on the Hub.*private"):
+        load_head("yuhuili/No-Such-Head", target)
+    with pytest.raises(ValueError, match=r"yuhuili/Gated-Head is gated.*licence.*token"):
+        load_head("yuhuili/Gated-Head", target)
+    with pytest.raises(ValueError, match=r"yuhuili/Private-Head was not found.*private.*token"):
+        load_head("yuhuili/Private-Head", target)
+
+
+def test_uncached_hub_head_offline_says_so(tmp_path, target, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(ValueError, match=r"yuhuili/EAGLE-Tiny-Test is not in the local Hub cache.*offline"):
+        load_head("yuhuili/EAGLE-Tiny-Test", target)
 
 
 # --- draft selection: the registry's published heads (offline) -----------------------------------
