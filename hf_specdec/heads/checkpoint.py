@@ -16,11 +16,13 @@ import torch
 from torch import nn
 
 from .eagle import EagleHead, EagleHeadConfig
+from .eagle3 import Eagle3Head
 from .medusa import MedusaHead, MedusaHeadConfig
 
 CONFIG_NAME = "head_config.json"
 WEIGHTS_NAME = "head.safetensors"
 _CONFIGS = {"eagle": EagleHeadConfig, "medusa": MedusaHeadConfig}
+_VARIANTS = ("eagle", "eagle3")  # EagleHeadConfig.variant: EagleHead, Eagle3Head
 
 
 def save_head(head: nn.Module, folder: str | Path) -> Path:
@@ -38,12 +40,37 @@ def save_head(head: nn.Module, folder: str | Path) -> Path:
 
 
 def build_head(config: EagleHeadConfig | MedusaHeadConfig, target: Any) -> nn.Module:
-    """A freshly initialised head for `target` (weights in the target's dtype and device)."""
+    """A freshly initialised head for `target` (weights in the target's dtype and device).
+
+    An EAGLE config without a context length (`max_position_embeddings` 0, as in heads saved
+    before it was recorded) gets the target's.
+    """
     if isinstance(config, EagleHeadConfig):
-        head = EagleHead(config, target.get_input_embeddings(), target.get_output_embeddings())
+        text = target.config.get_text_config()
+        if not config.max_position_embeddings:
+            config.max_position_embeddings = int(getattr(text, "max_position_embeddings", 0) or 0)
+        if config.variant == "eagle3":
+            _check_eagle3_layers(config, text.num_hidden_layers)
+            head = Eagle3Head(config, target.get_input_embeddings())
+        elif config.variant == "eagle":
+            head = EagleHead(config, target.get_input_embeddings(), target.get_output_embeddings())
+        else:
+            raise ValueError(
+                f"Unknown EAGLE head variant {config.variant!r}; expected {' or '.join(_VARIANTS)}."
+            )
     else:
         head = MedusaHead(config, target.get_output_embeddings())
     return head.to(device=target.device, dtype=target.dtype)
+
+
+def _check_eagle3_layers(config: EagleHeadConfig, num_layers: int) -> None:
+    layers = config.feature_layers
+    if len(set(layers)) != 3 or min(layers) < 0 or max(layers) > num_layers:
+        raise ValueError(
+            f"The EAGLE-3 head{f' for {config.target}' if config.target else ''} reads target layers "
+            f"{list(layers)}, but it needs three distinct ones among this {num_layers}-layer target's "
+            f"0..{num_layers} (`output_hidden_states` indices)."
+        )
 
 
 def load_head(source: Any, target: Any, method: str | None = None) -> nn.Module:
@@ -103,11 +130,17 @@ def _load_ours(folder: Path, target: Any) -> nn.Module:
         config = _CONFIGS[method](**raw)
     except TypeError as err:
         raise ValueError(f"{folder / CONFIG_NAME} does not describe a {method} head: {err}.") from None
+    if getattr(config, "variant", "eagle") not in _VARIANTS:
+        raise ValueError(
+            f"{folder / CONFIG_NAME}: unknown EAGLE head variant {config.variant!r}; "
+            f"expected {' or '.join(_VARIANTS)}."
+        )
     check_head_matches(config, target, str(folder))
     state = read_weights(folder / WEIGHTS_NAME)
     head = build_head(config, target)
-    if "draft_vocab" in state:
-        head.set_draft_vocab(state["draft_vocab"])
+    vocab = state.get("draft_vocab")
+    if vocab is not None and vocab.shape != head.draft_vocab.shape and hasattr(head, "set_draft_vocab"):
+        head.set_draft_vocab(vocab)  # a config that does not record its size (Eagle3Head's is its lm_head's)
     load_state(head, state, folder / WEIGHTS_NAME)
     return head
 

@@ -41,6 +41,10 @@ class EagleHeadConfig:
     draft_vocab_size: int = 0  # 0: the whole vocabulary
     fc_bias: bool = False
     input_norm: bool = False  # EAGLE-1's layer has no input norm: its input is the fc projection
+    attention_bias: bool = False  # biases on q/k/v (the reference's `qkv_bias`, as in Qwen heads)
+    max_position_embeddings: int = 0  # the rotary's context length (llama3/dynamic rope); 0: the target's
+    variant: str = "eagle"  # "eagle" (EAGLE-1/2 and ours: `EagleHead`) or "eagle3" (`Eagle3Head`)
+    feature_layers: list[int] = field(default_factory=list)  # EAGLE-3: the target layers it reads
     method: str = "eagle"
 
     @classmethod
@@ -56,6 +60,7 @@ class EagleHeadConfig:
             intermediate_size=text.intermediate_size,
             rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6),
             rope_parameters=dict(getattr(text, "rope_parameters", None) or {"rope_type": "default"}),
+            max_position_embeddings=int(getattr(text, "max_position_embeddings", 0) or 0),
             target=str(getattr(target, "name_or_path", "") or ""),
             target_num_layers=text.num_hidden_layers,
             draft_vocab_size=draft_vocab_size,
@@ -64,6 +69,22 @@ class EagleHeadConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def rotary_embedding(config: EagleHeadConfig) -> LlamaRotaryEmbedding:
+    """The head's rotary embedding: the target's rope parameters and context length."""
+    extra = (
+        {"max_position_embeddings": config.max_position_embeddings} if config.max_position_embeddings else {}
+    )
+    return LlamaRotaryEmbedding(
+        LlamaConfig(
+            hidden_size=config.hidden_size,
+            num_attention_heads=config.num_attention_heads,
+            head_dim=config.head_dim,
+            rope_parameters=dict(config.rope_parameters),
+            **extra,
+        )
+    )
 
 
 @dataclass
@@ -88,15 +109,9 @@ class EagleHead(nn.Module):
             config.intermediate_size,
             config.rms_norm_eps,
             input_norm=config.input_norm,
+            bias=config.attention_bias,
         )
-        self.rotary = LlamaRotaryEmbedding(
-            LlamaConfig(
-                hidden_size=hidden,
-                num_attention_heads=config.num_attention_heads,
-                head_dim=config.head_dim,
-                rope_parameters=dict(config.rope_parameters),
-            )
-        )
+        self.rotary = rotary_embedding(config)
         draft_vocab = torch.arange(config.draft_vocab_size or config.vocab_size)
         self.register_buffer("draft_vocab", draft_vocab)  # draft index -> token id, saved with the head
         # The target's embedding and LM head stay the target's: kept outside the module tree so

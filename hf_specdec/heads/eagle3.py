@@ -18,10 +18,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import LlamaConfig
-from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from .eagle import EagleHeadConfig, HeadOutput, _causal_mask
+from .eagle import EagleHeadConfig, HeadOutput, _causal_mask, rotary_embedding
 from .layers import MLP, Attention, RMSNorm
 
 
@@ -58,27 +56,25 @@ class Eagle3Layer(nn.Module):
 
 
 class Eagle3Head(nn.Module):
-    """Drop-in for `EagleHead` in the EAGLE drafter; weights named as in the reference checkpoints."""
+    """Drop-in for `EagleHead` in the EAGLE drafter; weights named as in the reference checkpoints.
 
-    def __init__(
-        self, config: EagleHeadConfig, feature_layers: tuple[int, ...], embed_tokens: nn.Module
-    ) -> None:
+    Its config has `variant="eagle3"` and names the target layers it reads (`feature_layers`).
+    """
+
+    def __init__(self, config: EagleHeadConfig, embed_tokens: nn.Module) -> None:
         super().__init__()
+        if len(config.feature_layers) != 3:
+            raise ValueError(
+                f"An EAGLE-3 head reads three target layers; its config names {config.feature_layers}."
+            )
         self.config = config
-        self.feature_layers = tuple(feature_layers)
+        self.feature_layers = tuple(config.feature_layers)
         hidden = config.hidden_size
         self.fc = nn.Linear(len(self.feature_layers) * hidden, hidden, bias=False)
         self.midlayer = Eagle3Layer(config)
         self.norm = RMSNorm(hidden, config.rms_norm_eps)
         self.lm_head = nn.Linear(hidden, config.draft_vocab_size or config.vocab_size, bias=False)
-        self.rotary = LlamaRotaryEmbedding(
-            LlamaConfig(
-                hidden_size=hidden,
-                num_attention_heads=config.num_attention_heads,
-                head_dim=config.head_dim,
-                rope_parameters=dict(config.rope_parameters),
-            )
-        )
+        self.rotary = rotary_embedding(config)
         # draft index -> target token id (the reference's i + d2t[i]), saved with the head
         self.register_buffer("draft_vocab", torch.arange(config.draft_vocab_size or config.vocab_size))
         self._target_parts = (embed_tokens,)  # the target's embedding: neither trained nor saved

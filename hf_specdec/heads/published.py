@@ -23,8 +23,7 @@ from torch import nn
 
 from .checkpoint import CONFIG_NAME, WEIGHTS_NAME, build_head, check_head_matches, load_state, read_weights
 from .eagle import EagleHeadConfig
-from .eagle3 import Eagle3Head, default_feature_layers
-from .layers import Attention
+from .eagle3 import default_feature_layers
 from .medusa import MedusaHeadConfig
 
 EAGLE_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
@@ -76,15 +75,10 @@ def _eagle1(folder: Path, path: Path, state: dict[str, torch.Tensor], target: An
         target=str(raw.get("_name_or_path", "") or ""),
         fc_bias="fc.bias" in state,
         input_norm=False,  # the reference's layer 0 has no input norm
+        attention_bias="layers.0.self_attn.q_proj.bias" in state,  # the reference's `qkv_bias` (Qwen heads)
     )
     check_head_matches(config, target, str(folder))
     head = build_head(config, target)
-    qkv_bias = "layers.0.self_attn.q_proj.bias" in state  # the reference's `qkv_bias` (Qwen heads)
-    if qkv_bias:
-        attention = Attention(
-            config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim, True
-        )
-        head.layer.self_attn = attention.to(device=target.device, dtype=target.dtype)
     ours = {"draft_vocab": head.draft_vocab}
     for name, tensor in state.items():
         if name == "embed_tokens.weight":
@@ -116,10 +110,11 @@ def _eagle3(folder: Path, path: Path, state: dict[str, torch.Tensor], target: An
         target=str(raw.get("_name_or_path", "") or ""),
         draft_vocab_size=draft_vocab_size,
         input_norm=True,
+        variant="eagle3",
+        feature_layers=list(_eagle3_layers(raw, text.num_hidden_layers, folder)),
     )
     check_head_matches(config, target, str(folder))
-    layers = _eagle3_layers(raw, text.num_hidden_layers, folder)
-    head = Eagle3Head(config, layers, target.get_input_embeddings())
+    head = build_head(config, target)
     vocab = torch.arange(draft_vocab_size)
     if d2t is not None:
         if d2t.shape != vocab.shape:
@@ -130,7 +125,7 @@ def _eagle3(folder: Path, path: Path, state: dict[str, torch.Tensor], target: An
     ours = {name: t for name, t in state.items() if name not in ("d2t", "t2d", "embed_tokens.weight")}
     ours["draft_vocab"] = vocab
     load_state(head, ours, path)
-    return head.to(device=target.device, dtype=target.dtype)
+    return head
 
 
 def _eagle3_layers(raw: dict[str, Any], num_layers: int, folder: Path) -> tuple[int, ...]:

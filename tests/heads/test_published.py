@@ -15,10 +15,10 @@ import huggingface_hub.constants
 import pytest
 import torch
 from safetensors.torch import save_file
-from transformers import DynamicCache
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from hf_specdec.heads.checkpoint import load_head
-from hf_specdec.heads.eagle import EagleHead
+from hf_specdec.heads.checkpoint import build_head, load_head, save_head
+from hf_specdec.heads.eagle import EagleHead, EagleHeadConfig
 from hf_specdec.heads.eagle3 import Eagle3Head
 from hf_specdec.heads.medusa import MedusaHead
 from hf_specdec.selection import DraftChoice, known_heads, select_draft
@@ -96,9 +96,17 @@ def _attention(s: dict, prefix: str, width: int) -> dict:
 
 
 def write_eagle1(
-    folder: Path, target, *, weights: str = "pytorch_model.bin", bias: bool = True, hidden: int | None = None
+    folder: Path,
+    target,
+    *,
+    weights: str = "pytorch_model.bin",
+    bias: bool = True,
+    hidden: int | None = None,
+    qkv_bias: bool = False,
+    extra: dict | None = None,
 ) -> Path:
-    """SafeAILab/EAGLE `cnets1.Model` as saved: fc over cat(embedding, feature), layers.0 (no input norm)."""
+    """SafeAILab/EAGLE `cnets1.Model` as saved: fc over cat(embedding, feature), layers.0 (no input norm);
+    `qkv_bias` as the reference's Qwen heads (`qkv_bias` in its config)."""
     torch.manual_seed(1)
     s = _shape(target)
     if hidden is not None:
@@ -107,9 +115,14 @@ def write_eagle1(
     state = {"fc.weight": _rand(h, 2 * h), **_attention(s, "layers.0", h)}
     if bias:
         state["fc.bias"] = _rand(h)
+    if qkv_bias:
+        q, kv = s["heads"] * s["head_dim"], s["kv"] * s["head_dim"]
+        for name, width in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+            state[f"layers.0.self_attn.{name}.bias"] = _rand(width)
     state["embed_tokens.weight"] = _rand(s["vocab"], h)  # saved by the reference, unused by us
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(_llama_config(s, bias=bias)))
+    config = _llama_config(s, bias=bias, **({"qkv_bias": True} if qkv_bias else {}))
+    (folder / "config.json").write_text(json.dumps({**config, **(extra or {})}))
     _save(state, folder / weights)
     return folder
 
@@ -189,9 +202,12 @@ def _reference_attention(x: torch.Tensor, w: dict, p: str, s: dict, theta: float
     def heads(y: torch.Tensor, n: int) -> torch.Tensor:
         return y.view(b, t, n, s["head_dim"]).transpose(1, 2)
 
-    q = _rope(heads(x @ w[f"{p}.self_attn.q_proj.weight"].T, s["heads"]), theta)
-    k = _rope(heads(x @ w[f"{p}.self_attn.k_proj.weight"].T, s["kv"]), theta)
-    v = heads(x @ w[f"{p}.self_attn.v_proj.weight"].T, s["kv"])
+    def proj(name: str) -> torch.Tensor:
+        return x @ w[f"{p}.self_attn.{name}.weight"].T + w.get(f"{p}.self_attn.{name}.bias", 0)
+
+    q = _rope(heads(proj("q_proj"), s["heads"]), theta)
+    k = _rope(heads(proj("k_proj"), s["kv"]), theta)
+    v = heads(proj("v_proj"), s["kv"])
     k = k.repeat_interleave(s["heads"] // s["kv"], dim=1)
     v = v.repeat_interleave(s["heads"] // s["kv"], dim=1)
     scores = q @ k.transpose(2, 3) / math.sqrt(s["head_dim"])
@@ -242,13 +258,20 @@ def _raw(path: Path) -> dict:
 
 
 @pytest.mark.parametrize(
-    ("weights", "bias"), [("pytorch_model.bin", True), ("model.safetensors", False)], ids=["bin", "st-nobias"]
+    ("weights", "bias", "qkv_bias"),
+    [
+        ("pytorch_model.bin", True, False),
+        ("model.safetensors", False, False),
+        ("model.safetensors", True, True),
+    ],
+    ids=["bin", "st-nobias", "st-qkv-bias"],
 )
-def test_eagle1_matches_reference_formula(tmp_path, target, weights, bias):
-    folder = write_eagle1(tmp_path / "eagle1", target, weights=weights, bias=bias)
+def test_eagle1_matches_reference_formula(tmp_path, target, weights, bias, qkv_bias):
+    folder = write_eagle1(tmp_path / "eagle1", target, weights=weights, bias=bias, qkv_bias=qkv_bias)
     head = load_head(folder, target, method="eagle")
     assert isinstance(head, EagleHead) and head.layer.input_layernorm is None
     assert (head.fc.bias is not None) == bias
+    assert head.config.attention_bias == qkv_bias == (head.layer.self_attn.k_proj.bias is not None)
     assert head.config.rope_parameters["rope_theta"] == 500.0
 
     w, s = _raw(folder / weights), _shape(target)
@@ -275,6 +298,7 @@ def test_eagle3_matches_reference_formula(tmp_path, target8):
     assert isinstance(head, Eagle3Head)
     assert head.feature_layers == (2, 4, 5)  # inputs of layers 2, L//2, L-3 of an 8-layer target
     assert head.config.method == "eagle" and head.config.draft_vocab_size == 40
+    assert (head.config.variant, head.config.feature_layers) == ("eagle3", [2, 4, 5])
 
     w, s = _raw(folder / "model.safetensors"), _shape(target8)
     torch.testing.assert_close(head.draft_vocab, torch.arange(40) + w["d2t"])  # target id = i + d2t[i]
@@ -323,6 +347,115 @@ def test_converted_heads_take_the_targets_dtype(tmp_path):
     target8 = tiny_llama(0, layers=8).to(torch.bfloat16)
     head = load_head(write_eagle3(tmp_path / "e3", target8), target8)
     assert {p.dtype for p in head.parameters()} == {torch.bfloat16}
+
+
+# --- through our own format -----------------------------------------------------------------------
+
+
+def _forward(head, target, seed: int = 6):
+    """The head's outputs on random inputs, in one call and through a KV cache (4 positions, then 3)."""
+    text = target.config.get_text_config()
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, text.vocab_size, (2, 7), generator=gen)
+    raw = torch.randn(2, 7, len(head.feature_layers) * text.hidden_size, generator=gen)
+    with torch.no_grad():
+        feats = head.project_features(raw)
+        whole = head(ids, feats, cache=None)
+        cache = DynamicCache()
+        first = head(ids[:, :4], feats[:, :4], cache=cache)
+        rest = head(ids[:, 4:], feats[:, 4:], cache=cache)
+    return [
+        whole.logits,
+        whole.hidden_states,
+        torch.cat([first.logits, rest.logits], 1),
+        torch.cat([first.hidden_states, rest.hidden_states], 1),
+    ]
+
+
+@pytest.mark.parametrize("layout", ["eagle1-qkv-bias", "eagle3"])
+def test_converted_head_round_trips_through_our_format(tmp_path, target, target8, layout):
+    if layout == "eagle3":
+        model, folder = target8, write_eagle3(tmp_path / "published", target8)
+    else:
+        model, folder = target, write_eagle1(tmp_path / "published", target, qkv_bias=True)
+    head = load_head(folder, model, method="eagle")
+    saved = save_head(head, tmp_path / "ours")
+    written = json.loads((saved / "head_config.json").read_text())
+    if layout == "eagle3":
+        assert (written["variant"], written["feature_layers"]) == ("eagle3", [2, 4, 5])
+    else:
+        assert (written["variant"], written["attention_bias"]) == ("eagle", True)
+    assert written["max_position_embeddings"] == 512  # the target's
+
+    again = load_head(saved, model, method="eagle")
+    assert type(again) is type(head) and again.config == head.config
+    assert repr(again) == repr(head)  # the same modules, of the same shapes
+    assert again.feature_layers == head.feature_layers
+    theirs, ours = head.state_dict(), again.state_dict()
+    assert theirs.keys() == ours.keys()
+    for name in theirs:
+        assert torch.equal(theirs[name], ours[name]), name
+    for expected, got in zip(_forward(head, model), _forward(again, model), strict=True):
+        assert torch.equal(expected, got)
+
+
+def test_saved_eagle3_head_refuses_a_target_too_shallow_for_its_layers(tmp_path, target, target8):
+    saved = save_head(load_head(write_eagle3(tmp_path / "published", target8), target8), tmp_path / "ours")
+    with pytest.raises(ValueError, match=r"reads target layers \[2, 4, 5\].*2-layer target"):
+        load_head(saved, target)  # same hidden and vocabulary sizes, but 2 layers
+
+
+def test_head_saved_before_the_new_config_fields_still_loads(tmp_path, target):
+    """head_config.json without attention_bias, max_position_embeddings, variant, feature_layers."""
+    head = build_head(EagleHeadConfig.for_target(target, input_norm=True), target)
+    saved = save_head(head, tmp_path / "old")
+    path = saved / "head_config.json"
+    config = json.loads(path.read_text())
+    for key in ("attention_bias", "max_position_embeddings", "variant", "feature_layers"):
+        del config[key]
+    path.write_text(json.dumps(config))
+    again = load_head(saved, target, method="eagle")
+    assert isinstance(again, EagleHead) and again.config == head.config
+    for expected, got in zip(_forward(head, target), _forward(again, target), strict=True):
+        assert torch.equal(expected, got)
+
+    path.write_text(json.dumps({**config, "variant": "eagle9"}))
+    with pytest.raises(ValueError, match=r"unknown EAGLE head variant 'eagle9'"):
+        load_head(saved, target)
+
+
+def test_llama3_rope_heads_take_the_targets_context_length(tmp_path, monkeypatch):
+    """llama3 rope scaling wants max_position_embeddings above its original_max_position_embeddings:
+    a head's rotary built with LlamaConfig's default (2048) would warn about it."""
+    import transformers.modeling_rope_utils as rope_utils
+
+    rope = {"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0, "low_freq_factor": 1.0}
+    rope |= {"high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=131072,
+        rope_parameters=dict(rope),
+    )
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(config).eval()
+    warned: list[str] = []
+    monkeypatch.setattr(rope_utils.logger, "warning", lambda msg, *a, **k: warned.append(str(msg)))
+
+    ours = build_head(EagleHeadConfig.for_target(target), target)
+    assert ours.config.max_position_embeddings == 131072
+    saved = load_head(save_head(ours, tmp_path / "ours"), target)
+    assert saved.config.max_position_embeddings == 131072
+    scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+    folder = write_eagle1(tmp_path / "published", target, extra={"rope_scaling": scaling})
+    published = load_head(folder, target)
+    assert published.config.rope_parameters["rope_type"] == "llama3"
+    assert published.config.max_position_embeddings == 131072
+    assert not warned, warned
 
 
 # --- lossless in generate ---------------------------------------------------------------------------
