@@ -41,6 +41,7 @@ class TrainConfig:
     draft_vocab_size: int = 8192  # most frequent target tokens the head scores; 0 = all
     learning_rate: float = 1e-3
     batch_tokens: int = 4096
+    max_length: int = 512  # train on each sequence's last positions (its answer and the prompt's end)
     holdout: float = 0.05  # share of sequences kept out of training to estimate acceptance
     eval_every_minutes: float = 3.0
     save_every_minutes: float = 5.0
@@ -53,7 +54,7 @@ def train_head(target: Any, examples: list[Example], out: Path, config: TrainCon
         raise ValueError(f"Unknown head method {config.method!r}; use eagle or medusa.")
     target.requires_grad_(False)
     rng = random.Random(config.seed)
-    shuffled = examples[:]
+    shuffled = [_last_positions(e, config.max_length) for e in examples]
     rng.shuffle(shuffled)
     held = max(1, round(len(shuffled) * config.holdout))
     if len(shuffled) - held < 1:
@@ -217,6 +218,16 @@ def _loss(
                 correct.append(hit)
     hits = torch.stack(correct)[:, answer[0, 1:]].cpu() if correct else torch.zeros(0, 0, dtype=torch.bool)
     return sum(losses), hits
+
+
+def _last_positions(example: Example, length: int) -> Example:
+    """The example's last `length` positions; its features were computed with the whole context."""
+    cut = max(0, len(example.ids) - length)
+    if cut == 0:
+        return example
+    return Example(
+        example.ids[cut:], example.features[cut:], example.labels[cut:], max(0, example.answer_start - cut)
+    )
 
 
 def _stack(batch: list[Example], head: Any):
