@@ -31,7 +31,7 @@ def train_draft(
     """
     from ..bench.runner import _load_model
     from .data import build_sequences, load_prompts
-    from .features import target_features
+    from .features import cached_target_features
     from .trainer import train_head
 
     config = config or TrainConfig()
@@ -41,7 +41,7 @@ def train_draft(
     started = time.perf_counter()
     sequences = build_sequences(model, tokenizer, source, out / "data" / "sequences.pt", max_new_tokens)
     generated_at = time.perf_counter()
-    examples = target_features(model, sequences, layers=(-1,))
+    examples = cached_target_features(model, sequences, (-1,), out / "data" / "features.pt")
     featured_at = time.perf_counter()
     log = train_head(model, examples, out, config)
     log["target"] = name

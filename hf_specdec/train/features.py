@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,6 +20,28 @@ class Example:
     features: torch.Tensor  # [L, layers * H] the target's hidden states (bfloat16 to halve memory)
     labels: torch.Tensor  # [L] the target's greedy next token at each position
     answer_start: int  # positions before this are prompt text, after it the target's own answer
+
+
+def cached_target_features(
+    model: Any, sequences: list[Sequence], layers: tuple[int, ...], cache_file: Path
+) -> list[Example]:
+    """`target_features`, kept in `cache_file` so that resuming (or training another head on the
+    same text) does not run the target over everything again."""
+    key = [len(sequences), sum(len(s.ids) for s in sequences), list(layers), str(model.name_or_path)]
+    if cache_file.is_file():
+        cached = torch.load(cache_file, weights_only=True)
+        if cached.get("key") == key:
+            return [
+                Example(s.ids, features, labels, s.answer_start)
+                for s, features, labels in zip(sequences, cached["features"], cached["labels"])
+            ]
+    examples = target_features(model, sequences, layers)
+    tmp = cache_file.with_suffix(".tmp")
+    torch.save(
+        {"key": key, "features": [e.features for e in examples], "labels": [e.labels for e in examples]}, tmp
+    )
+    tmp.replace(cache_file)
+    return examples
 
 
 @torch.no_grad()
