@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--draft-vocab", type=int, default=8192, help="tokens the head scores (0: all)")
     parser.add_argument("--heads", type=int, default=4, help="Medusa heads (default 4)")
     parser.add_argument("--unrolled-steps", type=int, default=3, help="EAGLE chained steps trained at once")
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default 2e-3)")
     parser.add_argument("--seed", type=int, default=0)
     parser.set_defaults(func=run)
 
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         unrolled_steps=args.unrolled_steps,
         medusa_heads=args.heads,
         draft_vocab_size=args.draft_vocab,
-        learning_rate=args.lr,
+        **({"learning_rate": args.lr} if args.lr is not None else {}),
         seed=args.seed,
     )
     try:

@@ -19,7 +19,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from transformers.utils import ModelOutput
 
-from .layers import DecoderLayer
+from .layers import DecoderLayer, RMSNorm
 
 
 @dataclass
@@ -43,6 +43,9 @@ class EagleHeadConfig:
     input_norm: bool = False  # EAGLE-1's layer has no input norm: its input is the fc projection
     attention_bias: bool = False  # biases on q/k/v (the reference's `qkv_bias`, as in Qwen heads)
     max_position_embeddings: int = 0  # the rotary's context length (llama3/dynamic rope); 0: the target's
+    # Our heads RMS-normalise the token embedding and the feature before `fc`: a target's
+    # embeddings can be far smaller than its features, and the token is what the head most needs.
+    input_norms: bool = False
     variant: str = "eagle"  # "eagle" (EAGLE-1/2 and ours: `EagleHead`) or "eagle3" (`Eagle3Head`)
     feature_layers: list[int] = field(default_factory=list)  # EAGLE-3: the target layers it reads
     method: str = "eagle"
@@ -101,6 +104,8 @@ class EagleHead(nn.Module):
         self.config = config
         hidden = config.hidden_size
         self.fc = nn.Linear(2 * hidden, hidden, bias=config.fc_bias)
+        self.embed_norm = RMSNorm(hidden, config.rms_norm_eps) if config.input_norms else None
+        self.feature_norm = RMSNorm(hidden, config.rms_norm_eps) if config.input_norms else None
         self.layer = DecoderLayer(
             hidden,
             config.num_attention_heads,
@@ -145,7 +150,10 @@ class EagleHead(nn.Module):
     def inputs(self, token_ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """The layer's input at each position: features f_t with the embedding of x_{t+1}."""
         embeds = self.embed(token_ids).to(self.fc.weight.dtype)
-        return self.fc(torch.cat([embeds, features.to(self.fc.weight.dtype)], dim=-1))
+        features = features.to(self.fc.weight.dtype)
+        if self.embed_norm is not None:
+            embeds, features = self.embed_norm(embeds), self.feature_norm(features)
+        return self.fc(torch.cat([embeds, features], dim=-1))
 
     def forward(
         self,
@@ -181,15 +189,14 @@ class EagleHead(nn.Module):
         """
         batch, length = input_ids.shape
         positions = torch.arange(length, device=input_ids.device)[None].expand(batch, -1)
-        embeds = self.embed(input_ids).to(self.fc.weight.dtype)
-        x = self.fc(torch.cat([embeds, features.to(embeds.dtype)], dim=-1))
+        x = self.inputs(input_ids, features)
         cos, sin = self.rotary(x, positions)
         keys, values, predicted = [], [], []
         t = torch.arange(length, device=input_ids.device)
         for step in range(1, steps + 1):
             if step > 1:  # position t reads the previous step's prediction of f_t, made at t - 1
                 shifted = torch.cat([predicted[-1][:, :1], predicted[-1][:, :-1]], dim=1)
-                x = self.fc(torch.cat([embeds, shifted], dim=-1))
+                x = self.inputs(input_ids, shifted)
             q, k, v = self.layer.qkv(x, cos, sin)
             keys.append(k)
             values.append(v)

@@ -39,9 +39,9 @@ class TrainConfig:
     unrolled_steps: int = 3  # EAGLE: chained draft steps trained at once (training-time test)
     medusa_heads: int = 4
     draft_vocab_size: int = 8192  # most frequent target tokens the head scores; 0 = all
-    learning_rate: float = 1e-3
+    learning_rate: float = 2e-3
     batch_tokens: int = 4096
-    max_length: int = 512  # train on each sequence's last positions (its answer and the prompt's end)
+    max_length: int = 384  # train on each sequence's last positions (its answer and the prompt's end)
     holdout: float = 0.05  # share of sequences kept out of training to estimate acceptance
     eval_every_minutes: float = 3.0
     save_every_minutes: float = 5.0
@@ -195,13 +195,16 @@ def _loss(
         positions = torch.arange(inputs.shape[1], device=ids.device)[None]
         for s, predicted in enumerate(head.unrolled(inputs, features[:, :-1], config.unrolled_steps)):
             use = valid[:, 1:] & (positions >= s)  # step s + 1 reads s earlier predictions
-            logits = head.logits(predicted[use])
-            ce = F.cross_entropy(logits.float(), targets[use], ignore_index=-100)
+            # Token loss where drafting happens (the target's answers); the LM head is most of the
+            # cost. The feature loss is cheap and also learns from the prompt.
+            scored = use & answer[:, 1:]
+            logits = head.logits(predicted[scored])
+            ce = _cross_entropy(logits, targets[scored])
             reg = F.smooth_l1_loss(predicted[use], features[:, 1:][use].to(predicted.dtype))
             losses.append((ce + reg) * 0.8**s)
             if judge:
                 hit = torch.zeros(inputs.shape[1], dtype=torch.bool, device=ids.device)
-                hit[use[0]] = logits.argmax(-1) == targets[use]
+                hit[scored[0]] = logits.argmax(-1) == targets[scored]
                 correct.append(hit)
     else:
         logits = head(features, num_heads=config.medusa_heads)  # [B, T, heads, V']
@@ -209,15 +212,22 @@ def _loss(
         for i in range(min(config.medusa_heads, length - 2)):
             ahead = 2 + i  # head i at position t guesses x_{t+2+i}: i + 1 tokens after the next
             label = to_draft[ids[:, ahead:]]
-            use = valid[:, ahead:]
+            use = valid[:, ahead:] & answer[:, ahead:]
             guess = logits[:, : length - ahead, i]
-            losses.append(F.cross_entropy(guess[use].float(), label[use], ignore_index=-100))
+            losses.append(_cross_entropy(guess[use], label[use]))
             if judge:  # all heads read the same position: head i's verdict goes i columns later
                 hit = torch.zeros(length - 1, dtype=torch.bool, device=ids.device)
                 hit[i : length - ahead + i] = guess[0].argmax(-1) == label[0]
                 correct.append(hit)
     hits = torch.stack(correct)[:, answer[0, 1:]].cpu() if correct else torch.zeros(0, 0, dtype=torch.bool)
     return sum(losses), hits
+
+
+def _cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over labels inside the draft vocabulary; 0 (not NaN) when there are none."""
+    if not bool((labels != -100).any()):
+        return logits.sum() * 0.0
+    return F.cross_entropy(logits.float(), labels, ignore_index=-100)
 
 
 def _last_positions(example: Example, length: int) -> Example:
@@ -270,7 +280,7 @@ def _new_head(target: Any, train: list[Example], config: TrainConfig) -> Any:
     counts = torch.bincount(torch.cat([e.labels for e in train] + [e.ids for e in train]), minlength=vocab)
     draft_vocab = torch.sort(torch.argsort(counts, descending=True, stable=True)[:size]).values
     if config.method == "eagle":
-        head_config = EagleHeadConfig.for_target(target, draft_vocab_size=size)
+        head_config = EagleHeadConfig.for_target(target, draft_vocab_size=size, input_norms=True)
     else:
         head_config = MedusaHeadConfig.for_target(
             target, draft_vocab_size=size, num_heads=config.medusa_heads
