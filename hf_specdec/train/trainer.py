@@ -41,6 +41,7 @@ class TrainConfig:
     draft_vocab_size: int = 8192  # most frequent target tokens the head scores; 0 = all
     learning_rate: float = 2e-3
     batch_tokens: int = 4096
+    soft_labels: bool = True  # EAGLE: learn the target's distribution, not only its top token
     max_length: int = 384  # train on each sequence's last positions (its answer and the prompt's end)
     holdout: float = 0.05  # share of sequences kept out of training to estimate acceptance
     eval_every_minutes: float = 3.0
@@ -199,7 +200,16 @@ def _loss(
             # cost. The feature loss is cheap and also learns from the prompt.
             scored = use & answer[:, 1:]
             logits = head.logits(predicted[scored])
-            ce = _cross_entropy(logits, targets[scored])
+            if config.soft_labels:  # the target's whole distribution (its LM head on f_{t+1}) teaches more
+                with torch.no_grad():
+                    teacher = head.logits(features[:, 1:][scored].to(predicted.dtype)).float().softmax(-1)
+                ce = (
+                    -(teacher * logits.float().log_softmax(-1)).sum(-1).mean()
+                    if len(teacher)
+                    else logits.sum() * 0
+                )
+            else:
+                ce = _cross_entropy(logits, targets[scored])
             reg = F.smooth_l1_loss(predicted[use], features[:, 1:][use].to(predicted.dtype))
             losses.append((ce + reg) * 0.8**s)
             if judge:
