@@ -61,6 +61,6 @@ def run(args: argparse.Namespace) -> int:
     )
     print(
         f"Draft with it: model.generate(..., speculative=dict(method={args.method!r}, draft={args.out!r})), "
-        f"or measure it: hf-specdec bench --methods {args.method} --draft {args.out}"
+        f"or measure it: hf-specdec bench --methods {args.method} --head {args.method}={args.out}"
     )
     return 0
