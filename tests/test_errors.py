@@ -37,9 +37,9 @@ def _cases(target, small_vocab_draft):
     """name -> (generate kwargs, error type, regex the message must match)."""
     return {
         "unknown_method": (
-            dict(speculative="medusa"),
+            dict(speculative="lookahead"),
             ValueError,
-            r"Unknown speculative method 'medusa'; valid methods: .*draft_model.*ngram",
+            r"Unknown speculative method 'lookahead'; valid methods: .*draft_model.*eagle.*medusa.*ngram",
         ),
         "unknown_dict_key": (
             dict(speculative=dict(method="ngram", num_tokens=3)),
