@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from ..heads.layers import is_whole_vocab
 from .base import Draft, DraftRequest
 
 
@@ -26,23 +27,28 @@ class HeadDrafterConfig:
 def full_vocab_logits(logits: torch.Tensor, draft_vocab: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Logits [B, draft_vocab] scattered into [B, vocab_size]; tokens outside the subset get -inf,
     so the draft never proposes them and its sampling distribution gives them probability 0."""
+    if logits.shape[-1] == vocab_size and is_whole_vocab(draft_vocab, vocab_size):
+        return logits
     full = logits.new_full((logits.shape[0], vocab_size), float("-inf"))
     return full.index_copy_(1, draft_vocab.to(logits.device), logits)
 
 
 def next_tokens(
     request: DraftRequest, drafted: torch.Tensor, logits: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's next draft token and the processed distribution it came from.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's next draft token, the processed distribution it came from, and whether the row
+    could draft at all: a processor may allow only tokens outside a head's draft vocabulary.
 
     `drafted` [B, i] holds the tokens drafted so far this step: processors that read the context
     (repetition penalty) must see them, exactly as the target's processing will.
     """
     contexts = [torch.cat([request.row(b), drafted[b : b + 1]], dim=1) for b in range(drafted.shape[0])]
     scores = request.score(contexts, request.row_ids, logits.float())
+    possible = torch.isfinite(scores).any(dim=-1)
+    scores = torch.where(possible[:, None], scores, 0.0)  # such rows stop drafting; no NaN meanwhile
     dist = scores.softmax(dim=-1)
     token = torch.multinomial(dist, 1).squeeze(1) if request.do_sample else scores.argmax(dim=-1)
-    return token, dist
+    return token, dist, possible
 
 
 def real_tokens(request: DraftRequest, b: int) -> torch.Tensor:
@@ -77,15 +83,16 @@ def chain(
     active = [n > 0 for n in max_tokens]
     token = None
     for i in range(steps):
-        token, dist = next_tokens(request, drafted[:, :i], logits_at(i, token, active))
+        token, dist, possible = next_tokens(request, drafted[:, :i], logits_at(i, token, active))
         drafted[:, i] = token
         confidence[:, i] = dist.gather(1, token[:, None]).squeeze(1)
         probs.append(dist)
-        for b in range(batch):
-            if active[b]:
+        for b, (can, p) in enumerate(zip(possible.tolist(), confidence[:, i].tolist())):
+            if active[b] and not can:
+                active[b] = False
+            elif active[b]:
                 lengths[b] = i + 1
-                sure = request.do_sample or float(confidence[b, i]) >= min_confidence
-                active[b] = i + 1 < max_tokens[b] and sure
+                active[b] = i + 1 < max_tokens[b] and (request.do_sample or p >= min_confidence)
         if not any(active):
             break
     width = max(lengths, default=0)

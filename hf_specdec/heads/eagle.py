@@ -19,7 +19,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from transformers.utils import ModelOutput
 
-from .layers import DecoderLayer, RMSNorm
+from .layers import DecoderLayer, RMSNorm, vocab_rows
 
 
 @dataclass
@@ -144,7 +144,7 @@ class EagleHead(nn.Module):
         """Logits [.., draft_vocab] of predicted features: the target's LM head, subset rows only."""
         if self._lm_weight is None or self._lm_weight.device != hidden.device:
             weight = self._target_parts[1].weight.detach()
-            self._lm_weight = weight[self.draft_vocab.to(weight.device)].to(hidden.device)
+            self._lm_weight = vocab_rows(weight, self.draft_vocab).to(hidden.device)
         return hidden.to(self._lm_weight.dtype) @ self._lm_weight.T
 
     def inputs(self, token_ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:

@@ -90,3 +90,17 @@ class DecoderLayer(nn.Module):
     def finish(self, x: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
         x = x + attention
         return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def vocab_rows(weight: torch.Tensor, draft_vocab: torch.Tensor) -> torch.Tensor:
+    """The rows of an LM head `weight` [V, H] for `draft_vocab`; the weight itself (no copy of a
+    possibly gigabyte-sized matrix) when the draft vocabulary is the whole vocabulary in order."""
+    if is_whole_vocab(draft_vocab, weight.shape[0]):
+        return weight
+    return weight[draft_vocab.to(weight.device)]
+
+
+def is_whole_vocab(draft_vocab: torch.Tensor, vocab_size: int) -> bool:
+    return len(draft_vocab) == vocab_size and bool(
+        (draft_vocab == torch.arange(vocab_size, device=draft_vocab.device)).all()
+    )

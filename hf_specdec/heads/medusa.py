@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .layers import is_whole_vocab, vocab_rows
+
 
 @dataclass
 class MedusaHeadConfig:
@@ -90,10 +92,14 @@ class MedusaHead(nn.Module):
         for i in range(count):
             hidden = self.blocks[i](features.to(self._dtype()))
             if self.lm_heads is not None:
-                outputs.append(self.lm_heads[i](hidden)[..., self.draft_vocab])
+                logits = self.lm_heads[i](hidden)
+                outputs.append(logits if self._whole_vocab() else logits[..., self.draft_vocab])
             else:
                 outputs.append(hidden @ self._weight(hidden).T)
         return torch.stack(outputs, dim=-2)
+
+    def _whole_vocab(self) -> bool:
+        return is_whole_vocab(self.draft_vocab, self.config.vocab_size)
 
     def _dtype(self) -> torch.dtype:
         if self.config.num_layers:
@@ -103,5 +109,5 @@ class MedusaHead(nn.Module):
     def _weight(self, hidden: torch.Tensor) -> torch.Tensor:
         if self._lm_weight is None or self._lm_weight.device != hidden.device:
             weight = self._target_lm_head[0].weight.detach()
-            self._lm_weight = weight[self.draft_vocab.to(weight.device)].to(hidden.device, hidden.dtype)
+            self._lm_weight = vocab_rows(weight, self.draft_vocab).to(hidden.device, hidden.dtype)
         return self._lm_weight

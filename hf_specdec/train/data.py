@@ -55,7 +55,13 @@ def build_sequences(
     max_length: int = 1024,
 ) -> list[Sequence]:
     """Token sequences to train on (cached in `cache_file`, so an interrupted run does not redo them)."""
-    key = {"items": len(source), "first": str(source[0])[:200], "max_new_tokens": max_new_tokens}
+    key = {
+        "items": len(source),
+        "first": str(source[0])[:200],
+        "max_new_tokens": max_new_tokens,
+        "max_length": max_length,
+        "target": str(getattr(model, "name_or_path", "")),
+    }
     if cache_file.is_file():
         cached = torch.load(cache_file, weights_only=True)
         if cached.get("key") == json.dumps(key):
@@ -71,14 +77,16 @@ def build_sequences(
             f"at least {MIN_TOKENS}. Give more prompts (--suite specbench-train) or a longer corpus (--data)."
         )
     cache_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache_file.with_suffix(".tmp")
     torch.save(
         {
             "key": json.dumps(key),
             "ids": [s.ids for s in sequences],
             "answer_starts": [s.answer_start for s in sequences],
         },
-        cache_file,
+        tmp,
     )
+    tmp.replace(cache_file)  # an interrupted save never leaves a cache that looks complete
     return sequences
 
 

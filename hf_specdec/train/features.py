@@ -55,7 +55,6 @@ def target_features(
     with tqdm(total=sum(len(s.ids) for s in sequences), desc="target features", unit="tok") as bar:
         start = 0
         while start < len(order):
-            width = len(sequences[order[start]].ids)
             end = start + 1
             while end < len(order) and (end - start + 1) * len(sequences[order[end]].ids) <= batch_tokens:
                 end += 1

@@ -41,7 +41,6 @@ class TrainConfig:
     draft_vocab_size: int = 8192  # most frequent target tokens the head scores; 0 = all
     learning_rate: float = 2e-3
     batch_tokens: int = 4096
-    soft_labels: bool = False  # EAGLE: learn the target's whole distribution (measured: no faster here)
     max_length: int = 384  # train on each sequence's last positions (its answer and the prompt's end)
     holdout: float = 0.05  # share of sequences kept out of training to estimate acceptance
     eval_every_minutes: float = 3.0
@@ -158,7 +157,10 @@ def evaluate(
             continue
         steps = correct.shape[0]
         # A chain started at position t is accepted up to its first miss: step s is judged at t + s - 1.
-        run = torch.ones(correct.shape[1] - steps + 1, dtype=torch.bool)
+        starts = correct.shape[1] - steps + 1  # drafts whose every step falls inside the answer
+        if starts <= 0:
+            continue
+        run = torch.ones(starts, dtype=torch.bool)
         length = torch.zeros_like(run, dtype=torch.float)
         for s in range(steps):
             run &= correct[s, s : s + len(run)]
@@ -167,7 +169,7 @@ def evaluate(
         counted += len(run)
         # Conditional acceptance of position s given positions < s were accepted.
         cond = [float(correct[0].float().mean())]
-        prev = correct[0, : correct.shape[1] - steps + 1]
+        prev = correct[0, :starts]
         for s in range(1, steps):
             now = prev & correct[s, s : s + len(prev)]
             cond.append(float(now.sum()) / max(1, float(prev.sum())))
@@ -200,16 +202,7 @@ def _loss(
             # cost. The feature loss is cheap and also learns from the prompt.
             scored = use & answer[:, 1:]
             logits = head.logits(predicted[scored])
-            if config.soft_labels:  # the target's whole distribution (its LM head on f_{t+1}) teaches more
-                with torch.no_grad():
-                    teacher = head.logits(features[:, 1:][scored].to(predicted.dtype)).float().softmax(-1)
-                ce = (
-                    -(teacher * logits.float().log_softmax(-1)).sum(-1).mean()
-                    if len(teacher)
-                    else logits.sum() * 0
-                )
-            else:
-                ce = _cross_entropy(logits, targets[scored])
+            ce = _cross_entropy(logits, targets[scored])
             reg = F.smooth_l1_loss(predicted[use], features[:, 1:][use].to(predicted.dtype))
             losses.append((ce + reg) * 0.8**s)
             if judge:
@@ -222,7 +215,7 @@ def _loss(
         for i in range(min(config.medusa_heads, length - 2)):
             ahead = 2 + i  # head i at position t guesses x_{t+2+i}: i + 1 tokens after the next
             label = to_draft[ids[:, ahead:]]
-            use = valid[:, ahead:] & answer[:, ahead:]
+            use = valid[:, ahead:] & answer[:, 1 + i : length - 1]  # drafts started in the answer
             guess = logits[:, : length - ahead, i]
             losses.append(_cross_entropy(guess[use], label[use]))
             if judge:  # all heads read the same position: head i's verdict goes i columns later

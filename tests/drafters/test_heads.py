@@ -143,3 +143,23 @@ def test_corrupt_checkpoints_say_so(one_layer, heads, tmp_path):
         one_layer.generate(
             input_ids=ids, max_new_tokens=4, speculative=dict(method="eagle", draft=str(folder))
         )
+
+
+@pytest.mark.parametrize("method", ["eagle", "medusa"])
+def test_processors_that_allow_only_tokens_outside_the_draft_vocabulary(one_layer, heads, method):
+    """The head cannot propose any allowed token: it drafts nothing instead of failing (sampling) or
+    proposing a forbidden token (greedy), and the target alone decides."""
+    input_ids, attention_mask = random_batch(seed=5, batch=2)
+    allowed = [1, 2, 3]  # not in the heads' draft vocabulary (4..63)
+    kwargs = dict(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=12,
+        prefix_allowed_tokens_fn=lambda batch_id, ids: allowed,
+    )
+    spec = dict(method=method, draft=heads[method], num_draft_tokens=2)
+    torch.manual_seed(0)
+    sampled = one_layer.generate(**kwargs, do_sample=True, speculative=spec)
+    assert set(sampled[:, input_ids.shape[1] :].flatten().tolist()) <= set(allowed)
+    plain = one_layer.generate(**kwargs, do_sample=False)
+    assert torch.equal(one_layer.generate(**kwargs, do_sample=False, speculative=spec), plain)

@@ -130,3 +130,19 @@ def test_features_are_cached_for_resuming(target, examples, tmp_path):
     assert all(
         torch.equal(a.features, b.features) and torch.equal(a.labels, b.labels) for a, b in zip(first, again)
     )
+
+
+def test_held_out_estimate_handles_answers_shorter_than_a_draft(target, examples):
+    config = TrainConfig(draft_vocab_size=48)
+    head = _new_head(target, examples, config)
+    short = examples[0]
+    one_token = type(short)(
+        short.ids[: short.answer_start + 1],
+        short.features[: short.answer_start + 1],
+        short.labels[: short.answer_start + 1],
+        short.answer_start,
+    )
+    from hf_specdec.train.trainer import evaluate
+
+    estimate = evaluate(head, [one_token, examples[1]], _index_of(head.draft_vocab, 64), config)
+    assert estimate["tau"] >= 1.0 and len(estimate["acceptance"]) == 3
