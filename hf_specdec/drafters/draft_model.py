@@ -13,6 +13,7 @@ from ..kv import RaggedKV
 from ..tokenizer_check import compare_tokenizers
 from . import register_drafter
 from .base import Draft, Drafter, DraftRequest, options_to_config
+from .heads import chain, real_tokens
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -129,52 +130,30 @@ class DraftModelDrafter:
     def propose(self, request: DraftRequest) -> Draft:
         self._follow_rows(request.row_ids)
         draft_device = self.model.device
-        contexts = [request.row(b) for b in range(len(request.row_ids))]
-        real = [
-            ctx[0][request.attention_mask[b, : request.lengths[b]].bool()] for b, ctx in enumerate(contexts)
-        ]
+        real = [real_tokens(request, b) for b in range(len(request.row_ids))]
 
         # Roll the cache back to what each row still shares with its sequence, then feed the rest.
         keep = [self._shared_prefix(self.cached[b], seq) for b, seq in enumerate(real)]
         self.kv.truncate(torch.tensor(keep, device=draft_device))
         pending = [seq[n:] for seq, n in zip(real, keep)]
-        logits = self.kv.forward(*_right_aligned(pending, draft_device), logits_to_keep=1).logits[:, -1]
+        first = self.kv.forward(*_right_aligned(pending, draft_device), logits_to_keep=1).logits[:, -1]
 
-        batch, steps = len(real), max(request.max_tokens, default=0)
-        tokens = torch.zeros(batch, steps, dtype=torch.long, device=self.device)
-        probs = [] if request.do_sample else None
-        confidence = torch.zeros(batch, steps, device=self.device)
-        lengths = [0] * batch
-        active = [request.max_tokens[b] > 0 for b in range(batch)]
-        for i in range(steps):
-            scores = request.score(
-                [torch.cat([c, tokens[b : b + 1, :i]], 1) for b, c in enumerate(contexts)],
-                request.row_ids,
-                logits.to(self.device),
+        def logits_at(i: int, previous: torch.Tensor | None, active: list[bool]) -> torch.Tensor:
+            if i == 0:
+                return first.to(self.device)
+            fed = torch.tensor(active, device=draft_device)[:, None]
+            return (
+                self.kv.forward(previous[:, None].to(draft_device), fed, logits_to_keep=1)
+                .logits[:, -1]
+                .to(self.device)
             )
-            dist = scores.softmax(dim=-1)
-            if request.do_sample:
-                token = torch.multinomial(dist, 1).squeeze(1)
-                probs.append(dist)
-            else:
-                token = scores.argmax(dim=-1)
-            tokens[:, i] = token
-            confidence[:, i] = dist.gather(1, token[:, None]).squeeze(1)
-            confident = confidence[:, i] >= self.config.min_confidence
-            for b in range(batch):
-                if active[b]:
-                    lengths[b] = i + 1
-                    active[b] = i + 1 < request.max_tokens[b] and (request.do_sample or bool(confident[b]))
-            if not any(active):
-                break
-            valid = torch.tensor(active, device=draft_device)[:, None]
-            logits = self.kv.forward(token[:, None].to(draft_device), valid, logits_to_keep=1).logits[:, -1]
 
-        width = max(lengths, default=0)
-        fed = [max(n - 1, 0) for n in lengths]  # a row's last draft token is never fed
-        self.cached = [torch.cat([seq, tokens[b, : fed[b]].to(seq.device)]) for b, seq in enumerate(real)]
-        stacked = torch.stack(probs, dim=1)[:, :width] if probs else None
-        return Draft(tokens[:, :width], lengths, stacked, confidence[:, :width])
+        draft = chain(request, request.max_tokens, self.config.min_confidence, logits_at)
+        fed = [max(n - 1, 0) for n in draft.lengths]  # a row's last draft token is never fed
+        self.cached = [
+            torch.cat([seq, draft.tokens[b, : fed[b]].to(seq.device)]) for b, seq in enumerate(real)
+        ]
+        return draft
 
     def observe(self, draft: Draft, accepted: list[int]) -> None:
         pass  # the next propose() rolls back by comparing sequences, which also survives EOS and restarts
