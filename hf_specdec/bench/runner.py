@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ..drafters import DRAFTERS
+from ..heads import HEAD_METHODS
 from .result import PLAIN, BenchResult, Measurement
 from .suites import Prompt, load_prompt_file, load_suite, take_per_category
 
@@ -224,12 +225,15 @@ def _check_methods(methods: list[str], draft: Any, heads: dict[str, Any]) -> Non
         raise ValueError(f"Methods are listed twice: {', '.join(methods)}.")
     if "draft_model" in methods and draft is None:
         raise ValueError("Method draft_model needs a draft model: pass --draft (draft= in Python).")
-    for method in ("eagle", "medusa"):
+    for method in HEAD_METHODS:
         if method in methods and method not in heads:
             raise ValueError(
                 f"Method {method} needs a trained head: pass --head {method}=FOLDER (heads= in Python); "
                 f"train one with `hf-specdec train-draft --method {method}`."
             )
+    not_heads = sorted(set(heads) - set(HEAD_METHODS))
+    if not_heads:
+        raise ValueError(f"heads= takes {' and '.join(HEAD_METHODS)} heads, not {', '.join(not_heads)}.")
     unused = sorted(set(heads) - set(methods))
     if unused:
         raise ValueError(f"Heads given for {', '.join(unused)}, which is not among the methods benchmarked.")

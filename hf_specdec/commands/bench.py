@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from hf_specdec.bench.suites import SUITES
+from hf_specdec.heads import HEAD_METHODS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -109,7 +110,7 @@ def _heads(values: list[str]) -> dict[str, str]:
     heads = {}
     for value in values:
         method, sep, folder = value.partition("=")
-        if not sep or method not in ("eagle", "medusa") or not folder:
+        if not sep or method not in HEAD_METHODS or not folder:
             raise ValueError(f"--head takes METHOD=FOLDER with METHOD eagle or medusa, got {value!r}.")
         heads[method] = folder
     return heads

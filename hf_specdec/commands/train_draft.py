@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..heads import HEAD_METHODS
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -14,7 +16,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the same command again to resume.",
     )
     parser.add_argument("--target", default=None, help="model folder or Hub id (default: the demo model)")
-    parser.add_argument("--method", choices=["eagle", "medusa"], default="eagle")
+    parser.add_argument("--method", choices=list(HEAD_METHODS), default="eagle")
     parser.add_argument("--out", required=True, help="folder for the head, its log and checkpoints")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--suite", default=None, help="prompt suite (default: specbench-train)")

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from ..heads import HEAD_METHODS
 from ..heads.checkpoint import build_head, load_state, read_weights, save_head
 from ..heads.eagle import EagleHeadConfig
 from ..heads.medusa import MedusaHeadConfig
@@ -50,7 +51,7 @@ class TrainConfig:
 
 def train_head(target: Any, examples: list[Example], out: Path, config: TrainConfig) -> dict[str, Any]:
     """Train a head for `target` on `examples`; returns the training log (also saved in `out`)."""
-    if config.method not in ("eagle", "medusa"):
+    if config.method not in HEAD_METHODS:
         raise ValueError(f"Unknown head method {config.method!r}; use eagle or medusa.")
     target.requires_grad_(False)
     rng = random.Random(config.seed)
