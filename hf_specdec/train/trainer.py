@@ -42,6 +42,7 @@ class TrainConfig:
     draft_vocab_size: int = 8192  # most frequent target tokens the head scores; 0 = all
     learning_rate: float = 2e-3
     batch_tokens: int = 4096
+    prompt_token_loss: bool = False  # EAGLE: token loss on prompt positions too (more, off-distribution)
     max_length: int = 384  # train on each sequence's last positions (its answer and the prompt's end)
     holdout: float = 0.05  # share of sequences kept out of training to estimate acceptance
     eval_every_minutes: float = 3.0
@@ -201,7 +202,7 @@ def _loss(
             use = valid[:, 1:] & (positions >= s)  # step s + 1 reads s earlier predictions
             # Token loss where drafting happens (the target's answers); the LM head is most of the
             # cost. The feature loss is cheap and also learns from the prompt.
-            scored = use & answer[:, 1:]
+            scored = use if config.prompt_token_loss else use & answer[:, 1:]
             logits = head.logits(predicted[scored])
             ce = _cross_entropy(logits, targets[scored])
             reg = F.smooth_l1_loss(predicted[use], features[:, 1:][use].to(predicted.dtype))
