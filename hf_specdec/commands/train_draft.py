@@ -27,6 +27,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--heads", type=int, default=4, help="Medusa heads (default 4)")
     parser.add_argument("--unrolled-steps", type=int, default=3, help="EAGLE chained steps trained at once")
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default 2e-3)")
+    parser.add_argument(
+        "--prompt-token-loss",
+        action="store_true",
+        help="EAGLE: token loss on prompt positions too (more labels when answers are few; see README)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.set_defaults(func=run)
 
@@ -42,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
         draft_vocab_size=args.draft_vocab,
         **({"learning_rate": args.lr} if args.lr is not None else {}),
         seed=args.seed,
+        prompt_token_loss=args.prompt_token_loss,
     )
     try:
         log = train_draft(
