@@ -13,7 +13,7 @@ from ..kv import RaggedKV
 from ..tokenizer_check import compare_tokenizers
 from . import register_drafter
 from .base import Draft, Drafter, DraftRequest, options_to_config
-from .heads import chain, real_tokens
+from .heads import chain, real_tokens, right_aligned
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -136,7 +136,7 @@ class DraftModelDrafter:
         keep = [self._shared_prefix(self.cached[b], seq) for b, seq in enumerate(real)]
         self.kv.truncate(torch.tensor(keep, device=draft_device))
         pending = [seq[n:] for seq, n in zip(real, keep)]
-        first = self.kv.forward(*_right_aligned(pending, draft_device), logits_to_keep=1).logits[:, -1]
+        first = self.kv.forward(*right_aligned(pending, draft_device), logits_to_keep=1).logits[:, -1]
 
         def logits_at(i: int, previous: torch.Tensor | None, active: list[bool]) -> torch.Tensor:
             if i == 0:
@@ -196,15 +196,3 @@ def _local_tokenizer(model: PreTrainedModel) -> Any:
         return AutoTokenizer.from_pretrained(folder)
     except (OSError, ValueError):
         return None
-
-
-def _right_aligned(chunks: list[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stack ragged 1-D token chunks as [B, T], right-aligned so every row's last token is last."""
-    width = max(len(c) for c in chunks)
-    tokens = torch.zeros(len(chunks), width, dtype=torch.long, device=device)
-    valid = torch.zeros(len(chunks), width, dtype=torch.bool, device=device)
-    for b, chunk in enumerate(chunks):
-        if len(chunk):
-            tokens[b, width - len(chunk) :] = chunk.to(device)
-            valid[b, width - len(chunk) :] = True
-    return tokens, valid

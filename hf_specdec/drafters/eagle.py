@@ -11,7 +11,7 @@ from ..heads.checkpoint import load_head
 from ..kv import RaggedKV
 from . import register_drafter
 from .base import Draft, Drafter, DraftRequest, options_to_config
-from .heads import HeadDrafterConfig, chain, full_vocab_logits, head_source, real_tokens
+from .heads import HeadDrafterConfig, chain, full_vocab_logits, head_source, real_tokens, right_aligned
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -36,6 +36,7 @@ class EagleDrafter:
         self.vocab_size = vocab_size
         self.device = device
         self.hidden_state_layers = head.feature_layers
+        self.feature_dtype = next(head.parameters()).dtype
         self.kv: RaggedKV | None = None
         self.done: list[int] = []  # per row: positions the head has read real features for
         self.row_ids: list[int] = []
@@ -53,7 +54,7 @@ class EagleDrafter:
         self.kv.truncate(torch.tensor(self.done, device=self.device))  # drop last step's chained positions
 
         # Position t reads (f_t, x_{t+1}): new features arrive for the tokens the target just cached.
-        tokens, features, valid = [], [], []
+        tokens, features = [], []
         for b in range(batch):
             real = real_tokens(request, b)
             new = request.hidden_states[b]
@@ -64,17 +65,11 @@ class EagleDrafter:
                     f"{start + count} features."
                 )
             tokens.append(real[start + 1 : start + 1 + count])
-            features.append(self.head.project_features(new) if count else None)
+            size = self.head.config.hidden_size
+            features.append(self.head.project_features(new) if count else torch.zeros(0, size))
             self.done[b] += count
-        width = max(len(t) for t in tokens)
-        ids = torch.zeros(batch, width, dtype=torch.long, device=self.device)
-        feats = torch.zeros(batch, width, self.head.config.hidden_size, device=self.device)
-        valid = torch.zeros(batch, width, dtype=torch.bool, device=self.device)
-        for b, (ids_b, feats_b) in enumerate(zip(tokens, features)):
-            if len(ids_b):  # right-aligned: every row's newest position is the last column
-                ids[b, width - len(ids_b) :] = ids_b
-                feats[b, width - len(ids_b) :] = feats_b.to(feats.dtype)
-                valid[b, width - len(ids_b) :] = True
+        ids, valid = right_aligned(tokens, self.device)
+        feats, _ = right_aligned(features, self.device, dtype=self.feature_dtype)
         output = self.kv.forward(ids, valid, logits_to_keep=1, features=feats)
 
         max_tokens = [n if self.done[b] > 0 else 0 for b, n in enumerate(request.max_tokens)]

@@ -98,3 +98,20 @@ def chain(
     width = max(lengths, default=0)
     stacked = torch.stack(probs, dim=1)[:, :width] if request.do_sample and probs else None
     return Draft(drafted[:, :width], lengths, stacked, confidence[:, :width])
+
+
+def right_aligned(
+    chunks: list[torch.Tensor], device: torch.device, dtype: torch.dtype | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack ragged chunks [n_b, ...] as [B, T, ...], right-aligned so that every row's newest entry is
+    in the last column, and which entries are real, [B, T]."""
+    width = max(len(c) for c in chunks)
+    stacked = torch.zeros(
+        len(chunks), width, *chunks[0].shape[1:], dtype=dtype or chunks[0].dtype, device=device
+    )
+    valid = torch.zeros(len(chunks), width, dtype=torch.bool, device=device)
+    for b, chunk in enumerate(chunks):
+        if len(chunk):
+            stacked[b, width - len(chunk) :] = chunk.to(device, stacked.dtype)
+            valid[b, width - len(chunk) :] = True
+    return stacked, valid
