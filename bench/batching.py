@@ -2,6 +2,7 @@
 
     python bench/batching.py                      # full table (about 15 minutes on 2 cores)
     python bench/batching.py --batch-sizes 1,8 --repeats 1 --max-new-tokens 32   # quick look
+    python bench/batching.py --batch-sizes none --num-draft-tokens auto,1,2,4    # grounded batch 8, fixed k
 
 Rows: the n-gram drafter and a draft model (a bf16 copy of the target: the only smaller-cost
 same-tokenizer draft available offline, since SmolLM2-135M is the smallest of its family), on
@@ -102,6 +103,11 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--methods", default="ngram,draft_model")
+    parser.add_argument(
+        "--num-draft-tokens",
+        default="auto",
+        help="comma-separated draft lengths to compare: 'auto' (the adaptive policy) and/or fixed integers",
+    )
     parser.add_argument("--out", default="bench_out/batching.json")
     args = parser.parse_args()
     if not SPECBENCH.exists():
@@ -111,11 +117,16 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     draft = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
-    methods = {
+    sources = {
         "ngram": {"method": "ngram"},
         "draft_model": {"method": "draft_model", "draft": draft, "draft_tokenizer": tokenizer},
     }
-    sizes = [int(s) for s in args.batch_sizes.split(",")]
+    methods = {}
+    for name in args.methods.split(","):
+        for k in args.num_draft_tokens.split(","):
+            label = name if k == "auto" else f"{name} k={k}"
+            methods[label] = {**sources[name], "num_draft_tokens": k if k == "auto" else int(k)}
+    sizes = [] if args.batch_sizes == "none" else [int(s) for s in args.batch_sizes.split(",")]
     cases = [("grounded", 8)] + [("open", b) for b in sizes]
     model.generate(**encode(tokenizer, ["Hi"]), max_new_tokens=4)  # warm-up
 
@@ -128,7 +139,7 @@ def main() -> None:
     for kind, batch in cases:
         prompts = load_prompts(GROUNDED if kind == "grounded" else OPEN, batch)
         inputs = encode(tokenizer, prompts)
-        for name in args.methods.split(","):
+        for name in methods:
             r = run_case(model, inputs, methods[name], args.max_new_tokens, args.repeats)
             r.update(prompts=kind, batch=batch, method=name)
             results.append(r)
