@@ -54,16 +54,31 @@ def speculative_decode(
     out = OutputCollector(input_ids, model_kwargs.get("attention_mask"), generation_config, streamer)
     target = RaggedKV(model, model_kwargs.get("cache"), batch, device)
 
-    # The target's cache always holds every token of a row but its last: each step feeds that
-    # last token followed by the draft, so position i of the output scores draft token i.
+    # The prefill is plain decoding's first step: the whole prompt, whose last logits give each
+    # row's first token. From then on the target's cache holds every token of a row but its last:
+    # each step feeds that last token followed by the draft, so output position i scores draft
+    # token i.
     layers = getattr(drafter, "hidden_state_layers", ())
     features = _Features(layers, batch)
-    if prompt_len > 1:
-        prompt_mask = out.attention_mask[:, :-1].bool()
-        prefill = target.forward(
-            input_ids[:, :-1], prompt_mask, logits_to_keep=1, output_hidden_states=bool(layers)
+    prompt_mask = out.attention_mask.bool()
+    start = time.perf_counter()
+    prefill = target.forward(input_ids, prompt_mask, logits_to_keep=1, output_hidden_states=bool(layers))
+    features.add(prefill, prompt_mask, list(range(batch)), torch.arange(batch, device=device))
+    if out.active_rows:  # none when the prompt already fills max_length
+        rows = out.active_rows
+        request, no_draft = (
+            _request(out, rows, 0, generation_config, score, features),
+            Draft.empty(len(rows), device),
         )
-        features.add(prefill, prompt_mask, list(range(batch)), torch.arange(batch, device=device))
+        stats.draft_lengths.append(0)
+        _emit(
+            out, stats, request, no_draft, _accept(request, no_draft, prefill.logits[rows]), stopping_criteria
+        )
+        stats.verify_seconds += time.perf_counter() - start
+
+    probe, expect = getattr(drafter, "probe_seconds", None), getattr(policy, "expect_draft_cost", None)
+    if probe is not None and expect is not None:
+        expect(probe(batch))  # a draft too slow to ever pay is then never explored
 
     cached_rows = list(range(batch))  # rows of the user's batch in the target's cache, in order
     while out.active_rows:
@@ -77,16 +92,7 @@ def speculative_decode(
         slots = [cached_rows.index(r) for r in rows]
         k = policy.draft_length(len(rows))
         stats.draft_lengths.append(k)
-        request = DraftRequest(
-            tokens=out.tokens[rows],
-            attention_mask=out.mask[rows],
-            lengths=[out.lengths[r] for r in rows],
-            max_tokens=[min(k, out.room(r) - 1) for r in rows],
-            do_sample=generation_config.do_sample,
-            score=score,
-            row_ids=rows,
-            hidden_states=features.take(rows) if k > 0 else None,  # kept for the next draft
-        )
+        request = _request(out, rows, k, generation_config, score, features)
 
         start = time.perf_counter()
         draft = drafter.propose(request) if k > 0 else Draft.empty(len(rows), device)
@@ -96,17 +102,50 @@ def speculative_decode(
         verified_at = time.perf_counter()
 
         drafter.observe(draft, step.accepted)
-        stats.target_forwards += 1
-        for b, row in enumerate(rows):
-            n = step.accepted[b] + 1  # accepted drafts and the target's own token
-            stats.record_step(draft.lengths[b], step.accepted[b])
-            out.emit(row, step.tokens[b, :n], step.scores[b, :n], step.logits[b, :n], stopping_criteria)
+        _emit(out, stats, request, draft, step, stopping_criteria)
         policy.update(len(rows), draft, step.accepted, drafted_at - start, verified_at - drafted_at)
         stats.draft_seconds += drafted_at - start
         stats.verify_seconds += verified_at - drafted_at
 
     stats.emitted = out.emitted
     return out.finish(stats, target.cache)
+
+
+def _request(
+    out: OutputCollector,
+    rows: list[int],
+    k: int,
+    generation_config: GenerationConfig,
+    score: ScoreProcessor,
+    features: _Features,
+) -> DraftRequest:
+    """What a drafter is told about the active `rows` when asked for up to `k` tokens each."""
+    return DraftRequest(
+        tokens=out.tokens[rows],
+        attention_mask=out.mask[rows],
+        lengths=[out.lengths[r] for r in rows],
+        max_tokens=[min(k, out.room(r) - 1) for r in rows],
+        do_sample=generation_config.do_sample,
+        score=score,
+        row_ids=rows,
+        hidden_states=features.take(rows) if k > 0 else None,  # kept for the next draft
+    )
+
+
+def _emit(
+    out: OutputCollector,
+    stats: SpeculativeStats,
+    request: DraftRequest,
+    draft: Draft,
+    step: _Verified,
+    stopping_criteria: StoppingCriteriaList,
+) -> None:
+    """Append each row's accepted drafts and the target's own token; count the step."""
+    stats.target_forwards += 1
+    for b, row in enumerate(request.row_ids):
+        n = step.accepted[b] + 1  # accepted drafts and the target's own token
+        stats.record_step(draft.lengths[b], step.accepted[b])
+        out.emit(row, step.tokens[b, :n], step.scores[b, :n], step.logits[b, :n], stopping_criteria)
 
 
 @dataclass
@@ -138,19 +177,27 @@ def _verify(
     output = target.forward(
         feed_all, valid_all, logits_to_keep=width, output_hidden_states=bool(features.layers)
     )
-    logits = output.logits[index]
+    step = _accept(request, draft, output.logits[index])
+    # Keep the fed last token and the accepted drafts; the row's new token is not in the cache yet.
+    accepted = torch.tensor(step.accepted, device=device)
+    lengths = target.lengths.clone()
+    lengths[index] += accepted + 1 - valid.sum(dim=1)
+    target.truncate(lengths)
+    kept = torch.arange(width, device=device)[None, :] <= accepted[:, None]
+    features.add(output, kept, request.row_ids, index)
+    return step
+
+
+def _accept(request: DraftRequest, draft: Draft, logits: torch.Tensor) -> _Verified:
+    """Score each row's draft with the target's `logits` [B, k + 1, V] and accept what the
+    target agrees with (greedy) or what rejection sampling keeps."""
+    draft_lengths = torch.tensor(draft.lengths, device=logits.device)
     contexts = [request.row(b) for b in range(len(request.row_ids))]
     scores = request.score.positions(contexts, request.row_ids, draft.tokens, draft.lengths, logits)
     if request.do_sample:
         accepted, tokens = rejection_sample(draft.tokens, draft_lengths, draft.probs, scores.softmax(-1))
     else:
         accepted, tokens = greedy_verify(draft.tokens, draft_lengths, scores)
-    # Keep the fed last token and the accepted drafts; the row's new token is not in the cache yet.
-    lengths = target.lengths.clone()
-    lengths[index] += accepted + 1 - valid.sum(dim=1)
-    target.truncate(lengths)
-    kept = torch.arange(width, device=device)[None, :] <= accepted[:, None]
-    features.add(output, kept, request.row_ids, index)
     return _Verified(accepted.tolist(), tokens, scores, logits)
 
 

@@ -86,12 +86,16 @@ class AdaptiveDraftLength:
         first_k: draft length of the first speculative steps, before anything is measured.
         prior_acceptance, prior_weight: the prior on each α_i, worth `prior_weight` drafts.
         probe_every: plain steps before the first re-probe once plain decoding was chosen.
+        min_probe_gain: re-probe only while drafts that are always accepted would be at least this
+            much faster than plain decoding at the measured costs (a probe that finds nothing costs
+            about a step).
     """
 
     first_k: int = 4
     prior_acceptance: float = 0.6
     prior_weight: float = 2.0
     probe_every: int = 8
+    min_probe_gain: float = 1.1
     max_k: int = MAX_DRAFT
     drafted: list[float] = field(default_factory=lambda: [0.0] * MAX_DRAFT)
     accepted: list[float] = field(default_factory=lambda: [0.0] * MAX_DRAFT)
@@ -106,15 +110,18 @@ class AdaptiveDraftLength:
         plain = self._verify(batch_size, 1)
         if plain is None:
             return 0  # measure a plain step first: it is what generate would have done anyway
-        if not self._measured_wide():
-            return self.first_k  # nothing measured beyond plain steps yet: explore
-        alphas = [self.alpha(i) for i in range(self.max_k)]
         draft_cost = self.draft_cost.value or 0.0
-        best_k = self._best_width(batch_size, [alphas], draft_cost)
+        # Even drafts that are always accepted must gain enough for what drafting and verifying
+        # cost here, or probing (a step's cost of its own, plus the draft's catch-up) cannot pay.
+        _, perfect = self._best_width(batch_size, [[1.0] * self.max_k], draft_cost)
+        if not self._measured_wide():
+            # Nothing verified wider than a plain step yet: explore, unless the drafter's up-front
+            # timing (`expect_draft_cost`) already says drafting cannot pay.
+            return self.first_k if perfect >= self.min_probe_gain else 0
+        alphas = [self.alpha(i) for i in range(self.max_k)]
+        best_k, _ = self._best_width(batch_size, [alphas], draft_cost)
         if best_k == 0:
-            # Probe again later, unless even drafts that are always accepted could not pay for
-            # what drafting and verifying cost here: then fresh acceptance figures change nothing.
-            if self._best_width(batch_size, [[1.0] * self.max_k], draft_cost) == 0:
+            if perfect < self.min_probe_gain:
                 return 0
             self.plain_run += 1
             if self.plain_run >= self.probe_every * self.backoff:
@@ -124,6 +131,11 @@ class AdaptiveDraftLength:
         else:
             self.plain_run, self.backoff = 0, 1
         return best_k
+
+    def expect_draft_cost(self, seconds_per_token: float) -> None:
+        """A first figure for what a draft token costs, timed by the drafter before any drafting
+        (`Drafter.probe_seconds`); measured drafts replace it within a few steps."""
+        self.draft_cost.add(seconds_per_token)
 
     def trim(self, draft: Draft, batch_size: int, remaining: list[int] | None = None) -> Draft:
         if self._verify(batch_size, 1) is None or not self._measured_wide():
@@ -140,14 +152,15 @@ class AdaptiveDraftLength:
                 for row, n in zip(draft.confidence.tolist(), draft.lengths)
             ]
         # Rows share one forward, so they share its width: pick the width that pays for the batch.
-        width = self._best_width(batch_size, rows, 0.0, remaining)  # drafting is already paid for
+        width, _ = self._best_width(batch_size, rows, 0.0, remaining)  # drafting is already paid for
         lengths = [min(n, width) for n in draft.lengths]
         return draft.truncated(lengths) if lengths != draft.lengths else draft
 
     def _best_width(
         self, batch_size: int, rows: list[list[float]], draft_cost: float, remaining: list[int] | None = None
-    ) -> int:
-        """The draft width k that finishes the batch soonest (0 means plain decoding).
+    ) -> tuple[int, float]:
+        """The draft width k that finishes the batch soonest (0 means plain decoding), and how
+        much sooner than plain decoding (a ratio of times; 1.0 when k is 0).
 
         `rows` holds each row's α list; row b drafts min(k, len(rows[b])) tokens and has
         `remaining[b]` tokens left to generate. A step advances row b by 1 + g_b(k) expected
@@ -164,13 +177,14 @@ class AdaptiveDraftLength:
                 total += survive
                 row_gains.append(total)
             gains.append(row_gains)
-        best_k, best_time = 0, max(remaining) * self._verify(batch_size, 1)
+        plain_time = max(remaining) * self._verify(batch_size, 1)
+        best_k, best_time = 0, plain_time
         for k in range(1, max((len(a) for a in rows), default=0) + 1):
             steps = max(r / (1.0 + (g[min(k, len(g)) - 1] if g else 0.0)) for r, g in zip(remaining, gains))
             time = steps * (k * draft_cost + self._verify(batch_size, k + 1))
             if time * 1.02 < best_time:  # a 2% margin: noise must not flip us into a loss
                 best_k, best_time = k, time
-        return best_k
+        return best_k, plain_time / best_time
 
     def alpha(self, position: int) -> float:
         """Estimated acceptance of draft position `position` (0-based), given the earlier ones."""
@@ -188,7 +202,7 @@ class AdaptiveDraftLength:
         width = 1 + max(draft.lengths, default=0)
         self.verify_cost.setdefault((batch_size, width), _Recent()).add(verify_seconds)
         if width > 1:
-            self.draft_cost.add(draft_seconds / (width - 1))
+            self.draft_cost.add(max(draft_seconds - draft.catch_up_seconds, 0.0) / (width - 1))
         scores = draft.confidence.tolist() if draft.confidence is not None else None
         for b, (d, a) in enumerate(zip(draft.lengths, accepted)):
             # Position i was tested only if every earlier draft token was accepted.

@@ -8,6 +8,8 @@ special tokens that end or frame a generation agree.
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,3 +72,20 @@ def compare_tokenizers(target: Any, draft: Any, *, max_reported: int = 5) -> Tok
             differences.append(f"{attr} is {t_id} in the target but {d_id} in the draft")
 
     return TokenizerCheck(compatible=not differences, shared_vocab_size=shared, differences=differences)
+
+
+# Comparing two 50k-token vocabularies takes ~70 ms, and a draft model checks its tokenizer on
+# every generate call: remember outcomes for as long as both tokenizer objects live.
+_CHECKED: dict[tuple[int, int], tuple[weakref.ref, weakref.ref, TokenizerCheck]] = {}
+
+
+def compare_tokenizers_once(target: Any, draft: Any) -> TokenizerCheck:
+    """`compare_tokenizers`, remembered per pair of tokenizer objects."""
+    key = (id(target), id(draft))
+    known = _CHECKED.get(key)
+    if known is not None and known[0]() is target and known[1]() is draft:
+        return known[2]
+    check = compare_tokenizers(target, draft)
+    with contextlib.suppress(TypeError):  # no weak references to it: checked every time
+        _CHECKED[key] = (weakref.ref(target), weakref.ref(draft), check)
+    return check

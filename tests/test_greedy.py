@@ -244,10 +244,26 @@ def test_num_return_sequences_with_sampling(target_no_eos, drafts, method):
 # ---------------------------------------------------------------------------------------------
 
 
-def test_auto_with_identical_draft_speculates_and_accepts_everything(target_no_eos):
+@pytest.fixture(scope="module")
+def deep_target_and_shallow_copy():
+    """An 8-layer target whose last 6 layers add exactly zero (their output projections are zero),
+    and the same model without them: a draft that always agrees and costs a fraction of a step."""
+    deep = tiny_llama(0, layers=8, eos_token_id=None)
+    with torch.no_grad():
+        for layer in deep.model.layers[2:]:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    shallow = copy.deepcopy(deep)
+    shallow.model.layers = shallow.model.layers[:2]
+    shallow.config.num_hidden_layers = 2
+    return deep, shallow
+
+
+def test_auto_with_an_always_agreeing_cheaper_draft_speculates(deep_target_and_shallow_copy):
+    target, draft = deep_target_and_shallow_copy
     input_ids, attention_mask = random_batch(8, 1)
-    spec = dict(method="draft_model", draft=target_no_eos, num_draft_tokens="auto")
-    out, _ = run_both(target_no_eos, spec, input_ids, attention_mask, max_new_tokens=40)
+    spec = dict(method="draft_model", draft=draft, num_draft_tokens="auto")
+    out, _ = run_both(target, spec, input_ids, attention_mask, max_new_tokens=40)
     stats = out.speculative_stats
     assert stats.speculative_steps > 0
     assert stats.accepted == stats.drafted > 0

@@ -113,6 +113,32 @@ def test_no_probing_when_even_perfect_drafts_cannot_pay():
     assert [policy.draft_length(1) for _ in range(20)] == [0] * 20
 
 
+def test_a_long_catch_up_does_not_make_draft_tokens_look_expensive():
+    """The first draft of a call also feeds the draft the whole prompt; tokens after that are cheap."""
+    policy = AdaptiveDraftLength()
+    first = _draft([4])
+    first.catch_up_seconds = 19.8  # the drafter's forward over the prompt
+    policy.update(1, _draft([0]), [0], 0.0, 1.0)
+    policy.update(1, first, [4], 20.0, 1.5)  # 20 s of drafting: almost all of it the catch-up
+    assert abs(policy.draft_cost.value - 0.05) < 1e-9
+    assert policy.draft_length(1) > 0
+
+
+def test_no_probing_when_perfect_drafts_would_gain_too_little():
+    # Drafts cost 0.9 of a step per token: even if every one were accepted, 12 of them would gain
+    # under 4% (13 tokens for 10.8 + ~1.7 steps), less than a failed probe risks.
+    policy = AdaptiveDraftLength(probe_every=2)
+    for _ in range(10):
+        policy.update(1, _draft([0]), [0], 0.0, 1.0)
+        policy.update(1, _draft([4]), [0], 3.6, 1.5)
+    assert [policy.draft_length(1) for _ in range(20)] == [0] * 20
+    eager = AdaptiveDraftLength(probe_every=2, min_probe_gain=1.02)
+    for _ in range(10):
+        eager.update(1, _draft([0]), [0], 0.0, 1.0)
+        eager.update(1, _draft([4]), [0], 3.6, 1.5)
+    assert eager.first_k in [eager.draft_length(1) for _ in range(20)]
+
+
 def test_sampled_drafts_are_not_cut_by_their_own_tokens():
     """Cutting a sampled draft by its tokens' confidences would bias the output distribution."""
     policy = AdaptiveDraftLength()

@@ -49,6 +49,9 @@ class Draft:
     probs: torch.Tensor | None = None  # [B, k, V] the processed distributions sampled from; None = certain
     # [B, k] the drafter's estimate that token i is accepted given tokens < i were; None = no estimate.
     confidence: torch.Tensor | None = None
+    # Of the time this draft took, what went into a one-off: feeding the draft the prompt on its
+    # first draft of a call. Not a cost of draft tokens: it must not make every later one look dear.
+    catch_up_seconds: float = 0.0
 
     @classmethod
     def empty(cls, batch_size: int, device: torch.device) -> Draft:
@@ -63,6 +66,7 @@ class Draft:
             lengths,
             None if self.probs is None else self.probs[:, :width],
             None if self.confidence is None else self.confidence[:, :width],
+            self.catch_up_seconds,
         )
 
 
@@ -97,3 +101,8 @@ class Drafter(Protocol):
         """Learn that row b of `draft` (as verified, possibly cut shorter than proposed) had its
         first `accepted[b]` tokens accepted. Drafters without anything to learn do nothing."""
         ...
+
+    # Optional: `probe_seconds(batch_size) -> float`, the seconds one draft token costs for
+    # `batch_size` rows, timed without touching the drafter's state. Drafters whose tokens cost a
+    # model forward define it, so that a draft too slow to ever pay is never explored (exploring
+    # also pays the draft's catch-up over the prompt).

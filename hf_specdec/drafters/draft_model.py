@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,7 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from ..kv import RaggedKV
-from ..tokenizer_check import compare_tokenizers
+from ..tokenizer_check import compare_tokenizers_once
 from . import register_drafter
 from .base import Draft, Drafter, DraftRequest, options_to_config
 from .heads import chain, real_tokens, right_aligned
@@ -61,7 +63,7 @@ def check_compatible(
 ) -> None:
     """Refuse a draft whose token ids mean something else; warn when that cannot be checked."""
     if target_tokenizer is not None and draft_tokenizer is not None:
-        check = compare_tokenizers(target_tokenizer, draft_tokenizer)
+        check = compare_tokenizers_once(target_tokenizer, draft_tokenizer)
         if not check.compatible:
             raise ValueError(
                 f"The draft model cannot draft for this target: its {check.explain()}. "
@@ -136,7 +138,9 @@ class DraftModelDrafter:
         keep = [self._shared_prefix(self.cached[b], seq) for b, seq in enumerate(real)]
         self.kv.truncate(torch.tensor(keep, device=draft_device))
         pending = [seq[n:] for seq, n in zip(real, keep)]
+        start = time.perf_counter()
         first = self.kv.forward(*right_aligned(pending, draft_device), logits_to_keep=1).logits[:, -1]
+        catch_up_seconds = time.perf_counter() - start if not any(keep) else 0.0  # the prompt: a one-off
 
         def logits_at(i: int, previous: torch.Tensor | None, active: list[bool]) -> torch.Tensor:
             if i == 0:
@@ -149,11 +153,26 @@ class DraftModelDrafter:
             )
 
         draft = chain(request, request.max_tokens, self.config.min_confidence, logits_at)
+        draft.catch_up_seconds = catch_up_seconds
         fed = [max(n - 1, 0) for n in draft.lengths]  # a row's last draft token is never fed
         self.cached = [
             torch.cat([seq, draft.tokens[b, : fed[b]].to(seq.device)]) for b, seq in enumerate(real)
         ]
         return draft
+
+    def probe_seconds(self, batch_size: int) -> float:
+        """One draft forward of one token per row on an empty cache of its own: what a draft token
+        costs at least, known before the catch-up over the prompt is paid. Best of two runs, since
+        a fresh model's or ONNX session's first run is slow."""
+        kv = self._new_kv(batch_size)
+        tokens = torch.zeros(batch_size, 1, dtype=torch.long, device=self.model.device)
+        valid = torch.ones(batch_size, 1, dtype=torch.bool, device=self.model.device)
+        best = float("inf")
+        for _ in range(2):
+            start = time.perf_counter()
+            kv.forward(tokens, valid, logits_to_keep=1).logits.cpu()  # .cpu(): wait for the device
+            best = min(best, time.perf_counter() - start)
+        return best
 
     def observe(self, draft: Draft, accepted: list[int]) -> None:
         pass  # the next propose() rolls back by comparing sequences, which also survives EOS and restarts
@@ -183,15 +202,18 @@ class DraftModelDrafter:
 
 def _local_tokenizer(model: PreTrainedModel) -> Any:
     """The target's tokenizer when it was loaded from a local folder that has one, else None."""
-    from pathlib import Path
+    folder = Path(getattr(model, "name_or_path", "") or "")
+    files = [folder / f for f in ("tokenizer.json", "tokenizer_config.json") if (folder / f).exists()]
+    if not folder.is_dir() or not files:
+        return None
+    # Loading takes ~150 ms and happens on every generate call: keep it while the files are unchanged.
+    return _load_tokenizer(str(folder.resolve()), tuple(f.stat().st_mtime_ns for f in files))
 
+
+@functools.lru_cache(maxsize=4)
+def _load_tokenizer(folder: str, mtimes: tuple[int, ...]) -> Any:
     from transformers import AutoTokenizer
 
-    folder = Path(getattr(model, "name_or_path", "") or "")
-    if not folder.is_dir() or not any(
-        (folder / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")
-    ):
-        return None
     try:
         return AutoTokenizer.from_pretrained(folder)
     except (OSError, ValueError):

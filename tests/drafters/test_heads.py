@@ -21,6 +21,7 @@ from ..conftest import assert_greedy_match, random_batch, tiny_llama
 from ..test_sampling import (
     ALPHA,
     NEW,
+    PROMPT,
     SETTINGS,
     VOCAB,
     chi2_pvalue,
@@ -99,7 +100,7 @@ def test_sampling_follows_the_target_distribution(sampling_target, method, setti
     exact = exact_distribution(sampling_target, SETTINGS[setting])
     spec = dict(method=method, draft=head, num_draft_tokens=2)
     samples = sample(sampling_target, SETTINGS[setting], seed=11, speculative=spec)
-    assert samples.shape[1] == 8 + NEW
+    assert samples.shape[1] == len(PROMPT) + NEW
     pvalue = chi2_pvalue(continuation_index(samples), exact)
     assert pvalue > ALPHA, f"{method}/{setting}: p = {pvalue:.2e}"
 

@@ -1,0 +1,62 @@
+"""The draft-model drafter's own timings: what the policy learns draft costs from."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from hf_specdec.config import SpeculativeConfig
+from hf_specdec.drafters.base import DraftRequest
+from hf_specdec.drafters.draft_model import DraftModelDrafter
+from hf_specdec.processing import ScoreProcessor
+
+
+def _request(tokens: torch.Tensor, k: int) -> DraftRequest:
+    return DraftRequest(
+        tokens=tokens,
+        attention_mask=torch.ones_like(tokens),
+        lengths=[tokens.shape[1]],
+        max_tokens=[k],
+        do_sample=False,
+        score=ScoreProcessor(None, 64, 1),
+        row_ids=[0],
+    )
+
+
+def _drafter(target, draft) -> DraftModelDrafter:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # compatibility judged by vocabulary size: known here
+        config = SpeculativeConfig(method="draft_model", draft=draft)
+        return DraftModelDrafter.from_config(config, target, None)
+
+
+def test_only_the_first_draft_reports_a_catch_up_over_the_prompt(target, good_draft):
+    drafter = _drafter(target, good_draft)
+    prompt = torch.randint(6, 64, (1, 40), generator=torch.Generator().manual_seed(0))
+    first = drafter.propose(_request(prompt, 3))
+    assert first.catch_up_seconds > 0
+    # The next step: the first two draft tokens were accepted and the target added one of its own.
+    grown = torch.cat([prompt, first.tokens[:, :2], torch.tensor([[7]])], dim=1)
+    second = drafter.propose(_request(grown, 3))
+    assert second.catch_up_seconds == 0.0
+    assert second.lengths == [3]
+
+
+def test_probe_times_a_draft_token_without_touching_the_drafter(target, good_draft):
+    prompt = torch.randint(6, 64, (1, 20), generator=torch.Generator().manual_seed(1))
+    probed, fresh = _drafter(target, good_draft), _drafter(target, good_draft)
+    seconds = probed.probe_seconds(4)
+    assert 0 < seconds < 5
+    assert torch.equal(probed.propose(_request(prompt, 4)).tokens, fresh.propose(_request(prompt, 4)).tokens)
+
+
+def test_tokenizer_checks_are_remembered_per_pair_of_tokenizers(smollm2_path):
+    from transformers import AutoTokenizer
+
+    from hf_specdec.tokenizer_check import compare_tokenizers_once
+
+    one, other = AutoTokenizer.from_pretrained(smollm2_path), AutoTokenizer.from_pretrained(smollm2_path)
+    first = compare_tokenizers_once(one, other)
+    assert first.compatible and compare_tokenizers_once(one, other) is first
+    assert compare_tokenizers_once(other, one) is not first  # another pair is checked anew
