@@ -157,7 +157,8 @@ def export_onnx(
         out_dir: written with `model.onnx`, `config.json`, `generation_config.json` and, when one
             can be found, the tokenizer files.
         dtype: "fp32" or "fp16" weights and KV cache.
-        quantize: None, or "int8" for onnxruntime's dynamic per-channel int8 weights.
+        quantize: None, or "int8": int8 weights in blocks of 32 (onnxruntime MatMulNBits; see
+            `quantize_int8`).
         tokenizer: saved beside the model; by default loaded from `model_or_path`.
         progress: show a progress bar.
 
@@ -207,7 +208,7 @@ def export_onnx_report(
             )
         agreement = None
         if quantize:
-            bar.step("quantizing weights to int8 (per channel)")
+            bar.step("quantizing weights to int8 (blocks of 32)")
             quantize_int8(fp_path, path)
             _remove_onnx(fp_path)
             agreement = argmax_agreement(model, path)
@@ -298,24 +299,31 @@ def _logit_scale(model: PreTrainedModel) -> float:
         return float(DecoderWithPast(model)(*sample_inputs(model))[0].abs().max())
 
 
-def quantize_int8(src: str | Path, dst: str | Path) -> Path:
-    """onnxruntime dynamic int8 quantization with one scale per output channel.
+# What `quantize="int8"` writes; part of the quantized copies' cache stamp, so that copies in an
+# older format are rebuilt.
+INT8_FORMAT = "matmulnbits-8bit-block32-sym-int8compute"
 
-    Per-tensor scales (torch's and ORT's default) lose too much: SmolLM2-135M's per-tensor int8
-    agreed with it on 48% of greedy tokens. Only MatMuls with a constant weight are quantized.
+
+def quantize_int8(src: str | Path, dst: str | Path) -> Path:
+    """int8 weights in blocks of 32 with their own scale (onnxruntime `MatMulNBits`, bits=8), and
+    int8 arithmetic (accuracy level 4: activations quantized per block as well).
+
+    Finer scales are what keep the copy agreeing with the model: on SmolLM2-135M a self-draft in
+    this format had 86-100% of its tokens accepted, against 38% for onnxruntime's dynamic int8 with
+    one scale per output channel (activations quantized per tensor) and 48% per tensor. A decoding
+    step reads ~240 MB instead of ~540 MB (the tied LM head stays fp32). MatMuls whose weight is
+    computed in the graph are left as they are.
     """
     require()
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     with _quiet_export():
-        quantize_dynamic(
-            model_input=str(src),
-            model_output=str(dst),
-            per_channel=True,
-            weight_type=QuantType.QInt8,
-            use_external_data_format=Path(str(src) + ".data").exists(),
-            extra_options={"MatMulConstBOnly": True},
+        quantizer = MatMulNBitsQuantizer(
+            onnx.load(str(src)), bits=8, block_size=32, is_symmetric=True, accuracy_level=4
         )
+        quantizer.process()
+        quantizer.model.save_model_to_file(str(dst), use_external_data_format=False)
     return Path(dst)
 
 

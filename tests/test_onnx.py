@@ -162,7 +162,7 @@ def test_quantized_self_drafting(target, quantized_cache):
             **kwargs, speculative=dict(method="quantized", num_draft_tokens=4), return_dict_in_generate=True
         )
     assert_greedy_match(target, plain, spec.sequences, mask)
-    assert spec.speculative_stats.acceptance_rate > 0.6  # int8 per channel still mostly agrees
+    assert spec.speculative_stats.acceptance_rate > 0.6  # int8 in blocks of 32 still mostly agrees
     folders = list((quantized_cache / "onnx").iterdir())
     assert [f.name for f in folders] == ["LlamaForCausalLM-int8"]
     with warnings.catch_warnings():

@@ -211,7 +211,7 @@ def _rows(
         rows.append(
             Row("transformers_prompt_lookup", {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS}, False)
         )
-        if draft is not None:
+        if draft is not None and not isinstance(draft, (str, Path)):  # not an ONNX folder
             rows.append(Row("transformers_assisted", {"assistant_model": draft}, False))
     return rows
 
@@ -298,8 +298,11 @@ def _load_model(model: Any, tokenizer: Any) -> tuple[Any, Any, str]:
 
 
 def _load_draft(draft: Any, target: Any) -> tuple[Any, Any]:
-    """A draft path becomes a loaded model once, shared by our row and transformers' assisted row."""
-    if draft is None or not isinstance(draft, (str, Path)):
+    """A draft path becomes a loaded model once, shared by our row and transformers' assisted row.
+    An exported ONNX folder stays a path: our drafter opens it; transformers cannot use it."""
+    from ..onnx import is_onnx_folder
+
+    if draft is None or not isinstance(draft, (str, Path)) or is_onnx_folder(draft):
         return draft, None
     from ..drafters.draft_model import load_draft
 

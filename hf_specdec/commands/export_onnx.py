@@ -15,7 +15,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("model", help="a transformers folder or Hub repo id")
     parser.add_argument("out", help="output folder")
     parser.add_argument("--dtype", choices=["fp32", "fp16"], default="fp32")
-    parser.add_argument("--quantize", choices=["int8"], default=None, help="dynamic per-channel int8 weights")
+    parser.add_argument(
+        "--quantize", choices=["int8"], default=None, help="int8 weights in blocks of 32 (MatMulNBits)"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
 
