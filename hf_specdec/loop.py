@@ -61,20 +61,15 @@ def speculative_decode(
     layers = getattr(drafter, "hidden_state_layers", ())
     features = _Features(layers, batch)
     prompt_mask = out.attention_mask.bool()
-    start = time.perf_counter()
     prefill = target.forward(input_ids, prompt_mask, logits_to_keep=1, output_hidden_states=bool(layers))
     features.add(prefill, prompt_mask, list(range(batch)), torch.arange(batch, device=device))
     if out.active_rows:  # none when the prompt already fills max_length
         rows = out.active_rows
-        request, no_draft = (
-            _request(out, rows, 0, generation_config, score, features),
-            Draft.empty(len(rows), device),
-        )
+        request = _request(out, rows, 0, generation_config, score, features)
+        no_draft = Draft.empty(len(rows), device)
+        first = _accept(request, no_draft, prefill.logits[rows])
         stats.draft_lengths.append(0)
-        _emit(
-            out, stats, request, no_draft, _accept(request, no_draft, prefill.logits[rows]), stopping_criteria
-        )
-        stats.verify_seconds += time.perf_counter() - start
+        _emit(out, stats, request, no_draft, first, stopping_criteria)
 
     probe, expect = getattr(drafter, "probe_seconds", None), getattr(policy, "expect_draft_cost", None)
     if probe is not None and expect is not None:
