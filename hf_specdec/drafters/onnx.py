@@ -44,7 +44,8 @@ class OnnxDraftConfig:
     Args:
         provider: "auto" (CUDA when the target is on a GPU and onnxruntime-gpu has it, else CPU),
             "cpu" or "cuda". CUDA without a GPU falls back to CPU with a warning.
-        threads: ONNX Runtime intra-op threads on CPU; 0 lets it choose.
+        threads: ONNX Runtime intra-op threads on CPU; 0: as many as torch uses
+            (`torch.get_num_threads()`), since draft and target take turns on the same cores.
         min_confidence: as for `draft_model`: stop a greedy draft once its confidence drops below.
         tokenizer_verified: skip the tokenizer / vocabulary check.
     """
@@ -88,6 +89,7 @@ class OnnxDecoder:
     def load(
         cls, folder: str | Path, provider: str = "auto", threads: int = 0, prefer_cuda: bool = False
     ) -> OnnxDecoder:
+        threads = threads or torch.get_num_threads()
         key = (str(Path(folder).resolve()), provider, threads, prefer_cuda)
         decoder = _LOADED.pop(key, None) or cls._load(Path(folder), provider, threads, prefer_cuda)
         _LOADED[key] = decoder  # most recently used last
