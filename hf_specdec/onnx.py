@@ -314,7 +314,13 @@ def quantize_int8(src: str | Path, dst: str | Path) -> Path:
     step reads ~240 MB instead of ~540 MB (the tied LM head stays fp32). MatMuls whose weight is
     computed in the graph are left as they are.
     """
-    require()
+    ort = require()
+    version = tuple(int(part) for part in ort.__version__.split(".")[:2])
+    if version < (1, 22):
+        raise RuntimeError(
+            f"int8 quantization needs onnxruntime >= 1.22 (its 8-bit MatMulNBits kernels); this is "
+            f"{ort.__version__}. Upgrade: pip install -U 'hf-specdec[onnx]'."
+        )
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
