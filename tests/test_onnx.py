@@ -79,6 +79,26 @@ def test_ort_kv_follows_ragged_kv_through_holes_and_row_drops(onnx_dirs, weak_dr
     assert torch.equal(ort_kv.mask, torch_kv.mask)
 
 
+def test_only_the_logits_asked_for_are_computed(onnx_dirs, weak_draft, tmp_path):
+    """Our exports take `num_logits_to_keep`; Hub-layout graphs without it still work (all logits)."""
+    from hf_specdec.onnx import _export
+
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    _export(weak_draft, plain / "model.onnx")  # the graph before the input is added
+    weak_draft.config.save_pretrained(plain)
+    ours, theirs = OnnxDecoder.load(onnx_dirs["weak"]), OnnxDecoder.load(plain)
+    assert ours.has_logits_to_keep and not theirs.has_logits_to_keep
+    tokens = torch.randint(6, 64, (2, 5), generator=torch.Generator().manual_seed(3))
+    valid = torch.tensor([[0, 1, 1, 1, 1], [1] * 5], dtype=torch.bool)
+    every = OrtKV(ours, 2).forward(tokens, valid).logits
+    last = OrtKV(ours, 2).forward(tokens, valid, logits_to_keep=1).logits
+    reference = OrtKV(theirs, 2).forward(tokens, valid, logits_to_keep=1).logits
+    assert every.shape == (2, 5, 64) and last.shape == reference.shape == (2, 1, 64)
+    assert torch.equal(last, every[:, -1:])
+    assert torch.allclose(last, reference, atol=1e-5)
+
+
 GREEDY_CASES = [  # (draft folder, batch size, draft length)
     ("good", 1, 4),
     ("good", 3, "auto"),

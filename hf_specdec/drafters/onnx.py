@@ -80,6 +80,8 @@ class OnnxDecoder:
         self.vocab_size = logits if isinstance(logits, int) else config.get_text_config().vocab_size
         self.has_position_ids = "position_ids" in inputs
         self.has_cache_branch = "use_cache_branch" in inputs  # optimum's merged decoders
+        overridable = {i.name for i in session.get_overridable_initializers()}
+        self.has_logits_to_keep = hf_onnx.LOGITS_TO_KEEP in overridable | set(inputs)  # our own exports
         if self.kv_heads is None or self.head_dim is None:
             raise ValueError(f"{path}: the KV shape is symbolic and there is no config.json to read it from.")
         self.config = config if config is not None else _vocab_only_config(self.vocab_size)
@@ -177,16 +179,21 @@ class OrtKV:
             feeds["use_cache_branch"] = torch.ones(1, dtype=torch.bool, device=device)
         for name, tensor in feeds.items():
             self._bind(name, tensor, output=False)
+        computed = new  # positions the session computes logits for
+        if logits_to_keep and self.decoder.has_logits_to_keep:
+            computed = min(logits_to_keep, new)
+            # A shape-like input: ONNX Runtime reads it on the host whatever the provider.
+            self._bind(hf_onnx.LOGITS_TO_KEEP, torch.tensor([computed]), output=False)
         for i, (past_name, present_name) in enumerate(zip(self.past_names, self.present_names)):
             self._bind(past_name, self._view(i, self.current, past), output=False)
             self._bind(present_name, self._view(i, 1 - self.current, self.width), output=True)
-        self._bind("logits", self._logits_view(batch, new), output=True)
+        self._bind("logits", self._logits_view(batch, computed), output=True)
         if device.type == "cuda":
             torch.cuda.current_stream(device).synchronize()  # torch wrote the inputs
         self.decoder.session.run_with_iobinding(self.binding)
         self.binding.synchronize_outputs()
         self.current = 1 - self.current
-        logits = self._logits_view(batch, new)
+        logits = self._logits_view(batch, computed)
         return SimpleNamespace(logits=(logits[:, -logits_to_keep:] if logits_to_keep else logits).clone())
 
     def truncate(self, lengths: torch.Tensor) -> None:
