@@ -72,8 +72,10 @@ def speculative_decode(
         _emit(out, stats, request, no_draft, first, stopping_criteria)
 
     probe, expect = getattr(drafter, "probe_seconds", None), getattr(policy, "expect_draft_cost", None)
-    if probe is not None and expect is not None:
-        expect(probe(batch))  # a draft too slow to ever pay is then never explored
+    if probe is not None and expect is not None and out.active_rows:
+        seconds = probe(len(out.active_rows))
+        expect(seconds)  # a draft too slow to ever pay is then never explored
+        stats.draft_seconds += seconds
 
     cached_rows = list(range(batch))  # rows of the user's batch in the target's cache, in order
     while out.active_rows:

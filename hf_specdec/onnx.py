@@ -379,7 +379,10 @@ def quantize_int8(src: str | Path, dst: str | Path) -> Path:
             onnx.load(str(src)), bits=8, block_size=32, is_symmetric=True, accuracy_level=4
         )
         quantizer.process()
-        quantizer.model.save_model_to_file(str(dst), use_external_data_format=False)
+        # From ~1B parameters the int8 copy (its embedding and tied LM head stay fp32) passes
+        # protobuf's 2 GB limit; the fp32 source then has its weights in a .data file already.
+        external = Path(str(src) + ".data").exists()
+        quantizer.model.save_model_to_file(str(dst), use_external_data_format=external)
     return Path(dst)
 
 

@@ -134,8 +134,10 @@ class AdaptiveDraftLength:
 
     def expect_draft_cost(self, seconds_per_token: float) -> None:
         """A first figure for what a draft token costs, timed by the drafter before any drafting
-        (`Drafter.probe_seconds`); measured drafts replace it within a few steps."""
-        self.draft_cost.add(seconds_per_token)
+        (`Drafter.probe_seconds`); measured drafts replace it within a few steps. Ignored once
+        drafts have been measured (a policy kept across calls)."""
+        if self.draft_cost.value is None:
+            self.draft_cost.add(seconds_per_token)
 
     def trim(self, draft: Draft, batch_size: int, remaining: list[int] | None = None) -> Draft:
         if self._verify(batch_size, 1) is None or not self._measured_wide():

@@ -42,27 +42,18 @@ def compare_tokenizers(target: Any, draft: Any, *, max_reported: int = 5) -> Tok
     draft_vocab: dict[str, int] = draft.get_vocab()
     differences: list[str] = []
 
-    mismatched = [
-        (token, idx, draft_vocab.get(token))
-        for token, idx in target_vocab.items()
-        if draft_vocab.get(token, idx) != idx
-    ]
-    mismatched.sort(key=lambda item: item[1])
-    for token, idx, other in mismatched[:max_reported]:
-        differences.append(f"token {token!r} is id {idx} in the target but id {other} in the draft")
-    if len(mismatched) > max_reported:
-        differences.append(f"... {len(mismatched) - max_reported} more tokens map to different ids")
-
-    # Tokens one side has and the other lacks are fine above the shared range (padding, added
-    # tokens of a fine-tune); inside it they would silently change meaning.
+    # Every id both tokenizers have must mean the same string. Ids above the shared range are fine
+    # (padding, added tokens of a fine-tune); inside it a difference silently changes meaning.
+    target_by_id = {idx: token for token, idx in target_vocab.items()}
+    draft_by_id = {idx: token for token, idx in draft_vocab.items()}
     shared = min(len(target_vocab), len(draft_vocab))
-    target_ids = {idx for idx in target_vocab.values() if idx < shared}
-    draft_ids = {idx for idx in draft_vocab.values() if idx < shared}
-    missing = sorted(target_ids ^ draft_ids)
-    if missing and not mismatched:
+    differing = [i for i in range(shared) if target_by_id.get(i) != draft_by_id.get(i)]
+    for i in differing[:max_reported]:
         differences.append(
-            f"{len(missing)} ids below {shared} exist in only one tokenizer (first: {missing[0]})"
+            f"id {i} is {target_by_id.get(i)!r} in the target but {draft_by_id.get(i)!r} in the draft"
         )
+    if len(differing) > max_reported:
+        differences.append(f"... {len(differing) - max_reported} more ids mean different tokens")
 
     for attr in _SPECIAL_ATTRS:
         t_id, d_id = getattr(target, attr, None), getattr(draft, attr, None)
@@ -76,12 +67,13 @@ def compare_tokenizers(target: Any, draft: Any, *, max_reported: int = 5) -> Tok
 
 # Comparing two 50k-token vocabularies takes ~70 ms, and a draft model checks its tokenizer on
 # every generate call: remember outcomes for as long as both tokenizer objects live.
-_CHECKED: dict[tuple[int, int], tuple[weakref.ref, weakref.ref, TokenizerCheck]] = {}
+_CHECKED: dict[tuple[int, int, int, int], tuple[weakref.ref, weakref.ref, TokenizerCheck]] = {}
 
 
 def compare_tokenizers_once(target: Any, draft: Any) -> TokenizerCheck:
-    """`compare_tokenizers`, remembered per pair of tokenizer objects."""
-    key = (id(target), id(draft))
+    """`compare_tokenizers`, remembered per pair of tokenizer objects and their sizes (tokens added
+    to either in place make it compare again)."""
+    key = (id(target), id(draft), len(target), len(draft))
     known = _CHECKED.get(key)
     if known is not None and known[0]() is target and known[1]() is draft:
         return known[2]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -39,6 +40,12 @@ class DraftRequest:
         """Row b's sequence so far, [1, lengths[b]]."""
         return self.tokens[b : b + 1, : self.lengths[b]]
 
+    def is_catch_up(self, fed: int) -> bool:
+        """Whether a drafter's first forward, feeding up to `fed` tokens a row, is catching up (on the
+        prompt, or after plain steps) rather than a steady step, which feeds the last draft's accepted
+        tokens and the target's own: a one-off the policy must not count as a cost of draft tokens."""
+        return fed > 1 + max(self.max_tokens, default=0)
+
 
 @dataclass
 class Draft:
@@ -68,6 +75,13 @@ class Draft:
             None if self.confidence is None else self.confidence[:, :width],
             self.catch_up_seconds,
         )
+
+
+def elapsed(start: float, result: torch.Tensor) -> float:
+    """Seconds since `start` once the device has finished computing `result`."""
+    if result.is_cuda:
+        torch.cuda.synchronize(result.device)
+    return time.perf_counter() - start
 
 
 def options_to_config(config_cls: type, options: dict[str, Any]) -> Any:

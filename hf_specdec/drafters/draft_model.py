@@ -14,7 +14,7 @@ import torch
 from ..kv import RaggedKV
 from ..tokenizer_check import compare_tokenizers_once
 from . import register_drafter
-from .base import Draft, Drafter, DraftRequest, options_to_config
+from .base import Draft, Drafter, DraftRequest, elapsed, options_to_config
 from .heads import chain, real_tokens, right_aligned
 
 if TYPE_CHECKING:
@@ -140,7 +140,8 @@ class DraftModelDrafter:
         pending = [seq[n:] for seq, n in zip(real, keep)]
         start = time.perf_counter()
         first = self.kv.forward(*right_aligned(pending, draft_device), logits_to_keep=1).logits[:, -1]
-        catch_up_seconds = time.perf_counter() - start if not any(keep) else 0.0  # the prompt: a one-off
+        fed = max(len(p) for p in pending)
+        catch_up_seconds = elapsed(start, first) if request.is_catch_up(fed) else 0.0
 
         def logits_at(i: int, previous: torch.Tensor | None, active: list[bool]) -> torch.Tensor:
             if i == 0:

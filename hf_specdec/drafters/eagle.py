@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -10,7 +11,7 @@ from transformers import DynamicCache
 from ..heads.checkpoint import load_head
 from ..kv import RaggedKV
 from . import register_drafter
-from .base import Draft, Drafter, DraftRequest, options_to_config
+from .base import Draft, Drafter, DraftRequest, elapsed, options_to_config
 from .heads import HeadDrafterConfig, chain, full_vocab_logits, head_source, real_tokens, right_aligned
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ class EagleDrafter:
         self.kv.truncate(torch.tensor(self.done, device=self.device))  # drop last step's chained positions
 
         # Position t reads (f_t, x_{t+1}): new features arrive for the tokens the target just cached.
+        began = time.perf_counter()
         tokens, features = [], []
         for b in range(batch):
             real = real_tokens(request, b)
@@ -71,6 +73,7 @@ class EagleDrafter:
         ids, valid = right_aligned(tokens, self.device)
         feats, _ = right_aligned(features, self.device, dtype=self.feature_dtype)
         output = self.kv.forward(ids, valid, logits_to_keep=1, features=feats)
+        catch_up_seconds = elapsed(began, output.logits) if request.is_catch_up(ids.shape[1]) else 0.0
 
         max_tokens = [n if self.done[b] > 0 else 0 for b, n in enumerate(request.max_tokens)]
 
@@ -83,7 +86,9 @@ class EagleDrafter:
                 )
             return full_vocab_logits(output.logits[:, -1], self.head.draft_vocab, self.vocab_size)
 
-        return chain(request, max_tokens, self.config.min_confidence, logits_at)
+        draft = chain(request, max_tokens, self.config.min_confidence, logits_at)
+        draft.catch_up_seconds = catch_up_seconds
+        return draft
 
     def observe(self, draft: Draft, accepted: list[int]) -> None:
         pass  # the accepted tokens' real features arrive with the next request

@@ -92,7 +92,9 @@ class OnnxDecoder:
         cls, folder: str | Path, provider: str = "auto", threads: int = 0, prefer_cuda: bool = False
     ) -> OnnxDecoder:
         threads = threads or torch.get_num_threads()
-        key = (str(Path(folder).resolve()), provider, threads, prefer_cuda)
+        model_file = hf_onnx.find_model_file(folder) if Path(folder).is_dir() else None
+        stamp = model_file.stat().st_mtime_ns if model_file is not None else 0  # a rebuilt copy reloads
+        key = (str(Path(folder).resolve()), stamp, provider, threads, prefer_cuda)
         decoder = _LOADED.pop(key, None) or cls._load(Path(folder), provider, threads, prefer_cuda)
         _LOADED[key] = decoder  # most recently used last
         while len(_LOADED) > _KEEP_LOADED:

@@ -31,16 +31,21 @@ def _drafter(target, draft) -> DraftModelDrafter:
         return DraftModelDrafter.from_config(config, target, None)
 
 
-def test_only_the_first_draft_reports_a_catch_up_over_the_prompt(target, good_draft):
+def test_catch_ups_are_reported_and_steady_steps_are_not(target, good_draft):
     drafter = _drafter(target, good_draft)
     prompt = torch.randint(6, 64, (1, 40), generator=torch.Generator().manual_seed(0))
     first = drafter.propose(_request(prompt, 3))
-    assert first.catch_up_seconds > 0
+    assert first.catch_up_seconds > 0  # the whole prompt
     # The next step: the first two draft tokens were accepted and the target added one of its own.
     grown = torch.cat([prompt, first.tokens[:, :2], torch.tensor([[7]])], dim=1)
     second = drafter.propose(_request(grown, 3))
     assert second.catch_up_seconds == 0.0
     assert second.lengths == [3]
+    # Ten plain steps later the draft has ten tokens to catch up on before it drafts again.
+    later = torch.cat(
+        [grown, torch.randint(6, 64, (1, 10), generator=torch.Generator().manual_seed(2))], dim=1
+    )
+    assert drafter.propose(_request(later, 3)).catch_up_seconds > 0
 
 
 def test_probe_times_a_draft_token_without_touching_the_drafter(target, good_draft):
@@ -60,3 +65,15 @@ def test_tokenizer_checks_are_remembered_per_pair_of_tokenizers(smollm2_path):
     first = compare_tokenizers_once(one, other)
     assert first.compatible and compare_tokenizers_once(one, other) is first
     assert compare_tokenizers_once(other, one) is not first  # another pair is checked anew
+
+
+def test_a_tokenizer_grown_in_place_is_compared_again(smollm2_path):
+    from transformers import AutoTokenizer
+
+    from hf_specdec.tokenizer_check import compare_tokenizers_once
+
+    one, other = AutoTokenizer.from_pretrained(smollm2_path), AutoTokenizer.from_pretrained(smollm2_path)
+    assert compare_tokenizers_once(one, other).compatible
+    other.add_tokens(["<only-in-the-draft>"])
+    one.add_tokens(["<only-in-the-target>"])  # the same new id means another string
+    assert not compare_tokenizers_once(one, other).compatible

@@ -164,3 +164,25 @@ def test_processors_that_allow_only_tokens_outside_the_draft_vocabulary(one_laye
     assert set(sampled[:, input_ids.shape[1] :].flatten().tolist()) <= set(allowed)
     plain = one_layer.generate(**kwargs, do_sample=False)
     assert torch.equal(one_layer.generate(**kwargs, do_sample=False, speculative=spec), plain)
+
+
+def test_eagle_reports_its_catch_up_over_the_prompt(one_layer, heads, monkeypatch):
+    """The head's first draft reads the features of the whole prompt: a one-off the policy must not
+    take for the cost of draft tokens (it would switch drafting off for the rest of the call)."""
+    from hf_specdec.drafters.eagle import EagleDrafter
+
+    seen = []
+    propose = EagleDrafter.propose
+
+    def recording(self, request):
+        draft = propose(self, request)
+        seen.append(draft.catch_up_seconds)
+        return draft
+
+    monkeypatch.setattr(EagleDrafter, "propose", recording)
+    input_ids = torch.randint(6, 64, (1, 200), generator=torch.Generator().manual_seed(5))
+    spec = dict(method="eagle", draft=heads["eagle"], num_draft_tokens=3)
+    one_layer.generate(
+        input_ids=input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=12, speculative=spec
+    )
+    assert seen[0] > 0 and seen[1] == 0.0  # then steady steps (near the end, shorter drafts may count)
