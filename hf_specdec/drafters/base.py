@@ -56,8 +56,9 @@ class Draft:
     probs: torch.Tensor | None = None  # [B, k, V] the processed distributions sampled from; None = certain
     # [B, k] the drafter's estimate that token i is accepted given tokens < i were; None = no estimate.
     confidence: torch.Tensor | None = None
-    # Of the time this draft took, what went into a one-off: feeding the draft the prompt on its
-    # first draft of a call. Not a cost of draft tokens: it must not make every later one look dear.
+    # Of the time this draft took, what went into catching the draft up (on the prompt at first, on
+    # the tokens of plain steps later; see `DraftRequest.is_catch_up`). Not a cost of draft tokens:
+    # it must not make every later one look dear.
     catch_up_seconds: float = 0.0
 
     @classmethod
