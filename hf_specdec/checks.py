@@ -35,7 +35,7 @@ def check_supported(
     if cache is not None and (type(cache) is not DynamicCache or not getattr(cache, "is_croppable", True)):
         raise ValueError(
             f"speculative= needs a DynamicCache it can roll back, got {type(cache).__name__} "
-            "(a static, compiled, sliding-window or quantized cache). Drop cache_implementation= / cache=."
+            "(a static, compiled or quantized cache). Drop cache_implementation= / cache=."
         )
     if model_kwargs.get("inputs_embeds") is not None:
         raise ValueError("speculative= needs input_ids; inputs_embeds is not supported.")

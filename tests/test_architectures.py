@@ -1,0 +1,117 @@
+"""Architecture coverage: tiny random models built from transformers' own configs.
+
+Each architecture speculates with n-gram lookup, with itself as the draft (every draft accepted)
+and with another random model of the same shape as the draft (most drafts rejected, so the cache
+is rolled back nearly every step), and must give plain greedy `generate`'s output. The
+sliding-window ones run with a window of 16 and contexts past it, in batches with holes too, so a
+transformers upgrade that breaks an architecture's cache or masks fails here.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import hf_specdec
+from hf_specdec.kv import RaggedKV
+
+from .conftest import assert_greedy_match, random_batch
+
+VOCAB = 128
+_COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
+_SPECIAL = {
+    "gpt2": dict(
+        vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256, bos_token_id=1, eos_token_id=2
+    ),
+    "opt": dict(_COMMON, ffn_dim=128, word_embed_proj_dim=64),
+    "falcon": dict(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, bos_token_id=1
+    ),
+    "gemma": dict(_COMMON, head_dim=16),
+}
+FULL_ATTENTION = [
+    "llama", "qwen2", "qwen3", "gemma", "phi3", "olmo2", "granite", "cohere", "stablelm", "gpt2", "opt",
+    "gpt_neox", "falcon", "mixtral", "qwen3_moe", "phi", "smollm3", "glm",
+]  # fmt: skip
+WINDOW = 16
+SLIDING_WINDOW = {
+    "mistral": dict(_COMMON, sliding_window=WINDOW),
+    "gemma2": dict(_COMMON, head_dim=16, sliding_window=WINDOW),
+    "gemma3_text": dict(_COMMON, head_dim=16, sliding_window=WINDOW),
+    "starcoder2": dict(_COMMON, sliding_window=WINDOW),
+    "exaone4": dict(_COMMON, sliding_window=WINDOW),
+}
+
+
+def tiny(name: str, seed: int, **overrides) -> torch.nn.Module:
+    kwargs = SLIDING_WINDOW.get(name) or _SPECIAL.get(name) or _COMMON
+    config = AutoConfig.for_model(name, **{**kwargs, **overrides})
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def _methods(model, weak_draft):
+    return {
+        "ngram": "ngram",
+        "self": hf_specdec.SpeculativeConfig(method="draft_model", draft=model, num_draft_tokens=4),
+        "weak": hf_specdec.SpeculativeConfig(method="draft_model", draft=weak_draft, num_draft_tokens=3),
+    }
+
+
+def _check(model, weak_draft, input_ids, attention_mask=None, new_tokens=24):
+    plain = model.generate(
+        input_ids, attention_mask=attention_mask, max_new_tokens=new_tokens, do_sample=False
+    )
+    for method, speculative in _methods(model, weak_draft).items():
+        spec = model.generate(
+            input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            speculative=speculative,
+        )
+        assert spec.shape == plain.shape, method
+        assert_greedy_match(model, plain, spec, attention_mask)
+
+
+@pytest.mark.parametrize("name", FULL_ATTENTION + list(SLIDING_WINDOW))
+def test_architecture_matches_plain_greedy(name):
+    model, weak_draft = tiny(name, 0), tiny(name, 1)
+    prompt = torch.randint(3, VOCAB, (1, 32), generator=torch.Generator().manual_seed(0))
+    _check(model, weak_draft, prompt)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("name", list(SLIDING_WINDOW))
+def test_sliding_window_past_the_window(name, seed):
+    """Contexts of 2-4 windows, batch 1 and a ragged left-padded batch (holes mid-cache)."""
+    model, weak_draft = tiny(name, seed), tiny(name, seed + 10)
+    prompt = torch.randint(3, VOCAB, (1, 2 * WINDOW), generator=torch.Generator().manual_seed(seed))
+    _check(model, weak_draft, prompt, new_tokens=2 * WINDOW)
+    input_ids, attention_mask = random_batch(seed, 3, vocab=VOCAB, min_len=WINDOW // 2, max_len=3 * WINDOW)
+    _check(model, weak_draft, input_ids, attention_mask, new_tokens=WINDOW + 8)
+
+
+def test_sliding_window_masks_count_real_tokens():
+    """A query sees the `window` real tokens before it however many holes lie between them."""
+    model = tiny("mistral", 0)
+    kv = RaggedKV(model, None, 1, torch.device("cpu"))
+    assert kv.window_masks is not None
+    # columns: 4 real, 3 holes, 1 real, then a query: the window of 16 reaches back over the holes
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0, 0, 1, 1]], dtype=torch.bool)
+    kv.window_masks.window = 3
+    allowed = kv.window_masks.build(mask, 1)[0, 0, 0]
+    # the query (position 5) sees positions 3, 4, 5: column 3, column 7 and itself; not the holes
+    assert allowed.tolist() == [False, False, False, True, False, False, False, True, True]
