@@ -24,6 +24,9 @@ class SpeculativeConfig:
             choose it each step from measured acceptance and costs (state kept for the call), or
             a policy object such as `AdaptiveDraftLength()` that keeps what it learns across calls.
         options: settings of the chosen drafter (see its config class, e.g. `NgramConfig`).
+        tree: `True` to let the drafter propose a tree of candidate continuations, verified in one
+            forward (`num_draft_tokens` then counts its nodes); an integer also caps the nodes;
+            `False` (default) drafts one chain. Drafters that grow trees: `ngram`.
     """
 
     method: str = "auto"
@@ -31,8 +34,11 @@ class SpeculativeConfig:
     draft_tokenizer: Any = None
     num_draft_tokens: DraftLength = "auto"
     options: dict[str, Any] = field(default_factory=dict)
+    tree: bool | int = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.tree, (bool, int)) or (type(self.tree) is int and self.tree < 1):
+            raise ValueError(f"`tree` must be True, False or a positive number of nodes, got {self.tree!r}.")
         if not isinstance(self.method, str):
             raise TypeError(f"`method` must be a string, got {type(self.method).__name__}.")
         n = self.num_draft_tokens

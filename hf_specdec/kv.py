@@ -34,7 +34,8 @@ class RaggedKV:
         self.cache = (
             cache if cache is not None else DynamicCache(config=model.config.get_text_config(decoder=True))
         )
-        self.window_masks = _WindowMasks.for_model(model, self.cache)
+        self.window_masks = _Masks.for_sliding_window(model, self.cache)
+        self.tree_masks = self.window_masks  # built on the first tree draft for other models
         self.mask = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)  # [B, cache_len]
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # real tokens per row
         self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
@@ -49,19 +50,30 @@ class RaggedKV:
         valid: torch.Tensor,
         logits_to_keep: int = 0,
         output_hidden_states: bool = False,
+        tree: tuple[torch.Tensor, torch.Tensor] | None = None,
         **inputs: Any,
     ) -> Any:
         """Run the model on `tokens` [B, T] (only `valid` [B, T] ones are real) and cache them.
 
+        `tree`, for a tree draft: `visible` [B, T, T] (token i attends to token j of this forward
+        only where true: its ancestors and itself) and `depths` [B, T] (token i sits `depths[b, i]`
+        positions after the row's first token here); without it the tokens follow each other.
         Returns the model output: `.logits` of the last `logits_to_keep` positions (all if 0),
         [B, T', V], and `.hidden_states` of every position when asked for. `inputs` go to the
         model as they are (a draft head's features).
         """
-        # Real tokens continue each row's own numbering; holes get any position, they are masked.
-        positions = (self.lengths[:, None] + valid.cumsum(dim=1) - 1).clamp_min(0)
+        if tree is None:
+            # Real tokens continue each row's own numbering; holes get any position, they are masked.
+            positions = (self.lengths[:, None] + valid.cumsum(dim=1) - 1).clamp_min(0)
+        else:
+            positions = self.lengths[:, None] + tree[1]
         self.mask = torch.cat([self.mask, valid], dim=1)
         self.lengths = self.lengths + valid.sum(dim=1)
-        if self.window_masks is not None:
+        if tree is not None:
+            if self.tree_masks is None:
+                self.tree_masks = _Masks.for_trees(self.model)
+            attention_mask = self.tree_masks.build(self.mask, tokens.shape[1], tree[0], positions)
+        elif self.window_masks is not None:
             attention_mask = self.window_masks.build(self.mask, tokens.shape[1])
         else:
             attention_mask = None if bool(self.mask.all()) else self.mask.long()
@@ -85,6 +97,20 @@ class RaggedKV:
         self.lengths = self.mask.sum(dim=1)
         self._crop_unused_tail()
 
+    def reorder_tail(self, order: torch.Tensor) -> None:
+        """Permute the last `order.shape[1]` cache columns of each row: column i of row b takes
+        what column `order[b, i]` of that tail held (the accepted path of a tree draft moves to
+        its front, after which the row is truncated like a chain)."""
+        width = order.shape[1]
+        for layer in self.cache.layers:
+            for name in ("keys", "values"):
+                states = getattr(layer, name, None)  # [B, heads, cache_len, head_dim]
+                if states is None or states.dim() != 4:
+                    continue
+                tail = states[:, :, -width:]
+                index = order[:, None, :, None].expand(-1, tail.shape[1], -1, tail.shape[3])
+                states[:, :, -width:] = tail.gather(2, index)
+
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only `rows` (indices into the current batch), e.g. when others have finished."""
         self.cache.batch_select_indices(rows)
@@ -101,23 +127,32 @@ class RaggedKV:
             self.mask = self.mask[:, : self.width - drop]
 
 
-class _WindowMasks:
-    """Attention masks for a model with sliding-window layers, whose cache keeps every position.
+class _Masks:
+    """4D attention masks built here rather than by the model, for what its own masks cannot say.
 
-    Query i of a forward (cache column `past + i`) sees the real tokens at columns up to its own,
-    and on sliding layers only those fewer than `window` real tokens before it (transformers'
-    `sliding_window_overlay`, `kv_idx > q_idx - sliding_window`, counted in tokens instead of
-    columns). A hole or padding query sees only itself, so no softmax row is empty.
+    - Sliding-window layers whose cache keeps every position: query i of a forward (cache column
+      `past + i`) sees the real tokens at columns up to its own, and on sliding layers only those
+      fewer than `window` real tokens before it (transformers' `sliding_window_overlay`,
+      `kv_idx > q_idx - sliding_window`, counted in tokens instead of columns).
+    - Tree drafts: among the tokens of a forward, each sees only its ancestors and itself.
+    A hole or padding query sees only itself, so no softmax row is empty.
     """
 
-    def __init__(self, model: PreTrainedModel, window: int, layer_types: list[str]) -> None:
+    def __init__(self, model: PreTrainedModel, window: int | None, layer_types: list[str]) -> None:
         self.config = model.config.get_text_config(decoder=True)
+        implementation = self.config._attn_implementation
+        if implementation not in ("sdpa", "eager"):
+            raise ValueError(
+                f"speculative= builds its own attention masks for {type(model).__name__} (a sliding "
+                f"window or a tree draft), which need attn_implementation='sdpa' or 'eager' (got "
+                f"{implementation!r}); load the model with one of those, or use chain drafts."
+            )
         self.window = window
         self.types = sorted(set(layer_types))
         self.dtype = model.dtype
 
     @classmethod
-    def for_model(cls, model: PreTrainedModel, cache: DynamicCache) -> _WindowMasks | None:
+    def for_sliding_window(cls, model: PreTrainedModel, cache: DynamicCache) -> _Masks | None:
         """Masks for `model` if it has sliding-window layers (their cache layers become full ones)."""
         sliding = [isinstance(layer, DynamicSlidingWindowLayer) for layer in cache.layers]
         if not any(sliding):
@@ -128,35 +163,45 @@ class _WindowMasks:
                 f"speculative= does not support {type(model).__name__}'s chunked attention (its cache "
                 "cannot be rolled back); use plain generate."
             )
-        implementation = config._attn_implementation
-        if implementation not in ("sdpa", "eager"):
-            raise ValueError(
-                "speculative= on a sliding-window model builds its own attention masks, which need "
-                f"attn_implementation='sdpa' or 'eager' (got {implementation!r}); load the model with "
-                "one of those."
-            )
+        layer_types = getattr(config, "layer_types", None) or ["sliding_attention"]
+        layer_types = [t for t in layer_types if t in ("full_attention", "sliding_attention")]
+        masks = cls(model, config.sliding_window, layer_types)
         for i, is_sliding in enumerate(sliding):  # empty: check_supported refuses a filled cache
             if is_sliding:
                 cache.layers[i] = DynamicLayer()
-        layer_types = getattr(config, "layer_types", None) or ["sliding_attention"]
-        layer_types = [t for t in layer_types if t in ("full_attention", "sliding_attention")]
-        return cls(model, config.sliding_window, layer_types)
+        return masks
 
-    def build(self, mask: torch.Tensor, new: int) -> torch.Tensor | dict[str, torch.Tensor]:
-        """Masks for a forward whose `new` queries are the last columns of `mask` [B, cache_len]:
-        one [B, 1, new, cache_len] mask, or one per layer type for models that mix them."""
+    @classmethod
+    def for_trees(cls, model: PreTrainedModel) -> _Masks:
+        """Masks for tree drafts on a model whose layers all attend to the whole context."""
+        return cls(model, None, ["full_attention"])
+
+    def build(
+        self,
+        mask: torch.Tensor,  # [B, cache_len], the new queries are its last columns
+        new: int,
+        visible: torch.Tensor | None = None,  # [B, new, new] for a tree draft
+        new_positions: torch.Tensor | None = None,  # [B, new] for a tree draft
+    ) -> torch.Tensor | dict[str, torch.Tensor]:
+        """One [B, 1, new, cache_len] mask, or one per layer type for models that mix them."""
         width = mask.shape[1]
+        past = width - new
         columns = torch.arange(width, device=mask.device)
-        queries = columns[width - new :]
-        positions = mask.cumsum(dim=1) - 1  # [B, cache_len] real-token position of each column
+        queries = columns[past:]
         causal = mask[:, None, :] & (columns[None, None, :] <= queries[None, :, None])  # [B, new, cache_len]
+        if visible is not None:
+            causal[:, :, past:] &= visible
         itself = columns[None, None, :] == queries[None, :, None]
-        distance = positions[:, width - new :, None] - positions[:, None, :]  # [B, new, cache_len]
-        allowed = {
-            "full_attention": causal | itself,
-            "sliding_attention": (causal & (distance < self.window)) | itself,
-        }
-        masks = {kind: self._format(allowed[kind][:, None]) for kind in self.types}
+        masks = {}
+        for kind in self.types:
+            allowed = causal
+            if kind == "sliding_attention":
+                positions = mask.cumsum(dim=1) - 1  # [B, cache_len] real-token position of each column
+                if new_positions is not None:
+                    positions[:, past:] = new_positions
+                distance = positions[:, past:, None] - positions[:, None, :]  # [B, new, cache_len]
+                allowed = causal & (distance < self.window)
+            masks[kind] = self._format((allowed | itself)[:, None])
         return masks if len(masks) > 1 else next(iter(masks.values()))
 
     def _format(self, allowed: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,6 @@ plain decoding; this module only replaces the token-by-token loop.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +21,8 @@ from .output import OutputCollector
 from .policy import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
 from .processing import ScoreProcessor
 from .stats import SpeculativeStats
-from .verify import greedy_verify, rejection_sample
+from .timing import clock
+from .verify import greedy_verify, rejection_sample, tree_verify
 
 
 def speculative_decode(
@@ -44,6 +44,12 @@ def speculative_decode(
     if generation_config.do_sample and not drafter.supports_sampling:
         raise ValueError(
             f"method={speculative.method!r} supports greedy decoding only; pass do_sample=False."
+        )
+    tree = speculative.tree is not False
+    if tree and not getattr(drafter, "supports_tree", False):
+        raise ValueError(
+            f"method={speculative.method!r} drafts chains only; tree=True needs a drafter that grows "
+            "trees (method='ngram'), or drop tree=."
         )
     policy = _default_policy(speculative)
     stats = SpeculativeStats(method=speculative.method)
@@ -88,15 +94,17 @@ def speculative_decode(
             cached_rows = rows
         slots = [cached_rows.index(r) for r in rows]
         k = policy.draft_length(len(rows))
+        if tree and speculative.tree is not True:
+            k = min(k, speculative.tree)  # the user's cap on the nodes of a tree
         stats.draft_lengths.append(k)
-        request = _request(out, rows, k, generation_config, score, features)
+        request = _request(out, rows, k, generation_config, score, features, tree)
 
-        start = time.perf_counter()
+        start = clock(device)  # every clock read waits for the device: the policy learns from these
         draft = drafter.propose(request) if k > 0 else Draft.empty(len(rows), device)
         draft = policy.trim(draft, len(rows), [out.room(r) for r in rows])
-        drafted_at = time.perf_counter()
+        drafted_at = clock(device)
         step = _verify(target, slots, request, draft, features)
-        verified_at = time.perf_counter()
+        verified_at = clock(device)
 
         drafter.observe(draft, step.accepted)
         _emit(out, stats, request, draft, step, stopping_criteria)
@@ -115,6 +123,7 @@ def _request(
     generation_config: GenerationConfig,
     score: ScoreProcessor,
     features: _Features,
+    tree: bool = False,
 ) -> DraftRequest:
     """What a drafter is told about the active `rows` when asked for up to `k` tokens each."""
     return DraftRequest(
@@ -126,6 +135,7 @@ def _request(
         score=score,
         row_ids=rows,
         hidden_states=features.take(rows) if k > 0 else None,  # kept for the next draft
+        tree=tree,
     )
 
 
@@ -142,7 +152,9 @@ def _emit(
     for b, row in enumerate(request.row_ids):
         n = step.accepted[b] + 1  # accepted drafts and the target's own token
         stats.record_step(draft.lengths[b], step.accepted[b])
-        out.emit(row, step.tokens[b, :n], step.scores[b, :n], step.logits[b, :n], stopping_criteria)
+        # The positions the emitted tokens were chosen at: along the accepted path of a tree.
+        at = slice(0, n) if step.paths is None else [0] + [1 + node for node in step.paths[b]]
+        out.emit(row, step.tokens[b, :n], step.scores[b, at], step.logits[b, at], stopping_criteria)
 
 
 @dataclass
@@ -151,6 +163,7 @@ class _Verified:
     tokens: torch.Tensor  # [B, k + 1] row b emits tokens[b, : accepted[b] + 1]
     scores: torch.Tensor  # [B, k + 1, V] processed target scores at those positions
     logits: torch.Tensor  # [B, k + 1, V] raw target logits
+    paths: list[list[int]] | None = None  # tree drafts: the accepted nodes of each row, root first
 
 
 def _verify(
@@ -169,12 +182,22 @@ def _verify(
     feed = torch.cat([last, draft.tokens], dim=1)  # [B, width]
     valid = torch.arange(width, device=device)[None, :] <= draft_lengths[:, None]
     index = torch.tensor(slots, device=device)
-    feed_all = feed.new_zeros(target.mask.shape[0], width).index_copy_(0, index, feed)
-    valid_all = valid.new_zeros(target.mask.shape[0], width).index_copy_(0, index, valid)
+    tree = None if draft.parents is None else _tree_layout(draft.parents)
+    if len(slots) == target.mask.shape[0]:  # no finished rows waiting in the cache: slots are 0..B-1
+        feed_all, valid_all, tree_all = feed, valid, tree
+    else:
+        feed_all = feed.new_zeros(target.mask.shape[0], width).index_copy_(0, index, feed)
+        valid_all = valid.new_zeros(target.mask.shape[0], width).index_copy_(0, index, valid)
+        tree_all = None if tree is None else _tree_layout(draft.parents, target.mask.shape[0], index)
     output = target.forward(
-        feed_all, valid_all, logits_to_keep=width, output_hidden_states=bool(features.layers)
+        feed_all, valid_all, logits_to_keep=width, output_hidden_states=bool(features.layers), tree=tree_all
     )
     step = _accept(request, draft, output.logits[index])
+    if step.paths is not None:  # move each row's accepted path to the front of its fed columns
+        order = torch.arange(width, device=device).repeat(target.mask.shape[0], 1)
+        for b, path in enumerate(step.paths):
+            order[slots[b], 1 : 1 + len(path)] = torch.tensor(path, device=device) + 1
+        target.reorder_tail(order)
     # Keep the fed last token and the accepted drafts; the row's new token is not in the cache yet.
     accepted = torch.tensor(step.accepted, device=device)
     lengths = target.lengths.clone()
@@ -190,12 +213,38 @@ def _accept(request: DraftRequest, draft: Draft, logits: torch.Tensor) -> _Verif
     target agrees with (greedy) or what rejection sampling keeps."""
     draft_lengths = torch.tensor(draft.lengths, device=logits.device)
     contexts = [request.row(b) for b in range(len(request.row_ids))]
-    scores = request.score.positions(contexts, request.row_ids, draft.tokens, draft.lengths, logits)
+    scores = request.score.positions(
+        contexts, request.row_ids, draft.tokens, draft.lengths, logits, draft.parents
+    )
+    if draft.parents is not None:
+        paths, tokens = tree_verify(draft.tokens, draft.lengths, draft.parents, scores, request.do_sample)
+        return _Verified([len(path) for path in paths], tokens, scores, logits, paths)
     if request.do_sample:
         accepted, tokens = rejection_sample(draft.tokens, draft_lengths, draft.probs, scores.softmax(-1))
     else:
         accepted, tokens = greedy_verify(draft.tokens, draft_lengths, scores)
     return _Verified(accepted.tolist(), tokens, scores, logits)
+
+
+def _tree_layout(
+    parents: torch.Tensor, batch: int | None = None, slots: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For a forward over [last token, tree nodes...]: which fed tokens each one sees (its
+    ancestors and itself), [B, T, T], and each one's depth below the last token, [B, T].
+    Rows of a target batch of `batch` rows not in `slots` see only themselves."""
+    rows, nodes = parents.shape
+    width = nodes + 1
+    parent_column = torch.cat([parents.new_zeros(rows, 1), parents + 1], dim=1)  # [B, T]
+    visible = torch.eye(width, dtype=torch.bool, device=parents.device).repeat(rows, 1, 1)
+    every_row = torch.arange(rows, device=parents.device)
+    for i in range(1, width):  # a parent's column comes before its children's
+        visible[:, i] |= visible[every_row, parent_column[:, i].clamp(0, i - 1)]
+    depths = visible.sum(dim=-1) - 1
+    if slots is None:
+        return visible, depths
+    visible_all = torch.eye(width, dtype=torch.bool, device=parents.device).repeat(batch, 1, 1)
+    depths_all = torch.arange(width, device=parents.device).repeat(batch, 1)
+    return visible_all.index_copy_(0, slots, visible), depths_all.index_copy_(0, slots, depths)
 
 
 class _Features:

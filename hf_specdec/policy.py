@@ -65,13 +65,11 @@ class _Recent:
 
     samples: list[float] = field(default_factory=list)
     keep: int = 5
+    value: float | None = None  # the median, kept current: the policy reads it many times a step
 
     def add(self, x: float) -> None:
         self.samples = [*self.samples[-(self.keep - 1) :], x]
-
-    @property
-    def value(self) -> float | None:
-        return statistics.median(self.samples) if self.samples else None
+        self.value = statistics.median(self.samples)
 
 
 def _beta_mean(hits: float, trials: float, prior: float, weight: float) -> float:
@@ -142,7 +140,7 @@ class AdaptiveDraftLength:
     def trim(self, draft: Draft, batch_size: int, remaining: list[int] | None = None) -> Draft:
         if self._verify(batch_size, 1) is None or not self._measured_wide():
             return draft
-        if draft.probs is not None or draft.confidence is None:
+        if draft.probs is not None or draft.confidence is None or draft.parents is not None:
             # A sampled draft must not be cut by its own tokens' confidences: keeping token i only
             # when it looks likely would bias which tokens reach the acceptance test, and the
             # output would no longer follow the target's distribution. Cut by position alone.
@@ -206,8 +204,9 @@ class AdaptiveDraftLength:
         if width > 1:
             self.draft_cost.add(max(draft_seconds - draft.catch_up_seconds, 0.0) / (width - 1))
         scores = draft.confidence.tolist() if draft.confidence is not None else None
-        for b, (d, a) in enumerate(zip(draft.lengths, accepted)):
-            # Position i was tested only if every earlier draft token was accepted.
+        for b, (d, a) in enumerate(zip(draft.depths(), accepted)):
+            # Position i was tested only if every earlier draft token was accepted (in a tree:
+            # depth i, reached through the accepted path).
             for i in range(min(d, a + 1, self.max_k)):
                 self.drafted[i] += 1
                 self.accepted[i] += i < a

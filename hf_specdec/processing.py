@@ -98,9 +98,11 @@ class ScoreProcessor:
         draft_tokens: torch.Tensor,  # [B, k]
         draft_lengths: list[int],  # [B]
         logits: torch.Tensor,  # [B, k + 1, V]
+        parents: torch.Tensor | None = None,  # [B, k] for a tree draft (`Draft.parents`)
     ) -> torch.Tensor:
         """Process the target's logits after each draft prefix: position i of row b follows
-        `contexts[b]` + `draft_tokens[b, :i]`. Positions past a row's draft are left unprocessed."""
+        `contexts[b]` + `draft_tokens[b, :i]` (for a tree: + the path down to node i - 1).
+        Positions past a row's draft are left unprocessed."""
         logits = self.fit_vocab(logits)
         if not self.processors:
             return logits
@@ -113,6 +115,19 @@ class ScoreProcessor:
         for b, (ctx, row_id) in enumerate(zip(contexts, row_ids)):
             processors = self.for_row(row_id)
             for i in range(draft_lengths[b] + 1):
-                seq = torch.cat([ctx, draft_tokens[b : b + 1, :i]], dim=1)
+                if parents is None:
+                    prefix = draft_tokens[b : b + 1, :i]
+                else:
+                    prefix = _path(draft_tokens[b], parents[b], i - 1)
+                seq = torch.cat([ctx, prefix], dim=1)
                 scores[b, i] = processors(seq, logits[b, i : i + 1])[0]
         return scores
+
+
+def _path(tokens: torch.Tensor, parents: torch.Tensor, node: int) -> torch.Tensor:
+    """The tokens from the root of a tree draft down to `node` (none for -1), [1, depth]."""
+    nodes = []
+    while node >= 0:
+        nodes.append(node)
+        node = int(parents[node])
+    return tokens[nodes[::-1]][None]

@@ -83,3 +83,48 @@ def rejection_sample(
     tokens = torch.cat([draft_tokens, draft_tokens.new_zeros(batch, 1)], dim=1)
     tokens[rows, accepted] = next_token
     return accepted, tokens
+
+
+def tree_verify(
+    draft_tokens: torch.Tensor,  # [B, n] tree nodes, each after its parent
+    draft_lengths: list[int],  # [B] real nodes per row
+    parents: torch.Tensor,  # [B, n] node i's parent node, -1 for a child of the last token
+    target_scores: torch.Tensor,  # [B, n + 1, V] processed scores: after the last token, then after node i
+    do_sample: bool,
+) -> tuple[list[list[int]], torch.Tensor]:
+    """Walk each row's draft tree down the target's own choices (SpecInfer, Miao et al. 2024).
+
+    At each node the target picks its token: greedy, its argmax; sampling, a draw from its
+    processed distribution there. If a child of the node carries that token, the child is
+    accepted and the walk continues from it; otherwise the picked token is the row's last of the
+    step. Every emitted token is thus the target's own choice after the tokens before it, so
+    greedy output is plain greedy's and samples follow the target's distribution exactly. (This is
+    exact because tree drafts are deterministic, as n-gram tries are: drafts sampled from a
+    distribution q need the multi-draft residuals of SpecInfer instead.) The picks are drawn for
+    every node at once: only those on the walked path are used, each independent of the others.
+
+    Returns per row the accepted path (node indices, root first) and `tokens` [B, n + 1], of which
+    row b emits `tokens[b, : len(path_b) + 1]`.
+    """
+    batch, n_plus_1, vocab = target_scores.shape
+    if do_sample:
+        flat = target_scores.reshape(-1, vocab).softmax(-1)
+        picks = torch.multinomial(flat, 1).reshape(batch, n_plus_1)
+    else:
+        picks = target_scores.argmax(dim=-1)  # [B, n + 1]
+    picks_host, tokens_host, parents_host = picks.tolist(), draft_tokens.tolist(), parents.tolist()
+    paths, emitted = [], []
+    for b in range(batch):
+        children = {
+            (parents_host[b][i], tokens_host[b][i]): i for i in range(draft_lengths[b])
+        }  # a trie: siblings carry distinct tokens
+        path, node = [], -1
+        while (child := children.get((node, picks_host[b][node + 1]))) is not None:
+            path.append(child)
+            node = child
+        paths.append(path)
+        emitted.append([tokens_host[b][i] for i in path] + [picks_host[b][node + 1]])
+    tokens = picks.new_zeros(batch, n_plus_1)
+    for b, row in enumerate(emitted):
+        tokens[b, : len(row)] = torch.tensor(row, dtype=tokens.dtype)
+    return paths, tokens

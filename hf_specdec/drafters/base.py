@@ -35,6 +35,8 @@ class DraftRequest:
     # [n_b, layers * H] of the tokens it cached since the previous request (the prompt at first,
     # then the fed last token and the accepted drafts of each step), in sequence order.
     hidden_states: list[torch.Tensor] | None = None
+    # Whether the drafter may propose a tree (`Draft.parents`) of up to `max_tokens[b]` nodes.
+    tree: bool = False
 
     def row(self, b: int) -> torch.Tensor:
         """Row b's sequence so far, [1, lengths[b]]."""
@@ -60,6 +62,9 @@ class Draft:
     # the tokens of plain steps later; see `DraftRequest.is_catch_up`). Not a cost of draft tokens:
     # it must not make every later one look dear.
     catch_up_seconds: float = 0.0
+    # A tree draft: [B, k] node i's parent node, -1 for the children of the row's last token; each
+    # node comes after its parent, so any prefix of the nodes is a tree too. None: a chain.
+    parents: torch.Tensor | None = None
 
     @classmethod
     def empty(cls, batch_size: int, device: torch.device) -> Draft:
@@ -75,7 +80,20 @@ class Draft:
             None if self.probs is None else self.probs[:, :width],
             None if self.confidence is None else self.confidence[:, :width],
             self.catch_up_seconds,
+            None if self.parents is None else self.parents[:, :width],
         )
+
+    def depths(self) -> list[int]:
+        """Tokens on each row's longest root-to-leaf path: its length for a chain."""
+        if self.parents is None:
+            return list(self.lengths)
+        out = []
+        for row, n in zip(self.parents.tolist(), self.lengths):
+            depth: list[int] = []
+            for parent in row[:n]:
+                depth.append(1 if parent < 0 else depth[parent] + 1)
+            out.append(max(depth, default=0))
+        return out
 
 
 def elapsed(start: float, result: torch.Tensor) -> float:

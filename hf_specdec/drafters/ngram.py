@@ -35,8 +35,11 @@ class NgramConfig:
 
     max_ngram: int = 4
     min_ngram: int = 2
+    max_matches: int = 8  # occurrences of an n-gram a tree draft branches over
 
     def __post_init__(self) -> None:
+        if self.max_matches < 1:
+            raise ValueError(f"ngram needs max_matches >= 1, got {self.max_matches}.")
         if not 1 <= self.min_ngram <= self.max_ngram:
             raise ValueError(
                 f"ngram needs 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}."
@@ -44,11 +47,12 @@ class NgramConfig:
 
 
 class _RowIndex:
-    """N-gram → position after its latest occurrence, for one row's token list."""
+    """N-gram → positions after its latest occurrences (most recent last), for one row's tokens."""
 
-    def __init__(self, sizes: range) -> None:
+    def __init__(self, sizes: range, keep: int) -> None:
         self.sizes = sizes
-        self.tables: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in sizes}
+        self.keep = keep  # occurrences remembered per n-gram (trees branch over them)
+        self.tables: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in sizes}
         self.tokens: list[int] = []
         self.indexed = 0  # continuation positions already indexed
 
@@ -59,19 +63,68 @@ class _RowIndex:
         for j in range(max(self.indexed, 1), len(toks)):
             for n in self.sizes:
                 if j >= n:
-                    self.tables[n][tuple(toks[j - n : j])] = j
+                    starts = self.tables[n].setdefault(tuple(toks[j - n : j]), [])
+                    starts.append(j)
+                    if len(starts) > self.keep:
+                        del starts[0]
         self.indexed = max(self.indexed, len(toks))
 
     def lookup(self, max_tokens: int) -> tuple[list[int], int]:
         """The continuation of the longest, most recent match of the current suffix, and its size."""
-        toks = self.tokens
+        for continuation, size in self.matches(max_tokens):
+            return continuation, size
+        return [], 0
+
+    def matches(self, max_tokens: int) -> list[tuple[list[int], int]]:
+        """Continuations of every remembered match of the current suffix, longest suffix first,
+        then most recent first, each with the size of its match."""
+        toks, found = self.tokens, []
         for n in reversed(self.sizes):
             if len(toks) <= n:
                 continue
-            start = self.tables[n].get(tuple(toks[-n:]))
-            if start is not None:
-                return toks[start : start + max_tokens], n
-        return [], 0
+            for start in reversed(self.tables[n].get(tuple(toks[-n:]), [])):
+                found.append((toks[start : start + max_tokens], n))
+        return found
+
+
+def _trie(continuations: list[tuple[list[int], int]], budget: int) -> tuple[list[int], list[int], list[int]]:
+    """Merge continuations, best first, into a trie of at most `budget` nodes: tokens, parents
+    (-1: a child of the last token) and the match size each node came from.
+
+    The best continuation is not allowed the whole budget: each other continuation first gets the
+    node where it leaves the trie (at most half of the budget goes to these), so that when the
+    best goes wrong early another may still offer the next token; what is left extends the
+    continuations in order.
+    """
+    tokens: list[int] = []
+    parents: list[int] = []
+    sizes: list[int] = []
+    children: dict[tuple[int, int], int] = {}
+
+    def insert(continuation: list[int], size: int, new_nodes: int) -> None:
+        parent = -1
+        for token in continuation:
+            node = children.get((parent, token))
+            if node is None:
+                if new_nodes == 0 or len(tokens) >= budget:
+                    return
+                node = children[(parent, token)] = len(tokens)
+                tokens.append(token)
+                parents.append(parent)
+                sizes.append(size)
+                new_nodes -= 1
+            parent = node
+
+    distinct = {tuple(c) for c, _ in continuations[1:] if c and tuple(c) != tuple(continuations[0][0])}
+    reserve = min(len(distinct), budget // 2)
+    for rank, (continuation, size) in enumerate(continuations):
+        if rank == 0:
+            insert(continuation, size, budget - reserve)
+        else:
+            insert(continuation, size, 1)  # where it leaves the trie
+    for continuation, size in continuations[1:]:
+        insert(continuation, size, budget)
+    return tokens, parents, sizes
 
 
 @register_drafter
@@ -80,6 +133,7 @@ class NgramDrafter:
 
     name: ClassVar[str] = "ngram"
     supports_sampling: ClassVar[bool] = True
+    supports_tree: ClassVar[bool] = True  # a trie of the continuations of several matches
 
     def __init__(self, config: NgramConfig) -> None:
         self.config = config
@@ -90,27 +144,42 @@ class NgramDrafter:
         return cls(options_to_config(NgramConfig, config.options))
 
     def propose(self, request: DraftRequest) -> Draft:
-        proposals: list[list[int]] = []
+        proposals: list[tuple[list[int], list[int], list[int]]] = []  # tokens, parents, match sizes
         sizes = range(self.config.min_ngram, self.config.max_ngram + 1)
         for b, row_id in enumerate(request.row_ids):
-            index = self.rows.setdefault(row_id, _RowIndex(sizes))
+            index = self.rows.setdefault(row_id, _RowIndex(sizes, self.config.max_matches))
             row = request.row(b)[0]
             real = request.attention_mask[b, : request.lengths[b]].bool()
             # Only the tokens added since the last step are new; left padding is never indexed.
             new = int(real.sum()) - len(index.tokens)
             index.extend(row[real][-new:].tolist() if new > 0 else [])
-            proposals.append(index.lookup(request.max_tokens[b]) if request.max_tokens[b] > 0 else ([], 0))
-        lengths = [len(p) for p, _ in proposals]
+            budget = request.max_tokens[b]
+            if budget <= 0:
+                proposals.append(([], [], []))
+            elif request.tree:
+                proposals.append(_trie(index.matches(budget), budget))
+            else:
+                chain, size = index.lookup(budget)
+                proposals.append((chain, list(range(-1, len(chain) - 1)), [size] * len(chain)))
+        lengths = [len(tokens) for tokens, _, _ in proposals]
         width = max(lengths, default=0)
         tokens = torch.zeros(len(proposals), width, dtype=torch.long)
+        parents = torch.zeros(len(proposals), width, dtype=torch.long)
         confidence = torch.zeros(len(proposals), width)
-        for b, (proposal, size) in enumerate(proposals):
-            tokens[b, : len(proposal)] = torch.tensor(proposal, dtype=torch.long)
+        for b, (row_tokens, row_parents, match_sizes) in enumerate(proposals):
+            n = len(row_tokens)
+            tokens[b, :n] = torch.tensor(row_tokens, dtype=torch.long)
+            parents[b, :n] = torch.tensor(row_parents, dtype=torch.long)
             # A raw score, not a probability: longer matches are likelier to continue. The
             # draft-length policy learns what each score is worth in accepted tokens.
-            confidence[b, : len(proposal)] = size / (size + 1)
+            confidence[b, :n] = torch.tensor([size / (size + 1) for size in match_sizes])
         device = request.tokens.device
-        return Draft(tokens.to(device), lengths, confidence=confidence.to(device))
+        return Draft(
+            tokens.to(device),
+            lengths,
+            confidence=confidence.to(device),
+            parents=parents.to(device) if request.tree else None,
+        )
 
     def observe(self, draft: Draft, accepted: list[int]) -> None:
         pass

@@ -1,0 +1,187 @@
+"""Tree drafts: an n-gram trie verified in one forward, lossless for greedy and sampling."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hf_specdec
+from hf_specdec.drafters.ngram import _trie
+from hf_specdec.loop import _tree_layout
+from hf_specdec.verify import tree_verify
+
+from .conftest import assert_greedy_match, random_batch, tiny_llama
+from .test_sampling import ALPHA, NEW, ROWS, SETTINGS, chi2_pvalue, continuation_index, exact_distribution
+
+
+def test_trie_merges_continuations_and_reserves_room_for_alternatives():
+    continuations = [([7, 8, 9, 10], 3), ([7, 8, 5], 2), ([4, 4], 2)]
+    tokens, parents, sizes = _trie(continuations, budget=5)
+    # The best continuation leaves two nodes, one where each other continuation leaves the trie.
+    assert tokens == [7, 8, 9, 5, 4]
+    assert parents == [-1, 0, 1, 1, -1]
+    assert sizes == [3, 3, 3, 2, 2]
+    # Alone, or with nothing distinct beside it, the best continuation takes the whole budget.
+    assert _trie([([7, 8, 9, 10], 3)], 3)[0] == [7, 8, 9]
+    assert _trie([([7, 8, 9, 10], 3), ([7, 8, 9, 10], 2)], 4)[0] == [7, 8, 9, 10]
+
+
+def test_tree_layout_ancestors_and_depths():
+    parents = torch.tensor([[-1, 0, -1, 2, 1]])  # nodes 0-1-4 and 2-3
+    visible, depths = _tree_layout(parents)
+    assert depths.tolist() == [[0, 1, 2, 1, 2, 3]]
+    # fed column 5 (node 4) sees the last token, node 0, node 1 and itself
+    assert visible[0, 5].nonzero()[:, 0].tolist() == [0, 1, 2, 5]
+    assert visible[0, 4].nonzero()[:, 0].tolist() == [0, 3, 4]
+
+
+def test_tree_verify_greedy_follows_the_argmax_down_the_tree():
+    vocab = 10
+    draft = torch.tensor([[3, 4, 5, 6]])
+    parents = torch.tensor([[-1, -1, 1, 2]])  # 3 | 4 - 5 - 6
+    scores = torch.full((1, 5, vocab), -1.0)
+    for column, best in enumerate([4, 0, 5, 9, 0]):  # after last: 4; after node 1 (4): 5; after 5: 9
+        scores[0, column, best] = 1.0
+    paths, tokens = tree_verify(draft, [4], parents, scores, do_sample=False)
+    assert paths == [[1, 2]]  # 4 then 5 accepted, 6 rejected
+    assert tokens[0, :3].tolist() == [4, 5, 9]
+
+
+def _repetitive_batch(seed: int, batch: int):
+    input_ids, attention_mask = random_batch(seed, batch)
+    tail = input_ids[:, -5:]
+    input_ids = torch.cat([input_ids, tail, tail], dim=1)
+    attention_mask = torch.cat([attention_mask, torch.ones(batch, 10, dtype=attention_mask.dtype)], dim=1)
+    return input_ids, attention_mask
+
+
+@pytest.mark.parametrize("tree", [True, 3])
+@pytest.mark.parametrize("batch,seed", [(1, 0), (3, 1), (3, 2)])
+def test_tree_greedy_identity(target, tree, batch, seed):
+    input_ids, attention_mask = _repetitive_batch(seed, batch)
+    plain = target.generate(input_ids, attention_mask=attention_mask, max_new_tokens=24, do_sample=False)
+    config = hf_specdec.SpeculativeConfig(
+        method="ngram", tree=tree, num_draft_tokens=6, options={"min_ngram": 1}
+    )
+    out = target.generate(
+        input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=24,
+        do_sample=False,
+        speculative=config,
+        return_dict_in_generate=True,
+    )
+    assert_greedy_match(target, plain, out.sequences, attention_mask)
+    assert out.speculative_stats.drafted > 0
+
+
+def test_tree_greedy_with_repetition_penalty_and_scores(target):
+    """Context-dependent processors see each node's own path; output_scores follow the path."""
+    input_ids, attention_mask = _repetitive_batch(3, 1)
+    kwargs = dict(max_new_tokens=16, do_sample=False, repetition_penalty=1.2)
+    plain = target.generate(
+        input_ids, attention_mask=attention_mask, **kwargs, output_scores=True, return_dict_in_generate=True
+    )
+    config = hf_specdec.SpeculativeConfig(
+        method="ngram", tree=True, num_draft_tokens=6, options={"min_ngram": 1}
+    )
+    out = target.generate(
+        input_ids,
+        attention_mask=attention_mask,
+        **kwargs,
+        speculative=config,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    assert torch.equal(out.sequences, plain.sequences)
+    for ours, theirs in zip(out.scores, plain.scores):
+        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
+def test_tree_sliding_window_model_matches_plain():
+    from .test_architectures import tiny
+
+    model = tiny("gemma2", 0)
+    prompt = torch.randint(3, 128, (1, 24), generator=torch.Generator().manual_seed(0))
+    prompt = torch.cat([prompt, prompt[:, -8:], prompt[:, -8:]], dim=1)
+    plain = model.generate(prompt, max_new_tokens=24, do_sample=False)
+    config = hf_specdec.SpeculativeConfig(method="ngram", tree=True, options={"min_ngram": 1})
+    spec = model.generate(prompt, max_new_tokens=24, do_sample=False, speculative=config)
+    assert_greedy_match(model, plain, spec)
+
+
+def test_tree_refused_for_chain_drafters(target, good_draft):
+    config = hf_specdec.SpeculativeConfig(method="draft_model", draft=good_draft, tree=True)
+    with pytest.raises(ValueError, match="drafts chains only"):
+        target.generate(torch.tensor([[6, 7, 8]]), max_new_tokens=4, do_sample=False, speculative=config)
+
+
+@pytest.mark.parametrize("value", [0, -2, "auto", 1.5])
+def test_tree_setting_is_validated(value):
+    with pytest.raises(ValueError, match="`tree` must be"):
+        hf_specdec.SpeculativeConfig(method="ngram", tree=value)
+
+
+@pytest.fixture(scope="module")
+def sampling_target():
+    return tiny_llama(20, vocab_size=8, eos_token_id=None)
+
+
+# Every token of the vocabulary-8 target recurs here followed by different tokens: trees branch.
+BRANCHING_PROMPT = [3, 1, 4, 1, 5, 2, 6, 5, 3, 5, 0, 7, 2, 3, 4, 6, 2, 6, 4, 3, 3, 7, 1, 0, 2]
+
+
+def sample_trees(model, settings: dict, seed: int, monkeypatch, verifier=None) -> torch.Tensor:
+    """ROWS speculative samples after BRANCHING_PROMPT, checking that the trees really branched."""
+    import hf_specdec.loop
+
+    verify = verifier or hf_specdec.loop.tree_verify
+    branched = []
+
+    def spy(draft_tokens, draft_lengths, parents, scores, do_sample):
+        roots = (parents == -1) & (torch.arange(parents.shape[1]) < torch.tensor(draft_lengths)[:, None])
+        branched.append(bool((roots.sum(dim=1) > 1).any()))
+        return verify(draft_tokens, draft_lengths, parents, scores, do_sample)
+
+    monkeypatch.setattr(hf_specdec.loop, "tree_verify", spy)
+    input_ids = torch.tensor([BRANCHING_PROMPT]).repeat(ROWS, 1)
+    spec = dict(method="ngram", num_draft_tokens=4, tree=True, options=dict(min_ngram=1))
+    torch.manual_seed(seed)
+    out = model.generate(
+        input_ids=input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        max_new_tokens=NEW + 4,  # room for whole trees; the first NEW tokens' marginal must be exact
+        do_sample=True,
+        speculative=spec,
+        return_dict_in_generate=True,
+        **settings,
+    )
+    stats = out.speculative_stats
+    assert any(branched) and 0 < stats.accepted < stats.drafted
+    return continuation_index(out.sequences[:, : len(BRANCHING_PROMPT) + NEW], len(BRANCHING_PROMPT))
+
+
+@pytest.mark.parametrize("setting", ["temp", "topk_topp", "rep_penalty"])
+def test_tree_samples_follow_target_distribution(sampling_target, setting, monkeypatch):
+    exact = exact_distribution(sampling_target, SETTINGS[setting], BRANCHING_PROMPT)
+    samples = sample_trees(sampling_target, SETTINGS[setting], 30, monkeypatch)
+    assert chi2_pvalue(samples, exact) > ALPHA
+
+
+def test_control_tree_walk_that_prefers_drafts_is_rejected(sampling_target, monkeypatch):
+    """A verifier that, half of the times the target's pick is no root child, accepts the first
+    root child anyway (favouring drafted tokens) must fail the same test."""
+    from hf_specdec.verify import tree_verify as real
+
+    def biased(draft_tokens, draft_lengths, parents, scores, do_sample):
+        paths, tokens = real(draft_tokens, draft_lengths, parents, scores, do_sample)
+        for b, path in enumerate(paths):
+            if not path and draft_lengths[b] > 0 and torch.rand(()) < 0.5:
+                path.append(0)
+                tokens[b, 0] = draft_tokens[b, 0]
+                tokens[b, 1] = torch.multinomial(scores[b, 1].softmax(-1), 1)[0]
+        return paths, tokens
+
+    exact = exact_distribution(sampling_target, SETTINGS["temp"], BRANCHING_PROMPT)
+    samples = sample_trees(sampling_target, SETTINGS["temp"], 31, monkeypatch, verifier=biased)
+    assert chi2_pvalue(samples, exact) < ALPHA
