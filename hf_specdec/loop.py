@@ -16,7 +16,8 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 
 from .checks import check_supported, resolve_method
 from .config import SpeculativeConfig
-from .drafters import Draft, DraftRequest, build_drafter
+from .draft import Draft, DraftRequest
+from .drafters import build_drafter
 from .kv import RaggedKV
 from .output import OutputCollector
 from .policy import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength

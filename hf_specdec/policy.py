@@ -20,7 +20,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .drafters.base import Draft
+from .draft import Draft
 
 MAX_DRAFT = 12
 _BUCKETS = 10

@@ -7,8 +7,8 @@ from typing import ClassVar
 import torch
 
 from hf_specdec import register_drafter
+from hf_specdec.draft import Draft, DraftRequest
 from hf_specdec.drafters import DRAFTERS
-from hf_specdec.drafters.base import Draft, DraftRequest
 
 from .conftest import random_batch
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .base import Draft, Drafter, DraftRequest
+from ..draft import Draft, DraftRequest
+from .base import Drafter
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from ..draft import Draft, DraftRequest
 from ..kv import RaggedKV
 from ..tokenizer_check import compare_tokenizers_once
 from . import register_drafter
-from .base import Draft, Drafter, DraftRequest, elapsed, options_to_config
+from .base import Drafter, elapsed, options_to_config
 from .heads import chain, real_tokens, right_aligned
 
 if TYPE_CHECKING:

@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from transformers import DynamicCache
 
+from ..draft import Draft, DraftRequest
 from ..heads.checkpoint import load_head
 from ..kv import RaggedKV
 from . import register_drafter
-from .base import Draft, Drafter, DraftRequest, elapsed, options_to_config
+from .base import Drafter, elapsed, options_to_config
 from .heads import HeadDrafterConfig, chain, full_vocab_logits, head_source, real_tokens, right_aligned
 
 if TYPE_CHECKING:

@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
+from ..draft import Draft, DraftRequest
 from ..heads.layers import is_whole_vocab
-from .base import Draft, DraftRequest
 
 
 @dataclass

@@ -6,9 +6,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from ..draft import Draft, DraftRequest
 from ..heads.checkpoint import load_head
 from . import register_drafter
-from .base import Draft, Drafter, DraftRequest, options_to_config
+from .base import Drafter, options_to_config
 from .heads import HeadDrafterConfig, chain, full_vocab_logits, head_source
 
 if TYPE_CHECKING:

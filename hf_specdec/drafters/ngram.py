@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from ..draft import Draft, DraftRequest
 from . import register_drafter
-from .base import Draft, DraftRequest, options_to_config
+from .base import options_to_config
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
