@@ -59,7 +59,7 @@ def speculative_decode(
     # row's first token. From then on the target's cache holds every token of a row but its last:
     # each step feeds that last token followed by the draft, so output position i scores draft
     # token i.
-    layers = getattr(drafter, "hidden_state_layers", ())
+    layers = drafter.hidden_state_layers
     features = _Features(layers, batch)
     prompt_mask = out.attention_mask.bool()
     prefill = target.forward(input_ids, prompt_mask, logits_to_keep=1, output_hidden_states=bool(layers))
@@ -72,10 +72,9 @@ def speculative_decode(
         stats.draft_lengths.append(0)
         _emit(out, stats, request, no_draft, first, stopping_criteria)
 
-    probe, expect = getattr(drafter, "probe_seconds", None), getattr(policy, "expect_draft_cost", None)
-    if probe is not None and expect is not None and out.active_rows:
-        seconds = probe(len(out.active_rows))
-        expect(seconds)  # a draft too slow to ever pay is then never explored
+    seconds = drafter.probe_seconds(len(out.active_rows)) if out.active_rows else None
+    if seconds is not None:
+        policy.expect_draft_cost(seconds)  # a draft too slow to ever pay is then never explored
         stats.draft_seconds += seconds
 
     cached_rows = list(range(batch))  # rows of the user's batch in the target's cache, in order

@@ -17,6 +17,11 @@ DRAFTERS: dict[str, type[Drafter]] = {}
 
 def register_drafter(cls: type[Drafter]) -> type[Drafter]:
     """Class decorator: make a drafter available as `SpeculativeConfig(method=cls.name)`."""
+    if not (isinstance(cls, type) and issubclass(cls, Drafter)):
+        raise TypeError(
+            f"{cls!r} is not a drafter: subclass hf_specdec.drafters.Drafter, whose defaults cover what "
+            "a drafter does not need (observe, probe_seconds, hidden_state_layers)."
+        )
     DRAFTERS[cls.name] = cls
     return cls
 

@@ -88,7 +88,7 @@ def check_compatible(
 
 
 @register_drafter
-class DraftModelDrafter:
+class DraftModelDrafter(Drafter):
     """Drafts with a small model, greedily or by sampling from its processed distribution."""
 
     name: ClassVar[str] = "draft_model"
@@ -162,7 +162,7 @@ class DraftModelDrafter:
         ]
         return draft
 
-    def probe_seconds(self, batch_size: int) -> float:
+    def probe_seconds(self, batch_size: int) -> float | None:
         """One draft forward of one token per row on an empty cache of its own: what a draft token
         costs at least, known before the catch-up over the prompt is paid. Best of two runs, since
         a fresh model's or ONNX session's first run is slow."""
@@ -175,9 +175,6 @@ class DraftModelDrafter:
             kv.forward(tokens, valid, logits_to_keep=1).logits.cpu()  # .cpu(): wait for the device
             best = min(best, time.perf_counter() - start)
         return best
-
-    def observe(self, draft: Draft, accepted: list[int]) -> None:
-        pass  # the next propose() rolls back by comparing sequences, which also survives EOS and restarts
 
     def _follow_rows(self, row_ids: list[int]) -> None:
         if self.kv is None:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 @register_drafter
-class EagleDrafter:
+class EagleDrafter(Drafter):
     """Feeds the head the target's features of every token the target has cached, then chains.
 
     The head keeps its own KV cache: positions whose features came from the target stay, the
@@ -90,9 +90,6 @@ class EagleDrafter:
         draft = chain(request, max_tokens, self.config.min_confidence, logits_at)
         draft.catch_up_seconds = catch_up_seconds
         return draft
-
-    def observe(self, draft: Draft, accepted: list[int]) -> None:
-        pass  # the accepted tokens' real features arrive with the next request
 
     def _follow_rows(self, row_ids: list[int]) -> None:
         if self.kv is None:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 @register_drafter
-class MedusaDrafter:
+class MedusaDrafter(Drafter):
     """Head i reads the feature that predicted the row's last token and guesses the i-th after it."""
 
     name: ClassVar[str] = "medusa"
@@ -63,6 +63,3 @@ class MedusaDrafter:
             return full_vocab_logits(head_logits[:, i], self.head.draft_vocab, self.vocab_size)
 
         return chain(request, max_tokens, self.config.min_confidence, logits_at)
-
-    def observe(self, draft: Draft, accepted: list[int]) -> None:
-        pass

@@ -16,7 +16,7 @@ import torch
 
 from ..draft import Draft, DraftRequest
 from . import register_drafter
-from .base import options_to_config
+from .base import Drafter, options_to_config
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -76,7 +76,7 @@ class _RowIndex:
 
 
 @register_drafter
-class NgramDrafter:
+class NgramDrafter(Drafter):
     """Draft-free drafting by prompt lookup over the prompt and the text generated so far."""
 
     name: ClassVar[str] = "ngram"
@@ -112,6 +112,3 @@ class NgramDrafter:
             confidence[b, : len(proposal)] = size / (size + 1)
         device = request.tokens.device
         return Draft(tokens.to(device), lengths, confidence=confidence.to(device))
-
-    def observe(self, draft: Draft, accepted: list[int]) -> None:
-        pass
