@@ -13,8 +13,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub import snapshot_download
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HfHubHTTPError,
+    HFValidationError,
+    LocalEntryNotFoundError,
+    RepositoryNotFoundError,
+)
 from torch import nn
 
+from ..hub import hub_endpoint, hub_offline
 from .eagle import EagleHead, EagleHeadConfig
 from .eagle3 import Eagle3Head
 from .medusa import MedusaHead, MedusaHeadConfig
@@ -189,18 +198,6 @@ def _local_folder(source: Any) -> Path:
         return path
     if path.exists() or str(source).startswith((".", "/", "~")):
         raise ValueError(f"Draft head {source!r} is not a folder.")
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        HfHubHTTPError,
-        HFValidationError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-    )
-
-    from hf_specdec.hub_search import hub_endpoint
-    from hf_specdec.selection import hub_offline
-
     repo = str(source)
     endpoint = hub_endpoint()
     try:
