@@ -23,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..onnx import export_onnx_report
+    from ..ort import export_onnx_report
 
     report = export_onnx_report(
         args.model, args.out, dtype=args.dtype, quantize=args.quantize, progress=not args.quiet

@@ -11,9 +11,10 @@ from transformers import DynamicCache
 from ..draft import Draft, DraftRequest
 from ..heads.checkpoint import load_head
 from ..kv import RaggedKV
-from . import register_drafter
 from .base import Drafter, elapsed, options_to_config
-from .heads import HeadDrafterConfig, chain, full_vocab_logits, head_source, real_tokens, right_aligned
+from .chain import chain, real_tokens, right_aligned
+from .heads import HeadDrafterConfig, full_vocab_logits, head_source
+from .registry import register_drafter
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

@@ -8,9 +8,10 @@ import torch
 
 from ..draft import Draft, DraftRequest
 from ..heads.checkpoint import load_head
-from . import register_drafter
 from .base import Drafter, options_to_config
-from .heads import HeadDrafterConfig, chain, full_vocab_logits, head_source
+from .chain import chain
+from .heads import HeadDrafterConfig, full_vocab_logits, head_source
+from .registry import register_drafter
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

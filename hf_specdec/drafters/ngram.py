@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from ..draft import Draft, DraftRequest
-from . import register_drafter
 from .base import Drafter, options_to_config
+from .registry import register_drafter
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

@@ -1,0 +1,26 @@
+"""Self-drafting with an int8 ONNX copy of the target."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from ..conftest import assert_greedy_match, random_batch
+
+
+def test_quantized_self_drafting(target, quantized_cache):
+    ids, mask = random_batch(2, 2)
+    kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False)
+    plain = target.generate(**kwargs)
+    with pytest.warns(UserWarning, match="Building an int8 ONNX copy"):
+        spec = target.generate(
+            **kwargs, speculative=dict(method="quantized", num_draft_tokens=4), return_dict_in_generate=True
+        )
+    assert_greedy_match(target, plain, spec.sequences, mask)
+    assert spec.speculative_stats.acceptance_rate > 0.6  # int8 in blocks of 32 still mostly agrees
+    folders = list((quantized_cache / "onnx").iterdir())
+    assert [f.name for f in folders] == ["LlamaForCausalLM-int8"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # cached: no rebuild the second time
+        target.generate(**kwargs, speculative="quantized")
