@@ -6,6 +6,7 @@ import hashlib
 import shutil
 import tempfile
 import warnings
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,7 @@ def quantized_copy(target: PreTrainedModel, tokenizer: Any = None) -> Path:
     """The int8 ONNX copy of `target` under `cache_dir()/onnx/<name>-int8`, exported on first use."""
     name = Path(str(getattr(target, "name_or_path", "") or "")).name or type(target).__name__
     folder = cache_dir() / "onnx" / f"{name}-int8"
-    fingerprint = f"{INT8_FORMAT}:{_fingerprint(target)}"
+    fingerprint = f"{INT8_FORMAT}:{weights_fingerprint(target)}"
     stamp = folder / "hf_specdec_fingerprint.txt"
     if stamp.exists() and stamp.read_text() == fingerprint:
         return folder
@@ -46,8 +47,22 @@ def quantized_copy(target: PreTrainedModel, tokenizer: Any = None) -> Path:
     return folder
 
 
-def _fingerprint(model: PreTrainedModel) -> str:
-    """Identifies a model's weights cheaply: a sum and a few values of every tensor, with its shape.
+# Fingerprints by model object: reading every weight costs a device sync and an fp32 copy per
+# tensor, which one model should pay once, not on every `generate` call.
+_FINGERPRINTS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+def weights_fingerprint(model: PreTrainedModel) -> str:
+    """Identifies a model's weights: computed on first use, then remembered for as long as the model
+    object lives. Weights changed in place afterwards (training the same object) are not noticed:
+    delete the copy's folder to rebuild it."""
+    if model not in _FINGERPRINTS:
+        _FINGERPRINTS[model] = _read_fingerprint(model)
+    return _FINGERPRINTS[model]
+
+
+def _read_fingerprint(model: PreTrainedModel) -> str:
+    """A sum and a few values of every tensor, with its name and shape.
 
     Not the config: `generate` writes into it (attention implementation, cache flags), which must
     not trigger a rebuild.

@@ -177,11 +177,32 @@ def _load(model_or_path: Any, tokenizer: Any, dtype: torch.dtype) -> tuple[PreTr
     else:
         model, source = model_or_path, getattr(model_or_path, "name_or_path", "")
     if model.dtype != dtype or model.device.type != "cpu":
-        model = copy.deepcopy(model).to(device="cpu", dtype=dtype)  # never touch the caller's model
+        model = _cpu_copy(model, dtype)  # never touch the caller's model
     if tokenizer is None and source:
         with contextlib.suppress(OSError, ValueError, TypeError):
             tokenizer = AutoTokenizer.from_pretrained(source)
     return model.eval(), tokenizer
+
+
+def _cpu_copy(model: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
+    """A copy of `model` on the CPU with floating-point weights in `dtype`, made tensor by tensor:
+    no weight is ever duplicated where it lives (deep-copying a GPU model first would take twice
+    its memory there). Shared tensors (tied embeddings) stay shared."""
+    copies: dict[int, Any] = {}  # deepcopy's memo: id of an original -> its copy
+    for p in model.parameters():
+        copies[id(p)] = torch.nn.Parameter(_to_cpu(p, dtype), requires_grad=p.requires_grad)
+    for b in model.buffers():
+        copies[id(b)] = _to_cpu(b, dtype)
+    for module in model.modules():  # tensors kept as plain attributes (a rotary embedding's)
+        for value in vars(module).values():
+            if isinstance(value, torch.Tensor) and id(value) not in copies:
+                copies[id(value)] = value.detach().to("cpu")
+    return copy.deepcopy(model, copies)
+
+
+def _to_cpu(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    tensor = tensor.detach().to("cpu")
+    return tensor.to(dtype) if tensor.is_floating_point() else tensor
 
 
 def _export(model: PreTrainedModel, path: Path) -> None:

@@ -6,6 +6,8 @@ import warnings
 
 import pytest
 
+from hf_specdec.ort.cache import quantized_copy
+
 from ..conftest import assert_greedy_match, random_batch
 
 
@@ -24,3 +26,18 @@ def test_quantized_self_drafting(target, quantized_cache):
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # cached: no rebuild the second time
         target.generate(**kwargs, speculative="quantized")
+
+
+def test_weights_are_fingerprinted_once_per_model(target, quantized_cache, monkeypatch):
+    """Whether the cached copy is the target's is decided from its weights once per model object:
+    reading every weight (a device sync and an fp32 copy per tensor) is not paid on every call."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # built here when this test runs alone
+        folder = quantized_copy(target)
+
+    def no_weight_reads(*args, **kwargs):
+        raise AssertionError("the target's weights were read again")
+
+    monkeypatch.setattr(target, "state_dict", no_weight_reads)
+    monkeypatch.setattr(target, "parameters", no_weight_reads)
+    assert quantized_copy(target) == folder
