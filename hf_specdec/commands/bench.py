@@ -7,6 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from hf_specdec.bench import run_bench, save, to_markdown
 from hf_specdec.bench.suites import SUITES
 from hf_specdec.heads import HEAD_METHODS
 
@@ -64,8 +65,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hf_specdec.bench import run_bench, save, to_markdown
-
     try:
         result = run_bench(
             args.model,
