@@ -19,7 +19,8 @@ _TORCH = {np.float32: torch.float32, np.float16: torch.float16}
 
 
 class OnnxDecoder:
-    """An ONNX Runtime session of a decoder in the Hub layout, and what its inputs look like."""
+    """An ONNX Runtime session of a decoder in the Hub layout, and what its inputs look like; a
+    `drafters.decoder.DraftDecoder` (its cache: `new_cache`)."""
 
     def __init__(self, path: Path, session: Any, device: torch.device) -> None:
         self.path = path
