@@ -18,10 +18,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_specdec
-from hf_specdec.drafters.onnx import OnnxDecoder, OrtKV
 from hf_specdec.kv import RaggedKV
 from hf_specdec.models import cache_dir
-from hf_specdec.onnx import export_onnx
+from hf_specdec.ort import export_onnx
+from hf_specdec.ort.kv import OrtKV
+from hf_specdec.ort.session import OnnxDecoder
 
 assert "CUDAExecutionProvider" in ort.get_available_providers(), "install onnxruntime-gpu"
 path = Path(sys.argv[1]) if len(sys.argv) > 1 else hf_specdec.demo_model_path()

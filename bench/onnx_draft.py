@@ -24,9 +24,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_specdec
 from hf_specdec.bench.suites import load_suite, take_per_category
-from hf_specdec.drafters.onnx import OnnxDecoder, OrtKV, quantized_copy
 from hf_specdec.models import cache_dir
-from hf_specdec.onnx import export_onnx
+from hf_specdec.ort import export_onnx
+from hf_specdec.ort.cache import quantized_copy
+from hf_specdec.ort.kv import OrtKV
+from hf_specdec.ort.session import OnnxDecoder
 
 
 def main() -> None:

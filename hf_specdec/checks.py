@@ -9,6 +9,8 @@ import torch
 from transformers import DynamicCache, GenerationConfig
 
 from .config import SpeculativeConfig
+from .ort.layout import is_onnx_folder
+from .selection import locate_draft, select_draft
 
 
 def check_supported(
@@ -53,13 +55,18 @@ def check_supported(
 
 
 def resolve_method(config: SpeculativeConfig, model: Any) -> SpeculativeConfig:
-    """Turn `method="auto"` into a concrete drafter, without touching the user's config object."""
-    if config.method != "auto":
-        return config
+    """Turn `method="auto"` into a concrete drafter, and a draft folder that only ONNX Runtime can
+    load into `method="onnx"`, without touching the user's config object."""
+    if config.method == "auto":
+        config = _choose_method(config, model)
+    if config.method == "draft_model" and is_onnx_folder(config.draft):  # an export, no PyTorch weights
+        return dataclasses.replace(config, method="onnx")
+    return config
+
+
+def _choose_method(config: SpeculativeConfig, model: Any) -> SpeculativeConfig:
     if config.draft is not None:
         return dataclasses.replace(config, method="draft_model")
-    from .selection import locate_draft, select_draft
-
     choice = select_draft(model)
     if choice.draft is None:
         return dataclasses.replace(config, method=choice.method)

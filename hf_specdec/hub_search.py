@@ -12,28 +12,29 @@ The endpoint (`HF_ENDPOINT`) and cache (`HF_HUB_CACHE`) are read when called, no
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hf_specdec.selection import DRAFT_FREE_METHOD, DraftChoice, DraftSelectionError, params_from_name
+from huggingface_hub import HfApi, get_token
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HfHubHTTPError,
+    LocalEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from transformers import AutoTokenizer
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+from .choice import DRAFT_FREE_METHOD, DraftChoice, DraftSelectionError, params_from_name
+from .hub import TOKENIZER_FILES, download_files, hub_endpoint
+from .tokenizer_check import compare_tokenizers
 
 MIN_RATIO = 1 / 100  # a smaller draft agrees too rarely with the target to pay
 MAX_RATIO = 1 / 4  # a larger draft costs too much per drafted token
 _EXPAND = ["safetensors", "config", "cardData", "gated", "siblings", "tags"]
-_TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "config.json",
-)
-_MODEL_FILES = re.compile(r"^(config\.json|generation_config\.json|model.*\.safetensors(\.index\.json)?)$")
 _GATED_CANDIDATE = "gated: pass a token that has accepted its licence to consider it"
 _QUANTIZED = re.compile(r"(gguf|awq|gptq|int4|int8|fp8|mlx|onnx|bnb|exl2)", re.IGNORECASE)
 _INSTRUCT = re.compile(r"(instruct|chat|(^|-)it($|-))", re.IGNORECASE)
@@ -49,19 +50,10 @@ class _Candidate:
     tokenizer_note: str | None = None
 
 
-def hub_endpoint() -> str:
-    """`$HF_ENDPOINT` read now, else the endpoint huggingface_hub read at import."""
-    from huggingface_hub import constants
-
-    return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
-
-
 def search_draft(
     repo_id: str, *, token: str | None = None, revision: str | None = None, trust_remote_code: bool = False
 ) -> DraftChoice:
     """Search the Hub for the best draft for `repo_id`; a draft-free choice when none fits."""
-    from huggingface_hub import HfApi
-
     api = HfApi(endpoint=hub_endpoint(), token=token)
     info = _target_info(api, repo_id, revision)
     target_params = _params(info)
@@ -100,24 +92,10 @@ def _chosen(
     )
 
 
-def download_model(repo_id: str, *, token: str | None = None, revision: str | None = None) -> Path:
-    """Download a model's config, generation config and safetensors weights; return the folder."""
-    from huggingface_hub import HfApi
-
-    info = HfApi(endpoint=hub_endpoint(), token=token).model_info(
-        repo_id, revision=revision, expand=["siblings"]
-    )
-    names = [s.rfilename for s in info.siblings or [] if _MODEL_FILES.match(s.rfilename)]
-    names += [s.rfilename for s in info.siblings or [] if s.rfilename in _TOKENIZER_FILES]
-    return _download(repo_id, sorted(set(names)), token=token, revision=revision)
-
-
 # --- target -----------------------------------------------------------------------------------
 
 
 def _target_info(api: Any, repo_id: str, revision: str | None) -> Any:
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
-
     try:
         return api.model_info(repo_id, revision=revision, expand=_EXPAND)
     except GatedRepoError as err:
@@ -132,8 +110,6 @@ def _target_info(api: Any, repo_id: str, revision: str | None) -> Any:
 
 
 def _target_tokenizer(repo_id: str, info: Any, token: str | None) -> Any:
-    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError
-
     try:
         return _load_tokenizer(_download_tokenizer(repo_id, info, token=token))
     except GatedRepoError as err:
@@ -205,16 +181,6 @@ def _check_candidate(
     cand: _Candidate, target_tok: Any, *, token: str | None, trust_remote_code: bool
 ) -> str | None:
     """None when `cand` can draft for the target; otherwise why not. Sets `cand.tokenizer_note`."""
-    from huggingface_hub import get_token
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        HfHubHTTPError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-    )
-
-    from hf_specdec.tokenizer_check import compare_tokenizers
-
     config = cand.info.config or {}
     if "auto_map" in config and not trust_remote_code:
         return "needs custom code (auto_map); pass trust_remote_code=True to consider it"
@@ -238,8 +204,6 @@ def _check_candidate(
 
 
 def _loadable(config: dict[str, Any], trust_remote_code: bool) -> bool:
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
     if trust_remote_code and "auto_map" in config:
         return True
     return config.get("model_type") in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -254,31 +218,11 @@ def _draft_free(repo_id: str, why: str, rejected: list[str] | None = None) -> Dr
 
 
 def _download_tokenizer(repo_id: str, info: Any, *, token: str | None) -> Path:
-    names = [s.rfilename for s in info.siblings or [] if s.rfilename in _TOKENIZER_FILES]
-    return _download(
+    names = [s.rfilename for s in info.siblings or [] if s.rfilename in TOKENIZER_FILES]
+    return download_files(
         repo_id, names or ["tokenizer.json", "tokenizer_config.json"], token=token, revision=info.sha
     )
 
 
-def _download(repo_id: str, names: list[str], *, token: str | None, revision: str | None) -> Path:
-    """Download `names` from one commit of `repo_id` into the Hub cache; return their folder."""
-    from huggingface_hub import hf_hub_download
-
-    paths = [
-        hf_hub_download(
-            repo_id,
-            name,
-            revision=revision,
-            token=token,
-            endpoint=hub_endpoint(),
-            cache_dir=os.environ.get("HF_HUB_CACHE"),
-        )
-        for name in names
-    ]
-    return Path(paths[0]).parent
-
-
 def _load_tokenizer(folder: Path) -> Any:
-    from transformers import AutoTokenizer
-
     return AutoTokenizer.from_pretrained(folder)

@@ -16,6 +16,7 @@ from transformers.generation.stopping_criteria import StopStringCriteria
 from transformers.generation.utils import GenerationMixin
 
 from .config import SpeculativeConfig
+from .loop import speculative_decode
 
 _ORIGINAL_GENERATE = GenerationMixin.generate
 
@@ -29,8 +30,6 @@ def generate(self: Any, *args: Any, speculative: Any = None, **kwargs: Any) -> A
 
 
 def _speculative_generate(model: Any, args: tuple, kwargs: dict[str, Any], config: SpeculativeConfig) -> Any:
-    from .loop import speculative_decode
-
     for conflicting in ("assistant_model", "prompt_lookup_num_tokens", "custom_generate"):
         if kwargs.get(conflicting) is not None:
             raise ValueError(

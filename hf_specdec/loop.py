@@ -15,7 +15,8 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 
 from .checks import check_supported, resolve_method
 from .config import SpeculativeConfig
-from .drafters import Draft, DraftRequest, build_drafter
+from .draft import Draft, DraftRequest
+from .drafters import build_drafter
 from .kv import RaggedKV
 from .output import OutputCollector
 from .policy import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
@@ -46,7 +47,7 @@ def speculative_decode(
             f"method={speculative.method!r} supports greedy decoding only; pass do_sample=False."
         )
     tree = speculative.tree is not False
-    if tree and not getattr(drafter, "supports_tree", False):
+    if tree and not drafter.supports_tree:
         raise ValueError(
             f"method={speculative.method!r} drafts chains only; tree=True needs a drafter that grows "
             "trees (method='ngram'), or drop tree=."
@@ -64,7 +65,7 @@ def speculative_decode(
     # row's first token. From then on the target's cache holds every token of a row but its last:
     # each step feeds that last token followed by the draft, so output position i scores draft
     # token i.
-    layers = getattr(drafter, "hidden_state_layers", ())
+    layers = drafter.hidden_state_layers
     features = _Features(layers, batch)
     prompt_mask = out.attention_mask.bool()
     prefill = target.forward(input_ids, prompt_mask, logits_to_keep=1, output_hidden_states=bool(layers))
@@ -77,10 +78,9 @@ def speculative_decode(
         stats.draft_lengths.append(0)
         _emit(out, stats, request, no_draft, first, stopping_criteria)
 
-    probe, expect = getattr(drafter, "probe_seconds", None), getattr(policy, "expect_draft_cost", None)
-    if probe is not None and expect is not None and out.active_rows:
-        seconds = probe(len(out.active_rows))
-        expect(seconds)  # a draft too slow to ever pay is then never explored
+    seconds = drafter.probe_seconds(len(out.active_rows)) if out.active_rows else None
+    if seconds is not None:
+        policy.expect_draft_cost(seconds)  # a draft too slow to ever pay is then never explored
         stats.draft_seconds += seconds
 
     cached_rows = list(range(batch))  # rows of the user's batch in the target's cache, in order

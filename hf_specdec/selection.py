@@ -19,65 +19,24 @@ import hashlib
 import json
 import os
 import re
-from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from hf_specdec.models import cache_dir
+from transformers import AutoModelForCausalLM
+
+from .choice import DRAFT_FREE_METHOD, DraftChoice, DraftSelectionError, params_from_name
+from .hub import download_model, hub_offline
+from .hub_search import search_draft
+from .models import cache_dir
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-DRAFT_FREE_METHOD = "ngram"
 _REGISTRY_NAME = "draft_pairs.toml"
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-_SIZE = re.compile(r"(?:^|[-_])(?:\d+x)?(\d+(?:\.\d+)?)([MmBb])(?=$|[-_])")
-_SCALE = {"m": 1e6, "b": 1e9}
-
-
-class DraftSelectionError(RuntimeError):
-    """The target itself cannot be examined (gated, private, missing); the message says what to do."""
-
-
-@dataclass
-class DraftChoice:
-    """How to speculate for one target, and why.
-
-    Attributes:
-        method: a drafter name: `"draft_model"`, or a draft-free method such as `"ngram"`.
-        draft: the draft's repo id or local folder; None for draft-free methods.
-        reason: one sentence for humans.
-        target: the repo id the decision was made for (None for a local folder with no Hub origin).
-        source: where the answer came from: `"registry"`, `"hub"`, `"cache"`, `"offline"` (not in the
-            registry, no cached decision, Hub not searched) or `"local"` (a folder with no Hub origin).
-        size_ratio: draft parameters / target parameters, when known.
-        tokenizer_check: how the tokenizers were compared, and the outcome.
-        rejected: candidates the Hub search looked at and why each was not taken.
-        heads: published draft heads trained on the target (registry `[[head]]` entries), each a dict
-            with `method` ("eagle" or "medusa"), `head` (its Hub repo), `layout` and `source`; use one
-            with `speculative=dict(method=h["method"], draft=h["head"])`.
-    """
-
-    method: str
-    draft: str | None
-    reason: str
-    target: str | None = None
-    source: str = "registry"
-    size_ratio: float | None = None
-    tokenizer_check: str | None = None
-    rejected: list[str] = field(default_factory=list)
-    heads: list[dict[str, str]] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> DraftChoice:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
 
 
 def select_draft(
@@ -120,8 +79,6 @@ def load_draft(
     """
     if choice.draft is None:
         return None
-    from transformers import AutoModelForCausalLM
-
     location = locate_draft(choice, token=token)
     model = AutoModelForCausalLM.from_pretrained(
         location, dtype=target_model.dtype, token=token, trust_remote_code=trust_remote_code
@@ -135,17 +92,7 @@ def locate_draft(choice: DraftChoice, *, token: str | None = None) -> str:
         raise ValueError(f"{choice.method!r} is draft-free: there is no draft model to locate.")
     if Path(choice.draft).is_dir() or hub_offline():
         return choice.draft
-    from hf_specdec.hub_search import download_model
-
     return str(download_model(choice.draft, token=token))
-
-
-def hub_offline() -> bool:
-    """`HF_HUB_OFFLINE`, read now (huggingface_hub reads it once, at import)."""
-    from huggingface_hub import constants
-
-    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
-    return constants.HF_HUB_OFFLINE or value.upper() in {"1", "ON", "YES", "TRUE"}
 
 
 # --- target -----------------------------------------------------------------------------------
@@ -180,12 +127,6 @@ def _folder_origin(folder: Path) -> str | None:
         return None
     origin = json.loads(config.read_text()).get("_name_or_path", "")
     return origin if _REPO_ID.match(origin) and not Path(origin).exists() else None
-
-
-def params_from_name(repo_id: str) -> float | None:
-    """Parameters read from a name such as `Qwen2.5-7B-Instruct` (7e9); None without a size."""
-    match = _SIZE.search(repo_id.split("/")[-1])
-    return float(match.group(1)) * _SCALE[match.group(2).lower()] if match else None
 
 
 # --- registry ---------------------------------------------------------------------------------
@@ -273,11 +214,21 @@ def _cached_or_searched(
             "for; speculating from n-grams of the text instead."
         )
         return DraftChoice(DRAFT_FREE_METHOD, None, reason, target=repo_id, source="offline")
-    from hf_specdec.hub_search import search_draft
-
     choice = search_draft(repo_id, token=token, revision=revision, trust_remote_code=trust_remote_code)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(choice.to_dict(), indent=2))
     tmp.replace(path)  # atomic: a crash never leaves half a decision behind
     return choice
+
+
+__all__ = [
+    "DraftChoice",
+    "DraftSelectionError",
+    "known_heads",
+    "load_draft",
+    "locate_draft",
+    "registry_lookup",
+    "registry_path",
+    "select_draft",
+]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import warnings
 from pathlib import Path
 
@@ -11,6 +12,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import hf_specdec
+from hf_specdec import cli
+from hf_specdec.ort import export_onnx
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 
@@ -126,3 +129,26 @@ def assert_greedy_match(
         top2 = logits.topk(2).values
         gap = float(top2[0] - top2[1])
         assert gap < tie_gap, f"row {row} differs at position {at} where the top-2 logit gap is {gap:.2e}"
+
+
+@pytest.fixture(scope="session")
+def onnx_dirs(tmp_path_factory, good_draft, weak_draft):
+    """Exported drafts: `good` through the CLI from a saved folder, `weak` by the API, also copied
+    into the onnx-community layout (`onnx/model.onnx`, config beside the folder)."""
+    root = tmp_path_factory.mktemp("onnx")
+    good_draft.save_pretrained(root / "good-hf")
+    assert cli.main(["export-onnx", str(root / "good-hf"), str(root / "good"), "--quiet"]) == 0
+    export_onnx(weak_draft, root / "weak", progress=False)
+    (root / "weak-hub" / "onnx").mkdir(parents=True)
+    shutil.copy(root / "weak" / "model.onnx", root / "weak-hub" / "onnx" / "model.onnx")
+    shutil.copy(root / "weak" / "config.json", root / "weak-hub" / "config.json")
+    return {name: root / name for name in ("good", "good-hf", "weak", "weak-hub")}
+
+
+@pytest.fixture(scope="session")
+def quantized_cache(tmp_path_factory):
+    """A private hf-specdec cache, so `method="quantized"` exports into it."""
+    root = tmp_path_factory.mktemp("cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_SPECDEC_CACHE", str(root))
+        yield root

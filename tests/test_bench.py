@@ -12,7 +12,7 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 import hf_specdec
 from hf_specdec import cli
-from hf_specdec.bench import SUITES, run_bench
+from hf_specdec.bench import SUITES, overall, run_bench, save, summarize, to_markdown
 from hf_specdec.bench.suites import load_prompt_file, load_suite, take_per_category
 from hf_specdec.drafters.ngram import NgramDrafter
 
@@ -66,7 +66,7 @@ def test_every_row_runs_on_every_prompt(result):
 
 
 def test_summary_figures_are_consistent(result):
-    summary = result.summary()
+    summary = summarize(result.measurements)
     for entry in summary:
         group = [m for m in result.measurements if (m.category, m.row) == (entry["category"], entry["row"])]
         plain = next(e for e in summary if (e["category"], e["row"]) == (entry["category"], "plain"))
@@ -75,17 +75,17 @@ def test_summary_figures_are_consistent(result):
         assert entry["speedup"] == pytest.approx(entry["median_tokens_per_s"] / plain["median_tokens_per_s"])
         assert entry["paired_speedup"] == pytest.approx(entry["speedup"])
         assert entry["identical"] == 1.0
-    for total in result.overall():
+    for total in overall(result.measurements):
         speedups = [e["speedup"] for e in summary if e["row"] == total["row"]]
         geomean = math.exp(sum(map(math.log, speedups)) / len(speedups))
         assert total["geomean_speedup"] == pytest.approx(geomean)
-    ngram = next(t for t in result.overall() if t["row"] == "ngram")
+    ngram = next(t for t in overall(result.measurements) if t["row"] == "ngram")
     assert 0.0 <= ngram["acceptance_rate"] <= 1.0 and ngram["mean_accepted_length"] >= 1.0
 
 
 def test_save_writes_json_markdown_and_plots(result, tmp_path):
     pytest.importorskip("matplotlib")
-    written = result.save(tmp_path)
+    written = save(result, tmp_path)
     names = {p.name for p in written}
     assert names == {"results.json", "results.md", "speedup.png", "acceptance_by_position.png"}
     for path in written:
@@ -115,7 +115,7 @@ def test_a_failing_row_is_reported_and_the_others_kept(tiny_folder, monkeypatch,
     errors = [m for m in result.measurements if m.error]
     assert errors and all(m.row == "ngram" and "drafter exploded" in m.error for m in errors)
     assert all(m.error is None for m in result.measurements if m.row != "ngram")
-    markdown = result.to_markdown()
+    markdown = to_markdown(result)
     assert "| error |" in markdown.split("###")[0]  # the overview marks the failed row per category
     assert "RuntimeError: drafter exploded" in markdown
 
@@ -135,7 +135,7 @@ def test_ctrl_c_keeps_results_so_far(tiny_folder, monkeypatch):
     monkeypatch.setattr(runner, "_time_row", interrupt_late)
     result = run_bench(tiny_folder, limit=1, max_new_tokens=MAX_NEW, progress=False)
     assert result.interrupted and len(result.measurements) == 4
-    assert "Interrupted" in result.to_markdown()
+    assert "Interrupted" in to_markdown(result)
 
 
 def test_cli_writes_files(tiny_folder, tmp_path, capsys):

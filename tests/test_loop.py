@@ -4,21 +4,21 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import pytest
 import torch
 
 from hf_specdec import register_drafter
-from hf_specdec.drafters import DRAFTERS
-from hf_specdec.drafters.base import Draft, DraftRequest
+from hf_specdec.draft import Draft, DraftRequest
+from hf_specdec.drafters import DRAFTERS, Drafter
 
 from .conftest import random_batch
 
 
-class _FeatureRecorder:
+class _FeatureRecorder(Drafter):
     """Proposes nothing useful (the target's own token 7 every time), records what it is shown."""
 
     name: ClassVar[str] = "_feature_recorder"
-    supports_sampling: ClassVar[bool] = True
-    hidden_state_layers: ClassVar[tuple[int, ...]] = (-1,)
+    hidden_state_layers = (-1,)
     seen: ClassVar[list] = []
 
     @classmethod
@@ -33,9 +33,6 @@ class _FeatureRecorder:
         self.seen.append((list(request.row_ids), rows, request.hidden_states))
         width = max(request.max_tokens)
         return Draft(torch.full((len(request.row_ids), width), 7), list(request.max_tokens))
-
-    def observe(self, draft, accepted):
-        pass
 
 
 def test_drafter_receives_target_hidden_states_of_every_cached_token(target):
@@ -63,3 +60,12 @@ def test_drafter_receives_target_hidden_states_of_every_cached_token(target):
             with torch.no_grad():
                 ref = target(input_ids=sequence[None], output_hidden_states=True).hidden_states[-1][0]
             torch.testing.assert_close(features, ref[:-1], atol=1e-4, rtol=1e-4)
+
+
+def test_a_drafter_must_subclass_the_base_class():
+    class Loose:
+        name = "_loose"
+
+    with pytest.raises(TypeError, match="subclass hf_specdec.drafters.Drafter"):
+        register_drafter(Loose)
+    assert "_loose" not in DRAFTERS

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hf_specdec.drafters.base import Draft
+from hf_specdec.draft import Draft
 from hf_specdec.policy import AdaptiveDraftLength, FixedDraftLength
 
 

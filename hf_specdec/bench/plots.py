@@ -13,7 +13,7 @@ class MissingMatplotlib(ImportError):
 
 
 def _pyplot() -> Any:
-    try:
+    try:  # optional: only plots need it
         import matplotlib
     except ImportError as err:
         raise MissingMatplotlib(

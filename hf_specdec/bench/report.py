@@ -8,13 +8,11 @@ import statistics
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..stats import SpeculativeStats
-from .result import PLAIN, Measurement
-
-if TYPE_CHECKING:
-    from .result import BenchResult
+from .plots import MissingMatplotlib, plot_acceptance, plot_speedup
+from .result import PLAIN, BenchResult, Measurement
 
 Key = tuple[int, str, str]  # (batch size, category, row)
 
@@ -44,9 +42,13 @@ def _order(key: Key, groups: dict[Key, Any], rank: dict[str, int]) -> tuple[int,
     return first_batch, first_category, rank[key[2]]
 
 
-def overall(measurements: list[Measurement], summary: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def overall(
+    measurements: list[Measurement], summary: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
     """Per (batch size, row): geometric mean over categories of the speedup, and statistics merged
-    over every prompt (acceptance rate, τ, acceptance by draft position)."""
+    over every prompt (acceptance rate, τ, acceptance by draft position). `summary` is
+    `summarize(measurements)`, computed when not given."""
+    summary = summarize(measurements) if summary is None else summary
     entries = []
     for (batch_size, row), group in _group(measurements, lambda m: (m.batch_size, m.row)).items():
         speedups = [
@@ -100,9 +102,22 @@ def _stats_figures(group: list[Measurement]) -> dict[str, Any]:
     }
 
 
+def to_dict(result: BenchResult) -> dict[str, Any]:
+    """The run as JSON-ready data: settings, derived figures and every measurement."""
+    summary = summarize(result.measurements)
+    return {
+        "settings": result.settings,
+        "interrupted": result.interrupted,
+        "summary": summary,
+        "overall": overall(result.measurements, summary),
+        "measurements": [m.to_dict() for m in result.measurements],
+    }
+
+
 def to_markdown(result: BenchResult) -> str:
     """A header with the settings, then per batch size a speedup overview and a table per category."""
-    summary, totals = result.summary(), result.overall()
+    summary = summarize(result.measurements)
+    totals = overall(result.measurements, summary)
     lines = _header(result)
     for batch_size in result.settings["batch_sizes"]:
         entries = [e for e in summary if e["batch_size"] == batch_size]
@@ -113,18 +128,18 @@ def to_markdown(result: BenchResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-def save(result: BenchResult, out_dir: Path, *, plots: bool = True) -> list[Path]:
-    """Write results.json and results.md (and PNG plots when matplotlib is installed)."""
+def save(result: BenchResult, out_dir: Path | str, *, plots: bool = True) -> list[Path]:
+    """Write results.json, results.md and (with matplotlib) PNG plots; return the paths written."""
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [out_dir / "results.json", out_dir / "results.md"]
-    written[0].write_text(json.dumps(result.to_dict(), indent=2) + "\n")
-    written[1].write_text(result.to_markdown())
+    data = to_dict(result)
+    written[0].write_text(json.dumps(data, indent=2) + "\n")
+    written[1].write_text(to_markdown(result))
     if plots:
-        from .plots import MissingMatplotlib, plot_acceptance, plot_speedup
-
         try:
-            written.append(plot_speedup(result.summary(), out_dir / "speedup.png"))
-            written.append(plot_acceptance(result.overall(), out_dir / "acceptance_by_position.png"))
+            written.append(plot_speedup(data["summary"], out_dir / "speedup.png"))
+            written.append(plot_acceptance(data["overall"], out_dir / "acceptance_by_position.png"))
         except MissingMatplotlib as err:
             warnings.warn(str(err), stacklevel=2)
     return written

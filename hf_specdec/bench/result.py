@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ..stats import SpeculativeStats
@@ -51,41 +50,11 @@ class Measurement:
 
 @dataclass
 class BenchResult:
-    """Everything a run measured, with its settings; `interrupted` when Ctrl-C stopped it early."""
+    """Everything a run measured, with its settings; `interrupted` when Ctrl-C stopped it early.
+
+    Plain data: `report` derives the figures (`summarize`, `overall`) and writes the files (`save`).
+    """
 
     settings: dict[str, Any]
     measurements: list[Measurement] = field(default_factory=list)
     interrupted: bool = False
-
-    def summary(self) -> list[dict[str, Any]]:
-        """Per batch size, category and row: median tokens/s, speedup vs plain, acceptance, τ, identical."""
-        from .report import summarize
-
-        return summarize(self.measurements)
-
-    def overall(self) -> list[dict[str, Any]]:
-        """Per batch size and row: geometric mean over categories of the speedup vs plain, and
-        acceptance figures merged over every prompt."""
-        from .report import overall
-
-        return overall(self.measurements, self.summary())
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "settings": self.settings,
-            "interrupted": self.interrupted,
-            "summary": self.summary(),
-            "overall": self.overall(),
-            "measurements": [m.to_dict() for m in self.measurements],
-        }
-
-    def to_markdown(self) -> str:
-        from .report import to_markdown
-
-        return to_markdown(self)
-
-    def save(self, out_dir: Path | str, *, plots: bool = True) -> list[Path]:
-        """Write results.json, results.md and (with matplotlib) PNG plots; return the paths written."""
-        from .report import save
-
-        return save(self, Path(out_dir), plots=plots)

@@ -300,7 +300,7 @@ def _load_model(model: Any, tokenizer: Any) -> tuple[Any, Any, str]:
 def _load_draft(draft: Any, target: Any) -> tuple[Any, Any]:
     """A draft path becomes a loaded model once, shared by our row and transformers' assisted row.
     An exported ONNX folder stays a path: our drafter opens it; transformers cannot use it."""
-    from ..onnx import is_onnx_folder
+    from ..ort import is_onnx_folder
 
     if draft is None or not isinstance(draft, (str, Path)) or is_onnx_folder(draft):
         return draft, None

@@ -7,6 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from hf_specdec.bench import run_bench, save, to_markdown
 from hf_specdec.bench.suites import SUITES
 from hf_specdec.heads import HEAD_METHODS
 
@@ -64,8 +65,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hf_specdec.bench import run_bench
-
     try:
         result = run_bench(
             args.model,
@@ -90,11 +89,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     result.settings["command"] = "hf-specdec bench " + shlex.join(sys.argv[2:]) if _is_cli() else None
     result.settings["notes"] = args.note
-    written = result.save(args.out, plots=not args.no_plots)
+    written = save(result, args.out, plots=not args.no_plots)
+    markdown = to_markdown(result)
     if args.markdown:
-        args.markdown.write_text(result.to_markdown())
+        args.markdown.write_text(markdown)
         written.append(args.markdown)
-    print(result.to_markdown())
+    print(markdown)
     print("Wrote " + ", ".join(map(str, written)), file=sys.stderr)
     if result.interrupted:
         print("Interrupted: the files hold the results measured so far.", file=sys.stderr)

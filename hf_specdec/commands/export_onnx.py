@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..ort import export_onnx_report
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -23,8 +25,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..onnx import export_onnx_report
-
     report = export_onnx_report(
         args.model, args.out, dtype=args.dtype, quantize=args.quantize, progress=not args.quiet
     )

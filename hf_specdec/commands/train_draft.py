@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..heads import HEAD_METHODS
+from ..train import TrainConfig, train_draft
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,8 +38,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..train import TrainConfig, train_draft
-
     config = TrainConfig(
         method=args.method,
         minutes=args.minutes,

@@ -1,39 +1,10 @@
-"""Draft sources, registered by name. `method="..."` is a look-up in `DRAFTERS`."""
+"""Draft sources, one per module, registered by name. `method="..."` is a look-up in `DRAFTERS`."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-from .base import Draft, Drafter, DraftRequest
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel
-
-    from ..config import SpeculativeConfig
-
-DRAFTERS: dict[str, type[Drafter]] = {}
-
-
-def register_drafter(cls: type[Drafter]) -> type[Drafter]:
-    """Class decorator: make a drafter available as `SpeculativeConfig(method=cls.name)`."""
-    DRAFTERS[cls.name] = cls
-    return cls
-
-
-def build_drafter(config: SpeculativeConfig, target: PreTrainedModel, tokenizer: Any) -> Drafter:
-    """Instantiate the drafter `config.method` names (after "auto" has been resolved)."""
-    try:
-        cls = DRAFTERS[config.method]
-    except KeyError:
-        valid = ", ".join(sorted(["auto", *DRAFTERS]))
-        raise ValueError(f"Unknown speculative method {config.method!r}; valid methods: {valid}.") from None
-    return cls.from_config(config, target, tokenizer)
-
-
-def _register_builtin() -> None:
-    from . import draft_model, eagle, medusa, ngram, onnx  # noqa: F401  (importing registers them)
-
-
-_register_builtin()
+from ..draft import Draft, DraftRequest
+from . import draft_model, eagle, medusa, ngram, onnx, quantized  # noqa: F401  (importing registers them)
+from .base import Drafter
+from .registry import DRAFTERS, build_drafter, register_drafter
 
 __all__ = ["DRAFTERS", "Draft", "DraftRequest", "Drafter", "build_drafter", "register_drafter"]

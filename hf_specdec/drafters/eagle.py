@@ -8,11 +8,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from transformers import DynamicCache
 
+from ..draft import Draft, DraftRequest
 from ..heads.checkpoint import load_head
 from ..kv import RaggedKV
-from . import register_drafter
-from .base import Draft, Drafter, DraftRequest, elapsed, options_to_config
-from .heads import HeadDrafterConfig, chain, full_vocab_logits, head_source, real_tokens, right_aligned
+from .base import Drafter, elapsed, options_to_config
+from .chain import chain, real_tokens, right_aligned
+from .heads import HeadDrafterConfig, full_vocab_logits, head_source
+from .registry import register_drafter
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
 
 
 @register_drafter
-class EagleDrafter:
+class EagleDrafter(Drafter):
     """Feeds the head the target's features of every token the target has cached, then chains.
 
     The head keeps its own KV cache: positions whose features came from the target stay, the
@@ -89,9 +91,6 @@ class EagleDrafter:
         draft = chain(request, max_tokens, self.config.min_confidence, logits_at)
         draft.catch_up_seconds = catch_up_seconds
         return draft
-
-    def observe(self, draft: Draft, accepted: list[int]) -> None:
-        pass  # the accepted tokens' real features arrive with the next request
 
     def _follow_rows(self, row_ids: list[int]) -> None:
         if self.kv is None:

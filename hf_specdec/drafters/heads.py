@@ -1,15 +1,14 @@
-"""What the head drafters (EAGLE, Medusa) share: loading a head, and turning its logits into tokens."""
+"""What the head drafters (EAGLE, Medusa) share: their settings, finding their head, and scattering a
+head's draft-vocabulary logits into the full vocabulary."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..heads.layers import is_whole_vocab
-from .base import Draft, DraftRequest
 
 
 @dataclass
@@ -33,29 +32,6 @@ def full_vocab_logits(logits: torch.Tensor, draft_vocab: torch.Tensor, vocab_siz
     return full.index_copy_(1, draft_vocab.to(logits.device), logits)
 
 
-def next_tokens(
-    request: DraftRequest, drafted: torch.Tensor, logits: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each row's next draft token, the processed distribution it came from, and whether the row
-    could draft at all: a processor may allow only tokens outside a head's draft vocabulary.
-
-    `drafted` [B, i] holds the tokens drafted so far this step: processors that read the context
-    (repetition penalty) must see them, exactly as the target's processing will.
-    """
-    contexts = [torch.cat([request.row(b), drafted[b : b + 1]], dim=1) for b in range(drafted.shape[0])]
-    scores = request.score(contexts, request.row_ids, logits.float())
-    possible = torch.isfinite(scores).any(dim=-1)
-    scores = torch.where(possible[:, None], scores, 0.0)  # such rows stop drafting; no NaN meanwhile
-    dist = scores.softmax(dim=-1)
-    token = torch.multinomial(dist, 1).squeeze(1) if request.do_sample else scores.argmax(dim=-1)
-    return token, dist, possible
-
-
-def real_tokens(request: DraftRequest, b: int) -> torch.Tensor:
-    """Row b's tokens without its left padding, [n]."""
-    return request.row(b)[0][request.attention_mask[b, : request.lengths[b]].bool()]
-
-
 def head_source(config: Any, method: str) -> Any:
     if config.draft is None:
         raise ValueError(
@@ -64,54 +40,3 @@ def head_source(config: Any, method: str) -> Any:
             f"`hf-specdec train-draft --target <model> --method {method} --out <folder>`."
         )
     return config.draft
-
-
-def chain(
-    request: DraftRequest,
-    max_tokens: list[int],
-    min_confidence: float,
-    logits_at: Callable[[int, torch.Tensor | None, list[bool]], torch.Tensor],
-) -> Draft:
-    """Draft token by token: `logits_at(i, previous_token, active)` gives the full-vocabulary logits
-    [B, V] of position i (rows not `active` any more are ignored). Row b stops after
-    `max_tokens[b]` tokens, or, when greedy, once its token's probability is below `min_confidence`."""
-    batch, steps = len(max_tokens), max(max_tokens, default=0)
-    drafted = torch.zeros(batch, steps, dtype=torch.long, device=request.tokens.device)
-    confidence = torch.zeros(batch, steps, device=request.tokens.device)
-    probs: list[torch.Tensor] = []
-    lengths = [0] * batch
-    active = [n > 0 for n in max_tokens]
-    token = None
-    for i in range(steps):
-        token, dist, possible = next_tokens(request, drafted[:, :i], logits_at(i, token, active))
-        drafted[:, i] = token
-        confidence[:, i] = dist.gather(1, token[:, None]).squeeze(1)
-        probs.append(dist)
-        for b, (can, p) in enumerate(zip(possible.tolist(), confidence[:, i].tolist())):
-            if active[b] and not can:
-                active[b] = False
-            elif active[b]:
-                lengths[b] = i + 1
-                active[b] = i + 1 < max_tokens[b] and (request.do_sample or p >= min_confidence)
-        if not any(active):
-            break
-    width = max(lengths, default=0)
-    stacked = torch.stack(probs, dim=1)[:, :width] if request.do_sample and probs else None
-    return Draft(drafted[:, :width], lengths, stacked, confidence[:, :width])
-
-
-def right_aligned(
-    chunks: list[torch.Tensor], device: torch.device, dtype: torch.dtype | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stack ragged chunks [n_b, ...] as [B, T, ...], right-aligned so that every row's newest entry is
-    in the last column, and which entries are real, [B, T]."""
-    width = max(len(c) for c in chunks)
-    stacked = torch.zeros(
-        len(chunks), width, *chunks[0].shape[1:], dtype=dtype or chunks[0].dtype, device=device
-    )
-    valid = torch.zeros(len(chunks), width, dtype=torch.bool, device=device)
-    for b, chunk in enumerate(chunks):
-        if len(chunk):
-            stacked[b, width - len(chunk) :] = chunk.to(device, stacked.dtype)
-            valid[b, width - len(chunk) :] = True
-    return stacked, valid

@@ -6,10 +6,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from ..draft import Draft, DraftRequest
 from ..heads.checkpoint import load_head
-from . import register_drafter
-from .base import Draft, Drafter, DraftRequest, options_to_config
-from .heads import HeadDrafterConfig, chain, full_vocab_logits, head_source
+from .base import Drafter, options_to_config
+from .chain import chain
+from .heads import HeadDrafterConfig, full_vocab_logits, head_source
+from .registry import register_drafter
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -18,7 +20,7 @@ if TYPE_CHECKING:
 
 
 @register_drafter
-class MedusaDrafter:
+class MedusaDrafter(Drafter):
     """Head i reads the feature that predicted the row's last token and guesses the i-th after it."""
 
     name: ClassVar[str] = "medusa"
@@ -62,6 +64,3 @@ class MedusaDrafter:
             return full_vocab_logits(head_logits[:, i], self.head.draft_vocab, self.vocab_size)
 
         return chain(request, max_tokens, self.config.min_confidence, logits_at)
-
-    def observe(self, draft: Draft, accepted: list[int]) -> None:
-        pass

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from . import register_drafter
-from .base import Draft, DraftRequest, options_to_config
+from ..draft import Draft, DraftRequest
+from .base import Drafter, options_to_config
+from .registry import register_drafter
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -128,7 +129,7 @@ def _trie(continuations: list[tuple[list[int], int]], budget: int) -> tuple[list
 
 
 @register_drafter
-class NgramDrafter:
+class NgramDrafter(Drafter):
     """Draft-free drafting by prompt lookup over the prompt and the text generated so far."""
 
     name: ClassVar[str] = "ngram"
@@ -180,6 +181,3 @@ class NgramDrafter:
             confidence=confidence.to(device),
             parents=parents.to(device) if request.tree else None,
         )
-
-    def observe(self, draft: Draft, accepted: list[int]) -> None:
-        pass

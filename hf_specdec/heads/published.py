@@ -21,9 +21,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .checkpoint import CONFIG_NAME, WEIGHTS_NAME, build_head, check_head_matches, load_state, read_weights
 from .eagle import EagleHeadConfig
 from .eagle3 import default_feature_layers
+from .io import CONFIG_NAME, WEIGHTS_NAME, build_head, check_head_matches, load_state, read_weights
 from .medusa import MedusaHeadConfig
 
 EAGLE_WEIGHTS = ("model.safetensors", "pytorch_model.bin")

@@ -7,7 +7,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .trainer import TrainConfig
+from .data import build_sequences, load_prompts
+from .features import cached_target_features
+from .trainer import TrainConfig, train_head
 
 
 def train_draft(
@@ -30,9 +32,6 @@ def train_draft(
     Returns the training log.
     """
     from ..bench.runner import _load_model
-    from .data import build_sequences, load_prompts
-    from .features import cached_target_features
-    from .trainer import train_head
 
     config = config or TrainConfig()
     out = Path(out)
@@ -61,7 +60,7 @@ def train_draft(
 
 def _plot(log: dict[str, Any], path: Path) -> None:
     """Held-out acceptance over training time (skipped without matplotlib)."""
-    try:
+    try:  # matplotlib is optional
         import matplotlib
 
         matplotlib.use("Agg")

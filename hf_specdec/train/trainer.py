@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..heads import HEAD_METHODS
-from ..heads.checkpoint import build_head, load_state, read_weights, save_head
 from ..heads.eagle import EagleHeadConfig
+from ..heads.io import build_head, load_state, read_weights, save_head
 from ..heads.medusa import MedusaHeadConfig
 from .features import Example
 

@@ -7,7 +7,7 @@ import warnings
 import torch
 
 from hf_specdec.config import SpeculativeConfig
-from hf_specdec.drafters.base import DraftRequest
+from hf_specdec.draft import DraftRequest
 from hf_specdec.drafters.draft_model import DraftModelDrafter
 from hf_specdec.processing import ScoreProcessor
 

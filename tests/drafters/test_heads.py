@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_specdec.heads.checkpoint import build_head, save_head
 from hf_specdec.heads.eagle import EagleHeadConfig
+from hf_specdec.heads.io import build_head, save_head
 from hf_specdec.heads.medusa import MedusaHeadConfig
 
 from ..conftest import assert_greedy_match, random_batch, tiny_llama

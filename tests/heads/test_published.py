@@ -17,9 +17,10 @@ import torch
 from safetensors.torch import save_file
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from hf_specdec.heads.checkpoint import build_head, load_head, save_head
+from hf_specdec.heads.checkpoint import load_head
 from hf_specdec.heads.eagle import EagleHead, EagleHeadConfig
 from hf_specdec.heads.eagle3 import Eagle3Head
+from hf_specdec.heads.io import build_head, save_head
 from hf_specdec.heads.medusa import MedusaHead
 from hf_specdec.selection import DraftChoice, known_heads, select_draft
 

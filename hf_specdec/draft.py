@@ -1,0 +1,93 @@
+"""What a drafter is asked (`DraftRequest`) and what it answers (`Draft`): plain data shared by the
+loop, the drafters and the draft-length policy. Imports nothing of ours at runtime, so that a module
+reading drafts (the policy) never loads the drafters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from .processing import ScoreProcessor
+
+
+@dataclass
+class DraftRequest:
+    """What the loop knows when it asks for a draft: the same object for every drafter.
+
+    Row b's sequence so far is `tokens[b, :lengths[b]]`: its left-padded prompt (padding is where
+    `attention_mask` is 0) followed by every token generated for it.
+    """
+
+    tokens: torch.Tensor  # [B, capacity]
+    attention_mask: torch.Tensor  # [B, capacity], 1 on real tokens
+    lengths: list[int]  # [B]
+    max_tokens: list[int]  # [B] most draft tokens worth proposing per row; 0 means none
+    do_sample: bool  # propose by sampling, and return the distributions sampled from
+    score: ScoreProcessor  # turns draft logits into scores exactly as the target's are processed
+    row_ids: list[int]  # [B] each row's index in the user's batch; finished rows drop out
+    # For drafters that declare `hidden_state_layers`: per row, the target's hidden states
+    # [n_b, layers * H] of the tokens it cached since the previous request (the prompt at first,
+    # then the fed last token and the accepted drafts of each step), in sequence order.
+    hidden_states: list[torch.Tensor] | None = None
+    # Whether the drafter may propose a tree (`Draft.parents`) of up to `max_tokens[b]` nodes.
+    tree: bool = False
+
+    def row(self, b: int) -> torch.Tensor:
+        """Row b's sequence so far, [1, lengths[b]]."""
+        return self.tokens[b : b + 1, : self.lengths[b]]
+
+    def is_catch_up(self, fed: int) -> bool:
+        """Whether a drafter's first forward, feeding up to `fed` tokens a row, is catching up (on the
+        prompt, or after plain steps) rather than a steady step, which feeds the last draft's accepted
+        tokens and the target's own: a one-off the policy must not count as a cost of draft tokens."""
+        return fed > 1 + max(self.max_tokens, default=0)
+
+
+@dataclass
+class Draft:
+    """Proposed tokens for every row; row b proposes `tokens[b, :lengths[b]]`."""
+
+    tokens: torch.Tensor  # [B, k], padding past each row's length is ignored
+    lengths: list[int]  # [B]
+    probs: torch.Tensor | None = None  # [B, k, V] the processed distributions sampled from; None = certain
+    # [B, k] the drafter's estimate that token i is accepted given tokens < i were; None = no estimate.
+    confidence: torch.Tensor | None = None
+    # Of the time this draft took, what went into catching the draft up (on the prompt at first, on
+    # the tokens of plain steps later; see `DraftRequest.is_catch_up`). Not a cost of draft tokens:
+    # it must not make every later one look dear.
+    catch_up_seconds: float = 0.0
+    # A tree draft: [B, k] node i's parent node, -1 for the children of the row's last token; each
+    # node comes after its parent, so any prefix of the nodes is a tree too. None: a chain.
+    parents: torch.Tensor | None = None
+
+    @classmethod
+    def empty(cls, batch_size: int, device: torch.device) -> Draft:
+        return cls(torch.zeros(batch_size, 0, dtype=torch.long, device=device), [0] * batch_size)
+
+    def truncated(self, lengths: list[int]) -> Draft:
+        """The same draft with row b cut to `lengths[b]` tokens (never longer than proposed)."""
+        lengths = [min(n, m) for n, m in zip(lengths, self.lengths)]
+        width = max(lengths, default=0)
+        return Draft(
+            self.tokens[:, :width],
+            lengths,
+            None if self.probs is None else self.probs[:, :width],
+            None if self.confidence is None else self.confidence[:, :width],
+            self.catch_up_seconds,
+            None if self.parents is None else self.parents[:, :width],
+        )
+
+    def depths(self) -> list[int]:
+        """Tokens on each row's longest root-to-leaf path: its length for a chain."""
+        if self.parents is None:
+            return list(self.lengths)
+        out = []
+        for row, n in zip(self.parents.tolist(), self.lengths):
+            depth: list[int] = []
+            for parent in row[:n]:
+                depth.append(1 if parent < 0 else depth[parent] + 1)
+            out.append(max(depth, default=0))
+        return out

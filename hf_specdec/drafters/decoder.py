@@ -1,0 +1,143 @@
+"""Drafting with a decoder that keeps its own KV cache, whatever runs it: a PyTorch model
+(`draft_model`) or an ONNX Runtime session (`onnx`, `quantized`). The drafters differ only in how
+they load their decoder; drafting is this module's, token for token."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from ..kv import RaggedKV
+from .base import Drafter, elapsed
+from .chain import chain, real_tokens, right_aligned
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from ..draft import Draft, DraftRequest
+
+
+class DecoderCache(Protocol):
+    """A decoder's KV cache for rows that grow at different rates (`kv.RaggedKV`, `ort.kv.OrtKV`)."""
+
+    def forward(self, tokens: torch.Tensor, valid: torch.Tensor, logits_to_keep: int = 0) -> Any:
+        """Run the decoder on `tokens` [B, T] (only `valid` [B, T] are real) and cache them; the
+        output's `.logits` are those of the last `logits_to_keep` positions (all if 0), [B, T', V]."""
+        ...
+
+    def truncate(self, lengths: torch.Tensor) -> None:
+        """Keep only the first `lengths[b]` real tokens of each row b."""
+        ...
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only `rows` (indices into the current batch)."""
+        ...
+
+
+class DraftDecoder(Protocol):
+    """A causal LM a drafter runs token by token: `TorchDecoder` or `ort.session.OnnxDecoder`."""
+
+    device: torch.device  # where its cache lives and its tokens go
+    config: Any  # its model config: the compatibility check reads the vocabulary size
+
+    def new_cache(self, batch_size: int) -> DecoderCache:
+        """An empty KV cache for `batch_size` rows."""
+        ...
+
+
+class TorchDecoder:
+    """A PyTorch causal LM as a `DraftDecoder`."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.model = model.eval()
+        self.config = model.config
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def new_cache(self, batch_size: int) -> RaggedKV:
+        return RaggedKV(self.model, None, batch_size, self.model.device)
+
+
+class DecoderDrafter(Drafter):
+    """Drafts with a decoder, greedily or by sampling from its processed distribution.
+
+    Each row's cache is rolled back to what it still shares with the row's sequence (which also
+    survives EOS and restarts), then fed the rest; `observe` has nothing to learn.
+    """
+
+    def __init__(self, decoder: DraftDecoder, min_confidence: float, device: torch.device) -> None:
+        self.decoder = decoder
+        self.min_confidence = min_confidence
+        self.device = device  # the target's: tokens come in and go out there
+        self.kv: DecoderCache | None = None
+        self.cached: list[torch.Tensor] = []  # per row: the real tokens the draft cache holds
+        self.row_ids: list[int] = []
+
+    def propose(self, request: DraftRequest) -> Draft:
+        self._follow_rows(request.row_ids)
+        draft_device = self.decoder.device
+        real = [real_tokens(request, b) for b in range(len(request.row_ids))]
+
+        # Roll the cache back to what each row still shares with its sequence, then feed the rest.
+        keep = [self._shared_prefix(self.cached[b], seq) for b, seq in enumerate(real)]
+        self.kv.truncate(torch.tensor(keep, device=draft_device))
+        pending = [seq[n:] for seq, n in zip(real, keep)]
+        start = time.perf_counter()
+        first = self.kv.forward(*right_aligned(pending, draft_device), logits_to_keep=1).logits[:, -1]
+        fed = max(len(p) for p in pending)
+        catch_up_seconds = elapsed(start, first) if request.is_catch_up(fed) else 0.0
+
+        def logits_at(i: int, previous: torch.Tensor | None, active: list[bool]) -> torch.Tensor:
+            if i == 0:
+                return first.to(self.device)
+            fed = torch.tensor(active, device=draft_device)[:, None]
+            return (
+                self.kv.forward(previous[:, None].to(draft_device), fed, logits_to_keep=1)
+                .logits[:, -1]
+                .to(self.device)
+            )
+
+        draft = chain(request, request.max_tokens, self.min_confidence, logits_at)
+        draft.catch_up_seconds = catch_up_seconds
+        fed = [max(n - 1, 0) for n in draft.lengths]  # a row's last draft token is never fed
+        self.cached = [
+            torch.cat([seq, draft.tokens[b, : fed[b]].to(seq.device)]) for b, seq in enumerate(real)
+        ]
+        return draft
+
+    def probe_seconds(self, batch_size: int) -> float | None:
+        """One draft forward of one token per row on an empty cache of its own: what a draft token
+        costs at least, known before the catch-up over the prompt is paid. Best of two runs, since
+        a fresh model's or ONNX session's first run is slow."""
+        kv = self.decoder.new_cache(batch_size)
+        tokens = torch.zeros(batch_size, 1, dtype=torch.long, device=self.decoder.device)
+        valid = torch.ones(batch_size, 1, dtype=torch.bool, device=self.decoder.device)
+        best = float("inf")
+        for _ in range(2):
+            start = time.perf_counter()
+            kv.forward(tokens, valid, logits_to_keep=1).logits.cpu()  # .cpu(): wait for the device
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    def _follow_rows(self, row_ids: list[int]) -> None:
+        if self.kv is None:
+            self.kv = self.decoder.new_cache(len(row_ids))
+            self.cached = [torch.zeros(0, dtype=torch.long, device=self.device) for _ in row_ids]
+        elif row_ids != self.row_ids:
+            where = [self.row_ids.index(r) for r in row_ids]
+            self.kv.select_rows(torch.tensor(where, device=self.decoder.device))
+            self.cached = [self.cached[i] for i in where]
+        self.row_ids = list(row_ids)
+
+    @staticmethod
+    def _shared_prefix(cached: torch.Tensor, seq: torch.Tensor) -> int:
+        """Length of the common prefix, leaving at least one token of `seq` to feed."""
+        n = min(len(cached), len(seq) - 1)
+        if n <= 0:
+            return 0
+        differs = torch.nonzero(cached[:n] != seq[:n].to(cached.device))
+        return int(differs[0]) if differs.numel() else n

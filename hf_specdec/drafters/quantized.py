@@ -1,0 +1,31 @@
+"""Self-drafting: an int8 ONNX copy of the target itself (`method="quantized"`), weights in blocks
+of 32, built once into the cache (`ort.cache.quantized_copy`) and drafted with as `onnx` does."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..ort.cache import quantized_copy
+from .base import options_to_config
+from .onnx import OnnxDraftConfig, OnnxDrafter, load_decoder
+from .registry import register_drafter
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from ..config import SpeculativeConfig
+
+
+@register_drafter
+class QuantizedDrafter(OnnxDrafter):
+    """Drafts with an int8 ONNX copy of the target, exported on first use."""
+
+    name: ClassVar[str] = "quantized"
+
+    @classmethod
+    def from_config(
+        cls, config: SpeculativeConfig, target: PreTrainedModel, tokenizer: Any
+    ) -> QuantizedDrafter:
+        options = options_to_config(OnnxDraftConfig, config.options)
+        folder = quantized_copy(target, tokenizer)
+        return cls(load_decoder(folder, options, target), options.min_confidence, target.device)

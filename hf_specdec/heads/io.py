@@ -1,0 +1,124 @@
+"""Building a head and reading or writing its weights: what our checkpoint format (`checkpoint`) and
+the published EAGLE / Medusa layouts (`published`) share.
+
+Our format is a folder with `head_config.json` (the head's config, which names its target) and
+`head.safetensors` (the trainable weights and the draft vocabulary; the target's embedding and LM
+head are never copied).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from .eagle import EagleHead, EagleHeadConfig
+from .eagle3 import Eagle3Head
+from .medusa import MedusaHead, MedusaHeadConfig
+
+CONFIG_NAME = "head_config.json"
+WEIGHTS_NAME = "head.safetensors"
+VARIANTS = ("eagle", "eagle3")  # EagleHeadConfig.variant: EagleHead, Eagle3Head
+
+
+def save_head(head: nn.Module, folder: str | Path) -> Path:
+    """Write `head` to `folder` in our format; returns the folder."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {name: tensor.detach().contiguous().cpu() for name, tensor in head.state_dict().items()}
+    tmp = folder / (WEIGHTS_NAME + ".tmp")
+    save_file(state, str(tmp), metadata={"format": "pt", "producer": "hf-specdec"})
+    tmp.replace(folder / WEIGHTS_NAME)  # never leave a half-written checkpoint under the real name
+    (folder / CONFIG_NAME).write_text(json.dumps({"format": "hf-specdec", **head.config.to_dict()}, indent=2))
+    return folder
+
+
+def build_head(config: EagleHeadConfig | MedusaHeadConfig, target: Any) -> nn.Module:
+    """A freshly initialised head for `target` (weights in the target's dtype and device).
+
+    An EAGLE config without a context length (`max_position_embeddings` 0, as in heads saved
+    before it was recorded) gets the target's.
+    """
+    if isinstance(config, EagleHeadConfig):
+        text = target.config.get_text_config()
+        if not config.max_position_embeddings:
+            config.max_position_embeddings = int(getattr(text, "max_position_embeddings", 0) or 0)
+        if config.variant == "eagle3":
+            _check_eagle3_layers(config, text.num_hidden_layers)
+            head = Eagle3Head(config, target.get_input_embeddings())
+        elif config.variant == "eagle":
+            head = EagleHead(config, target.get_input_embeddings(), target.get_output_embeddings())
+        else:
+            raise ValueError(
+                f"Unknown EAGLE head variant {config.variant!r}; expected {' or '.join(VARIANTS)}."
+            )
+    else:
+        head = MedusaHead(config, target.get_output_embeddings())
+    return head.to(device=target.device, dtype=target.dtype)
+
+
+def _check_eagle3_layers(config: EagleHeadConfig, num_layers: int) -> None:
+    layers = config.feature_layers
+    if len(set(layers)) != 3 or min(layers) < 0 or max(layers) > num_layers:
+        raise ValueError(
+            f"The EAGLE-3 head{f' for {config.target}' if config.target else ''} reads target layers "
+            f"{list(layers)}, but it needs three distinct ones among this {num_layers}-layer target's "
+            f"0..{num_layers} (`output_hidden_states` indices)."
+        )
+
+
+def check_head_matches(config: Any, target: Any, source: Any) -> None:
+    """Refuse a head trained for another target, saying which dimension differs."""
+    text = target.config.get_text_config()
+    trained_for = f" ({config.target})" if config.target else ""
+    checks = [("hidden size", config.hidden_size, text.hidden_size)]
+    checks.append(("vocabulary size", config.vocab_size, text.vocab_size))
+    if config.target_num_layers:
+        checks.append(("layer count", config.target_num_layers, text.num_hidden_layers))
+    for what, head_value, target_value in checks:
+        if head_value != target_value:
+            raise ValueError(
+                f"The draft head {source!r} was trained for a target{trained_for} with {what} {head_value}, "
+                f"but this target ({getattr(target, 'name_or_path', type(target).__name__)}) has "
+                f"{target_value}. A head only drafts for the model it was trained on: train one with "
+                "`hf-specdec train-draft --target <this model>`."
+            )
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """A safetensors or torch file's tensors; a missing or damaged file gets a clear error."""
+    if not path.is_file():
+        raise ValueError(f"Head weights {path} are missing: the checkpoint is incomplete.")
+    try:
+        if path.suffix == ".safetensors":
+            return load_file(str(path))
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # safetensors and torch raise many kinds for a damaged file
+        raise ValueError(
+            f"Head weights {path} cannot be read ({type(err).__name__}: {err}): "
+            "the checkpoint is corrupt; download or train it again."
+        ) from None
+
+
+def load_state(head: nn.Module, state: dict[str, torch.Tensor], path: Path) -> None:
+    """Load `state` strictly, naming missing, unexpected and misshapen tensors."""
+    expected = head.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    misshapen = sorted(
+        f"{name} {tuple(state[name].shape)} (expected {tuple(expected[name].shape)})"
+        for name in set(state) & set(expected)
+        if state[name].shape != expected[name].shape
+    )
+    if missing or unexpected or misshapen:
+        parts = [
+            f"{label}: {', '.join(items[:6])}{' ...' if len(items) > 6 else ''}"
+            for label, items in (("missing", missing), ("unexpected", unexpected), ("wrong shape", misshapen))
+            if items
+        ]
+        raise ValueError(f"Head weights {path} do not fit the head its config describes; " + "; ".join(parts))
+    head.load_state_dict(state)

@@ -1,0 +1,76 @@
+"""The int8 ONNX copy of a target that `method="quantized"` drafts with, built once and cached."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import tempfile
+import warnings
+import weakref
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..models import cache_dir
+from .export import export_onnx
+from .quantize import INT8_FORMAT
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+
+def quantized_copy(target: PreTrainedModel, tokenizer: Any = None) -> Path:
+    """The int8 ONNX copy of `target` under `cache_dir()/onnx/<name>-int8`, exported on first use."""
+    name = Path(str(getattr(target, "name_or_path", "") or "")).name or type(target).__name__
+    folder = cache_dir() / "onnx" / f"{name}-int8"
+    fingerprint = f"{INT8_FORMAT}:{weights_fingerprint(target)}"
+    stamp = folder / "hf_specdec_fingerprint.txt"
+    if stamp.exists() and stamp.read_text() == fingerprint:
+        return folder
+    if folder.exists():
+        warnings.warn(
+            f"{folder} holds a copy of another model, or one in an older format; rebuilding it.", stacklevel=5
+        )
+    warnings.warn(
+        f"Building an int8 ONNX copy of the target in {folder} (once; minutes for a 100M+ model).",
+        stacklevel=5,
+    )
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
+        staging = Path(tmp) / "model"
+        export_onnx(target, staging, quantize="int8", tokenizer=tokenizer)
+        (staging / stamp.name).write_text(fingerprint)
+        if folder.exists():
+            shutil.rmtree(folder)
+        staging.rename(folder)  # atomic: a crash never leaves a half-written cache
+    return folder
+
+
+# Fingerprints by model object: reading every weight costs a device sync and an fp32 copy per
+# tensor, which one model should pay once, not on every `generate` call.
+_FINGERPRINTS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+def weights_fingerprint(model: PreTrainedModel) -> str:
+    """Identifies a model's weights: computed on first use, then remembered for as long as the model
+    object lives. Weights changed in place afterwards (training the same object) are not noticed:
+    delete the copy's folder to rebuild it."""
+    if model not in _FINGERPRINTS:
+        _FINGERPRINTS[model] = _read_fingerprint(model)
+    return _FINGERPRINTS[model]
+
+
+def _read_fingerprint(model: PreTrainedModel) -> str:
+    """A sum and a few values of every tensor, with its name and shape.
+
+    Not the config: `generate` writes into it (attention implementation, cache flags), which must
+    not trigger a rebuild.
+    """
+    digest = hashlib.sha256(type(model).__name__.encode())
+    with torch.no_grad():
+        for name, p in model.state_dict().items():
+            flat = p.detach().flatten()
+            summary = torch.cat([flat[:8].float().cpu(), flat.float().sum().cpu()[None]])
+            digest.update(f"{name}{tuple(p.shape)}".encode() + summary.numpy().tobytes())
+    return digest.hexdigest()

@@ -1,0 +1,38 @@
+"""The exporter: the Hub's ONNX decoder layout, checked against PyTorch."""
+
+from __future__ import annotations
+
+import torch
+
+from hf_specdec.ort import export_onnx_report
+from hf_specdec.ort.export import _load
+from hf_specdec.ort.session import OnnxDecoder
+
+
+def test_export_writes_hub_layout_and_matches_pytorch(onnx_dirs, weak_draft, tmp_path):
+    folder = onnx_dirs["good"]
+    assert {"model.onnx", "config.json", "generation_config.json"} <= {p.name for p in folder.iterdir()}
+    names = {i.name for i in OnnxDecoder.load(folder).session.get_inputs()}
+    assert {"input_ids", "attention_mask", "position_ids", "past_key_values.1.value"} <= names
+    report = export_onnx_report(weak_draft, tmp_path / "again", progress=False)
+    assert report.max_abs_diff < report.tolerance <= 1e-2
+
+
+def test_a_model_is_converted_tensor_by_tensor_never_duplicated_where_it_lives(weak_draft, monkeypatch):
+    """The export's copy of a model on a GPU or in another dtype is made one tensor at a time on the
+    CPU: a deep copy would first duplicate every weight where it lives (twice a GPU model's memory)."""
+    duplicated = []
+    deepcopy = torch.nn.Parameter.__deepcopy__
+
+    def recording(self, memo):
+        duplicated.append(tuple(self.shape))
+        return deepcopy(self, memo)
+
+    monkeypatch.setattr(torch.nn.Parameter, "__deepcopy__", recording)
+    copy, _ = _load(weak_draft, None, torch.float16)
+    assert duplicated == []
+    assert copy.dtype == torch.float16 and copy.device.type == "cpu"
+    assert weak_draft.dtype == torch.float32  # the caller's model is untouched
+    theirs, ours = weak_draft.state_dict(), copy.state_dict()
+    assert list(ours) == list(theirs)
+    assert all(torch.equal(ours[name], tensor.half()) for name, tensor in theirs.items())

@@ -1,0 +1,58 @@
+"""The IO-bound KV cache of an ONNX decoder against `RaggedKV`, and logits kept per position."""
+
+from __future__ import annotations
+
+import torch
+
+from hf_specdec.kv import RaggedKV
+from hf_specdec.ort.export import _export
+from hf_specdec.ort.kv import OrtKV
+from hf_specdec.ort.session import OnnxDecoder
+
+
+def test_ort_kv_follows_ragged_kv_through_holes_and_row_drops(onnx_dirs, weak_draft):
+    """Same feeds, truncations and row selections: the ONNX cache gives PyTorch's logits."""
+    ort_kv = OrtKV(OnnxDecoder.load(onnx_dirs["weak"]), 3)
+    torch_kv = RaggedKV(weak_draft, None, 3, torch.device("cpu"))
+    g = torch.Generator().manual_seed(0)
+
+    def both(tokens, valid):
+        with torch.no_grad():
+            expected = torch_kv.forward(tokens, valid).logits
+        got = ort_kv.forward(tokens, valid).logits
+        real = valid.bool()  # a hole's own logits are meaningless (its query attends to nothing real)
+        assert torch.allclose(got[real], expected[real], atol=1e-4), float((got - expected)[real].abs().max())
+
+    both(
+        torch.randint(6, 64, (3, 6), generator=g),
+        torch.tensor([[0, 0, 1, 1, 1, 1], [1] * 6, [0, 1, 1, 1, 1, 1]], dtype=torch.bool),
+    )
+    both(torch.randint(6, 64, (3, 4), generator=g), torch.ones(3, 4, dtype=torch.bool))
+    for kv in (ort_kv, torch_kv):
+        kv.truncate(torch.tensor([5, 8, 9]))  # holes in the middle of rows 0 and 1
+    both(
+        torch.randint(6, 64, (3, 3), generator=g),
+        torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0]], dtype=torch.bool),
+    )
+    for kv in (ort_kv, torch_kv):
+        kv.select_rows(torch.tensor([2, 0]))
+    both(torch.randint(6, 64, (2, 1), generator=g), torch.ones(2, 1, dtype=torch.bool))
+    assert torch.equal(ort_kv.mask, torch_kv.mask)
+
+
+def test_only_the_logits_asked_for_are_computed(onnx_dirs, weak_draft, tmp_path):
+    """Our exports take `num_logits_to_keep`; Hub-layout graphs without it still work (all logits)."""
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    _export(weak_draft, plain / "model.onnx")  # the graph before the input is added
+    weak_draft.config.save_pretrained(plain)
+    ours, theirs = OnnxDecoder.load(onnx_dirs["weak"]), OnnxDecoder.load(plain)
+    assert ours.has_logits_to_keep and not theirs.has_logits_to_keep
+    tokens = torch.randint(6, 64, (2, 5), generator=torch.Generator().manual_seed(3))
+    valid = torch.tensor([[0, 1, 1, 1, 1], [1] * 5], dtype=torch.bool)
+    every = OrtKV(ours, 2).forward(tokens, valid).logits
+    last = OrtKV(ours, 2).forward(tokens, valid, logits_to_keep=1).logits
+    reference = OrtKV(theirs, 2).forward(tokens, valid, logits_to_keep=1).logits
+    assert every.shape == (2, 5, 64) and last.shape == reference.shape == (2, 1, 64)
+    assert torch.equal(last, every[:, -1:])
+    assert torch.allclose(last, reference, atol=1e-5)
