@@ -97,14 +97,18 @@ class AdaptiveDraftLength:
     probe_every: int = 8
     min_probe_gain: float = 1.1
     max_k: int = MAX_DRAFT
-    drafted: list[float] = field(default_factory=lambda: [0.0] * MAX_DRAFT)
-    accepted: list[float] = field(default_factory=lambda: [0.0] * MAX_DRAFT)
+    drafted: list[float] = field(default_factory=list)  # per position, sized to max_k
+    accepted: list[float] = field(default_factory=list)
     bucket_drafted: list[float] = field(default_factory=lambda: [0.0] * _BUCKETS)
     bucket_accepted: list[float] = field(default_factory=lambda: [0.0] * _BUCKETS)
     draft_cost: _Recent = field(default_factory=_Recent)  # seconds per drafted position
     verify_cost: dict[tuple[int, int], _Recent] = field(default_factory=dict)  # (batch, width) -> seconds
     plain_run: int = 0
     backoff: int = 1
+
+    def __post_init__(self) -> None:
+        for counts in (self.drafted, self.accepted):
+            counts.extend([0.0] * (self.max_k - len(counts)))
 
     def draft_length(self, batch_size: int) -> int:
         plain = self._verify(batch_size, 1)

@@ -154,3 +154,13 @@ def test_fixed_length_never_trims():
     policy = FixedDraftLength(3)
     draft = _draft([3, 1], 0.01)
     assert policy.draft_length(8) == 3 and policy.trim(draft, 2) is draft
+
+
+def test_max_k_beyond_the_default_is_learnt_and_chosen():
+    """`max_k` above `MAX_DRAFT` sizes what the policy learns per position (it raised IndexError)."""
+    policy = AdaptiveDraftLength(max_k=16)
+    policy.update(1, _draft([0]), [0], 0.0, 1.0)
+    for _ in range(30):
+        policy.update(1, _draft([16]), [16], 0.0, 1.1)
+    assert policy.alpha(15) > 0.9
+    assert policy.draft_length(1) == 16
