@@ -8,6 +8,9 @@ from typing import Any, Literal
 
 DraftLength = int | Literal["auto"] | Any
 
+# The methods of `policy.DraftLengthPolicy`, every one of which the loop calls each step.
+POLICY_METHODS = ("draft_length", "trim", "update")
+
 
 @dataclass
 class SpeculativeConfig:
@@ -22,7 +25,8 @@ class SpeculativeConfig:
             compatibility check compare vocabularies instead of sizes.
         num_draft_tokens: tokens drafted per step: an integer for a fixed length, `"auto"` to
             choose it each step from measured acceptance and costs (state kept for the call), or
-            a policy object such as `AdaptiveDraftLength()` that keeps what it learns across calls.
+            a policy object such as `AdaptiveDraftLength()` that keeps what it learns across calls
+            (any object with the `DraftLengthPolicy` methods `draft_length`, `trim` and `update`).
         options: settings of the chosen drafter (see its config class, e.g. `NgramConfig`).
     """
 
@@ -35,12 +39,7 @@ class SpeculativeConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.method, str):
             raise TypeError(f"`method` must be a string, got {type(self.method).__name__}.")
-        n = self.num_draft_tokens
-        is_policy = hasattr(n, "draft_length") and hasattr(n, "update")
-        if n != "auto" and not is_policy and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-            raise ValueError(
-                f'`num_draft_tokens` must be a positive integer, "auto" or a policy object, got {n!r}.'
-            )
+        _check_num_draft_tokens(self.num_draft_tokens)
 
     @classmethod
     def from_user(cls, value: Any) -> SpeculativeConfig | None:
@@ -64,4 +63,21 @@ class SpeculativeConfig:
         raise TypeError(
             "`speculative` must be True, False, None, a method name, a dict or a SpeculativeConfig; "
             f"got {type(value).__name__}."
+        )
+
+
+def _check_num_draft_tokens(n: Any) -> None:
+    """A positive integer, "auto", or an object with every method of the policy protocol."""
+    if n == "auto" or (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
+        return
+    missing = [name for name in POLICY_METHODS if not callable(getattr(n, name, None))]
+    if len(missing) == len(POLICY_METHODS):
+        raise ValueError(
+            f'`num_draft_tokens` must be a positive integer, "auto" or a policy object, got {n!r}.'
+        )
+    if missing:
+        raise TypeError(
+            f"The draft-length policy {type(n).__name__} lacks {missing}: a policy object needs "
+            "draft_length, trim and update (see hf_specdec.policy.DraftLengthPolicy; "
+            "FixedDraftLength is the simplest one)."
         )

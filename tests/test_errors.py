@@ -196,3 +196,33 @@ def test_generate_without_speculative_is_unaffected(target):
     assert torch.equal(beams, _ORIGINAL_GENERATE(target, **kwargs, num_beams=2))
     no_cache = target.generate(**kwargs, use_cache=False)
     assert torch.equal(no_cache[:, : input_ids.shape[1]], input_ids)
+
+
+class _NoTrim:
+    def draft_length(self, batch_size):
+        return 2
+
+    def update(self, batch_size, draft, accepted, draft_seconds, verify_seconds):
+        pass
+
+
+class _OnlyTrim:
+    def trim(self, draft, batch_size, remaining=None):
+        return draft
+
+
+@pytest.mark.parametrize(
+    "policy,missing", [(_NoTrim(), r"\['trim'\]"), (_OnlyTrim(), r"\['draft_length', 'update'\]")]
+)
+def test_incomplete_policy_is_refused_up_front(policy, missing):
+    """A policy object missing part of the protocol used to pass validation and crash mid-generate."""
+    with pytest.raises(TypeError, match=rf"_\w+ lacks {missing}.*draft_length, trim and update"):
+        SpeculativeConfig(method="ngram", num_draft_tokens=policy)
+
+
+def test_policy_methods_checked_are_the_protocols():
+    from hf_specdec.config import POLICY_METHODS
+    from hf_specdec.policy import DraftLengthPolicy
+
+    declared = {name for name in vars(DraftLengthPolicy) if not name.startswith("_")}
+    assert set(POLICY_METHODS) == declared
