@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import pytest
 import torch
 
 from hf_specdec import register_drafter
@@ -63,3 +64,19 @@ def test_drafter_receives_target_hidden_states_of_every_cached_token(target):
             with torch.no_grad():
                 ref = target(input_ids=sequence[None], output_hidden_states=True).hidden_states[-1][0]
             torch.testing.assert_close(features, ref[:-1], atol=1e-4, rtol=1e-4)
+
+
+def test_register_drafter_refuses_a_taken_name_unless_replace():
+    class _Ngram2(_FeatureRecorder):
+        name: ClassVar[str] = "ngram"
+
+    builtin = DRAFTERS["ngram"]
+    try:
+        with pytest.raises(ValueError, match=r"'ngram' is already registered.*NgramDrafter.*replace=True"):
+            register_drafter(_Ngram2)
+        assert DRAFTERS["ngram"] is builtin
+        assert register_drafter(replace=True)(_Ngram2) is _Ngram2
+        assert DRAFTERS["ngram"] is _Ngram2
+        assert register_drafter(_Ngram2) is _Ngram2  # the same class again is not a clash
+    finally:
+        DRAFTERS["ngram"] = builtin

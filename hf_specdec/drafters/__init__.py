@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from .base import Draft, Drafter, DraftRequest
@@ -14,8 +15,20 @@ if TYPE_CHECKING:
 DRAFTERS: dict[str, type[Drafter]] = {}
 
 
-def register_drafter(cls: type[Drafter]) -> type[Drafter]:
-    """Class decorator: make a drafter available as `SpeculativeConfig(method=cls.name)`."""
+def register_drafter(cls: type[Drafter] | None = None, *, replace: bool = False) -> Any:
+    """Class decorator: make a drafter available as `SpeculativeConfig(method=cls.name)`.
+
+    A name already taken by another class is refused; `@register_drafter(replace=True)` replaces it.
+    """
+    if cls is None:
+        return functools.partial(register_drafter, replace=replace)
+    existing = DRAFTERS.get(cls.name)
+    if existing is not None and existing is not cls and not replace:
+        raise ValueError(
+            f"A drafter named {cls.name!r} is already registered ({existing.__module__}."
+            f"{existing.__qualname__}); give {cls.__qualname__} another `name`, or pass replace=True "
+            "to replace it."
+        )
     DRAFTERS[cls.name] = cls
     return cls
 
