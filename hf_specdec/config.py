@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
+
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.utils import validate_repo_id
 
 DraftLength = int | Literal["auto"] | Any
 
@@ -40,6 +45,8 @@ class SpeculativeConfig:
         if not isinstance(self.method, str):
             raise TypeError(f"`method` must be a string, got {type(self.method).__name__}.")
         _check_num_draft_tokens(self.num_draft_tokens)
+        if isinstance(self.draft, (str, os.PathLike)):
+            _check_draft_location(str(self.draft))
 
     @classmethod
     def from_user(cls, value: Any) -> SpeculativeConfig | None:
@@ -81,3 +88,17 @@ def _check_num_draft_tokens(n: Any) -> None:
             "draft_length, trim and update (see hf_specdec.policy.DraftLengthPolicy; "
             "FixedDraftLength is the simplest one)."
         )
+
+
+def _check_draft_location(draft: str) -> None:
+    """A draft named by a string must be a folder that exists or could be a Hub repo id; otherwise
+    the Hub client would answer for a mistyped path with its repo id rules."""
+    if Path(draft).expanduser().exists():
+        return
+    try:
+        validate_repo_id(draft)
+    except HFValidationError:
+        raise FileNotFoundError(
+            f"draft={draft!r} is not a folder that exists, nor a Hub repo id ('name' or 'namespace/name'). "
+            "Check the path, or pass a loaded model."
+        ) from None

@@ -96,6 +96,11 @@ def _cases(target, small_vocab_draft):
             ValueError,
             r"method='draft_model' needs a draft: .*draft=",
         ),
+        "draft_folder_missing": (
+            dict(speculative=dict(method="draft_model", draft="/no/such/folder")),
+            FileNotFoundError,
+            r"draft='/no/such/folder' is not a folder that exists, nor a Hub repo id",
+        ),
         "draft_vocab_mismatch": (
             dict(speculative=dict(method="draft_model", draft=small_vocab_draft)),
             ValueError,
@@ -226,3 +231,18 @@ def test_policy_methods_checked_are_the_protocols():
 
     declared = {name for name in vars(DraftLengthPolicy) if not name.startswith("_")}
     assert set(POLICY_METHODS) == declared
+
+
+def test_empty_prompt(target):
+    """An empty prompt used to die in a reshape inside the model."""
+    empty = torch.zeros(1, 0, dtype=torch.long)
+    with pytest.raises(
+        ValueError, match=r"prompt is empty \(input_ids of shape \[1, 0\]\).*at least one token"
+    ):
+        target.generate(input_ids=empty, max_new_tokens=4, speculative=NGRAM)
+
+
+@pytest.mark.parametrize("draft", ["/no/such/folder", "./models/none", "~/none/such/draft"])
+def test_missing_draft_folder_is_named_up_front(draft):
+    with pytest.raises(FileNotFoundError, match=r"not a folder that exists, nor a Hub repo id"):
+        SpeculativeConfig(method="draft_model", draft=draft)
