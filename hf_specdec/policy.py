@@ -14,13 +14,14 @@ current batch size) during the call, and
   the drafter's score, the policy counts how often such tokens were actually accepted.
 
 Its parts, each usable and tested alone: `AdaptiveSettings` (frozen settings), `AcceptanceEstimate`
-(α_i and calibrated confidences), `CostModel` (measured draft and verify costs), `ProbeSchedule`
-(when to try drafting again) and `best_width` (the decision).
+(α_i and calibrated confidences), `CostModel` (measured draft and verify costs, and no figure about
+any device), `ProbeSchedule` (when to try drafting again) and `best_width` (the decision).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -163,7 +164,7 @@ def _bucket(confidence: float) -> int:
 class CostModel:
     """Measured costs: seconds per draft token, and verify seconds per (batch size, width), where a
     width is the tokens one row feeds the target (a plain step is width 1, a k-token draft k + 1).
-    Widths never measured are estimated from measured ones."""
+    Widths never measured are estimated from measured ones alone: no figure about any device."""
 
     draft: _Recent = field(default_factory=_Recent)  # seconds per drafted position
     verify_times: dict[tuple[int, int], _Recent] = field(default_factory=dict)  # (batch, width) -> seconds
@@ -203,9 +204,16 @@ class CostModel:
             lo, hi = max(below), min(above)
             t = (width - lo) / (hi - lo)
             return known[lo] * (1 - t) + known[hi] * t
-        # Beyond what was measured: assume verify cost keeps growing by 3% of a plain step per token.
+        # Beyond what was measured: follow the power law width^p through the plain step and the
+        # widest measurement, with 0 <= p <= 1 (flat when only plain steps were measured; at most
+        # in proportion to the tokens fed, as on a compute-bound device). Verify cost is flat and
+        # then grows about linearly, so the curve bends upwards and this guesses low, not high.
         edge = max(below)
-        return known[edge] + 0.03 * known[1] * (width - edge)
+        plain, widest = known[1], known[edge]
+        if edge == 1 or plain <= 0 or widest <= plain:
+            return widest
+        power = min(math.log(widest / plain) / math.log(edge), 1.0)
+        return widest * (width / edge) ** power
 
 
 def expected_gains(alphas: list[float]) -> list[float]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -220,15 +221,35 @@ def test_acceptance_calibrates_confidence_per_bucket():
     assert estimate.calibrated(1.0) == estimate.calibrated(0.95)  # 1.0 falls in the top bucket
 
 
-def test_cost_model_interpolates_between_measurements():
+def test_cost_model_interpolates_and_extrapolates_from_measurements_only():
     costs = CostModel()
     assert costs.verify(1, 1) is None and not costs.measured_wide()
     costs.add_verify(1, 1, 2.0)
+    assert costs.verify(1, 5) == 2.0  # only plain steps measured: assume flat, the low guess
     costs.add_verify(1, 5, 4.0)
     assert costs.measured_wide()
     assert costs.verify(1, 3) == pytest.approx(3.0)
+    # Beyond the widest measurement: the power law through (1, 2 s) and (5, 4 s).
+    assert costs.verify(1, 25) == pytest.approx(4.0 * 5 ** (math.log(2) / math.log(5)))
+    # Scale-free: the same shape in other units gives the same prediction in those units.
+    scaled = CostModel()
+    scaled.add_verify(1, 1, 2000.0)
+    scaled.add_verify(1, 5, 4000.0)
+    assert scaled.verify(1, 25) == pytest.approx(1000 * costs.verify(1, 25))
     # Another batch size borrows the nearest measured one until it has its own.
     assert costs.verify(4, 3) == pytest.approx(3.0)
+    costs.add_verify(4, 1, 5.0)
+    assert costs.verify(4, 3) == 5.0  # its own plain step only: flat again
+
+
+def test_cost_model_extrapolation_is_never_falling_nor_faster_than_linear():
+    falling, steep = CostModel(), CostModel()
+    falling.add_verify(1, 1, 1.0)
+    falling.add_verify(1, 3, 0.9)  # noise: the wider step timed faster
+    assert falling.verify(1, 9) == 0.9
+    steep.add_verify(1, 1, 1.0)
+    steep.add_verify(1, 2, 3.0)  # a stall inflated it
+    assert steep.verify(1, 8) == pytest.approx(12.0)  # capped at growth in proportion to width
 
 
 def test_cost_model_draft_cost_is_the_recent_median():
@@ -273,3 +294,14 @@ def test_probe_schedule_backs_off_and_resets():
     capped = ProbeSchedule(every=1, backoff=64)
     capped.plain_step_probes()
     assert capped.backoff == 64
+
+
+def test_a_draft_as_slow_as_the_target_is_never_explored():
+    """Before any draft is verified, only the drafter's up-front timing and a plain step are known."""
+    slow, fast = AdaptiveDraftLength(), AdaptiveDraftLength()
+    slow.expect_draft_cost(1.0)
+    fast.expect_draft_cost(0.05)
+    for policy in (slow, fast):
+        policy.update(1, _draft([0]), [0], 0.0, 1.0)
+    assert [slow.draft_length(1) for _ in range(20)] == [0] * 20
+    assert fast.draft_length(1) == fast.settings.first_k
