@@ -88,6 +88,7 @@ def run_case(model, inputs, speculative, max_new_tokens: int, repeats: int) -> d
         "identical": bool(torch.equal(plain, spec.sequences)),
         "acceptance_rate": stats.acceptance_rate,
         "mean_accepted_length": stats.mean_accepted_length,
+        "mean_accepted_length_speculative": stats.mean_accepted_length_speculative,
         "speculative_steps": stats.speculative_steps,
         "plain_steps": stats.plain_steps,
         "draft_length_choices": dict(sorted(choices.items())),
@@ -146,7 +147,8 @@ def main() -> None:
             print(
                 f"| {kind} | {batch} | {name} | {r['plain_tokens_per_s']:.1f} | "
                 f"{r['spec_tokens_per_s']:.1f} | "
-                f"{r['speedup']:.2f}x | {r['acceptance_rate']:.0%} | {r['mean_accepted_length']:.2f} | "
+                f"{r['speedup']:.2f}x | {r['acceptance_rate']:.0%} | "
+                f"{r['mean_accepted_length_speculative']:.2f} | "
                 f"{r['speculative_steps']}/{r['plain_steps']} | {r['mean_draft_length_chosen']:.1f} | "
                 f"{'yes' if r['identical'] else 'no'} |",
                 flush=True,

@@ -118,7 +118,8 @@ def main() -> None:
     print(
         f"method='quantized' vs plain generate: {plain_s / quant_s:.2f}x overall "
         f"(acceptance {quant_stats.acceptance_rate:.0%}, mean accepted length "
-        f"{quant_stats.mean_accepted_length:.2f})"
+        f"{quant_stats.mean_accepted_length:.2f} per step, "
+        f"{quant_stats.mean_accepted_length_speculative:.2f} per speculative step)"
     )
     print(f"int8 copy's greedy agreement with the target: {agree / total:.1%} ({total} tokens)")
     print(f"All speculative outputs identical to plain greedy generate: {'yes' if identical else 'NO'}")

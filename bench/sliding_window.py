@@ -22,10 +22,11 @@ import torch
 from transformers import MistralConfig, MistralForCausalLM
 
 import hf_specdec
+from hf_specdec.policy import DraftLengthPolicy
 from hf_specdec.timing import clock
 
 
-class NeverDraft:
+class NeverDraft(DraftLengthPolicy):
     """A draft-length policy that always decodes plainly."""
 
     def draft_length(self, batch_size: int) -> int:

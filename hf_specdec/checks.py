@@ -17,6 +17,11 @@ def check_supported(
     model: Any, input_ids: torch.Tensor, config: GenerationConfig, model_kwargs: dict[str, Any], streamer: Any
 ) -> None:
     """Raise a clear error for anything speculative decoding here cannot reproduce losslessly."""
+    if input_ids.shape[-1] == 0:
+        raise ValueError(
+            f"The prompt is empty (input_ids of shape {list(input_ids.shape)}); generation needs at least "
+            "one token to continue from, e.g. the tokenizer's BOS token."
+        )
     if model.config.is_encoder_decoder:
         raise ValueError(
             "speculative= supports decoder-only models; encoder-decoder models are not supported yet."

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.utils import validate_repo_id
+
 DraftLength = int | Literal["auto"] | Any
+
+# The methods of `policy.DraftLengthPolicy`, every one of which the loop calls each step.
+POLICY_METHODS = ("draft_length", "trim", "update", "expect_draft_cost")
 
 
 @dataclass
@@ -22,7 +30,8 @@ class SpeculativeConfig:
             compatibility check compare vocabularies instead of sizes.
         num_draft_tokens: tokens drafted per step: an integer for a fixed length, `"auto"` to
             choose it each step from measured acceptance and costs (state kept for the call), or
-            a policy object such as `AdaptiveDraftLength()` that keeps what it learns across calls.
+            a policy object such as `AdaptiveDraftLength()` that keeps what it learns across calls
+            (any object with the `DraftLengthPolicy` methods `draft_length`, `trim` and `update`).
         options: settings of the chosen drafter (see its config class, e.g. `NgramConfig`).
         tree: `True` to let the drafter propose a tree of candidate continuations, verified in one
             forward (`num_draft_tokens` then counts its nodes); an integer also caps the nodes;
@@ -41,12 +50,9 @@ class SpeculativeConfig:
             raise ValueError(f"`tree` must be True, False or a positive number of nodes, got {self.tree!r}.")
         if not isinstance(self.method, str):
             raise TypeError(f"`method` must be a string, got {type(self.method).__name__}.")
-        n = self.num_draft_tokens
-        is_policy = hasattr(n, "draft_length") and hasattr(n, "update")
-        if n != "auto" and not is_policy and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-            raise ValueError(
-                f'`num_draft_tokens` must be a positive integer, "auto" or a policy object, got {n!r}.'
-            )
+        _check_num_draft_tokens(self.num_draft_tokens)
+        if isinstance(self.draft, (str, os.PathLike)):
+            _check_draft_location(str(self.draft))
 
     @classmethod
     def from_user(cls, value: Any) -> SpeculativeConfig | None:
@@ -71,3 +77,34 @@ class SpeculativeConfig:
             "`speculative` must be True, False, None, a method name, a dict or a SpeculativeConfig; "
             f"got {type(value).__name__}."
         )
+
+
+def _check_num_draft_tokens(n: Any) -> None:
+    """A positive integer, "auto", or an object with every method of the policy protocol."""
+    if n == "auto" or (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
+        return
+    missing = [name for name in POLICY_METHODS if not callable(getattr(n, name, None))]
+    if len(missing) == len(POLICY_METHODS):
+        raise ValueError(
+            f'`num_draft_tokens` must be a positive integer, "auto" or a policy object, got {n!r}.'
+        )
+    if missing:
+        raise TypeError(
+            f"The draft-length policy {type(n).__name__} lacks {missing}: a policy object needs "
+            "draft_length, trim, update and expect_draft_cost (subclass hf_specdec.policy."
+            "DraftLengthPolicy to inherit its no-op expect_draft_cost; FixedDraftLength is the simplest one)."
+        )
+
+
+def _check_draft_location(draft: str) -> None:
+    """A draft named by a string must be a folder that exists or could be a Hub repo id; otherwise
+    the Hub client would answer for a mistyped path with its repo id rules."""
+    if Path(draft).expanduser().exists():
+        return
+    try:
+        validate_repo_id(draft)
+    except HFValidationError:
+        raise FileNotFoundError(
+            f"draft={draft!r} is not a folder that exists, nor a Hub repo id ('name' or 'namespace/name'). "
+            "Check the path, or pass a loaded model."
+        ) from None

@@ -43,7 +43,7 @@ class OutputCollector:
         self.streamer = streamer
         self.keep_scores = bool(generation_config.return_dict_in_generate and generation_config.output_scores)
         self.keep_logits = bool(generation_config.return_dict_in_generate and generation_config.output_logits)
-        self.scores: list[list[torch.Tensor]] = [[] for _ in range(batch)]
+        self.scores: list[list[torch.Tensor]] = [[] for _ in range(batch)]  # per row, [1, V] a token
         self.logits: list[list[torch.Tensor]] = [[] for _ in range(batch)]
         self.emitted = 0
 
@@ -68,22 +68,24 @@ class OutputCollector:
     ) -> None:
         """Append tokens to a row one at a time, stopping at the first that ends the row."""
         n = 0
-        for token in tokens:
+        for i, token in enumerate(tokens):
             if self.lengths[row] >= self.capacity:
                 self.finished[row] = True
                 break
             self.tokens[row, self.lengths[row]] = token
             self.lengths[row] += 1
             n += 1
-            # Criteria are called on this row's exact sequence, as plain generate calls them.
-            if bool(stopping_criteria(self.row(row), None)[0]):
+            if self.keep_scores:
+                self.scores[row].append(scores[i : i + 1])  # [1, V]: this row as a batch of one
+            # Criteria are called on this row's exact sequence, as plain generate calls them: with
+            # every step's scores so far when output_scores keeps them, else None.
+            step_scores = tuple(self.scores[row]) if self.keep_scores else None
+            if bool(stopping_criteria(self.row(row), step_scores)[0]):
                 self.finished[row] = True
                 break
         self.emitted += n
-        if self.keep_scores:
-            self.scores[row].extend(scores[:n])
         if self.keep_logits:
-            self.logits[row].extend(logits[:n].float())
+            self.logits[row].extend(logits[:n].float()[:, None])
         if self.streamer is not None and n:
             self.streamer.put(tokens[:n].cpu())
 
@@ -109,14 +111,12 @@ class OutputCollector:
         )
 
     def _per_step(self, per_row: list[list[torch.Tensor]], length: int) -> tuple[torch.Tensor, ...]:
-        """Rows' per-token tensors regrouped per generation step, [B, V] each, as generate returns
-        them; a row that had already finished gets -inf there (plain generate scored a pad token)."""
+        """Rows' per-token tensors [1, V] regrouped per generation step, [B, V] each, as generate
+        returns them; a row that had already finished gets -inf there (plain generate scored a pad token)."""
         steps = length - self.prompt_len
-        vocab = next(t.shape[-1] for row in per_row for t in row)
-        out = []
-        for step in range(steps):
-            column = [
-                row[step] if step < len(row) else torch.full((vocab,), float("-inf")) for row in per_row
-            ]
-            out.append(torch.stack([c.to(per_row[0][0].device) for c in column]))
-        return tuple(out)
+        first = next(t for row in per_row for t in row)
+        finished = torch.full_like(first, float("-inf"))
+        return tuple(
+            torch.cat([row[step] if step < len(row) else finished for row in per_row])
+            for step in range(steps)
+        )

@@ -12,13 +12,20 @@ current batch size) during the call, and
 - after drafting, cuts each row's draft where the drafter's own per-token confidence says the
   remaining tokens are not worth their verify cost. Confidences are calibrated here: per bucket of
   the drafter's score, the policy counts how often such tokens were actually accepted.
+
+Its parts, each usable and tested alone: `AdaptiveSettings` (frozen settings), `AcceptanceEstimate`
+(α_i and calibrated confidences), `CostModel` (measured draft and verify costs, and no figure about
+any device), `ProbeSchedule` (when to try drafting again) and `best_width` (the decision).
 """
 
 from __future__ import annotations
 
+import functools
+import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from .draft import Draft
 
@@ -83,9 +90,9 @@ def _beta_mean(hits: float, trials: float, prior: float, weight: float) -> float
     return (hits + prior * weight) / (trials + weight)
 
 
-@dataclass
-class AdaptiveDraftLength:
-    """Cost-aware draft length; its state lives in the object (one per `generate` call by default).
+@dataclass(frozen=True)
+class AdaptiveSettings:
+    """Settings of `AdaptiveDraftLength`; what it learns lives apart, in its parts.
 
     Args:
         first_k: draft length of the first speculative steps, before anything is measured.
@@ -94,6 +101,7 @@ class AdaptiveDraftLength:
         min_probe_gain: re-probe only while drafts that are always accepted would be at least this
             much faster than plain decoding at the measured costs (a probe that finds nothing costs
             about a step).
+        max_k: the longest draft ever chosen.
     """
 
     first_k: int = 4
@@ -102,96 +110,25 @@ class AdaptiveDraftLength:
     probe_every: int = 8
     min_probe_gain: float = 1.1
     max_k: int = MAX_DRAFT
-    drafted: list[float] = field(default_factory=lambda: [0.0] * MAX_DRAFT)
-    accepted: list[float] = field(default_factory=lambda: [0.0] * MAX_DRAFT)
+
+
+@dataclass
+class AcceptanceEstimate:
+    """Learnt acceptance: α_i per draft position (conditional on the earlier positions being
+    accepted) and, per bucket of the drafter's own confidence, how often such tokens were
+    accepted. Each is the mean of a Beta posterior, so it starts at the prior."""
+
+    max_k: int = MAX_DRAFT
+    prior_acceptance: float = 0.6
+    prior_weight: float = 2.0
+    drafted: list[float] = field(default_factory=list)  # per position, sized to max_k
+    accepted: list[float] = field(default_factory=list)
     bucket_drafted: list[float] = field(default_factory=lambda: [0.0] * _BUCKETS)
     bucket_accepted: list[float] = field(default_factory=lambda: [0.0] * _BUCKETS)
-    draft_cost: _Recent = field(default_factory=_Recent)  # seconds per drafted position
-    verify_cost: dict[tuple[int, int], _Recent] = field(default_factory=dict)  # (batch, width) -> seconds
-    plain_run: int = 0
-    backoff: int = 1
 
-    def draft_length(self, batch_size: int) -> int:
-        plain = self._verify(batch_size, 1)
-        if plain is None:
-            return 0  # measure a plain step first: it is what generate would have done anyway
-        draft_cost = self.draft_cost.value or 0.0
-        # Even drafts that are always accepted must gain enough for what drafting and verifying
-        # cost here, or probing (a step's cost of its own, plus the draft's catch-up) cannot pay.
-        _, perfect = self._best_width(batch_size, [[1.0] * self.max_k], draft_cost)
-        if not self._measured_wide():
-            # Nothing verified wider than a plain step yet: explore, unless the drafter's up-front
-            # timing (`expect_draft_cost`) already says drafting cannot pay.
-            return self.first_k if perfect >= self.min_probe_gain else 0
-        alphas = [self.alpha(i) for i in range(self.max_k)]
-        best_k, _ = self._best_width(batch_size, [alphas], draft_cost)
-        if best_k == 0:
-            if perfect < self.min_probe_gain:
-                return 0
-            self.plain_run += 1
-            if self.plain_run >= self.probe_every * self.backoff:
-                self.plain_run = 0
-                self.backoff = min(self.backoff * 2, 64)
-                return self.first_k
-        else:
-            self.plain_run, self.backoff = 0, 1
-        return best_k
-
-    def expect_draft_cost(self, seconds_per_token: float) -> None:
-        """A first figure for what a draft token costs, timed by the drafter before any drafting
-        (`Drafter.probe_seconds`); measured drafts replace it within a few steps. Ignored once
-        drafts have been measured (a policy kept across calls)."""
-        if self.draft_cost.value is None:
-            self.draft_cost.add(seconds_per_token)
-
-    def trim(self, draft: Draft, batch_size: int, remaining: list[int] | None = None) -> Draft:
-        if self._verify(batch_size, 1) is None or not self._measured_wide():
-            return draft
-        if draft.probs is not None or draft.confidence is None or draft.parents is not None:
-            # A sampled draft must not be cut by its own tokens' confidences: keeping token i only
-            # when it looks likely would bias which tokens reach the acceptance test, and the
-            # output would no longer follow the target's distribution. Cut by position alone.
-            alphas = [self.alpha(i) for i in range(self.max_k)]
-            rows = [alphas[:n] for n in draft.lengths]
-        else:
-            rows = [
-                [self.calibrated(c) for c in row[:n]]
-                for row, n in zip(draft.confidence.tolist(), draft.lengths)
-            ]
-        # Rows share one forward, so they share its width: pick the width that pays for the batch.
-        width, _ = self._best_width(batch_size, rows, 0.0, remaining)  # drafting is already paid for
-        lengths = [min(n, width) for n in draft.lengths]
-        return draft.truncated(lengths) if lengths != draft.lengths else draft
-
-    def _best_width(
-        self, batch_size: int, rows: list[list[float]], draft_cost: float, remaining: list[int] | None = None
-    ) -> tuple[int, float]:
-        """The draft width k that finishes the batch soonest (0 means plain decoding), and how
-        much sooner than plain decoding (a ratio of times; 1.0 when k is 0).
-
-        `rows` holds each row's α list; row b drafts min(k, len(rows[b])) tokens and has
-        `remaining[b]` tokens left to generate. A step advances row b by 1 + g_b(k) expected
-        tokens, so the batch needs about max_b remaining_b / (1 + g_b(k)) more steps: drafting
-        pays only where it speeds up the rows that have the most left to do. With one row this
-        is the tokens-per-second rule of Leviathan et al.
-        """
-        remaining = remaining or [1] * len(rows)
-        gains = []  # gains[b][k-1]: expected tokens row b gains from its first k draft tokens
-        for alphas in rows:
-            survive, total, row_gains = 1.0, 0.0, []
-            for alpha in alphas:
-                survive *= alpha
-                total += survive
-                row_gains.append(total)
-            gains.append(row_gains)
-        plain_time = max(remaining) * self._verify(batch_size, 1)
-        best_k, best_time = 0, plain_time
-        for k in range(1, max((len(a) for a in rows), default=0) + 1):
-            steps = max(r / (1.0 + (g[min(k, len(g)) - 1] if g else 0.0)) for r, g in zip(remaining, gains))
-            time = steps * (k * draft_cost + self._verify(batch_size, k + 1))
-            if time * 1.02 < best_time:  # a 2% margin: noise must not flip us into a loss
-                best_k, best_time = k, time
-        return best_k, plain_time / best_time
+    def __post_init__(self) -> None:
+        for counts in (self.drafted, self.accepted):
+            counts.extend([0.0] * (self.max_k - len(counts)))
 
     def alpha(self, position: int) -> float:
         """Estimated acceptance of draft position `position` (0-based), given the earlier ones."""
@@ -199,41 +136,68 @@ class AdaptiveDraftLength:
             self.accepted[position], self.drafted[position], self.prior_acceptance, self.prior_weight
         )
 
+    def alphas(self) -> list[float]:
+        """α_i for every position up to `max_k`."""
+        return [self.alpha(i) for i in range(self.max_k)]
+
     def calibrated(self, confidence: float) -> float:
         """Acceptance observed for draft tokens whose drafter confidence fell in this bucket."""
-        bucket = min(int(confidence * _BUCKETS), _BUCKETS - 1)
+        bucket = _bucket(confidence)
         prior = (bucket + 0.5) / _BUCKETS
         return _beta_mean(self.bucket_accepted[bucket], self.bucket_drafted[bucket], prior, self.prior_weight)
 
-    def update(self, batch_size, draft, accepted, draft_seconds, verify_seconds) -> None:
-        width = 1 + max(draft.lengths, default=0)
-        self.verify_cost.setdefault((batch_size, width), _Recent()).add(verify_seconds)
-        if width > 1:
-            self.draft_cost.add(max(draft_seconds - draft.catch_up_seconds, 0.0) / (width - 1))
-        scores = draft.confidence.tolist() if draft.confidence is not None else None
-        for b, (d, a) in enumerate(zip(draft.depths(), accepted)):
-            # Position i was tested only if every earlier draft token was accepted (in a tree:
-            # depth i, reached through the accepted path).
+    def observe(
+        self, lengths: list[int], accepted: list[int], confidence: list[list[float]] | None = None
+    ) -> None:
+        """Row b drafted `lengths[b]` tokens (with these confidences) and had `accepted[b]` accepted.
+        For a tree, `lengths[b]` is its depth: the positions a path through it could reach."""
+        for b, (d, a) in enumerate(zip(lengths, accepted)):
+            # Position i was tested only if every earlier draft token was accepted.
             for i in range(min(d, a + 1, self.max_k)):
                 self.drafted[i] += 1
                 self.accepted[i] += i < a
-                if scores is not None:
-                    bucket = min(int(scores[b][i] * _BUCKETS), _BUCKETS - 1)
+                if confidence is not None:
+                    bucket = _bucket(confidence[b][i])
                     self.bucket_drafted[bucket] += 1
                     self.bucket_accepted[bucket] += i < a
 
-    def _measured_wide(self) -> bool:
-        """Whether any verify of a draft has been timed (at any batch size: the nearest stands in)."""
-        return any(w > 1 for (_, w) in self.verify_cost)
 
-    def _verify(self, batch_size: int, width: int) -> float | None:
-        """Predicted verify seconds at this width, from the nearest measured widths."""
-        known = {w: e.value for (b, w), e in self.verify_cost.items() if b == batch_size}
+def _bucket(confidence: float) -> int:
+    return min(int(confidence * _BUCKETS), _BUCKETS - 1)
+
+
+@dataclass
+class CostModel:
+    """Measured costs: seconds per draft token, and verify seconds per (batch size, width), where a
+    width is the tokens one row feeds the target (a plain step is width 1, a k-token draft k + 1).
+    Widths never measured are estimated from measured ones alone: no figure about any device."""
+
+    draft: _Recent = field(default_factory=_Recent)  # seconds per drafted position
+    verify_times: dict[tuple[int, int], _Recent] = field(default_factory=dict)  # (batch, width) -> seconds
+
+    @property
+    def draft_per_token(self) -> float | None:
+        return self.draft.value
+
+    def add_draft(self, seconds_per_token: float) -> None:
+        self.draft.add(seconds_per_token)
+
+    def add_verify(self, batch_size: int, width: int, seconds: float) -> None:
+        self.verify_times.setdefault((batch_size, width), _Recent()).add(seconds)
+
+    def measured_wide(self) -> bool:
+        """Whether any verify of a draft has been timed (at any batch size: the nearest stands in)."""
+        return any(w > 1 for (_, w) in self.verify_times)
+
+    def verify(self, batch_size: int, width: int) -> float | None:
+        """Predicted verify seconds at this width, from the nearest measured widths; None until a
+        plain step was measured (at this batch size, or the nearest one measured)."""
+        known = {w: e.value for (b, w), e in self.verify_times.items() if b == batch_size}
         if not known:
-            sizes = sorted({b for b, _ in self.verify_cost}, key=lambda b: abs(b - batch_size))
+            sizes = sorted({b for b, _ in self.verify_times}, key=lambda b: abs(b - batch_size))
             if not sizes:
                 return None
-            known = {w: e.value for (b, w), e in self.verify_cost.items() if b == sizes[0]}
+            known = {w: e.value for (b, w), e in self.verify_times.items() if b == sizes[0]}
         if width in known:
             return known[width]
         if width == 1 or 1 not in known:
@@ -246,9 +210,165 @@ class AdaptiveDraftLength:
             lo, hi = max(below), min(above)
             t = (width - lo) / (hi - lo)
             return known[lo] * (1 - t) + known[hi] * t
-        # Beyond what was measured: assume verify cost keeps growing by 3% of a plain step per token.
+        # Beyond what was measured: follow the power law width^p through the plain step and the
+        # widest measurement, with 0 <= p <= 1 (flat when only plain steps were measured; at most
+        # in proportion to the tokens fed, as on a compute-bound device). Verify cost is flat and
+        # then grows about linearly, so the curve bends upwards and this guesses low, not high.
         edge = max(below)
-        return known[edge] + 0.03 * known[1] * (width - edge)
+        plain, widest = known[1], known[edge]
+        if edge == 1 or plain <= 0 or widest <= plain:
+            return widest
+        power = min(math.log(widest / plain) / math.log(edge), 1.0)
+        return widest * (width / edge) ** power
 
 
-__all__ = ["AdaptiveDraftLength", "DraftLengthPolicy", "FixedDraftLength"]
+def expected_gains(alphas: list[float]) -> list[float]:
+    """gains[k - 1]: tokens the first k draft tokens add in expectation, Σ_{j≤k} Π_{i≤j} α_i."""
+    survive, total, gains = 1.0, 0.0, []
+    for alpha in alphas:
+        survive *= alpha
+        total += survive
+        gains.append(total)
+    return gains
+
+
+def best_width(
+    rows: list[list[float]],
+    draft_cost: float,
+    verify: Callable[[int], float],
+    remaining: list[int] | None = None,
+) -> tuple[int, float]:
+    """The draft width k that finishes the batch soonest (0 means plain decoding), and how much
+    sooner than plain decoding (a ratio of times; 1.0 when k is 0).
+
+    `rows` holds each row's α list; row b drafts min(k, len(rows[b])) tokens and has
+    `remaining[b]` tokens left to generate. `draft_cost` is seconds per draft token and
+    `verify(width)` the seconds of one target forward that feeds each row `width` tokens. A step
+    advances row b by 1 + g_b(k) expected tokens, so the batch needs about
+    max_b remaining_b / (1 + g_b(k)) more steps: drafting pays only where it speeds up the rows
+    that have the most left to do. With one row this is the tokens-per-second rule of Leviathan et al.
+    """
+    remaining = remaining or [1] * len(rows)
+    gains = [expected_gains(alphas) for alphas in rows]  # gains[b][k-1]
+    plain_time = max(remaining) * verify(1)
+    best_k, best_time = 0, plain_time
+    for k in range(1, max((len(a) for a in rows), default=0) + 1):
+        steps = max(r / (1.0 + (g[min(k, len(g)) - 1] if g else 0.0)) for r, g in zip(remaining, gains))
+        time = steps * (k * draft_cost + verify(k + 1))
+        if time * 1.02 < best_time:  # a 2% margin: noise must not flip us into a loss
+            best_k, best_time = k, time
+    return best_k, plain_time / best_time
+
+
+@dataclass
+class ProbeSchedule:
+    """When to try drafting again once plain decoding was chosen: after `every` plain steps, then
+    twice as many after each probe that found nothing better (exponential back-off, up to 64x)."""
+
+    every: int = 8
+    plain_run: int = 0
+    backoff: int = 1
+
+    def plain_step_probes(self) -> bool:
+        """Count a plain step; whether it is time to probe instead."""
+        self.plain_run += 1
+        if self.plain_run < self.every * self.backoff:
+            return False
+        self.plain_run = 0
+        self.backoff = min(self.backoff * 2, 64)
+        return True
+
+    def reset(self) -> None:
+        """Drafting pays again: the next plain run starts from the shortest wait."""
+        self.plain_run, self.backoff = 0, 1
+
+
+class AdaptiveDraftLength:
+    """Cost-aware draft length; its state lives in the object (one per `generate` call by default).
+
+    Settings are an `AdaptiveSettings` (or its fields as keywords: `AdaptiveDraftLength(first_k=4)`);
+    what the policy learns lives in three parts that are tested alone: `acceptance`
+    (`AcceptanceEstimate`), `costs` (`CostModel`) and `probes` (`ProbeSchedule`). The decision
+    itself is `best_width`, a function of what those parts estimate.
+    """
+
+    def __init__(self, settings: AdaptiveSettings | None = None, **fields: Any) -> None:
+        if settings is not None and fields:
+            raise TypeError("Pass either `settings` or its fields as keywords, not both.")
+        self.settings = settings if settings is not None else AdaptiveSettings(**fields)
+        s = self.settings
+        self.acceptance = AcceptanceEstimate(s.max_k, s.prior_acceptance, s.prior_weight)
+        self.costs = CostModel()
+        self.probes = ProbeSchedule(s.probe_every)
+
+    def __repr__(self) -> str:
+        return f"AdaptiveDraftLength({self.settings!r})"
+
+    def draft_length(self, batch_size: int) -> int:
+        s = self.settings
+        verify = functools.partial(self.costs.verify, batch_size)
+        if verify(1) is None:
+            return 0  # measure a plain step first: it is what generate would have done anyway
+        draft_cost = self.costs.draft_per_token or 0.0
+        # Even drafts that are always accepted must gain enough for what drafting and verifying
+        # cost here, or probing (a step's cost of its own, plus the draft's catch-up) cannot pay.
+        _, perfect = best_width([[1.0] * s.max_k], draft_cost, verify)
+        if not self.costs.measured_wide():
+            # Nothing verified wider than a plain step yet: explore, unless the drafter's up-front
+            # timing (`expect_draft_cost`) already says drafting cannot pay.
+            return s.first_k if perfect >= s.min_probe_gain else 0
+        best_k, _ = best_width([self.acceptance.alphas()], draft_cost, verify)
+        if best_k == 0:
+            if perfect < s.min_probe_gain:
+                return 0
+            return s.first_k if self.probes.plain_step_probes() else 0
+        self.probes.reset()
+        return best_k
+
+    def expect_draft_cost(self, seconds_per_token: float) -> None:
+        """A first figure for what a draft token costs, timed by the drafter before any drafting
+        (`Drafter.probe_seconds`); measured drafts replace it within a few steps. Ignored once
+        drafts have been measured (a policy kept across calls)."""
+        if self.costs.draft_per_token is None:
+            self.costs.add_draft(seconds_per_token)
+
+    def trim(self, draft: Draft, batch_size: int, remaining: list[int] | None = None) -> Draft:
+        verify = functools.partial(self.costs.verify, batch_size)
+        if verify(1) is None or not self.costs.measured_wide():
+            return draft
+        if draft.probs is not None or draft.confidence is None or draft.parents is not None:
+            # A sampled draft must not be cut by its own tokens' confidences: keeping token i only
+            # when it looks likely would bias which tokens reach the acceptance test, and the
+            # output would no longer follow the target's distribution. Cut by position alone.
+            alphas = self.acceptance.alphas()
+            rows = [alphas[:n] for n in draft.lengths]
+        else:
+            rows = [
+                [self.acceptance.calibrated(c) for c in row[:n]]
+                for row, n in zip(draft.confidence.tolist(), draft.lengths)
+            ]
+        # Rows share one forward, so they share its width: pick the width that pays for the batch.
+        width, _ = best_width(rows, 0.0, verify, remaining)  # drafting is already paid for
+        lengths = [min(n, width) for n in draft.lengths]
+        return draft.truncated(lengths) if lengths != draft.lengths else draft
+
+    def update(self, batch_size, draft, accepted, draft_seconds, verify_seconds) -> None:
+        width = 1 + max(draft.lengths, default=0)
+        self.costs.add_verify(batch_size, width, verify_seconds)
+        if width > 1:
+            self.costs.add_draft(max(draft_seconds - draft.catch_up_seconds, 0.0) / (width - 1))
+        confidence = draft.confidence.tolist() if draft.confidence is not None else None
+        self.acceptance.observe(draft.depths(), accepted, confidence)
+
+
+__all__ = [
+    "AcceptanceEstimate",
+    "AdaptiveDraftLength",
+    "AdaptiveSettings",
+    "CostModel",
+    "DraftLengthPolicy",
+    "FixedDraftLength",
+    "ProbeSchedule",
+    "best_width",
+    "expected_gains",
+]

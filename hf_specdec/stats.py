@@ -13,9 +13,15 @@ class SpeculativeStats:
     `target_forwards` counts the forwards themselves); `speculative_steps` of them verified a
     non-empty draft and `plain_steps` decoded one token without a draft. `drafted` and `accepted`
     count draft tokens; `position_drafted[i]` counts drafts that had an i-th token and
-    `position_accepted[i]` those whose first i + 1 tokens were all accepted (vLLM's counters).
-    `emitted` counts tokens the call produced (accepted drafts plus one target token a step,
-    cut at EOS / max length).
+    `position_accepted[i]` those whose first i + 1 tokens were all accepted (vLLM's
+    `num_accepted_tokens_per_pos`). `emitted` counts tokens the call produced (accepted drafts plus
+    one target token a step, cut at EOS / max length).
+
+    Two mean accepted lengths, both counting the target's own token, differ in what they divide by:
+    `mean_accepted_length` = 1 + accepted / steps, the tokens a row gains per target forward over
+    every step (what the call got); `mean_accepted_length_speculative` = 1 + accepted /
+    speculative_steps, per step that verified a draft: vLLM's "mean acceptance length" and
+    Spec-Bench's τ (how good the drafts were). They are equal when every step drafted.
     """
 
     method: str = ""
@@ -57,13 +63,22 @@ class SpeculativeStats:
 
     @property
     def mean_accepted_length(self) -> float:
-        """τ: tokens gained per target forward, counting the target's own token: 1 + accepted/steps."""
+        """Tokens a row gains per target forward over all steps, plain ones included:
+        1 + accepted / steps (0 when there were no steps)."""
         return 1.0 + self.accepted / self.steps if self.steps else 0.0
 
     @property
+    def mean_accepted_length_speculative(self) -> float:
+        """τ as vLLM ("mean acceptance length") and Spec-Bench report it: tokens a row gains per step
+        that verified a draft, 1 + accepted / speculative_steps (0 when nothing was drafted)."""
+        return 1.0 + self.accepted / self.speculative_steps if self.speculative_steps else 0.0
+
+    @property
     def per_position_acceptance(self) -> list[float]:
-        """Per draft position i: the fraction of drafts reaching position i whose tokens 0..i were
-        all accepted (vLLM's per-position acceptance; it falls with i by construction)."""
+        """Per draft position i: the fraction of drafts that had an i-th token whose tokens 0..i were
+        all accepted, position_accepted[i] / position_drafted[i]. vLLM divides the same counts by
+        every draft instead (position_accepted[i] / speculative_steps); the two agree when every
+        draft has the same length, as with a fixed `num_draft_tokens`."""
         return [a / d if d else 0.0 for a, d in zip(self.position_accepted, self.position_drafted)]
 
     def merge(self, other: SpeculativeStats) -> None:
@@ -86,6 +101,7 @@ class SpeculativeStats:
             **{name: getattr(self, name) for name in _SUMMED},
             "acceptance_rate": self.acceptance_rate,
             "mean_accepted_length": self.mean_accepted_length,
+            "mean_accepted_length_speculative": self.mean_accepted_length_speculative,
             "per_position_acceptance": self.per_position_acceptance,
         }
 
@@ -93,7 +109,8 @@ class SpeculativeStats:
         return (
             f"{self.method}: {self.steps} steps ({self.speculative_steps} speculative), "
             f"{self.accepted}/{self.drafted} drafted tokens accepted ({self.acceptance_rate:.0%}), "
-            f"mean accepted length {self.mean_accepted_length:.2f}"
+            f"mean accepted length {self.mean_accepted_length:.2f} per step, "
+            f"{self.mean_accepted_length_speculative:.2f} per speculative step"
         )
 
 

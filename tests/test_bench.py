@@ -81,6 +81,8 @@ def test_summary_figures_are_consistent(result):
         assert total["geomean_speedup"] == pytest.approx(geomean)
     ngram = next(t for t in overall(result.measurements) if t["row"] == "ngram")
     assert 0.0 <= ngram["acceptance_rate"] <= 1.0 and ngram["mean_accepted_length"] >= 1.0
+    tau = ngram["mean_accepted_length_speculative"]
+    assert tau == 0.0 or tau >= ngram["mean_accepted_length"]  # 0.0: nothing was drafted
 
 
 def test_save_writes_json_markdown_and_plots(result, tmp_path):

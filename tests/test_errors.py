@@ -96,6 +96,11 @@ def _cases(target, small_vocab_draft):
             ValueError,
             r"method='draft_model' needs a draft: .*draft=",
         ),
+        "draft_folder_missing": (
+            dict(speculative=dict(method="draft_model", draft="/no/such/folder")),
+            FileNotFoundError,
+            r"draft='/no/such/folder' is not a folder that exists, nor a Hub repo id",
+        ),
         "draft_vocab_mismatch": (
             dict(speculative=dict(method="draft_model", draft=small_vocab_draft)),
             ValueError,
@@ -196,3 +201,54 @@ def test_generate_without_speculative_is_unaffected(target):
     assert torch.equal(beams, _ORIGINAL_GENERATE(target, **kwargs, num_beams=2))
     no_cache = target.generate(**kwargs, use_cache=False)
     assert torch.equal(no_cache[:, : input_ids.shape[1]], input_ids)
+
+
+class _NoTrim:
+    def draft_length(self, batch_size):
+        return 2
+
+    def update(self, batch_size, draft, accepted, draft_seconds, verify_seconds):
+        pass
+
+    def expect_draft_cost(self, seconds_per_token):
+        pass
+
+
+class _OnlyTrim:
+    def trim(self, draft, batch_size, remaining=None):
+        return draft
+
+
+@pytest.mark.parametrize(
+    "policy,missing",
+    [(_NoTrim(), r"\['trim'\]"), (_OnlyTrim(), r"\['draft_length', 'update', 'expect_draft_cost'\]")],
+)
+def test_incomplete_policy_is_refused_up_front(policy, missing):
+    """A policy object missing part of the protocol used to pass validation and crash mid-generate."""
+    with pytest.raises(
+        TypeError, match=rf"_\w+ lacks {missing}.*draft_length, trim, update and expect_draft_cost"
+    ):
+        SpeculativeConfig(method="ngram", num_draft_tokens=policy)
+
+
+def test_policy_methods_checked_are_the_protocols():
+    from hf_specdec.config import POLICY_METHODS
+    from hf_specdec.policy import DraftLengthPolicy
+
+    declared = {name for name in vars(DraftLengthPolicy) if not name.startswith("_")}
+    assert set(POLICY_METHODS) == declared
+
+
+def test_empty_prompt(target):
+    """An empty prompt used to die in a reshape inside the model."""
+    empty = torch.zeros(1, 0, dtype=torch.long)
+    with pytest.raises(
+        ValueError, match=r"prompt is empty \(input_ids of shape \[1, 0\]\).*at least one token"
+    ):
+        target.generate(input_ids=empty, max_new_tokens=4, speculative=NGRAM)
+
+
+@pytest.mark.parametrize("draft", ["/no/such/folder", "./models/none", "~/none/such/draft"])
+def test_missing_draft_folder_is_named_up_front(draft):
+    with pytest.raises(FileNotFoundError, match=r"not a folder that exists, nor a Hub repo id"):
+        SpeculativeConfig(method="draft_model", draft=draft)

@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 from hf_specdec import SpeculativeConfig
 
@@ -406,3 +407,34 @@ def test_output_scores_and_logits_match_plain(target_no_eos, drafts):
         assert len(out.scores) == len(plain.scores) == len(out.logits) == 8
         for mine, theirs in zip(out.scores + out.logits, plain.scores + plain.logits):
             torch.testing.assert_close(mine, theirs, atol=1e-4, rtol=1e-4)
+
+
+class _UnsureStop(StoppingCriteria):
+    """Stops a row once the target's top probability for its latest token falls below `threshold`;
+    reads `scores` as transformers passes them: a tuple of each step's processed scores [B, V]."""
+
+    def __init__(self, threshold: float, prompt_len: int) -> None:
+        self.threshold, self.prompt_len = threshold, prompt_len
+
+    def __call__(self, input_ids, scores, **kwargs):
+        assert len(scores) == input_ids.shape[1] - self.prompt_len  # one entry per generated token
+        assert all(s.shape == (input_ids.shape[0], 64) for s in scores)
+        return scores[-1].softmax(-1).max(-1).values < self.threshold
+
+
+@pytest.mark.parametrize("method", ["ngram", "good"])
+def test_stopping_criteria_that_read_scores(target, drafts, method):
+    input_ids, attention_mask = random_batch(21, 3)
+    kwargs = dict(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=16,
+        do_sample=False,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    stop = StoppingCriteriaList([_UnsureStop(0.6, input_ids.shape[1])])
+    plain = target.generate(**kwargs, stopping_criteria=stop)
+    assert plain.sequences.shape[1] < input_ids.shape[1] + 16  # the criterion did stop rows early
+    out = target.generate(**kwargs, stopping_criteria=stop, speculative=spec_for(method, drafts, 3))
+    assert torch.equal(out.sequences, plain.sequences)

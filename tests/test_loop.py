@@ -69,3 +69,19 @@ def test_a_drafter_must_subclass_the_base_class():
     with pytest.raises(TypeError, match="subclass hf_specdec.drafters.Drafter"):
         register_drafter(Loose)
     assert "_loose" not in DRAFTERS
+
+
+def test_register_drafter_refuses_a_taken_name_unless_replace():
+    class _Ngram2(_FeatureRecorder):
+        name: ClassVar[str] = "ngram"
+
+    builtin = DRAFTERS["ngram"]
+    try:
+        with pytest.raises(ValueError, match=r"'ngram' is already registered.*NgramDrafter.*replace=True"):
+            register_drafter(_Ngram2)
+        assert DRAFTERS["ngram"] is builtin
+        assert register_drafter(replace=True)(_Ngram2) is _Ngram2
+        assert DRAFTERS["ngram"] is _Ngram2
+        assert register_drafter(_Ngram2) is _Ngram2  # the same class again is not a clash
+    finally:
+        DRAFTERS["ngram"] = builtin

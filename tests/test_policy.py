@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
+import pytest
 import torch
 
 from hf_specdec.draft import Draft
-from hf_specdec.policy import AdaptiveDraftLength, FixedDraftLength
+from hf_specdec.policy import (
+    AcceptanceEstimate,
+    AdaptiveDraftLength,
+    AdaptiveSettings,
+    CostModel,
+    FixedDraftLength,
+    ProbeSchedule,
+    best_width,
+    expected_gains,
+)
 
 
 def _draft(
@@ -56,7 +69,7 @@ def test_probes_again_with_backoff():
     policy = AdaptiveDraftLength(probe_every=3)
     _teach(policy, batch=1, verify=CPU_COSTS, accepted_of_4=0)
     choices = [policy.draft_length(1) for _ in range(3 + 6 + 1)]
-    assert choices == [0, 0, policy.first_k, 0, 0, 0, 0, 0, policy.first_k, 0]
+    assert choices == [0, 0, policy.settings.first_k, 0, 0, 0, 0, 0, policy.settings.first_k, 0]
 
 
 def test_large_batches_where_verify_is_expensive_go_plain():
@@ -73,8 +86,8 @@ def test_large_batches_where_verify_is_expensive_go_plain():
 def test_verify_cost_is_interpolated_from_plain_and_measured_widths():
     policy = AdaptiveDraftLength()
     _teach(policy, batch=1, verify={1: 1.0, 5: 2.0}, accepted_of_4=2, steps=1)
-    assert policy._verify(1, 3) == 1.5
-    assert policy._verify(1, 7) > 2.0  # beyond the widest measurement: grows, optimistically
+    assert policy.costs.verify(1, 3) == 1.5
+    assert policy.costs.verify(1, 7) > 2.0  # beyond the widest measurement: grows, optimistically
 
 
 def test_trim_cuts_low_confidence_drafts_and_keeps_confident_ones():
@@ -120,7 +133,7 @@ def test_a_long_catch_up_does_not_make_draft_tokens_look_expensive():
     first.catch_up_seconds = 19.8  # the drafter's forward over the prompt
     policy.update(1, _draft([0]), [0], 0.0, 1.0)
     policy.update(1, first, [4], 20.0, 1.5)  # 20 s of drafting: almost all of it the catch-up
-    assert abs(policy.draft_cost.value - 0.05) < 1e-9
+    assert abs(policy.costs.draft_per_token - 0.05) < 1e-9
     assert policy.draft_length(1) > 0
 
 
@@ -136,7 +149,7 @@ def test_no_probing_when_perfect_drafts_would_gain_too_little():
     for _ in range(10):
         eager.update(1, _draft([0]), [0], 0.0, 1.0)
         eager.update(1, _draft([4]), [0], 3.6, 1.5)
-    assert eager.first_k in [eager.draft_length(1) for _ in range(20)]
+    assert eager.settings.first_k in [eager.draft_length(1) for _ in range(20)]
 
 
 def test_sampled_drafts_are_not_cut_by_their_own_tokens():
@@ -154,3 +167,141 @@ def test_fixed_length_never_trims():
     policy = FixedDraftLength(3)
     draft = _draft([3, 1], 0.01)
     assert policy.draft_length(8) == 3 and policy.trim(draft, 2) is draft
+
+
+def test_max_k_beyond_the_default_is_learnt_and_chosen():
+    """`max_k` above `MAX_DRAFT` sizes what the policy learns per position (it raised IndexError)."""
+    policy = AdaptiveDraftLength(max_k=16)
+    policy.update(1, _draft([0]), [0], 0.0, 1.0)
+    for _ in range(30):
+        policy.update(1, _draft([16]), [16], 0.0, 1.1)
+    assert policy.acceptance.alpha(15) > 0.9
+    assert policy.draft_length(1) == 16
+
+
+# ---------------------------------------------------------------------------------------------
+# The parts, each alone
+# ---------------------------------------------------------------------------------------------
+
+
+def test_settings_are_frozen_and_apart_from_state():
+    settings = AdaptiveSettings(first_k=3, max_k=6)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.first_k = 5
+    policy = AdaptiveDraftLength(settings)
+    assert policy.settings is settings and len(policy.acceptance.drafted) == 6
+    assert AdaptiveDraftLength(first_k=3, max_k=6).settings == settings
+    policy.update(1, _draft([0]), [0], 0.0, 1.0)
+    assert policy.settings == AdaptiveSettings(first_k=3, max_k=6)  # learning leaves settings alone
+    with pytest.raises(TypeError, match="either `settings` or its fields"):
+        AdaptiveDraftLength(settings, first_k=2)
+    with pytest.raises(TypeError):
+        AdaptiveDraftLength(firstk=2)
+
+
+def test_acceptance_starts_at_the_prior_and_counts_only_tested_positions():
+    estimate = AcceptanceEstimate(max_k=4, prior_acceptance=0.5, prior_weight=2.0)
+    assert estimate.alphas() == [0.5] * 4
+    # Row 0: 3 drafted, 1 accepted -> positions 0 (accepted) and 1 (rejected) were tested, 2 was not.
+    # Row 1: 2 drafted, both accepted.
+    estimate.observe([3, 2], [1, 2])
+    assert estimate.drafted == [2, 2, 0, 0] and estimate.accepted == [2, 1, 0, 0]
+    assert estimate.alpha(0) == pytest.approx((2 + 1) / (2 + 2))
+    assert estimate.alpha(1) == pytest.approx((1 + 1) / (2 + 2))
+    assert estimate.alpha(2) == 0.5
+
+
+def test_acceptance_calibrates_confidence_per_bucket():
+    estimate = AcceptanceEstimate(prior_weight=2.0)
+    assert estimate.calibrated(0.93) == pytest.approx(0.95)  # the bucket's middle before any data
+    for _ in range(8):
+        estimate.observe([2], [0], [[0.93, 0.2]])  # confident, yet rejected; position 1 never tested
+    assert estimate.calibrated(0.91) == pytest.approx((0 + 0.95 * 2) / (8 + 2))
+    assert estimate.calibrated(0.25) == pytest.approx(0.25)
+    assert estimate.calibrated(1.0) == estimate.calibrated(0.95)  # 1.0 falls in the top bucket
+
+
+def test_cost_model_interpolates_and_extrapolates_from_measurements_only():
+    costs = CostModel()
+    assert costs.verify(1, 1) is None and not costs.measured_wide()
+    costs.add_verify(1, 1, 2.0)
+    assert costs.verify(1, 5) == 2.0  # only plain steps measured: assume flat, the low guess
+    costs.add_verify(1, 5, 4.0)
+    assert costs.measured_wide()
+    assert costs.verify(1, 3) == pytest.approx(3.0)
+    # Beyond the widest measurement: the power law through (1, 2 s) and (5, 4 s).
+    assert costs.verify(1, 25) == pytest.approx(4.0 * 5 ** (math.log(2) / math.log(5)))
+    # Scale-free: the same shape in other units gives the same prediction in those units.
+    scaled = CostModel()
+    scaled.add_verify(1, 1, 2000.0)
+    scaled.add_verify(1, 5, 4000.0)
+    assert scaled.verify(1, 25) == pytest.approx(1000 * costs.verify(1, 25))
+    # Another batch size borrows the nearest measured one until it has its own.
+    assert costs.verify(4, 3) == pytest.approx(3.0)
+    costs.add_verify(4, 1, 5.0)
+    assert costs.verify(4, 3) == 5.0  # its own plain step only: flat again
+
+
+def test_cost_model_extrapolation_is_never_falling_nor_faster_than_linear():
+    falling, steep = CostModel(), CostModel()
+    falling.add_verify(1, 1, 1.0)
+    falling.add_verify(1, 3, 0.9)  # noise: the wider step timed faster
+    assert falling.verify(1, 9) == 0.9
+    steep.add_verify(1, 1, 1.0)
+    steep.add_verify(1, 2, 3.0)  # a stall inflated it
+    assert steep.verify(1, 8) == pytest.approx(12.0)  # capped at growth in proportion to width
+
+
+def test_cost_model_draft_cost_is_the_recent_median():
+    costs = CostModel()
+    assert costs.draft_per_token is None
+    for seconds in (0.1, 0.1, 5.0, 0.1):
+        costs.add_draft(seconds)
+    assert costs.draft_per_token == 0.1
+
+
+def test_expected_gains_are_the_leviathan_sum():
+    assert expected_gains([]) == []
+    assert expected_gains([0.5, 0.5, 0.5]) == pytest.approx([0.5, 0.75, 0.875])
+    assert expected_gains([1.0, 0.0, 1.0]) == [1.0, 1.0, 1.0]
+
+
+def test_best_width_trades_gain_against_cost():
+    flat = {w: 1.0 for w in range(1, 20)}.__getitem__
+    # Free drafts, flat verify: the longest draft, 1 + g(8) tokens a step instead of 1.
+    assert best_width([[0.9] * 8], 0.0, flat) == (8, pytest.approx(1 + expected_gains([0.9] * 8)[-1]))
+    assert best_width([[0.0] * 8], 0.0, flat) == (0, 1.0)  # nothing is ever accepted
+    linear = float  # verify(w) = w seconds: compute-bound, drafting never pays
+    assert best_width([[0.9] * 8], 0.0, linear)[0] == 0
+    # Expensive drafts: only the first, likely token pays.
+    assert best_width([[0.9, 0.3, 0.3]], 0.5, flat)[0] == 1
+
+
+def test_best_width_is_paced_by_the_row_with_most_left():
+    flat = {w: 1.0 for w in range(1, 20)}.__getitem__
+    sure, unsure = [0.95] * 4, [0.05] * 4
+    assert best_width([sure, unsure], 0.2, flat, remaining=[10, 30])[0] == 0
+    assert best_width([sure, unsure], 0.2, flat, remaining=[30, 2])[0] == 4
+
+
+def test_probe_schedule_backs_off_and_resets():
+    probes = ProbeSchedule(every=2)
+    assert [probes.plain_step_probes() for _ in range(2 + 4 + 8)] == (
+        [False, True] + [False] * 3 + [True] + [False] * 7 + [True]
+    )
+    probes.reset()
+    assert [probes.plain_step_probes() for _ in range(2)] == [False, True]
+    capped = ProbeSchedule(every=1, backoff=64)
+    capped.plain_step_probes()
+    assert capped.backoff == 64
+
+
+def test_a_draft_as_slow_as_the_target_is_never_explored():
+    """Before any draft is verified, only the drafter's up-front timing and a plain step are known."""
+    slow, fast = AdaptiveDraftLength(), AdaptiveDraftLength()
+    slow.expect_draft_cost(1.0)
+    fast.expect_draft_cost(0.05)
+    for policy in (slow, fast):
+        policy.update(1, _draft([0]), [0], 0.0, 1.0)
+    assert [slow.draft_length(1) for _ in range(20)] == [0] * 20
+    assert fast.draft_length(1) == fast.settings.first_k

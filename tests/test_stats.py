@@ -57,6 +57,14 @@ def check_invariants(stats: SpeculativeStats) -> None:
         assert stats.mean_accepted_length == pytest.approx(1 + stats.accepted / stats.steps)
     else:
         assert stats.mean_accepted_length == 0.0
+    if stats.speculative_steps:
+        # vLLM's "mean acceptance length" and Spec-Bench's τ: per step that verified a draft.
+        assert stats.mean_accepted_length_speculative == pytest.approx(
+            1 + stats.accepted / stats.speculative_steps
+        )
+        assert stats.mean_accepted_length_speculative >= stats.mean_accepted_length
+    else:
+        assert stats.mean_accepted_length_speculative == 0.0
 
 
 @pytest.mark.parametrize("table", list(STEP_TABLES))
@@ -80,7 +88,8 @@ def test_mixed_table_by_hand():
     assert stats.position_accepted == [3, 1, 1, 1, 1]
     assert stats.per_position_acceptance == pytest.approx([0.75, 1 / 3, 0.5, 1.0, 1.0])
     assert stats.acceptance_rate == pytest.approx(7 / 11)
-    assert stats.mean_accepted_length == pytest.approx(1 + 7 / 5)
+    assert stats.mean_accepted_length == pytest.approx(1 + 7 / 5)  # 5 steps, one of them plain
+    assert stats.mean_accepted_length_speculative == pytest.approx(1 + 7 / 4)  # 4 drafts
 
 
 @pytest.mark.parametrize(
@@ -128,8 +137,9 @@ def test_to_dict_is_json_and_consistent():
         assert d[name] == getattr(stats, name)
     assert d["acceptance_rate"] == stats.acceptance_rate
     assert d["mean_accepted_length"] == stats.mean_accepted_length
+    assert d["mean_accepted_length_speculative"] == stats.mean_accepted_length_speculative
     assert d["per_position_acceptance"] == stats.per_position_acceptance
-    assert "ngram" in str(stats)
+    assert "ngram" in str(stats) and "2.75 per speculative step" in str(stats)
 
 
 def test_fresh_stats_do_not_share_lists():

@@ -46,8 +46,8 @@ def overall(
     measurements: list[Measurement], summary: list[dict[str, Any]] | None = None
 ) -> list[dict[str, Any]]:
     """Per (batch size, row): geometric mean over categories of the speedup, and statistics merged
-    over every prompt (acceptance rate, τ, acceptance by draft position). `summary` is
-    `summarize(measurements)`, computed when not given."""
+    over every prompt (acceptance rate, both mean accepted lengths, acceptance by draft position).
+    `summary` is `summarize(measurements)`, computed when not given."""
     summary = summarize(measurements) if summary is None else summary
     entries = []
     for (batch_size, row), group in _group(measurements, lambda m: (m.batch_size, m.row)).items():
@@ -91,15 +91,20 @@ def _figures(group: list[Measurement], plain: list[Measurement]) -> dict[str, An
 def _stats_figures(group: list[Measurement]) -> dict[str, Any]:
     stats = [m.stats for m in group if m.stats is not None]
     if not stats:
-        return {"acceptance_rate": None, "mean_accepted_length": None, "per_position_acceptance": None}
+        return dict.fromkeys(_STATS_FIGURES)
     merged = SpeculativeStats()
     for s in stats:
         merged.merge(s)
-    return {
-        "acceptance_rate": merged.acceptance_rate,
-        "mean_accepted_length": merged.mean_accepted_length,
-        "per_position_acceptance": merged.per_position_acceptance,
-    }
+    return {name: getattr(merged, name) for name in _STATS_FIGURES}
+
+
+# The derived figures of `SpeculativeStats` a report shows; the table's τ is the speculative one.
+_STATS_FIGURES = (
+    "acceptance_rate",
+    "mean_accepted_length",
+    "mean_accepted_length_speculative",
+    "per_position_acceptance",
+)
 
 
 def to_dict(result: BenchResult) -> dict[str, Any]:
@@ -166,7 +171,9 @@ def _header(result: BenchResult) -> list[str]:
         "- Rows: " + ", ".join(f"`{r}`" for r in s["rows"]) + _missing_rows(s),
         "- Speedup = the row's median tokens/s over plain `generate`'s, per category; rows run "
         "interleaved prompt by prompt in one process, order rotated per prompt, after one warm-up. "
-        "τ = mean accepted length (1 + accepted / steps). Identical = share of outputs token-identical "
+        "τ = mean accepted length per speculative step (1 + accepted / drafts, as vLLM and "
+        "Spec-Bench report it; the JSON also has `mean_accepted_length`, per step, plain ones "
+        "included). Identical = share of outputs token-identical "
         "to plain greedy.",
         "",
     ]
@@ -219,7 +226,7 @@ def _category_table(category: str, entries: list[dict]) -> list[str]:
         lines.append(
             f"| {e['row']} | {_num(e['median_tokens_per_s'])} | {_x(e['speedup'])} | "
             f"{_x(e['paired_speedup'])} | {_pct(e['acceptance_rate'])} | "
-            f"{_num(e['mean_accepted_length'], 2)} | {_pct(e['identical'])} | {error} |"
+            f"{_num(e['mean_accepted_length_speculative'], 2)} | {_pct(e['identical'])} | {error} |"
         )
     return [*lines, ""]
 

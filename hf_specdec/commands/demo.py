@@ -95,14 +95,15 @@ def run(args: argparse.Namespace) -> int:
             f"  plain       {2 * new_plain / t_plain:6.1f} tokens/s\n"
             f"  speculative {2 * new_spec / t_spec:6.1f} tokens/s  ({s.method}, "
             f"{t_plain / t_spec:.2f}x, acceptance {s.acceptance_rate:.0%}, "
-            f"τ {s.mean_accepted_length:.2f}, identical: {'yes' if identical else 'NO'})"
+            f"τ {s.mean_accepted_length_speculative:.2f}, identical: {'yes' if identical else 'NO'})"
         )
     plain_rate, spec_rate = plain_tokens / plain_seconds, spec_tokens / spec_seconds
     print(
         f"\nOverall: plain {plain_rate:.1f} tokens/s, speculative {spec_rate:.1f} tokens/s, "
         f"speedup {spec_rate / plain_rate:.2f}x\n"
         f"Method {stats.method}: acceptance rate {stats.acceptance_rate:.0%}, mean accepted length "
-        f"{stats.mean_accepted_length:.2f}, "
+        f"{stats.mean_accepted_length:.2f} per step, τ {stats.mean_accepted_length_speculative:.2f} "
+        "per speculative step, "
         f"{stats.speculative_steps} speculative and {stats.plain_steps} plain steps\n"
         f"Outputs identical to plain greedy generate: {'yes' if all_identical else 'NO'}"
     )

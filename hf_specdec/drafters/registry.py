@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from .base import Drafter
@@ -14,12 +15,24 @@ if TYPE_CHECKING:
 DRAFTERS: dict[str, type[Drafter]] = {}
 
 
-def register_drafter(cls: type[Drafter]) -> type[Drafter]:
-    """Class decorator: make a drafter available as `SpeculativeConfig(method=cls.name)`."""
+def register_drafter(cls: type[Drafter] | None = None, *, replace: bool = False) -> Any:
+    """Class decorator: make a drafter available as `SpeculativeConfig(method=cls.name)`.
+
+    A name already taken by another class is refused; `@register_drafter(replace=True)` replaces it.
+    """
+    if cls is None:
+        return functools.partial(register_drafter, replace=replace)
     if not (isinstance(cls, type) and issubclass(cls, Drafter)):
         raise TypeError(
             f"{cls!r} is not a drafter: subclass hf_specdec.drafters.Drafter, whose defaults cover what "
             "a drafter does not need (observe, probe_seconds, hidden_state_layers)."
+        )
+    existing = DRAFTERS.get(cls.name)
+    if existing is not None and existing is not cls and not replace:
+        raise ValueError(
+            f"A drafter named {cls.name!r} is already registered ({existing.__module__}."
+            f"{existing.__qualname__}); give {cls.__qualname__} another `name`, or pass replace=True "
+            "to replace it."
         )
     DRAFTERS[cls.name] = cls
     return cls
