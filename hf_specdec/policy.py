@@ -174,6 +174,7 @@ class CostModel:
 
     draft: _Recent = field(default_factory=_Recent)  # seconds per drafted position
     verify_times: dict[tuple[int, int], _Recent] = field(default_factory=dict)  # (batch, width) -> seconds
+    _predicted: dict[tuple[int, int], float | None] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def draft_per_token(self) -> float | None:
@@ -184,6 +185,7 @@ class CostModel:
 
     def add_verify(self, batch_size: int, width: int, seconds: float) -> None:
         self.verify_times.setdefault((batch_size, width), _Recent()).add(seconds)
+        self._predicted.clear()
 
     def measured_wide(self) -> bool:
         """Whether any verify of a draft has been timed (at any batch size: the nearest stands in)."""
@@ -192,6 +194,14 @@ class CostModel:
     def verify(self, batch_size: int, width: int) -> float | None:
         """Predicted verify seconds at this width, from the nearest measured widths; None until a
         plain step was measured (at this batch size, or the nearest one measured)."""
+        # The policy asks for every width several times a step; predictions change only with a
+        # new measurement.
+        key = (batch_size, width)
+        if key not in self._predicted:
+            self._predicted[key] = self._predict(batch_size, width)
+        return self._predicted[key]
+
+    def _predict(self, batch_size: int, width: int) -> float | None:
         known = {w: e.value for (b, w), e in self.verify_times.items() if b == batch_size}
         if not known:
             sizes = sorted({b for b, _ in self.verify_times}, key=lambda b: abs(b - batch_size))

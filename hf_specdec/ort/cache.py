@@ -21,9 +21,12 @@ if TYPE_CHECKING:
 
 
 def quantized_copy(target: PreTrainedModel, tokenizer: Any = None) -> Path:
-    """The int8 ONNX copy of `target` under `cache_dir()/onnx/<name>-int8`, exported on first use."""
+    """The int8 ONNX copy of `target` under `cache_dir()/onnx/<name>-<dtype>-int8`, exported on first
+    use. The target's dtype is in the name: a bf16 and an fp32 load of one checkpoint have different
+    weights, and each keeps its own copy instead of rebuilding the other's."""
     name = Path(str(getattr(target, "name_or_path", "") or "")).name or type(target).__name__
-    folder = cache_dir() / "onnx" / f"{name}-int8"
+    dtype = str(target.dtype).removeprefix("torch.")
+    folder = cache_dir() / "onnx" / f"{name}-{dtype}-int8"
     fingerprint = f"{INT8_FORMAT}:{weights_fingerprint(target)}"
     stamp = folder / "hf_specdec_fingerprint.txt"
     if stamp.exists() and stamp.read_text() == fingerprint:

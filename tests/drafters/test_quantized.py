@@ -22,7 +22,7 @@ def test_quantized_self_drafting(target, quantized_cache):
     assert_greedy_match(target, plain, spec.sequences, mask)
     assert spec.speculative_stats.acceptance_rate > 0.6  # int8 in blocks of 32 still mostly agrees
     folders = list((quantized_cache / "onnx").iterdir())
-    assert [f.name for f in folders] == ["LlamaForCausalLM-int8"]
+    assert [f.name for f in folders] == ["LlamaForCausalLM-float32-int8"]
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # cached: no rebuild the second time
         target.generate(**kwargs, speculative="quantized")
