@@ -25,9 +25,9 @@ def quantized_copy(target: PreTrainedModel, tokenizer: Any = None) -> Path:
     use. The target's dtype is in the name: a bf16 and an fp32 load of one checkpoint have different
     weights, and each keeps its own copy instead of rebuilding the other's."""
     name = Path(str(getattr(target, "name_or_path", "") or "")).name or type(target).__name__
-    dtype = str(target.dtype).removeprefix("torch.")
-    folder = cache_dir() / "onnx" / f"{name}-{dtype}-int8"
-    fingerprint = f"{INT8_FORMAT}:{weights_fingerprint(target)}"
+    weights = weights_fingerprint(target)  # "<dtype>:<digest>"
+    folder = cache_dir() / "onnx" / f"{name}-{weights.split(':')[0]}-int8"
+    fingerprint = f"{INT8_FORMAT}:{weights}"
     stamp = folder / "hf_specdec_fingerprint.txt"
     if stamp.exists() and stamp.read_text() == fingerprint:
         return folder
@@ -71,9 +71,10 @@ def _read_fingerprint(model: PreTrainedModel) -> str:
     not trigger a rebuild.
     """
     digest = hashlib.sha256(type(model).__name__.encode())
+    dtype = str(model.dtype).removeprefix("torch.")
     with torch.no_grad():
         for name, p in model.state_dict().items():
             flat = p.detach().flatten()
             summary = torch.cat([flat[:8].float().cpu(), flat.float().sum().cpu()[None]])
             digest.update(f"{name}{tuple(p.shape)}".encode() + summary.numpy().tobytes())
-    return digest.hexdigest()
+    return f"{dtype}:{digest.hexdigest()}"
