@@ -1,0 +1,178 @@
+"""One GPU check for a session lent a GPU (issue 12): writes one JSON, finishes in minutes.
+
+    python bench/gpu_check.py --out gpu_check.json           # on the GPU machine (bench/gpu_check.sh)
+    python bench/gpu_check.py --device cpu --quick           # this script's own smoke test, on a CPU
+
+SmolLM2-135M-Instruct (the offline demo model, built from PyPI on first use) in bf16 on the device:
+
+1. lossless: greedy plain `generate` vs every method that runs offline (ngram, ngram tree,
+   draft_model with the model as its own draft, onnx on the CUDA provider, quantized) on the
+   built-in suite's prompts, batch 1 and a left-padded batch of 8: each row classified identical /
+   tie / mismatch by `hf_specdec.lossless.check_greedy` (mismatches must be 0);
+2. sampling smoke: the same methods with do_sample=True run to completion on the device;
+3. speed: plain vs each method at batch 1 and batch 8 (grounded prompts), interleaved, medians,
+   with every clock read synchronizing the device.
+
+Each section is timed and bounded (`--budget` seconds in all); what did not run says why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+from hf_specdec.loading import describe_runtime, encode_prompts, load_model, pad_token_id
+from hf_specdec.lossless import check_greedy, count_kinds
+
+import hf_specdec
+from hf_specdec.bench.suites import load_suite
+from hf_specdec.timing import clock
+
+GROUNDED = ("summarization", "rag")
+
+
+def methods(model, device: torch.device, onnx_folder: str | None) -> dict[str, Any]:
+    """The methods to check; onnx needs an exported folder (made by `main` when onnxruntime is there)."""
+    found = {
+        "ngram": {"method": "ngram"},
+        "ngram tree": {"method": "ngram", "tree": True},
+        "draft_model (itself)": {"method": "draft_model", "draft": model, "num_draft_tokens": 4},
+        "quantized": {"method": "quantized"},
+    }
+    if onnx_folder is not None:
+        provider = "cuda" if device.type == "cuda" else "cpu"
+        found["onnx"] = {"method": "onnx", "draft": onnx_folder, "options": {"provider": provider}}
+    return found
+
+
+def batch_of(tokenizer, model, prompts, size: int, device) -> dict[str, torch.Tensor]:
+    chosen = (prompts * size)[:size]
+    return encode_prompts(tokenizer, chosen, True, pad_token_id(tokenizer, model), device)
+
+
+def timed(model, inputs, **kwargs) -> tuple[float, Any]:
+    start = clock(inputs["input_ids"].device)
+    out = model.generate(**inputs, **kwargs)
+    return clock(inputs["input_ids"].device) - start, out
+
+
+def lossless(model, tokenizer, prompts, cases, device, new_tokens: int) -> dict[str, Any]:
+    report: dict[str, Any] = {}
+    for size in (1, 8):
+        inputs = batch_of(tokenizer, model, prompts, size, device)
+        plain = model.generate(**inputs, max_new_tokens=new_tokens, do_sample=False)
+        for name, spec in cases.items():
+            try:
+                out = model.generate(**inputs, max_new_tokens=new_tokens, do_sample=False, speculative=spec)
+                rows = check_greedy(model, inputs["input_ids"], plain, out, inputs["attention_mask"])
+                report[f"{name}, batch {size}"] = count_kinds(rows)
+            except Exception as err:  # report and go on: one method must not hide the others
+                report[f"{name}, batch {size}"] = {"error": f"{type(err).__name__}: {err}"}
+    return report
+
+
+def sampling(model, tokenizer, prompts, cases, device, new_tokens: int) -> dict[str, Any]:
+    report: dict[str, Any] = {}
+    inputs = batch_of(tokenizer, model, prompts, 4, device)
+    for name, spec in cases.items():
+        try:
+            torch.manual_seed(0)
+            out = model.generate(
+                **inputs,
+                max_new_tokens=new_tokens,
+                do_sample=True,
+                temperature=0.8,
+                top_p=0.95,
+                speculative=spec,
+                return_dict_in_generate=True,
+            )
+            stats = out.speculative_stats
+            report[name] = {"ran": True, "drafted": stats.drafted, "accepted": stats.accepted}
+        except Exception as err:
+            report[name] = {"ran": False, "error": f"{type(err).__name__}: {err}"}
+    return report
+
+
+def speed(model, tokenizer, prompts, cases, device, new_tokens: int, repeats: int) -> dict[str, Any]:
+    report: dict[str, Any] = {}
+    grounded = [p for p in prompts if p.category in GROUNDED] or prompts
+    for size in (1, 8):
+        inputs = batch_of(tokenizer, model, grounded, size, device)
+        settings = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+        timed(model, inputs, **settings)  # warm-up
+        for name, spec in cases.items():
+            try:
+                plain_s, spec_s = [], []
+                for _ in range(repeats):  # interleaved: drift in load cancels out of the ratio
+                    plain_s.append(timed(model, inputs, **settings)[0])
+                    spec_s.append(timed(model, inputs, **settings, speculative=spec)[0])
+                ratio = statistics.median(plain_s) / statistics.median(spec_s)
+                report[f"{name}, batch {size}"] = {
+                    "speedup": round(ratio, 3),
+                    "plain_s": statistics.median(plain_s),
+                    "speculative_s": statistics.median(spec_s),
+                }
+            except Exception as err:
+                report[f"{name}, batch {size}"] = {"error": f"{type(err).__name__}: {err}"}
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--quick", action="store_true", help="a few tokens and one repeat: a smoke test")
+    parser.add_argument("--budget", type=float, default=420.0, help="seconds for all sections together")
+    parser.add_argument("--out", default="gpu_check.json")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    device = torch.device(args.device)
+    new_tokens, repeats = (8, 1) if args.quick else (96, 3)
+    model, tokenizer = load_model(None, dtype=args.dtype, device=device)
+    prompts = load_suite("builtin")
+    report: dict[str, Any] = {"runtime": describe_runtime(model), "sections": {}}
+
+    onnx_folder = None
+    try:
+        from hf_specdec.models import cache_dir
+        from hf_specdec.ort import export_onnx
+
+        folder = cache_dir() / "onnx" / "SmolLM2-135M-Instruct-fp16"
+        if not (folder / "model.onnx").exists():
+            export_onnx(
+                hf_specdec.demo_model_path(), folder, dtype="fp16" if device.type == "cuda" else "fp32"
+            )
+        onnx_folder = str(folder)
+    except Exception as err:
+        report["onnx_export"] = f"{type(err).__name__}: {err}"
+    cases = methods(model, device, onnx_folder)
+
+    sections = [
+        ("lossless", lambda: lossless(model, tokenizer, prompts, cases, device, new_tokens)),
+        ("sampling", lambda: sampling(model, tokenizer, prompts, cases, device, new_tokens)),
+        ("speed", lambda: speed(model, tokenizer, prompts, cases, device, new_tokens, repeats)),
+    ]
+    for name, run in sections:
+        if time.perf_counter() - started > args.budget:
+            report["sections"][name] = {"skipped": f"past the {args.budget:.0f} s budget"}
+            continue
+        section_start = time.perf_counter()
+        try:
+            report["sections"][name] = run()
+        except Exception:
+            report["sections"][name] = {"error": traceback.format_exc(limit=3)}
+        report["sections"][name + "_seconds"] = round(time.perf_counter() - section_start, 1)
+        Path(args.out).write_text(json.dumps(report, indent=2))  # what ran survives a later failure
+    report["seconds"] = round(time.perf_counter() - started, 1)
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
