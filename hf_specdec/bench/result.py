@@ -15,9 +15,10 @@ PLAIN = "plain"
 class Measurement:
     """One timed `generate` call: a row (plain, a method, a transformers baseline) on a batch of prompts.
 
-    `identical` is the fraction of the batch's sequences equal to plain greedy `generate`'s (None
-    when sampling, or when plain or this row failed); `error` is set, and the figures are empty,
-    when the call raised.
+    `lossless` counts the batch's sequences that are identical to plain greedy `generate`'s, differ
+    first at a rounding tie, or mismatch (`hf_specdec.lossless.check_greedy`; None when sampling, or
+    when plain or this row failed), and `differences` describes each row that is not identical;
+    `error` is set, and the figures are empty, when the call raised.
     """
 
     batch_size: int
@@ -26,7 +27,8 @@ class Measurement:
     row: str
     seconds: float = 0.0
     new_tokens: int = 0
-    identical: float | None = None
+    lossless: dict[str, int] | None = None
+    differences: list[dict[str, Any]] = field(default_factory=list)
     stats: SpeculativeStats | None = None
     error: str | None = None
 
@@ -43,7 +45,8 @@ class Measurement:
             "seconds": self.seconds,
             "new_tokens": self.new_tokens,
             "tokens_per_s": self.tokens_per_s,
-            "identical": self.identical,
+            "lossless": self.lossless,
+            "differences": self.differences,
             "stats": self.stats.to_dict() if self.stats else None,
             "error": self.error,
         }
@@ -58,7 +61,8 @@ class BenchResult:
     interrupted: bool = False
 
     def summary(self) -> list[dict[str, Any]]:
-        """Per batch size, category and row: median tokens/s, speedup vs plain, acceptance, τ, identical."""
+        """Per batch size, category and row: median tokens/s, speedup vs plain, acceptance, τ,
+        and how many outputs were identical to plain greedy, rounding ties, or mismatches."""
         from .report import summarize
 
         return summarize(self.measurements)

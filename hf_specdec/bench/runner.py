@@ -2,7 +2,7 @@
 
 For every batch of prompts each row runs once, in an order rotated from batch to batch so that a
 slow drift of the machine (other processes, thermal) falls on every row alike. Greedy outputs are
-compared with plain `generate`'s token for token.
+classified against plain `generate`'s: identical, a rounding tie, or a mismatch (`hf_specdec.lossless`).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from ..loading import (
     pad_token_id,
     use_chat_template,
 )
+from ..lossless import IDENTICAL, check_greedy, count_kinds
 from .result import PLAIN, BenchResult, Measurement
 from .suites import Prompt, load_prompt_file, load_suite, take_per_category
 
@@ -148,9 +149,7 @@ def _measure(
                     result.measurements.append(measurement)
                     bar.update()
                 if not generation["do_sample"]:
-                    _mark_identical(
-                        result.measurements[-len(batch_rows) :], outputs, inputs, eos_token_ids(model)
-                    )
+                    _check_lossless(model, result.measurements[-len(batch_rows) :], outputs, inputs)
     finally:
         bar.close()
 
@@ -175,19 +174,25 @@ def _time_row(
     return measurement, out
 
 
-def _mark_identical(
-    measurements: list[Measurement], outputs: dict[str, Any], inputs: dict[str, Any], eos: set[int]
+def _check_lossless(
+    model: Any, measurements: list[Measurement], outputs: dict[str, Any], inputs: dict[str, Any]
 ) -> None:
-    """Set each greedy measurement's fraction of sequences token-identical to plain `generate`'s."""
+    """Classify each greedy row's sequences against plain `generate`'s: identical, tie or mismatch."""
     plain = outputs.get(PLAIN)
     if plain is None:
         return
-    reference = _new_tokens(plain.sequences, inputs, eos)
     for m in measurements:
         out = outputs.get(m.row)
         if out is not None:
-            ours = _new_tokens(out.sequences, inputs, eos)
-            m.identical = sum(a == b for a, b in zip(reference, ours)) / len(reference)
+            checks = check_greedy(
+                model, inputs["input_ids"], plain.sequences, out.sequences, inputs["attention_mask"]
+            )
+            m.lossless = count_kinds(checks)
+            m.differences = [
+                {"prompt_id": pid, **c.to_dict()}
+                for pid, c in zip(m.prompt_ids, checks)
+                if c.kind != IDENTICAL
+            ]
 
 
 def _new_tokens(sequences: torch.Tensor, inputs: dict[str, Any], eos: set[int]) -> list[list[int]]:

@@ -45,10 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     import hf_specdec
     from hf_specdec.loading import describe_runtime, load_model, runtime_line
+    from hf_specdec.lossless import MISMATCH, bound_formula, check_greedy, count_kinds
 
     path = args.model or hf_specdec.demo_model_path()
     print(f"Loading {path}")
@@ -70,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     plain_tokens = spec_tokens = 0
     plain_seconds = spec_seconds = 0.0
     stats = hf_specdec.SpeculativeStats()
-    all_identical = True
+    checks = []
     for i, prompt in enumerate(DEMO_PROMPTS, 1):
         inputs = _encode(tokenizer, model, prompt)
         # plain, speculative, speculative, plain: drift in machine load cancels out of the ratio.
@@ -87,8 +86,8 @@ def run(args: argparse.Namespace) -> int:
                 t_spec += time.perf_counter() - start
         new_plain = plain.shape[1] - inputs["input_ids"].shape[1]
         new_spec = spec.sequences.shape[1] - inputs["input_ids"].shape[1]
-        identical = torch.equal(plain, spec.sequences)
-        all_identical &= identical
+        check = check_greedy(model, inputs["input_ids"], plain, spec.sequences, inputs["attention_mask"])[0]
+        checks.append(check)
         plain_tokens, plain_seconds = plain_tokens + 2 * new_plain, plain_seconds + t_plain
         spec_tokens, spec_seconds = spec_tokens + 2 * new_spec, spec_seconds + t_spec
         stats.merge(spec.speculative_stats)
@@ -98,18 +97,22 @@ def run(args: argparse.Namespace) -> int:
             f"  plain       {2 * new_plain / t_plain:6.1f} tokens/s\n"
             f"  speculative {2 * new_spec / t_spec:6.1f} tokens/s  ({s.method}, "
             f"{t_plain / t_spec:.2f}x, acceptance {s.acceptance_rate:.0%}, "
-            f"τ {s.mean_accepted_length:.2f}, identical: {'yes' if identical else 'NO'})"
+            f"τ {s.mean_accepted_length:.2f})\n"
+            f"  vs plain greedy: {check.describe() if check.kind != MISMATCH else check.describe().upper()}"
         )
     plain_rate, spec_rate = plain_tokens / plain_seconds, spec_tokens / spec_seconds
+    counts, dtype = count_kinds(checks), str(model.dtype).removeprefix("torch.")
     print(
         f"\nOverall: plain {plain_rate:.1f} tokens/s, speculative {spec_rate:.1f} tokens/s, "
         f"speedup {spec_rate / plain_rate:.2f}x\n"
         f"Method {stats.method}: acceptance rate {stats.acceptance_rate:.0%}, mean accepted length "
         f"{stats.mean_accepted_length:.2f}, "
         f"{stats.speculative_steps} speculative and {stats.plain_steps} plain steps\n"
-        f"Outputs identical to plain greedy generate: {'yes' if all_identical else 'NO'}"
+        f"Outputs vs plain greedy generate in {dtype}: {counts['identical']} identical, "
+        f"{counts['tie']} first differing at a rounding tie (top two within {bound_formula(model.dtype)}), "
+        f"{counts['mismatch']} mismatches"
     )
-    return 0 if all_identical else 1
+    return 1 if counts["mismatch"] else 0
 
 
 def _encode(tokenizer, model, prompt: str):
