@@ -110,7 +110,8 @@ def check_greedy(
     `eos_token_ids` (default: the model's generation config's) end a row's comparison, so the
     padding after it does not count. `logits_processor` (e.g. the `LogitsProcessorList` of a
     repetition penalty) turns the recomputed logits into the processed scores greedy decoding
-    compares; without one the logits are the scores.
+    compares; without one the logits are the scores (right for plain greedy `generate` unless the
+    call or the model's generation config adds processors such as `repetition_penalty`).
     """
     if eos_token_ids is None:
         eos_token_ids = eos_token_ids_of(model)
