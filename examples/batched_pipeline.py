@@ -3,14 +3,13 @@
 python examples/batched_pipeline.py
 """
 
-import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 
 import hf_specdec
 
 path = hf_specdec.demo_model_path()
 tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
-model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+model = AutoModelForCausalLM.from_pretrained(path)  # the checkpoint's dtype (bf16)
 pipe = pipeline("text-generation", model=model, tokenizer=tokenizer)
 
 chats = [

@@ -5,14 +5,14 @@ python examples/quickstart.py
 
 import time
 
-import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_specdec  # adds `speculative=` to generate() and pipelines
+from hf_specdec.lossless import check_greedy
 
 path = hf_specdec.demo_model_path()  # SmolLM2-135M-Instruct, built offline on first use
 tokenizer = AutoTokenizer.from_pretrained(path)
-model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+model = AutoModelForCausalLM.from_pretrained(path)  # the checkpoint's dtype, bf16, as transformers 5 loads it
 
 article = (
     "The library opens at nine on weekdays and at ten on Saturdays. The library is closed on Sundays. "
@@ -35,4 +35,5 @@ spec_s = time.perf_counter() - start
 
 print(tokenizer.decode(out.sequences[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True))
 print(out.speculative_stats)
-print(f"identical to plain generate: {torch.equal(plain, out.sequences)}; {plain_s / spec_s:.2f}x faster")
+check = check_greedy(model, inputs["input_ids"], plain, out.sequences, inputs["attention_mask"])[0]
+print(f"vs plain greedy generate: {check.describe()}; {plain_s / spec_s:.2f}x faster")

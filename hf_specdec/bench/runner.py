@@ -2,14 +2,13 @@
 
 For every batch of prompts each row runs once, in an order rotated from batch to batch so that a
 slow drift of the machine (other processes, thermal) falls on every row alike. Greedy outputs are
-compared with plain `generate`'s token for token.
+classified against plain `generate`'s: identical, a rounding tie, or a mismatch (`hf_specdec.lossless`).
 """
 
 from __future__ import annotations
 
 import datetime
 import os
-import platform
 import sys
 import time
 from collections.abc import Sequence
@@ -21,6 +20,16 @@ import torch
 
 from ..drafters import DRAFTERS
 from ..heads import HEAD_METHODS
+from ..loading import (
+    cpu_name,
+    describe_runtime,
+    encode_prompts,
+    eos_token_ids,
+    load_model,
+    pad_token_id,
+    use_chat_template,
+)
+from ..lossless import IDENTICAL, check_greedy, count_kinds
 from .result import PLAIN, BenchResult, Measurement
 from .suites import Prompt, load_prompt_file, load_suite, take_per_category
 
@@ -41,6 +50,8 @@ def run_bench(
     model: Any = None,
     *,
     tokenizer: Any = None,
+    dtype: str | torch.dtype = "auto",
+    device: torch.device | str | None = None,
     draft: Any = None,
     heads: dict[str, Any] | None = None,
     methods: Sequence[str] | None = None,
@@ -62,6 +73,8 @@ def run_bench(
     Args:
         model: a model folder or repo id, or a loaded model (then pass `tokenizer`); default: the
             offline SmolLM2-135M-Instruct demo model.
+        dtype / device: how a model given by name is loaded (`hf_specdec.loading.load_model`):
+            default the checkpoint's dtype (fp32 on a CPU without native bf16) and CUDA if available.
         draft: a draft model (folder, repo id or loaded model) for `draft_model` and `auto`, and for
             transformers' `assistant_model=` row.
         heads: trained heads by method, e.g. `{"eagle": "my-eagle-head"}` (folders or repo ids).
@@ -83,8 +96,9 @@ def run_bench(
     _check_methods(methods, draft, heads)
     _check_batch_sizes(batch_sizes)
     chosen = _select_prompts(suite, prompts, data_dir, limit, categories)
-    model, tokenizer, model_name = _load_model(model, tokenizer)
-    chat = _use_chat_template(tokenizer, chat_template)
+    model, tokenizer = load_model(model, dtype=dtype, device=device, tokenizer=tokenizer)
+    model_name = str(model.name_or_path or type(model).__name__)
+    chat = use_chat_template(tokenizer, chat_template)
     draft_model, draft_tokenizer = _load_draft(draft, model)
     rows = _rows(methods, draft_model, draft_tokenizer, heads, num_draft_tokens, transformers_baselines)
     settings = _settings(
@@ -92,9 +106,10 @@ def run_bench(
         batch_sizes, max_new_tokens, sample, chat, num_draft_tokens,
     )  # fmt: skip
     settings["heads"] = {method: str(head) for method, head in heads.items()}
+    settings["runtime"] = describe_runtime(model)
     result = BenchResult(settings)
     generation = dict(max_new_tokens=max_new_tokens, do_sample=sample, return_dict_in_generate=True)
-    generation["pad_token_id"] = _pad_id(tokenizer, model)
+    generation["pad_token_id"] = pad_token_id(tokenizer, model)
     try:
         _measure(model, tokenizer, rows, chosen, batch_sizes, chat, generation, result, progress)
     except KeyboardInterrupt:
@@ -120,11 +135,11 @@ def _measure(
     bar = tqdm(total=sum(len(items) * len(rs) for _, items, rs in plan), disable=not progress, unit="run")
     try:
         for batch_size, items, batch_rows in plan:
-            inputs = _encode(tokenizer, items[0], chat, generation["pad_token_id"], model.device)
+            inputs = encode_prompts(tokenizer, items[0], chat, generation["pad_token_id"], model.device)
             for row in batch_rows:  # warm-up: first calls pay for allocations and lazy imports
                 _time_row(model, row, inputs, {**generation, "max_new_tokens": WARMUP_TOKENS}, 0)
             for i, item in enumerate(items):
-                inputs = _encode(tokenizer, item, chat, generation["pad_token_id"], model.device)
+                inputs = encode_prompts(tokenizer, item, chat, generation["pad_token_id"], model.device)
                 outputs: dict[str, Any] = {}
                 for row in batch_rows[i % len(batch_rows) :] + batch_rows[: i % len(batch_rows)]:
                     bar.set_postfix_str(f"bs={batch_size} {item[0].category} {row.name}")
@@ -134,7 +149,7 @@ def _measure(
                     result.measurements.append(measurement)
                     bar.update()
                 if not generation["do_sample"]:
-                    _mark_identical(result.measurements[-len(batch_rows) :], outputs, inputs, _eos_ids(model))
+                    _check_lossless(model, result.measurements[-len(batch_rows) :], outputs, inputs)
     finally:
         bar.close()
 
@@ -153,25 +168,31 @@ def _time_row(
     except Exception as err:  # one failing row must not lose the others
         measurement.error = f"{type(err).__name__}: {err}"
         return measurement, None
-    eos = _eos_ids(model)
+    eos = eos_token_ids(model)
     measurement.new_tokens = sum(len(t) for t in _new_tokens(out.sequences, inputs, eos))
     measurement.stats = getattr(out, "speculative_stats", None)
     return measurement, out
 
 
-def _mark_identical(
-    measurements: list[Measurement], outputs: dict[str, Any], inputs: dict[str, Any], eos: set[int]
+def _check_lossless(
+    model: Any, measurements: list[Measurement], outputs: dict[str, Any], inputs: dict[str, Any]
 ) -> None:
-    """Set each greedy measurement's fraction of sequences token-identical to plain `generate`'s."""
+    """Classify each greedy row's sequences against plain `generate`'s: identical, tie or mismatch."""
     plain = outputs.get(PLAIN)
     if plain is None:
         return
-    reference = _new_tokens(plain.sequences, inputs, eos)
     for m in measurements:
         out = outputs.get(m.row)
         if out is not None:
-            ours = _new_tokens(out.sequences, inputs, eos)
-            m.identical = sum(a == b for a, b in zip(reference, ours)) / len(reference)
+            checks = check_greedy(
+                model, inputs["input_ids"], plain.sequences, out.sequences, inputs["attention_mask"]
+            )
+            m.lossless = count_kinds(checks)
+            m.differences = [
+                {"prompt_id": pid, **c.to_dict()}
+                for pid, c in zip(m.prompt_ids, checks)
+                if c.kind != IDENTICAL
+            ]
 
 
 def _new_tokens(sequences: torch.Tensor, inputs: dict[str, Any], eos: set[int]) -> list[list[int]]:
@@ -182,13 +203,6 @@ def _new_tokens(sequences: torch.Tensor, inputs: dict[str, Any], eos: set[int]) 
         end = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
         rows.append(row[:end])
     return rows
-
-
-def _eos_ids(model: Any) -> set[int]:
-    eos = model.generation_config.eos_token_id
-    if eos is None:
-        return set()
-    return set(eos) if isinstance(eos, list) else {int(eos)}
 
 
 def _rows(
@@ -282,21 +296,6 @@ def _batches(prompts: list[Prompt], size: int) -> list[list[Prompt]]:
     return [group[i : i + size] for group in by_category.values() for i in range(0, len(group), size)]
 
 
-def _load_model(model: Any, tokenizer: Any) -> tuple[Any, Any, str]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from ..models import demo_model_path
-
-    if model is None:
-        model = demo_model_path()
-    if isinstance(model, (str, Path)):
-        name = str(model)
-        tokenizer = tokenizer or AutoTokenizer.from_pretrained(name)
-        return AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32).eval(), tokenizer, name
-    name = getattr(model, "name_or_path", type(model).__name__)
-    return model, tokenizer or AutoTokenizer.from_pretrained(name), name
-
-
 def _load_draft(draft: Any, target: Any) -> tuple[Any, Any]:
     """A draft path becomes a loaded model once, shared by our row and transformers' assisted row.
     An exported ONNX folder stays a path: our drafter opens it; transformers cannot use it."""
@@ -307,46 +306,6 @@ def _load_draft(draft: Any, target: Any) -> tuple[Any, Any]:
     from ..drafters.draft_model import load_draft
 
     return load_draft(str(draft), target)
-
-
-def _use_chat_template(tokenizer: Any, requested: bool | None) -> bool:
-    has_template = bool(getattr(tokenizer, "chat_template", None))
-    if requested and not has_template:
-        raise ValueError(
-            "--chat-template was requested but the tokenizer has no chat template; "
-            "drop --chat-template to benchmark raw prompts."
-        )
-    return has_template if requested is None else requested
-
-
-def _encode(
-    tokenizer: Any, prompts: list[Prompt], chat: bool, pad_id: int, device: torch.device
-) -> dict[str, torch.Tensor]:
-    """Left-padded `input_ids` and `attention_mask` (padded here: the tokenizer is left untouched)."""
-    ids = [_token_ids(tokenizer, p, chat) for p in prompts]
-    width = max(len(x) for x in ids)
-    input_ids = torch.full((len(ids), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(ids), width), dtype=torch.long)
-    for b, row in enumerate(ids):
-        input_ids[b, width - len(row) :] = torch.tensor(row)
-        attention_mask[b, width - len(row) :] = 1
-    return {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device)}
-
-
-def _token_ids(tokenizer: Any, prompt: Prompt, chat: bool) -> list[int]:
-    if chat and not prompt.raw:
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt.text}], add_generation_prompt=True, tokenize=False
-        )
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-    return tokenizer(prompt.text)["input_ids"]
-
-
-def _pad_id(tokenizer: Any, model: Any) -> int:
-    for candidate in (tokenizer.pad_token_id, model.generation_config.pad_token_id, *_eos_ids(model)):
-        if candidate is not None:
-            return int(candidate)
-    return 0
 
 
 def _settings(
@@ -379,7 +338,7 @@ def _settings(
         "num_draft_tokens": num_draft_tokens,
         "prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS,
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "machine": _cpu_name(),
+        "machine": cpu_name(),
         "cpu_cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "python": sys.version.split()[0],
@@ -387,16 +346,6 @@ def _settings(
         "transformers": transformers.__version__,
         "load_average_start": _load_average(),
     }
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _load_average() -> list[float] | None:

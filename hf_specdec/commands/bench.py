@@ -11,6 +11,8 @@ from hf_specdec.bench import run_bench, save, to_markdown
 from hf_specdec.bench.suites import SUITES
 from hf_specdec.heads import HEAD_METHODS
 
+from .options import add_runtime_options
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -22,6 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--model", default=None, help="model folder or repo id (default: the demo model)")
     parser.add_argument("--draft", default=None, help="draft model for draft_model and transformers_assisted")
+    add_runtime_options(parser)
     parser.add_argument(
         "--head",
         action="append",
@@ -68,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = run_bench(
             args.model,
+            dtype=args.dtype,
+            device=args.device,
             draft=args.draft,
             heads=_heads(args.head),
             methods=_split(args.methods) or None,

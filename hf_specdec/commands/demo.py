@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import time
 
+from .options import add_runtime_options
+
 # Prompts written for the demo: two that copy from their input (where lookup drafting shines)
 # and one open question (where it must not cost anything).
 DEMO_PROMPTS = [
@@ -31,45 +33,45 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--model", default=None, help="a model folder or repo id (default: the offline demo model)"
     )
+    add_runtime_options(parser)
     parser.add_argument("--draft", default=None, help="a draft model folder (implies method draft_model)")
     parser.add_argument(
         "--draft-dtype",
         default=None,
         choices=["float32", "bfloat16", "float16"],
-        help="load the draft in this dtype (e.g. a bfloat16 copy of the target as its own draft)",
+        help="load the draft in this dtype (default: the target's; e.g. a bfloat16 copy of an fp32 target)",
     )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     import hf_specdec
+    from hf_specdec.loading import describe_runtime, load_model, runtime_line
+    from hf_specdec.lossless import MISMATCH, bound_formula, check_greedy, count_kinds
 
     path = args.model or hf_specdec.demo_model_path()
     print(f"Loading {path}")
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model, tokenizer = load_model(path, dtype=args.dtype, device=args.device)
+    print(f"Running in {runtime_line(describe_runtime(model))}")
     settings = dict(max_new_tokens=args.max_new_tokens, do_sample=False, tokenizer=tokenizer)
     speculative = hf_specdec.SpeculativeConfig(method=args.method)
     if args.draft:
-        dtype = getattr(torch, args.draft_dtype) if args.draft_dtype else model.dtype
-        draft = AutoModelForCausalLM.from_pretrained(args.draft, dtype=dtype).eval()
-        draft_tokenizer = AutoTokenizer.from_pretrained(args.draft)
+        draft, draft_tokenizer = load_model(
+            args.draft, dtype=args.draft_dtype or model.dtype, device=model.device
+        )
         speculative = hf_specdec.SpeculativeConfig(
             method="draft_model", draft=draft, draft_tokenizer=draft_tokenizer
         )
 
-    warm = _encode(tokenizer, "Hello!")
+    warm = _encode(tokenizer, model, "Hello!")
     model.generate(**warm, max_new_tokens=4, do_sample=False)
 
     plain_tokens = spec_tokens = 0
     plain_seconds = spec_seconds = 0.0
     stats = hf_specdec.SpeculativeStats()
-    all_identical = True
+    checks = []
     for i, prompt in enumerate(DEMO_PROMPTS, 1):
-        inputs = _encode(tokenizer, prompt)
+        inputs = _encode(tokenizer, model, prompt)
         # plain, speculative, speculative, plain: drift in machine load cancels out of the ratio.
         t_plain = t_spec = 0.0
         for order in ("plain", "spec", "spec", "plain"):
@@ -84,8 +86,8 @@ def run(args: argparse.Namespace) -> int:
                 t_spec += time.perf_counter() - start
         new_plain = plain.shape[1] - inputs["input_ids"].shape[1]
         new_spec = spec.sequences.shape[1] - inputs["input_ids"].shape[1]
-        identical = torch.equal(plain, spec.sequences)
-        all_identical &= identical
+        check = check_greedy(model, inputs["input_ids"], plain, spec.sequences, inputs["attention_mask"])[0]
+        checks.append(check)
         plain_tokens, plain_seconds = plain_tokens + 2 * new_plain, plain_seconds + t_plain
         spec_tokens, spec_seconds = spec_tokens + 2 * new_spec, spec_seconds + t_spec
         stats.merge(spec.speculative_stats)
@@ -95,9 +97,11 @@ def run(args: argparse.Namespace) -> int:
             f"  plain       {2 * new_plain / t_plain:6.1f} tokens/s\n"
             f"  speculative {2 * new_spec / t_spec:6.1f} tokens/s  ({s.method}, "
             f"{t_plain / t_spec:.2f}x, acceptance {s.acceptance_rate:.0%}, "
-            f"τ {s.mean_accepted_length_speculative:.2f}, identical: {'yes' if identical else 'NO'})"
+            f"τ {s.mean_accepted_length_speculative:.2f})\n"
+            f"  vs plain greedy: {check.describe() if check.kind != MISMATCH else check.describe().upper()}"
         )
     plain_rate, spec_rate = plain_tokens / plain_seconds, spec_tokens / spec_seconds
+    counts, dtype = count_kinds(checks), str(model.dtype).removeprefix("torch.")
     print(
         f"\nOverall: plain {plain_rate:.1f} tokens/s, speculative {spec_rate:.1f} tokens/s, "
         f"speedup {spec_rate / plain_rate:.2f}x\n"
@@ -105,17 +109,16 @@ def run(args: argparse.Namespace) -> int:
         f"{stats.mean_accepted_length:.2f} per step, τ {stats.mean_accepted_length_speculative:.2f} "
         "per speculative step, "
         f"{stats.speculative_steps} speculative and {stats.plain_steps} plain steps\n"
-        f"Outputs identical to plain greedy generate: {'yes' if all_identical else 'NO'}"
+        f"Outputs vs plain greedy generate in {dtype}: {counts['identical']} identical, "
+        f"{counts['tie']} first differing at a rounding tie (top two within {bound_formula(model.dtype)}), "
+        f"{counts['mismatch']} mismatches"
     )
-    return 0 if all_identical else 1
+    return 1 if counts["mismatch"] else 0
 
 
-def _encode(tokenizer, prompt: str):
-    if tokenizer.chat_template:
-        return tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}],
-            add_generation_prompt=True,
-            return_tensors="pt",
-            return_dict=True,
-        )
-    return tokenizer(prompt, return_tensors="pt")
+def _encode(tokenizer, model, prompt: str):
+    from hf_specdec.loading import encode_prompts, pad_token_id, use_chat_template
+
+    return encode_prompts(
+        tokenizer, [prompt], use_chat_template(tokenizer), pad_token_id(tokenizer, model), model.device
+    )

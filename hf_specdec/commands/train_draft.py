@@ -6,6 +6,7 @@ import argparse
 
 from ..heads import HEAD_METHODS
 from ..train import TrainConfig, train_draft
+from .options import add_runtime_options
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -17,6 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the same command again to resume.",
     )
     parser.add_argument("--target", default=None, help="model folder or Hub id (default: the demo model)")
+    add_runtime_options(parser)
     parser.add_argument("--method", choices=list(HEAD_METHODS), default="eagle")
     parser.add_argument("--out", required=True, help="folder for the head, its log and checkpoints")
     source = parser.add_mutually_exclusive_group()
@@ -56,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
             data=args.data,
             max_new_tokens=args.max_new_tokens,
             config=config,
+            dtype=args.dtype,
+            device=args.device,
         )
     except KeyboardInterrupt as stop:
         print(stop.args[0] if stop.args else "Interrupted.")

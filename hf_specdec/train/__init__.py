@@ -7,6 +7,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from ..loading import describe_runtime, load_model
 from .data import build_sequences, load_prompts
 from .features import cached_target_features
 from .trainer import TrainConfig, train_head
@@ -21,6 +24,8 @@ def train_draft(
     max_new_tokens: int = 192,
     tokenizer: Any = None,
     config: TrainConfig | None = None,
+    dtype: str | torch.dtype = "auto",
+    device: torch.device | str | None = None,
 ) -> dict[str, Any]:
     """Train an EAGLE or Medusa head for `target` (a model, folder or Hub id; None: the demo model).
 
@@ -29,13 +34,14 @@ def train_draft(
     measures) or to the prompts of a JSONL file `data`; a `.txt` file is used as it is. Everything
     is written to `out`: the head (`head_config.json`, `head.safetensors`), `training.json` with
     the held-out acceptance estimates, `training.png`, and `checkpoint/` to resume from.
+    A target given by name is loaded by `hf_specdec.loading.load_model` with `dtype` and `device`
+    (default: the checkpoint's dtype, fp32 on a CPU without native bf16; CUDA if available).
     Returns the training log.
     """
-    from ..bench.runner import _load_model
-
     config = config or TrainConfig()
     out = Path(out)
-    model, tokenizer, name = _load_model(target, tokenizer)
+    model, tokenizer = load_model(target, dtype=dtype, device=device, tokenizer=tokenizer)
+    name = str(model.name_or_path or type(model).__name__)
     source = load_prompts(suite, data)
     started = time.perf_counter()
     sequences = build_sequences(model, tokenizer, source, out / "data" / "sequences.pt", max_new_tokens)
@@ -44,6 +50,7 @@ def train_draft(
     featured_at = time.perf_counter()
     log = train_head(model, examples, out, config)
     log["target"] = name
+    log["runtime"] = describe_runtime(model)
     log["data"] = {
         "source": str(data) if data is not None else (suite or "specbench-train"),
         "sequences": len(sequences),

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from ..bench.runner import _encode, _pad_id, _token_ids, _use_chat_template
 from ..bench.suites import Prompt, load_prompt_file, load_suite
+from ..loading import encode_prompts, pad_token_id, prompt_token_ids, use_chat_template
 
 MIN_TOKENS = 2_000  # less than this cannot train anything; say so instead of producing a useless head
 
@@ -100,17 +100,17 @@ def _corpus_sequences(tokenizer: Any, chunks: list[str], max_length: int) -> lis
 def _generated_sequences(
     model: Any, tokenizer: Any, prompts: list[Prompt], max_new_tokens: int, batch_size: int, max_length: int
 ) -> list[Sequence]:
-    chat = _use_chat_template(tokenizer, None)
-    pad = _pad_id(tokenizer, model)
+    chat = use_chat_template(tokenizer)
+    pad = pad_token_id(tokenizer, model)
     eos = model.generation_config.eos_token_id
     eos = set([eos] if isinstance(eos, int) else eos or [])
     # Similar lengths share a batch, so little time goes into padding.
-    order = sorted(prompts, key=lambda p: len(_token_ids(tokenizer, p, chat)))
+    order = sorted(prompts, key=lambda p: len(prompt_token_ids(tokenizer, p, chat)))
     sequences = []
     with tqdm(total=len(order), desc="generating training answers", unit="prompt") as bar:
         for i in range(0, len(order), batch_size):
             batch = order[i : i + batch_size]
-            inputs = _encode(tokenizer, batch, chat, pad, model.device)
+            inputs = encode_prompts(tokenizer, batch, chat, pad, model.device)
             out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)
             for b in range(len(batch)):
                 prompt = inputs["input_ids"][b][inputs["attention_mask"][b].bool()]

@@ -1,0 +1,185 @@
+"""What "lossless" means for greedy decoding, checked: identical, a rounding tie, or a mismatch.
+
+Sampling is exact in distribution (Leviathan et al. 2023, Theorem 1). Greedy speculative output is
+plain greedy `generate`'s, token for token, up to floating-point rounding: the target verifying
+several tokens in one forward computes each position's scores with other kernels and summation
+orders than one-token decoding does (plain `generate` itself is not batch-invariant either), so
+where the target's two best tokens score within a rounding error of each other either one is the
+target's choice. `check_greedy` classifies each output row:
+
+- `identical`: the generated tokens (up to and including the first EOS) equal plain `generate`'s;
+- `tie`: at the first position where they differ, the plain target's top two processed scores,
+  recomputed by one forward over the plain prefix, are at most `rounding_bound` apart, and the two
+  tokens there (plain's and speculation's) are those top two;
+- `mismatch`: anything else, i.e. a bug.
+
+The bound is the drift rounding can cause through the model's depth, from the dtype the target ran
+in, at the scores' magnitude |s| with e = floor(log2 |s|):
+
+- float32: 1e-4 · max(|s|, 1) (about 1e-4 relative: the last bits of a 30-layer forward);
+- bfloat16: 4 · 2^(e - 7), four bf16 rounding steps at that magnitude (0.5 at 16-32). Up to three
+  steps were observed on SmolLM2-135M (24 prompts, gaps 0-0.25 at 14-36); four leaves one step of
+  margin while staying ~3% of the score, far below what a real bug (a token outside the top two,
+  or a gap of whole units) produces;
+- float16: 4 · 2^(e - 10), the same four steps of fp16's finer significand.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from .loading import eos_token_ids as eos_token_ids_of
+
+IDENTICAL, TIE, MISMATCH = "identical", "tie", "mismatch"
+KINDS = (IDENTICAL, TIE, MISMATCH)
+
+FP32_RELATIVE_BOUND = 1e-4
+ROUNDING_STEPS = 4  # bf16/fp16: observed up to 3 steps; one more of margin
+_SIGNIFICAND_BITS = {torch.bfloat16: 7, torch.float16: 10}
+
+
+@dataclass(frozen=True)
+class RowCheck:
+    """How one output row compares with plain greedy `generate`.
+
+    `position` is the index, among the generated tokens, of the first difference (None when
+    identical); `top_two` the plain target's two best tokens there and `gap` their score difference,
+    `bound` the rounding bound it was held to.
+    """
+
+    kind: str
+    position: int | None = None
+    plain_token: int | None = None
+    speculative_token: int | None = None
+    top_two: tuple[int, int] | None = None
+    gap: float | None = None
+    bound: float | None = None
+
+    def describe(self) -> str:
+        if self.kind == IDENTICAL:
+            return "identical"
+        if self.top_two is None:
+            return f"{self.kind}: lengths differ after {self.position} equal generated tokens"
+        return (
+            f"{self.kind} at generated token {self.position}: plain took {self.plain_token}, speculative "
+            f"{self.speculative_token}; the target's top two there are {self.top_two}, {self.gap:.3g} apart "
+            f"(rounding bound {self.bound:.3g})"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def rounding_bound(score: float, dtype: torch.dtype) -> float:
+    """How far apart two scores of magnitude |score| may be and still count as a rounding tie in `dtype`."""
+    magnitude = max(abs(score), 1e-6)
+    bits = _SIGNIFICAND_BITS.get(dtype)
+    if bits is None:  # float32 (and anything wider)
+        return FP32_RELATIVE_BOUND * max(magnitude, 1.0)
+    return ROUNDING_STEPS * 2.0 ** (math.floor(math.log2(magnitude)) - bits)
+
+
+def bound_formula(dtype: torch.dtype | str) -> str:
+    """`rounding_bound` in words, for reports."""
+    name = str(dtype).removeprefix("torch.")
+    bits = _SIGNIFICAND_BITS.get(getattr(torch, name, None))
+    if bits is not None:
+        example = rounding_bound(20.0, getattr(torch, name))
+        return f"{ROUNDING_STEPS} · 2^(e-{bits}) at |score| in [2^e, 2^(e+1)) ({example:g} at 16-32)"
+    return f"{FP32_RELATIVE_BOUND:g} · max(|score|, 1)"
+
+
+@torch.no_grad()
+def check_greedy(
+    model: Any,
+    input_ids: torch.Tensor,  # [B, P] the prompts, left-padded
+    plain: torch.Tensor,  # [B, P + N] plain greedy `generate` output
+    speculative: torch.Tensor,  # [B, P + N'] speculative output for the same inputs
+    attention_mask: torch.Tensor | None = None,  # [B, P]
+    *,
+    eos_token_ids: Iterable[int] | None = None,
+    logits_processor: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+) -> list[RowCheck]:
+    """Classify each row of `speculative` against `plain` as identical, tie or mismatch (module docstring).
+
+    `eos_token_ids` (default: the model's generation config's) end a row's comparison, so the
+    padding after it does not count. `logits_processor` (e.g. the `LogitsProcessorList` of a
+    repetition penalty) turns the recomputed logits into the processed scores greedy decoding
+    compares; without one the logits are the scores (right for plain greedy `generate` unless the
+    call or the model's generation config adds processors such as `repetition_penalty`).
+    """
+    if eos_token_ids is None:
+        eos_token_ids = eos_token_ids_of(model)
+    eos = set(eos_token_ids)
+    prompt_length = input_ids.shape[1]
+    checks = []
+    for row in range(plain.shape[0]):
+        ours = _generated(plain[row, prompt_length:].tolist(), eos)
+        theirs = _generated(speculative[row, prompt_length:].tolist(), eos)
+        if ours == theirs:
+            checks.append(RowCheck(IDENTICAL))
+            continue
+        at = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+        if at is None:  # one is a strict prefix of the other: no tie can explain that
+            checks.append(RowCheck(MISMATCH, position=min(len(ours), len(theirs))))
+            continue
+        mask = None if attention_mask is None else attention_mask[row]
+        scores = _scores_after(model, plain[row, : prompt_length + at], mask, logits_processor)
+        checks.append(_classify(scores, at, ours[at], theirs[at], _compute_dtype(model)))
+    return checks
+
+
+def count_kinds(checks: Iterable[RowCheck]) -> dict[str, int]:
+    """How many rows are identical, ties and mismatches (every kind present, possibly 0)."""
+    counts = dict.fromkeys(KINDS, 0)
+    for check in checks:
+        counts[check.kind] += 1
+    return counts
+
+
+def _classify(
+    scores: torch.Tensor, at: int, plain_token: int, spec_token: int, dtype: torch.dtype
+) -> RowCheck:
+    values, tokens = scores.topk(2)
+    top_two = (int(tokens[0]), int(tokens[1]))
+    gap = float(values[0] - values[1])
+    bound = rounding_bound(float(values.abs().max()), dtype)
+    tied = gap <= bound and {plain_token, spec_token} == set(top_two)
+    return RowCheck(TIE if tied else MISMATCH, at, plain_token, spec_token, top_two, gap, bound)
+
+
+def _scores_after(
+    model: Any,
+    prefix: torch.Tensor,  # [P + at] the plain row up to the first difference
+    prompt_mask: torch.Tensor | None,  # [P]
+    logits_processor: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None,
+) -> torch.Tensor:
+    """The target's processed scores [vocab] for the token after `prefix`, in one forward.
+
+    Positions follow the attention mask as `generate` computes them, so left padding changes nothing."""
+    device = model.device
+    ids = prefix[None].to(device)
+    kwargs: dict[str, Any] = {}
+    if prompt_mask is not None:
+        generated = torch.ones(len(prefix) - len(prompt_mask), dtype=prompt_mask.dtype, device=device)
+        mask = torch.cat([prompt_mask.to(device), generated])[None]
+        kwargs = {"attention_mask": mask, "position_ids": (mask.long().cumsum(-1) - 1).clamp(min=0)}
+    logits = model(input_ids=ids, **kwargs).logits[:, -1].float()  # [1, vocab]
+    if logits_processor is not None:
+        logits = logits_processor(ids, logits)
+    return logits[0]
+
+
+def _generated(tokens: list[int], eos: set[int]) -> list[int]:
+    """Generated tokens up to and including the first EOS (what follows is padding)."""
+    end = next((i + 1 for i, t in enumerate(tokens) if t in eos), len(tokens))
+    return tokens[:end]
+
+
+def _compute_dtype(model: Any) -> torch.dtype:
+    return getattr(model, "dtype", torch.float32)
