@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hf_specdec.loading import describe_runtime, encode_prompts, load_model, pad_token_id
-from hf_specdec.lossless import check_greedy, count_kinds
 
 import hf_specdec
 from hf_specdec.bench.suites import load_suite
+from hf_specdec.loading import describe_runtime, encode_prompts, load_model, pad_token_id
+from hf_specdec.lossless import check_greedy, count_kinds
 from hf_specdec.timing import clock
 
 GROUNDED = ("summarization", "rag")
@@ -143,11 +143,10 @@ def main() -> None:
         from hf_specdec.models import cache_dir
         from hf_specdec.ort import export_onnx
 
-        folder = cache_dir() / "onnx" / "SmolLM2-135M-Instruct-fp16"
+        onnx_dtype = "fp16" if device.type == "cuda" else "fp32"
+        folder = cache_dir() / "onnx" / f"SmolLM2-135M-Instruct-{onnx_dtype}"
         if not (folder / "model.onnx").exists():
-            export_onnx(
-                hf_specdec.demo_model_path(), folder, dtype="fp16" if device.type == "cuda" else "fp32"
-            )
+            export_onnx(hf_specdec.demo_model_path(), folder, dtype=onnx_dtype)
         onnx_folder = str(folder)
     except Exception as err:
         report["onnx_export"] = f"{type(err).__name__}: {err}"

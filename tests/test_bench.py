@@ -254,3 +254,18 @@ def test_shared_suites_load():
     train = load_suite("specbench-train")  # where heads train: never a prompt the quick suite measures
     assert len(train) == 480 - len(quick) and not {p.id for p in train} & {p.id for p in quick}
     assert len(take_per_category(load_suite("builtin"), 1)) == 6
+
+
+def test_tree_rows_and_their_refusals(target):
+    from hf_specdec.bench.runner import _check_methods, _rows
+
+    _check_methods(["ngram", "ngram+tree"], None, {})
+    rows = _rows(["ngram+tree"], None, None, {}, "auto", False)
+    assert [r.name for r in rows][1:] == ["ngram+tree"]
+    assert (
+        rows[1].kwargs["speculative"]["tree"] is True and rows[1].kwargs["speculative"]["method"] == "ngram"
+    )
+    with pytest.raises(ValueError, match=r"medusa\+tree: only .*ngram.* draft trees"):
+        _check_methods(["medusa+tree"], None, {"medusa": "x"})
+    with pytest.raises(ValueError, match=r"valid methods: .*\+tree"):
+        _check_methods(["nope+tree"], None, {})

@@ -34,6 +34,7 @@ from .result import PLAIN, BenchResult, Measurement
 from .suites import Prompt, load_prompt_file, load_suite, take_per_category
 
 PROMPT_LOOKUP_TOKENS = 10  # transformers' documented default for prompt_lookup_num_tokens
+TREE_SUFFIX = "+tree"  # a method name + this: the same drafter proposing trees
 WARMUP_TOKENS = 8
 
 
@@ -78,7 +79,8 @@ def run_bench(
         draft: a draft model (folder, repo id or loaded model) for `draft_model` and `auto`, and for
             transformers' `assistant_model=` row.
         heads: trained heads by method, e.g. `{"eagle": "my-eagle-head"}` (folders or repo ids).
-        methods: our methods to time (`hf_specdec.DRAFTERS` or "auto"); default `ngram`, plus
+        methods: our methods to time (`hf_specdec.DRAFTERS` or "auto", each optionally followed by
+            "+tree" for `SpeculativeConfig(tree=True)`, e.g. "ngram+tree"); default `ngram`, plus
             `draft_model` when a draft is given and the methods of `heads`.
         suite / prompts: a suite name (see `SUITES`), or a JSONL file or list of `Prompt` instead.
         limit: at most this many prompts per category.
@@ -214,13 +216,14 @@ def _rows(
     baselines: bool,
 ) -> list[Row]:
     rows = [Row(PLAIN)]
-    for method in methods:
-        spec = dict(method=method, num_draft_tokens=num_draft_tokens)
+    for label in methods:
+        method, tree = _split_tree(label)
+        spec = dict(method=method, num_draft_tokens=num_draft_tokens, tree=tree)
         if draft is not None and method in ("draft_model", "auto"):
             spec.update(draft=draft, draft_tokenizer=draft_tokenizer)
         if method in heads:
             spec.update(draft=heads[method])
-        rows.append(Row(method, {"speculative": spec}))
+        rows.append(Row(label, {"speculative": spec}))
     if baselines:
         rows.append(
             Row("transformers_prompt_lookup", {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS}, False)
@@ -230,13 +233,26 @@ def _rows(
     return rows
 
 
-def _check_methods(methods: list[str], draft: Any, heads: dict[str, Any]) -> None:
+def _split_tree(label: str) -> tuple[str, bool]:
+    """"ngram+tree" is method ngram drafting trees (`SpeculativeConfig(tree=True)`)."""
+    return (label[: -len(TREE_SUFFIX)], True) if label.endswith(TREE_SUFFIX) else (label, False)
+
+
+def _check_methods(labels: list[str], draft: Any, heads: dict[str, Any]) -> None:
     valid = sorted(["auto", *DRAFTERS])
-    unknown = [m for m in methods if m not in valid]
+    unknown = [m for m in labels if _split_tree(m)[0] not in valid]
     if unknown:
-        raise ValueError(f"Unknown method(s) {', '.join(unknown)}; valid methods: {', '.join(valid)}.")
-    if len(set(methods)) != len(methods):
-        raise ValueError(f"Methods are listed twice: {', '.join(methods)}.")
+        raise ValueError(
+            f"Unknown method(s) {', '.join(unknown)}; valid methods: {', '.join(valid)}, each optionally "
+            f"followed by {TREE_SUFFIX} (draft trees, e.g. ngram{TREE_SUFFIX})."
+        )
+    trees = [m for m in labels if _split_tree(m)[1] and not DRAFTERS[_split_tree(m)[0]].supports_tree]
+    if trees:
+        growers = ", ".join(sorted(name for name, cls in DRAFTERS.items() if cls.supports_tree))
+        raise ValueError(f"{', '.join(trees)}: only {growers} draft trees.")
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"Methods are listed twice: {', '.join(labels)}.")
+    methods = [_split_tree(m)[0] for m in labels]
     if "draft_model" in methods and draft is None:
         raise ValueError("Method draft_model needs a draft model: pass --draft (draft= in Python).")
     for method in HEAD_METHODS:

@@ -35,7 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--methods",
         default=None,
-        help="comma-separated methods (default: ngram, plus draft_model with --draft)",
+        help="comma-separated methods (default: ngram, plus draft_model with --draft); a method followed by "
+        "+tree (e.g. ngram+tree) drafts trees",
     )
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
