@@ -1,4 +1,5 @@
-"""Batched speculative decoding against plain batched generate on SmolLM2-135M (CPU, fp32, greedy).
+"""Batched speculative decoding against plain batched generate on SmolLM2-135M (greedy; the checkpoint's
+dtype, bf16, unless --dtype says otherwise; fp32 on a CPU without native bf16).
 
     python bench/batching.py                      # full table (about 15 minutes on 2 cores)
     python bench/batching.py --batch-sizes 1,8 --repeats 1 --max-new-tokens 32   # quick look
@@ -17,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -25,6 +25,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_specdec
+from hf_specdec.loading import describe_runtime, load_model, runtime_line
+from hf_specdec.timing import clock
 
 SPECBENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "specbench" / "question.jsonl"
 GROUNDED = ("summarization", "rag")
@@ -61,10 +63,10 @@ def run_case(model, inputs, speculative, max_new_tokens: int, repeats: int) -> d
     plain = spec = None
     for _ in range(repeats):
         for kind in ("plain", "spec", "spec", "plain"):
-            start = time.perf_counter()
+            start = clock(model.device)
             if kind == "plain":
                 plain = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
-                plain_times.append(time.perf_counter() - start)
+                plain_times.append(clock(model.device) - start)
             else:
                 spec = model.generate(
                     **inputs,
@@ -73,7 +75,7 @@ def run_case(model, inputs, speculative, max_new_tokens: int, repeats: int) -> d
                     speculative=speculative,
                     return_dict_in_generate=True,
                 )
-                spec_times.append(time.perf_counter() - start)
+                spec_times.append(clock(model.device) - start)
     pad = model.generation_config.pad_token_id
     prompt_len = inputs["input_ids"].shape[1]
     plain_new = int((plain[:, prompt_len:] != pad).sum())
@@ -109,19 +111,25 @@ def main() -> None:
         default="auto",
         help="comma-separated draft lengths to compare: 'auto' (the adaptive policy) and/or fixed integers",
     )
+    parser.add_argument("--dtype", default="auto", help="auto (the checkpoint's), bfloat16, float16, float32")
+    parser.add_argument("--tree", action="store_true", help="also time ngram drafting trees (ngram+tree)")
     parser.add_argument("--out", default="bench_out/batching.json")
     args = parser.parse_args()
     if not SPECBENCH.exists():
         raise SystemExit(f"Spec-Bench prompts not found at {SPECBENCH}")
 
     path = hf_specdec.demo_model_path()
+    model, _ = load_model(path, dtype=args.dtype)
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     draft = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+    print(f"# {runtime_line(describe_runtime(model))}")
     sources = {
         "ngram": {"method": "ngram"},
+        "ngram+tree": {"method": "ngram", "tree": True},
         "draft_model": {"method": "draft_model", "draft": draft, "draft_tokenizer": tokenizer},
     }
+    if args.tree and "ngram+tree" not in args.methods:
+        args.methods += ",ngram+tree"
     methods = {}
     for name in args.methods.split(","):
         for k in args.num_draft_tokens.split(","):

@@ -27,6 +27,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import hf_specdec
+from hf_specdec.loading import describe_runtime, runtime_line
 from hf_specdec.timing import synchronize
 
 
@@ -94,8 +95,8 @@ def main() -> None:
             synchronize(prompt.device)
             times[name].append((time.perf_counter() - start) / args.new_tokens * 1e3)
     plain = statistics.median(times["plain"])
-    runtime = {"device": str(prompt.device), "dtype": str(model.dtype), "torch": torch.__version__}
-    print(f"# Loop overhead, {runtime}")
+    runtime = describe_runtime(model)
+    print(f"# Loop overhead, {runtime_line(runtime)}")
     print(f"# {args.new_tokens} new tokens, greedy, median of {args.repeats}, {args.threads} thread(s)\n")
     print("| row | ms/token | vs plain | tokens per target forward | output = plain |")
     print("|---|---|---|---|---|")
