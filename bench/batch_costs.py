@@ -3,8 +3,8 @@
     python bench/batch_costs.py                       # grounded batch 8 (as in bench/batching.py)
     python bench/batch_costs.py --kind open --batch 1
 
-For one batch of Spec-Bench prompts (SmolLM2-135M, fp32): the prefill time, and the time of one
-target forward over the cached prompt at each width (tokens per row: 1 = a plain step, k + 1 = a
+For one batch of Spec-Bench prompts (SmolLM2-135M in the checkpoint's dtype unless --dtype): the
+prefill time, and the time of one target forward over the cached prompt at each width (tokens per row: 1 = a plain step, k + 1 = a
 verify of k draft tokens), interleaved over rounds, medians. From these it prints how much faster
 the decoding part would have to get for the whole call to reach a given speedup, and the mean
 accepted tokens per row and step (τ) a draft of each width would need to break even and to reach it.
@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 from batching import GROUNDED, OPEN, encode, load_prompts
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoTokenizer, DynamicCache
 
 import hf_specdec
+from hf_specdec.loading import describe_runtime, load_model, runtime_line
+from hf_specdec.timing import clock
 
 
 def main() -> None:
@@ -28,6 +29,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--kind", choices=("grounded", "open"), default="grounded")
+    parser.add_argument("--dtype", default="auto", help="auto (the checkpoint's), bfloat16, float16, float32")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--widths", default="1,2,3,4,5,6,8")
     parser.add_argument("--rounds", type=int, default=5)
@@ -40,7 +42,8 @@ def main() -> None:
 
     path = hf_specdec.demo_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model, _ = load_model(path, dtype=args.dtype)
+    print(f"# {runtime_line(describe_runtime(model))}")
     inputs = encode(tokenizer, load_prompts(GROUNDED if args.kind == "grounded" else OPEN, args.batch))
     ids, mask = inputs["input_ids"], inputs["attention_mask"]
     positions = (mask.cumsum(1) - 1).clamp_min(0)
@@ -53,14 +56,14 @@ def main() -> None:
     with torch.no_grad():
         for _ in range(args.rounds):
             cache = DynamicCache(config=model.config)
-            start = time.perf_counter()
+            start = clock(model.device)
             model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, logits_to_keep=1)
-            prefill.append(time.perf_counter() - start)
+            prefill.append(clock(model.device) - start)
             for w in widths:
                 tokens = torch.randint(100, 10_000, (args.batch, w))
                 step_mask = torch.cat([mask, torch.ones(args.batch, w, dtype=mask.dtype)], dim=1)
                 step_positions = positions[:, -1:] + torch.arange(1, w + 1)
-                start = time.perf_counter()
+                start = clock(model.device)
                 model(
                     input_ids=tokens,
                     attention_mask=step_mask,
@@ -68,7 +71,7 @@ def main() -> None:
                     cache=cache,
                     logits_to_keep=w,
                 )
-                step[w].append(time.perf_counter() - start)
+                step[w].append(clock(model.device) - start)
                 cache.crop(-w)
 
     p = statistics.median(prefill)
