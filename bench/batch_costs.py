@@ -4,10 +4,11 @@
     python bench/batch_costs.py --kind open --batch 1
 
 For one batch of Spec-Bench prompts (SmolLM2-135M in the checkpoint's dtype unless --dtype): the
-prefill time, and the time of one target forward over the cached prompt at each width (tokens per row: 1 = a plain step, k + 1 = a
-verify of k draft tokens), interleaved over rounds, medians. From these it prints how much faster
-the decoding part would have to get for the whole call to reach a given speedup, and the mean
-accepted tokens per row and step (τ) a draft of each width would need to break even and to reach it.
+prefill time, and the time of one target forward over the cached prompt at each width (tokens per
+row: 1 = a plain step, k + 1 = a verify of k draft tokens), interleaved over rounds, medians. From
+these it prints how much faster the decoding part would have to get for the whole call to reach a
+given speedup, and the mean accepted tokens per row and step (τ) a draft of each width would need
+to break even and to reach it.
 """
 
 from __future__ import annotations
