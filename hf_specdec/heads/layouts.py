@@ -52,7 +52,7 @@ def save_speculators(
     `verifier` is the target's Hub repo id (vLLM 0.33 refuses a local path there; with a local
     target, pass the folder and serve with the long `--speculative-config` form instead).
     """
-    _require_eagle3(head, "speculators")
+    check_layout(head, "speculators")
     config = head.config
     layers = list(head.feature_layers)
     meta = {
@@ -85,7 +85,7 @@ def save_speculators(
 def save_eagle3(head: nn.Module, folder: str | Path) -> Path:
     """Write an EAGLE-3 `head` in the original layout (SafeAILab/EAGLE `cnets.py`, what SGLang's
     `--speculative-algorithm EAGLE3` loads); returns `folder`."""
-    _require_eagle3(head, "eagle3")
+    check_layout(head, "original EAGLE-3")
     config = head.config
     meta = {
         "architectures": ["LlamaForCausalLMEagle3"],
@@ -101,7 +101,8 @@ def save_eagle3(head: nn.Module, folder: str | Path) -> Path:
     return _write(Path(folder), meta, _eagle3_state(head))
 
 
-def _require_eagle3(head: nn.Module, layout: str) -> None:
+def check_layout(head: nn.Module, layout: str) -> None:
+    """Refuse a head `layout` (an EAGLE-3 layout) cannot hold faithfully, saying what to do instead."""
     if isinstance(head, Eagle3Head):
         return
     config = getattr(head, "config", None)
@@ -110,7 +111,7 @@ def _require_eagle3(head: nn.Module, layout: str) -> None:
         raise ValueError(
             f"This is hf-specdec's EAGLE-1-style head (it reads the target's last layer and drafts with "
             f"the target's LM head{', with RMS-normalised inputs to fc' if config.input_norms else ''}); "
-            f"the {layout} layout holds EAGLE-3 heads only (three target layers, their own LM head), so "
+            f"the {layout} layouts hold EAGLE-3 heads only (three target layers, their own LM head), so "
             "an engine would draft differently with it. Serve with method ngram or draft_model, or train "
             "an EAGLE-3 head (speculators or SpecForge) for the engine."
         )
