@@ -221,19 +221,38 @@ def _plan_eagle(model: str, draft: Source, head: Source, options: Options) -> Se
     if known is not None:  # a published head on the Hub, in its authors' layout: engines read it as is
         if known["method"] == "medusa":
             return _plan_medusa(model, draft, head, options)
-        three = known.get("layout") == "EAGLE-3"
-        return ServingPlan(
-            "eagle",
-            {"vllm": "eagle3" if three else "eagle", "sglang": "EAGLE3" if three else "EAGLE"},
-            draft=str(source),
-            measure={"method": "eagle", "draft": str(source), "options": options},
-        )
+        return _plan_registry_head(model, known, options)
     if not Path(str(source)).is_dir():
         raise ValueError(
             f"Draft head {source!r} is neither a local folder nor a head the registry knows; download it "
             "and pass its folder."
         )
     return _plan_local_head(model, Path(str(source)), options)
+
+
+def _plan_registry_head(model: str, known: dict[str, Any], options: Options) -> ServingPlan:
+    """A published head on the Hub, in its authors' layout: the engines read it as it is."""
+    targets = [t.lower() for t in known["targets"]]
+    origin = _hub_origin(model)
+    if origin is not None and origin.lower() not in targets:
+        raise ServingExportError(
+            f"The head {known['head']} was trained for {', '.join(known['targets'])}, not for {origin}: a "
+            "head only drafts for the model it was trained on. `hf-specdec select TARGET` lists the heads "
+            "known for a target."
+        )
+    three = known.get("layout") == "EAGLE-3"
+    plan = ServingPlan(
+        "eagle",
+        {"vllm": "eagle3" if three else "eagle", "sglang": "EAGLE3" if three else "EAGLE"},
+        draft=known["head"],
+        measure={"method": "eagle", "draft": known["head"], "options": options},
+    )
+    if origin is None:
+        plan.caveats.append(
+            f"{model} does not say which Hub model it is, so whether {known['head']} was trained for it "
+            f"(it was for {', '.join(known['targets'])}) could not be checked."
+        )
+    return plan
 
 
 def _plan_local_head(model: str, folder: Path, options: dict[str, Any]) -> ServingPlan:

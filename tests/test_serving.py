@@ -252,3 +252,30 @@ def test_cli_refusal_exits_1_with_the_message(models, tmp_path, capsys):
     )
     assert code == 1
     assert "error: method 'quantized' drafts with an int8 copy" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "target, head, expected",
+    [
+        ("meta-llama/Llama-3.1-8B-Instruct", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", ("eagle3", "EAGLE3")),
+        ("meta-llama/Meta-Llama-3-8B-Instruct", "yuhuili/EAGLE-LLaMA3-Instruct-8B", ("eagle", "EAGLE")),
+    ],
+)
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_published_heads_the_registry_knows_are_served_as_published(engine, target, head, expected):
+    """The engines read the authors' layouts themselves: nothing is downloaded or converted."""
+    result = export_serving(target, engine, head=head, num_draft_tokens=3)
+    assert (result["engine_method"], result["draft"]) == (expected[engine == "sglang"], head)
+    assert head in " ".join(result["command"])
+
+
+def test_a_published_head_for_another_target_is_refused():
+    with pytest.raises(
+        ServingExportError, match="trained for meta-llama/Llama-3.1-8B-Instruct, not for lmsys"
+    ):
+        export_serving("lmsys/vicuna-7b-v1.3", "vllm", head="yuhuili/EAGLE3-LLaMA3.1-Instruct-8B")
+
+
+def test_a_published_medusa_head_is_refused():
+    with pytest.raises(ServingExportError, match="Medusa heads cannot be served"):
+        export_serving("lmsys/vicuna-7b-v1.3", "vllm", head="FasterDecoding/medusa-vicuna-7b-v1.3")
