@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from ..devices import execution_device
 from ..kv import RaggedKV
 from ..tokenizer_check import compare_tokenizers_once
 from . import register_drafter
@@ -46,9 +47,10 @@ def load_draft(name: str, target: PreTrainedModel) -> tuple[PreTrainedModel, Any
     """Load a draft model and its tokenizer with the target's dtype and device (cached)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    key = (str(name), target.dtype, str(target.device))
+    device = execution_device(target)  # not `target.device`: `meta` when device_map offloads its weights
+    key = (str(name), target.dtype, str(device))
     if key not in _LOADED:
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=target.dtype).to(target.device).eval()
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=target.dtype).to(device).eval()
         try:
             tokenizer = AutoTokenizer.from_pretrained(name)
         except (OSError, ValueError):
@@ -127,7 +129,7 @@ class DraftModelDrafter:
             if tokenizer is None and draft_tokenizer is not None:
                 tokenizer = _local_tokenizer(target)
             check_compatible(target, tokenizer, draft, draft_tokenizer)
-        return cls(draft.eval(), options, target.device)
+        return cls(draft.eval(), options, execution_device(target))
 
     def propose(self, request: DraftRequest) -> Draft:
         self._follow_rows(request.row_ids)

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from ..devices import execution_device
 from ..heads.checkpoint import load_head
 from . import register_drafter
 from .base import Draft, Drafter, DraftRequest, options_to_config
@@ -36,7 +37,7 @@ class MedusaDrafter:
     def from_config(cls, config: SpeculativeConfig, target: PreTrainedModel, tokenizer: Any) -> Drafter:
         head = load_head(head_source(config, cls.name), target, method=cls.name)
         options = options_to_config(HeadDrafterConfig, config.options)
-        return cls(head, options, target.config.get_text_config().vocab_size, target.device)
+        return cls(head, options, target.config.get_text_config().vocab_size, execution_device(target))
 
     @torch.no_grad()
     def propose(self, request: DraftRequest) -> Draft:

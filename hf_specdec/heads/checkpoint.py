@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..devices import execution_device
 from .eagle import EagleHead, EagleHeadConfig
 from .eagle3 import Eagle3Head
 from .medusa import MedusaHead, MedusaHeadConfig
@@ -60,7 +61,7 @@ def build_head(config: EagleHeadConfig | MedusaHeadConfig, target: Any) -> nn.Mo
             )
     else:
         head = MedusaHead(config, target.get_output_embeddings())
-    return head.to(device=target.device, dtype=target.dtype)
+    return head.to(device=execution_device(target), dtype=target.dtype)
 
 
 def _check_eagle3_layers(config: EagleHeadConfig, num_layers: int) -> None:
@@ -94,7 +95,7 @@ def load_head(source: Any, target: Any, method: str | None = None) -> nn.Module:
             f"{source!r} is a {kind} head, not a {method} head: use SpeculativeConfig(method={kind!r})."
         )
     check_head_matches(head.config, target, source)
-    return head.to(device=target.device).eval()
+    return head.to(device=execution_device(target)).eval()
 
 
 def check_head_matches(config: Any, target: Any, source: Any) -> None:
