@@ -166,12 +166,17 @@ def _plan_ngram(model: str, draft: Source, head: Source, options: Options) -> Se
 def _plan_draft_model(model: str, draft: Source, head: Source, options: Options) -> ServingPlan:
     if draft is None:
         raise ValueError("method 'draft_model' needs --draft: the draft model's folder or Hub repo id.")
+    from .drafters.base import options_to_config
+    from .drafters.draft_model import DraftModelConfig
+
+    options_to_config(DraftModelConfig, options)  # unknown options are named now, not at measuring time
     _check_vocab(model, draft)
     return ServingPlan(
         "draft_model",
         {"vllm": "draft_model", "sglang": "STANDALONE"},
         draft=str(draft),
         measure={"method": "draft_model", "draft": str(draft), "options": options},
+        caveats=_not_carried(options),
     )
 
 
@@ -186,8 +191,12 @@ def _plan_onnx(model: str, draft: Source, head: Source, options: Options) -> Ser
             "it was exported from. Export the model you exported instead: "
             "`hf-specdec export-serving TARGET --method draft_model --draft <that model>`."
         )
-    plan = _plan_draft_model(model, source, head, options)
+    from .drafters.draft_model import DraftModelConfig
+
+    shared = {key: value for key, value in options.items() if key in DraftModelConfig.__dataclass_fields__}
+    plan = _plan_draft_model(model, source, head, shared)
     plan.method = "onnx"
+    plan.caveats += _not_carried({key: v for key, v in options.items() if key not in shared})
     plan.caveats.append(
         f"The ONNX draft {draft} is served as the model it was exported from ({source}), run by the "
         "engine's own kernels: it drafts as an fp32 export does (an int8 export drafts a little "
@@ -265,9 +274,21 @@ def _plan_local_head(model: str, folder: Path, options: dict[str, Any]) -> Servi
     if loaded.config.method == "medusa":
         return _plan_medusa(model, None, str(folder), options)
     if isinstance(loaded, Eagle3Head):
-        return ServingPlan("eagle", {"vllm": "eagle3", "sglang": "EAGLE3"}, head=loaded, measure=measure)
+        return ServingPlan(
+            "eagle",
+            {"vllm": "eagle3", "sglang": "EAGLE3"},
+            head=loaded,
+            measure=measure,
+            caveats=_not_carried(options),
+        )
     if not (folder / CONFIG_NAME).is_file():  # a published EAGLE-1/2 folder: the engines read it as is
-        return ServingPlan("eagle", {"vllm": "eagle", "sglang": "EAGLE"}, draft=str(folder), measure=measure)
+        return ServingPlan(
+            "eagle",
+            {"vllm": "eagle", "sglang": "EAGLE"},
+            draft=str(folder),
+            measure=measure,
+            caveats=_not_carried(options),
+        )
     from .heads.layouts import check_layout
 
     try:
@@ -499,6 +520,14 @@ def _bench_counts(path: Path, method: str) -> tuple[int, list[int]]:
 
 
 # --- helpers ------------------------------------------------------------------------------------
+
+
+def _not_carried(options: Options) -> list[str]:
+    """A caveat naming drafter options the engines have no equivalent of, if any."""
+    if not options:
+        return []
+    names = ", ".join(f"{key}={value!r}" for key, value in sorted(options.items()))
+    return [f"Options {names} have no equivalent in vLLM or SGLang and are not carried over."]
 
 
 def _load_target(model: str) -> Any:

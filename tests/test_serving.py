@@ -279,3 +279,18 @@ def test_a_published_head_for_another_target_is_refused():
 def test_a_published_medusa_head_is_refused():
     with pytest.raises(ServingExportError, match="Medusa heads cannot be served"):
         export_serving("lmsys/vicuna-7b-v1.3", "vllm", head="FasterDecoding/medusa-vicuna-7b-v1.3")
+
+
+def test_options_the_engines_lack_are_named_in_the_caveats(models):
+    result = export_serving(
+        str(models / "target"),
+        "vllm",
+        method="onnx",
+        draft=str(models / "draft-onnx"),
+        options={"min_confidence": 0.3, "threads": 2},
+        num_draft_tokens=3,
+    )
+    assert "Options min_confidence=0.3 have no equivalent" in " ".join(result["caveats"])
+    assert "Options threads=2 have no equivalent" in " ".join(result["caveats"])
+    with pytest.raises(ValueError, match="Unknown option\\(s\\) \\['max_ngram'\\] for DraftModelConfig"):
+        export_serving(str(models / "target"), "vllm", draft=str(models / "draft"), options={"max_ngram": 3})
