@@ -4,12 +4,16 @@ EAGLE-3 layout (SGLang, and vLLM's long `--speculative-config` form).
 Both hold the same tensors as `Eagle3Head`; only names and config differ. `heads/published.py`
 reads both back. Checked against:
 
-- speculators 0.9.0 (github.com/vllm-project/speculators): `config.py` (`speculators_config` with
-  `algorithm`, `proposal_methods`, `default_proposal_method`, `verifier.name_or_path` /
-  `architectures`), `proposals/greedy.py` (`proposal_type: "greedy"`, `speculative_tokens`),
-  `models/eagle3/config.py` (`transformer_layer_config`, `draft_vocab_size`, `norm_before_residual`,
-  `eagle_aux_hidden_state_layer_ids`) and `models/eagle3/model_definitions_llama.py` (the first
-  layer's residual is the raw feature unless `norm_before_residual`: ours never normalises it).
+- the speculators 0.9.0 wheel (github.com/vllm-project/speculators): `config.py`
+  (`speculators_config` with `algorithm`, `proposal_methods`, `default_proposal_method`,
+  `verifier.name_or_path` / `architectures`), `proposals/greedy.py` (`proposal_type: "greedy"`,
+  `speculative_tokens`), `models/eagle3/config.py` (`transformer_layer_config`, which defaults to
+  a Qwen3 config, so `model_type` is written; `draft_vocab_size`; the flags `norm_before_residual`,
+  `norm_before_fc`, `fc_norm`, `norm_output`, all false for our head;
+  `eagle_aux_hidden_state_layer_ids`), `convert/eagle/eagle3_converter.py` (its own conversion from
+  the original layout: `midlayer.*` renamed `layers.0.*`, a LlamaConfig of the target's vocabulary)
+  and the first layer of `models/eagle3` (the residual is the raw feature unless
+  `norm_before_residual`: ours never normalises it).
 - vLLM: `transformers_utils/configs/speculators/base.py` and `algos.py` (`update_eagle3` reads the
   fields above; a missing `norm_before_residual` means true, so it is always written);
   `models/llama_eagle3.py` renames `midlayer.` to `layers.0.` when loading, and its aux layer ids
@@ -75,7 +79,9 @@ def save_speculators(
         "transformer_layer_config": _layer_config(config),
         "draft_vocab_size": len(head.draft_vocab),
         "norm_before_residual": False,  # Eagle3Layer.finish adds attention to the raw feature
-        "norm_before_fc": False,  # fc reads the target's hidden states as they are
+        "norm_before_fc": False,  # fc reads the target's hidden states as they are ...
+        "fc_norm": False,  # ... not normalised one by one either
+        "norm_output": False,  # chaining feeds back the layer's pre-norm output
         "eagle_aux_hidden_state_layer_ids": layers,
     }
     state = {_speculators_name(name): tensor for name, tensor in _eagle3_state(head).items()}

@@ -164,10 +164,12 @@ def _speculators(folder: Path, path: Path, target: Any) -> nn.Module:
             "heads only."
         )
     # vLLM treats a missing norm_before_residual as true (speculators/algos.py): so do we.
-    if raw.get("norm_before_residual", True) or raw.get("norm_before_fc", False):
+    flags = [name for name in ("norm_before_fc", "fc_norm", "norm_output") if raw.get(name)]
+    flags = (["norm_before_residual"] if raw.get("norm_before_residual", True) else []) + flags
+    if flags:
         raise ValueError(
-            f"{folder / 'config.json'}: this EAGLE-3 head normalises the feature before the residual "
-            "(norm_before_residual) or before fc (norm_before_fc); hf-specdec runs heads without either."
+            f"{folder / 'config.json'}: this EAGLE-3 head normalises its features in ways the original "
+            f"EAGLE-3 does not ({', '.join(flags)}); hf-specdec runs heads without them."
         )
     layer = raw.get("transformer_layer_config")
     if not isinstance(layer, dict):

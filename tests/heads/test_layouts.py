@@ -119,10 +119,20 @@ def test_our_eagle1_style_head_is_refused(tmp_path, layout):
     assert not (tmp_path / layout).exists()
 
 
-def test_a_speculators_head_normalising_before_the_residual_is_refused(tmp_path, target8):
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        ({"norm_before_residual": None}, "norm_before_residual"),  # vLLM reads a missing one as true
+        ({"norm_before_fc": True}, "norm_before_fc"),
+        ({"fc_norm": True}, "fc_norm"),
+        ({"norm_output": True}, "norm_output"),
+    ],
+)
+def test_a_speculators_head_normalising_otherwise_is_refused(tmp_path, target8, change, named):
     folder = save_speculators(eagle3_head(target8), tmp_path / "s", verifier="a/b", num_speculative_tokens=3)
     config = json.loads((folder / "config.json").read_text())
-    del config["norm_before_residual"]  # vLLM reads a missing one as true
+    for key, value in change.items():
+        config.pop(key) if value is None else config.update({key: value})
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="norm_before_residual"):
+    with pytest.raises(ValueError, match=f"in ways the original EAGLE-3 does not \\({named}\\)"):
         load_head(str(folder), target8)
