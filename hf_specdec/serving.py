@@ -52,6 +52,7 @@ class ServingPlan:
         draft: the draft model or head the engine loads (a local folder or a Hub repo id), if any.
         head: an EAGLE-3 head module to write into the engine's layout (our own format, converted).
         measure: the `speculative=` dict whose adaptive run measures the draft length.
+        target: the target, when the plan had to load it (a head is checked against it).
         ngram: (min, max) n-gram sizes, for prompt lookup.
         caveats: what differs between our run and the engine's.
     """
@@ -61,6 +62,7 @@ class ServingPlan:
     draft: str | None = None
     head: Any = None
     measure: dict[str, Any] = field(default_factory=dict)
+    target: Any = None
     ngram: tuple[int, int] | None = None
     caveats: list[str] = field(default_factory=list)
 
@@ -279,6 +281,7 @@ def _plan_local_head(model: str, folder: Path, options: dict[str, Any]) -> Servi
             {"vllm": "eagle3", "sglang": "EAGLE3"},
             head=loaded,
             measure=measure,
+            target=target,
             caveats=_not_carried(options),
         )
     if not (folder / CONFIG_NAME).is_file():  # a published EAGLE-1/2 folder: the engines read it as is
@@ -287,6 +290,7 @@ def _plan_local_head(model: str, folder: Path, options: dict[str, Any]) -> Servi
             {"vllm": "eagle", "sglang": "EAGLE"},
             draft=str(folder),
             measure=measure,
+            target=target,
             caveats=_not_carried(options),
         )
     from .heads.layouts import check_layout
@@ -437,7 +441,7 @@ def _draft_length(
             f"num_speculative_tokens {k} is the median draft length our adaptive policy verified for "
             f"{plan.method} in the benchmark {from_bench}; the engine drafts that fixed length."
         )
-    counts, where = measure_draft_length(model, plan.measure)
+    counts, where = measure_draft_length(model, plan.measure, target=plan.target)
     k = median_draft_length(*counts)
     return k, (
         f"num_speculative_tokens {k} is the median draft length our adaptive policy verified on "
@@ -460,16 +464,22 @@ def median_draft_length(speculative_steps: int, position_drafted: list[int]) -> 
 
 
 def measure_draft_length(
-    model: str, speculative: dict[str, Any], *, prompts: int = 3, max_new_tokens: int = 48
+    model: str,
+    speculative: dict[str, Any],
+    *,
+    target: Any = None,
+    prompts: int = 3,
+    max_new_tokens: int = 48,
 ) -> tuple[tuple[int, list[int]], str]:
-    """Run `speculative` (with `num_draft_tokens="auto"`) greedily on `prompts` built-in prompts and
-    return the counters `median_draft_length` reads, and where they were measured."""
+    """Run `speculative` (with `num_draft_tokens="auto"`) greedily on `prompts` built-in prompts with
+    `model` (`target`: the model already loaded from it) and return the counters
+    `median_draft_length` reads, and where they were measured."""
     from transformers import AutoTokenizer
 
     from .bench.suites import builtin_suite_path, load_prompt_file, take_per_category
     from .stats import SpeculativeStats
 
-    target = _load_target(model)
+    target = target if target is not None else _load_target(model)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model)
     except (OSError, ValueError) as err:

@@ -210,16 +210,26 @@ def test_auto_length_from_bench_results(models, tmp_path):
         export_serving(str(models / "target"), "vllm", draft=str(models / "draft"), from_bench=bench)
 
 
-def test_auto_length_is_measured_with_the_adaptive_policy(tmp_path, smollm2_path):
+@pytest.mark.parametrize("method", ["draft_model", "eagle3-head"])
+def test_auto_length_is_measured_with_the_adaptive_policy(tmp_path, smollm2_path, method):
     """A tiny random target with SmolLM2's tokenizer: the built-in prompts run in seconds."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
     folder = tmp_path / "tiny-with-tokenizer"
-    tiny_llama(0, vocab_size=len(tokenizer), eos_token_id=None).save_pretrained(folder)
+    target = tiny_llama(
+        0, vocab_size=len(tokenizer), layers=8 if method == "eagle3-head" else 2, eos_token_id=None
+    )
+    target.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    # The target drafts for itself: every draft is accepted, so the policy drafts while it explores.
-    result = export_serving(str(folder), "vllm", draft=str(folder), out=tmp_path / "o")
+    if method == "draft_model":  # the target drafts for itself: all accepted, so the policy drafts
+        source = dict(draft=str(folder))
+    else:  # a random head is rarely right, but the policy drafts while it explores
+        config = EagleHeadConfig.for_target(
+            target, variant="eagle3", feature_layers=[2, 4, 5], draft_vocab_size=64
+        )
+        source = dict(head=str(save_head(build_head(config, target), tmp_path / "head")))
+    result = export_serving(str(folder), "vllm", out=tmp_path / "o", **source)
     assert isinstance(result["num_draft_tokens"], int) and result["num_draft_tokens"] >= 1
     assert any("adaptive policy verified on 3 built-in prompts" in c for c in result["caveats"])
 
