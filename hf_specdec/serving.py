@@ -13,8 +13,9 @@ Names checked against the engines' sources (the versions below):
   path, so it is always written. CLI `vllm serve TARGET --speculative-config JSON`.
 - SGLang 0.5.23 `python/sglang/srt/server_args.py` (`ServerArgs`): `speculative_algorithm`
   (EAGLE, EAGLE3, STANDALONE, NGRAM), `speculative_draft_model_path`, `speculative_num_steps`,
-  `speculative_eagle_topk`, `speculative_num_draft_tokens`, `speculative_ngram_min_match_window_size`,
-  `speculative_ngram_max_match_window_size`; launched with `python -m sglang.launch_server`.
+  `speculative_eagle_topk`, `speculative_num_draft_tokens` (NGRAM and EAGLE chains count the
+  last verified token as the root: "[root + up to L-1 continuation tokens]" in the ngram worker);
+  launched with `python -m sglang.launch_server`.
 - Head layouts: see `hf_specdec/heads/layouts.py`.
 """
 
@@ -157,11 +158,6 @@ def _plan_ngram(model: str, draft: Source, head: Source, options: Options) -> Se
         {"vllm": "ngram", "sglang": "NGRAM"},
         measure={"method": "ngram", "options": options},
         ngram=(config.min_ngram, config.max_ngram),
-        caveats=[
-            "Prompt lookup in the engine matches n-grams of "
-            f"{config.min_ngram}..{config.max_ngram} tokens as ours does; which earlier occurrence it "
-            "continues from may differ, so acceptance may differ a little."
-        ],
     )
 
 
@@ -327,6 +323,10 @@ def _render_vllm(model: str, plan: ServingPlan, k: int, out: Path | None) -> dic
     config["num_speculative_tokens"] = k
     if plan.ngram is not None:
         config["prompt_lookup_max"], config["prompt_lookup_min"] = plan.ngram[1], plan.ngram[0]
+        caveats.append(
+            f"vLLM's prompt lookup matches n-grams of {plan.ngram[0]}..{plan.ngram[1]} tokens as ours does; "
+            "which earlier occurrence it continues from may differ, so acceptance may differ a little."
+        )
     caveats.append(
         "vLLM verifies with its own kernels and batching: its greedy output equals plain vLLM's up to "
         "floating-point near-ties, and may differ from hf-specdec's at such ties."
@@ -354,9 +354,13 @@ def _render_sglang(model: str, plan: ServingPlan, k: int, out: Path | None) -> d
     if draft is not None:
         command += ["--speculative-draft-model-path", draft]
     if plan.ngram is not None:
-        command += ["--speculative-ngram-min-match-window-size", str(plan.ngram[0])]
-        command += ["--speculative-ngram-max-match-window-size", str(plan.ngram[1])]
-        caveats.append("SGLang runs NGRAM speculation on CUDA only.")
+        # The --speculative-ngram-{min,max}-match-window-size flags of earlier releases are gone from
+        # later ones (their ServerArgs keep only bfs breadths, match type and max_trie_depth): a
+        # flag the installed release lacks stops the server, so our n-gram sizes are not written.
+        caveats.append(
+            "SGLang runs NGRAM speculation on CUDA only, matching suffixes in its own trie with its "
+            f"defaults: our n-gram sizes ({plan.ngram[0]}..{plan.ngram[1]}) are not carried over."
+        )
     else:  # a chain of k drafts: k steps, one candidate each
         command += ["--speculative-num-steps", str(k), "--speculative-eagle-topk", "1"]
     command += ["--speculative-num-draft-tokens", str(k + 1)]
