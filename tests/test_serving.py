@@ -304,3 +304,12 @@ def test_options_the_engines_lack_are_named_in_the_caveats(models):
     assert "Options threads=2 have no equivalent" in " ".join(result["caveats"])
     with pytest.raises(ValueError, match="Unknown option\\(s\\) \\['max_ngram'\\] for DraftModelConfig"):
         export_serving(str(models / "target"), "vllm", draft=str(models / "draft"), options={"max_ngram": 3})
+
+
+@pytest.mark.parametrize("engine, expected", [("vllm", "eagle"), ("sglang", "EAGLE")])
+def test_a_published_eagle1_folder_is_served_as_it_is(models, tmp_path, engine, expected):
+    from .heads.test_published import write_eagle1
+
+    folder = write_eagle1(tmp_path / "eagle1", tiny_llama(0), weights="model.safetensors", bias=False)
+    result = export_serving(str(models / "target"), engine, head=str(folder), num_draft_tokens=3)
+    assert (result["engine_method"], result["draft"]) == (expected, str(folder))
