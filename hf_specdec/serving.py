@@ -109,6 +109,8 @@ def export_serving(
     plan = planner(model, draft, head, options)
     if reason:
         plan.caveats.insert(0, reason)
+    if plan.head is not None and out is None:
+        raise ValueError("Exporting a head converted to the engine's layout needs an output folder (out=).")
     k, note = _draft_length(model, plan, num_draft_tokens, from_bench)
     if note:
         plan.caveats.append(note)
@@ -405,8 +407,7 @@ def _write_head(head: Any, layout: str, model: str, k: int, out: Path | None) ->
     """Write `head` in `layout` under `out`; returns its folder and a note on it."""
     from .heads.layouts import save_eagle3, save_speculators
 
-    if out is None:
-        raise ValueError("Exporting a head converted to the engine's layout needs an output folder (out=).")
+    assert out is not None  # export_serving checked it before measuring anything
     folder = out / HEAD_FOLDER
     if layout == "speculators":
         verifier = _hub_origin(model)
