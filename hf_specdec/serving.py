@@ -481,7 +481,7 @@ def measure_draft_length(
     `median_draft_length` reads, and where they were measured."""
     from transformers import AutoTokenizer
 
-    from .bench.suites import builtin_suite_path, load_prompt_file, take_per_category
+    from .bench.suites import builtin_suite_path, encode_prompt, load_prompt_file, take_per_category
     from .stats import SpeculativeStats
 
     target = target if target is not None else _load_target(model)
@@ -495,7 +495,7 @@ def measure_draft_length(
     stats = SpeculativeStats()
     chosen = take_per_category(load_prompt_file(builtin_suite_path()), 1)[:prompts]
     for prompt in chosen:
-        inputs = _encode(tokenizer, prompt.text, raw=prompt.raw)
+        inputs = encode_prompt(tokenizer, prompt.text, raw=prompt.raw)
         out = target.generate(
             **inputs,
             do_sample=False,
@@ -597,14 +597,3 @@ def _registry_head(name: str) -> dict[str, Any] | None:
     from .selection import registry_heads
 
     return next((entry for entry in registry_heads() if entry["head"].lower() == name.lower()), None)
-
-
-def _encode(tokenizer: Any, text: str, *, raw: bool) -> Any:
-    if tokenizer.chat_template and not raw:
-        return tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}],
-            add_generation_prompt=True,
-            return_tensors="pt",
-            return_dict=True,
-        )
-    return tokenizer(text, return_tensors="pt")

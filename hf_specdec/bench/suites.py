@@ -8,6 +8,7 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # Spec-Bench's first 80 questions are MT-bench's; Spec-Bench reports them as one category.
 _MT_BENCH_CATEGORIES = {
@@ -31,6 +32,19 @@ class Prompt:
     category: str
     text: str
     raw: bool = False
+
+
+def encode_prompt(tokenizer: Any, text: str, *, raw: bool = False) -> Any:
+    """Model inputs (`input_ids`, `attention_mask`, batch of one) for `text` as a user turn of the
+    tokenizer's chat template, or as plain text when it has none or the prompt is `raw`."""
+    if tokenizer.chat_template and not raw:
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}],
+            add_generation_prompt=True,
+            return_tensors="pt",
+            return_dict=True,
+        )
+    return tokenizer(text, return_tensors="pt")
 
 
 def data_dir() -> Path:

@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import hf_specdec
+    from hf_specdec.bench.suites import encode_prompt
 
     path = args.model or hf_specdec.demo_model_path()
     print(f"Loading {path}")
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
             method="draft_model", draft=draft, draft_tokenizer=draft_tokenizer
         )
 
-    warm = _encode(tokenizer, "Hello!")
+    warm = encode_prompt(tokenizer, "Hello!")
     model.generate(**warm, max_new_tokens=4, do_sample=False)
 
     plain_tokens = spec_tokens = 0
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     stats = hf_specdec.SpeculativeStats()
     all_identical = True
     for i, prompt in enumerate(DEMO_PROMPTS, 1):
-        inputs = _encode(tokenizer, prompt)
+        inputs = encode_prompt(tokenizer, prompt)
         # plain, speculative, speculative, plain: drift in machine load cancels out of the ratio.
         t_plain = t_spec = 0.0
         for order in ("plain", "spec", "spec", "plain"):
@@ -107,14 +108,3 @@ def run(args: argparse.Namespace) -> int:
         f"Outputs identical to plain greedy generate: {'yes' if all_identical else 'NO'}"
     )
     return 0 if all_identical else 1
-
-
-def _encode(tokenizer, prompt: str):
-    if tokenizer.chat_template:
-        return tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}],
-            add_generation_prompt=True,
-            return_tensors="pt",
-            return_dict=True,
-        )
-    return tokenizer(prompt, return_tensors="pt")
