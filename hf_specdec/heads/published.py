@@ -265,8 +265,12 @@ def _llama_shape(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
 
 
 def _rope(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """HF `rope_parameters` for the reference's `rope_theta` (10000 when absent) and `rope_scaling`."""
+    """HF `rope_parameters` for the reference's `rope_theta` (10000 when absent) and `rope_scaling`,
+    or the config's own `rope_parameters` (configs saved by transformers 5, as speculators' are)."""
     theta = float(raw.get("rope_theta", 10000.0))
+    given = raw.get("rope_parameters")
+    if isinstance(given, dict) and given:
+        return {"rope_type": "default", "rope_theta": theta, **given}
     scaling = raw.get("rope_scaling")
     if not scaling:
         return {"rope_type": "default", "rope_theta": theta}

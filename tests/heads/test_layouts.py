@@ -136,3 +136,14 @@ def test_a_speculators_head_normalising_otherwise_is_refused(tmp_path, target8, 
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=f"in ways the original EAGLE-3 does not \\({named}\\)"):
         load_head(str(folder), target8)
+
+
+def test_a_speculators_head_saved_by_transformers_5_keeps_its_rope(tmp_path, target8):
+    """transformers 5 writes `rope_parameters` instead of the legacy `rope_theta` / `rope_scaling`."""
+    folder = save_speculators(eagle3_head(target8), tmp_path / "s", verifier="a/b", num_speculative_tokens=3)
+    config = json.loads((folder / "config.json").read_text())
+    layer = config["transformer_layer_config"]
+    del layer["rope_theta"], layer["rope_scaling"]
+    layer["rope_parameters"] = {"rope_type": "default", "rope_theta": 500000.0}
+    (folder / "config.json").write_text(json.dumps(config))
+    assert load_head(str(folder), target8).config.rope_parameters["rope_theta"] == 500000.0
