@@ -6,16 +6,20 @@ turns it into the command line, and for vLLM the `speculative_config` dict and a
 
 Names checked against the engines' sources (the versions below):
 
-- vLLM 0.33 `vllm/config/speculative.py`: `SpeculativeConfig` keys `method`, `model`,
-  `num_speculative_tokens` (> 0), `prompt_lookup_min`, `prompt_lookup_max`; `SpeculativeMethod` =
-  ngram, medusa, mlp_speculator, draft_model, suffix, eagle, eagle3, MTP types (Medusa is gone in
-  0.33, per its release notes; 0.32 still has it). Without `method`, vLLM guesses from the draft's
-  path, so it is always written. CLI `vllm serve TARGET --speculative-config JSON`.
-- SGLang 0.5.23 `python/sglang/srt/server_args.py` (`ServerArgs`): `speculative_algorithm`
-  (EAGLE, EAGLE3, STANDALONE, NGRAM), `speculative_draft_model_path`, `speculative_num_steps`,
-  `speculative_eagle_topk`, `speculative_num_draft_tokens` (NGRAM and EAGLE chains count the
-  last verified token as the root: "[root + up to L-1 continuation tokens]" in the ngram worker);
-  launched with `python -m sglang.launch_server`.
+- vLLM's repository, `vllm/config/speculative.py`: `SpeculativeConfig` keys `method`, `model`,
+  `num_speculative_tokens` (> 0), `prompt_lookup_min`, `prompt_lookup_max`; `SpeculativeMethod`
+  literals ngram, draft_model, suffix, eagle, eagle3, MTP types. That Medusa is gone from the 0.33.0
+  wheel (0.32 keeps it) and that a missing `method` is guessed from the draft's path (so it is
+  always written) are the facts gathered in issue 15 from the released wheels, not re-checked here.
+  CLI `vllm serve TARGET --speculative-config JSON`.
+- the sglang 0.5.23 wheel, `sglang/srt/arg_groups/fields/spec.py` and `fields/model.py` (the
+  `ServerArgs` fields; the CLI flag is the field name with dashes): `model_path`,
+  `speculative_algorithm` (builtins EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, ...),
+  `speculative_draft_model_path`, `speculative_num_steps`,
+  `speculative_eagle_topk`, `speculative_num_draft_tokens` (the verify width: `ngram_worker.py`
+  feeds that many tokens a request from its sequence length on, the first being the last sampled
+  token, so k drafts are k + 1); no n-gram size flags (earlier releases' match-window flags are
+  gone). Launched with `python -m sglang.launch_server`.
 - Head layouts: see `hf_specdec/heads/layouts.py`.
 """
 
@@ -356,9 +360,9 @@ def _render_sglang(model: str, plan: ServingPlan, k: int, out: Path | None) -> d
     if draft is not None:
         command += ["--speculative-draft-model-path", draft]
     if plan.ngram is not None:
-        # The --speculative-ngram-{min,max}-match-window-size flags of earlier releases are gone from
-        # later ones (their ServerArgs keep only bfs breadths, match type and max_trie_depth): a
-        # flag the installed release lacks stops the server, so our n-gram sizes are not written.
+        # Earlier releases had --speculative-ngram-{min,max}-match-window-size; 0.5.23 has not (its
+        # NGRAM fields: bfs breadths, match type, max_trie_depth), and an unknown flag stops the
+        # server, so our n-gram sizes are not written.
         caveats.append(
             "SGLang runs NGRAM speculation on CUDA only, matching suffixes in its own trie with its "
             f"defaults: our n-gram sizes ({plan.ngram[0]}..{plan.ngram[1]}) are not carried over."

@@ -18,9 +18,12 @@ reads both back. Checked against:
   fields above; a missing `norm_before_residual` means true, so it is always written);
   `models/llama_eagle3.py` renames `midlayer.` to `layers.0.` when loading, and its aux layer ids
   index the input of decoder layer i, as `output_hidden_states` does (our `feature_layers`).
-- SGLang: `LlamaForCausalLMEagle3` takes `d2t` as hot-token offsets; explicit aux layer ids come
-  from `config.eagle_config.eagle_aux_hidden_state_layer_ids` and capture the *output* of layer i
-  (`set_eagle3_layers_to_capture` adds 1), one less than ours.
+- the sglang 0.5.23 wheel: `models/llama_eagle3.py` (`LlamaForCausalLMEagle3` maps `midlayer` to
+  `layers.0` and takes `d2t` as hot-token offsets, `hot_token_id = d2t + arange`);
+  `model_executor/model_runner_components/spec_aux_hidden_state.py` reads explicit aux layer ids
+  from `config.eagle_config["eagle_aux_hidden_state_layer_ids"]` only, and `models/llama.py`
+  (`set_eagle3_layers_to_capture`) adds 1 to them: they name the layer whose *output* is read, one
+  less than ours.
 
 Only `Eagle3Head` maps onto these layouts. Our own EAGLE-1-style head (`EagleHead`: the target's
 last layer and LM head, optionally RMS-normalised inputs) would draft differently there, so it is
