@@ -212,7 +212,7 @@ def _plan_onnx(model: str, draft: Source, head: Source, options: Options) -> Ser
 def _plan_quantized(model: str, draft: Source, head: Source, options: Options) -> ServingPlan:
     raise ServingExportError(
         "method 'quantized' drafts with an int8 copy of the target itself, which neither vLLM nor SGLang "
-        "does (on a GPU such a draft costs nearly as much as the target). Export --method ngram, "
+        "offers (their drafts are separate, smaller models or trained heads). Export --method ngram, "
         "--method draft_model --draft <a small model with the target's tokenizer>, or an EAGLE-3 head "
         "(--head DIR) instead."
     )
