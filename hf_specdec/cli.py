@@ -8,7 +8,7 @@ import sys
 
 # Each module in hf_specdec/commands/ defines `register(subparsers)` that adds one sub-command
 # whose parser sets `func` to a callable taking the parsed args and returning an exit code.
-_COMMANDS = ("bench", "demo", "export_onnx", "select", "train_draft")
+_COMMANDS = ("bench", "demo", "export_onnx", "export_serving", "select", "train_draft")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -154,6 +154,11 @@ def _registry() -> dict[str, dict[str, Any]]:
     return table
 
 
+def registry_heads() -> list[dict[str, Any]]:
+    """Every `[[head]]` entry of the registry: targets, method, head, layout, source."""
+    return list(_registry_data().get("head", []))
+
+
 def known_heads(repo_id: str, method: str | None = None) -> list[dict[str, str]]:
     """Published draft heads the registry lists for `repo_id` (of `method` only, when given), in
     registry order; each is {"method", "head", "layout", "source"}."""

@@ -234,7 +234,7 @@ def _rows(
 
 
 def _split_tree(label: str) -> tuple[str, bool]:
-    """"ngram+tree" is method ngram drafting trees (`SpeculativeConfig(tree=True)`)."""
+    """ "ngram+tree" is method ngram drafting trees (`SpeculativeConfig(tree=True)`)."""
     return (label[: -len(TREE_SUFFIX)], True) if label.endswith(TREE_SUFFIX) else (label, False)
 
 

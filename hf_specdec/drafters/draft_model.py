@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from ..devices import execution_device
 from ..tokenizer_check import compare_tokenizers_once
 from .base import Drafter, options_to_config
 from .decoder import DecoderDrafter, TorchDecoder
@@ -44,9 +45,10 @@ _LOADED: dict[tuple[str, torch.dtype, str], tuple[Any, Any]] = {}
 
 def load_draft(name: str, target: PreTrainedModel) -> tuple[PreTrainedModel, Any]:
     """Load a draft model and its tokenizer with the target's dtype and device (cached)."""
-    key = (str(name), target.dtype, str(target.device))
+    device = execution_device(target)  # not `target.device`: `meta` when device_map offloads its weights
+    key = (str(name), target.dtype, str(device))
     if key not in _LOADED:
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=target.dtype).to(target.device).eval()
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=target.dtype).to(device).eval()
         try:
             tokenizer = AutoTokenizer.from_pretrained(name)
         except (OSError, ValueError):
@@ -111,7 +113,7 @@ class DraftModelDrafter(DecoderDrafter):
             if tokenizer is None and draft_tokenizer is not None:
                 tokenizer = _local_tokenizer(target)
             check_compatible(target, tokenizer, draft, draft_tokenizer)
-        return cls(TorchDecoder(draft), options.min_confidence, target.device)
+        return cls(TorchDecoder(draft), options.min_confidence, execution_device(target))
 
 
 def _local_tokenizer(model: PreTrainedModel) -> Any:

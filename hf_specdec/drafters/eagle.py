@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from transformers import DynamicCache
 
+from ..devices import execution_device
 from ..draft import Draft, DraftRequest
 from ..heads.checkpoint import load_head
 from ..kv import RaggedKV
@@ -48,7 +49,7 @@ class EagleDrafter(Drafter):
     def from_config(cls, config: SpeculativeConfig, target: PreTrainedModel, tokenizer: Any) -> Drafter:
         head = load_head(head_source(config, cls.name), target, method=cls.name)
         options = options_to_config(HeadDrafterConfig, config.options)
-        return cls(head, options, target.config.get_text_config().vocab_size, target.device)
+        return cls(head, options, target.config.get_text_config().vocab_size, execution_device(target))
 
     @torch.no_grad()
     def propose(self, request: DraftRequest) -> Draft:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ..devices import execution_device
 from ..ort.session import OnnxDecoder
 from .base import options_to_config
 from .decoder import DecoderDrafter
@@ -59,11 +60,11 @@ class OnnxDrafter(DecoderDrafter):
         decoder = load_decoder(config.draft, options, target)
         if not options.tokenizer_verified:
             check_compatible(target, tokenizer, decoder, config.draft_tokenizer or decoder.tokenizer)
-        return cls(decoder, options.min_confidence, target.device)
+        return cls(decoder, options.min_confidence, execution_device(target))
 
 
 def load_decoder(folder: str | Path, options: OnnxDraftConfig, target: PreTrainedModel) -> OnnxDecoder:
     """The session of `folder`'s decoder, on the target's kind of device unless `options` say otherwise."""
     return OnnxDecoder.load(
-        folder, options.provider, options.threads, prefer_cuda=target.device.type == "cuda"
+        folder, options.provider, options.threads, prefer_cuda=execution_device(target).type == "cuda"
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ..devices import execution_device
 from ..ort.cache import quantized_copy
 from .base import options_to_config
 from .onnx import OnnxDraftConfig, OnnxDrafter, load_decoder
@@ -28,4 +29,4 @@ class QuantizedDrafter(OnnxDrafter):
     ) -> QuantizedDrafter:
         options = options_to_config(OnnxDraftConfig, config.options)
         folder = quantized_copy(target, tokenizer)
-        return cls(load_decoder(folder, options, target), options.min_confidence, target.device)
+        return cls(load_decoder(folder, options, target), options.min_confidence, execution_device(target))

@@ -18,6 +18,7 @@ from huggingface_hub.errors import (
 )
 from torch import nn
 
+from ..devices import execution_device
 from ..hub import hub_endpoint, hub_offline
 from .eagle import EagleHeadConfig
 from .io import CONFIG_NAME, VARIANTS, WEIGHTS_NAME, build_head, check_head_matches, load_state, read_weights
@@ -46,7 +47,7 @@ def load_head(source: Any, target: Any, method: str | None = None) -> nn.Module:
             f"{source!r} is a {kind} head, not a {method} head: use SpeculativeConfig(method={kind!r})."
         )
     check_head_matches(head.config, target, source)
-    return head.to(device=target.device).eval()
+    return head.to(device=execution_device(target)).eval()
 
 
 def _load_ours(folder: Path, target: Any) -> nn.Module:

@@ -19,6 +19,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from transformers.utils import ModelOutput
 
+from ..devices import module_weight
 from .layers import DecoderLayer, RMSNorm, vocab_rows
 
 
@@ -143,7 +144,7 @@ class EagleHead(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [.., draft_vocab] of predicted features: the target's LM head, subset rows only."""
         if self._lm_weight is None or self._lm_weight.device != hidden.device:
-            weight = self._target_parts[1].weight.detach()
+            weight = module_weight(self._target_parts[1])  # also when device_map offloaded it
             self._lm_weight = vocab_rows(weight, self.draft_vocab).to(hidden.device)
         return hidden.to(self._lm_weight.dtype) @ self._lm_weight.T
 

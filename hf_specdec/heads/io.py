@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from ..devices import execution_device
 from .eagle import EagleHead, EagleHeadConfig
 from .eagle3 import Eagle3Head
 from .medusa import MedusaHead, MedusaHeadConfig
@@ -58,7 +59,7 @@ def build_head(config: EagleHeadConfig | MedusaHeadConfig, target: Any) -> nn.Mo
             )
     else:
         head = MedusaHead(config, target.get_output_embeddings())
-    return head.to(device=target.device, dtype=target.dtype)
+    return head.to(device=execution_device(target), dtype=target.dtype)
 
 
 def _check_eagle3_layers(config: EagleHeadConfig, num_layers: int) -> None:

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..devices import module_weight
 from .layers import is_whole_vocab, vocab_rows
 
 
@@ -108,6 +109,6 @@ class MedusaHead(nn.Module):
 
     def _weight(self, hidden: torch.Tensor) -> torch.Tensor:
         if self._lm_weight is None or self._lm_weight.device != hidden.device:
-            weight = self._target_lm_head[0].weight.detach()
+            weight = module_weight(self._target_lm_head[0])  # also when device_map offloaded it
             self._lm_weight = vocab_rows(weight, self.draft_vocab).to(hidden.device, hidden.dtype)
         return self._lm_weight

@@ -6,6 +6,10 @@
   cat(token embedding, feature), `layers.0.*` (no input norm) and the embedding, which we ignore.
 - EAGLE-3 (same repo, `eagle/model/cnets.py`; e.g. `yuhuili/EAGLE3-LLaMA3.1-Instruct-8B`): the
   same files, holding `fc` over three target layers, `midlayer.*`, `norm`, `lm_head` and `d2t`.
+- speculators (github.com/vllm-project/speculators, what `vllm serve DIR` loads; written by
+  `heads/layouts.py`): `config.json` with `speculators_model_type: "eagle3"`, the layer's config under
+  `transformer_layer_config`, and `model.safetensors` with the EAGLE-3 tensors, `layers.0.*` for
+  `midlayer.*`.
 - Medusa (github.com/FasterDecoding/Medusa, `medusa/model/medusa_model.py`; e.g.
   `FasterDecoding/medusa-vicuna-7b-v1.3`): `config.json` with `medusa_num_heads`,
   `medusa_num_layers` and `medusa_lm_head.safetensors` or `.pt` holding, for head i,
@@ -44,6 +48,8 @@ def load_published(folder: Path, target: Any) -> nn.Module:
         return _medusa(folder, medusa, target)
     eagle = _first(folder, EAGLE_WEIGHTS)
     if eagle is not None and (folder / "config.json").is_file():
+        if "speculators_model_type" in _read_config(folder):
+            return _speculators(folder, eagle, target)
         state = read_weights(eagle)
         if any(name.startswith("midlayer.") for name in state):
             return _eagle3(folder, eagle, state, target)
@@ -91,8 +97,10 @@ def _eagle1(folder: Path, path: Path, state: dict[str, torch.Tensor], target: An
 # --- EAGLE-3 ----------------------------------------------------------------------------------
 
 
-def _eagle3(folder: Path, path: Path, state: dict[str, torch.Tensor], target: Any) -> nn.Module:
-    raw = _read_config(folder)
+def _eagle3(
+    folder: Path, path: Path, state: dict[str, torch.Tensor], target: Any, raw: dict[str, Any] | None = None
+) -> nn.Module:
+    raw = _read_config(folder) if raw is None else raw
     text = target.config.get_text_config()
     shape = _llama_shape(raw, folder)
     if raw.get("target_hidden_size", shape["hidden_size"]) != shape["hidden_size"]:
@@ -130,10 +138,12 @@ def _eagle3(folder: Path, path: Path, state: dict[str, torch.Tensor], target: An
 
 def _eagle3_layers(raw: dict[str, Any], num_layers: int, folder: Path) -> tuple[int, ...]:
     """Target layers the head reads: the config's (vLLM's `eagle_aux_hidden_state_layer_ids`, same
-    indexing: the input of decoder layer i), else the reference's 2, L // 2, L - 3."""
-    given = raw.get("eagle_aux_hidden_state_layer_ids") or (raw.get("eagle_config") or {}).get(
-        "eagle_aux_hidden_state_layer_ids"
-    )
+    indexing: the input of decoder layer i; SGLang's `eagle_config` ids name the layer whose output
+    is read, one less), else the reference's 2, L // 2, L - 3."""
+    given = raw.get("eagle_aux_hidden_state_layer_ids")
+    sglang = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if not given and sglang:
+        given = [i + 1 for i in sglang]  # SGLang's set_eagle3_layers_to_capture adds 1 likewise
     layers = tuple(sorted(set(given))) if given else default_feature_layers(num_layers)
     if len(layers) != 3 or min(layers) < 0 or max(layers) > num_layers:
         raise ValueError(
@@ -142,6 +152,40 @@ def _eagle3_layers(raw: dict[str, Any], num_layers: int, folder: Path) -> tuple[
             "in its config.json."
         )
     return layers
+
+
+def _speculators(folder: Path, path: Path, target: Any) -> nn.Module:
+    """A speculators-format EAGLE-3 head (vLLM's layout), as the original layout's config and names."""
+    raw = _read_config(folder)
+    kind = raw.get("speculators_model_type")
+    if kind != "eagle3":
+        raise ValueError(
+            f"{folder / 'config.json'}: a speculators {kind!r} model; hf-specdec reads speculators EAGLE-3 "
+            "heads only."
+        )
+    # vLLM treats a missing norm_before_residual as true (speculators/algos.py): so do we.
+    flags = [name for name in ("norm_before_fc", "fc_norm", "norm_output") if raw.get(name)]
+    flags = (["norm_before_residual"] if raw.get("norm_before_residual", True) else []) + flags
+    if flags:
+        raise ValueError(
+            f"{folder / 'config.json'}: this EAGLE-3 head normalises its features in ways the original "
+            f"EAGLE-3 does not ({', '.join(flags)}); hf-specdec runs heads without them."
+        )
+    layer = raw.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise ValueError(f"{folder / 'config.json'} has no transformer_layer_config: not a speculators head.")
+    verifier = ((raw.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path") or ""
+    flat = {
+        **layer,
+        "draft_vocab_size": raw.get("draft_vocab_size"),
+        "eagle_aux_hidden_state_layer_ids": raw.get("eagle_aux_hidden_state_layer_ids"),
+        "_name_or_path": verifier,
+    }
+    state = {
+        "midlayer." + name.removeprefix("layers.0.") if name.startswith("layers.0.") else name: tensor
+        for name, tensor in read_weights(path).items()
+    }
+    return _eagle3(folder, path, state, target, flat)
 
 
 # --- Medusa -----------------------------------------------------------------------------------
@@ -221,8 +265,12 @@ def _llama_shape(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
 
 
 def _rope(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """HF `rope_parameters` for the reference's `rope_theta` (10000 when absent) and `rope_scaling`."""
+    """HF `rope_parameters` for the reference's `rope_theta` (10000 when absent) and `rope_scaling`,
+    or the config's own `rope_parameters` (configs saved by transformers 5, as speculators' are)."""
     theta = float(raw.get("rope_theta", 10000.0))
+    given = raw.get("rope_parameters")
+    if isinstance(given, dict) and given:
+        return {"rope_type": "default", "rope_theta": theta, **given}
     scaling = raw.get("rope_scaling")
     if not scaling:
         return {"rope_type": "default", "rope_theta": theta}

@@ -1,0 +1,90 @@
+"""`hf-specdec export-serving MODEL --engine vllm|sglang --out DIR`: serve the same speculation at scale."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+METHODS = ("auto", "ngram", "draft_model", "eagle", "medusa", "onnx", "quantized")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "export-serving",
+        help="write the vLLM or SGLang command that serves MODEL with the same speculation",
+        description="Map what speculative=... runs for MODEL onto vLLM's speculative_config or SGLang's "
+        "--speculative-* flags, write DIR/serving.json (command, config, caveats; a head converted to the "
+        "engine's layout beside it) and print the command.",
+    )
+    parser.add_argument("model", metavar="MODEL", help="the target: a Hub repo id or a local folder")
+    parser.add_argument("--engine", choices=["vllm", "sglang"], required=True)
+    parser.add_argument(
+        "--method", choices=METHODS, default="auto", help="default: what speculative=True picks for MODEL"
+    )
+    parser.add_argument("--draft", default=None, help="draft model (draft_model) or ONNX folder (onnx)")
+    parser.add_argument("--head", default=None, help="draft head folder (eagle), ours or published")
+    parser.add_argument(
+        "--num-draft-tokens",
+        default="auto",
+        help='tokens drafted per step, or "auto" (default): measured with the adaptive policy',
+    )
+    parser.add_argument(
+        "--from-bench", default=None, metavar="FILE", help="take the measured length from bench results.json"
+    )
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a drafter option, e.g. --option max_ngram=3 (repeatable)",
+    )
+    parser.add_argument("--out", required=True, help="folder for serving.json")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..serving import ServingExportError, command_line, export_serving
+
+    try:
+        result = export_serving(
+            args.model,
+            args.engine,
+            method=args.method,
+            draft=args.draft,
+            head=args.head,
+            num_draft_tokens=_draft_tokens(args.num_draft_tokens),
+            options=_options(args.option),
+            from_bench=args.from_bench,
+            out=args.out,
+        )
+    except (ServingExportError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(command_line(result))
+    for caveat in result["caveats"]:
+        print(f"note: {caveat}", file=sys.stderr)
+    print(f"Wrote {args.out}/serving.json", file=sys.stderr)
+    return 0
+
+
+def _draft_tokens(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise SystemExit(f'error: --num-draft-tokens must be an integer or "auto", got {value!r}') from None
+
+
+def _options(items: list[str]) -> dict[str, object]:
+    options: dict[str, object] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"error: --option takes KEY=VALUE, got {item!r}")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options

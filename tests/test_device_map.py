@@ -1,0 +1,77 @@
+"""Targets split by accelerate (`device_map=`) over "cpu" and "disk" speculate correctly.
+
+The embedding, the LM head and one of the two layers are offloaded to disk: their weights sit on the
+`meta` device and `model.device` is `meta`. Every method must still run where the model computes (the
+CPU here) and give plain greedy output; before, `draft_model` failed with torch's NotImplementedError
+for `nonzero()` on `meta`, and heads read the offloaded LM head's `meta` weight.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from hf_specdec.devices import execution_device
+from hf_specdec.heads.eagle import EagleHeadConfig
+from hf_specdec.heads.io import build_head, save_head
+from hf_specdec.heads.medusa import MedusaHeadConfig
+
+from .conftest import tiny_llama
+
+pytest.importorskip("accelerate")
+
+SPLIT = {
+    "model.embed_tokens": "disk",
+    "model.layers.0": "cpu",
+    "model.layers.1": "disk",
+    "model.norm": "cpu",
+    "model.rotary_emb": "cpu",
+    "lm_head": "disk",
+}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("device_map")
+    target = tiny_llama(0)
+    target.save_pretrained(root / "target")
+    draft = tiny_llama(0)  # the target with its last MLP perturbed: agrees with it most of the time
+    with torch.no_grad():
+        draft.model.layers[-1].mlp.down_proj.weight.mul_(0.7)
+    draft.save_pretrained(root / "draft")
+    torch.manual_seed(0)
+    save_head(build_head(EagleHeadConfig.for_target(target, input_norms=True), target), root / "eagle")
+    save_head(build_head(MedusaHeadConfig.for_target(target, num_heads=2), target), root / "medusa")
+    return root
+
+
+@pytest.fixture(scope="module")
+def offloaded(folders):
+    model = AutoModelForCausalLM.from_pretrained(
+        folders / "target", device_map=SPLIT, offload_folder=str(folders / "offload")
+    )
+    assert model.device.type == "meta" and model.lm_head.weight.device.type == "meta"  # really offloaded
+    return model
+
+
+def test_execution_device_of_a_split_model(offloaded):
+    assert execution_device(offloaded) == torch.device("cpu")
+    assert execution_device(tiny_llama(0)) == torch.device("cpu")
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model", "eagle", "medusa"])
+def test_every_method_gives_plain_greedy_output(folders, offloaded, method):
+    input_ids = torch.tensor([[1, 17, 42, 9, 33, 17, 42, 9]])
+    kwargs = dict(input_ids=input_ids, do_sample=False, max_new_tokens=16)
+    plain = offloaded.generate(**kwargs)
+    assert torch.equal(plain, tiny_llama(0).generate(**kwargs))  # the split model is the same model
+    draft = {"ngram": None, "draft_model": str(folders / "draft")}.get(method, str(folders / method))
+    out = offloaded.generate(
+        **kwargs,
+        speculative=dict(method=method, draft=draft, num_draft_tokens=3),
+        return_dict_in_generate=True,
+    )
+    assert torch.equal(out.sequences, plain)
+    if method != "ngram":  # a random prompt need not repeat; the others always draft
+        assert out.speculative_stats.drafted > 0
