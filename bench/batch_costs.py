@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 from batching import GROUNDED, OPEN, encode, load_prompts
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 import hf_specdec
+from hf_specdec.timing import clock
 
 
 def main() -> None:
@@ -53,14 +53,14 @@ def main() -> None:
     with torch.no_grad():
         for _ in range(args.rounds):
             cache = DynamicCache(config=model.config)
-            start = time.perf_counter()
+            start = clock(model.device)
             model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, logits_to_keep=1)
-            prefill.append(time.perf_counter() - start)
+            prefill.append(clock(model.device) - start)
             for w in widths:
                 tokens = torch.randint(100, 10_000, (args.batch, w))
                 step_mask = torch.cat([mask, torch.ones(args.batch, w, dtype=mask.dtype)], dim=1)
                 step_positions = positions[:, -1:] + torch.arange(1, w + 1)
-                start = time.perf_counter()
+                start = clock(model.device)
                 model(
                     input_ids=tokens,
                     attention_mask=step_mask,
@@ -68,7 +68,7 @@ def main() -> None:
                     cache=cache,
                     logits_to_keep=w,
                 )
-                step[w].append(time.perf_counter() - start)
+                step[w].append(clock(model.device) - start)
                 cache.crop(-w)
 
     p = statistics.median(prefill)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_specdec
+from hf_specdec.timing import clock
 
 SPECBENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "specbench" / "question.jsonl"
 GROUNDED = ("summarization", "rag")
@@ -61,10 +61,10 @@ def run_case(model, inputs, speculative, max_new_tokens: int, repeats: int) -> d
     plain = spec = None
     for _ in range(repeats):
         for kind in ("plain", "spec", "spec", "plain"):
-            start = time.perf_counter()
+            start = clock(model.device)
             if kind == "plain":
                 plain = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
-                plain_times.append(time.perf_counter() - start)
+                plain_times.append(clock(model.device) - start)
             else:
                 spec = model.generate(
                     **inputs,
@@ -73,7 +73,7 @@ def run_case(model, inputs, speculative, max_new_tokens: int, repeats: int) -> d
                     speculative=speculative,
                     return_dict_in_generate=True,
                 )
-                spec_times.append(time.perf_counter() - start)
+                spec_times.append(clock(model.device) - start)
     pad = model.generation_config.pad_token_id
     prompt_len = inputs["input_ids"].shape[1]
     plain_new = int((plain[:, prompt_len:] != pad).sum())
