@@ -102,8 +102,15 @@ class OnnxDecoder:
 
 
 # Loaded sessions by (folder, provider, threads, prefer_cuda): creating one takes seconds.
+# `clear_loaded()` (called by `hf_specdec.clear_cache()`) frees them.
 _LOADED: dict[tuple, OnnxDecoder] = {}
 _KEEP_LOADED = 2
+
+
+def clear_loaded() -> None:
+    """Forget the sessions `OnnxDecoder.load` keeps loaded (a session frees its device memory once
+    no drafter uses it either)."""
+    _LOADED.clear()
 
 
 def _check_layout(path: Path, inputs: dict[str, Any], outputs: dict[str, Any], num_layers: int) -> None:
