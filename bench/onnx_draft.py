@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -29,6 +28,7 @@ from hf_specdec.ort import export_onnx
 from hf_specdec.ort.cache import quantized_copy
 from hf_specdec.ort.kv import OrtKV
 from hf_specdec.ort.session import OnnxDecoder
+from hf_specdec.timing import clock
 
 
 def main() -> None:
@@ -126,12 +126,12 @@ def main() -> None:
 
 
 def _timed(model, inputs, settings, speculative):
-    start = time.perf_counter()
+    start = clock(model.device)
     if speculative is None:
         out = model.generate(**inputs, **settings)
     else:
         out = model.generate(**inputs, **settings, speculative=speculative, return_dict_in_generate=True)
-    return out, time.perf_counter() - start
+    return out, clock(model.device) - start
 
 
 def _greedy_agreement(folder: Path, sequence: torch.Tensor, prompt_len: int) -> tuple[int, int]:

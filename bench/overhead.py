@@ -21,14 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import hf_specdec
 from hf_specdec.loading import describe_runtime, runtime_line
-from hf_specdec.timing import synchronize
+from hf_specdec.timing import clock
 
 
 def tiny_llama(device: str) -> LlamaForCausalLM:
@@ -89,11 +88,9 @@ def main() -> None:
         taus[name] = None if stats is None else stats.mean_accepted_length
     for _ in range(args.repeats):
         for name, extra in cases.items():
-            synchronize(prompt.device)
-            start = time.perf_counter()
+            start = clock(prompt.device)
             model.generate(prompt, **common, **extra)
-            synchronize(prompt.device)
-            times[name].append((time.perf_counter() - start) / args.new_tokens * 1e3)
+            times[name].append((clock(prompt.device) - start) / args.new_tokens * 1e3)
     plain = statistics.median(times["plain"])
     runtime = describe_runtime(model)
     print(f"# Loop overhead, {runtime_line(runtime)}")

@@ -84,12 +84,12 @@ def main() -> None:
         outputs = {}
         for repeat in range(args.repeats + 1):  # the first round warms up
             for name, (m, extra) in rows.items():
-                prefill_start = clock("cpu")
+                prefill_start = clock(m.device)
                 m.generate(prompt, max_new_tokens=1, do_sample=False, **extra)
-                prefill = clock("cpu") - prefill_start
-                start = clock("cpu")
+                prefill = clock(m.device) - prefill_start
+                start = clock(m.device)
                 outputs[name] = m.generate(prompt, **common, **extra)
-                seconds = clock("cpu") - start - prefill  # decoding only: the prefill is the same
+                seconds = clock(m.device) - start - prefill  # decoding only: the prefill is the same
                 if repeat:
                     times[name].append(seconds / (args.new_tokens - 1) * 1e3)
         same = torch.equal(*(outputs[name] for name in list(rows)[:2]))

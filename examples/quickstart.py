@@ -3,12 +3,11 @@
 python examples/quickstart.py
 """
 
-import time
-
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_specdec  # adds `speculative=` to generate() and pipelines
 from hf_specdec.lossless import check_greedy
+from hf_specdec.timing import clock  # reads the clock once the device has done its work
 
 path = hf_specdec.demo_model_path()  # SmolLM2-135M-Instruct, built offline on first use
 tokenizer = AutoTokenizer.from_pretrained(path)
@@ -23,15 +22,15 @@ inputs = tokenizer.apply_chat_template(
     messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
 )
 
-start = time.perf_counter()
+start = clock(model.device)
 plain = model.generate(**inputs, max_new_tokens=64, do_sample=False)
-plain_s = time.perf_counter() - start
+plain_s = clock(model.device) - start
 
-start = time.perf_counter()
+start = clock(model.device)
 out = model.generate(
     **inputs, max_new_tokens=64, do_sample=False, speculative=True, return_dict_in_generate=True
 )
-spec_s = time.perf_counter() - start
+spec_s = clock(model.device) - start
 
 print(tokenizer.decode(out.sequences[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True))
 print(out.speculative_stats)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from .config import SpeculativeConfig
 from .drafters import DRAFTERS, register_drafter
 from .integration import install, uninstall
+from .memory import clear_cache
 from .models import demo_model_path
 from .output import SpeculativeGenerateOutput
 from .policy import AdaptiveDraftLength, FixedDraftLength
@@ -27,6 +28,7 @@ __all__ = [
     "SpeculativeConfig",
     "SpeculativeGenerateOutput",
     "SpeculativeStats",
+    "clear_cache",
     "demo_model_path",
     "install",
     "register_drafter",

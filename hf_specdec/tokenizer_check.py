@@ -81,3 +81,8 @@ def compare_tokenizers_once(target: Any, draft: Any) -> TokenizerCheck:
     with contextlib.suppress(TypeError):  # no weak references to it: checked every time
         _CHECKED[key] = (weakref.ref(target), weakref.ref(draft), check)
     return check
+
+
+def clear_checks() -> None:
+    """Forget the remembered outcomes of `compare_tokenizers_once`."""
+    _CHECKED.clear()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime
 import os
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ from ..loading import (
     use_chat_template,
 )
 from ..lossless import IDENTICAL, check_greedy, count_kinds
+from ..timing import clock
 from .result import PLAIN, BenchResult, Measurement
 from .suites import Prompt, load_prompt_file, load_suite, take_per_category
 
@@ -164,9 +164,9 @@ def _time_row(
     if generation["do_sample"]:
         torch.manual_seed(seed)
     try:
-        start = time.perf_counter()
+        start = clock(model.device)
         out = model.generate(**inputs, **generation, **row.kwargs)
-        measurement.seconds = time.perf_counter() - start
+        measurement.seconds = clock(model.device) - start
     except Exception as err:  # one failing row must not lose the others
         measurement.error = f"{type(err).__name__}: {err}"
         return measurement, None

@@ -3,8 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import time
 
+import hf_specdec  # the package: importing it adds `speculative=` to generate()
+
+from ..loading import (
+    describe_runtime,
+    encode_prompts,
+    load_model,
+    pad_token_id,
+    runtime_line,
+    use_chat_template,
+)
+from ..lossless import MISMATCH, bound_formula, check_greedy, count_kinds
+from ..timing import clock
 from .options import add_runtime_options
 
 # Prompts written for the demo: two that copy from their input (where lookup drafting shines)
@@ -45,10 +56,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import hf_specdec
-    from hf_specdec.loading import describe_runtime, load_model, runtime_line
-    from hf_specdec.lossless import MISMATCH, bound_formula, check_greedy, count_kinds
-
     path = args.model or hf_specdec.demo_model_path()
     print(f"Loading {path}")
     model, tokenizer = load_model(path, dtype=args.dtype, device=args.device)
@@ -75,15 +82,15 @@ def run(args: argparse.Namespace) -> int:
         # plain, speculative, speculative, plain: drift in machine load cancels out of the ratio.
         t_plain = t_spec = 0.0
         for order in ("plain", "spec", "spec", "plain"):
-            start = time.perf_counter()
+            start = clock(model.device)
             if order == "plain":
                 plain = model.generate(**inputs, **settings)
-                t_plain += time.perf_counter() - start
+                t_plain += clock(model.device) - start
             else:
                 spec = model.generate(
                     **inputs, **settings, speculative=speculative, return_dict_in_generate=True
                 )
-                t_spec += time.perf_counter() - start
+                t_spec += clock(model.device) - start
         new_plain = plain.shape[1] - inputs["input_ids"].shape[1]
         new_spec = spec.sequences.shape[1] - inputs["input_ids"].shape[1]
         check = check_greedy(model, inputs["input_ids"], plain, spec.sequences, inputs["attention_mask"])[0]
@@ -117,8 +124,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _encode(tokenizer, model, prompt: str):
-    from hf_specdec.loading import encode_prompts, pad_token_id, use_chat_template
-
     return encode_prompts(
         tokenizer, [prompt], use_chat_template(tokenizer), pad_token_id(tokenizer, model), model.device
     )

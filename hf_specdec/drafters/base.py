@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+
+from ..timing import clock
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -16,10 +17,8 @@ if TYPE_CHECKING:
 
 
 def elapsed(start: float, result: torch.Tensor) -> float:
-    """Seconds since `start` once the device has finished computing `result`."""
-    if result.is_cuda:
-        torch.cuda.synchronize(result.device)
-    return time.perf_counter() - start
+    """Seconds since `start` (a `timing.clock` read) once `result`'s device has finished computing it."""
+    return clock(result.device) - start
 
 
 def options_to_config(config_cls: type, options: dict[str, Any]) -> Any:

@@ -4,12 +4,12 @@ they load their decoder; drafting is this module's, token for token."""
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from ..kv import RaggedKV
+from ..timing import clock
 from .base import Drafter, elapsed
 from .chain import chain, real_tokens, right_aligned
 
@@ -86,7 +86,7 @@ class DecoderDrafter(Drafter):
         keep = [self._shared_prefix(self.cached[b], seq) for b, seq in enumerate(real)]
         self.kv.truncate(torch.tensor(keep, device=draft_device))
         pending = [seq[n:] for seq, n in zip(real, keep)]
-        start = time.perf_counter()
+        start = clock(draft_device)
         first = self.kv.forward(*right_aligned(pending, draft_device), logits_to_keep=1).logits[:, -1]
         fed = max(len(p) for p in pending)
         catch_up_seconds = elapsed(start, first) if request.is_catch_up(fed) else 0.0
@@ -118,9 +118,9 @@ class DecoderDrafter(Drafter):
         valid = torch.ones(batch_size, 1, dtype=torch.bool, device=self.decoder.device)
         best = float("inf")
         for _ in range(2):
-            start = time.perf_counter()
-            kv.forward(tokens, valid, logits_to_keep=1).logits.cpu()  # .cpu(): wait for the device
-            best = min(best, time.perf_counter() - start)
+            start = clock(self.decoder.device)
+            kv.forward(tokens, valid, logits_to_keep=1)
+            best = min(best, clock(self.decoder.device) - start)
         return best
 
     def _follow_rows(self, row_ids: list[int]) -> None:

@@ -40,6 +40,7 @@ class DraftModelConfig:
 
 
 # Loaded drafts by (name, dtype, device): loading takes seconds, a generate call should not.
+# `clear_loaded()` (called by `hf_specdec.clear_cache()`) frees it.
 _LOADED: dict[tuple[str, torch.dtype, str], tuple[Any, Any]] = {}
 
 
@@ -56,6 +57,12 @@ def load_draft(name: str, target: PreTrainedModel) -> tuple[PreTrainedModel, Any
         _LOADED.clear()  # keep one draft in memory, not every one ever used
         _LOADED[key] = (model, tokenizer)
     return _LOADED[key]
+
+
+def clear_loaded() -> None:
+    """Forget the draft `load_draft` keeps loaded and the tokenizers read from targets' folders."""
+    _LOADED.clear()
+    _load_tokenizer.cache_clear()
 
 
 def check_compatible(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -12,6 +11,7 @@ from ..devices import execution_device
 from ..draft import Draft, DraftRequest
 from ..heads.checkpoint import load_head
 from ..kv import RaggedKV
+from ..timing import clock
 from .base import Drafter, elapsed, options_to_config
 from .chain import chain, real_tokens, right_aligned
 from .heads import HeadDrafterConfig, full_vocab_logits, head_source
@@ -58,7 +58,7 @@ class EagleDrafter(Drafter):
         self.kv.truncate(torch.tensor(self.done, device=self.device))  # drop last step's chained positions
 
         # Position t reads (f_t, x_{t+1}): new features arrive for the tokens the target just cached.
-        began = time.perf_counter()
+        began = clock(self.device)
         tokens, features = [], []
         for b in range(batch):
             real = real_tokens(request, b)

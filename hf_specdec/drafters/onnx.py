@@ -28,8 +28,9 @@ class OnnxDraftConfig:
     """Settings of the `onnx` and `quantized` drafters.
 
     Args:
-        provider: "auto" (CUDA when the target is on a GPU and onnxruntime-gpu has it, else CPU),
-            "cpu" or "cuda". CUDA without a GPU falls back to CPU with a warning.
+        provider: "auto" (CUDA on the target's GPU when the target is on one and onnxruntime-gpu
+            has it, else CPU), "cpu" or "cuda". CUDA without a GPU falls back to CPU with a warning.
+            A CPU session drafts for a GPU target too: its logits move to the target's device.
         threads: ONNX Runtime intra-op threads on CPU; 0: as many as torch uses
             (`torch.get_num_threads()`), since draft and target take turns on the same cores.
         min_confidence: as for `draft_model`: stop a greedy draft once its confidence drops below.
@@ -64,7 +65,5 @@ class OnnxDrafter(DecoderDrafter):
 
 
 def load_decoder(folder: str | Path, options: OnnxDraftConfig, target: PreTrainedModel) -> OnnxDecoder:
-    """The session of `folder`'s decoder, on the target's kind of device unless `options` say otherwise."""
-    return OnnxDecoder.load(
-        folder, options.provider, options.threads, prefer_cuda=execution_device(target).type == "cuda"
-    )
+    """The session of `folder`'s decoder, on the target's own GPU unless `options` say otherwise."""
+    return OnnxDecoder.load(folder, options.provider, options.threads, target_device=execution_device(target))

@@ -64,6 +64,11 @@ def weights_fingerprint(model: PreTrainedModel) -> str:
     return _FINGERPRINTS[model]
 
 
+def clear_fingerprints() -> None:
+    """Forget the fingerprints read so far: the next `quantized_copy` of a model reads its weights again."""
+    _FINGERPRINTS.clear()
+
+
 def _read_fingerprint(model: PreTrainedModel) -> str:
     """A sum and a few values of every tensor, with its name and shape.
 

@@ -56,20 +56,27 @@ class OnnxDecoder:
 
     @classmethod
     def load(
-        cls, folder: str | Path, provider: str = "auto", threads: int = 0, prefer_cuda: bool = False
+        cls,
+        folder: str | Path,
+        provider: str = "auto",
+        threads: int = 0,
+        target_device: torch.device | str = "cpu",
     ) -> OnnxDecoder:
+        """The session of `folder`'s decoder for a target on `target_device` (see `placement`),
+        loaded once and kept while it is used."""
         threads = threads or torch.get_num_threads()
+        target_device = torch.device(target_device)
         model_file = find_model_file(folder) if Path(folder).is_dir() else None
         stamp = model_file.stat().st_mtime_ns if model_file is not None else 0  # a rebuilt copy reloads
-        key = (str(Path(folder).resolve()), stamp, provider, threads, prefer_cuda)
-        decoder = _LOADED.pop(key, None) or cls._load(Path(folder), provider, threads, prefer_cuda)
+        key = (str(Path(folder).resolve()), stamp, provider, threads, str(target_device))
+        decoder = _LOADED.pop(key, None) or cls._load(Path(folder), provider, threads, target_device)
         _LOADED[key] = decoder  # most recently used last
         while len(_LOADED) > _KEEP_LOADED:
             _LOADED.pop(next(iter(_LOADED)))
         return decoder
 
     @classmethod
-    def _load(cls, folder: Path, provider: str, threads: int, prefer_cuda: bool) -> OnnxDecoder:
+    def _load(cls, folder: Path, provider: str, threads: int, target_device: torch.device) -> OnnxDecoder:
         ort = require("onnxruntime")
         if provider not in ("auto", "cpu", "cuda"):
             raise ValueError(f"provider must be 'auto', 'cpu' or 'cuda', got {provider!r}.")
@@ -77,33 +84,53 @@ class OnnxDecoder:
             raise FileNotFoundError(f"ONNX draft folder {folder} does not exist.")
         path = find_model_file(folder)
         has_cuda = "CUDAExecutionProvider" in ort.get_available_providers() and torch.cuda.is_available()
-        use_cuda = provider == "cuda" or (provider == "auto" and prefer_cuda)
-        if use_cuda and not has_cuda:
-            if provider == "cuda":
-                warnings.warn(
-                    "CUDAExecutionProvider was requested but is unavailable (no GPU, or onnxruntime without "
-                    "CUDA: pip install 'hf-specdec[onnx-gpu]'); drafting on CPU instead.",
-                    stacklevel=5,
-                )
-            use_cuda = False
+        if provider == "cuda" and not has_cuda:
+            warnings.warn(
+                "CUDAExecutionProvider was requested but is unavailable (no GPU, or onnxruntime without "
+                "CUDA: pip install 'hf-specdec[onnx-gpu]'); drafting on CPU instead.",
+                stacklevel=5,
+            )
+        default_gpu = torch.cuda.current_device() if has_cuda else 0
+        device, providers = placement(provider, target_device, has_cuda, default_gpu)
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.log_severity_level = 3
         # ORT's threads spin-wait after each run by default; the target's PyTorch forward runs
         # right after a draft step on the same cores and would be starved of them.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        if use_cuda:
-            device = torch.device("cuda", torch.cuda.current_device())
-            providers = [("CUDAExecutionProvider", {"device_id": device.index}), "CPUExecutionProvider"]
-        else:
-            device, providers = torch.device("cpu"), ["CPUExecutionProvider"]
         session = ort.InferenceSession(str(path), options, providers=providers)
         return cls(path, session, device)
 
 
-# Loaded sessions by (folder, provider, threads, prefer_cuda): creating one takes seconds.
+def placement(
+    provider: str, target_device: torch.device, has_cuda: bool, default_gpu: int = 0
+) -> tuple[torch.device, list[Any]]:
+    """Where a session for a target on `target_device` runs, and the providers it is created with.
+
+    CUDA (with `provider="cuda"`, or `"auto"` for a target on a GPU) goes on the target's own GPU:
+    a target on cuda:1 gets `device_id` 1, and the KV buffers and IO-bound tensors live there too.
+    A target off the GPU with `provider="cuda"` gets GPU `default_gpu` (torch's current device).
+    Without a usable CUDA provider (`has_cuda` false) or with `"cpu"`, the session runs on the CPU;
+    the drafter then moves its logits to the target's device.
+    """
+    use_cuda = has_cuda and (provider == "cuda" or (provider == "auto" and target_device.type == "cuda"))
+    if not use_cuda:
+        return torch.device("cpu"), ["CPUExecutionProvider"]
+    on_target = target_device.type == "cuda" and target_device.index is not None
+    device = torch.device("cuda", target_device.index if on_target else default_gpu)
+    return device, [("CUDAExecutionProvider", {"device_id": device.index}), "CPUExecutionProvider"]
+
+
+# Loaded sessions by (folder, provider, threads, target device): creating one takes seconds.
+# `clear_loaded()` (called by `hf_specdec.clear_cache()`) frees them.
 _LOADED: dict[tuple, OnnxDecoder] = {}
 _KEEP_LOADED = 2
+
+
+def clear_loaded() -> None:
+    """Forget the sessions `OnnxDecoder.load` keeps loaded (a session frees its device memory once
+    no drafter uses it either)."""
+    _LOADED.clear()
 
 
 def _check_layout(path: Path, inputs: dict[str, Any], outputs: dict[str, Any], num_layers: int) -> None:

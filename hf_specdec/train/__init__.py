@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..loading import describe_runtime, load_model
+from ..timing import clock
 from .data import build_sequences, load_prompts
 from .features import cached_target_features
 from .trainer import TrainConfig, train_head
@@ -43,11 +43,11 @@ def train_draft(
     model, tokenizer = load_model(target, dtype=dtype, device=device, tokenizer=tokenizer)
     name = str(model.name_or_path or type(model).__name__)
     source = load_prompts(suite, data)
-    started = time.perf_counter()
+    started = clock(model.device)
     sequences = build_sequences(model, tokenizer, source, out / "data" / "sequences.pt", max_new_tokens)
-    generated_at = time.perf_counter()
+    generated_at = clock(model.device)
     examples = cached_target_features(model, sequences, (-1,), out / "data" / "features.pt")
-    featured_at = time.perf_counter()
+    featured_at = clock(model.device)
     log = train_head(model, examples, out, config)
     log["target"] = name
     log["runtime"] = describe_runtime(model)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from ..heads import HEAD_METHODS
 from ..heads.eagle import EagleHeadConfig
 from ..heads.io import build_head, load_state, read_weights, save_head
 from ..heads.medusa import MedusaHeadConfig
+from ..timing import clock
 from .features import Example
 
 CHECKPOINT_DIR = "checkpoint"
@@ -71,6 +71,7 @@ def train_head(target: Any, examples: list[Example], out: Path, config: TrainCon
     resumed = _resume(out / CHECKPOINT_DIR, head, optimizer, state)
     budget = config.minutes * 60
     to_draft = _index_of(head.draft_vocab, head.config.vocab_size)
+    device = next(head.parameters()).device  # the training budget counts what it computed
     last_eval = last_save = state["seconds"]
     log = {
         "config": asdict(config),
@@ -86,7 +87,7 @@ def train_head(target: Any, examples: list[Example], out: Path, config: TrainCon
     try:
         while state["seconds"] < budget:
             for batch in _batches(train, config.batch_tokens, rng):
-                started = time.perf_counter()
+                started = clock(device)
                 warmup = min(1.0, (state["step"] + 1) / 50)
                 for group in optimizer.param_groups:
                     group["lr"] = (
@@ -102,7 +103,7 @@ def train_head(target: Any, examples: list[Example], out: Path, config: TrainCon
                 torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
                 optimizer.step()
                 state["step"] += 1
-                spent = time.perf_counter() - started
+                spent = clock(device) - started
                 state["seconds"] += spent
                 bar.update(round(state["seconds"]) - bar.n)
                 bar.set_postfix(loss=f"{loss.item():.3f}", step=state["step"])

@@ -1,0 +1,33 @@
+"""What hf-specdec keeps loaded between `generate` calls, and `clear_cache()`, which frees it."""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+
+from .drafters import draft_model
+from .ort import cache, session
+from .tokenizer_check import clear_checks
+
+
+def clear_cache() -> None:
+    """Free everything hf-specdec keeps between `generate` calls so as not to load it again.
+
+    That is the last draft model loaded by name or folder (`draft=` a path or Hub id, or chosen by
+    `method="auto"`), the ONNX Runtime sessions of `onnx` / `quantized` drafts with their device
+    buffers, tokenizers read from a target's folder, remembered tokenizer comparisons and weight
+    fingerprints. Once nothing else refers to them, their memory is released, and the CUDA caching
+    allocator's unused blocks go back to the GPU (`torch.cuda.empty_cache()`, when CUDA is in use).
+    The next call that needs one loads it again.
+    """
+    draft_model.clear_loaded()
+    session.clear_loaded()
+    cache.clear_fingerprints()
+    clear_checks()
+    gc.collect()  # models caught in reference cycles go now, not at some later collection
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+__all__ = ["clear_cache"]
