@@ -55,9 +55,12 @@ class RaggedKV:
     ) -> Any:
         """Run the model on `tokens` [B, T] (only `valid` [B, T] ones are real) and cache them.
 
-        `tree`, for a tree draft: `visible` [B, T, T] (token i attends to token j of this forward
-        only where true: its ancestors and itself) and `depths` [B, T] (token i sits `depths[b, i]`
-        positions after the row's first token here); without it the tokens follow each other.
+        `tree`, for a tree draft: `visible` [B, T, W] and `depths` [B, T]; without it the tokens
+        follow each other. Token i attends to the last W >= T cache columns (this forward's T
+        among them) only where `visible` is true: its ancestors and itself, so a tree can also be
+        fed one level at a time (W then spans the levels fed before). Token i's position is the
+        row's real-token count before this forward plus `depths[b, i]` (negative when earlier
+        levels, counted there, are not all its ancestors).
         Returns the model output: `.logits` of the last `logits_to_keep` positions (all if 0),
         [B, T', V], and `.hidden_states` of every position when asked for. `inputs` go to the
         model as they are (a draft head's features).
@@ -180,7 +183,7 @@ class _Masks:
         self,
         mask: torch.Tensor,  # [B, cache_len], the new queries are its last columns
         new: int,
-        visible: torch.Tensor | None = None,  # [B, new, new] for a tree draft
+        visible: torch.Tensor | None = None,  # [B, new, W] for a tree draft: the last W columns
         new_positions: torch.Tensor | None = None,  # [B, new] for a tree draft
     ) -> torch.Tensor | dict[str, torch.Tensor]:
         """One [B, 1, new, cache_len] mask, or one per layer type for models that mix them."""
@@ -190,7 +193,7 @@ class _Masks:
         queries = columns[past:]
         causal = mask[:, None, :] & (columns[None, None, :] <= queries[None, :, None])  # [B, new, cache_len]
         if visible is not None:
-            causal[:, :, past:] &= visible
+            causal[:, :, width - visible.shape[2] :] &= visible
         itself = columns[None, None, :] == queries[None, :, None]
         masks = {}
         for kind in self.types:
