@@ -112,7 +112,12 @@ class DecoderDrafter(Drafter):
 
         if request.tree:
             draft = grow_tree(
-                request, self.tree_top_k, self.min_confidence, first.to(self.device), self._feed
+                request,
+                request.max_tokens,
+                self.tree_top_k,
+                self.min_confidence,
+                first.to(self.device),
+                self._feed,
             )
             draft.catch_up_seconds = catch_up_seconds
             self.cached = real  # what the tree fed is truncated away by the next draft

@@ -35,17 +35,19 @@ class Level:
     tokens: torch.Tensor  # [B, W]
     valid: torch.Tensor  # [B, W]
     visible: torch.Tensor  # [B, W, F] which of the F tree columns fed so far (this level last) each sees
+    parent_columns: torch.Tensor  # [B, W] the tree column each node's parent was fed at; -1: the last token
     depths: torch.Tensor  # [B, W] position after the row's real-token count before this level (see RaggedKV)
 
 
 def grow_tree(
     request: DraftRequest,
+    max_tokens: list[int],
     top_k: int,
     min_confidence: float,
     root_logits: torch.Tensor,  # [B, V] the draft's logits after each row's last token
     feed: Callable[[Level], torch.Tensor],  # a level -> the draft's logits after each of its nodes, [B, W, V]
 ) -> Draft:
-    """A tree of at most `request.max_tokens[b]` nodes per row, parents before children.
+    """A tree of at most `max_tokens[b]` nodes per row, parents before children.
 
     Each level expands, per row, the `top_k` newest nodes of highest cumulative probability that
     could still make the final cut (a node below the budget's worst kept node cannot: its
@@ -55,21 +57,20 @@ def grow_tree(
     """
     batch = len(request.max_tokens)
     nodes: list[list[_Node]] = [[] for _ in range(batch)]
-    frontier = [[-1] if n > 0 else [] for n in request.max_tokens]  # -1: the row's last token
+    frontier = [[-1] if n > 0 else [] for n in max_tokens]  # -1: the row's last token
     logits = root_logits[:, None]  # [B, 1, V]
     fed = 0  # tree columns fed so far, holes included: every row has as many
-    for depth in range(1, max(request.max_tokens, default=0) + 1):
+    for depth in range(1, max(max_tokens, default=0) + 1):
         _add_children(request, nodes, frontier, logits, top_k, min_confidence)
         frontier = [
-            _worth_expanding(row, depth, top_k, n) if depth < n else []
-            for row, n in zip(nodes, request.max_tokens)
+            _worth_expanding(row, depth, top_k, n) if depth < n else [] for row, n in zip(nodes, max_tokens)
         ]
         if not any(frontier):
             break
         level = _level(nodes, frontier, fed, request.tokens.device)
         fed += level.tokens.shape[1]
         logits = feed(level)
-    return _best(nodes, request.max_tokens, request.tokens.device)
+    return _best(nodes, max_tokens, request.tokens.device)
 
 
 def _add_children(
@@ -130,6 +131,7 @@ def _level(nodes: list[list[_Node]], frontier: list[list[int]], before: int, dev
     valid = torch.zeros(batch, width, dtype=torch.bool)
     visible = torch.zeros(batch, width, before + width, dtype=torch.bool)
     depths = torch.zeros(batch, width, dtype=torch.long)
+    parent_columns = torch.full((batch, width), -1, dtype=torch.long)
     for b, row in enumerate(frontier):
         real_fed = sum(n.column >= 0 for n in nodes[b])  # counted in the row's length already
         for i, node in enumerate(row):
@@ -140,7 +142,9 @@ def _level(nodes: list[list[_Node]], frontier: list[list[int]], before: int, dev
                 visible[b, i, nodes[b][ancestor].column] = True
                 ancestor = nodes[b][ancestor].parent
             depths[b, i] = _depth(nodes[b], node) - 1 - real_fed
-    return Level(tokens.to(device), valid.to(device), visible.to(device), depths.to(device))
+            if nodes[b][node].parent >= 0:
+                parent_columns[b, i] = nodes[b][nodes[b][node].parent].column
+    return Level(*(t.to(device) for t in (tokens, valid, visible, parent_columns, depths)))
 
 
 def _best(nodes: list[list[_Node]], budgets: list[int], device: torch.device) -> Draft:

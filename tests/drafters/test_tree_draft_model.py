@@ -62,6 +62,13 @@ def test_own_draft_is_accepted_down_its_most_probable_path(target, batch, seed, 
     input_ids, attention_mask = random_batch(seed, batch)
     out = _generate(target, input_ids, attention_mask, _spec(target))
     assert out.speculative_stats.accepted > 0
+    assert_accepted_down_most_probable_paths(steps)
+
+
+def assert_accepted_down_most_probable_paths(steps: list[tuple]) -> None:
+    """Each (draft, accepted) step accepted exactly the path that follows, from the root, the child
+    the drafter found most probable (what a drafter that computes what the target does gets
+    accepted), and some trees branched."""
     branched = False
     for draft, accepted in steps:
         for b, n in enumerate(draft.lengths):
@@ -116,7 +123,7 @@ def test_grow_tree_keeps_the_most_probable_nodes_parents_first():
         levels.append(level)
         return logits_after(level.tokens)
 
-    draft = grow_tree(_request([4, 0]), 2, 0.0, logits_after(torch.tensor([1, 1])), feed)
+    draft = grow_tree(_request([4, 0]), [4, 0], 2, 0.0, logits_after(torch.tensor([1, 1])), feed)
     assert draft.lengths == [4, 0]
     # cumulative: 2 .6, 2-3 .36, 2-3-4 .216, 3 .2 are the best four; 2-4 and 3-4 (.12) are not
     assert draft.tokens[0].tolist() == [2, 3, 3, 4]
