@@ -5,8 +5,8 @@
 
 SmolLM2-135M-Instruct (the offline demo model, built from PyPI on first use) in bf16 on the device:
 
-1. lossless: greedy plain `generate` vs every method that runs offline (ngram, ngram tree,
-   draft_model with the model as its own draft, onnx on the CUDA provider, quantized) on the
+1. lossless: greedy plain `generate` vs every method that runs offline (ngram and draft_model with
+   the model as its own draft, chains and trees, onnx on the CUDA provider, quantized) on the
    built-in suite's prompts, batch 1 and a left-padded batch of 8: each row classified identical /
    tie / mismatch by `hf_specdec.lossless.check_greedy` (mismatches must be 0);
 2. sampling smoke: the same methods with do_sample=True run to completion on the device;
@@ -42,6 +42,7 @@ def methods(model, device: torch.device, onnx_folder: str | None) -> dict[str, A
         "ngram": {"method": "ngram"},
         "ngram tree": {"method": "ngram", "tree": True},
         "draft_model (itself)": {"method": "draft_model", "draft": model, "num_draft_tokens": 4},
+        "draft_model (itself) tree": {"method": "draft_model", "draft": model, "tree": True},
         "quantized": {"method": "quantized"},
     }
     if onnx_folder is not None:

@@ -35,7 +35,9 @@ class SpeculativeConfig:
         options: settings of the chosen drafter (see its config class, e.g. `NgramConfig`).
         tree: `True` to let the drafter propose a tree of candidate continuations, verified in one
             forward (`num_draft_tokens` then counts its nodes); an integer also caps the nodes;
-            `False` (default) drafts one chain. Drafters that grow trees: `ngram`.
+            `False` (default) drafts one chain. Drafters that grow trees: `ngram` (a trie of
+            matches), `draft_model` and `eagle` (EAGLE-2: top-k branching by cumulative draft
+            probability).
     """
 
     method: str = "auto"

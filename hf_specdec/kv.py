@@ -28,9 +28,17 @@ class RaggedKV:
     """A `DynamicCache` plus which of its positions hold real tokens, row by row."""
 
     def __init__(
-        self, model: PreTrainedModel, cache: DynamicCache | None, batch_size: int, device: torch.device
+        self,
+        model: PreTrainedModel,
+        cache: DynamicCache | None,
+        batch_size: int,
+        device: torch.device,
+        boolean_masks: bool = False,
     ):
+        """`boolean_masks`: the model is one of our draft heads, which takes a boolean 4D mask
+        whatever its config says (tree drafts need one)."""
         self.model = model
+        self.boolean_masks = boolean_masks
         self.cache = (
             cache if cache is not None else DynamicCache(config=model.config.get_text_config(decoder=True))
         )
@@ -55,9 +63,12 @@ class RaggedKV:
     ) -> Any:
         """Run the model on `tokens` [B, T] (only `valid` [B, T] ones are real) and cache them.
 
-        `tree`, for a tree draft: `visible` [B, T, T] (token i attends to token j of this forward
-        only where true: its ancestors and itself) and `depths` [B, T] (token i sits `depths[b, i]`
-        positions after the row's first token here); without it the tokens follow each other.
+        `tree`, for a tree draft: `visible` [B, T, W] and `depths` [B, T]; without it the tokens
+        follow each other. Token i attends to the last W >= T cache columns (this forward's T
+        among them) only where `visible` is true: its ancestors and itself, so a tree can also be
+        fed one level at a time (W then spans the levels fed before). Token i's position is the
+        row's real-token count before this forward plus `depths[b, i]` (negative when earlier
+        levels, counted there, are not all its ancestors).
         Returns the model output: `.logits` of the last `logits_to_keep` positions (all if 0),
         [B, T', V], and `.hidden_states` of every position when asked for. `inputs` go to the
         model as they are (a draft head's features).
@@ -71,7 +82,7 @@ class RaggedKV:
         self.lengths = self.lengths + valid.sum(dim=1)
         if tree is not None:
             if self.tree_masks is None:
-                self.tree_masks = _Masks.for_trees(self.model)
+                self.tree_masks = _Masks.boolean() if self.boolean_masks else _Masks.for_trees(self.model)
             attention_mask = self.tree_masks.build(self.mask, tokens.shape[1], tree[0], positions)
         elif self.window_masks is not None:
             attention_mask = self.window_masks.build(self.mask, tokens.shape[1])
@@ -138,18 +149,20 @@ class _Masks:
     A hole or padding query sees only itself, so no softmax row is empty.
     """
 
-    def __init__(self, model: PreTrainedModel, window: int | None, layer_types: list[str]) -> None:
-        self.config = model.config.get_text_config(decoder=True)
-        implementation = self.config._attn_implementation
-        if implementation not in ("sdpa", "eager"):
+    def __init__(self, model: PreTrainedModel | None, window: int | None, layer_types: list[str]) -> None:
+        """Masks in the format of `model`'s attention; None: boolean masks (our draft heads)."""
+        self.implementation = "sdpa"
+        if model is not None:
+            self.implementation = model.config.get_text_config(decoder=True)._attn_implementation
+            self.dtype = model.dtype
+        if self.implementation not in ("sdpa", "eager"):
             raise ValueError(
                 f"speculative= builds its own attention masks for {type(model).__name__} (a sliding "
                 f"window or a tree draft), which need attn_implementation='sdpa' or 'eager' (got "
-                f"{implementation!r}); load the model with one of those, or use chain drafts."
+                f"{self.implementation!r}); load the model with one of those, or use chain drafts."
             )
         self.window = window
         self.types = sorted(set(layer_types))
-        self.dtype = model.dtype
 
     @classmethod
     def for_sliding_window(cls, model: PreTrainedModel, cache: DynamicCache) -> _Masks | None:
@@ -176,11 +189,16 @@ class _Masks:
         """Masks for tree drafts on a model whose layers all attend to the whole context."""
         return cls(model, None, ["full_attention"])
 
+    @classmethod
+    def boolean(cls) -> _Masks:
+        """Boolean tree masks for our draft heads (`heads/`), whose attention takes them as they are."""
+        return cls(None, None, ["full_attention"])
+
     def build(
         self,
         mask: torch.Tensor,  # [B, cache_len], the new queries are its last columns
         new: int,
-        visible: torch.Tensor | None = None,  # [B, new, new] for a tree draft
+        visible: torch.Tensor | None = None,  # [B, new, W] for a tree draft: the last W columns
         new_positions: torch.Tensor | None = None,  # [B, new] for a tree draft
     ) -> torch.Tensor | dict[str, torch.Tensor]:
         """One [B, 1, new, cache_len] mask, or one per layer type for models that mix them."""
@@ -190,7 +208,7 @@ class _Masks:
         queries = columns[past:]
         causal = mask[:, None, :] & (columns[None, None, :] <= queries[None, :, None])  # [B, new, cache_len]
         if visible is not None:
-            causal[:, :, past:] &= visible
+            causal[:, :, width - visible.shape[2] :] &= visible
         itself = columns[None, None, :] == queries[None, :, None]
         masks = {}
         for kind in self.types:
@@ -206,7 +224,7 @@ class _Masks:
 
     def _format(self, allowed: torch.Tensor) -> torch.Tensor:
         """sdpa takes booleans (True: attend); eager adds the mask to its scores."""
-        if self.config._attn_implementation == "sdpa":
+        if self.implementation == "sdpa":
             return allowed
         zero = torch.zeros((), dtype=self.dtype, device=allowed.device)
         return torch.where(allowed, zero, torch.finfo(self.dtype).min)

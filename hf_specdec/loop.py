@@ -50,7 +50,7 @@ def speculative_decode(
     if tree and not drafter.supports_tree:
         raise ValueError(
             f"method={speculative.method!r} drafts chains only; tree=True needs a drafter that grows "
-            "trees (method='ngram'), or drop tree=."
+            "trees (method='ngram', 'draft_model' or 'eagle'), or drop tree=."
         )
     policy = _default_policy(speculative)
     stats = SpeculativeStats(method=speculative.method)
@@ -217,6 +217,8 @@ def _accept(request: DraftRequest, draft: Draft, logits: torch.Tensor) -> _Verif
         contexts, request.row_ids, draft.tokens, draft.lengths, logits, draft.parents
     )
     if draft.parents is not None:
+        if draft.probs is not None:  # the walk below is exact only for trees chosen without draws
+            raise NotImplementedError("Sampled tree drafts need multi-draft rejection sampling.")
         paths, tokens = tree_verify(draft.tokens, draft.lengths, draft.parents, scores, request.do_sample)
         return _Verified([len(path) for path in paths], tokens, scores, logits, paths)
     if request.do_sample:

@@ -118,13 +118,13 @@ class ScoreProcessor:
                 if parents is None:
                     prefix = draft_tokens[b : b + 1, :i]
                 else:
-                    prefix = _path(draft_tokens[b], parents[b], i - 1)
+                    prefix = path_tokens(draft_tokens[b], parents[b], i - 1)
                 seq = torch.cat([ctx, prefix], dim=1)
                 scores[b, i] = processors(seq, logits[b, i : i + 1])[0]
         return scores
 
 
-def _path(tokens: torch.Tensor, parents: torch.Tensor, node: int) -> torch.Tensor:
+def path_tokens(tokens: torch.Tensor, parents: torch.Tensor, node: int) -> torch.Tensor:
     """The tokens from the root of a tree draft down to `node` (none for -1), [1, depth]."""
     nodes = []
     while node >= 0:

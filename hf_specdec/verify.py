@@ -99,8 +99,9 @@ def tree_verify(
     accepted and the walk continues from it; otherwise the picked token is the row's last of the
     step. Every emitted token is thus the target's own choice after the tokens before it, so
     greedy output is plain greedy's and samples follow the target's distribution exactly. (This is
-    exact because tree drafts are deterministic, as n-gram tries are: drafts sampled from a
-    distribution q need the multi-draft residuals of SpecInfer instead.) The picks are drawn for
+    exact for trees chosen without drawing: n-gram tries, and draft-model trees of the top-k
+    children by draft probability, a function of the context alone. Drafts sampled from a
+    distribution q would be better served by SpecInfer's multi-draft residuals.) The picks are drawn for
     every node at once: only those on the walked path are used, each independent of the others.
 
     Returns per row the accepted path (node indices, root first) and `tokens` [B, n + 1], of which

@@ -110,7 +110,10 @@ def test_tree_sliding_window_model_matches_plain():
     assert_greedy_match(model, plain, spec)
 
 
-def test_tree_refused_for_chain_drafters(target, good_draft):
+def test_tree_refused_for_chain_drafters(target, good_draft, monkeypatch):
+    from hf_specdec.drafters.draft_model import DraftModelDrafter
+
+    monkeypatch.setattr(DraftModelDrafter, "supports_tree", False)
     config = hf_specdec.SpeculativeConfig(method="draft_model", draft=good_draft, tree=True)
     with pytest.raises(ValueError, match="drafts chains only"):
         target.generate(torch.tensor([[6, 7, 8]]), max_new_tokens=4, do_sample=False, speculative=config)
@@ -131,21 +134,22 @@ def sampling_target():
 BRANCHING_PROMPT = [3, 1, 4, 1, 5, 2, 6, 5, 3, 5, 0, 7, 2, 3, 4, 6, 2, 6, 4, 3, 3, 7, 1, 0, 2]
 
 
-def sample_trees(model, settings: dict, seed: int, monkeypatch, verifier=None) -> torch.Tensor:
-    """ROWS speculative samples after BRANCHING_PROMPT, checking that the trees really branched."""
+def sample_trees(model, settings: dict, seed: int, monkeypatch, verifier=None, spec=None) -> torch.Tensor:
+    """ROWS speculative samples after BRANCHING_PROMPT (n-gram tries unless `spec` says otherwise),
+    checking that the trees really branched."""
     import hf_specdec.loop
 
     verify = verifier or hf_specdec.loop.tree_verify
     branched = []
 
     def spy(draft_tokens, draft_lengths, parents, scores, do_sample):
-        roots = (parents == -1) & (torch.arange(parents.shape[1]) < torch.tensor(draft_lengths)[:, None])
-        branched.append(bool((roots.sum(dim=1) > 1).any()))
+        for row, n in zip(parents.tolist(), draft_lengths):  # two nodes with one parent: a branch
+            branched.append(len(set(row[:n])) < n)
         return verify(draft_tokens, draft_lengths, parents, scores, do_sample)
 
     monkeypatch.setattr(hf_specdec.loop, "tree_verify", spy)
     input_ids = torch.tensor([BRANCHING_PROMPT]).repeat(ROWS, 1)
-    spec = dict(method="ngram", num_draft_tokens=4, tree=True, options=dict(min_ngram=1))
+    spec = spec or dict(method="ngram", num_draft_tokens=4, tree=True, options=dict(min_ngram=1))
     torch.manual_seed(seed)
     out = model.generate(
         input_ids=input_ids,
@@ -161,6 +165,18 @@ def sample_trees(model, settings: dict, seed: int, monkeypatch, verifier=None) -
     return continuation_index(out.sequences[:, : len(BRANCHING_PROMPT) + NEW], len(BRANCHING_PROMPT))
 
 
+def walk_preferring_drafts(draft_tokens, draft_lengths, parents, scores, do_sample):
+    """`tree_verify`, except that half of the times the target's pick is no root child it accepts
+    the first root child anyway: it favours drafted tokens, which the exactness tests must catch."""
+    paths, tokens = tree_verify(draft_tokens, draft_lengths, parents, scores, do_sample)
+    for b, path in enumerate(paths):
+        if not path and draft_lengths[b] > 0 and torch.rand(()) < 0.5:
+            path.append(0)
+            tokens[b, 0] = draft_tokens[b, 0]
+            tokens[b, 1] = torch.multinomial(scores[b, 1].softmax(-1), 1)[0]
+    return paths, tokens
+
+
 @pytest.mark.parametrize("setting", ["temp", "topk_topp", "rep_penalty"])
 def test_tree_samples_follow_target_distribution(sampling_target, setting, monkeypatch):
     exact = exact_distribution(sampling_target, SETTINGS[setting], BRANCHING_PROMPT)
@@ -171,17 +187,30 @@ def test_tree_samples_follow_target_distribution(sampling_target, setting, monke
 def test_control_tree_walk_that_prefers_drafts_is_rejected(sampling_target, monkeypatch):
     """A verifier that, half of the times the target's pick is no root child, accepts the first
     root child anyway (favouring drafted tokens) must fail the same test."""
-    from hf_specdec.verify import tree_verify as real
-
-    def biased(draft_tokens, draft_lengths, parents, scores, do_sample):
-        paths, tokens = real(draft_tokens, draft_lengths, parents, scores, do_sample)
-        for b, path in enumerate(paths):
-            if not path and draft_lengths[b] > 0 and torch.rand(()) < 0.5:
-                path.append(0)
-                tokens[b, 0] = draft_tokens[b, 0]
-                tokens[b, 1] = torch.multinomial(scores[b, 1].softmax(-1), 1)[0]
-        return paths, tokens
-
     exact = exact_distribution(sampling_target, SETTINGS["temp"], BRANCHING_PROMPT)
-    samples = sample_trees(sampling_target, SETTINGS["temp"], 31, monkeypatch, verifier=biased)
+    samples = sample_trees(
+        sampling_target, SETTINGS["temp"], 31, monkeypatch, verifier=walk_preferring_drafts
+    )
     assert chi2_pvalue(samples, exact) < ALPHA
+
+
+def test_sampled_tree_drafts_are_refused_rather_than_walked():
+    """`tree_verify` is exact for trees chosen without the target's draws; a tree that comes with
+    the distributions its tokens were sampled from asks for multi-draft rejection sampling."""
+    from hf_specdec.draft import Draft, DraftRequest
+    from hf_specdec.loop import _accept
+    from hf_specdec.processing import ScoreProcessor
+
+    request = DraftRequest(
+        tokens=torch.tensor([[1, 2]]),
+        attention_mask=torch.ones(1, 2),
+        lengths=[2],
+        max_tokens=[2],
+        do_sample=True,
+        score=ScoreProcessor(None, 8, 1),
+        row_ids=[0],
+        tree=True,
+    )
+    draft = Draft(torch.tensor([[3, 4]]), [2], torch.full((1, 2, 8), 1 / 8), parents=torch.tensor([[-1, -1]]))
+    with pytest.raises(NotImplementedError, match="multi-draft rejection sampling"):
+        _accept(request, draft, torch.zeros(1, 3, 8))

@@ -12,6 +12,7 @@ from ..kv import RaggedKV
 from ..timing import clock
 from .base import Drafter, elapsed
 from .chain import chain, real_tokens, right_aligned
+from .tree import Level, grow_tree
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -67,11 +68,19 @@ class DecoderDrafter(Drafter):
 
     Each row's cache is rolled back to what it still shares with the row's sequence (which also
     survives EOS and restarts), then fed the rest; `observe` has nothing to learn.
+
+    Asked for a tree (`DraftRequest.tree`, where the subclass `supports_tree`: its cache must take
+    `RaggedKV.forward`'s tree masks), it grows one with `tree.grow_tree`, feeding one level of
+    nodes per forward, `tree_top_k` children per expanded node. The tree's nodes then leave the
+    cache: the next draft feeds the accepted path with the target's token, in one forward.
     """
 
-    def __init__(self, decoder: DraftDecoder, min_confidence: float, device: torch.device) -> None:
+    def __init__(
+        self, decoder: DraftDecoder, min_confidence: float, device: torch.device, tree_top_k: int = 4
+    ) -> None:
         self.decoder = decoder
         self.min_confidence = min_confidence
+        self.tree_top_k = tree_top_k
         self.device = device  # the target's: tokens come in and go out there
         self.kv: DecoderCache | None = None
         self.cached: list[torch.Tensor] = []  # per row: the real tokens the draft cache holds
@@ -101,6 +110,18 @@ class DecoderDrafter(Drafter):
                 .to(self.device)
             )
 
+        if request.tree:
+            draft = grow_tree(
+                request,
+                request.max_tokens,
+                self.tree_top_k,
+                self.min_confidence,
+                first.to(self.device),
+                self._feed,
+            )
+            draft.catch_up_seconds = catch_up_seconds
+            self.cached = real  # what the tree fed is truncated away by the next draft
+            return draft
         draft = chain(request, request.max_tokens, self.min_confidence, logits_at)
         draft.catch_up_seconds = catch_up_seconds
         fed = [max(n - 1, 0) for n in draft.lengths]  # a row's last draft token is never fed
@@ -108,6 +129,13 @@ class DecoderDrafter(Drafter):
             torch.cat([seq, draft.tokens[b, : fed[b]].to(seq.device)]) for b, seq in enumerate(real)
         ]
         return draft
+
+    def _feed(self, level: Level) -> torch.Tensor:
+        """One level of a tree through the draft, seeing only its ancestors: logits [B, W, V]."""
+        draft_device = self.decoder.device
+        tree = (level.visible.to(draft_device), level.depths.to(draft_device))
+        output = self.kv.forward(level.tokens.to(draft_device), level.valid.to(draft_device), tree=tree)
+        return output.logits.to(self.device)
 
     def probe_seconds(self, batch_size: int) -> float | None:
         """One draft forward of one token per row on an empty cache of its own: what a draft token

@@ -33,10 +33,13 @@ class DraftModelConfig:
             token falls below this (llama.cpp's `--draft-p-min`); 0 always drafts the full length.
         tokenizer_verified: the pair's tokenizers are known to agree (set by automatic draft
             selection, which compared them), so no vocabulary-size check is needed.
+        tree_top_k: with `SpeculativeConfig(tree=...)`, the children drafted per expanded node and
+            the nodes expanded per level (EAGLE-2's top-k).
     """
 
     min_confidence: float = 0.0
     tokenizer_verified: bool = False
+    tree_top_k: int = 4
 
 
 # Loaded drafts by (name, dtype, device): loading takes seconds, a generate call should not.
@@ -99,6 +102,7 @@ class DraftModelDrafter(DecoderDrafter):
 
     name: ClassVar[str] = "draft_model"
     supports_sampling: ClassVar[bool] = True
+    supports_tree: ClassVar[bool] = True  # top-k branching by cumulative draft probability
 
     @classmethod
     def from_config(cls, config: SpeculativeConfig, target: PreTrainedModel, tokenizer: Any) -> Drafter:
@@ -120,7 +124,7 @@ class DraftModelDrafter(DecoderDrafter):
             if tokenizer is None and draft_tokenizer is not None:
                 tokenizer = _local_tokenizer(target)
             check_compatible(target, tokenizer, draft, draft_tokenizer)
-        return cls(TorchDecoder(draft), options.min_confidence, execution_device(target))
+        return cls(TorchDecoder(draft), options.min_confidence, execution_device(target), options.tree_top_k)
 
 
 def _local_tokenizer(model: PreTrainedModel) -> Any:

@@ -16,6 +16,7 @@ from .base import Drafter, elapsed, options_to_config
 from .chain import chain, real_tokens, right_aligned
 from .heads import HeadDrafterConfig, full_vocab_logits, head_source
 from .registry import register_drafter
+from .tree import Level, grow_tree
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -29,10 +30,16 @@ class EagleDrafter(Drafter):
 
     The head keeps its own KV cache: positions whose features came from the target stay, the
     chained draft positions (fed the head's own predictions) are cut off at the next request.
+
+    Asked for a tree, it grows EAGLE-2's dynamic tree (`tree.grow_tree`: the frontier nodes of
+    highest cumulative draft probability expanded into their top-k children, the budget's most
+    probable nodes kept), one level per head forward: each node reads its parent's predicted
+    feature, under a tree mask.
     """
 
     name: ClassVar[str] = "eagle"
     supports_sampling: ClassVar[bool] = True
+    supports_tree: ClassVar[bool] = True
 
     def __init__(self, head: Any, config: HeadDrafterConfig, vocab_size: int, device: torch.device) -> None:
         self.head = head
@@ -79,6 +86,10 @@ class EagleDrafter(Drafter):
         catch_up_seconds = elapsed(began, output.logits) if request.is_catch_up(ids.shape[1]) else 0.0
 
         max_tokens = [n if self.done[b] > 0 else 0 for b, n in enumerate(request.max_tokens)]
+        if request.tree:
+            draft = self._tree(request, max_tokens, output)
+            draft.catch_up_seconds = catch_up_seconds
+            return draft
 
         def logits_at(i: int, previous: torch.Tensor | None, active: list[bool]) -> torch.Tensor:
             nonlocal output
@@ -93,9 +104,31 @@ class EagleDrafter(Drafter):
         draft.catch_up_seconds = catch_up_seconds
         return draft
 
+    def _tree(self, request: DraftRequest, max_tokens: list[int], output: Any) -> Draft:
+        """EAGLE-2's dynamic tree after the catch-up `output`; its nodes leave the cache at the next
+        request, as chained positions do."""
+        fed = [
+            output.hidden_states[:, -1:]
+        ]  # [B, 1, H] the predicted feature after the last token, then per level
+
+        def feed(level: Level) -> torch.Tensor:
+            predicted = torch.cat(fed, dim=1)  # column 0: the last token's; tree column c at 1 + c
+            rows = torch.arange(len(max_tokens), device=self.device)[:, None]
+            features = predicted[rows, level.parent_columns + 1]  # each node reads its parent's
+            out = self.kv.forward(
+                level.tokens, level.valid, tree=(level.visible, level.depths), features=features
+            )
+            fed.append(out.hidden_states)
+            batch, width, _ = out.logits.shape
+            logits = full_vocab_logits(out.logits.flatten(0, 1), self.head.draft_vocab, self.vocab_size)
+            return logits.reshape(batch, width, -1)
+
+        root = full_vocab_logits(output.logits[:, -1], self.head.draft_vocab, self.vocab_size)
+        return grow_tree(request, max_tokens, self.config.tree_top_k, self.config.min_confidence, root, feed)
+
     def _follow_rows(self, row_ids: list[int]) -> None:
         if self.kv is None:
-            self.kv = RaggedKV(self.head, DynamicCache(), len(row_ids), self.device)
+            self.kv = RaggedKV(self.head, DynamicCache(), len(row_ids), self.device, boolean_masks=True)
             self.done = [0] * len(row_ids)
         elif row_ids != self.row_ids:
             where = [self.row_ids.index(r) for r in row_ids]

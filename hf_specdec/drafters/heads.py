@@ -18,9 +18,12 @@ class HeadDrafterConfig:
     Args:
         min_confidence: stop a greedy draft once the head's probability of its next token falls
             below this; 0 leaves the cut to the draft-length policy.
+        tree_top_k: with `SpeculativeConfig(tree=...)` (`eagle` only), the children drafted per
+            expanded node and the nodes expanded per level (EAGLE-2's top-k).
     """
 
     min_confidence: float = 0.0
+    tree_top_k: int = 4
 
 
 def full_vocab_logits(logits: torch.Tensor, draft_vocab: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -49,6 +49,7 @@ class OnnxDrafter(DecoderDrafter):
 
     name: ClassVar[str] = "onnx"
     supports_sampling: ClassVar[bool] = True
+    supports_tree: ClassVar[bool] = False  # its ONNX graph builds its own causal mask: no tree masks
 
     @classmethod
     def from_config(cls, config: SpeculativeConfig, target: PreTrainedModel, tokenizer: Any) -> OnnxDrafter:

@@ -160,7 +160,7 @@ class EagleHead(nn.Module):
         self,
         input_ids: torch.Tensor,  # [B, T] x_{t+1}
         features: torch.Tensor,  # [B, T, H] f_t (real, or the head's own earlier prediction)
-        attention_mask: torch.Tensor | None = None,  # [B, past + T], 1 on real positions
+        attention_mask: torch.Tensor | None = None,  # [B, past + T], 1 on real positions; or see _causal_mask
         position_ids: torch.Tensor | None = None,
         cache: Any = None,
         use_cache: bool = True,
@@ -213,7 +213,12 @@ class EagleHead(nn.Module):
 
 
 def _causal_mask(length: int, total: int, attention_mask: torch.Tensor | None, device: torch.device):
-    """[B or 1, length, total]: query t (at column total - length + t) sees earlier real keys and itself."""
+    """[B or 1, length, total]: query t (at column total - length + t) sees earlier real keys and itself.
+
+    A boolean `attention_mask` [B, 1, length, total] is a mask built whole (`RaggedKV`'s, for a
+    tree draft: each node sees the cache, its ancestors and itself) and is used as it is."""
+    if attention_mask is not None and attention_mask.dim() == 4:
+        return attention_mask[:, 0]
     query_at = torch.arange(total - length, total, device=device)[:, None]
     key_at = torch.arange(total, device=device)[None, :]
     mask = key_at <= query_at

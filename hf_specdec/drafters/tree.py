@@ -1,0 +1,168 @@
+"""Growing a draft tree by the draft's own confidence (EAGLE-2, Li et al. 2024, "dynamic draft
+trees"), shared by drafters that predict a next-token distribution after any prefix: level by
+level, expand the frontier nodes with the highest cumulative draft probability into their top-k
+children, then keep the most probable nodes up to the budget.
+
+The tree is a deterministic function of the row's context (top-k choices, no draws), which is
+what keeps sampling exact: `verify.tree_verify` lets the target sample at each node and descends
+only where a child carries the target's own token, so every emitted token is the target's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..draft import Draft, DraftRequest
+from ..processing import path_tokens
+
+
+@dataclass
+class _Node:
+    token: int
+    parent: int  # index into the row's nodes, -1 for a child of the row's last token
+    probability: float  # the draft's probability of this token after its parent's path
+    cumulative: float  # product of the probabilities down the path: the draft's odds of reaching it
+    column: int = -1  # where it was fed among this draft's tree columns; -1 while not fed
+
+
+@dataclass
+class Level:
+    """One level of frontier nodes to feed, per row as many as expanded (the rest are holes)."""
+
+    tokens: torch.Tensor  # [B, W]
+    valid: torch.Tensor  # [B, W]
+    visible: torch.Tensor  # [B, W, F] which of the F tree columns fed so far (this level last) each sees
+    parent_columns: torch.Tensor  # [B, W] the tree column each node's parent was fed at; -1: the last token
+    depths: torch.Tensor  # [B, W] position after the row's real-token count before this level (see RaggedKV)
+
+
+def grow_tree(
+    request: DraftRequest,
+    max_tokens: list[int],
+    top_k: int,
+    min_confidence: float,
+    root_logits: torch.Tensor,  # [B, V] the draft's logits after each row's last token
+    feed: Callable[[Level], torch.Tensor],  # a level -> the draft's logits after each of its nodes, [B, W, V]
+) -> Draft:
+    """A tree of at most `max_tokens[b]` nodes per row, parents before children.
+
+    Each level expands, per row, the `top_k` newest nodes of highest cumulative probability that
+    could still make the final cut (a node below the budget's worst kept node cannot: its
+    descendants are less probable still), each into its `top_k` most probable children. Nodes whose
+    cumulative probability falls below `min_confidence` are not proposed. One `feed` per level:
+    the tree's depth in draft forwards, as many as a chain of that length.
+    """
+    batch = len(request.max_tokens)
+    nodes: list[list[_Node]] = [[] for _ in range(batch)]
+    frontier = [[-1] if n > 0 else [] for n in max_tokens]  # -1: the row's last token
+    logits = root_logits[:, None]  # [B, 1, V]
+    fed = 0  # tree columns fed so far, holes included: every row has as many
+    for depth in range(1, max(max_tokens, default=0) + 1):
+        _add_children(request, nodes, frontier, logits, top_k, min_confidence)
+        frontier = [
+            _worth_expanding(row, depth, top_k, n) if depth < n else [] for row, n in zip(nodes, max_tokens)
+        ]
+        if not any(frontier):
+            break
+        level = _level(nodes, frontier, fed, request.tokens.device)
+        fed += level.tokens.shape[1]
+        logits = feed(level)
+    return _best(nodes, max_tokens, request.tokens.device)
+
+
+def _add_children(
+    request: DraftRequest,
+    nodes: list[list[_Node]],
+    frontier: list[list[int]],
+    logits: torch.Tensor,  # [B, W, V] after each frontier node
+    top_k: int,
+    min_confidence: float,
+) -> None:
+    """Process the logits after each frontier node as the target's will be (the node's own path
+    is the context) and add its `top_k` most probable children."""
+    where = [(b, i, node) for b, row in enumerate(frontier) for i, node in enumerate(row)]
+    if not where:
+        return
+    contexts = [torch.cat([request.row(b), _path(request, nodes[b], node)], dim=1) for b, _, node in where]
+    row_ids = [request.row_ids[b] for b, _, _ in where]
+    raw = torch.stack([logits[b, i] for b, i, _ in where])
+    probs = request.score(contexts, row_ids, raw.float()).softmax(dim=-1)  # all -inf rows give NaN
+    top = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
+    for (b, _, node), values, tokens in zip(where, top.values.tolist(), top.indices.tolist()):
+        reach = 1.0 if node < 0 else nodes[b][node].cumulative
+        for p, token in zip(values, tokens):
+            if p > 0 and reach * p >= min_confidence:  # NaN (nothing allowed) fails too
+                nodes[b].append(_Node(token, node, p, reach * p))
+
+
+def _path(request: DraftRequest, row: list[_Node], node: int) -> torch.Tensor:
+    if node < 0:
+        return request.tokens.new_zeros(1, 0)
+    tokens = torch.tensor([n.token for n in row], device=request.tokens.device)
+    parents = torch.tensor([n.parent for n in row])
+    return path_tokens(tokens, parents, node)
+
+
+def _worth_expanding(row: list[_Node], depth: int, top_k: int, budget: int) -> list[int]:
+    """The newest level's (unfed) nodes to expand: the `top_k` most probable whose descendants
+    could still rank among the `budget` best nodes."""
+    newest = [i for i, n in enumerate(row) if n.column < 0 and _depth(row, i) == depth]
+    newest.sort(key=lambda i: -row[i].cumulative)
+    if len(row) >= budget:
+        cut = sorted((n.cumulative for n in row), reverse=True)[budget - 1]
+        newest = [i for i in newest if row[i].cumulative > cut]
+    return newest[:top_k]
+
+
+def _depth(row: list[_Node], i: int) -> int:
+    depth = 0
+    while i >= 0:
+        depth, i = depth + 1, row[i].parent
+    return depth
+
+
+def _level(nodes: list[list[_Node]], frontier: list[list[int]], before: int, device: torch.device) -> Level:
+    """Lay out the frontier as one forward's columns, after the `before` tree columns fed earlier."""
+    batch, width = len(nodes), max(len(f) for f in frontier)
+    tokens = torch.zeros(batch, width, dtype=torch.long)
+    valid = torch.zeros(batch, width, dtype=torch.bool)
+    visible = torch.zeros(batch, width, before + width, dtype=torch.bool)
+    depths = torch.zeros(batch, width, dtype=torch.long)
+    parent_columns = torch.full((batch, width), -1, dtype=torch.long)
+    for b, row in enumerate(frontier):
+        real_fed = sum(n.column >= 0 for n in nodes[b])  # counted in the row's length already
+        for i, node in enumerate(row):
+            nodes[b][node].column = before + i
+            tokens[b, i], valid[b, i] = nodes[b][node].token, True
+            ancestor = node
+            while ancestor >= 0:
+                visible[b, i, nodes[b][ancestor].column] = True
+                ancestor = nodes[b][ancestor].parent
+            depths[b, i] = _depth(nodes[b], node) - 1 - real_fed
+            if nodes[b][node].parent >= 0:
+                parent_columns[b, i] = nodes[b][nodes[b][node].parent].column
+    return Level(*(t.to(device) for t in (tokens, valid, visible, parent_columns, depths)))
+
+
+def _best(nodes: list[list[_Node]], budgets: list[int], device: torch.device) -> Draft:
+    """Each row's `budget` most probable nodes, kept in the order they were made (parents first:
+    a child is never more probable than its parent, and ties go to the earlier node)."""
+    kept = []
+    for row, budget in zip(nodes, budgets):
+        ranked = sorted(range(len(row)), key=lambda i: (-row[i].cumulative, i))[:budget]
+        kept.append(sorted(ranked))
+    width = max((len(k) for k in kept), default=0)
+    tokens = torch.zeros(len(nodes), width, dtype=torch.long)
+    parents = torch.full((len(nodes), width), -1, dtype=torch.long)
+    confidence = torch.zeros(len(nodes), width)
+    for b, (row, keep) in enumerate(zip(nodes, kept)):
+        renumber = {old: new for new, old in enumerate(keep)}
+        for new, old in enumerate(keep):
+            tokens[b, new] = row[old].token
+            parents[b, new] = renumber[row[old].parent] if row[old].parent >= 0 else -1
+            confidence[b, new] = row[old].probability
+    lengths = [len(k) for k in kept]
+    return Draft(tokens.to(device), lengths, None, confidence.to(device), parents=parents.to(device))
