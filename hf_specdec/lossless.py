@@ -8,9 +8,10 @@ where the target's two best tokens score within a rounding error of each other e
 target's choice. `check_greedy` classifies each output row:
 
 - `identical`: the generated tokens (up to and including the first EOS) equal plain `generate`'s;
-- `tie`: at the first position where they differ, the plain target's top two processed scores,
-  recomputed by one forward over the plain prefix, are at most `rounding_bound` apart, and the two
-  tokens there (plain's and speculation's) are those top two;
+- `tie`: at the first position where they differ, the plain target's processed scores, recomputed
+  by one forward over the plain prefix, put both tokens there (plain's and speculation's) at most
+  `rounding_bound` below the best score: the two are among the tokens rounding cannot tell apart
+  (usually the top two; where three or more tie, the recomputation may rank a third first);
 - `mismatch`: anything else, i.e. a bug.
 
 The bound is the drift rounding can cause through the model's depth, from the dtype the target ran
@@ -147,10 +148,12 @@ def _classify(
 ) -> RowCheck:
     values, tokens = scores.topk(2)
     top_two = (int(tokens[0]), int(tokens[1]))
-    gap = float(values[0] - values[1])
+    best = float(values[0])
+    # How far below the best score the further of the two tokens lies (the top-two gap when they
+    # are the top two).
+    gap = best - min(float(scores[plain_token]), float(scores[spec_token]))
     bound = rounding_bound(float(values.abs().max()), dtype)
-    tied = gap <= bound and {plain_token, spec_token} == set(top_two)
-    return RowCheck(TIE if tied else MISMATCH, at, plain_token, spec_token, top_two, gap, bound)
+    return RowCheck(TIE if gap <= bound else MISMATCH, at, plain_token, spec_token, top_two, gap, bound)
 
 
 def _scores_after(

@@ -84,6 +84,29 @@ def test_a_tie_within_the_bound_with_both_tokens_on_top_is_a_tie(model, ragged):
     assert check[0].kind == MISMATCH
 
 
+def test_a_three_way_tie_is_a_tie_whichever_two_tokens_were_taken(model, ragged):
+    """Where three tokens score within rounding of each other, the recomputation may rank a third
+    one first (seen in bf16 on SmolLM2: plain took a token the one-forward recompute put third,
+    0.125 below the best): both tokens within the bound of the best score is still a tie."""
+    input_ids, attention_mask, plain = ragged
+    at = input_ids.shape[1] + 3
+    first = int(plain[0, at])
+    second, third = ((first + i) % model.config.vocab_size for i in (1, 2))
+
+    def three_way(ids, scores):
+        if ids.shape[1] == at:
+            scores = scores.clone()
+            scores[:, second] = scores[:, first] + 1e-4  # ranked above plain's token, within fp32 rounding
+            scores[:, third] = scores[:, first]
+        return scores
+
+    spec = plain.clone()
+    spec[0, at] = third
+    check = check_greedy(model, input_ids, plain, spec, attention_mask, logits_processor=three_way)[0]
+    assert check.kind == TIE and check.top_two[0] == second and first not in check.top_two[:1]
+    assert check.gap <= check.bound
+
+
 def test_padding_after_eos_is_ignored_and_a_short_row_is_a_mismatch(model, ragged):
     input_ids, attention_mask, plain = ragged
     eos = int(plain[2, input_ids.shape[1] + 2])
