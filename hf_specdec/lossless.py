@@ -49,7 +49,8 @@ class RowCheck:
     """How one output row compares with plain greedy `generate`.
 
     `position` is the index, among the generated tokens, of the first difference (None when
-    identical); `top_two` the plain target's two best tokens there and `gap` their score difference,
+    identical); `top_two` the plain target's two best tokens there and `gap` how far below the best
+    score the further of plain's and speculation's tokens lies,
     `bound` the rounding bound it was held to.
     """
 
@@ -68,8 +69,8 @@ class RowCheck:
             return f"{self.kind}: lengths differ after {self.position} equal generated tokens"
         return (
             f"{self.kind} at generated token {self.position}: plain took {self.plain_token}, speculative "
-            f"{self.speculative_token}; the target's top two there are {self.top_two}, {self.gap:.3g} apart "
-            f"(rounding bound {self.bound:.3g})"
+            f"{self.speculative_token}; the further of the two scores {self.gap:.3g} below the best "
+            f"(rounding bound {self.bound:.3g}; the target's top two there: {self.top_two})"
         )
 
     def to_dict(self) -> dict[str, Any]:
