@@ -24,6 +24,7 @@ from hf_specdec.commands.demo import DEMO_PROMPTS
 from hf_specdec.drafters.draft_model import load_draft
 from hf_specdec.loading import encode_prompts, load_model, pad_token_id
 from hf_specdec.lossless import MISMATCH, TIE, check_greedy, count_kinds
+from hf_specdec.ort.cache import quantized_copy
 
 pytestmark = pytest.mark.slow
 
@@ -82,8 +83,6 @@ def private_cache(tmp_path_factory):
 def two_layers(bf16, private_cache):
     """SmolLM2's first two layers in bf16, with its int8 ONNX copy exported once into the private
     cache: `quantized` finds it there, and the `onnx` case drafts with the same folder."""
-    from hf_specdec.drafters.onnx import quantized_copy
-
     model, tokenizer = bf16
     small = truncated(model, 2, torch.bfloat16)
     small.name_or_path = "SmolLM2-2-layers"
