@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from ..drafters import DRAFTERS
+from ..drafters.draft_model import load_draft
 from ..heads import HEAD_METHODS
 from ..loading import (
     cpu_name,
@@ -29,6 +30,7 @@ from ..loading import (
     use_chat_template,
 )
 from ..lossless import IDENTICAL, check_greedy, count_kinds
+from ..ort.layout import is_onnx_folder
 from ..timing import clock
 from .result import PLAIN, BenchResult, Measurement
 from .suites import Prompt, load_prompt_file, load_suite, take_per_category
@@ -315,12 +317,8 @@ def _batches(prompts: list[Prompt], size: int) -> list[list[Prompt]]:
 def _load_draft(draft: Any, target: Any) -> tuple[Any, Any]:
     """A draft path becomes a loaded model once, shared by our row and transformers' assisted row.
     An exported ONNX folder stays a path: our drafter opens it; transformers cannot use it."""
-    from ..ort import is_onnx_folder
-
     if draft is None or not isinstance(draft, (str, Path)) or is_onnx_folder(draft):
         return draft, None
-    from ..drafters.draft_model import load_draft
-
     return load_draft(str(draft), target)
 
 

@@ -44,6 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported here: the CLI imports every command to build its parser, and `hf-specdec demo` should
+    # not pay for loading the serving exporter and everything it reads.
     from ..serving import ServingExportError, command_line, export_serving
 
     try:
