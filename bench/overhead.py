@@ -2,9 +2,13 @@
 
     python bench/overhead.py [--new-tokens 200] [--repeats 5] [--threads 1] [--device cpu]
 
-A tiny random Llama (2 layers, hidden 64, vocabulary 49152 as SmolLM2's) makes the model almost
+A tiny Llama (2 layers, hidden 64, vocabulary 49152 as SmolLM2's) makes the model almost
 free, so what remains is each loop's overhead: the per-step work a GPU user pays on top of an
-8B target's ~10 ms step. Rows, greedy, medians of `--repeats` runs interleaved row by row:
+8B target's ~10 ms step. Its weights are random except that the layers' output projections are
+zero and its LM head is its embedding shifted by one id: every layer still computes, but greedy
+decoding counts up (token t is followed by t + 1), so a generated n-gram never recurs and "no
+match" is exact (tau 1.00), where a random model's output soon repeats itself and lets the n-gram
+drafter match. Rows, greedy, medians of `--repeats` runs interleaved row by row:
 
 - plain `generate`;
 - no match: transformers' prompt lookup and our `ngram` on a prompt whose n-grams never recur
@@ -44,7 +48,15 @@ def tiny_llama(device: str) -> LlamaForCausalLM:
         pad_token_id=0,
     )
     torch.manual_seed(0)
-    return LlamaForCausalLM(config).eval().to(device)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:  # the layers run but leave the residual stream alone
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        # After the final norm the hidden state is token t's embedding, scaled: the LM head row
+        # most aligned with it is row t + 1's, so greedy decoding counts up.
+        model.lm_head.weight.copy_(torch.roll(model.model.embed_tokens.weight, 1, dims=0))
+    return model.to(device)
 
 
 def rows(model):
@@ -73,9 +85,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model = tiny_llama(args.device)
-    # Distinct token ids: no n-gram of the prompt recurs, and a random model rarely repeats one.
-    prompt = torch.randperm(40000, generator=torch.Generator().manual_seed(0))[:64][None].add(10)
-    prompt = prompt.to(args.device)
+    # Distinct token ids below 20010, then 30000: the model continues 30001, 30002, ... so no
+    # n-gram of the prompt or of the output ever recurs.
+    ids = torch.randperm(20000, generator=torch.Generator().manual_seed(0))[:63].add(10)
+    prompt = torch.cat([ids, torch.tensor([30000])])[None].to(args.device)
     cases = rows(model)
     times: dict[str, list[float]] = {name: [] for name in cases}
     taus: dict[str, float | None] = {}
@@ -86,6 +99,9 @@ def main() -> None:
         outputs[name] = out.sequences
         stats = getattr(out, "speculative_stats", None)
         taus[name] = None if stats is None else stats.mean_accepted_length
+    counted = outputs["plain"][0, prompt.shape[1] - 1 :].diff()
+    if not bool((counted == 1).all()):  # the premise of the no-match rows
+        raise SystemExit("The tiny model did not count up: the no-match rows would not measure a miss.")
     for _ in range(args.repeats):
         for name, extra in cases.items():
             start = clock(prompt.device)

@@ -177,13 +177,14 @@ def _verify(
     """
     device = draft.tokens.device
     width = 1 + draft.tokens.shape[1]
-    draft_lengths = torch.tensor(draft.lengths, device=device)
-    last = request.tokens.gather(1, torch.tensor(request.lengths, device=device)[:, None] - 1)
+    lengths = torch.tensor([request.lengths, draft.lengths], device=device)  # one copy to the device
+    last = request.tokens.gather(1, lengths[0, :, None] - 1)
     feed = torch.cat([last, draft.tokens], dim=1)  # [B, width]
-    valid = torch.arange(width, device=device)[None, :] <= draft_lengths[:, None]
+    valid = torch.arange(width, device=device)[None, :] <= lengths[1, :, None]
     index = torch.tensor(slots, device=device)
     tree = None if draft.parents is None else _tree_layout(draft.parents)
-    if len(slots) == target.mask.shape[0]:  # no finished rows waiting in the cache: slots are 0..B-1
+    whole = len(slots) == target.mask.shape[0]  # no finished rows waiting in the cache: slots are 0..B-1
+    if whole:
         feed_all, valid_all, tree_all = feed, valid, tree
     else:
         feed_all = feed.new_zeros(target.mask.shape[0], width).index_copy_(0, index, feed)
@@ -192,27 +193,29 @@ def _verify(
     output = target.forward(
         feed_all, valid_all, logits_to_keep=width, output_hidden_states=bool(features.layers), tree=tree_all
     )
-    step = _accept(request, draft, output.logits[index])
+    step = _accept(request, draft, output.logits if whole else output.logits[index])
     if step.paths is not None:  # move each row's accepted path to the front of its fed columns
         order = torch.arange(width, device=device).repeat(target.mask.shape[0], 1)
         for b, path in enumerate(step.paths):
             order[slots[b], 1 : 1 + len(path)] = torch.tensor(path, device=device) + 1
         target.reorder_tail(order)
     # Keep the fed last token and the accepted drafts; the row's new token is not in the cache yet.
-    accepted = torch.tensor(step.accepted, device=device)
-    lengths = target.lengths.clone()
-    lengths[index] += accepted + 1 - valid.sum(dim=1)
-    target.truncate(lengths)
-    kept = torch.arange(width, device=device)[None, :] <= accepted[:, None]
-    features.add(output, kept, request.row_ids, index)
+    rejected = [n - a for n, a in zip(draft.lengths, step.accepted)]
+    if any(rejected):  # decided on the host: a step that kept its whole draft rolls nothing back
+        kept_lengths = target.lengths.clone()
+        kept_lengths[index] -= torch.tensor(rejected, device=device)
+        target.truncate(kept_lengths)
+    if features.layers:
+        kept = torch.arange(width, device=device)[None, :] <= torch.tensor(step.accepted, device=device)[:, None]
+        features.add(output, kept, request.row_ids, index)
     return step
 
 
 def _accept(request: DraftRequest, draft: Draft, logits: torch.Tensor) -> _Verified:
     """Score each row's draft with the target's `logits` [B, k + 1, V] and accept what the
     target agrees with (greedy) or what rejection sampling keeps."""
-    draft_lengths = torch.tensor(draft.lengths, device=logits.device)
-    contexts = [request.row(b) for b in range(len(request.row_ids))]
+    # Only processors that read tokens need each row's sequence (plain greedy has none).
+    contexts = [request.row(b) for b in range(len(request.row_ids))] if request.score.processors else []
     scores = request.score.positions(
         contexts, request.row_ids, draft.tokens, draft.lengths, logits, draft.parents
     )
@@ -221,6 +224,9 @@ def _accept(request: DraftRequest, draft: Draft, logits: torch.Tensor) -> _Verif
             raise NotImplementedError("Sampled tree drafts need multi-draft rejection sampling.")
         paths, tokens = tree_verify(draft.tokens, draft.lengths, draft.parents, scores, request.do_sample)
         return _Verified([len(path) for path in paths], tokens, scores, logits, paths)
+    if not request.do_sample and not any(draft.lengths):  # nothing drafted: a plain greedy step
+        return _Verified([0] * len(draft.lengths), scores.argmax(dim=-1), scores, logits)
+    draft_lengths = torch.tensor(draft.lengths, device=logits.device)
     if request.do_sample:
         accepted, tokens = rejection_sample(draft.tokens, draft_lengths, draft.probs, scores.softmax(-1))
     else:

@@ -67,12 +67,13 @@ class OutputCollector:
         stopping_criteria: StoppingCriteriaList,
     ) -> None:
         """Append tokens to a row one at a time, stopping at the first that ends the row."""
+        start = self.lengths[row]
+        tokens = tokens[: self.capacity - start]  # what fits before max_length
+        # Written at once (positions past the row's length are not part of it yet), then shown
+        # to the criteria one token at a time, as plain generate would have.
+        self.tokens[row, start : start + len(tokens)] = tokens
         n = 0
-        for i, token in enumerate(tokens):
-            if self.lengths[row] >= self.capacity:
-                self.finished[row] = True
-                break
-            self.tokens[row, self.lengths[row]] = token
+        for i in range(len(tokens)):
             self.lengths[row] += 1
             n += 1
             if self.keep_scores:
@@ -83,6 +84,8 @@ class OutputCollector:
             if bool(stopping_criteria(self.row(row), step_scores)[0]):
                 self.finished[row] = True
                 break
+        if self.lengths[row] >= self.capacity:
+            self.finished[row] = True
         self.emitted += n
         if self.keep_logits:
             self.logits[row].extend(logits[:n].float()[:, None])

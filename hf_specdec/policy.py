@@ -175,6 +175,7 @@ class CostModel:
     draft: _Recent = field(default_factory=_Recent)  # seconds per drafted position
     verify_times: dict[tuple[int, int], _Recent] = field(default_factory=dict)  # (batch, width) -> seconds
     _predicted: dict[tuple[int, int], float | None] = field(default_factory=dict, repr=False, compare=False)
+    _known: dict[int, dict[int, float]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def draft_per_token(self) -> float | None:
@@ -186,6 +187,7 @@ class CostModel:
     def add_verify(self, batch_size: int, width: int, seconds: float) -> None:
         self.verify_times.setdefault((batch_size, width), _Recent()).add(seconds)
         self._predicted.clear()
+        self._known.clear()
 
     def measured_wide(self) -> bool:
         """Whether any verify of a draft has been timed (at any batch size: the nearest stands in)."""
@@ -201,13 +203,19 @@ class CostModel:
             self._predicted[key] = self._predict(batch_size, width)
         return self._predicted[key]
 
-    def _predict(self, batch_size: int, width: int) -> float | None:
-        known = {w: e.value for (b, w), e in self.verify_times.items() if b == batch_size}
-        if not known:
+    def _measured(self, batch_size: int) -> dict[int, float]:
+        """Width -> measured seconds at this batch size, or at the nearest one measured."""
+        if batch_size not in self._known:
             sizes = sorted({b for b, _ in self.verify_times}, key=lambda b: abs(b - batch_size))
-            if not sizes:
-                return None
-            known = {w: e.value for (b, w), e in self.verify_times.items() if b == sizes[0]}
+            self._known[batch_size] = (
+                {w: e.value for (b, w), e in self.verify_times.items() if b == sizes[0]} if sizes else {}
+            )
+        return self._known[batch_size]
+
+    def _predict(self, batch_size: int, width: int) -> float | None:
+        known = self._measured(batch_size)
+        if not known:
+            return None
         if width in known:
             return known[width]
         if width == 1 or 1 not in known:

@@ -56,6 +56,7 @@ class _RowIndex:
         self.tables: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in sizes}
         self.tokens: list[int] = []
         self.indexed = 0  # continuation positions already indexed
+        self.padding = 0  # left padding before the row's prompt, never indexed
 
     def extend(self, new_tokens: list[int]) -> None:
         self.tokens.extend(new_tokens)
@@ -148,12 +149,14 @@ class NgramDrafter(Drafter):
         proposals: list[tuple[list[int], list[int], list[int]]] = []  # tokens, parents, match sizes
         sizes = range(self.config.min_ngram, self.config.max_ngram + 1)
         for b, row_id in enumerate(request.row_ids):
-            index = self.rows.setdefault(row_id, _RowIndex(sizes, self.config.max_matches))
-            row = request.row(b)[0]
-            real = request.attention_mask[b, : request.lengths[b]].bool()
-            # Only the tokens added since the last step are new; left padding is never indexed.
-            new = int(real.sum()) - len(index.tokens)
-            index.extend(row[real][-new:].tolist() if new > 0 else [])
+            index = self.rows.get(row_id)
+            if index is None:  # the prompt: skip its left padding, once
+                index = self.rows[row_id] = _RowIndex(sizes, self.config.max_matches)
+                index.padding = int((request.attention_mask[b, : request.lengths[b]] == 0).sum())
+            # Only the tokens added since the last step are new (generated tokens are never padding).
+            start = index.padding + len(index.tokens)
+            if request.lengths[b] > start:
+                index.extend(request.tokens[b, start : request.lengths[b]].tolist())
             budget = request.max_tokens[b]
             if budget <= 0:
                 proposals.append(([], [], []))
@@ -164,17 +167,18 @@ class NgramDrafter(Drafter):
                 proposals.append((chain, list(range(-1, len(chain) - 1)), [size] * len(chain)))
         lengths = [len(tokens) for tokens, _, _ in proposals]
         width = max(lengths, default=0)
-        tokens = torch.zeros(len(proposals), width, dtype=torch.long)
-        parents = torch.zeros(len(proposals), width, dtype=torch.long)
-        confidence = torch.zeros(len(proposals), width)
-        for b, (row_tokens, row_parents, match_sizes) in enumerate(proposals):
-            n = len(row_tokens)
-            tokens[b, :n] = torch.tensor(row_tokens, dtype=torch.long)
-            parents[b, :n] = torch.tensor(row_parents, dtype=torch.long)
-            # A raw score, not a probability: longer matches are likelier to continue. The
-            # draft-length policy learns what each score is worth in accepted tokens.
-            confidence[b, :n] = torch.tensor([size / (size + 1) for size in match_sizes])
         device = request.tokens.device
+        if width == 0:  # no match in any row: the step is a plain one, and cheap to say so
+            return Draft.empty(len(proposals), device)
+
+        def padded(rows: list[list[Any]], fill: Any) -> list[list[Any]]:
+            return [row + [fill] * (width - len(row)) for row in rows]
+
+        tokens = torch.tensor(padded([p[0] for p in proposals], 0), dtype=torch.long)
+        parents = torch.tensor(padded([p[1] for p in proposals], 0), dtype=torch.long)
+        # A raw score, not a probability: longer matches are likelier to continue. The
+        # draft-length policy learns what each score is worth in accepted tokens.
+        confidence = torch.tensor(padded([[n / (n + 1) for n in p[2]] for p in proposals], 0.0))
         return Draft(
             tokens.to(device),
             lengths,
