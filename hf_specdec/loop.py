@@ -206,7 +206,8 @@ def _verify(
         kept_lengths[index] -= torch.tensor(rejected, device=device)
         target.truncate(kept_lengths)
     if features.layers:
-        kept = torch.arange(width, device=device)[None, :] <= torch.tensor(step.accepted, device=device)[:, None]
+        accepted = torch.tensor(step.accepted, device=device)
+        kept = torch.arange(width, device=device)[None, :] <= accepted[:, None]
         features.add(output, kept, request.row_ids, index)
     return step
 
