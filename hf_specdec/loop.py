@@ -126,9 +126,11 @@ def _request(
     tree: bool = False,
 ) -> DraftRequest:
     """What a drafter is told about the active `rows` when asked for up to `k` tokens each."""
+    # While every row is active the drafter reads the collector's own tensors (no copy per step).
+    select = slice(None) if len(rows) == len(out.lengths) else rows
     return DraftRequest(
-        tokens=out.tokens[rows],
-        attention_mask=out.mask[rows],
+        tokens=out.tokens[select],
+        attention_mask=out.mask[select],
         lengths=[out.lengths[r] for r in rows],
         max_tokens=[min(k, out.room(r) - 1) for r in rows],
         do_sample=generation_config.do_sample,
