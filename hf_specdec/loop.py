@@ -149,9 +149,10 @@ def _emit(
 ) -> None:
     """Append each row's accepted drafts and the target's own token; count the step."""
     stats.target_forwards += 1
+    depths = [None] * len(request.row_ids) if draft.parents is None else draft.depths()
     for b, row in enumerate(request.row_ids):
         n = step.accepted[b] + 1  # accepted drafts and the target's own token
-        stats.record_step(draft.lengths[b], step.accepted[b])
+        stats.record_step(draft.lengths[b], step.accepted[b], depths[b])
         # The positions the emitted tokens were chosen at: along the accepted path of a tree.
         at = slice(0, n) if step.paths is None else [0] + [1 + node for node in step.paths[b]]
         out.emit(row, step.tokens[b, :n], step.scores[b, at], step.logits[b, at], stopping_criteria)
