@@ -50,7 +50,7 @@ def speculative_decode(
     if tree and not drafter.supports_tree:
         raise ValueError(
             f"method={speculative.method!r} drafts chains only; tree=True needs a drafter that grows "
-            "trees (method='ngram', 'draft_model' or 'eagle'), or drop tree=."
+            "trees (method='ngram', 'draft_model', 'eagle' or 'medusa'), or drop tree=."
         )
     policy = _default_policy(speculative)
     stats = SpeculativeStats(method=speculative.method)
