@@ -108,7 +108,9 @@ def speculative_decode(
 
         drafter.observe(draft, step.accepted)
         _emit(out, stats, request, draft, step, stopping_criteria)
-        policy.update(len(rows), draft, step.accepted, drafted_at - start, verified_at - drafted_at)
+        # Tree steps also tell the policy which nodes were accepted: what sizes the trees to come.
+        paths = {} if step.paths is None else {"paths": step.paths}
+        policy.update(len(rows), draft, step.accepted, drafted_at - start, verified_at - drafted_at, **paths)
         stats.draft_seconds += drafted_at - start
         stats.verify_seconds += verified_at - drafted_at
 
