@@ -451,12 +451,11 @@ class AdaptiveDraftLength:
     def update(self, batch_size, draft, accepted, draft_seconds, verify_seconds, paths=None) -> None:
         width = 1 + max(draft.lengths, default=0)
         self.costs.add_verify(batch_size, width, verify_seconds)
-        if width > 1:
-            # Per node for trees too: trees that cost less than their nodes (a Medusa tree costs its
-            # heads' one pass) then look dearer the bigger they are, which errs towards small ones.
-            self.costs.add_draft(max(draft_seconds - draft.catch_up_seconds, 0.0) / (width - 1))
         if width == 1:
             return  # a plain step says nothing about drafts
+        # Per node for trees too: trees that cost less than their nodes (a Medusa tree costs its
+        # heads' one pass) then look dearer the bigger they are, which errs towards small ones.
+        self.costs.add_draft(max(draft_seconds - draft.catch_up_seconds, 0.0) / (width - 1))
         if draft.parents is not None and paths is not None:
             self.drafting_trees = True
             self.trees.observe(draft.lengths, paths)
