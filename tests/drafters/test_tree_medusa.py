@@ -83,6 +83,13 @@ def test_greedy_tree_matches_plain_greedy(one_layer, tree, batch):
     assert stats.mean_tree_depth <= head.config.num_heads
 
 
+def test_greedy_tree_sized_by_the_adaptive_policy_matches_plain_greedy(one_layer):
+    head = identity_medusa(one_layer, torch.arange(4, 64))
+    plain, out, attention_mask = _generate(one_layer, 3, _spec(head, length="auto"))
+    assert_greedy_match(one_layer, plain, out.sequences, attention_mask)
+    assert out.speculative_stats.tree_steps > 0  # it explored trees at least once
+
+
 def test_control_greedy_walk_that_prefers_the_draft_is_caught(one_layer, monkeypatch):
     """The same check fails when the walk accepts the first root child where the target disagrees."""
     import hf_specdec.loop
