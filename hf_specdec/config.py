@@ -37,6 +37,7 @@ class SpeculativeConfig:
             forward (`num_draft_tokens` then counts its nodes); an integer also caps the nodes;
             `False` (default) drafts one chain. Drafters that grow trees: `ngram` (a trie of
             matches), `draft_model` and `eagle` (EAGLE-2: top-k branching by cumulative draft
+            probability) and `medusa` (the cartesian product of each head's top-k, pruned by
             probability).
     """
 

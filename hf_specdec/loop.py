@@ -50,7 +50,7 @@ def speculative_decode(
     if tree and not drafter.supports_tree:
         raise ValueError(
             f"method={speculative.method!r} drafts chains only; tree=True needs a drafter that grows "
-            "trees (method='ngram', 'draft_model' or 'eagle'), or drop tree=."
+            "trees (method='ngram', 'draft_model', 'eagle' or 'medusa'), or drop tree=."
         )
     policy = _default_policy(speculative)
     stats = SpeculativeStats(method=speculative.method)
@@ -108,7 +108,9 @@ def speculative_decode(
 
         drafter.observe(draft, step.accepted)
         _emit(out, stats, request, draft, step, stopping_criteria)
-        policy.update(len(rows), draft, step.accepted, drafted_at - start, verified_at - drafted_at)
+        # Tree steps also tell the policy which nodes were accepted: what sizes the trees to come.
+        paths = {} if step.paths is None else {"paths": step.paths}
+        policy.update(len(rows), draft, step.accepted, drafted_at - start, verified_at - drafted_at, **paths)
         stats.draft_seconds += drafted_at - start
         stats.verify_seconds += verified_at - drafted_at
 
@@ -151,9 +153,10 @@ def _emit(
 ) -> None:
     """Append each row's accepted drafts and the target's own token; count the step."""
     stats.target_forwards += 1
+    depths = [None] * len(request.row_ids) if draft.parents is None else draft.depths()
     for b, row in enumerate(request.row_ids):
         n = step.accepted[b] + 1  # accepted drafts and the target's own token
-        stats.record_step(draft.lengths[b], step.accepted[b])
+        stats.record_step(draft.lengths[b], step.accepted[b], depths[b])
         # The positions the emitted tokens were chosen at: along the accepted path of a tree.
         at = slice(0, n) if step.paths is None else [0] + [1 + node for node in step.paths[b]]
         out.emit(row, step.tokens[b, :n], step.scores[b, at], step.logits[b, at], stopping_criteria)

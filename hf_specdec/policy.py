@@ -13,14 +13,25 @@ current batch size) during the call, and
   remaining tokens are not worth their verify cost. Confidences are calibrated here: per bucket of
   the drafter's score, the policy counts how often such tokens were actually accepted.
 
+Trees (`SpeculativeConfig(tree=...)`) are sized by the same rule, with the gain of a tree of n
+nodes in place of E(k): a tree verifies n nodes in a forward of width n + 1, as a chain of n tokens
+does, but accepts more of them, since a rejected node leaves its siblings on offer. Drafters put a
+tree's nodes best first (parents before children), so a tree's first n nodes are its best tree of n
+nodes, and the step accepts the nodes of its accepted path among them; hence the expected gain of n
+nodes is Σ_{i<n} β_i, β_i being how often node i lies on the accepted path (`TreeAcceptance`, learnt
+from tree steps alone). With cheap verification bigger trees pay; where each fed token costs about
+as much as a step (fp32 on a CPU) the chosen trees shrink to a node or two, or to plain decoding.
+
 Its parts, each usable and tested alone: `AdaptiveSettings` (frozen settings), `AcceptanceEstimate`
-(α_i and calibrated confidences), `CostModel` (measured draft and verify costs, and no figure about
-any device), `ProbeSchedule` (when to try drafting again) and `best_width` (the decision).
+(α_i and calibrated confidences), `TreeAcceptance` (β_i of tree nodes), `CostModel` (measured draft
+and verify costs, and no figure about any device), `ProbeSchedule` (when to try drafting again),
+`best_width` and `fastest_width` (the decision).
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import statistics
 from collections.abc import Callable
@@ -43,9 +54,16 @@ class DraftLengthPolicy(Protocol):
         ...
 
     def update(
-        self, batch_size: int, draft: Draft, accepted: list[int], draft_seconds: float, verify_seconds: float
+        self,
+        batch_size: int,
+        draft: Draft,
+        accepted: list[int],
+        draft_seconds: float,
+        verify_seconds: float,
+        paths: list[list[int]] | None = None,
     ) -> None:
-        """Learn from the step just taken: the verified draft, per-row acceptance and the two costs."""
+        """Learn from the step just taken: the verified draft, per-row acceptance and the two costs.
+        Tree steps (only they) also pass `paths`: each row's accepted nodes, root first."""
         ...
 
     def expect_draft_cost(self, seconds_per_token: float) -> None:
@@ -65,7 +83,7 @@ class FixedDraftLength:
     def trim(self, draft: Draft, batch_size: int, remaining: list[int] | None = None) -> Draft:
         return draft
 
-    def update(self, batch_size, draft, accepted, draft_seconds, verify_seconds) -> None:
+    def update(self, batch_size, draft, accepted, draft_seconds, verify_seconds, paths=None) -> None:
         pass
 
     def expect_draft_cost(self, seconds_per_token: float) -> None:
@@ -164,6 +182,56 @@ class AcceptanceEstimate:
 
 def _bucket(confidence: float) -> int:
     return min(int(confidence * _BUCKETS), _BUCKETS - 1)
+
+
+@dataclass
+class TreeAcceptance:
+    """Learnt acceptance of tree drafts, kept apart from chains': β_i, how often node i (in the
+    drafter's best-first order) lies on the accepted path, among tree steps whose row had a node i.
+
+    A tree's first n nodes are a tree, and the walk down it accepts exactly the accepted path's
+    nodes below n (a path's nodes come in increasing order); so n nodes are expected to add
+    Σ_{i<n} β_i tokens (`gains`), whatever tree sizes the β_i were measured with. Each β_i is the
+    mean of a Beta posterior whose prior is β_{i-1} (β_0's: `prior_acceptance`): a node never
+    drafted is guessed as likely as the one before it. Nodes come best first, so this guesses
+    high, and a size never tried gets tried and measured (as `CostModel` guesses costs low).
+    """
+
+    max_k: int = MAX_DRAFT
+    prior_acceptance: float = 0.6
+    prior_weight: float = 2.0
+    drafted: list[float] = field(default_factory=list)  # per node index, sized to max_k
+    on_path: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for counts in (self.drafted, self.on_path):
+            counts.extend([0.0] * (self.max_k - len(counts)))
+
+    @property
+    def observed(self) -> bool:
+        """Whether any tree step was observed."""
+        return self.drafted[0] > 0
+
+    def betas(self) -> list[float]:
+        """β_i for every node index up to `max_k`."""
+        betas, prior = [], self.prior_acceptance
+        for hits, trials in zip(self.on_path, self.drafted):
+            prior = _beta_mean(hits, trials, prior, self.prior_weight)
+            betas.append(prior)
+        return betas
+
+    def gains(self) -> list[float]:
+        """gains[n - 1]: tokens a tree's first n nodes add in expectation, Σ_{i<n} β_i."""
+        return list(itertools.accumulate(self.betas()))
+
+    def observe(self, lengths: list[int], paths: list[list[int]]) -> None:
+        """Row b verified a tree of `lengths[b]` nodes and accepted the nodes `paths[b]`."""
+        for n, path in zip(lengths, paths):
+            for i in range(min(n, self.max_k)):
+                self.drafted[i] += 1
+            for node in path:
+                if node < self.max_k:
+                    self.on_path[node] += 1
 
 
 @dataclass
@@ -266,11 +334,21 @@ def best_width(
     max_b remaining_b / (1 + g_b(k)) more steps: drafting pays only where it speeds up the rows
     that have the most left to do. With one row this is the tokens-per-second rule of Leviathan et al.
     """
-    remaining = remaining or [1] * len(rows)
-    gains = [expected_gains(alphas) for alphas in rows]  # gains[b][k-1]
+    return fastest_width([expected_gains(alphas) for alphas in rows], draft_cost, verify, remaining)
+
+
+def fastest_width(
+    gains: list[list[float]],
+    draft_cost: float,
+    verify: Callable[[int], float],
+    remaining: list[int] | None = None,
+) -> tuple[int, float]:
+    """`best_width` from each row's expected gains, gains[b][k - 1] the tokens k draft tokens (or
+    tree nodes: `TreeAcceptance.gains`) add to row b's step, rather than from its α list."""
+    remaining = remaining or [1] * len(gains)
     plain_time = max(remaining) * verify(1)
     best_k, best_time = 0, plain_time
-    for k in range(1, max((len(a) for a in rows), default=0) + 1):
+    for k in range(1, max((len(g) for g in gains), default=0) + 1):
         steps = max(r / (1.0 + (g[min(k, len(g)) - 1] if g else 0.0)) for r, g in zip(remaining, gains))
         time = steps * (k * draft_cost + verify(k + 1))
         if time * 1.02 < best_time:  # a 2% margin: noise must not flip us into a loss
@@ -305,9 +383,11 @@ class AdaptiveDraftLength:
     """Cost-aware draft length; its state lives in the object (one per `generate` call by default).
 
     Settings are an `AdaptiveSettings` (or its fields as keywords: `AdaptiveDraftLength(first_k=4)`);
-    what the policy learns lives in three parts that are tested alone: `acceptance`
-    (`AcceptanceEstimate`), `costs` (`CostModel`) and `probes` (`ProbeSchedule`). The decision
-    itself is `best_width`, a function of what those parts estimate.
+    what the policy learns lives in parts that are tested alone: `acceptance`
+    (`AcceptanceEstimate`, from chains), `trees` (`TreeAcceptance`, from trees), `costs`
+    (`CostModel`) and `probes` (`ProbeSchedule`). The decision itself is `best_width` /
+    `fastest_width`, a function of what those parts estimate. Whether the coming draft is a chain or
+    a tree it learns from the drafts it is shown: the kind of the last one verified.
     """
 
     def __init__(self, settings: AdaptiveSettings | None = None, **fields: Any) -> None:
@@ -316,8 +396,10 @@ class AdaptiveDraftLength:
         self.settings = settings if settings is not None else AdaptiveSettings(**fields)
         s = self.settings
         self.acceptance = AcceptanceEstimate(s.max_k, s.prior_acceptance, s.prior_weight)
+        self.trees = TreeAcceptance(s.max_k, s.prior_acceptance, s.prior_weight)
         self.costs = CostModel()
         self.probes = ProbeSchedule(s.probe_every)
+        self.drafting_trees = False  # the last verified draft was a tree: size trees, not chains
 
     def __repr__(self) -> str:
         return f"AdaptiveDraftLength({self.settings!r})"
@@ -335,7 +417,7 @@ class AdaptiveDraftLength:
             # Nothing verified wider than a plain step yet: explore, unless the drafter's up-front
             # timing (`expect_draft_cost`) already says drafting cannot pay.
             return s.first_k if perfect >= s.min_probe_gain else 0
-        best_k, _ = best_width([self.acceptance.alphas()], draft_cost, verify)
+        best_k, _ = fastest_width([self._gains()], draft_cost, verify)
         if best_k == 0:
             if perfect < s.min_probe_gain:
                 return 0
@@ -354,29 +436,47 @@ class AdaptiveDraftLength:
         verify = functools.partial(self.costs.verify, batch_size)
         if verify(1) is None or not self.costs.measured_wide():
             return draft
-        if draft.probs is not None or draft.confidence is None or draft.parents is not None:
+        if draft.parents is not None and self.trees.observed:
+            # A tree is cut to its first nodes, its best tree of that size, by what trees gained.
+            gains = self.trees.gains()
+            rows = [gains[:n] for n in draft.lengths]
+        elif draft.probs is not None or draft.confidence is None or draft.parents is not None:
             # A sampled draft must not be cut by its own tokens' confidences: keeping token i only
             # when it looks likely would bias which tokens reach the acceptance test, and the
             # output would no longer follow the target's distribution. Cut by position alone.
-            alphas = self.acceptance.alphas()
-            rows = [alphas[:n] for n in draft.lengths]
+            gains = expected_gains(self.acceptance.alphas())
+            rows = [gains[:n] for n in draft.lengths]
         else:
             rows = [
-                [self.acceptance.calibrated(c) for c in row[:n]]
+                expected_gains([self.acceptance.calibrated(c) for c in row[:n]])
                 for row, n in zip(draft.confidence.tolist(), draft.lengths)
             ]
         # Rows share one forward, so they share its width: pick the width that pays for the batch.
-        width, _ = best_width(rows, 0.0, verify, remaining)  # drafting is already paid for
+        width, _ = fastest_width(rows, 0.0, verify, remaining)  # drafting is already paid for
         lengths = [min(n, width) for n in draft.lengths]
         return draft.truncated(lengths) if lengths != draft.lengths else draft
 
-    def update(self, batch_size, draft, accepted, draft_seconds, verify_seconds) -> None:
+    def update(self, batch_size, draft, accepted, draft_seconds, verify_seconds, paths=None) -> None:
         width = 1 + max(draft.lengths, default=0)
         self.costs.add_verify(batch_size, width, verify_seconds)
-        if width > 1:
-            self.costs.add_draft(max(draft_seconds - draft.catch_up_seconds, 0.0) / (width - 1))
+        if width == 1:
+            return  # a plain step says nothing about drafts
+        # Per node for trees too: trees that cost less than their nodes (a Medusa tree costs its
+        # heads' one pass) then look dearer the bigger they are, which errs towards small ones.
+        self.costs.add_draft(max(draft_seconds - draft.catch_up_seconds, 0.0) / (width - 1))
+        if draft.parents is not None and paths is not None:
+            self.drafting_trees = True
+            self.trees.observe(draft.lengths, paths)
+            return
+        self.drafting_trees = False
         confidence = draft.confidence.tolist() if draft.confidence is not None else None
         self.acceptance.observe(draft.depths(), accepted, confidence)
+
+    def _gains(self) -> list[float]:
+        """Expected gains of the coming draft's first k tokens (or nodes) for k up to `max_k`."""
+        if self.drafting_trees:
+            return self.trees.gains()
+        return expected_gains(self.acceptance.alphas())
 
 
 __all__ = [
@@ -387,6 +487,8 @@ __all__ = [
     "DraftLengthPolicy",
     "FixedDraftLength",
     "ProbeSchedule",
+    "TreeAcceptance",
     "best_width",
     "expected_gains",
+    "fastest_width",
 ]

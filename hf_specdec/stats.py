@@ -17,6 +17,12 @@ class SpeculativeStats:
     `num_accepted_tokens_per_pos`). `emitted` counts tokens the call produced (accepted drafts plus
     one target token a step, cut at EOS / max length).
 
+    A tree draft counts its nodes as drafted tokens: every node is fed to, and verified by, the
+    target's forward, whichever path is accepted. `tree_steps` counts the speculative steps that
+    verified a tree and `tree_depth` sums those trees' depths (their longest root-to-leaf paths, the
+    most a step could accept), so a tree's extra nodes show as `mean_nodes_verified` above
+    `mean_tree_depth`; for chains, depth and nodes are one number and the tree counters stay 0.
+
     Two mean accepted lengths, both counting the target's own token, differ in what they divide by:
     `mean_accepted_length` = 1 + accepted / steps, the tokens a row gains per target forward over
     every step (what the call got); `mean_accepted_length_speculative` = 1 + accepted /
@@ -34,12 +40,15 @@ class SpeculativeStats:
     emitted: int = 0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
+    tree_steps: int = 0
+    tree_depth: int = 0
     position_drafted: list[int] = field(default_factory=list)
     position_accepted: list[int] = field(default_factory=list)
     draft_lengths: list[int] = field(default_factory=list)  # the adaptive policy's choice per step
 
-    def record_step(self, drafted: int, accepted: int) -> None:
-        """Count one verification step that checked `drafted` tokens and kept `accepted` of them."""
+    def record_step(self, drafted: int, accepted: int, tree_depth: int | None = None) -> None:
+        """Count one verification step that checked `drafted` tokens (a tree's nodes) and kept
+        `accepted` of them; `tree_depth` is given for a tree draft, None for a chain."""
         self.steps += 1
         if drafted == 0:
             self.plain_steps += 1
@@ -47,6 +56,9 @@ class SpeculativeStats:
         self.speculative_steps += 1
         self.drafted += drafted
         self.accepted += accepted
+        if tree_depth is not None:
+            self.tree_steps += 1
+            self.tree_depth += tree_depth
         grow = drafted - len(self.position_drafted)
         if grow > 0:
             self.position_drafted.extend([0] * grow)
@@ -72,6 +84,18 @@ class SpeculativeStats:
         """τ as vLLM ("mean acceptance length") and Spec-Bench report it: tokens a row gains per step
         that verified a draft, 1 + accepted / speculative_steps (0 when nothing was drafted)."""
         return 1.0 + self.accepted / self.speculative_steps if self.speculative_steps else 0.0
+
+    @property
+    def mean_nodes_verified(self) -> float:
+        """Draft tokens the target verified per step that verified a draft: a tree's nodes, a chain's
+        length, drafted / speculative_steps (0 when nothing was drafted). Set beside τ, it says
+        what each accepted token cost in verify width."""
+        return self.drafted / self.speculative_steps if self.speculative_steps else 0.0
+
+    @property
+    def mean_tree_depth(self) -> float:
+        """The longest root-to-leaf path per tree step, tree_depth / tree_steps (0 without trees)."""
+        return self.tree_depth / self.tree_steps if self.tree_steps else 0.0
 
     @property
     def per_position_acceptance(self) -> list[float]:
@@ -102,15 +126,23 @@ class SpeculativeStats:
             "acceptance_rate": self.acceptance_rate,
             "mean_accepted_length": self.mean_accepted_length,
             "mean_accepted_length_speculative": self.mean_accepted_length_speculative,
+            "mean_nodes_verified": self.mean_nodes_verified,
+            "mean_tree_depth": self.mean_tree_depth,
             "per_position_acceptance": self.per_position_acceptance,
         }
 
     def __str__(self) -> str:
+        trees = (
+            f", {self.mean_nodes_verified:.1f} tree nodes verified per speculative step "
+            f"(mean depth {self.mean_tree_depth:.1f})"
+            if self.tree_steps
+            else ""
+        )
         return (
             f"{self.method}: {self.steps} steps ({self.speculative_steps} speculative), "
             f"{self.accepted}/{self.drafted} drafted tokens accepted ({self.acceptance_rate:.0%}), "
             f"mean accepted length {self.mean_accepted_length:.2f} per step, "
-            f"{self.mean_accepted_length_speculative:.2f} per speculative step"
+            f"{self.mean_accepted_length_speculative:.2f} per speculative step{trees}"
         )
 
 
@@ -122,6 +154,8 @@ _SUMMED = (
     "plain_steps",
     "drafted",
     "accepted",
+    "tree_steps",
+    "tree_depth",
     "emitted",
     "draft_seconds",
     "verify_seconds",

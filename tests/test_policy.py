@@ -16,8 +16,10 @@ from hf_specdec.policy import (
     CostModel,
     FixedDraftLength,
     ProbeSchedule,
+    TreeAcceptance,
     best_width,
     expected_gains,
+    fastest_width,
 )
 
 
@@ -305,3 +307,92 @@ def test_a_draft_as_slow_as_the_target_is_never_explored():
         policy.update(1, _draft([0]), [0], 0.0, 1.0)
     assert [slow.draft_length(1) for _ in range(20)] == [0] * 20
     assert fast.draft_length(1) == fast.settings.first_k
+
+
+# ---------------------------------------------------------------------------------------------
+# Trees: sized from what tree steps accepted, per node
+# ---------------------------------------------------------------------------------------------
+
+# An 8-node tree, best first: 0 | 1 | 0-2 | 0-3 | 0-2-4 | 1-5 | 0-2-4-6 | 0-3-7
+TREE_PARENTS = [-1, -1, 0, 0, 2, 1, 4, 3]
+# The accepted paths of ten steps: node 0 on 7 of them, node 1 on 2, node 2 on 4, ...
+TREE_PATHS = [[0, 2, 4], [0, 2, 4, 6], [0, 2], [0, 2], [0, 3], [0, 3, 7], [0], [1], [1, 5], []]
+
+
+def _tree(lengths: list[int], parents: list[int] = TREE_PARENTS) -> Draft:
+    width = max(lengths)
+    rows = torch.tensor([parents[:width]] * len(lengths))
+    return Draft(torch.arange(width).repeat(len(lengths), 1), lengths, parents=rows)
+
+
+def _teach_trees(
+    policy: AdaptiveDraftLength,
+    verify: dict[int, float],
+    parents: list[int] = TREE_PARENTS,
+    paths: list[list[int]] = TREE_PATHS,
+    rounds: int = 3,
+) -> None:
+    for _ in range(rounds):
+        for path in paths:
+            policy.update(1, _draft([0]), [0], 0.0, verify[1])
+            policy.update(1, _tree([8], parents), [len(path)], 0.0, verify[9], paths=[path])
+
+
+def test_tree_acceptance_counts_nodes_on_the_accepted_path():
+    trees = TreeAcceptance(max_k=4, prior_acceptance=0.6, prior_weight=2.0)
+    assert not trees.observed and trees.betas() == pytest.approx([0.6] * 4)
+    # Row 0: 3 nodes, path 0-2; row 1: 2 nodes, nothing accepted.
+    trees.observe([3, 2], [[0, 2], []])
+    assert trees.drafted == [2, 2, 1, 0] and trees.on_path == [1, 0, 1, 0]
+    b0 = (1 + 0.6 * 2) / (2 + 2)
+    b1 = (0 + b0 * 2) / (2 + 2)  # each prior is the node before's estimate
+    b2 = (1 + b1 * 2) / (1 + 2)
+    assert trees.betas() == pytest.approx([b0, b1, b2, b2])  # node 3, never drafted: as node 2
+    assert trees.gains() == pytest.approx([b0, b0 + b1, b0 + b1 + b2, b0 + b1 + 2 * b2])
+
+
+def test_tree_size_follows_the_verify_cost():
+    """The same trees: with verification nearly free the policy verifies big trees, and where each
+    fed token costs about as much as a step (fp32 on a CPU) a short one."""
+    cheap, dear = AdaptiveDraftLength(), AdaptiveDraftLength()
+    _teach_trees(cheap, {1: 1.0, 9: 1.08})
+    _teach_trees(dear, {1: 1.0, 9: 5.0})
+    assert cheap.draft_length(1) >= 8
+    assert 1 <= dear.draft_length(1) <= 2
+    # The cut: a whole tree verified where it is cheap, its first node or two where it is dear.
+    assert cheap.trim(_tree([8]), 1).lengths == [8]
+    cut = dear.trim(_tree([8]), 1)
+    assert 1 <= cut.lengths[0] <= 2 and cut.parents[0].tolist() == TREE_PARENTS[: cut.lengths[0]]
+
+
+def test_trees_are_sized_by_what_trees_accept_not_by_chains():
+    """A draft's first guess is accepted one time in five: as a chain it does not pay at these
+    costs; as a tree of four guesses at the root, each as likely, it does. Tree steps leave the
+    chains' α alone, and the other way round."""
+    costs = {1: 1.0, 2: 1.25, 9: 1.6}
+    policy = AdaptiveDraftLength()
+    for _ in range(20):
+        policy.update(1, _draft([0]), [0], 0.0, costs[1])
+        for accepted in (0, 0, 0, 0, 1):
+            policy.update(1, _draft([1]), [accepted], 0.0, costs[2])
+    alphas = policy.acceptance.alphas()
+    assert policy.draft_length(1) == 0 and not policy.trees.observed
+    four_roots = [-1, -1, -1, -1, 0, 1, 2, 3]  # four guesses, then one child each
+    paths = [[0, 4], [0], [1, 5], [1], [2], [2, 6], [3], [], [], []]
+    _teach_trees(policy, costs, four_roots, paths)
+    assert policy.acceptance.alphas() == alphas
+    assert policy.draft_length(1) >= 4
+    # A chain verified again: sized by the chains' α once more.
+    policy.update(1, _draft([1]), [0], 0.0, costs[2])
+    chain_choice, _ = best_width([policy.acceptance.alphas()], 0.0, lambda w: policy.costs.verify(1, w))
+    assert policy.draft_length(1) == chain_choice < 4
+
+
+def test_fastest_width_takes_gains():
+    flat = {w: 1.0 for w in range(1, 20)}.__getitem__
+    half = [0.5, 0.5, 0.5]
+    assert fastest_width([expected_gains(half)], 0.1, flat) == best_width([half], 0.1, flat)
+    # A tree's gains grow with every node, a chain's flatten out: at 0.1 a node only the tree grows.
+    tree_gains = [0.5, 0.8, 1.1, 1.4]
+    assert fastest_width([tree_gains], 0.1, flat)[0] == 4
+    assert best_width([[0.5] * 4], 0.1, flat)[0] == 2

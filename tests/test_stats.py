@@ -142,6 +142,30 @@ def test_to_dict_is_json_and_consistent():
     assert "ngram" in str(stats) and "2.75 per speculative step" in str(stats)
 
 
+def test_tree_steps_count_nodes_and_depths():
+    """A tree's nodes count as drafted (all were verified); its depth is counted apart."""
+    chain = recorded([(3, 1), (0, 0), (3, 3)])
+    assert (chain.tree_steps, chain.tree_depth, chain.mean_tree_depth) == (0, 0, 0.0)
+    assert chain.mean_nodes_verified == pytest.approx(3.0)  # a chain's nodes are its tokens
+    assert "tree nodes" not in str(chain)
+
+    tree = SpeculativeStats(method="ngram")
+    tree.record_step(6, 2, tree_depth=3)
+    tree.record_step(0, 0, tree_depth=0)  # a row that drafted nothing is a plain step, not a tree step
+    tree.record_step(8, 1, tree_depth=4)
+    assert (tree.tree_steps, tree.tree_depth, tree.drafted, tree.accepted) == (2, 7, 14, 3)
+    assert tree.mean_nodes_verified == pytest.approx(7.0)
+    assert tree.mean_tree_depth == pytest.approx(3.5)
+    assert tree.mean_accepted_length_speculative == pytest.approx(1 + 3 / 2)
+    assert "7.0 tree nodes verified per speculative step (mean depth 3.5)" in str(tree)
+    d = tree.to_dict()
+    assert (d["mean_nodes_verified"], d["mean_tree_depth"], d["tree_steps"]) == (7.0, 3.5, 2)
+    check_invariants(tree)
+
+    chain.merge(tree)  # counters add up across calls
+    assert (chain.tree_steps, chain.tree_depth, chain.drafted) == (2, 7, 20)
+
+
 def test_fresh_stats_do_not_share_lists():
     a, b = SpeculativeStats(), SpeculativeStats()
     a.record_step(2, 1)
@@ -206,3 +230,45 @@ def test_real_call_stats_invariants(target, target_no_eos, good_draft, case):
         assert len(stats.draft_lengths) == stats.target_forwards
     else:
         assert all(length <= spec["num_draft_tokens"] for length, _ in enumerate(stats.position_drafted, 1))
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_real_call_counts_the_nodes_it_verified(target_no_eos, tree, monkeypatch):
+    """The stats' nodes and depths are those of the drafts the target verified (after the policy's
+    cut), row by row; with trees the nodes outnumber the depth, with chains there are no tree steps."""
+    import hf_specdec.loop
+
+    from .test_trees import _repetitive_batch
+
+    nodes, depths, trees = 0, 0, 0
+    verify = hf_specdec.loop._verify
+
+    def spy(target, slots, request, draft, features):
+        nonlocal nodes, depths, trees
+        nodes += sum(draft.lengths)
+        if draft.parents is not None:
+            depths += sum(draft.depths())
+            trees += sum(n > 0 for n in draft.lengths)
+        return verify(target, slots, request, draft, features)
+
+    monkeypatch.setattr(hf_specdec.loop, "_verify", spy)
+    input_ids, attention_mask = _repetitive_batch(1, 3)
+    spec = dict(method="ngram", tree=tree, num_draft_tokens=6, options=dict(min_ngram=1))
+    out = target_no_eos.generate(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=24,
+        do_sample=False,
+        speculative=spec,
+        return_dict_in_generate=True,
+    )
+    stats = out.speculative_stats
+    check_invariants(stats)
+    assert stats.drafted == nodes > 0
+    assert stats.mean_nodes_verified == pytest.approx(nodes / stats.speculative_steps)
+    assert (stats.tree_steps, stats.tree_depth) == (trees, depths)
+    if tree:
+        assert stats.tree_steps == stats.speculative_steps
+        assert stats.mean_nodes_verified > stats.mean_tree_depth > 0  # the trees branched
+    else:
+        assert stats.tree_steps == 0 and stats.mean_tree_depth == 0.0

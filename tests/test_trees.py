@@ -75,6 +75,38 @@ def test_tree_greedy_identity(target, tree, batch, seed):
     assert out.speculative_stats.drafted > 0
 
 
+@pytest.mark.parametrize("batch,seed", [(1, 0), (3, 1)])
+def test_adaptive_policy_learns_from_tree_paths(target, batch, seed, monkeypatch):
+    """With `num_draft_tokens="auto"` the policy sizes trees from the accepted paths it is given
+    (`TreeAcceptance`); output stays plain greedy's."""
+    from hf_specdec.policy import AdaptiveDraftLength
+
+    seen = []
+    update = AdaptiveDraftLength.update
+
+    def spy(self, batch_size, draft, accepted, draft_seconds, verify_seconds, paths=None):
+        seen.append((draft.parents is not None, paths and len(paths) == len(draft.lengths)))
+        return update(self, batch_size, draft, accepted, draft_seconds, verify_seconds, paths)
+
+    monkeypatch.setattr(AdaptiveDraftLength, "update", spy)
+    input_ids, attention_mask = _repetitive_batch(seed, batch)
+    plain = target.generate(input_ids, attention_mask=attention_mask, max_new_tokens=32, do_sample=False)
+    config = hf_specdec.SpeculativeConfig(method="ngram", tree=True, options={"min_ngram": 1})
+    out = target.generate(
+        input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=32,
+        do_sample=False,
+        speculative=config,
+        return_dict_in_generate=True,
+    )
+    assert_greedy_match(target, plain, out.sequences, attention_mask)
+    trees = [one_per_row for is_tree, one_per_row in seen if is_tree]
+    assert trees and all(trees)  # each tree step passed a path for each of its rows
+    assert all(paths is None for is_tree, paths in seen if not is_tree)  # plain steps: no paths
+    assert out.speculative_stats.tree_steps > 0
+
+
 def test_tree_greedy_with_repetition_penalty_and_scores(target):
     """Context-dependent processors see each node's own path; output_scores follow the path."""
     input_ids, attention_mask = _repetitive_batch(3, 1)

@@ -104,6 +104,7 @@ _STATS_FIGURES = (
     "acceptance_rate",
     "mean_accepted_length",
     "mean_accepted_length_speculative",
+    "mean_nodes_verified",  # beside τ: the verify width each step paid for it (a tree's nodes)
     "per_position_acceptance",
 )
 
@@ -221,15 +222,17 @@ def _category_table(category: str, entries: list[dict]) -> list[str]:
     lines = [
         f"### {category}",
         "",
-        "| row | tokens/s | speedup | paired speedup | acceptance | τ | identical/tie/mismatch | errors |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        "| row | tokens/s | speedup | paired speedup | acceptance | τ | nodes/step | identical/tie/mismatch "
+        "| errors |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for e in entries:
         error = f"{e['errors']}/{e['runs']}: {_short(e['error'])}" if e["errors"] else ""
         lines.append(
             f"| {e['row']} | {_num(e['median_tokens_per_s'])} | {_x(e['speedup'])} | "
             f"{_x(e['paired_speedup'])} | {_pct(e['acceptance_rate'])} | "
-            f"{_num(e['mean_accepted_length_speculative'], 2)} | {_lossless(e)} | {error} |"
+            f"{_num(e['mean_accepted_length_speculative'], 2)} | {_num(e['mean_nodes_verified'])} | "
+            f"{_lossless(e)} | {error} |"
         )
     return [*lines, ""]
 

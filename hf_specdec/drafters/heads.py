@@ -18,8 +18,9 @@ class HeadDrafterConfig:
     Args:
         min_confidence: stop a greedy draft once the head's probability of its next token falls
             below this; 0 leaves the cut to the draft-length policy.
-        tree_top_k: with `SpeculativeConfig(tree=...)` (`eagle` only), the children drafted per
-            expanded node and the nodes expanded per level (EAGLE-2's top-k).
+        tree_top_k: with `SpeculativeConfig(tree=...)`: for `eagle`, the children drafted per
+            expanded node and the nodes expanded per level (EAGLE-2's top-k); for `medusa`, the
+            guesses per head whose combinations make the tree (Medusa's top-k per head).
     """
 
     min_confidence: float = 0.0

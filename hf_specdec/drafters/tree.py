@@ -148,12 +148,13 @@ def _level(nodes: list[list[_Node]], frontier: list[list[int]], before: int, dev
 
 
 def _best(nodes: list[list[_Node]], budgets: list[int], device: torch.device) -> Draft:
-    """Each row's `budget` most probable nodes, kept in the order they were made (parents first:
-    a child is never more probable than its parent, and ties go to the earlier node)."""
+    """Each row's `budget` most probable nodes, most probable first. That order has parents first (a
+    child is never more probable than its parent, and ties go to the earlier node, the parent), and
+    makes any prefix of the nodes the best tree of its size: what the draft-length policy's cut
+    keeps and what it learns per node (`policy.TreeAcceptance`)."""
     kept = []
     for row, budget in zip(nodes, budgets):
-        ranked = sorted(range(len(row)), key=lambda i: (-row[i].cumulative, i))[:budget]
-        kept.append(sorted(ranked))
+        kept.append(sorted(range(len(row)), key=lambda i: (-row[i].cumulative, i))[:budget])
     width = max((len(k) for k in kept), default=0)
     tokens = torch.zeros(len(nodes), width, dtype=torch.long)
     parents = torch.full((len(nodes), width), -1, dtype=torch.long)

@@ -126,8 +126,8 @@ def test_grow_tree_keeps_the_most_probable_nodes_parents_first():
     draft = grow_tree(_request([4, 0]), [4, 0], 2, 0.0, logits_after(torch.tensor([1, 1])), feed)
     assert draft.lengths == [4, 0]
     # cumulative: 2 .6, 2-3 .36, 2-3-4 .216, 3 .2 are the best four; 2-4 and 3-4 (.12) are not
-    assert draft.tokens[0].tolist() == [2, 3, 3, 4]
-    assert draft.parents[0].tolist() == [-1, -1, 0, 2]  # in the order made: parents first
+    assert draft.tokens[0].tolist() == [2, 3, 4, 3]
+    assert draft.parents[0].tolist() == [-1, 0, 1, -1]  # most probable first, so parents first
     # One forward per level; a node is expanded only while its subtree can still make the cut.
     assert [level.valid.sum().item() for level in levels] == [2, 1, 1]
     assert levels[0].tokens[0].tolist() == [2, 3] and levels[0].valid[1].tolist() == [False, False]
