@@ -134,15 +134,22 @@ class AdaptiveSettings:
 class AcceptanceEstimate:
     """Learnt acceptance: α_i per draft position (conditional on the earlier positions being
     accepted) and, per bucket of the drafter's own confidence, how often such tokens were
-    accepted. Each is the mean of a Beta posterior, so it starts at the prior."""
+    accepted. Each is the mean of a Beta posterior, so it starts at the prior.
+
+    A draft's first token and the tokens after it are calibrated apart: a score can mean very
+    different things there. An n-gram match's score is the same for all of its tokens, but its
+    first token is a guess that the text repeats (often wrong) and the others a guess that a
+    repeat, once started, goes on (often right); mixed, the second would look as unlikely as the
+    first and long copies would be cut after one token."""
 
     max_k: int = MAX_DRAFT
     prior_acceptance: float = 0.6
     prior_weight: float = 2.0
     drafted: list[float] = field(default_factory=list)  # per position, sized to max_k
     accepted: list[float] = field(default_factory=list)
-    bucket_drafted: list[float] = field(default_factory=lambda: [0.0] * _BUCKETS)
-    bucket_accepted: list[float] = field(default_factory=lambda: [0.0] * _BUCKETS)
+    # Per confidence bucket, first tokens then later ones (`_bucket`).
+    bucket_drafted: list[float] = field(default_factory=lambda: [0.0] * 2 * _BUCKETS)
+    bucket_accepted: list[float] = field(default_factory=lambda: [0.0] * 2 * _BUCKETS)
 
     def __post_init__(self) -> None:
         for counts in (self.drafted, self.accepted):
@@ -158,10 +165,11 @@ class AcceptanceEstimate:
         """α_i for every position up to `max_k`."""
         return [self.alpha(i) for i in range(self.max_k)]
 
-    def calibrated(self, confidence: float) -> float:
-        """Acceptance observed for draft tokens whose drafter confidence fell in this bucket."""
-        bucket = _bucket(confidence)
-        prior = (bucket + 0.5) / _BUCKETS
+    def calibrated(self, confidence: float, position: int = 0) -> float:
+        """Acceptance observed for draft tokens at `position` (the first, or a later one) whose
+        drafter confidence fell in this bucket."""
+        bucket = _bucket(confidence, position)
+        prior = (bucket % _BUCKETS + 0.5) / _BUCKETS
         return _beta_mean(self.bucket_accepted[bucket], self.bucket_drafted[bucket], prior, self.prior_weight)
 
     def observe(
@@ -175,13 +183,14 @@ class AcceptanceEstimate:
                 self.drafted[i] += 1
                 self.accepted[i] += i < a
                 if confidence is not None:
-                    bucket = _bucket(confidence[b][i])
+                    bucket = _bucket(confidence[b][i], i)
                     self.bucket_drafted[bucket] += 1
                     self.bucket_accepted[bucket] += i < a
 
 
-def _bucket(confidence: float) -> int:
-    return min(int(confidence * _BUCKETS), _BUCKETS - 1)
+def _bucket(confidence: float, position: int) -> int:
+    """The calibration bucket of a confidence: first draft tokens in 0.._BUCKETS - 1, later ones after."""
+    return min(int(confidence * _BUCKETS), _BUCKETS - 1) + (_BUCKETS if position > 0 else 0)
 
 
 @dataclass
@@ -448,7 +457,7 @@ class AdaptiveDraftLength:
             rows = [gains[:n] for n in draft.lengths]
         else:
             rows = [
-                expected_gains([self.acceptance.calibrated(c) for c in row[:n]])
+                expected_gains([self.acceptance.calibrated(c, i) for i, c in enumerate(row[:n])])
                 for row, n in zip(draft.confidence.tolist(), draft.lengths)
             ]
         # Rows share one forward, so they share its width: pick the width that pays for the batch.

@@ -223,6 +223,36 @@ def test_acceptance_calibrates_confidence_per_bucket():
     assert estimate.calibrated(1.0) == estimate.calibrated(0.95)  # 1.0 falls in the top bucket
 
 
+def test_acceptance_calibrates_first_and_later_draft_tokens_apart():
+    # An n-gram match: one score for every token; the first is often wrong, the rest rarely.
+    estimate = AcceptanceEstimate(prior_weight=2.0)
+    for _ in range(40):
+        estimate.observe([4], [0], [[0.5] * 4])  # the repeat did not start
+    for _ in range(10):
+        estimate.observe([4], [4], [[0.5] * 4])  # it did, and went on
+    first, later = estimate.calibrated(0.5, 0), estimate.calibrated(0.5, 1)
+    assert first == pytest.approx((10 + 0.55 * 2) / (50 + 2))
+    assert later == pytest.approx((30 + 0.55 * 2) / (30 + 2))
+    # Mixed in one bucket, later tokens would look as unlikely as first ones: (40) / (80 + 2).
+
+
+def test_trim_keeps_a_long_copy_once_its_first_token_may_be_right():
+    policy = AdaptiveDraftLength()
+    for width, seconds in ((1, 1.0), (9, 1.05)):  # verification nearly flat in width
+        policy.costs.add_verify(1, width, seconds)
+    for _ in range(40):
+        policy.acceptance.observe([8], [0], [[0.5] * 8])
+    for _ in range(10):
+        policy.acceptance.observe([8], [8], [[0.5] * 8])
+    draft = Draft(torch.arange(8)[None], [8], confidence=torch.full((1, 8), 0.5))
+    assert policy.trim(draft, 1).lengths == [8]
+    # Control: were later tokens calibrated with first ones (as likely as a first token, ~0.25),
+    # the same costs would cut the draft short.
+    mixed = [policy.acceptance.calibrated(0.5, 0)] * 8
+    width, _ = fastest_width([expected_gains(mixed)], 0.0, lambda w: policy.costs.verify(1, w))
+    assert width < 8
+
+
 def test_cost_model_interpolates_and_extrapolates_from_measurements_only():
     costs = CostModel()
     assert costs.verify(1, 1) is None and not costs.measured_wide()
