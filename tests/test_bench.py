@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ import hf_specdec
 from hf_specdec import cli
 from hf_specdec.bench import SUITES, overall, run_bench, save, summarize, to_markdown
 from hf_specdec.bench.suites import load_prompt_file, load_suite, take_per_category
+from hf_specdec.drafters import DRAFTERS, Drafter, register_drafter
 from hf_specdec.drafters.ngram import NgramDrafter
 
 MAX_NEW = 6
@@ -265,7 +267,23 @@ def test_tree_rows_and_their_refusals(target):
     assert (
         rows[1].kwargs["speculative"]["tree"] is True and rows[1].kwargs["speculative"]["method"] == "ngram"
     )
-    with pytest.raises(ValueError, match=r"medusa\+tree: only .*ngram.* draft trees"):
-        _check_methods(["medusa+tree"], None, {"medusa": "x"})
+
+    # Every built-in drafter grows trees; a user's chain-only drafter is refused with `+tree`.
+    class _Chains(Drafter):
+        name: ClassVar[str] = "_chains_only"
+
+        @classmethod
+        def from_config(cls, config, target, tokenizer):
+            return cls()
+
+        def propose(self, request):
+            raise AssertionError("not run")
+
+    register_drafter(_Chains)
+    try:
+        with pytest.raises(ValueError, match=r"_chains_only\+tree: only .*ngram.* draft trees"):
+            _check_methods(["_chains_only+tree"], None, {})
+    finally:
+        DRAFTERS.pop("_chains_only")
     with pytest.raises(ValueError, match=r"valid methods: .*\+tree"):
         _check_methods(["nope+tree"], None, {})
