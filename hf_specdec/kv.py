@@ -46,6 +46,7 @@ class RaggedKV:
         self.tree_masks = self.window_masks  # built on the first tree draft for other models
         self.mask = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)  # [B, cache_len]
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # real tokens per row
+        self.all_real = True  # whether `mask` has no hole: the model then needs no attention mask
         self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     @property
@@ -55,13 +56,13 @@ class RaggedKV:
     def forward(
         self,
         tokens: torch.Tensor,
-        valid: torch.Tensor,
+        valid: torch.Tensor | None,
         logits_to_keep: int = 0,
         output_hidden_states: bool = False,
         tree: tuple[torch.Tensor, torch.Tensor] | None = None,
         **inputs: Any,
     ) -> Any:
-        """Run the model on `tokens` [B, T] (only `valid` [B, T] ones are real) and cache them.
+        """Run the model on `tokens` [B, T] (only `valid` [B, T] ones are real; None: all) and cache them.
 
         `tree`, for a tree draft: `visible` [B, T, W] and `depths` [B, T]; without it the tokens
         follow each other. Token i attends to the last W >= T cache columns (this forward's T
@@ -73,13 +74,21 @@ class RaggedKV:
         [B, T', V], and `.hidden_states` of every position when asked for. `inputs` go to the
         model as they are (a draft head's features).
         """
-        if tree is None:
+        width = tokens.shape[1]
+        if tree is not None:
+            positions = self.lengths[:, None] + tree[1]
+        elif valid is None:  # every fed token is real: the common step, kept cheap
+            positions = self.lengths[:, None] + torch.arange(width, device=self.lengths.device)
+        else:
             # Real tokens continue each row's own numbering; holes get any position, they are masked.
             positions = (self.lengths[:, None] + valid.cumsum(dim=1) - 1).clamp_min(0)
+        if valid is None:
+            self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.shape[0], width)], dim=1)
+            self.lengths = self.lengths + width
         else:
-            positions = self.lengths[:, None] + tree[1]
-        self.mask = torch.cat([self.mask, valid], dim=1)
-        self.lengths = self.lengths + valid.sum(dim=1)
+            self.mask = torch.cat([self.mask, valid], dim=1)
+            self.lengths = self.lengths + valid.sum(dim=1)
+            self.all_real = self.all_real and bool(valid.all())
         if tree is not None:
             if self.tree_masks is None:
                 self.tree_masks = _Masks.boolean() if self.boolean_masks else _Masks.for_trees(self.model)
@@ -87,7 +96,7 @@ class RaggedKV:
         elif self.window_masks is not None:
             attention_mask = self.window_masks.build(self.mask, tokens.shape[1])
         else:
-            attention_mask = None if bool(self.mask.all()) else self.mask.long()
+            attention_mask = None if self.all_real else self.mask.long()
         out = self.model(
             input_ids=tokens,
             attention_mask=attention_mask,
@@ -136,6 +145,7 @@ class RaggedKV:
         if drop:
             self.cache.crop(-drop)
             self.mask = self.mask[:, : self.width - drop]
+        self.all_real = bool(self.mask.all())
 
 
 class _Masks:

@@ -159,7 +159,9 @@ def _emit(
         stats.record_step(draft.lengths[b], step.accepted[b], depths[b])
         # The positions the emitted tokens were chosen at: along the accepted path of a tree.
         at = slice(0, n) if step.paths is None else [0] + [1 + node for node in step.paths[b]]
-        out.emit(row, step.tokens[b, :n], step.scores[b, at], step.logits[b, at], stopping_criteria)
+        scores = step.scores[b, at] if out.keep_scores else None  # sliced only when returned
+        logits = step.logits[b, at] if out.keep_logits else None
+        out.emit(row, step.tokens[b, :n], scores, logits, stopping_criteria)
 
 
 @dataclass
@@ -184,11 +186,14 @@ def _verify(
     width = 1 + draft.tokens.shape[1]
     lengths = torch.tensor([request.lengths, draft.lengths], device=device)  # one copy to the device
     last = request.tokens.gather(1, lengths[0, :, None] - 1)
-    feed = torch.cat([last, draft.tokens], dim=1)  # [B, width]
-    valid = torch.arange(width, device=device)[None, :] <= lengths[1, :, None]
-    index = torch.tensor(slots, device=device)
+    feed = torch.cat([last, draft.tokens], dim=1) if width > 1 else last  # [B, width]
     tree = None if draft.parents is None else _tree_layout(draft.parents)
-    whole = len(slots) == target.mask.shape[0]  # no finished rows waiting in the cache: slots are 0..B-1
+    # Known on the host, so the common step skips the work: whether finished rows wait in the
+    # cache (else request row b is cache row b), and whether every row fills the width (no holes).
+    whole = len(slots) == target.mask.shape[0]
+    full = min(draft.lengths, default=0) == width - 1
+    valid = None if whole and full else torch.arange(width, device=device)[None, :] <= lengths[1, :, None]
+    index = slice(None) if whole else torch.tensor(slots, device=device)
     if whole:
         feed_all, valid_all, tree_all = feed, valid, tree
     else:
@@ -268,7 +273,7 @@ class _Features:
         self.layers = layers
         self.pending: dict[int, list[torch.Tensor]] = {row: [] for row in range(batch)}
 
-    def add(self, output: Any, kept: torch.Tensor, row_ids: list[int], slots: torch.Tensor) -> None:
+    def add(self, output: Any, kept: torch.Tensor, row_ids: list[int], slots: torch.Tensor | slice) -> None:
         """Keep the hidden states of the positions `kept` [B, T] that stay in the target's cache;
         request row b is row `slots[b]` of `output`."""
         if not self.layers:

@@ -62,8 +62,8 @@ class OutputCollector:
         self,
         row: int,
         tokens: torch.Tensor,  # [n] accepted drafts then the target's token
-        scores: torch.Tensor,  # [n, V] processed target scores they were chosen from
-        logits: torch.Tensor,  # [n, V] raw target logits
+        scores: torch.Tensor | None,  # [n, V] processed target scores they were chosen from
+        logits: torch.Tensor | None,  # [n, V] raw target logits (each needed only when returned)
         stopping_criteria: StoppingCriteriaList,
     ) -> None:
         """Append tokens to a row one at a time, stopping at the first that ends the row."""
