@@ -3,10 +3,10 @@
     python bench/ngram_options.py [--dtype auto|float32] [--limit 2] [--max-new-tokens 96]
 
 Spec-Bench quick, SmolLM2-135M-Instruct: plain `generate`, our `ngram` as shipped (min_ngram 2),
-with `min_ngram=1` (single-token matches too, as transformers' lookup falls back to), the same as a
-tree, and transformers' `prompt_lookup_num_tokens=10`; rows interleaved prompt by prompt with the
-order rotated. Prints total tokens / total time over plain, the geometric mean over categories of
-the per-category median speedup, and each category's.
+the same as a tree, with `min_ngram=1` (single-token matches too, as transformers' lookup falls
+back to) as a chain and as a tree, and transformers' `prompt_lookup_num_tokens=10`; rows
+interleaved prompt by prompt with the order rotated. Prints total tokens / total time over plain,
+the geometric mean over categories of the per-category median speedup, and each category's.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from hf_specdec.timing import clock
 ROWS = {
     "plain": {},
     "ngram": {"speculative": "ngram"},
+    "ngram+tree": {"speculative": {"method": "ngram", "tree": True}},
     "ngram min_ngram=1": {"speculative": {"method": "ngram", "options": {"min_ngram": 1}}},
     "ngram+tree min_ngram=1": {"speculative": {"method": "ngram", "tree": True, "options": {"min_ngram": 1}}},
     "transformers prompt lookup": {"prompt_lookup_num_tokens": 10},
