@@ -33,7 +33,6 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -101,7 +100,8 @@ class _Recent:
 
     def add(self, x: float) -> None:
         self.samples = [*self.samples[-(self.keep - 1) :], x]
-        self.value = statistics.median(self.samples)
+        ordered, middle = sorted(self.samples), len(self.samples) // 2  # statistics.median, inlined
+        self.value = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def _beta_mean(hits: float, trials: float, prior: float, weight: float) -> float:
@@ -409,6 +409,7 @@ class AdaptiveDraftLength:
         self.costs = CostModel()
         self.probes = ProbeSchedule(s.probe_every)
         self.drafting_trees = False  # the last verified draft was a tree: size trees, not chains
+        self._perfect: dict[tuple[int, int, bool], tuple[int, float]] = {}  # see `_perfect_gain`
 
     def __repr__(self) -> str:
         return f"AdaptiveDraftLength({self.settings!r})"
@@ -419,20 +420,30 @@ class AdaptiveDraftLength:
         if verify(1) is None:
             return 0  # measure a plain step first: it is what generate would have done anyway
         draft_cost = self.costs.draft_per_token or 0.0
-        # Even drafts that are always accepted must gain enough for what drafting and verifying
-        # cost here, or probing (a step's cost of its own, plus the draft's catch-up) cannot pay.
-        _, perfect = best_width([[1.0] * s.max_k], draft_cost, verify)
         if not self.costs.measured_wide():
             # Nothing verified wider than a plain step yet: explore, unless the drafter's up-front
             # timing (`expect_draft_cost`) already says drafting cannot pay.
-            return s.first_k if perfect >= s.min_probe_gain else 0
+            return s.first_k if self._perfect_gain(batch_size, draft_cost, verify) >= s.min_probe_gain else 0
         best_k, _ = fastest_width([self._gains()], draft_cost, verify)
         if best_k == 0:
-            if perfect < s.min_probe_gain:
+            if self._perfect_gain(batch_size, draft_cost, verify) < s.min_probe_gain:
                 return 0
             return s.first_k if self.probes.plain_step_probes() else 0
         self.probes.reset()
         return best_k
+
+    def _perfect_gain(self, batch_size: int, draft_cost: float, verify: Callable[[int], float]) -> float:
+        """How much faster than plain decoding drafts that are always accepted would be: even they
+        must gain enough for what drafting and verifying cost here, or probing (a step's cost of
+        its own, plus the draft's catch-up) cannot pay. A coarse gate with a margin, so it is
+        worked out again only every 16 asks or when a new width or batch size gets measured, not
+        on every step (where it would be a good part of the loop's own cost on a fast device)."""
+        key = (batch_size, len(self.costs.verify_times), self.costs.draft_per_token is None)
+        asked, gain = self._perfect.get(key, (16, 0.0))
+        if asked >= 16:
+            asked, gain = 0, best_width([[1.0] * self.settings.max_k], draft_cost, verify)[1]
+        self._perfect[key] = (asked + 1, gain)
+        return gain
 
     def expect_draft_cost(self, seconds_per_token: float) -> None:
         """A first figure for what a draft token costs, timed by the drafter before any drafting
