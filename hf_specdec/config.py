@@ -35,7 +35,9 @@ class SpeculativeConfig:
         options: settings of the chosen drafter (see its config class, e.g. `NgramConfig`).
         tree: `True` to let the drafter propose a tree of candidate continuations, verified in one
             forward (`num_draft_tokens` then counts its nodes); an integer also caps the nodes;
-            `False` (default) drafts one chain. Drafters that grow trees: `ngram` (a trie of
+            `False` (default) drafts one chain; `"auto"` a tree where the drafter grows trees
+            and a chain where it does not (no error), the tree's size chosen by the draft-length
+            policy from measured costs and acceptance. Drafters that grow trees: `ngram` (a trie of
             matches), `draft_model` and `eagle` (EAGLE-2: top-k branching by cumulative draft
             probability) and `medusa` (the cartesian product of each head's top-k, pruned by
             probability).
@@ -46,11 +48,15 @@ class SpeculativeConfig:
     draft_tokenizer: Any = None
     num_draft_tokens: DraftLength = "auto"
     options: dict[str, Any] = field(default_factory=dict)
-    tree: bool | int = False
+    tree: bool | int | str = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.tree, (bool, int)) or (type(self.tree) is int and self.tree < 1):
-            raise ValueError(f"`tree` must be True, False or a positive number of nodes, got {self.tree!r}.")
+        if self.tree != "auto" and (
+            not isinstance(self.tree, (bool, int)) or (type(self.tree) is int and self.tree < 1)
+        ):
+            raise ValueError(
+                f"`tree` must be True, False, 'auto' or a positive number of nodes, got {self.tree!r}."
+            )
         if not isinstance(self.method, str):
             raise TypeError(f"`method` must be a string, got {type(self.method).__name__}.")
         _check_num_draft_tokens(self.num_draft_tokens)
