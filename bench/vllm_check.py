@@ -13,7 +13,9 @@ first position stays low; it only has to be real enough that accepted drafts sho
 read correctly. `hf-specdec export-serving` (our CLI, called in-process) then writes the vLLM
 configs: ngram, draft_model with the model as its own draft, and the head (speculators layout);
 the SGLang export of the same head gives the original EAGLE-3 layout, run through vLLM's long form
-too. Our own greedy `generate` runs plain and with each method at the same fixed draft length.
+too, and a copy of the speculators head naming the local target as its verifier runs in the short
+form, `LLM(model=<head>)`. Our own greedy `generate` runs plain and with each method at the same
+fixed draft length.
 
 `report`: vLLM's speculative output must equal vLLM's plain output token for token, and vLLM's
 counters must show accepted drafts; agreement of vLLM with our `generate` is reported (identical /
@@ -344,7 +346,9 @@ def report(work: Path, out: Path) -> int:
         mine = ours["runs"].get(planned.get(name, {}).get("ours", ""))
         if mine is not None:
             row["ours"] = {key: mine[key] for key in ("seconds", "accepted", "drafted")}
-            row["vs_ours"] = _agreement(model, plan["prompt_ids"], mine["token_ids"], run["token_ids"])
+            row["vs_ours"] = _agreement(
+                model, plan["prompt_ids"], mine["token_ids"], run["token_ids"], "ours/vLLM"
+            )
         if name != "plain":
             same = "token_ids" in plain and run["token_ids"] == plain["token_ids"]
             row["equals_vllm_plain"] = same
@@ -352,7 +356,7 @@ def report(work: Path, out: Path) -> int:
                 failures.append(f"{name}: vLLM's speculative output differs from its plain output")
                 if "token_ids" in plain:  # which kind of difference, judged by our target's scores
                     row["vs_vllm_plain"] = _agreement(
-                        model, plan["prompt_ids"], plain["token_ids"], run["token_ids"]
+                        model, plan["prompt_ids"], plain["token_ids"], run["token_ids"], "plain/speculative"
                     )
             if not spec.get("num_accepted_tokens"):
                 failures.append(f"{name}: vLLM accepted no drafted tokens ({spec or 'no counters'})")
@@ -385,13 +389,24 @@ def report(work: Path, out: Path) -> int:
     return 0 if result["passed"] else 1
 
 
-def _agreement(model: Any, prompt_ids: list[list[int]], reference: list[list[int]], other: list[list[int]]):
-    """identical / tie / mismatch per prompt, `other` against `reference`, by our target's scores."""
+def _agreement(
+    model: Any, prompt_ids: list[list[int]], reference: list[list[int]], other: list[list[int]], names: str
+) -> list[str]:
+    """identical / tie / mismatch per prompt, `other` against `reference` (`names`: "ours/vLLM"), by
+    our target's scores."""
+    first, second = names.split("/")
     kinds = []
     for ids, ref, got in zip(prompt_ids, reference, other):
         prompt = torch.tensor([ids])
         (check,) = check_greedy(model, prompt, torch.tensor([ids + ref]), torch.tensor([ids + got]))
-        kinds.append(check.describe())
+        if check.kind == "identical" or check.top_two is None:
+            kinds.append(check.describe())
+            continue
+        kinds.append(  # check_greedy's words are plain / speculative: here they are reference / other
+            f"{check.kind} at generated token {check.position}: {first} {check.plain_token}, {second} "
+            f"{check.speculative_token}, the further {check.gap:.3g} below the best score (rounding bound "
+            f"{check.bound:.3g})"
+        )
     return kinds
 
 

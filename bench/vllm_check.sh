@@ -14,6 +14,7 @@
 # Work files go to $VLLM_CHECK_WORK (default bench_out/vllm_check; a trained head there is reused).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # check this checkout's hf_specdec, installed or not
 out="${1:-${OUT:-.}/vllm_check.json}"
 python="${PYTHON:-python}"
 venv="${VLLM_VENV:-$HOME/.cache/hf-specdec/vllm-venv}"
