@@ -8,14 +8,14 @@
 4 prompts (one per category of Spec-Bench quick when the shared data is there, else the built-in
 suite), chat-templated here and handed to vLLM as token ids so both see the same tokens. A small
 EAGLE-3 head is built with our head API and trained for `--train-seconds` on the target's own greedy
-answers to Spec-Bench-train (or built-in) prompts: first draft step only, so acceptance after the
-first position stays low; it only has to be real enough that accepted drafts show the layout was
-read correctly. `hf-specdec export-serving` (our CLI, called in-process) then writes the vLLM
-configs: ngram, draft_model with the model as its own draft, and the head (speculators layout);
-the SGLang export of the same head gives the original EAGLE-3 layout, run through vLLM's long form
-too, and a copy of the speculators head naming the local target as its verifier runs in the short
-form, `LLM(model=<head>)`. Our own greedy `generate` runs plain and with each method at the same
-fixed draft length.
+answers to Spec-Bench-train prompts (else all built-in ones, the evaluated among them): first draft
+step only, so acceptance after the first position stays low; it only has to be real enough that
+accepted drafts show the layout was read correctly. `hf-specdec export-serving` (our CLI, called
+in-process) then writes the vLLM configs: ngram, draft_model with the model as its own draft, and
+the head (speculators layout); the SGLang export of the same head gives the original EAGLE-3
+layout, run through vLLM's long form too, and a copy of the speculators head naming the local
+target as its verifier runs in the short form, `LLM(model=<head>)`. Our own greedy `generate` runs
+plain and with each method at the same fixed draft length.
 
 `report`: vLLM's speculative output must equal vLLM's plain output token for token, and vLLM's
 counters must show accepted drafts; agreement of vLLM with our `generate` is reported (identical /
@@ -85,7 +85,7 @@ def prepare(work: Path, count: int, new_tokens: int, train_seconds: float) -> No
     prompts, source = eval_prompts(tokenizer, chat, count, new_tokens)
     prompt_ids = [prompt_token_ids(tokenizer, p, chat) for p in prompts]
 
-    head_dir, training = train_eagle3_head(model, tokenizer, work, train_seconds)
+    head_dir, training = train_eagle3_head(model, tokenizer, work, train_seconds, prompts)
     exports = export_all(folder, head_dir, work / "export")
     runs = [{"name": "plain", "ours": "plain", "speculative_config": None}]
     runs += [
@@ -153,11 +153,17 @@ def eval_prompts(tokenizer: Any, chat: bool, count: int, new_tokens: int) -> tup
     return fits[:count], source
 
 
-def train_prompts() -> list[Any]:
+def train_prompts(held_out: list[Any]) -> tuple[list[Any], int, bool]:
+    """Prompts to train the head on, how many new tokens to generate for each, and whether they
+    include the evaluated ones: Spec-Bench's training split (never evaluated on), else all built-in
+    prompts with longer answers (the others alone hold too few tokens for the trainer's minimum; the
+    acceptance measured is then optimistic, which does not matter for what this check asserts)."""
     try:
-        return load_suite("specbench-train")
+        return take_per_category(load_suite("specbench-train"), 6), 96, False
     except (OSError, ValueError):
-        return load_prompt_file(builtin_suite_path())
+        seen = {p.id for p in held_out}
+        prompts = load_prompt_file(builtin_suite_path())
+        return prompts, 192, any(p.id in seen for p in prompts)
 
 
 def export_all(model: str, head_dir: Path, out: Path) -> dict[str, dict[str, Any]]:
@@ -179,7 +185,9 @@ def export_all(model: str, head_dir: Path, out: Path) -> dict[str, dict[str, Any
     return results
 
 
-def train_eagle3_head(model: Any, tokenizer: Any, work: Path, seconds: float) -> tuple[Path, dict[str, Any]]:
+def train_eagle3_head(
+    model: Any, tokenizer: Any, work: Path, seconds: float, held_out: list[Any]
+) -> tuple[Path, dict[str, Any]]:
     """A small EAGLE-3 head for `model`, trained briefly on the target's own answers (first draft
     step only: the head reads the target's features f_t and token x_{t+1} and predicts x_{t+2}).
 
@@ -190,9 +198,8 @@ def train_eagle3_head(model: Any, tokenizer: Any, work: Path, seconds: float) ->
         return folder, json.loads((folder / "training.json").read_text())
     torch.manual_seed(0)
     layers = default_feature_layers(model.config.num_hidden_layers)
-    sequences = build_sequences(
-        model, tokenizer, take_per_category(train_prompts(), 6), work / "sequences.pt", max_new_tokens=96
-    )
+    prompts, new_tokens, overlap = train_prompts(held_out)
+    sequences = build_sequences(model, tokenizer, prompts, work / "sequences.pt", max_new_tokens=new_tokens)
     examples = cached_target_features(model, sequences, layers, work / "features.pt")
     # the last 128 positions (the answers: drafting's text; features keep the whole context): cheap steps
     examples = [Example(e.ids[-128:], e.features[-128:], e.labels[-128:], 0) for e in examples]
@@ -227,6 +234,9 @@ def train_eagle3_head(model: Any, tokenizer: Any, work: Path, seconds: float) ->
     training = {
         "feature_layers": list(layers),
         "draft_vocab_size": len(draft_vocab),
+        "prompts": len(prompts),
+        "answer_tokens": new_tokens,
+        "includes_evaluated_prompts": overlap,
         "sequences": len(sequences),
         "tokens": sum(len(s.ids) for s in sequences),
         "steps": steps,

