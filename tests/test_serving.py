@@ -11,6 +11,7 @@ and review the diff. Refusals are checked by their messages.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -23,11 +24,14 @@ from hf_specdec.cli import main
 from hf_specdec.heads.eagle import EagleHeadConfig
 from hf_specdec.heads.io import build_head, save_head
 from hf_specdec.heads.medusa import MedusaHeadConfig
-from hf_specdec.serving import ServingExportError, export_serving, median_draft_length
+from hf_specdec.serving import SGLANG_VERSION, ServingExportError, export_serving, median_draft_length
 
 from .conftest import tiny_llama
 
 GOLDEN = Path(__file__).parent / "golden" / "serving"
+# What sglang 0.5.23 accepts on its command line, read from the wheel by bench/sglang_flags.py
+# --write-list (provenance: the wheel's name and sha256 inside); rerun it for a new sglang.
+SGLANG_FLAGS = Path(__file__).parent / "golden" / "sglang_flags.json"
 REGENERATE = os.environ.get("HF_SPECDEC_REGEN_GOLDEN") == "1"
 
 
@@ -313,3 +317,52 @@ def test_a_published_eagle1_folder_is_served_as_it_is(models, tmp_path, engine, 
     folder = write_eagle1(tmp_path / "eagle1", tiny_llama(0), weights="model.safetensors", bias=False)
     result = export_serving(str(models / "target"), engine, head=str(folder), num_draft_tokens=3)
     assert (result["engine_method"], result["draft"]) == (expected, str(folder))
+
+
+# --- SGLang flags, against the wheel's argument definitions -------------------------------------
+
+
+def _sglang_flags_module():
+    path = Path(__file__).parents[1] / "bench" / "sglang_flags.py"
+    spec = importlib.util.spec_from_file_location("sglang_flags", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+PUBLISHED_SGLANG = {
+    "published-eagle1": ("meta-llama/Meta-Llama-3-8B-Instruct", "yuhuili/EAGLE-LLaMA3-Instruct-8B"),
+    "published-eagle3": ("meta-llama/Llama-3.1-8B-Instruct", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"),
+}
+
+
+@pytest.mark.parametrize("case", [*CASES, *PUBLISHED_SGLANG])
+def test_sglang_commands_use_only_flags_and_values_the_wheel_accepts(models, tmp_path, case):
+    """Every flag, value type and algorithm name we write, checked against what bench/sglang_flags.py
+    read from the sglang wheel (its checked-in list): SGLang stops at an unknown flag."""
+    accepted = json.loads(SGLANG_FLAGS.read_text())
+    assert accepted["version"] == SGLANG_VERSION, "rerun bench/sglang_flags.py --write-list"
+    if case in PUBLISHED_SGLANG:
+        target, head = PUBLISHED_SGLANG[case]
+        result = export_serving(target, "sglang", head=head, num_draft_tokens=3)
+    else:
+        result = _export(models, tmp_path, "sglang", case)
+    assert _sglang_flags_module().check_command(result["command"], accepted) == []
+
+
+def test_the_flag_check_catches_what_sglang_would_refuse():
+    accepted = json.loads(SGLANG_FLAGS.read_text())
+    command = [
+        "python",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "m",
+        "--speculative-algorithm",
+        "MEDUSA",
+    ]
+    command += ["--speculative-num-steps", "three", "--speculative-ngram-min-match-window-size", "2"]
+    problems = _sglang_flags_module().check_command(command, accepted)
+    assert any("'MEDUSA' is not a builtin" in p for p in problems)
+    assert "--speculative-num-steps takes an integer, not 'three'" in problems
+    assert "unknown flag --speculative-ngram-min-match-window-size" in problems
