@@ -46,7 +46,8 @@ def speculative_decode(
         raise ValueError(
             f"method={speculative.method!r} supports greedy decoding only; pass do_sample=False."
         )
-    tree = speculative.tree is not False
+    # "auto": a tree where the drafter grows them (the policy sizes it), else a chain.
+    tree = drafter.supports_tree if speculative.tree == "auto" else speculative.tree is not False
     if tree and not drafter.supports_tree:
         raise ValueError(
             f"method={speculative.method!r} drafts chains only; tree=True needs a drafter that grows "
@@ -94,7 +95,7 @@ def speculative_decode(
             cached_rows = rows
         slots = [cached_rows.index(r) for r in rows]
         k = policy.draft_length(len(rows))
-        if tree and speculative.tree is not True:
+        if tree and type(speculative.tree) is int:
             k = min(k, speculative.tree)  # the user's cap on the nodes of a tree
         stats.draft_lengths.append(k)
         request = _request(out, rows, k, generation_config, score, features, tree)

@@ -55,7 +55,7 @@ def _repetitive_batch(seed: int, batch: int):
     return input_ids, attention_mask
 
 
-@pytest.mark.parametrize("tree", [True, 3])
+@pytest.mark.parametrize("tree", [True, 3, "auto"])
 @pytest.mark.parametrize("batch,seed", [(1, 0), (3, 1), (3, 2)])
 def test_tree_greedy_identity(target, tree, batch, seed):
     input_ids, attention_mask = _repetitive_batch(seed, batch)
@@ -73,6 +73,7 @@ def test_tree_greedy_identity(target, tree, batch, seed):
     )
     assert_greedy_match(target, plain, out.sequences, attention_mask)
     assert out.speculative_stats.drafted > 0
+    assert out.speculative_stats.tree_steps > 0  # "auto" grows trees where the drafter can
 
 
 @pytest.mark.parametrize("batch,seed", [(1, 0), (3, 1)])
@@ -151,7 +152,23 @@ def test_tree_refused_for_chain_drafters(target, good_draft, monkeypatch):
         target.generate(torch.tensor([[6, 7, 8]]), max_new_tokens=4, do_sample=False, speculative=config)
 
 
-@pytest.mark.parametrize("value", [0, -2, "auto", 1.5])
+def test_tree_auto_drafts_chains_with_a_chain_drafter(target, good_draft, monkeypatch):
+    from hf_specdec.drafters.draft_model import DraftModelDrafter
+
+    monkeypatch.setattr(DraftModelDrafter, "supports_tree", False)
+    config = hf_specdec.SpeculativeConfig(
+        method="draft_model", draft=good_draft, tree="auto", num_draft_tokens=3
+    )
+    prompt = torch.tensor([[6, 7, 8, 9]])
+    plain = target.generate(prompt, max_new_tokens=12, do_sample=False)
+    out = target.generate(
+        prompt, max_new_tokens=12, do_sample=False, speculative=config, return_dict_in_generate=True
+    )
+    assert_greedy_match(target, plain, out.sequences)
+    assert out.speculative_stats.drafted > 0 and out.speculative_stats.tree_steps == 0
+
+
+@pytest.mark.parametrize("value", [0, -2, "big", 1.5])
 def test_tree_setting_is_validated(value):
     with pytest.raises(ValueError, match="`tree` must be"):
         hf_specdec.SpeculativeConfig(method="ngram", tree=value)
