@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 class OrtKV:
     """`kv.RaggedKV` for an ONNX decoder: same interface, KV in IO-bound ping-pong buffers."""
 
+    # The graph builds its causal mask from the 2-D `attention_mask`: one mask per row, none per
+    # token, so tree drafts give each node a row of its own (`drafters.decoder.BranchRows`).
+    takes_tree_masks = False
+
     def __init__(self, decoder: OnnxDecoder, batch_size: int) -> None:
         self.decoder = decoder
         device = decoder.device
@@ -87,7 +91,8 @@ class OrtKV:
         self._relayout(torch.arange(self.mask.shape[0], device=self.mask.device))
 
     def select_rows(self, rows: torch.Tensor) -> None:
-        """Keep only `rows` (indices into the current batch), e.g. when others have finished."""
+        """Keep `rows` (indices into the current batch, in that order; repeats copy a row), e.g.
+        when others have finished, or one row per node of a tree draft."""
         rows = rows.to(self.mask.device)
         old_batch = self.mask.shape[0]
         self.mask, self.lengths = self.mask[rows], self.lengths[rows]
@@ -99,7 +104,10 @@ class OrtKV:
         old_width = self.width
         used = torch.nonzero(self.mask.any(dim=0))
         width = 0 if used.numel() == 0 else int(used[-1]) + 1
-        if width == old_width and len(rows) == old_batch:
+        unchanged = len(rows) == old_batch and bool(
+            (rows == torch.arange(old_batch, device=rows.device)).all()
+        )
+        if width == old_width and unchanged:
             return
         self.mask = self.mask[:, :width]
         for i in range(len(self.buffers)):

@@ -37,6 +37,13 @@ def test_ort_kv_follows_ragged_kv_through_holes_and_row_drops(onnx_dirs, weak_dr
     for kv in (ort_kv, torch_kv):
         kv.select_rows(torch.tensor([2, 0]))
     both(torch.randint(6, 64, (2, 1), generator=g), torch.ones(2, 1, dtype=torch.bool))
+    # Rows copied and reordered, batch size unchanged, as tree drafts do (a row per node).
+    for kv in (ort_kv, torch_kv):
+        kv.select_rows(torch.tensor([1, 1]))
+    both(torch.randint(6, 64, (2, 1), generator=g), torch.ones(2, 1, dtype=torch.bool))
+    for kv in (ort_kv, torch_kv):
+        kv.select_rows(torch.tensor([1, 0, 0]))
+    both(torch.randint(6, 64, (3, 2), generator=g), torch.ones(3, 2, dtype=torch.bool))
     assert torch.equal(ort_kv.mask, torch_kv.mask)
 
 
