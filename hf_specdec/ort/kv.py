@@ -33,7 +33,8 @@ class OrtKV:
         self.mask = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)  # [B, cache_len]
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # real tokens per row
         n = 2 * decoder.num_layers
-        self.buffers = [[self._alloc(64 * batch_size), self._alloc(64 * batch_size)] for _ in range(n)]
+        start = 64 * batch_size * decoder.kv_heads * decoder.head_dim  # 64 positions per row
+        self.buffers = [[self._alloc(start), self._alloc(start)] for _ in range(n)]
         self.current = 0  # which buffer of each pair holds the cache
         self.logits = torch.empty(0, dtype=decoder.dtype, device=device)
         self.binding = decoder.session.io_binding()
@@ -111,8 +112,9 @@ class OrtKV:
             return
         self.mask = self.mask[:, :width]
         for i in range(len(self.buffers)):
-            kept = self._view(i, self.current, old_width, batch=old_batch)[rows, :, :width]
-            self._view(i, 1 - self.current, width).copy_(kept)
+            source = self._view(i, self.current, old_width, batch=old_batch)[:, :, :width]
+            # Gathered straight into the other buffer: one copy per tensor, not two.
+            torch.index_select(source, 0, rows, out=self._view(i, 1 - self.current, width))
         self.current = 1 - self.current
 
     def _view(self, i: int, which: int, width: int, batch: int | None = None) -> torch.Tensor:
@@ -130,9 +132,8 @@ class OrtKV:
             self.logits = torch.empty(size, dtype=self.decoder.dtype, device=self.decoder.device)
         return self.logits[:size].view(batch, new, self.decoder.vocab_size)
 
-    def _alloc(self, rows: int) -> torch.Tensor:
-        d = self.decoder
-        return torch.empty(rows * d.kv_heads * d.head_dim, dtype=d.dtype, device=d.device)
+    def _alloc(self, numel: int) -> torch.Tensor:
+        return torch.empty(numel, dtype=self.decoder.dtype, device=self.decoder.device)
 
     def _bind(self, name: str, tensor: torch.Tensor, output: bool) -> None:
         device = tensor.device

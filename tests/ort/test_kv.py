@@ -63,3 +63,14 @@ def test_only_the_logits_asked_for_are_computed(onnx_dirs, weak_draft, tmp_path)
     assert every.shape == (2, 5, 64) and last.shape == reference.shape == (2, 1, 64)
     assert torch.equal(last, every[:, -1:])
     assert torch.allclose(last, reference, atol=1e-5)
+
+
+def test_kv_buffers_grow_to_what_the_cache_holds(onnx_dirs):
+    """A buffer grows to the KV it must hold (at most twice that), counted in elements: the tree
+    drafts' row copies grow them often, and on a GPU an oversized buffer is real memory."""
+    decoder = OnnxDecoder.load(onnx_dirs["weak"])
+    kv = OrtKV(decoder, 1)
+    kv.forward(torch.randint(6, 64, (1, 100)), torch.ones(1, 100, dtype=torch.bool))
+    kv.select_rows(torch.tensor([0, 0, 0, 0]))
+    needed = 4 * decoder.kv_heads * 100 * decoder.head_dim
+    assert all(needed <= pair[kv.current].numel() <= 2 * needed for pair in kv.buffers)
