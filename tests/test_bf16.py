@@ -173,15 +173,20 @@ def test_bf16_quantized_self_draft_has_no_mismatch(two_layers, inputs, batch):
     assert_no_mismatch(small, x, plain, out)
 
 
+@pytest.mark.parametrize("way", ["masks", "rows"])
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("method", ["onnx", "quantized"])
 def test_bf16_onnx_trees_have_no_mismatch(
-    bf16, two_layers, inputs, plain_outputs, method, batch, monkeypatch
+    bf16, two_layers, inputs, plain_outputs, method, batch, way, monkeypatch
 ):
-    """ONNX Runtime drafts grown into trees (a batch row per node) for the bf16 target: `onnx`
-    drafts for the whole SmolLM2, `quantized` self-drafts for the 2-layer one; trees branch."""
+    """ONNX Runtime drafts grown into trees for the bf16 target, under our exports' tree masks and
+    a batch row per node (graphs without them): `onnx` drafts for the whole SmolLM2, `quantized`
+    self-drafts for the 2-layer one; trees branch."""
     from hf_specdec.drafters.decoder import DecoderDrafter
+    from hf_specdec.ort.kv import OrtKV
 
+    if way == "rows":
+        monkeypatch.setattr(OrtKV, "takes_tree_masks", False)
     trees = []
     observe = DecoderDrafter.observe
     monkeypatch.setattr(DecoderDrafter, "observe", lambda self, d, a: (trees.append(d), observe(self, d, a)))

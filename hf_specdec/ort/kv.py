@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .layout import LOGITS_TO_KEEP, io_names
+from .layout import LOGITS_TO_KEEP, TREE_MASK, io_names
 
 if TYPE_CHECKING:
     from .session import OnnxDecoder
@@ -22,10 +22,6 @@ if TYPE_CHECKING:
 
 class OrtKV:
     """`kv.RaggedKV` for an ONNX decoder: same interface, KV in IO-bound ping-pong buffers."""
-
-    # The graph builds its causal mask from the 2-D `attention_mask`: one mask per row, none per
-    # token, so tree drafts give each node a row of its own (`drafters.decoder.BranchRows`).
-    takes_tree_masks = False
 
     def __init__(self, decoder: OnnxDecoder, batch_size: int) -> None:
         self.decoder = decoder
@@ -46,15 +42,35 @@ class OrtKV:
     def width(self) -> int:
         return self.mask.shape[1]
 
-    def forward(self, tokens: torch.Tensor, valid: torch.Tensor, logits_to_keep: int = 0) -> SimpleNamespace:
+    @property
+    def takes_tree_masks(self) -> bool:
+        """Whether the graph has our `TREE_MASK` input. Without it (Hub exports, and ours of
+        sliding-window models) the graph builds its causal mask from the 2-D `attention_mask`:
+        one mask per row, none per token, so tree drafts give each node a row of its own
+        (`drafters.decoder.BranchRows`)."""
+        return self.decoder.has_tree_mask
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        valid: torch.Tensor,
+        logits_to_keep: int = 0,
+        tree: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> SimpleNamespace:
         """Run the decoder on `tokens` [B, T] (only `valid` [B, T] ones are real) and cache them.
 
+        `tree` (where `takes_tree_masks`), for a tree draft: `visible` [B, T, W] and `depths` [B, T],
+        as for `RaggedKV.forward`: token i sees, among the last W cache columns, only the visible
+        ones, and its position is the row's real-token count before this forward plus `depths`.
         Returns, as `RaggedKV.forward` does, an output whose `.logits` are those of the last
         `logits_to_keep` positions (all if 0), [B, T', V].
         """
         device = self.decoder.device
         tokens, valid = tokens.to(device), valid.to(device)
-        positions = (self.lengths[:, None] + valid.cumsum(dim=1) - 1).clamp_min(0)
+        if tree is None:
+            positions = (self.lengths[:, None] + valid.cumsum(dim=1) - 1).clamp_min(0)
+        else:
+            positions = self.lengths[:, None] + tree[1].to(device)
         past = self.width
         self.mask = torch.cat([self.mask, valid], dim=1)
         self.lengths = self.lengths + valid.sum(dim=1)
@@ -65,12 +81,15 @@ class OrtKV:
             feeds["position_ids"] = positions.contiguous()
         if self.decoder.has_cache_branch:
             feeds["use_cache_branch"] = torch.ones(1, dtype=torch.bool, device=device)
+        if self.decoder.has_tree_mask:  # bound on every run: a binding outlives the run
+            feeds[TREE_MASK] = self._tree_mask(tree, new=tokens.shape[1])
         for name, tensor in feeds.items():
             self._bind(name, tensor, output=False)
         computed = new  # positions the session computes logits for
-        if logits_to_keep and self.decoder.has_logits_to_keep:
-            computed = min(logits_to_keep, new)
-            # A shape-like input: ONNX Runtime reads it on the host whatever the provider.
+        if self.decoder.has_logits_to_keep:
+            computed = min(logits_to_keep, new) if logits_to_keep else new
+            # Bound on every run (a binding outlives the run; 0 keeps every position). A shape-like
+            # input: ONNX Runtime reads it on the host whatever the provider.
             self._bind(LOGITS_TO_KEEP, torch.tensor([computed]), output=False)
         for i, (past_name, present_name) in enumerate(zip(self.past_names, self.present_names)):
             self._bind(past_name, self._view(i, self.current, past), output=False)
@@ -83,6 +102,17 @@ class OrtKV:
         self.current = 1 - self.current
         logits = self._logits_view(batch, computed)
         return SimpleNamespace(logits=(logits[:, -logits_to_keep:] if logits_to_keep else logits).clone())
+
+    def _tree_mask(self, tree: tuple[torch.Tensor, torch.Tensor] | None, new: int) -> torch.Tensor:
+        """`TREE_MASK` [B, new, cache_len]: a tree's `visible` over its last columns; without a
+        tree the [1, 1, 1] True that broadcasts (every column `attention_mask` allows)."""
+        device = self.decoder.device
+        if tree is None:
+            return torch.ones(1, 1, 1, dtype=torch.bool, device=device)
+        visible = tree[0].to(device)
+        mask = torch.ones(visible.shape[0], new, self.width, dtype=torch.bool, device=device)
+        mask[:, :, self.width - visible.shape[2] :] = visible
+        return mask
 
     def truncate(self, lengths: torch.Tensor) -> None:
         """Keep only the first `lengths[b]` real tokens of each row b; the rest become holes."""

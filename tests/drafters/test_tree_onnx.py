@@ -1,6 +1,6 @@
-"""ONNX Runtime trees (`onnx`, `quantized`): the graph takes no tree mask, so each node is fed in
-a batch row of its own (`decoder.BranchRows`); lossless for greedy, and the same trees as the
-PyTorch draft grows under tree masks."""
+"""ONNX Runtime trees (`onnx`, `quantized`), grown both ways: a level per forward under our
+exports' `tree_attention_mask`, and, for graphs without it (the Hub's), each node in a batch row of
+its own (`decoder.BranchRows`). Lossless for greedy, and the trees the PyTorch draft grows."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import torch
 
 from hf_specdec.drafters.decoder import DecoderDrafter
 from hf_specdec.kv import RaggedKV
+from hf_specdec.ort.kv import OrtKV
 
 from ..conftest import assert_greedy_match, random_batch
 from ..test_sampling import ALPHA, SETTINGS, chi2_pvalue, exact_distribution
@@ -17,12 +18,18 @@ from ..test_trees import BRANCHING_PROMPT, sample_trees
 CASES = [  # (drafter, draft folder, batch size, tree)
     ("onnx", "good", 1, True),
     ("onnx", "good", 3, 5),
-    ("onnx", "weak", 1, 5),  # mostly rejected: the rows of a tree come and go every step
+    ("onnx", "weak", 1, 5),  # mostly rejected: what a tree fed goes again every step
     ("onnx", "weak", 4, True),
-    ("onnx", "weak-hub", 2, True),  # the Hub layout: no export of ours needed
+    ("onnx", "weak-hub", 2, True),
     ("quantized", None, 1, True),
     ("quantized", None, 3, True),
 ]
+WAYS = ["masks", "rows"]  # rows: as for a graph without `tree_attention_mask`
+
+
+def _grow_by(way: str, monkeypatch) -> None:
+    if way == "rows":
+        monkeypatch.setattr(OrtKV, "takes_tree_masks", False)
 
 
 def _spy_drafts(monkeypatch) -> list[tuple]:
@@ -53,11 +60,22 @@ def _branched(steps: list[tuple]) -> bool:
     )
 
 
+@pytest.fixture(scope="module")
+def private_cache(tmp_path_factory):
+    """A cache of this module's own, so `quantized` builds its copy here whatever ran before
+    (`test_quantized` expects to be the first to build into the shared one)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_SPECDEC_CACHE", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
 @pytest.mark.filterwarnings("ignore:Building an int8 ONNX copy")  # on first use
+@pytest.mark.parametrize("way", WAYS)
 @pytest.mark.parametrize("method,name,batch,tree", CASES)
 def test_greedy_tree_matches_plain_greedy(
-    target, onnx_dirs, quantized_cache, method, name, batch, tree, monkeypatch
+    target, onnx_dirs, private_cache, method, name, batch, tree, way, monkeypatch
 ):
+    _grow_by(way, monkeypatch)
     steps = _spy_drafts(monkeypatch)
     draft = {} if name is None else {"draft": str(onnx_dirs[name])}
     plain, out, mask = _generate(target, batch, batch, method=method, tree=tree, **draft)
@@ -66,12 +84,14 @@ def test_greedy_tree_matches_plain_greedy(
     assert _branched(steps)
 
 
+@pytest.mark.parametrize("way", WAYS)
 @pytest.mark.parametrize("batch,seed", [(1, 0), (3, 1)])
 def test_onnx_grows_the_trees_the_pytorch_draft_grows(
-    target, good_draft, onnx_dirs, batch, seed, monkeypatch
+    target, good_draft, onnx_dirs, batch, seed, way, monkeypatch
 ):
-    """A node per batch row computes what the tree mask does: the exported draft's trees are the
-    PyTorch draft's, node for node (fp32 on both sides, where no top-k ranking is near a tie)."""
+    """The exported draft's trees are the PyTorch draft's, node for node, grown either way (fp32 on
+    both sides, where no top-k ranking is near a tie)."""
+    _grow_by(way, monkeypatch)
     trees = []
     for draft in (good_draft, str(onnx_dirs["good"])):
         method = "draft_model" if isinstance(draft, torch.nn.Module) else "onnx"
@@ -111,8 +131,10 @@ def sampling_onnx(tmp_path_factory):
     return target, folder
 
 
-def test_tree_samples_follow_target_distribution(sampling_onnx, monkeypatch):
+@pytest.mark.parametrize("way", WAYS)
+def test_tree_samples_follow_target_distribution(sampling_onnx, way, monkeypatch):
     """Sampling with ONNX trees keeps the target's distribution (exact enumeration, chi-square)."""
+    _grow_by(way, monkeypatch)
     target, folder = sampling_onnx
     spec = dict(method="onnx", draft=str(folder), num_draft_tokens=4, tree=True, options=dict(tree_top_k=2))
     exact = exact_distribution(target, SETTINGS["temp"], BRANCHING_PROMPT)
