@@ -24,13 +24,20 @@ class DecoderCache(Protocol):
     """A decoder's KV cache for rows that grow at different rates (`kv.RaggedKV`, `ort.kv.OrtKV`)."""
 
     # Whether `forward` takes `tree=(visible, depths)`: a tree level fed as one row's tokens under a
-    # tree mask (`RaggedKV`). Without it (`OrtKV`: the ONNX graph builds its own causal mask) trees
-    # are grown by `BranchRows`, a batch row per node.
+    # tree mask (`RaggedKV`; `OrtKV` of our exports). Without it (an ONNX graph that builds its own
+    # causal mask) trees are grown by `BranchRows`, a batch row per node.
     takes_tree_masks: bool
 
-    def forward(self, tokens: torch.Tensor, valid: torch.Tensor, logits_to_keep: int = 0) -> Any:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        valid: torch.Tensor,
+        logits_to_keep: int = 0,
+        tree: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> Any:
         """Run the decoder on `tokens` [B, T] (only `valid` [B, T] are real) and cache them; the
-        output's `.logits` are those of the last `logits_to_keep` positions (all if 0), [B, T', V]."""
+        output's `.logits` are those of the last `logits_to_keep` positions (all if 0), [B, T', V].
+        `tree`: see `RaggedKV.forward`, where `takes_tree_masks`."""
         ...
 
     def truncate(self, lengths: torch.Tensor) -> None:
@@ -188,7 +195,9 @@ class BranchRows:
     """Feeds a tree level by level to a cache that takes no tree masks: each node gets a batch row
     of its own, a copy of its parent's row (the sequence, then the node's ancestors), and is fed
     there as the next token of a plain chain. No node ever sees a sibling, so the causal mask the
-    ONNX graph builds is the right one, at the price of copying each parent's cache per child.
+    ONNX graph builds is the right one, at the price of copying each parent's cache per child
+    (on a CPU a level of 4 nodes costs 1.7x a chain token after 128 tokens of context, 4.9x after
+    1024; 1.2x under a tree mask: `bench/ort_tree_levels.py`).
 
     Holds, between levels, which cache row holds each fed node; `close` leaves one row per draft
     row again, whose tree tokens the next draft's truncation removes (they are real tokens there).

@@ -91,8 +91,8 @@ def tree_attention(
 ) -> torch.Tensor:
     """The 4D mask [B, 1, new, past + new] the model would build from `attention_mask` (each new
     token sees the real tokens up to its own column), further limited to `visible`: a tree draft's
-    node sees its ancestors only. Every token also sees itself, so no row of the softmax is empty
-    (a hole's query, which transformers' own masks leave fully masked)."""
+    node sees its ancestors only. Every token also sees itself, so no row of the softmax is ever
+    empty, whatever holes a row has (`RaggedKV`'s tree masks do the same)."""
     width = attention_mask.shape[1]
     columns = torch.arange(width, device=attention_mask.device)
     queries = columns[width - new :]
@@ -253,16 +253,16 @@ def _export(model: PreTrainedModel, path: Path, tree_mask: bool | None = None) -
     tree = takes_tree_mask(model) if tree_mask is None else tree_mask
     input_names, output_names = io_names(num_layers, tree)
     auto = Dim.AUTO
-    past = tuple({0: auto, 2: auto} for _ in inputs[3:])  # [batch, kv_heads, past, head_dim]
+    rest = tuple({0: auto, 2: auto} for _ in inputs[3:])  # past [batch, kv_heads, past, head_dim]
     if tree:  # traced with a tree's shape; `add_tree_mask_default` makes it optional
         batch, new = inputs[0].shape
         inputs = (*inputs, torch.ones(batch, new, inputs[1].shape[1], dtype=torch.bool))
-        past = (*past, {0: auto, 1: auto, 2: auto})  # TREE_MASK [batch, new, past + new]
+        rest = (*rest, {0: auto, 1: auto, 2: auto})  # TREE_MASK [batch, new, past + new]
     dynamic = (
         {0: auto, 1: auto},  # input_ids [batch, new]
         {0: auto, 1: auto},  # attention_mask [batch, past + new]
         {0: auto, 1: auto},  # position_ids [batch, new]
-        past,
+        rest,
     )
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     with quiet():
