@@ -52,8 +52,8 @@ class OnnxDrafter(DecoderDrafter):
 
     name: ClassVar[str] = "onnx"
     supports_sampling: ClassVar[bool] = True
-    # Top-k branching as for `draft_model`; its ONNX graph takes no tree mask, so each node is fed
-    # in a batch row of its own (`decoder.BranchRows`).
+    # Top-k branching as for `draft_model`: under our exports' `tree_attention_mask`, and for graphs
+    # without it (the Hub's) each node in a batch row of its own (`decoder.BranchRows`).
     supports_tree: ClassVar[bool] = True
 
     @classmethod

@@ -40,3 +40,31 @@ def test_a_model_is_converted_tensor_by_tensor_never_duplicated_where_it_lives(w
     theirs, ours = weak_draft.state_dict(), copy.state_dict()
     assert list(ours) == list(theirs)
     assert all(torch.equal(ours[name], tensor.half()) for name, tensor in theirs.items())
+
+
+def test_eager_attention_exports_take_the_tree_mask_too(tmp_path):
+    """The 4D mask the export builds is additive for eager attention, boolean for sdpa: both
+    reproduce PyTorch with the tree mask left at its default."""
+    from ..conftest import tiny_llama
+
+    model = tiny_llama(1)
+    model.set_attn_implementation("eager")
+    report = export_onnx_report(model, tmp_path / "eager", progress=False)
+    assert report.max_abs_diff < report.tolerance
+    assert OnnxDecoder.load(tmp_path / "eager").has_tree_mask
+
+
+def test_sliding_window_models_get_no_tree_mask():
+    """One 4D mask cannot say a sliding window: such exports keep the model's own masks (their
+    trees are grown a batch row per node)."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from hf_specdec.ort.export import takes_tree_mask
+
+    from ..conftest import tiny_llama
+
+    small = dict(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4
+    )
+    assert takes_tree_mask(tiny_llama(0))
+    assert not takes_tree_mask(MistralForCausalLM(MistralConfig(**small, sliding_window=8)))
