@@ -27,6 +27,8 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 class RaggedKV:
     """A `DynamicCache` plus which of its positions hold real tokens, row by row."""
 
+    takes_tree_masks = True  # `forward(tree=...)`: the model takes the 4D masks built here
+
     def __init__(
         self,
         model: PreTrainedModel,

@@ -16,7 +16,7 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 from .checks import check_supported, resolve_method
 from .config import SpeculativeConfig
 from .draft import Draft, DraftRequest
-from .drafters import build_drafter
+from .drafters import DRAFTERS, build_drafter
 from .kv import RaggedKV
 from .output import OutputCollector
 from .policy import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
@@ -49,9 +49,10 @@ def speculative_decode(
     # "auto": a tree where the drafter grows them (the policy sizes it), else a chain.
     tree = drafter.supports_tree if speculative.tree == "auto" else speculative.tree is not False
     if tree and not drafter.supports_tree:
+        growers = ", ".join(repr(name) for name, cls in DRAFTERS.items() if cls.supports_tree)
         raise ValueError(
             f"method={speculative.method!r} drafts chains only; tree=True needs a drafter that grows "
-            "trees (method='ngram', 'draft_model', 'eagle' or 'medusa'), or drop tree=."
+            f"trees (method={growers}), or drop tree=."
         )
     policy = _default_policy(speculative)
     stats = SpeculativeStats(method=speculative.method)

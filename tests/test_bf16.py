@@ -173,6 +173,40 @@ def test_bf16_quantized_self_draft_has_no_mismatch(two_layers, inputs, batch):
     assert_no_mismatch(small, x, plain, out)
 
 
+@pytest.mark.parametrize("way", ["masks", "rows"])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("method", ["onnx", "quantized"])
+def test_bf16_onnx_trees_have_no_mismatch(
+    bf16, two_layers, inputs, plain_outputs, method, batch, way, monkeypatch
+):
+    """ONNX Runtime drafts grown into trees for the bf16 target, under our exports' tree masks and
+    a batch row per node (graphs without them): `onnx` drafts for the whole SmolLM2, `quantized`
+    self-drafts for the 2-layer one; trees branch."""
+    from hf_specdec.drafters.decoder import DecoderDrafter
+    from hf_specdec.ort.kv import OrtKV
+
+    if way == "rows":
+        monkeypatch.setattr(OrtKV, "takes_tree_masks", False)
+    trees = []
+    observe = DecoderDrafter.observe
+    monkeypatch.setattr(DecoderDrafter, "observe", lambda self, d, a: (trees.append(d), observe(self, d, a)))
+    small, folder = two_layers
+    model, plain = (bf16[0], plain_outputs[batch]) if method == "onnx" else (small, None)
+    x = inputs[batch]
+    if plain is None:
+        plain = small.generate(**x, max_new_tokens=NEW, do_sample=False)
+    spec = {"method": method, "num_draft_tokens": 6, "tree": True}
+    if method == "onnx":
+        spec["draft"] = str(folder)
+    out = model.generate(
+        **x, max_new_tokens=NEW, do_sample=False, speculative=spec, return_dict_in_generate=True
+    )
+    assert_no_mismatch(model, x, plain, out)
+    assert any(
+        len(set(d.parents[b, :n].tolist())) < n for d in trees for b, n in enumerate(d.lengths)
+    )  # two nodes with one parent: the tree branched
+
+
 def test_drafts_follow_the_targets_dtype_and_device(bf16, draft_folder, heads):
     """A draft model given by path (saved in fp32) and a head given by path load in the target's bf16."""
     from hf_specdec.heads.checkpoint import load_head

@@ -23,9 +23,21 @@ if TYPE_CHECKING:
 class DecoderCache(Protocol):
     """A decoder's KV cache for rows that grow at different rates (`kv.RaggedKV`, `ort.kv.OrtKV`)."""
 
-    def forward(self, tokens: torch.Tensor, valid: torch.Tensor, logits_to_keep: int = 0) -> Any:
+    # Whether `forward` takes `tree=(visible, depths)`: a tree level fed as one row's tokens under a
+    # tree mask (`RaggedKV`; `OrtKV` of our exports). Without it (an ONNX graph that builds its own
+    # causal mask) trees are grown by `BranchRows`, a batch row per node.
+    takes_tree_masks: bool
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        valid: torch.Tensor,
+        logits_to_keep: int = 0,
+        tree: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> Any:
         """Run the decoder on `tokens` [B, T] (only `valid` [B, T] are real) and cache them; the
-        output's `.logits` are those of the last `logits_to_keep` positions (all if 0), [B, T', V]."""
+        output's `.logits` are those of the last `logits_to_keep` positions (all if 0), [B, T', V].
+        `tree`: see `RaggedKV.forward`, where `takes_tree_masks`."""
         ...
 
     def truncate(self, lengths: torch.Tensor) -> None:
@@ -33,7 +45,7 @@ class DecoderCache(Protocol):
         ...
 
     def select_rows(self, rows: torch.Tensor) -> None:
-        """Keep only `rows` (indices into the current batch)."""
+        """Keep `rows` (indices into the current batch, in that order; repeats copy a row)."""
         ...
 
 
@@ -69,10 +81,11 @@ class DecoderDrafter(Drafter):
     Each row's cache is rolled back to what it still shares with the row's sequence (which also
     survives EOS and restarts), then fed the rest; `observe` has nothing to learn.
 
-    Asked for a tree (`DraftRequest.tree`, where the subclass `supports_tree`: its cache must take
-    `RaggedKV.forward`'s tree masks), it grows one with `tree.grow_tree`, feeding one level of
-    nodes per forward, `tree_top_k` children per expanded node. The tree's nodes then leave the
-    cache: the next draft feeds the accepted path with the target's token, in one forward.
+    Asked for a tree (`DraftRequest.tree`, where the subclass `supports_tree`), it grows one with
+    `tree.grow_tree`, feeding one level of nodes per forward, `tree_top_k` children per expanded
+    node: as one row's tokens under a tree mask where the cache `takes_tree_masks`, else each node
+    in a batch row of its own (`BranchRows`). The tree's nodes then leave the cache: the next draft
+    feeds the accepted path with the target's token, in one forward.
     """
 
     def __init__(
@@ -111,14 +124,21 @@ class DecoderDrafter(Drafter):
             )
 
         if request.tree:
+            branches = (
+                None
+                if self.kv.takes_tree_masks
+                else BranchRows(self.kv, len(real), draft_device, self.device)
+            )
             draft = grow_tree(
                 request,
                 request.max_tokens,
                 self.tree_top_k,
                 self.min_confidence,
                 first.to(self.device),
-                self._feed,
+                self._feed if branches is None else branches.feed,
             )
+            if branches is not None:
+                branches.close()
             draft.catch_up_seconds = catch_up_seconds
             self.cached = real  # what the tree fed is truncated away by the next draft
             return draft
@@ -169,3 +189,60 @@ class DecoderDrafter(Drafter):
             return 0
         differs = torch.nonzero(cached[:n] != seq[:n].to(cached.device))
         return int(differs[0]) if differs.numel() else n
+
+
+class BranchRows:
+    """Feeds a tree level by level to a cache that takes no tree masks: each node gets a batch row
+    of its own, a copy of its parent's row (the sequence, then the node's ancestors), and is fed
+    there as the next token of a plain chain. No node ever sees a sibling, so the causal mask the
+    ONNX graph builds is the right one, at the price of copying each parent's cache per child
+    (on a CPU a level of 4 nodes costs 1.7x a chain token after 128 tokens of context, 4.9x after
+    1024; 1.2x under a tree mask: `bench/ort_tree_levels.py`).
+
+    Holds, between levels, which cache row holds each fed node; `close` leaves one row per draft
+    row again, whose tree tokens the next draft's truncation removes (they are real tokens there).
+    """
+
+    def __init__(
+        self, kv: DecoderCache, batch: int, cache_device: torch.device, device: torch.device
+    ) -> None:
+        self.kv = kv
+        self.batch = batch
+        self.cache_device = cache_device  # the decoder's: row indices and tokens go there
+        self.device = device  # where the logits go: the target's
+        self.owners = list(range(batch))  # per cache row: the draft row whose sequence it holds
+        self.row_of: dict[tuple[int, int], int] = {}  # (draft row, tree column) -> its cache row
+
+    def feed(self, level: Level) -> torch.Tensor:
+        """One level of a tree, each node after its parent's path: logits [B, W, V]."""
+        batch, width = level.tokens.shape
+        before = level.visible.shape[2] - width  # tree columns fed by earlier levels
+        valid = level.valid.tolist()
+        parents = level.parent_columns.tolist()
+        sources, nodes = [], []  # per new cache row: the row it copies, and its node (b, i) or (b, -1)
+        for b in range(batch):
+            mine = [i for i in range(width) if valid[b][i]]
+            for i in mine:
+                # A level's parents are the previous level's nodes; the first level's, the row's last token.
+                sources.append(self.owners.index(b) if parents[b][i] < 0 else self.row_of[b, parents[b][i]])
+                nodes.append((b, i))
+            if not mine:  # nothing to feed: one row keeps the row's sequence, fed a hole
+                sources.append(self.owners.index(b))
+                nodes.append((b, -1))
+        self.kv.select_rows(torch.tensor(sources, device=self.cache_device))
+        self.owners = [b for b, _ in nodes]
+        self.row_of = {(b, before + i): row for row, (b, i) in enumerate(nodes) if i >= 0}
+        tokens = torch.tensor([[int(level.tokens[b, i]) if i >= 0 else 0] for b, i in nodes])
+        tokens = tokens.to(self.cache_device)  # [R, 1]
+        fed = torch.tensor([[i >= 0] for _, i in nodes], device=self.cache_device)  # [R, 1]
+        logits = self.kv.forward(tokens, fed, logits_to_keep=1).logits[:, -1].to(self.device)  # [R, V]
+        out = logits.new_zeros(batch, width, logits.shape[-1])
+        for row, (b, i) in enumerate(nodes):
+            if i >= 0:
+                out[b, i] = logits[row]
+        return out
+
+    def close(self) -> None:
+        """Back to one cache row per draft row (each row's first copy)."""
+        first = [self.owners.index(b) for b in range(self.batch)]
+        self.kv.select_rows(torch.tensor(first, device=self.cache_device))

@@ -35,12 +35,15 @@ class OnnxDraftConfig:
             (`torch.get_num_threads()`), since draft and target take turns on the same cores.
         min_confidence: as for `draft_model`: stop a greedy draft once its confidence drops below.
         tokenizer_verified: skip the tokenizer / vocabulary check.
+        tree_top_k: as for `draft_model`: with `SpeculativeConfig(tree=...)`, the children drafted
+            per expanded node and the nodes expanded per level.
     """
 
     provider: str = "auto"
     threads: int = 0
     min_confidence: float = 0.0
     tokenizer_verified: bool = False
+    tree_top_k: int = 4
 
 
 @register_drafter
@@ -49,7 +52,9 @@ class OnnxDrafter(DecoderDrafter):
 
     name: ClassVar[str] = "onnx"
     supports_sampling: ClassVar[bool] = True
-    supports_tree: ClassVar[bool] = False  # its ONNX graph builds its own causal mask: no tree masks
+    # Top-k branching as for `draft_model`: under our exports' `tree_attention_mask`, and for graphs
+    # without it (the Hub's) each node in a batch row of its own (`decoder.BranchRows`).
+    supports_tree: ClassVar[bool] = True
 
     @classmethod
     def from_config(cls, config: SpeculativeConfig, target: PreTrainedModel, tokenizer: Any) -> OnnxDrafter:
@@ -62,7 +67,7 @@ class OnnxDrafter(DecoderDrafter):
         decoder = load_decoder(config.draft, options, target)
         if not options.tokenizer_verified:
             check_compatible(target, tokenizer, decoder, config.draft_tokenizer or decoder.tokenizer)
-        return cls(decoder, options.min_confidence, execution_device(target))
+        return cls(decoder, options.min_confidence, execution_device(target), options.tree_top_k)
 
 
 def load_decoder(folder: str | Path, options: OnnxDraftConfig, target: PreTrainedModel) -> OnnxDecoder:

@@ -29,4 +29,5 @@ class QuantizedDrafter(OnnxDrafter):
     ) -> QuantizedDrafter:
         options = options_to_config(OnnxDraftConfig, config.options)
         folder = quantized_copy(target, tokenizer)
-        return cls(load_decoder(folder, options, target), options.min_confidence, execution_device(target))
+        decoder = load_decoder(folder, options, target)
+        return cls(decoder, options.min_confidence, execution_device(target), options.tree_top_k)

@@ -19,7 +19,7 @@ import torch
 from torch.export import Dim
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from .graph import add_logits_to_keep
+from .graph import add_logits_to_keep, add_tree_mask_default
 from .layout import io_names, require
 from .progress import Progress, quiet
 from .quantize import quantize_int8
@@ -47,11 +47,16 @@ class DecoderWithPast(torch.nn.Module):
     `past_kv` is flat: key and value of layer 0, then of layer 1, ...
     """
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, tree_mask: bool = False) -> None:
+        """`tree_mask`: the last input is `layout.TREE_MASK` (see `tree_attention`)."""
         super().__init__()
         self.model = model
+        self.tree_mask = tree_mask
 
     def forward(self, input_ids, attention_mask, position_ids, *past_kv):
+        if self.tree_mask:
+            *past_kv, visible = past_kv
+            attention_mask = tree_attention(self.model, attention_mask, input_ids.shape[1], visible)
         layers = [(past_kv[i], past_kv[i + 1]) for i in range(0, len(past_kv), 2)]
         cache = DynamicCache(ddp_cache_data=layers, config=self.model.config)
         out = self.model(
@@ -63,6 +68,41 @@ class DecoderWithPast(torch.nn.Module):
         )
         present = [t for layer in cache.layers for t in (layer.keys, layer.values)]  # updated in place
         return (out.logits, *present)
+
+
+def takes_tree_mask(model: PreTrainedModel) -> bool:
+    """Whether `model`'s export gets a `TREE_MASK` input: every layer attends to the whole context
+    (one 4D mask serves them all; sliding-window layers would need their window in it too) through
+    sdpa or eager attention (which take the 4D mask `tree_attention` builds)."""
+    config = model.config.get_text_config(decoder=True)
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        full = all(kind == "full_attention" for kind in layer_types)
+    else:
+        full = getattr(config, "sliding_window", None) is None
+    return full and config._attn_implementation in ("sdpa", "eager")
+
+
+def tree_attention(
+    model: PreTrainedModel,
+    attention_mask: torch.Tensor,  # [B, past + new], 1 where a column holds a real token
+    new: int,
+    visible: torch.Tensor,  # [B, new, past + new] bool, or [1, 1, 1] True (the default: no tree)
+) -> torch.Tensor:
+    """The 4D mask [B, 1, new, past + new] the model would build from `attention_mask` (each new
+    token sees the real tokens up to its own column), further limited to `visible`: a tree draft's
+    node sees its ancestors only. Every token also sees itself, so no row of the softmax is ever
+    empty, whatever holes a row has (`RaggedKV`'s tree masks do the same)."""
+    width = attention_mask.shape[1]
+    columns = torch.arange(width, device=attention_mask.device)
+    queries = columns[width - new :]
+    causal = columns[None, :] <= queries[:, None]  # [new, past + new]
+    itself = columns[None, :] == queries[:, None]
+    allowed = ((attention_mask.bool()[:, None, :] & causal[None]) & visible) | itself[None]
+    if model.config.get_text_config(decoder=True)._attn_implementation == "sdpa":
+        return allowed[:, None]  # sdpa takes booleans (True: attend)
+    zero = torch.zeros((), dtype=model.dtype, device=allowed.device)
+    return torch.where(allowed[:, None], zero, torch.finfo(model.dtype).min)  # eager adds its mask
 
 
 def sample_inputs(
@@ -147,6 +187,7 @@ def export_onnx_report(
         fp_path = out / "model_fp.onnx" if quantize else path
         _export(model, fp_path)
         add_logits_to_keep(fp_path)
+        add_tree_mask_default(fp_path)
         bar.step("checking logits against PyTorch")
         diff = max_abs_diff(model, fp_path)
         tolerance = TOLERANCE[dtype] * max(1.0, _logit_scale(model))
@@ -205,21 +246,28 @@ def _to_cpu(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return tensor.to(dtype) if tensor.is_floating_point() else tensor
 
 
-def _export(model: PreTrainedModel, path: Path) -> None:
+def _export(model: PreTrainedModel, path: Path, tree_mask: bool | None = None) -> None:
+    """`tree_mask`: give the graph a `TREE_MASK` input (None: where `takes_tree_mask(model)`)."""
     inputs = sample_inputs(model)
     num_layers = (len(inputs) - 3) // 2
-    input_names, output_names = io_names(num_layers)
+    tree = takes_tree_mask(model) if tree_mask is None else tree_mask
+    input_names, output_names = io_names(num_layers, tree)
     auto = Dim.AUTO
+    rest = tuple({0: auto, 2: auto} for _ in inputs[3:])  # past [batch, kv_heads, past, head_dim]
+    if tree:  # traced with a tree's shape; `add_tree_mask_default` makes it optional
+        batch, new = inputs[0].shape
+        inputs = (*inputs, torch.ones(batch, new, inputs[1].shape[1], dtype=torch.bool))
+        rest = (*rest, {0: auto, 1: auto, 2: auto})  # TREE_MASK [batch, new, past + new]
     dynamic = (
         {0: auto, 1: auto},  # input_ids [batch, new]
         {0: auto, 1: auto},  # attention_mask [batch, past + new]
         {0: auto, 1: auto},  # position_ids [batch, new]
-        tuple({0: auto, 2: auto} for _ in inputs[3:]),  # past [batch, kv_heads, past, head_dim]
+        rest,
     )
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     with quiet():
         torch.onnx.export(
-            DecoderWithPast(model),
+            DecoderWithPast(model, tree),
             inputs,
             str(path),
             dynamo=True,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .layout import LOGITS_TO_KEEP, require
+from .layout import LOGITS_TO_KEEP, TREE_MASK, require
 
 
 def add_logits_to_keep(path: str | Path) -> None:
@@ -51,4 +51,41 @@ def add_logits_to_keep(path: str | Path) -> None:
     graph.node.extend(nodes)
     logits = next(o for o in graph.output if o.name == "logits")
     logits.type.tensor_type.shape.dim[1].dim_param = "logits_length"  # no longer the input's length
+    onnx.save(model, str(path), save_as_external_data=external, location=path.name + ".data")
+
+
+def add_tree_mask_default(path: str | Path) -> None:
+    """Make the exported decoder's `TREE_MASK` input optional: bool [B, new, past + new], which
+    cache columns each new token may see besides what `attention_mask` and causality allow (a tree
+    draft's node: its ancestors). Unfed, it is a [1, 1, 1] True that broadcasts: plain decoding, so
+    readers of the Hub layout need not know it. Graphs without the input are left as they are.
+    """
+    onnx = require("onnx")
+    helper, numpy_helper = onnx.helper, onnx.numpy_helper
+    path = Path(path)
+    external = Path(str(path) + ".data").exists()
+    model = onnx.load(str(path), load_external_data=external)
+    graph = model.graph
+    tree = next((i for i in graph.input if i.name == TREE_MASK), None)
+    if tree is None:
+        return
+    # The exporter may read the sizes it shares with other inputs off this one: read them there.
+    same_size = {0: ("attention_mask", 0), 1: ("input_ids", 1), 2: ("attention_mask", 1)}
+    for node in graph.node:
+        if TREE_MASK not in node.input:
+            continue
+        if node.op_type not in ("Shape", "And"):
+            raise RuntimeError(f"{path}: {TREE_MASK} feeds a {node.op_type}; only And broadcasts it.")
+        if node.op_type == "Shape":
+            attrs = {a.name: a.i for a in node.attribute}
+            start = attrs.get("start", 0)
+            if attrs.get("end") != start + 1 or start not in same_size:
+                raise RuntimeError(f"{path}: {TREE_MASK}'s shape is read as a whole, not size by size.")
+            source, dim = same_size[start]
+            node.input[0] = source
+            del node.attribute[:]
+            node.attribute.extend(helper.make_attribute(k, v) for k, v in (("start", dim), ("end", dim + 1)))
+    graph.initializer.append(numpy_helper.from_array(np.ones((1, 1, 1), dtype=np.bool_), TREE_MASK))
+    for dim, name in zip(tree.type.tensor_type.shape.dim, ("tree_batch", "tree_new", "tree_width")):
+        dim.dim_param = name  # not the other inputs' sizes: the default is [1, 1, 1]
     onnx.save(model, str(path), save_as_external_data=external, location=path.name + ".data")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from .layout import LOGITS_TO_KEEP, io_names
+from .layout import LOGITS_TO_KEEP, TREE_MASK, io_names
 
 if TYPE_CHECKING:
     from .session import OnnxDecoder
@@ -29,7 +29,8 @@ class OrtKV:
         self.mask = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)  # [B, cache_len]
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # real tokens per row
         n = 2 * decoder.num_layers
-        self.buffers = [[self._alloc(64 * batch_size), self._alloc(64 * batch_size)] for _ in range(n)]
+        start = 64 * batch_size * decoder.kv_heads * decoder.head_dim  # 64 positions per row
+        self.buffers = [[self._alloc(start), self._alloc(start)] for _ in range(n)]
         self.current = 0  # which buffer of each pair holds the cache
         self.logits = torch.empty(0, dtype=decoder.dtype, device=device)
         self.binding = decoder.session.io_binding()
@@ -41,15 +42,35 @@ class OrtKV:
     def width(self) -> int:
         return self.mask.shape[1]
 
-    def forward(self, tokens: torch.Tensor, valid: torch.Tensor, logits_to_keep: int = 0) -> SimpleNamespace:
+    @property
+    def takes_tree_masks(self) -> bool:
+        """Whether the graph has our `TREE_MASK` input. Without it (Hub exports, and ours of
+        sliding-window models) the graph builds its causal mask from the 2-D `attention_mask`:
+        one mask per row, none per token, so tree drafts give each node a row of its own
+        (`drafters.decoder.BranchRows`)."""
+        return self.decoder.has_tree_mask
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        valid: torch.Tensor,
+        logits_to_keep: int = 0,
+        tree: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> SimpleNamespace:
         """Run the decoder on `tokens` [B, T] (only `valid` [B, T] ones are real) and cache them.
 
+        `tree` (where `takes_tree_masks`), for a tree draft: `visible` [B, T, W] and `depths` [B, T],
+        as for `RaggedKV.forward`: token i sees, among the last W cache columns, only the visible
+        ones, and its position is the row's real-token count before this forward plus `depths`.
         Returns, as `RaggedKV.forward` does, an output whose `.logits` are those of the last
         `logits_to_keep` positions (all if 0), [B, T', V].
         """
         device = self.decoder.device
         tokens, valid = tokens.to(device), valid.to(device)
-        positions = (self.lengths[:, None] + valid.cumsum(dim=1) - 1).clamp_min(0)
+        if tree is None:
+            positions = (self.lengths[:, None] + valid.cumsum(dim=1) - 1).clamp_min(0)
+        else:
+            positions = self.lengths[:, None] + tree[1].to(device)
         past = self.width
         self.mask = torch.cat([self.mask, valid], dim=1)
         self.lengths = self.lengths + valid.sum(dim=1)
@@ -60,12 +81,15 @@ class OrtKV:
             feeds["position_ids"] = positions.contiguous()
         if self.decoder.has_cache_branch:
             feeds["use_cache_branch"] = torch.ones(1, dtype=torch.bool, device=device)
+        if self.decoder.has_tree_mask:  # bound on every run: a binding outlives the run
+            feeds[TREE_MASK] = self._tree_mask(tree, new=tokens.shape[1])
         for name, tensor in feeds.items():
             self._bind(name, tensor, output=False)
         computed = new  # positions the session computes logits for
-        if logits_to_keep and self.decoder.has_logits_to_keep:
-            computed = min(logits_to_keep, new)
-            # A shape-like input: ONNX Runtime reads it on the host whatever the provider.
+        if self.decoder.has_logits_to_keep:
+            computed = min(logits_to_keep, new) if logits_to_keep else new
+            # Bound on every run (a binding outlives the run; 0 keeps every position). A shape-like
+            # input: ONNX Runtime reads it on the host whatever the provider.
             self._bind(LOGITS_TO_KEEP, torch.tensor([computed]), output=False)
         for i, (past_name, present_name) in enumerate(zip(self.past_names, self.present_names)):
             self._bind(past_name, self._view(i, self.current, past), output=False)
@@ -79,6 +103,17 @@ class OrtKV:
         logits = self._logits_view(batch, computed)
         return SimpleNamespace(logits=(logits[:, -logits_to_keep:] if logits_to_keep else logits).clone())
 
+    def _tree_mask(self, tree: tuple[torch.Tensor, torch.Tensor] | None, new: int) -> torch.Tensor:
+        """`TREE_MASK` [B, new, cache_len]: a tree's `visible` over its last columns; without a
+        tree the [1, 1, 1] True that broadcasts (every column `attention_mask` allows)."""
+        device = self.decoder.device
+        if tree is None:
+            return torch.ones(1, 1, 1, dtype=torch.bool, device=device)
+        visible = tree[0].to(device)
+        mask = torch.ones(visible.shape[0], new, self.width, dtype=torch.bool, device=device)
+        mask[:, :, self.width - visible.shape[2] :] = visible
+        return mask
+
     def truncate(self, lengths: torch.Tensor) -> None:
         """Keep only the first `lengths[b]` real tokens of each row b; the rest become holes."""
         lengths = lengths.to(self.mask.device)
@@ -87,7 +122,8 @@ class OrtKV:
         self._relayout(torch.arange(self.mask.shape[0], device=self.mask.device))
 
     def select_rows(self, rows: torch.Tensor) -> None:
-        """Keep only `rows` (indices into the current batch), e.g. when others have finished."""
+        """Keep `rows` (indices into the current batch, in that order; repeats copy a row), e.g.
+        when others have finished, or one row per node of a tree draft."""
         rows = rows.to(self.mask.device)
         old_batch = self.mask.shape[0]
         self.mask, self.lengths = self.mask[rows], self.lengths[rows]
@@ -99,12 +135,16 @@ class OrtKV:
         old_width = self.width
         used = torch.nonzero(self.mask.any(dim=0))
         width = 0 if used.numel() == 0 else int(used[-1]) + 1
-        if width == old_width and len(rows) == old_batch:
+        unchanged = len(rows) == old_batch and bool(
+            (rows == torch.arange(old_batch, device=rows.device)).all()
+        )
+        if width == old_width and unchanged:
             return
         self.mask = self.mask[:, :width]
         for i in range(len(self.buffers)):
-            kept = self._view(i, self.current, old_width, batch=old_batch)[rows, :, :width]
-            self._view(i, 1 - self.current, width).copy_(kept)
+            source = self._view(i, self.current, old_width, batch=old_batch)[:, :, :width]
+            # Gathered straight into the other buffer: one copy per tensor, not two.
+            torch.index_select(source, 0, rows, out=self._view(i, 1 - self.current, width))
         self.current = 1 - self.current
 
     def _view(self, i: int, which: int, width: int, batch: int | None = None) -> torch.Tensor:
@@ -122,9 +162,8 @@ class OrtKV:
             self.logits = torch.empty(size, dtype=self.decoder.dtype, device=self.decoder.device)
         return self.logits[:size].view(batch, new, self.decoder.vocab_size)
 
-    def _alloc(self, rows: int) -> torch.Tensor:
-        d = self.decoder
-        return torch.empty(rows * d.kv_heads * d.head_dim, dtype=d.dtype, device=d.device)
+    def _alloc(self, numel: int) -> torch.Tensor:
+        return torch.empty(numel, dtype=self.decoder.dtype, device=self.decoder.device)
 
     def _bind(self, name: str, tensor: torch.Tensor, output: bool) -> None:
         device = tensor.device

@@ -4,7 +4,8 @@ lies, what its inputs and outputs are called, and the optional dependencies that
 Inputs `input_ids`, `attention_mask` (2-D, over past + new positions), `position_ids` and
 `past_key_values.{i}.key|value` [batch, kv_heads, past, head_dim]; outputs `logits` and
 `present.{i}.key|value` [batch, kv_heads, past + new, head_dim]. Our exports add an optional
-`num_logits_to_keep` (see `graph.add_logits_to_keep`).
+`num_logits_to_keep` (see `graph.add_logits_to_keep`) and, for models whose layers all attend to
+the whole context, an optional `tree_attention_mask` (see `graph.add_tree_mask_default`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 INSTALL_HINT = "pip install 'hf-specdec[onnx]'  (or: pip install onnxruntime onnx onnxscript)"
 MODEL_FILES = ("model.onnx", "onnx/model.onnx")  # flat folders, and onnx-community repos
 LOGITS_TO_KEEP = "num_logits_to_keep"
+TREE_MASK = "tree_attention_mask"
 
 
 def require(module: str = "onnxruntime") -> Any:
@@ -44,11 +46,12 @@ def is_onnx_folder(path: Any) -> bool:
     return not has_torch and any((folder / name).is_file() for name in MODEL_FILES)
 
 
-def io_names(num_layers: int) -> tuple[list[str], list[str]]:
-    """Input and output names of the Hub decoder layout."""
+def io_names(num_layers: int, tree_mask: bool = False) -> tuple[list[str], list[str]]:
+    """Input and output names of the Hub decoder layout (with `TREE_MASK` last where asked)."""
     kv = [(i, part) for i in range(num_layers) for part in ("key", "value")]
     inputs = ["input_ids", "attention_mask", "position_ids"]
     inputs += [f"past_key_values.{i}.{part}" for i, part in kv]
+    inputs += [TREE_MASK] if tree_mask else []
     outputs = ["logits"] + [f"present.{i}.{part}" for i, part in kv]
     return inputs, outputs
 

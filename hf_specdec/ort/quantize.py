@@ -9,7 +9,7 @@ from .progress import quiet
 
 # What `quantize="int8"` writes; part of the quantized copies' cache stamp, so that copies in an
 # older format are rebuilt.
-INT8_FORMAT = "matmulnbits-8bit-block32-sym-int8compute, num_logits_to_keep"
+INT8_FORMAT = "matmulnbits-8bit-block32-sym-int8compute, num_logits_to_keep, tree_attention_mask"
 
 
 def quantize_int8(src: str | Path, dst: str | Path) -> Path:

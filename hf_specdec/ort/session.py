@@ -12,7 +12,7 @@ import torch
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
 
 from .kv import OrtKV
-from .layout import LOGITS_TO_KEEP, find_model_file, kv_shape, require
+from .layout import LOGITS_TO_KEEP, TREE_MASK, find_model_file, kv_shape, require
 
 _NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 _TORCH = {np.float32: torch.float32, np.float16: torch.float16}
@@ -45,6 +45,8 @@ class OnnxDecoder:
         self.has_cache_branch = "use_cache_branch" in inputs  # optimum's merged decoders
         overridable = {i.name for i in session.get_overridable_initializers()}
         self.has_logits_to_keep = LOGITS_TO_KEEP in overridable | set(inputs)  # our own exports
+        # Ours, of full-attention models; optional once `graph.add_tree_mask_default` gave it a default.
+        self.has_tree_mask = TREE_MASK in overridable
         if self.kv_heads is None or self.head_dim is None:
             raise ValueError(f"{path}: the KV shape is symbolic and there is no config.json to read it from.")
         self.config = config if config is not None else _vocab_only_config(self.vocab_size)

@@ -12,8 +12,12 @@ from hf_specdec.ort.session import OnnxDecoder
 def test_export_writes_hub_layout_and_matches_pytorch(onnx_dirs, weak_draft, tmp_path):
     folder = onnx_dirs["good"]
     assert {"model.onnx", "config.json", "generation_config.json"} <= {p.name for p in folder.iterdir()}
-    names = {i.name for i in OnnxDecoder.load(folder).session.get_inputs()}
+    decoder = OnnxDecoder.load(folder)
+    names = {i.name for i in decoder.session.get_inputs()}
     assert {"input_ids", "attention_mask", "position_ids", "past_key_values.1.value"} <= names
+    # Our optional inputs have defaults, so readers of the Hub layout need not feed them.
+    optional = {i.name for i in decoder.session.get_overridable_initializers()}
+    assert {"num_logits_to_keep", "tree_attention_mask"} <= optional and decoder.has_tree_mask
     report = export_onnx_report(weak_draft, tmp_path / "again", progress=False)
     assert report.max_abs_diff < report.tolerance <= 1e-2
 
@@ -36,3 +40,31 @@ def test_a_model_is_converted_tensor_by_tensor_never_duplicated_where_it_lives(w
     theirs, ours = weak_draft.state_dict(), copy.state_dict()
     assert list(ours) == list(theirs)
     assert all(torch.equal(ours[name], tensor.half()) for name, tensor in theirs.items())
+
+
+def test_eager_attention_exports_take_the_tree_mask_too(tmp_path):
+    """The 4D mask the export builds is additive for eager attention, boolean for sdpa: both
+    reproduce PyTorch with the tree mask left at its default."""
+    from ..conftest import tiny_llama
+
+    model = tiny_llama(1)
+    model.set_attn_implementation("eager")
+    report = export_onnx_report(model, tmp_path / "eager", progress=False)
+    assert report.max_abs_diff < report.tolerance
+    assert OnnxDecoder.load(tmp_path / "eager").has_tree_mask
+
+
+def test_sliding_window_models_get_no_tree_mask():
+    """One 4D mask cannot say a sliding window: such exports keep the model's own masks (their
+    trees are grown a batch row per node)."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from hf_specdec.ort.export import takes_tree_mask
+
+    from ..conftest import tiny_llama
+
+    small = dict(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4
+    )
+    assert takes_tree_mask(tiny_llama(0))
+    assert not takes_tree_mask(MistralForCausalLM(MistralConfig(**small, sliding_window=8)))
