@@ -38,8 +38,8 @@ class SpeculativeConfig:
             `False` (default) drafts one chain; `"auto"` a tree where the drafter grows trees
             and a chain where it does not (no error), the tree's size chosen by the draft-length
             policy from measured costs and acceptance. Drafters that grow trees: `ngram` (a trie of
-            matches), `draft_model` and `eagle` (EAGLE-2: top-k branching by cumulative draft
-            probability) and `medusa` (the cartesian product of each head's top-k, pruned by
+            matches), `draft_model`, `onnx`, `quantized` and `eagle` (EAGLE-2: top-k
+            branching by cumulative draft probability) and `medusa` (the cartesian product of each head's top-k, pruned by
             probability).
     """
 
