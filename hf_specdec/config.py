@@ -39,8 +39,8 @@ class SpeculativeConfig:
             and a chain where it does not (no error), the tree's size chosen by the draft-length
             policy from measured costs and acceptance. Drafters that grow trees: `ngram` (a trie of
             matches), `draft_model`, `onnx`, `quantized` and `eagle` (EAGLE-2: top-k
-            branching by cumulative draft probability) and `medusa` (the cartesian product of each head's top-k, pruned by
-            probability).
+            branching by cumulative draft probability) and `medusa` (the cartesian product of each
+            head's top-k, pruned by probability).
     """
 
     method: str = "auto"
