@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 
@@ -21,6 +20,7 @@ import hf_specdec
 from hf_specdec.loading import load_model
 from hf_specdec.ort.cache import quantized_copy
 from hf_specdec.ort.session import OnnxDecoder
+from hf_specdec.timing import clock
 
 
 def tokens(rows: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,18 +43,18 @@ def main() -> None:
         base = kv.lengths.clone()
         times: dict[str, list[float]] = {"chain token": [], "masked level": [], "rows level": []}
         for _ in range(args.repeats):
-            start = time.perf_counter()
+            start = clock("cpu")
             kv.forward(*tokens(1, 1), logits_to_keep=1)
-            times["chain token"].append(time.perf_counter() - start)
+            times["chain token"].append(clock("cpu") - start)
             kv.truncate(base)
-            start = time.perf_counter()
+            start = clock("cpu")
             kv.forward(*tokens(1, 4), tree=siblings)
-            times["masked level"].append(time.perf_counter() - start)
+            times["masked level"].append(clock("cpu") - start)
             kv.truncate(base)
-            start = time.perf_counter()
+            start = clock("cpu")
             kv.select_rows(torch.tensor([0, 0, 0, 0]))
             kv.forward(*tokens(4, 1), logits_to_keep=1)
-            times["rows level"].append(time.perf_counter() - start)
+            times["rows level"].append(clock("cpu") - start)
             kv.select_rows(torch.tensor([0]))
             kv.truncate(base)
         cells = [f"{name} {1e3 * min(t):.1f}/{1e3 * statistics.median(t):.1f}" for name, t in times.items()]

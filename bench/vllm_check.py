@@ -31,7 +31,6 @@ import platform
 import random
 import shutil
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -454,7 +453,7 @@ def table(result: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    started = time.perf_counter()
+    started = clock("cpu")
     code = main()
-    print(f"({time.perf_counter() - started:.0f} s)", file=sys.stderr)
+    print(f"({clock('cpu') - started:.0f} s)", file=sys.stderr)
     sys.exit(code)

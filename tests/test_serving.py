@@ -226,8 +226,24 @@ def test_auto_length_is_measured_with_the_adaptive_policy(tmp_path, smollm2_path
     )
     target.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    if method == "draft_model":  # the target drafts for itself: all accepted, so the policy drafts
-        source = dict(draft=str(folder))
+    if method == "draft_model":
+        # A draft that always agrees and costs less than the target, so drafting pays: both models'
+        # layers add nothing to the residual stream and share embedding and LM head, so they predict
+        # alike, and the target has 8 layers to run, the draft 1. (The target as its own draft would
+        # cost what it saves, and the policy rightly never drafts with it.)
+        target = tiny_llama(0, vocab_size=len(tokenizer), layers=8, eos_token_id=None)
+        draft = tiny_llama(1, vocab_size=len(tokenizer), layers=1, eos_token_id=None)
+        with torch.no_grad():
+            draft.model.embed_tokens.weight.copy_(target.model.embed_tokens.weight)
+            for model in (target, draft):
+                for layer in model.model.layers:
+                    layer.self_attn.o_proj.weight.zero_()
+                    layer.mlp.down_proj.weight.zero_()
+                model.lm_head.weight.copy_(target.model.embed_tokens.weight.roll(1, dims=0))
+        target.save_pretrained(folder)
+        draft.save_pretrained(tmp_path / "draft")
+        tokenizer.save_pretrained(tmp_path / "draft")
+        source = dict(draft=str(tmp_path / "draft"))
     else:  # a random head is rarely right, but the policy drafts while it explores
         config = EagleHeadConfig.for_target(
             target, variant="eagle3", feature_layers=[2, 4, 5], draft_vocab_size=64
