@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache, GenerationConfig
 
+from .compat import generate_cache
 from .config import SpeculativeConfig
 from .ort.layout import is_onnx_folder
 from .selection import locate_draft, select_draft
@@ -38,7 +39,7 @@ def check_supported(
         )
     if not config.use_cache:
         raise ValueError("speculative= needs the KV cache; remove use_cache=False.")
-    cache = model_kwargs.get("cache")
+    cache = generate_cache(model_kwargs)
     if cache is not None and (type(cache) is not DynamicCache or not getattr(cache, "is_croppable", True)):
         raise ValueError(
             f"speculative= needs a DynamicCache it can roll back, got {type(cache).__name__} "

@@ -23,6 +23,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
+from .compat import cache_argument
+
 
 class RaggedKV:
     """A `DynamicCache` plus which of its positions hold real tokens, row by row."""
@@ -103,7 +105,7 @@ class RaggedKV:
             input_ids=tokens,
             attention_mask=attention_mask,
             position_ids=positions,
-            cache=self.cache,
+            **{cache_argument(self.model): self.cache},
             use_cache=True,
             output_hidden_states=output_hidden_states,
             **inputs,

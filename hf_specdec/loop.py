@@ -14,6 +14,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
 from .checks import check_supported, resolve_method
+from .compat import generate_cache
 from .config import SpeculativeConfig
 from .draft import Draft, DraftRequest
 from .drafters import DRAFTERS, build_drafter
@@ -61,7 +62,7 @@ def speculative_decode(
     vocab = model.config.get_text_config().vocab_size
     score = ScoreProcessor(logits_processor, vocab, batch)
     out = OutputCollector(input_ids, model_kwargs.get("attention_mask"), generation_config, streamer)
-    target = RaggedKV(model, model_kwargs.get("cache"), batch, device)
+    target = RaggedKV(model, generate_cache(model_kwargs), batch, device)
 
     # The prefill is plain decoding's first step: the whole prompt, whose last logits give each
     # row's first token. From then on the target's cache holds every token of a row but its last:

@@ -19,6 +19,10 @@ class SpeculativeGenerateOutput(GenerateDecoderOnlyOutput):
     speculative_stats: SpeculativeStats | None = None
 
 
+# transformers renamed the output's `past_key_values` to `cache` (5.2x); generate's own field either way.
+_CACHE_FIELD = "cache" if "cache" in GenerateDecoderOnlyOutput.__dataclass_fields__ else "past_key_values"
+
+
 class OutputCollector:
     """Every row's sequence so far, in the layout plain `generate` would have produced it."""
 
@@ -109,7 +113,7 @@ class OutputCollector:
             sequences=sequences,
             scores=self._per_step(self.scores, length) if self.keep_scores else None,
             logits=self._per_step(self.logits, length) if self.keep_logits else None,
-            cache=cache,
+            **{_CACHE_FIELD: cache},
             speculative_stats=stats,
         )
 

@@ -51,7 +51,8 @@ def _repetitive_batch(seed: int, batch: int):
     input_ids, attention_mask = random_batch(seed, batch)
     tail = input_ids[:, -5:]
     input_ids = torch.cat([input_ids, tail, tail], dim=1)
-    attention_mask = torch.cat([attention_mask, torch.ones(batch, 10, dtype=attention_mask.dtype)], dim=1)
+    extra = torch.ones(batch, 2 * tail.shape[1], dtype=attention_mask.dtype)  # the two tails are real tokens
+    attention_mask = torch.cat([attention_mask, extra], dim=1)
     return input_ids, attention_mask
 
 

@@ -19,6 +19,7 @@ import torch
 from torch.export import Dim
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from ..compat import cache_argument
 from .graph import add_logits_to_keep, add_tree_mask_default
 from .layout import io_names, require
 from .progress import Progress, quiet
@@ -63,8 +64,8 @@ class DecoderWithPast(torch.nn.Module):
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            cache=cache,
             use_cache=True,
+            **{cache_argument(self.model): cache},
         )
         present = [t for layer in cache.layers for t in (layer.keys, layer.values)]  # updated in place
         return (out.logits, *present)
@@ -122,8 +123,8 @@ def sample_inputs(
             input_ids=prefix,
             attention_mask=mask[:, :past],
             position_ids=real[:, :past].clamp_min(0),
-            cache=cache,
             use_cache=True,
+            **{cache_argument(model): cache},
         )
     past_kv = [t.detach() for layer in cache.layers for t in (layer.keys, layer.values)]
     return (ids, mask, real[:, past:].contiguous(), *past_kv)

@@ -1,0 +1,29 @@
+"""Names that changed between transformers 5.x releases, resolved for the installed version.
+
+transformers renamed the KV-cache argument of a model's forward and of `generate` from
+`past_key_values` to `cache` during 5.x. A model that does not know `cache=` takes it into its
+`**kwargs` and silently decodes without one, so the name must be the model's own.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+
+@functools.cache
+def _cache_argument(forward_owner: type) -> str:
+    parameters = inspect.signature(forward_owner.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def cache_argument(model: Any) -> str:
+    """The keyword of `model`'s forward that takes the KV cache: `cache` or `past_key_values`."""
+    return _cache_argument(type(model))
+
+
+def generate_cache(model_kwargs: dict[str, Any]) -> Any:
+    """The cache a caller passed to `generate` under either name, else None."""
+    cache = model_kwargs.get("cache")
+    return cache if cache is not None else model_kwargs.get("past_key_values")
