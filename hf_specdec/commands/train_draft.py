@@ -26,6 +26,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     source.add_argument("--data", default=None, help="prompts (.jsonl) or a text corpus (.txt)")
     parser.add_argument("--minutes", type=float, default=30.0, help="training time (default 30)")
     parser.add_argument("--max-new-tokens", type=int, default=192, help="answer length generated per prompt")
+    parser.add_argument(
+        "--answers-per-prompt",
+        type=int,
+        default=1,
+        help="answers generated per prompt: the first greedy, the rest sampled from the target (default 1)",
+    )
     parser.add_argument("--draft-vocab", type=int, default=8192, help="tokens the head scores (0: all)")
     parser.add_argument("--heads", type=int, default=4, help="Medusa heads (default 4)")
     parser.add_argument("--unrolled-steps", type=int, default=3, help="EAGLE chained steps trained at once")
@@ -57,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
             suite=args.suite,
             data=args.data,
             max_new_tokens=args.max_new_tokens,
+            answers_per_prompt=args.answers_per_prompt,
             config=config,
             dtype=args.dtype,
             device=args.device,

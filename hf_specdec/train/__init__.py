@@ -22,6 +22,7 @@ def train_draft(
     suite: str | None = None,
     data: str | Path | None = None,
     max_new_tokens: int = 192,
+    answers_per_prompt: int = 1,
     tokenizer: Any = None,
     config: TrainConfig | None = None,
     dtype: str | torch.dtype = "auto",
@@ -31,7 +32,8 @@ def train_draft(
 
     The training text is the target's greedy answers to `suite`'s prompts (default
     "specbench-train", which leaves out the prompts `hf-specdec bench --suite specbench-quick`
-    measures) or to the prompts of a JSONL file `data`; a `.txt` file is used as it is. Everything
+    measures) or to the prompts of a JSONL file `data`; a `.txt` file is used as it is.
+    `answers_per_prompt` > 1 adds answers sampled from the target to each prompt's greedy one. Everything
     is written to `out`: the head (`head_config.json`, `head.safetensors`), `training.json` with
     the held-out acceptance estimates, `training.png`, and `checkpoint/` to resume from.
     A target given by name is loaded by `hf_specdec.loading.load_model` with `dtype` and `device`
@@ -44,7 +46,14 @@ def train_draft(
     name = str(model.name_or_path or type(model).__name__)
     source = load_prompts(suite, data)
     started = clock(model.device)
-    sequences = build_sequences(model, tokenizer, source, out / "data" / "sequences.pt", max_new_tokens)
+    sequences = build_sequences(
+        model,
+        tokenizer,
+        source,
+        out / "data" / "sequences.pt",
+        max_new_tokens,
+        answers_per_prompt=answers_per_prompt,
+    )
     generated_at = clock(model.device)
     examples = cached_target_features(model, sequences, (-1,), out / "data" / "features.pt")
     featured_at = clock(model.device)
@@ -57,6 +66,7 @@ def train_draft(
         "tokens": sum(len(s.ids) for s in sequences),
         "answer_tokens": sum(len(s.ids) - s.answer_start for s in sequences),
         "max_new_tokens": max_new_tokens,
+        "answers_per_prompt": answers_per_prompt,
         "data_seconds": round(generated_at - started),
         "feature_seconds": round(featured_at - generated_at),
     }

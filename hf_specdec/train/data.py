@@ -51,15 +51,26 @@ def build_sequences(
     source: list[Prompt] | list[str],
     cache_file: Path,
     max_new_tokens: int = 192,
-    batch_size: int = 16,
+    batch_size: int | None = None,
     max_length: int = 1024,
+    answers_per_prompt: int = 1,
 ) -> list[Sequence]:
-    """Token sequences to train on (cached in `cache_file`, so an interrupted run does not redo them)."""
+    """Token sequences to train on (cached in `cache_file`, so an interrupted run does not redo them).
+
+    Each prompt gets `answers_per_prompt` answers: the first greedy, the others sampled from the
+    target's own distribution (its generation config), which shows the head more contexts it must
+    draft from; the labels stay the target's greedy choices either way (`features`).
+    """
+    if answers_per_prompt < 1:
+        raise ValueError(f"answers_per_prompt must be at least 1, got {answers_per_prompt}.")
+    if batch_size is None:  # a GPU generates a wide batch for about the price of a narrow one
+        batch_size = 128 if model.device.type == "cuda" else 16
     key = {
         "items": len(source),
         "first": str(source[0])[:200],
         "max_new_tokens": max_new_tokens,
         "max_length": max_length,
+        "answers_per_prompt": answers_per_prompt,
         "target": str(getattr(model, "name_or_path", "")),
     }
     if cache_file.is_file():
@@ -69,7 +80,11 @@ def build_sequences(
     if isinstance(source[0], str):
         sequences = _corpus_sequences(tokenizer, source, max_length)
     else:
-        sequences = _generated_sequences(model, tokenizer, source, max_new_tokens, batch_size, max_length)
+        sequences = []
+        for answer in range(answers_per_prompt):
+            sequences += _generated_sequences(
+                model, tokenizer, source, max_new_tokens, batch_size, max_length, sample=answer > 0
+            )
     total = sum(len(s.ids) for s in sequences)
     if total < MIN_TOKENS:
         raise ValueError(
@@ -98,7 +113,13 @@ def _corpus_sequences(tokenizer: Any, chunks: list[str], max_length: int) -> lis
 
 @torch.no_grad()
 def _generated_sequences(
-    model: Any, tokenizer: Any, prompts: list[Prompt], max_new_tokens: int, batch_size: int, max_length: int
+    model: Any,
+    tokenizer: Any,
+    prompts: list[Prompt],
+    max_new_tokens: int,
+    batch_size: int,
+    max_length: int,
+    sample: bool = False,
 ) -> list[Sequence]:
     chat = use_chat_template(tokenizer)
     pad = pad_token_id(tokenizer, model)
@@ -107,11 +128,12 @@ def _generated_sequences(
     # Similar lengths share a batch, so little time goes into padding.
     order = sorted(prompts, key=lambda p: len(prompt_token_ids(tokenizer, p, chat)))
     sequences = []
-    with tqdm(total=len(order), desc="generating training answers", unit="prompt") as bar:
+    desc = "sampling training answers" if sample else "generating training answers"
+    with tqdm(total=len(order), desc=desc, unit="prompt") as bar:
         for i in range(0, len(order), batch_size):
             batch = order[i : i + batch_size]
             inputs = encode_prompts(tokenizer, batch, chat, pad, model.device)
-            out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)
+            out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=sample, pad_token_id=pad)
             for b in range(len(batch)):
                 prompt = inputs["input_ids"][b][inputs["attention_mask"][b].bool()]
                 answer = out[b, inputs["input_ids"].shape[1] :].tolist()

@@ -146,3 +146,28 @@ def test_held_out_estimate_handles_answers_shorter_than_a_draft(target, examples
 
     estimate = evaluate(head, [one_token, examples[1]], _index_of(head.draft_vocab, 64), config)
     assert estimate["tau"] >= 1.0 and len(estimate["acceptance"]) == 3
+
+
+def test_sampled_answers_add_sequences_after_the_greedy_ones(smollm2_path, tmp_path):
+    """answers_per_prompt=2 on SmolLM2: each prompt's greedy answer, then one sampled from the target;
+    same prompt tokens, the answers differ somewhere. Fewer than one answer is refused."""
+    from pathlib import Path
+
+    from hf_specdec.loading import load_model
+
+    model, tokenizer = load_model(str(smollm2_path), dtype="float32", device="cpu")
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text().split("\n\n")
+    paragraphs = [p for p in readme if len(p) > 600][:4]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": "Summarize:\n" + p}) + "\n" for p in paragraphs))
+    source = load_prompts(None, prompts)
+    torch.manual_seed(0)
+    sequences = build_sequences(
+        model, tokenizer, source, tmp_path / "seq.pt", max_new_tokens=16, answers_per_prompt=2
+    )
+    greedy, sampled = sequences[: len(source)], sequences[len(source) :]
+    assert len(sampled) == len(greedy) == len(source)
+    assert all(torch.equal(g.ids[: g.answer_start], s.ids[: s.answer_start]) for g, s in zip(greedy, sampled))
+    assert any(not torch.equal(g.ids, s.ids) for g, s in zip(greedy, sampled))
+    with pytest.raises(ValueError, match="at least 1"):
+        build_sequences(model, tokenizer, source, tmp_path / "none.pt", answers_per_prompt=0)
