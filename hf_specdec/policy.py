@@ -204,6 +204,9 @@ class TreeAcceptance:
     mean of a Beta posterior whose prior is β_{i-1} (β_0's: `prior_acceptance`): a node never
     drafted is guessed as likely as the one before it. Nodes come best first, so this guesses
     high, and a size never tried gets tried and measured (as `CostModel` guesses costs low).
+
+    It also learns how deep a tree's first n nodes reach (`levels`): a drafter grows a tree one
+    draft forward per level, whatever the level's width, so n nodes cost that many forwards, not n.
     """
 
     max_k: int = MAX_DRAFT
@@ -211,9 +214,10 @@ class TreeAcceptance:
     prior_weight: float = 2.0
     drafted: list[float] = field(default_factory=list)  # per node index, sized to max_k
     on_path: list[float] = field(default_factory=list)
+    depth_sums: list[float] = field(default_factory=list)  # per n - 1: summed depth of the first n nodes
 
     def __post_init__(self) -> None:
-        for counts in (self.drafted, self.on_path):
+        for counts in (self.drafted, self.on_path, self.depth_sums):
             counts.extend([0.0] * (self.max_k - len(counts)))
 
     @property
@@ -233,11 +237,28 @@ class TreeAcceptance:
         """gains[n - 1]: tokens a tree's first n nodes add in expectation, Σ_{i<n} β_i."""
         return list(itertools.accumulate(self.betas()))
 
-    def observe(self, lengths: list[int], paths: list[list[int]]) -> None:
-        """Row b verified a tree of `lengths[b]` nodes and accepted the nodes `paths[b]`."""
-        for n, path in zip(lengths, paths):
+    def levels(self) -> list[float]:
+        """levels[n - 1]: draft forwards (tree depth) a tree's first n nodes take, on average; a size
+        never drafted is guessed as deep as the largest one drafted (guessing cheap, so it gets tried)."""
+        out, last = [], 1.0
+        for depth, trials in zip(self.depth_sums, self.drafted):
+            last = depth / trials if trials else last
+            out.append(last)
+        return out
+
+    def observe(
+        self, lengths: list[int], paths: list[list[int]], parents: list[list[int]] | None = None
+    ) -> None:
+        """Row b verified a tree of `lengths[b]` nodes and accepted the nodes `paths[b]`;
+        `parents[b]` (each node's parent, -1 at the root) tells the depth of each prefix."""
+        for b, (n, path) in enumerate(zip(lengths, paths)):
+            depth, deepest = [], 0
             for i in range(min(n, self.max_k)):
                 self.drafted[i] += 1
+                parent = parents[b][i] if parents is not None else i - 1  # no parents: a chain
+                depth.append(1 if parent < 0 else depth[parent] + 1)
+                deepest = max(deepest, depth[-1])
+                self.depth_sums[i] += deepest
             for node in path:
                 if node < self.max_k:
                     self.on_path[node] += 1
@@ -249,7 +270,9 @@ class CostModel:
     width is the tokens one row feeds the target (a plain step is width 1, a k-token draft k + 1).
     Widths never measured are estimated from measured ones alone: no figure about any device."""
 
-    draft: _Recent = field(default_factory=_Recent)  # seconds per drafted position
+    draft: _Recent = field(
+        default_factory=_Recent
+    )  # seconds per draft forward (a chain's token, a tree's level)
     verify_times: dict[tuple[int, int], _Recent] = field(default_factory=dict)  # (batch, width) -> seconds
     _predicted: dict[tuple[int, int], float | None] = field(default_factory=dict, repr=False, compare=False)
     _known: dict[int, dict[int, float]] = field(default_factory=dict, repr=False, compare=False)
@@ -351,15 +374,19 @@ def fastest_width(
     draft_cost: float,
     verify: Callable[[int], float],
     remaining: list[int] | None = None,
+    levels: list[float] | None = None,
 ) -> tuple[int, float]:
     """`best_width` from each row's expected gains, gains[b][k - 1] the tokens k draft tokens (or
-    tree nodes: `TreeAcceptance.gains`) add to row b's step, rather than from its α list."""
+    tree nodes: `TreeAcceptance.gains`) add to row b's step, rather than from its α list.
+    `draft_cost` is seconds per draft forward; k tokens take k forwards, or `levels[k - 1]` for a
+    tree (`TreeAcceptance.levels`)."""
     remaining = remaining or [1] * len(gains)
     plain_time = max(remaining) * verify(1)
     best_k, best_time = 0, plain_time
     for k in range(1, max((len(g) for g in gains), default=0) + 1):
         steps = max(r / (1.0 + (g[min(k, len(g)) - 1] if g else 0.0)) for r, g in zip(remaining, gains))
-        time = steps * (k * draft_cost + verify(k + 1))
+        forwards = levels[min(k, len(levels)) - 1] if levels else k
+        time = steps * (forwards * draft_cost + verify(k + 1))
         if time * 1.02 < best_time:  # a 2% margin: noise must not flip us into a loss
             best_k, best_time = k, time
     return best_k, plain_time / best_time
@@ -424,7 +451,8 @@ class AdaptiveDraftLength:
             # Nothing verified wider than a plain step yet: explore, unless the drafter's up-front
             # timing (`expect_draft_cost`) already says drafting cannot pay.
             return s.first_k if self._perfect_gain(batch_size, draft_cost, verify) >= s.min_probe_gain else 0
-        best_k, _ = fastest_width([self._gains()], draft_cost, verify)
+        levels = self.trees.levels() if self.drafting_trees else None
+        best_k, _ = fastest_width([self._gains()], draft_cost, verify, levels=levels)
         if best_k == 0:
             if self._perfect_gain(batch_size, draft_cost, verify) < s.min_probe_gain:
                 return 0
@@ -481,12 +509,13 @@ class AdaptiveDraftLength:
         self.costs.add_verify(batch_size, width, verify_seconds)
         if width == 1:
             return  # a plain step says nothing about drafts
-        # Per node for trees too: trees that cost less than their nodes (a Medusa tree costs its
-        # heads' one pass) then look dearer the bigger they are, which errs towards small ones.
-        self.costs.add_draft(max(draft_seconds - draft.catch_up_seconds, 0.0) / (width - 1))
+        # Per draft forward: a tree's level costs one forward whatever its width (a Medusa tree,
+        # one pass of its heads, is still priced by its depth: that errs towards small trees).
+        forwards = max(draft.depths(), default=1)
+        self.costs.add_draft(max(draft_seconds - draft.catch_up_seconds, 0.0) / max(forwards, 1))
         if draft.parents is not None and paths is not None:
             self.drafting_trees = True
-            self.trees.observe(draft.lengths, paths)
+            self.trees.observe(draft.lengths, paths, draft.parents.tolist())
             return
         self.drafting_trees = False
         confidence = draft.confidence.tolist() if draft.confidence is not None else None

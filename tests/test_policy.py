@@ -426,3 +426,29 @@ def test_fastest_width_takes_gains():
     tree_gains = [0.5, 0.8, 1.1, 1.4]
     assert fastest_width([tree_gains], 0.1, flat)[0] == 4
     assert best_width([[0.5] * 4], 0.1, flat)[0] == 2
+
+
+def test_tree_levels_count_the_depth_of_each_prefix():
+    trees = TreeAcceptance(max_k=6)
+    four_roots = [-1, -1, -1, -1, 0, 1]
+    trees.observe([6, 3], [[0, 4], []], [four_roots, four_roots])
+    # Prefixes of 1-4 nodes are one level deep, 5-6 two; sizes never drafted: as the largest.
+    assert trees.levels() == pytest.approx([1, 1, 1, 1, 2, 2])
+    chain = TreeAcceptance(max_k=4)
+    chain.observe([2], [[0]])  # no parents: a chain, one level per node
+    assert chain.levels() == pytest.approx([1, 2, 2, 2])
+
+
+def test_a_tree_is_priced_by_its_depth_not_its_nodes():
+    """A draft forward costs half a target step; trees of two guesses at the root (one forward) were
+    drafted so far. Priced per node, eight nodes would cost four forwards and never pay; a tree
+    of eight best-first nodes is as deep as its levels, so the policy grows the tree."""
+    costs = {1: 1.0, 3: 1.02, 9: 1.08}
+    policy = AdaptiveDraftLength()
+    for _ in range(10):
+        for path in ([0], [0], [1], [], []):
+            policy.update(1, _draft([0]), [0], 0.0, costs[1])
+            policy.update(1, _tree([2], [-1, -1]), [len(path)], 0.5, costs[3], paths=[path])
+    assert policy.costs.draft_per_token == pytest.approx(0.5)  # per forward: the level of two nodes
+    policy.costs.add_verify(1, 9, costs[9])
+    assert policy.draft_length(1) >= 6
