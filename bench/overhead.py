@@ -54,13 +54,15 @@ def tiny_llama(device: str) -> LlamaForCausalLM:
             layer.self_attn.o_proj.weight.zero_()
             layer.mlp.down_proj.weight.zero_()
         # After the final norm the hidden state is token t's embedding, scaled: the LM head row
-        # most aligned with it is row t + 1's, so greedy decoding counts up.
-        model.lm_head.weight.copy_(torch.roll(model.model.embed_tokens.weight, 1, dims=0))
+        # most aligned with it is row t + 1's, so greedy decoding counts up; scaled so that the
+        # model is sure of it too (a draft's confidence shapes its trees).
+        model.lm_head.weight.copy_(torch.roll(model.model.embed_tokens.weight, 1, dims=0) * 50)
     return model.to(device)
 
 
 def rows(model):
     perfect = hf_specdec.SpeculativeConfig(method="draft_model", draft=model, num_draft_tokens=4)
+    perfect_tree = hf_specdec.SpeculativeConfig(method="draft_model", draft=model, num_draft_tokens=4, tree=8)
     return {
         "plain": {},
         "transformers prompt lookup, no match": {"prompt_lookup_num_tokens": 10},
@@ -72,6 +74,9 @@ def rows(model):
             "assistant_confidence_threshold": 0.0,
         },
         "ours draft_model, perfect draft k=4": {"speculative": perfect},
+        # The tree path's own cost (4D mask, cache-tail reorder, host-side walk): the same perfect
+        # draft as a tree of at most 8 nodes.
+        "ours draft_model tree, perfect draft": {"speculative": perfect_tree},
     }
 
 
