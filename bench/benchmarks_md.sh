@@ -4,6 +4,8 @@
 # built into ~/.cache/hf-specdec/onnx on first use) and transformers' prompt lookup.
 # First in the checkpoint's dtype (bf16; fp32 on a CPU without native bf16, which the header then says),
 # then in fp32 as a second table, to show what the draft-length policy does where verifying is dear.
+# With a trained EAGLE head in $EAGLE_HEAD (default ~/.cache/hf-specdec/heads/smollm2-135m-eagle-gpu, what
+# bench/gpu_heads.sh writes; bench/heads.sh trains one on a CPU), the bf16 table adds eagle chains and trees.
 # Waits (up to WAIT_ROUNDS x 60 s, default 10) for the 1-minute load average to fall below 1.5 first.
 #   bash bench/benchmarks_md.sh [--limit 3] [extra hf-specdec bench flags]
 set -euo pipefail
@@ -21,7 +23,14 @@ notes=(
     --note "\`ngram+tree\` is \`SpeculativeConfig(method=\"ngram\", tree=True)\`: a trie of the continuations of several matches, verified in one forward. \`quantized\` drafts with an int8 ONNX copy of the target itself (weights in blocks of 32)."
     --note "Times are wall-clock per \`generate\` call, prompt prefill included (Spec-Bench summarization and rag prompts are ~1k tokens). Plots and per-prompt figures: \`bench_out/\`."
 )
-hf-specdec bench "${common[@]}" --limit "${LIMIT:-3}" --methods ngram,ngram+tree,quantized --dtype auto \
+methods=ngram,ngram+tree,quantized
+head=()
+eagle_head="${EAGLE_HEAD:-$HOME/.cache/hf-specdec/heads/smollm2-135m-eagle-gpu}"
+if [ -f "$eagle_head/head.safetensors" ]; then
+    methods+=,eagle,eagle+tree
+    head=(--head "eagle=$eagle_head" --note "\`eagle\` drafts with an EAGLE head trained for SmolLM2 by \`bench/gpu_heads.sh\` (training log: \`$(basename "$eagle_head")/training.json\`); \`eagle+tree\` grows EAGLE-2 dynamic trees with it.")
+fi
+hf-specdec bench "${common[@]}" --limit "${LIMIT:-3}" --methods "$methods" --dtype auto "${head[@]}" \
     --out bench_out/specbench-quick-auto --markdown bench_out/benchmarks-auto.md "${notes[@]}" "$@"
 hf-specdec bench "${common[@]}" --limit "${LIMIT_FP32:-2}" --methods ngram,ngram+tree --dtype float32 \
     --out bench_out/specbench-quick-fp32 --markdown bench_out/benchmarks-fp32.md "${notes[@]}" "$@"
