@@ -13,20 +13,30 @@ from ..draft import Draft, DraftRequest
 
 def next_tokens(
     request: DraftRequest, drafted: torch.Tensor, logits: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each row's next draft token, the processed distribution it came from, and whether the row
-    could draft at all: a processor may allow only tokens outside a head's draft vocabulary.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Each row's next draft token, the draft's probability of it, whether the row could draft at
+    all (a processor may allow only tokens outside a head's draft vocabulary), and, when sampling,
+    the processed distribution the token was drawn from (None when greedy).
 
     `drafted` [B, i] holds the tokens drafted so far this step: processors that read the context
     (repetition penalty) must see them, exactly as the target's processing will.
     """
-    contexts = [torch.cat([request.row(b), drafted[b : b + 1]], dim=1) for b in range(drafted.shape[0])]
+    if request.score.processors:
+        contexts = [torch.cat([request.row(b), drafted[b : b + 1]], dim=1) for b in range(drafted.shape[0])]
+    else:  # nothing reads the context: skip building it once per draft token
+        contexts = []
     scores = request.score(contexts, request.row_ids, logits.float())
+    if not request.do_sample:
+        # Greedy: one pass for the token and its score, one for the normaliser; no [B, V] softmax.
+        top, token = scores.max(dim=-1)
+        possible = top > float("-inf")
+        confidence = torch.where(possible, (top - torch.logsumexp(scores, dim=-1)).exp(), 0.0)
+        return token, confidence, possible, None
     possible = torch.isfinite(scores).any(dim=-1)
     scores = torch.where(possible[:, None], scores, 0.0)  # such rows stop drafting; no NaN meanwhile
     dist = scores.softmax(dim=-1)
-    token = torch.multinomial(dist, 1).squeeze(1) if request.do_sample else scores.argmax(dim=-1)
-    return token, dist, possible
+    token = torch.multinomial(dist, 1).squeeze(1)
+    return token, dist.gather(1, token[:, None]).squeeze(1), possible, dist
 
 
 def real_tokens(request: DraftRequest, b: int) -> torch.Tensor:
@@ -51,11 +61,13 @@ def chain(
     active = [n > 0 for n in max_tokens]
     token = None
     for i in range(steps):
-        token, dist, possible = next_tokens(request, drafted[:, :i], logits_at(i, token, active))
+        token, p_token, possible, dist = next_tokens(request, drafted[:, :i], logits_at(i, token, active))
         drafted[:, i] = token
-        confidence[:, i] = dist.gather(1, token[:, None]).squeeze(1)
-        probs.append(dist)
-        for b, (can, p) in enumerate(zip(possible.tolist(), confidence[:, i].tolist())):
+        confidence[:, i] = p_token
+        if dist is not None:
+            probs.append(dist)
+        can_draft, p_tokens = torch.stack([possible.to(p_token.dtype), p_token]).tolist()  # one sync
+        for b, (can, p) in enumerate(zip(can_draft, p_tokens)):
             if active[b] and not can:
                 active[b] = False
             elif active[b]:
