@@ -14,16 +14,32 @@ from .conftest import assert_greedy_match, random_batch, tiny_llama
 from .test_sampling import ALPHA, NEW, ROWS, SETTINGS, chi2_pvalue, continuation_index, exact_distribution
 
 
-def test_trie_merges_continuations_and_reserves_room_for_alternatives():
+def test_trie_keeps_its_likeliest_nodes_first():
     continuations = [([7, 8, 9, 10], 3), ([7, 8, 5], 2), ([4, 4], 2)]
+    # Best continuations mostly right (α 0.6, γ 0.2): its four tokens, then where [4, 4] leaves.
     tokens, parents, sizes = _trie(continuations, budget=5)
-    # The best continuation leaves two nodes, one where each other continuation leaves the trie.
-    assert tokens == [7, 8, 9, 5, 4]
-    assert parents == [-1, 0, 1, 1, -1]
-    assert sizes == [3, 3, 3, 2, 2]
-    # Alone, or with nothing distinct beside it, the best continuation takes the whole budget.
+    assert tokens == [7, 8, 9, 10, 4]
+    assert parents == [-1, 0, 1, 2, -1]
+    assert sizes == [3, 3, 3, 3, 2]
+    # Often wrong at once, while other matches often have the token (α 0.3, γ 0.5): the other
+    # match's first token (0.7 * 0.5) ranks before the best's (0.3); parents still come first.
+    tokens, parents, sizes = _trie(continuations, budget=5, alpha=0.3, gamma=0.5)
+    assert tokens == [4, 7, 4, 8, 5]
+    assert parents == [-1, -1, 0, 1, 3]
+    assert sizes == [2, 3, 2, 3, 2]
     assert _trie([([7, 8, 9, 10], 3)], 3)[0] == [7, 8, 9]
     assert _trie([([7, 8, 9, 10], 3), ([7, 8, 9, 10], 2)], 4)[0] == [7, 8, 9, 10]
+
+
+def test_trie_odds_learn_from_what_followed():
+    from hf_specdec.drafters.ngram import _TrieOdds
+
+    odds = _TrieOdds()
+    tokens, parents = [7, 8, 9, 10, 4], [-1, 0, 1, 2, -1]
+    odds.observe(tokens, parents, [7, 8, 3])  # the best continuation right twice, then wrong
+    odds.observe(tokens, parents, [4, 4])  # wrong at once; the other match had the token
+    assert (odds.best_hits, odds.best_trials, odds.other_hits, odds.other_trials) == (2, 4, 1, 1)
+    assert odds.alpha == pytest.approx((2 + 1.2) / 6) and odds.gamma == pytest.approx((1 + 0.4) / 3)
 
 
 def test_tree_layout_ancestors_and_depths():

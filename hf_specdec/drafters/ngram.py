@@ -57,6 +57,7 @@ class _RowIndex:
         self.tokens: list[int] = []
         self.indexed = 0  # continuation positions already indexed
         self.padding = 0  # left padding before the row's prompt, never indexed
+        self.last_trie: tuple[list[int], list[int]] | None = None  # tokens, parents of the last trie
 
     def extend(self, new_tokens: list[int]) -> None:
         self.tokens.extend(new_tokens)
@@ -89,44 +90,89 @@ class _RowIndex:
         return found
 
 
-def _trie(continuations: list[tuple[list[int], int]], budget: int) -> tuple[list[int], list[int], list[int]]:
-    """Merge continuations, best first, into a trie of at most `budget` nodes: tokens, parents
-    (-1: a child of the last token) and the match size each node came from.
+def _trie(
+    continuations: list[tuple[list[int], int]], budget: int, alpha: float = 0.6, gamma: float = 0.2
+) -> tuple[list[int], list[int], list[int]]:
+    """Merge continuations, best first, into a trie and keep its `budget` likeliest nodes, likeliest
+    first: tokens, parents (-1: a child of the last token) and the match size each node came from.
 
-    The best continuation is not allowed the whole budget: each other continuation first gets the
-    node where it leaves the trie (at most half of the budget goes to these), so that when the
-    best goes wrong early another may still offer the next token; what is left extends the
-    continuations in order.
+    A node's likelihood of lying on the accepted path is the product down its path of α for a
+    node that continues its parent's best continuation (the first one through the parent) and
+    (1 - α)·γ·2^-(j-1) for the parent's j-th other child (where another match leaves the trie):
+    α is how often a best continuation's next token is accepted, γ how often another match has
+    the token when the best does not. Children are less likely than their parents, so the order
+    keeps parents first and any prefix of the nodes is a tree: where the best continuation is
+    mostly right (α high) the trie is nearly a chain, where it often fails early the other
+    matches' tokens come in.
     """
     tokens: list[int] = []
     parents: list[int] = []
     sizes: list[int] = []
+    likelihood: list[float] = []
     children: dict[tuple[int, int], int] = {}
-
-    def insert(continuation: list[int], size: int, new_nodes: int) -> None:
+    child_count: dict[int, int] = {}
+    for continuation, size in continuations:
         parent = -1
         for token in continuation:
             node = children.get((parent, token))
             if node is None:
-                if new_nodes == 0 or len(tokens) >= budget:
-                    return
+                j = child_count.get(parent, 0)
+                child_count[parent] = j + 1
+                factor = alpha if j == 0 else (1 - alpha) * gamma * 0.5 ** (j - 1)
                 node = children[(parent, token)] = len(tokens)
                 tokens.append(token)
                 parents.append(parent)
                 sizes.append(size)
-                new_nodes -= 1
+                likelihood.append((likelihood[parent] if parent >= 0 else 1.0) * factor)
             parent = node
+    kept = sorted(range(len(tokens)), key=lambda i: (-likelihood[i], i))[:budget]
+    where = {old: new for new, old in enumerate(kept)}
+    return (
+        [tokens[i] for i in kept],
+        [where[parents[i]] if parents[i] >= 0 else -1 for i in kept],
+        [sizes[i] for i in kept],
+    )
 
-    distinct = {tuple(c) for c, _ in continuations[1:] if c and tuple(c) != tuple(continuations[0][0])}
-    reserve = min(len(distinct), budget // 2)
-    for rank, (continuation, size) in enumerate(continuations):
-        if rank == 0:
-            insert(continuation, size, budget - reserve)
-        else:
-            insert(continuation, size, 1)  # where it leaves the trie
-    for continuation, size in continuations[1:]:
-        insert(continuation, size, budget)
-    return tokens, parents, sizes
+
+@dataclass
+class _TrieOdds:
+    """α and γ of `_trie`, learnt from the tokens that followed each trie (Beta means; priors as
+    drafted before anything was seen)."""
+
+    best_hits: float = 0.0
+    best_trials: float = 0.0
+    other_hits: float = 0.0
+    other_trials: float = 0.0
+
+    @property
+    def alpha(self) -> float:
+        return (self.best_hits + 0.6 * 2) / (self.best_trials + 2)
+
+    @property
+    def gamma(self) -> float:
+        return (self.other_hits + 0.2 * 2) / (self.other_trials + 2)
+
+    def observe(self, tokens: list[int], parents: list[int], followed: list[int]) -> None:
+        """Walk the trie (`tokens`, `parents`) down the tokens that `followed` its proposal."""
+        node = -1
+        for token in followed:
+            kids = [i for i, parent in enumerate(parents) if parent == node]
+            if not kids:
+                return
+            best, others = kids[0], kids[1:]
+            self.best_trials += 1
+            if tokens[best] == token:
+                self.best_hits += 1
+                node = best
+                continue
+            if not others:
+                return
+            self.other_trials += 1
+            match = next((i for i in others if tokens[i] == token), None)
+            if match is None:
+                return
+            self.other_hits += 1
+            node = match
 
 
 @register_drafter
@@ -140,6 +186,7 @@ class NgramDrafter(Drafter):
     def __init__(self, config: NgramConfig) -> None:
         self.config = config
         self.rows: dict[int, _RowIndex] = {}
+        self.trie_odds = _TrieOdds()
 
     @classmethod
     def from_config(cls, config: SpeculativeConfig, target: PreTrainedModel, tokenizer: Any) -> NgramDrafter:
@@ -156,12 +203,19 @@ class NgramDrafter(Drafter):
             # Only the tokens added since the last step are new (generated tokens are never padding).
             start = index.padding + len(index.tokens)
             if request.lengths[b] > start:
-                index.extend(request.tokens[b, start : request.lengths[b]].tolist())
+                followed = request.tokens[b, start : request.lengths[b]].tolist()
+                if index.last_trie is not None:  # what the target kept after the last trie
+                    self.trie_odds.observe(*index.last_trie, followed)
+                index.extend(followed)
+            index.last_trie = None
             budget = request.max_tokens[b]
             if budget <= 0:
                 proposals.append(([], [], []))
             elif request.tree:
-                proposals.append(_trie(index.matches(budget), budget))
+                odds = self.trie_odds
+                trie = _trie(index.matches(budget), budget, odds.alpha, odds.gamma)
+                index.last_trie = (trie[0], trie[1])
+                proposals.append(trie)
             else:
                 chain, size = index.lookup(budget)
                 proposals.append((chain, list(range(-1, len(chain) - 1)), [size] * len(chain)))
