@@ -14,7 +14,7 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 import hf_specdec
 from hf_specdec import cli
 from hf_specdec.bench import SUITES, overall, run_bench, save, summarize, to_markdown
-from hf_specdec.bench.suites import load_prompt_file, load_suite, take_per_category
+from hf_specdec.bench.suites import Prompt, load_prompt_file, load_suite, take_per_category
 from hf_specdec.drafters import DRAFTERS, Drafter, register_drafter
 from hf_specdec.drafters.ngram import NgramDrafter
 
@@ -287,3 +287,30 @@ def test_tree_rows_and_their_refusals(target):
         DRAFTERS.pop("_chains_only")
     with pytest.raises(ValueError, match=r"valid methods: .*\+tree"):
         _check_methods(["nope+tree"], None, {})
+
+
+def test_repeats_time_every_row_again_and_keep_the_median(tiny_folder, monkeypatch):
+    """Three rounds per prompt, every row in each; one measurement per row and prompt, its time the
+    median of the three (here scripted 3, 1, 2 s on top of the real runs), the first run's output."""
+    from hf_specdec.bench import runner
+
+    real, calls = runner._time_row, []
+
+    def scripted(model, row, inputs, generation, seed):
+        measurement, out = real(model, row, inputs, generation, seed)
+        if generation["max_new_tokens"] == MAX_NEW:  # not the warm-up
+            calls.append(row.name)
+            measurement.seconds = [3.0, 1.0, 2.0][(len(calls) - 1) // 3 % 3]
+        return measurement, out
+
+    monkeypatch.setattr(runner, "_time_row", scripted)
+    prompts = [Prompt("a", "qa", "Say something about cats."), Prompt("b", "qa", "And about dogs?")]
+    result = run_bench(tiny_folder, prompts=prompts, max_new_tokens=MAX_NEW, repeats=3, progress=False)
+    assert result.settings["repeats"] == 3
+    assert len(result.measurements) == 3 * 2  # plain, ngram, prompt lookup; two prompts
+    assert sorted(calls) == sorted(["plain", "ngram", "transformers_prompt_lookup"] * 6)
+    assert all(m.seconds == 2.0 and m.error is None for m in result.measurements)
+    assert all(m.lossless == {"identical": 1, "tie": 0, "mismatch": 0} for m in result.measurements)
+    assert "median of 3 interleaved runs" in to_markdown(result)
+    with pytest.raises(ValueError, match="repeats must be at least 1"):
+        run_bench(tiny_folder, prompts=prompts, repeats=0, progress=False)

@@ -173,7 +173,9 @@ def _header(result: BenchResult) -> list[str]:
         *_runtime(s.get("runtime")),
         "- Rows: " + ", ".join(f"`{r}`" for r in s["rows"]) + _missing_rows(s),
         "- Speedup = the row's median tokens/s over plain `generate`'s, per category; rows run "
-        "interleaved prompt by prompt in one process, order rotated per prompt, after one warm-up. "
+        "interleaved prompt by prompt in one process, order rotated per prompt, after one warm-up"
+        + _repeats(s.get("repeats", 1))
+        + ". "
         "τ = mean accepted length per speculative step (1 + accepted / drafts, as vLLM and "
         "Spec-Bench report it; the JSON also has `mean_accepted_length`, per step, plain ones "
         "included). Identical / tie / mismatch = outputs equal to plain greedy `generate`'s, first "
@@ -299,3 +301,7 @@ def _load(values: list[float] | None) -> str:
 def _short(message: str | None, limit: int = 80) -> str:
     text = (message or "").replace("|", "/").replace("\n", " ")
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _repeats(repeats: int) -> str:
+    return f"; each prompt's time is the median of {repeats} interleaved runs" if repeats > 1 else ""

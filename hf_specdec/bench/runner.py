@@ -1,6 +1,7 @@
 """Timing rows against plain `generate`, prompt by prompt and interleaved in one process.
 
-For every batch of prompts each row runs once, in an order rotated from batch to batch so that a
+For every batch of prompts each row runs once (or `repeats` times, round after round, keeping the
+median time), in an order rotated from batch to batch so that a
 slow drift of the machine (other processes, thermal) falls on every row alike. Greedy outputs are
 classified against plain `generate`'s: identical, a rounding tie, or a mismatch (`hf_specdec.lossless`).
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -69,6 +71,7 @@ def run_bench(
     chat_template: bool | None = None,
     num_draft_tokens: int | str = "auto",
     transformers_baselines: bool = True,
+    repeats: int = 1,
     progress: bool = True,
 ) -> BenchResult:
     """Benchmark speculative methods against plain `generate` and transformers' assisted generation.
@@ -90,6 +93,9 @@ def run_bench(
         chat_template: None applies the tokenizer's chat template when it has one; True requires one.
         transformers_baselines: also time `prompt_lookup_num_tokens=10` and, with a draft,
             `assistant_model=` (batch size 1 only).
+        repeats: time each row this many times per prompt (all rows once, then again, each round
+            in the same rotated order) and keep the median: on a shared machine one call's time
+            scatters by more than the differences between methods.
 
     Ctrl-C stops the run and returns what was measured so far, with `interrupted=True`.
     """
@@ -99,6 +105,8 @@ def run_bench(
     methods = list(methods)
     _check_methods(methods, draft, heads)
     _check_batch_sizes(batch_sizes)
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}.")
     chosen = _select_prompts(suite, prompts, data_dir, limit, categories)
     model, tokenizer = load_model(model, dtype=dtype, device=device, tokenizer=tokenizer)
     model_name = str(model.name_or_path or type(model).__name__)
@@ -110,12 +118,13 @@ def run_bench(
         batch_sizes, max_new_tokens, sample, chat, num_draft_tokens,
     )  # fmt: skip
     settings["heads"] = {method: str(head) for method, head in heads.items()}
+    settings["repeats"] = repeats
     settings["runtime"] = describe_runtime(model)
     result = BenchResult(settings)
     generation = dict(max_new_tokens=max_new_tokens, do_sample=sample, return_dict_in_generate=True)
     generation["pad_token_id"] = pad_token_id(tokenizer, model)
     try:
-        _measure(model, tokenizer, rows, chosen, batch_sizes, chat, generation, result, progress)
+        _measure(model, tokenizer, rows, chosen, batch_sizes, chat, generation, result, progress, repeats)
     except KeyboardInterrupt:
         result.interrupted = True
     result.settings["load_average_end"] = _load_average()
@@ -132,11 +141,13 @@ def _measure(
     generation: dict[str, Any],
     result: BenchResult,
     progress: bool,
+    repeats: int = 1,
 ) -> None:
     from tqdm.auto import tqdm
 
     plan = [(b, _batches(prompts, b), [r for r in rows if r.batched or b == 1]) for b in batch_sizes]
-    bar = tqdm(total=sum(len(items) * len(rs) for _, items, rs in plan), disable=not progress, unit="run")
+    runs = sum(len(items) * len(rs) for _, items, rs in plan) * repeats
+    bar = tqdm(total=runs, disable=not progress, unit="run")
     try:
         for batch_size, items, batch_rows in plan:
             inputs = encode_prompts(tokenizer, items[0], chat, generation["pad_token_id"], model.device)
@@ -145,13 +156,25 @@ def _measure(
             for i, item in enumerate(items):
                 inputs = encode_prompts(tokenizer, item, chat, generation["pad_token_id"], model.device)
                 outputs: dict[str, Any] = {}
-                for row in batch_rows[i % len(batch_rows) :] + batch_rows[: i % len(batch_rows)]:
-                    bar.set_postfix_str(f"bs={batch_size} {item[0].category} {row.name}")
-                    measurement, outputs[row.name] = _time_row(model, row, inputs, generation, i)
-                    measurement.batch_size, measurement.category = batch_size, item[0].category
-                    measurement.prompt_ids = [p.id for p in item]
-                    result.measurements.append(measurement)
-                    bar.update()
+                order = batch_rows[i % len(batch_rows) :] + batch_rows[: i % len(batch_rows)]
+                kept: dict[str, Measurement] = {}  # each row's first run: its output, stats, error
+                times: dict[str, list[float]] = {row.name: [] for row in order}
+                for round_ in range(repeats):
+                    for row in order:
+                        bar.set_postfix_str(f"bs={batch_size} {item[0].category} {row.name}")
+                        if row.name not in kept or not kept[row.name].error:  # a failed row runs once
+                            measurement, output = _time_row(model, row, inputs, generation, i)
+                            if row.name not in kept:
+                                kept[row.name], outputs[row.name] = measurement, output
+                            times[row.name].append(measurement.seconds)
+                        bar.update()
+                        if round_ == repeats - 1:  # kept as soon as it is complete (Ctrl-C keeps it)
+                            measurement = kept[row.name]
+                            if not measurement.error:
+                                measurement.seconds = statistics.median(times[row.name])
+                            measurement.batch_size, measurement.category = batch_size, item[0].category
+                            measurement.prompt_ids = [p.id for p in item]
+                            result.measurements.append(measurement)
                 if not generation["do_sample"]:
                     _check_lossless(model, result.measurements[-len(batch_rows) :], outputs, inputs)
     finally:

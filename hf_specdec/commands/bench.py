@@ -47,6 +47,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--data-dir", type=Path, default=None, help="benchmark data (default: $HF_SPECDEC_DATA)"
     )
     parser.add_argument("--limit", type=int, default=None, help="at most N prompts per category")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="time each row N times per prompt, interleaved, and keep the median (default 1)",
+    )
     parser.add_argument("--categories", default=None, help="comma-separated categories to keep")
     parser.add_argument("--batch-sizes", default="1", help="comma-separated batch sizes (default: 1)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -81,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
             prompts=args.prompts,
             data_dir=args.data_dir,
             limit=args.limit,
+            repeats=args.repeats,
             categories=_split(args.categories) or None,
             batch_sizes=[_positive_int(b, "--batch-sizes") for b in _split(args.batch_sizes)],
             max_new_tokens=args.max_new_tokens,
