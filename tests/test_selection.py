@@ -10,20 +10,15 @@ from pathlib import Path
 import huggingface_hub.constants
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_specdec.selection import DraftSelectionError, load_draft, registry_lookup, select_draft
 
 try:  # `python -m pytest` from the repo root, or --import-mode=importlib
-    from tests.hub_server import TOKEN, HubServer
+    from tests.hub_server import TOKEN, HubServer, build_tiny_repo
 except ImportError:  # plain `pytest`: the tests folder itself is on sys.path
-    from hub_server import TOKEN, HubServer
+    from hub_server import TOKEN, HubServer, build_tiny_repo
 
-WORDS = [
-    *("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "one", "small"),
-    *("cat", "sat", "on", "warm", "mat", "and", "two", "birds", "sang", "in", "green", "trees"),
-]
 TARGET = "acme/Tiny-160M-Instruct"
 GOOD_DRAFT = "acme/Tiny-7M-Instruct"
 
@@ -46,44 +41,13 @@ REPOS = {
 }
 
 
-def _tokenizer(order: str) -> PreTrainedTokenizerFast:
-    words = list(dict.fromkeys(WORDS))
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
-    for word in words if order == "A" else reversed(words):
-        vocab[word] = len(vocab)
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
-
-
-def _build_repo(folder: Path, hidden: int, layers: int, vocab: int, tok: str, extra: dict) -> Path:
-    torch.manual_seed(0)
-    heads = max(1, hidden // 16)
-    config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=1,
-        head_dim=hidden // heads,
-        max_position_embeddings=64,
-    )
-    LlamaForCausalLM(config).save_pretrained(folder)
-    _tokenizer(tok).save_pretrained(folder)
-    if extra:
-        path = folder / "config.json"
-        path.write_text(json.dumps({**json.loads(path.read_text()), **extra}))
-    return folder
-
-
 @pytest.fixture(scope="session")
 def hub(tmp_path_factory: pytest.TempPathFactory):
     """A local Hub serving REPOS; HF_ENDPOINT and the caches point at it for the whole session."""
     root = tmp_path_factory.mktemp("hub")
     server = HubServer()
     for repo_id, (hidden, layers, vocab, tok, extra, options) in REPOS.items():
-        folder = _build_repo(root / repo_id.replace("/", "--"), hidden, layers, vocab, tok, extra)
+        folder = build_tiny_repo(root / repo_id.replace("/", "--"), hidden, layers, vocab, tok, extra)
         server.add(repo_id, folder, **options)
     server.start()
     with pytest.MonkeyPatch.context() as mp:
@@ -202,6 +166,22 @@ def test_search_ranks_and_checks_tokenizers(hub: HubServer) -> None:
     assert "acme/Tiny-6.5M-Instruct: gated" in rejected
     assert "acme/Tiny-1M-Instruct: 1/" in rejected and "acme/Tiny-80M-Instruct: 1/" in rejected
     assert "acme/Tiny-5M:" not in rejected  # a base draft is ranked after instruct ones, never reached
+
+
+def test_search_pins_the_commit_it_checked(hub: HubServer, capsys: pytest.CaptureFixture[str]) -> None:
+    choice = select_draft(TARGET)
+    sha = hub.repos[GOOD_DRAFT].sha
+    assert choice.revision == sha and len(choice.tokenizer_fingerprint) == 64
+    assert {revision for revision, _ in hub.resolved(GOOD_DRAFT)} == {sha}  # never `main`
+    assert _select_cli(["select", TARGET]) == 0
+    assert f"revision:  {sha}" in capsys.readouterr().out
+
+
+def test_trust_remote_code_must_be_a_bool() -> None:
+    from hf_specdec import SpeculativeConfig
+
+    with pytest.raises(TypeError, match="trust_remote_code.*True or False"):
+        SpeculativeConfig(trust_remote_code="yes")
 
 
 def test_base_target_prefers_base_draft(hub: HubServer) -> None:
