@@ -1,14 +1,33 @@
 """The Hub, as this package uses it: endpoint and offline mode read when called (huggingface_hub
-reads them once, at import), and model files downloaded into the Hub cache. A leaf: it imports
-nothing of ours, so draft selection, the Hub search and head loading can all use it."""
+reads them once, at import), and a repo's files downloaded into the Hub cache from one commit.
+
+Every download of ours goes through `download_repo_files`, which lists the commit's files and skips
+any name that could land outside its snapshot folder (`is_safe_filename`) before fetching anything.
+A leaf: it imports nothing of ours, so draft selection, the Hub search and head loading can all use it.
+"""
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
-from huggingface_hub import HfApi, constants, hf_hub_download
+from huggingface_hub import HfApi, constants, hf_hub_download, snapshot_download
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    GatedRepoError,
+    HfHubHTTPError,
+    HFValidationError,
+    LocalEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+
+try:  # the HTTP client's error for a Hub that cannot be reached: httpx2 in huggingface_hub 2.x, httpx in 1.x
+    from httpx2 import TransportError as HubUnreachable
+except ImportError:  # pragma: no cover - huggingface_hub 1.x
+    from httpx import TransportError as HubUnreachable
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -20,7 +39,23 @@ TOKENIZER_FILES = (
     "merges.txt",
     "config.json",
 )
-_MODEL_FILES = re.compile(r"^(config\.json|generation_config\.json|model.*\.safetensors(\.index\.json)?)$")
+# The files of a model we load: config, generation config and safetensors weights (one file, or
+# shards and their index). Never pickles (`pytorch_model.bin`, `*.pt`): unpickling can run code.
+SAFETENSORS_WEIGHTS = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors$")
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+_MODEL_FILES = {"config.json", "generation_config.json", SAFETENSORS_INDEX}
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+class HubFileError(ValueError):
+    """A repo's files could not be had; the message says what to do.
+
+    `lasting` tells a missing repo, revision or file (asking again fails the same way) from a Hub
+    that could not be reached or an offline cache without the files (it may work later)."""
+
+    def __init__(self, message: str, *, lasting: bool) -> None:
+        super().__init__(message)
+        self.lasting = lasting
 
 
 def hub_endpoint() -> str:
@@ -34,27 +69,138 @@ def hub_offline() -> bool:
     return constants.HF_HUB_OFFLINE or value.upper() in {"1", "ON", "YES", "TRUE"}
 
 
-def download_model(repo_id: str, *, token: str | None = None, revision: str | None = None) -> Path:
-    """Download a model's config, generation config and safetensors weights; return the folder."""
-    info = HfApi(endpoint=hub_endpoint(), token=token).model_info(
-        repo_id, revision=revision, expand=["siblings"]
-    )
-    names = [s.rfilename for s in info.siblings or [] if _MODEL_FILES.match(s.rfilename)]
-    names += [s.rfilename for s in info.siblings or [] if s.rfilename in TOKENIZER_FILES]
-    return download_files(repo_id, sorted(set(names)), token=token, revision=revision)
+def is_commit(revision: str | None) -> bool:
+    """Whether `revision` names one commit (a full sha), not a branch or tag that can move."""
+    return bool(revision and _COMMIT.match(revision))
+
+
+def is_safe_filename(name: str) -> bool:
+    """Whether a file name from a repo listing stays inside the snapshot folder on every system:
+    relative, `/`-separated, without `..`, `.` or empty segments, backslashes, drive letters or
+    colons, control characters."""
+    if not name or name.startswith("/") or "\\" in name or ":" in name:
+        return False
+    if any(ord(char) < 32 for char in name):
+        return False
+    return all(part not in ("", ".", "..") for part in name.split("/"))
+
+
+def is_model_file(name: str) -> bool:
+    """A file `download_model` fetches: config, generation config, safetensors weights, tokenizer."""
+    return name in _MODEL_FILES or name in TOKENIZER_FILES or bool(SAFETENSORS_WEIGHTS.match(name))
+
+
+def download_model(
+    repo_id: str, *, token: str | None = None, revision: str | None = None, what: str = "draft model"
+) -> Path:
+    """The folder of `repo_id`'s config, generation config, safetensors weights and tokenizer files at
+    `revision` (a commit sha pins it; default: the commit `main` is at now). Raises `HubFileError`."""
+    return download_repo_files(repo_id, is_model_file, token=token, revision=revision, what=what)
+
+
+def local_snapshot(repo_id: str, revision: str | None) -> Path | None:
+    """The Hub cache's folder for `repo_id` at `revision` (default `main`), if there is one (it may
+    hold only some of the repo's files); nothing is asked of the Hub."""
+    try:
+        return _cached_snapshot(repo_id, revision)
+    except (LocalEntryNotFoundError, HFValidationError):
+        return None
+
+
+def download_repo_files(
+    repo_id: str,
+    wanted: Callable[[str], bool],
+    *,
+    token: str | None = None,
+    revision: str | None = None,
+    what: str = "model",
+) -> Path:
+    """The snapshot folder, in the Hub cache, of the files `wanted` accepts of one commit of `repo_id`.
+
+    The commit's listing comes first; names `is_safe_filename` refuses are skipped before anything
+    is downloaded, and every file comes from the commit listed (`revision`, default `main` as it is
+    now), even if the branch moves meanwhile. Offline (`HF_HUB_OFFLINE`), or when the Hub cannot be
+    reached, the Hub cache's copy is used. `what` names the repo in error messages.
+
+    Raises:
+        HubFileError: the repo, revision or a file is missing, gated or private; or the files are not
+            in the cache and the Hub cannot be reached or is offline. The message says what to do.
+    """
+    endpoint = hub_endpoint()
+    try:
+        if hub_offline():
+            return _cached_snapshot(repo_id, revision)
+        try:
+            info = HfApi(endpoint=endpoint, token=token).model_info(
+                repo_id, revision=revision, expand=["sha", "siblings"]
+            )
+        except HubUnreachable:  # what the cache holds, as snapshot_download does
+            return _cached_snapshot(repo_id, revision)
+        names = [
+            s.rfilename for s in info.siblings or [] if is_safe_filename(s.rfilename) and wanted(s.rfilename)
+        ]
+        if not names:
+            raise HubFileError(f"The {what} {repo_id} has none of the files needed to load it.", lasting=True)
+        return download_files(repo_id, names, token=token, revision=info.sha)
+    except HubFileError:
+        raise
+    except HFValidationError:
+        raise HubFileError(
+            f"The {what} {repo_id!r} is neither a local folder nor a Hub repo id (owner/name).", lasting=True
+        ) from None
+    except GatedRepoError as err:  # before RepositoryNotFoundError, its base class
+        raise HubFileError(
+            f"The {what} {repo_id} is gated on the Hub: accept its licence on its model page, then log in "
+            "with a token that has access (`hf auth login`, or set HF_TOKEN).",
+            lasting=True,
+        ) from err
+    except RepositoryNotFoundError as err:
+        raise HubFileError(
+            f"The {what} {repo_id} was not found on the Hub ({endpoint}) nor as a local folder; if the "
+            "repo is private, log in with a token that has read access (`hf auth login`, or set HF_TOKEN).",
+            lasting=True,
+        ) from err
+    except RevisionNotFoundError as err:
+        raise HubFileError(
+            f"The {what} {repo_id} has no revision {revision!r} on the Hub ({endpoint}) any more.",
+            lasting=True,
+        ) from err
+    except LocalEntryNotFoundError as err:  # before EntryNotFoundError, its base class
+        raise HubFileError(
+            f"The {what} {repo_id} is not in the local Hub cache and could not be downloaded from "
+            f"{endpoint} (offline, or the Hub is unreachable): connect and unset HF_HUB_OFFLINE, or pass "
+            "the folder of a downloaded copy.",
+            lasting=False,
+        ) from err
+    except EntryNotFoundError as err:
+        raise HubFileError(
+            f"A file of the {what} {repo_id} is missing on the Hub: {err}", lasting=True
+        ) from err
+    except HfHubHTTPError as err:
+        raise HubFileError(
+            f"Could not download the {what} {repo_id} from {endpoint}: {err}", lasting=False
+        ) from err
 
 
 def download_files(repo_id: str, names: list[str], *, token: str | None, revision: str | None) -> Path:
-    """Download `names` from one commit of `repo_id` into the Hub cache; return their folder."""
+    """Download `names` (checked with `is_safe_filename`) from one commit of `repo_id` into the Hub
+    cache; return the snapshot folder that holds them."""
+    unsafe = [name for name in names if not is_safe_filename(name)]
+    if unsafe or not names:
+        raise ValueError(f"Refusing to download {unsafe or 'no files'} from {repo_id}.")
     paths = [
         hf_hub_download(
-            repo_id,
-            name,
-            revision=revision,
-            token=token,
-            endpoint=hub_endpoint(),
-            cache_dir=os.environ.get("HF_HUB_CACHE"),
+            repo_id, name, revision=revision, token=token, endpoint=hub_endpoint(), cache_dir=_cache()
         )
         for name in names
     ]
-    return Path(paths[0]).parent
+    return Path(paths[0]).parents[len(Path(names[0]).parts) - 1]
+
+
+def _cached_snapshot(repo_id: str, revision: str | None) -> Path:
+    """The Hub cache's snapshot of `repo_id` at `revision`; LocalEntryNotFoundError if there is none."""
+    return Path(snapshot_download(repo_id, revision=revision, local_files_only=True, cache_dir=_cache()))
+
+
+def _cache() -> str | None:
+    return os.environ.get("HF_HUB_CACHE")

@@ -4,22 +4,13 @@ EAGLE and Medusa layouts."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
-from huggingface_hub import snapshot_download
-from huggingface_hub.errors import (
-    GatedRepoError,
-    HfHubHTTPError,
-    HFValidationError,
-    LocalEntryNotFoundError,
-    RepositoryNotFoundError,
-)
 from torch import nn
 
 from ..devices import execution_device
-from ..hub import hub_endpoint, hub_offline
+from ..hub import download_repo_files
 from .eagle import EagleHeadConfig
 from .io import CONFIG_NAME, VARIANTS, WEIGHTS_NAME, build_head, check_head_matches, load_state, read_weights
 from .medusa import MedusaHeadConfig
@@ -87,38 +78,9 @@ def _local_folder(source: Any) -> Path:
         return path
     if path.exists() or str(source).startswith((".", "/", "~")):
         raise ValueError(f"Draft head {source!r} is not a folder.")
-    repo = str(source)
-    endpoint = hub_endpoint()
-    try:
-        return Path(
-            snapshot_download(
-                repo,
-                allow_patterns=["*.json", "*.safetensors", "*.bin", "*.pt"],
-                endpoint=endpoint,
-                cache_dir=os.environ.get("HF_HUB_CACHE"),
-                local_files_only=hub_offline(),
-            )
-        )
-    except HFValidationError:
-        raise ValueError(
-            f"Draft head {repo!r} is neither a local folder nor a Hub repo id (owner/name)."
-        ) from None
-    except GatedRepoError as err:  # before RepositoryNotFoundError, its base class
-        raise ValueError(
-            f"The draft head {repo} is gated on the Hub: accept its licence on its model page, then log in "
-            "with a token that has access (`hf auth login`, or set HF_TOKEN)."
-        ) from err
-    except RepositoryNotFoundError as err:
-        raise ValueError(
-            f"The draft head {repo} was not found on the Hub ({endpoint}), nor as a local folder. Check "
-            "the repo id or the path; if the repo is private, log in with a token that has read access "
-            "(`hf auth login`, or set HF_TOKEN)."
-        ) from err
-    except LocalEntryNotFoundError as err:
-        raise ValueError(
-            f"The draft head {repo} is not in the local Hub cache and could not be downloaded from "
-            f"{endpoint} (offline, or the Hub is unreachable): connect and unset HF_HUB_OFFLINE, or pass "
-            "the folder of a downloaded copy."
-        ) from err
-    except HfHubHTTPError as err:
-        raise ValueError(f"Could not download the draft head {repo} from {endpoint}: {err}") from err
+    # Pickles (.bin, .pt) are read with `torch.load(weights_only=True)`, which runs no code.
+    return download_repo_files(str(source), _is_head_file, what="draft head")
+
+
+def _is_head_file(name: str) -> bool:
+    return name.endswith((".json", ".safetensors", ".bin", ".pt"))

@@ -609,13 +609,17 @@ def hub(tmp_path, monkeypatch):
 
 def test_eagle1_head_from_a_hub_repo(tmp_path, target, hub):
     repo = "yuhuili/EAGLE-Tiny-Test"
-    hub.add(repo, write_eagle1(tmp_path / "repo", target))
+    served = hub.add(repo, write_eagle1(tmp_path / "repo", target))
+    hostile = ["../../escaped.json", "/tmp/escaped.json", "a\\..\\escaped.json"]  # never fetched
+    served.files.update(dict.fromkeys(hostile, b"{}"))
 
     head = load_head(repo, target, method="eagle")
     assert isinstance(head, EagleHead) and head.fc.bias is not None
-    fetched = {path for method, path in hub.requests if "/resolve/" in path}
-    assert any(path.endswith("/pytorch_model.bin") for path in fetched)
-    assert any(path.startswith(f"/api/models/{repo}/tree/") for _, path in hub.requests)
+    fetched = hub.resolved(repo)
+    assert "pytorch_model.bin" in {name for _, name in fetched}
+    assert {revision for revision, _ in fetched} == {served.sha}  # one commit, the one listed
+    assert not {name for _, name in fetched} & set(hostile)
+    assert ("GET", f"/api/models/{repo}") in hub.requests
     assert (tmp_path / "hf-cache" / "models--yuhuili--EAGLE-Tiny-Test").is_dir()  # HF_HUB_CACHE, read now
 
     input_ids = torch.tensor([[1, 17, 42, 9, 33]])
