@@ -41,6 +41,11 @@ class SpeculativeConfig:
             matches), `draft_model`, `onnx`, `quantized` and `eagle` (EAGLE-2: top-k
             branching by cumulative draft probability) and `medusa` (the cartesian product of each
             head's top-k, pruned by probability).
+        trust_remote_code: let a draft (named in `draft`, or chosen by `method="auto"`) run the
+            Python code its repo ships (`auto_map` in its config), as `from_pretrained(...,
+            trust_remote_code=True)` would. Off by default: such a draft is refused when named, and
+            skipped by the automatic choice, never asked about. A loaded model given as `draft` is
+            used as it is.
     """
 
     method: str = "auto"
@@ -49,8 +54,11 @@ class SpeculativeConfig:
     num_draft_tokens: DraftLength = "auto"
     options: dict[str, Any] = field(default_factory=dict)
     tree: bool | int | str = False
+    trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.trust_remote_code, bool):
+            raise TypeError(f"`trust_remote_code` must be True or False, got {self.trust_remote_code!r}.")
         if self.tree != "auto" and (
             not isinstance(self.tree, (bool, int)) or (type(self.tree) is int and self.tree < 1)
         ):

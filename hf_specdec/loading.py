@@ -125,6 +125,7 @@ def load_model(
     dtype: str | torch.dtype = "auto",
     device: torch.device | str | None = None,
     tokenizer: Any = None,
+    trust_remote_code: bool = False,
 ) -> tuple[Any, Any]:
     """Load a causal LM and its tokenizer, in eval mode, as transformers 5 would by default.
 
@@ -136,6 +137,9 @@ def load_model(
             native bf16, see `native_bf16`), "bfloat16", "float16", "float32", or a `torch.dtype`.
         device: where the model goes; default CUDA when available, else the CPU.
         tokenizer: a tokenizer to use instead of loading the model's own.
+        trust_remote_code: run the Python code the model's repo or folder ships (`auto_map`), as
+            `from_pretrained(..., trust_remote_code=True)`; without it such a model is refused with
+            transformers' error, never asked about on stdin.
 
     Returns:
         (model, tokenizer).
@@ -144,23 +148,27 @@ def load_model(
 
     if name_or_path is not None and not isinstance(name_or_path, (str, Path)):
         model = _loaded(name_or_path, dtype, device)
-        return model, tokenizer or AutoTokenizer.from_pretrained(model.name_or_path)
+        return model, tokenizer or AutoTokenizer.from_pretrained(
+            model.name_or_path, trust_remote_code=trust_remote_code
+        )
     if name_or_path is None:
         from .models import demo_model_path
 
         name_or_path = demo_model_path()
     name = str(name_or_path)
     device = torch.device(device) if device is not None else default_device()
-    declared = checkpoint_dtype(AutoConfig.from_pretrained(name)) if dtype == "auto" else None
+    declared = None
+    if dtype == "auto":
+        declared = checkpoint_dtype(AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code))
     load_dtype, message = resolve_dtype(dtype, declared, device)
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=load_dtype)
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=load_dtype, trust_remote_code=trust_remote_code)
     if dtype == "auto" and declared is None and model.dtype in _HALF:  # a dtype found only in the weights
         load_dtype, message = resolve_dtype("auto", model.dtype, device)
         model = model.to(load_dtype)
     if message:
         logger.warning(message)
     model = model.to(device).eval()
-    return model, tokenizer or AutoTokenizer.from_pretrained(name)
+    return model, tokenizer or AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
 
 
 def _loaded(model: Any, dtype: str | torch.dtype, device: torch.device | str | None) -> Any:

@@ -75,7 +75,7 @@ def _convert_folder(folder: Path) -> None:
 
     with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
         staging = Path(tmp) / "model"
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, trust_remote_code=False)
         model.to(getattr(torch, DEMO_MODEL_DTYPE)).save_pretrained(staging)
         for item in folder.iterdir():
             if item.is_file() and not (staging / item.name).exists() and item.suffix != ".safetensors":
@@ -170,8 +170,10 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
         import gguf as _  # noqa: F401
     except ImportError as err:  # pragma: no cover - gguf is a core dependency
         raise ImportError("Building the demo model needs `gguf`: pip install gguf") from err
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32, trust_remote_code=False
+    )
     # A GGUF-loaded model refuses save_pretrained while it still carries its quantizer.
     model.hf_quantizer = None
     model.to(getattr(torch, DEMO_MODEL_DTYPE)).save_pretrained(out)

@@ -486,7 +486,7 @@ def measure_draft_length(
 
     target = target if target is not None else _load_target(model)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model)
+        tokenizer = AutoTokenizer.from_pretrained(model, trust_remote_code=False)
     except (OSError, ValueError) as err:
         raise ValueError(
             f"Measuring the draft length needs {model}'s tokenizer ({err}); pass --num-draft-tokens N "
@@ -547,12 +547,13 @@ def _not_carried(options: Options) -> list[str]:
 
 
 def _load_target(model: str) -> Any:
-    return AutoModelForCausalLM.from_pretrained(model).eval()  # the checkpoint's dtype, as vLLM serves it
+    # The checkpoint's dtype, as vLLM serves it; a model needing its repo's code is refused, not run.
+    return AutoModelForCausalLM.from_pretrained(model, trust_remote_code=False).eval()
 
 
 def _vocab_size(name: str) -> int:
     try:
-        return int(AutoConfig.from_pretrained(name).get_text_config().vocab_size)
+        return int(AutoConfig.from_pretrained(name, trust_remote_code=False).get_text_config().vocab_size)
     except (OSError, ValueError) as err:
         raise ValueError(f"Cannot read the config of {name} to compare vocabulary sizes: {err}") from None
 

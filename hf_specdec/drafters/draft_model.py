@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from ..config_check import checkpoint_problem
 from ..devices import execution_device
+from ..hub import download_model
 from ..tokenizer_check import compare_tokenizers_once
 from .base import Drafter, options_to_config
 from .decoder import DecoderDrafter, TorchDecoder
@@ -42,19 +44,35 @@ class DraftModelConfig:
     tree_top_k: int = 4
 
 
-# Loaded drafts by (name, dtype, device): loading takes seconds, a generate call should not.
-# `clear_loaded()` (called by `hf_specdec.clear_cache()`) frees it.
-_LOADED: dict[tuple[str, torch.dtype, str], tuple[Any, Any]] = {}
+# Loaded drafts by (name, dtype, device, trust_remote_code): loading takes seconds, a generate call
+# should not. `clear_loaded()` (called by `hf_specdec.clear_cache()`) frees it.
+_LOADED: dict[tuple[str, torch.dtype, str, bool], tuple[Any, Any]] = {}
 
 
-def load_draft(name: str, target: PreTrainedModel) -> tuple[PreTrainedModel, Any]:
-    """Load a draft model and its tokenizer with the target's dtype and device (cached)."""
+def load_draft(
+    name: str, target: PreTrainedModel, *, trust_remote_code: bool = False
+) -> tuple[PreTrainedModel, Any]:
+    """Load a draft model and its tokenizer with the target's dtype and device (cached).
+
+    `name` is a local folder, or a Hub repo id whose config, safetensors weights and tokenizer files
+    are downloaded from the commit its `main` is at (`hub.download_model`: never pickled weights).
+    The folder's own code runs only with `trust_remote_code=True`: without it a folder that needs
+    it is refused with a ValueError that says so (`config_check.checkpoint_problem`), never asked about.
+    """
     device = execution_device(target)  # not `target.device`: `meta` when device_map offloads its weights
-    key = (str(name), target.dtype, str(device))
+    key = (str(name), target.dtype, str(device), trust_remote_code)
     if key not in _LOADED:
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=target.dtype).to(device).eval()
+        local = Path(name).expanduser().is_dir()
+        folder = Path(name).expanduser() if local else download_model(str(name))
+        problem = checkpoint_problem(folder, trust_remote_code=trust_remote_code, from_hub=not local)
+        if problem:
+            raise ValueError(f"The draft {name} cannot be used: {problem}.")
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, dtype=target.dtype, trust_remote_code=trust_remote_code
+        )
+        model = model.to(device).eval()
         try:
-            tokenizer = AutoTokenizer.from_pretrained(name)
+            tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
         except (OSError, ValueError):
             tokenizer = None
         _LOADED.clear()  # keep one draft in memory, not every one ever used
@@ -112,7 +130,9 @@ class DraftModelDrafter(DecoderDrafter):
                 "SpeculativeConfig(method='draft_model', draft='repo/or/path') or draft=<a loaded model>."
             )
         if isinstance(config.draft, (str, Path)):
-            draft, draft_tokenizer = load_draft(str(config.draft), target)
+            draft, draft_tokenizer = load_draft(
+                str(config.draft), target, trust_remote_code=config.trust_remote_code
+            )
         else:
             draft, draft_tokenizer = config.draft, config.draft_tokenizer
         if draft is target:
@@ -139,7 +159,7 @@ def _local_tokenizer(model: PreTrainedModel) -> Any:
 
 @functools.lru_cache(maxsize=4)
 def _load_tokenizer(folder: str, mtimes: tuple[int, ...]) -> Any:
-    try:
-        return AutoTokenizer.from_pretrained(folder)
+    try:  # the target's own folder, but a tokenizer the user did not ask for: no code of its runs
+        return AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     except (OSError, ValueError):
         return None

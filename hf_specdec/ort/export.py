@@ -215,14 +215,15 @@ def export_onnx_report(
 def _load(model_or_path: Any, tokenizer: Any, dtype: torch.dtype) -> tuple[PreTrainedModel, Any]:
     if isinstance(model_or_path, (str, Path)):
         source = str(model_or_path)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+        # A model that needs its repo's code: load it yourself (trust_remote_code=True) and pass it.
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, trust_remote_code=False)
     else:
         model, source = model_or_path, getattr(model_or_path, "name_or_path", "")
     if model.dtype != dtype or model.device.type != "cpu":
         model = _cpu_copy(model, dtype)  # never touch the caller's model
     if tokenizer is None and source:
         with contextlib.suppress(OSError, ValueError, TypeError):
-            tokenizer = AutoTokenizer.from_pretrained(source)
+            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
     return model.eval(), tokenizer
 
 

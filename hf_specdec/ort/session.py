@@ -167,7 +167,7 @@ def _short(names: list[str], limit: int = 6) -> str:
 def _read_config(path: Path) -> Any:
     for folder in (path.parent, path.parent.parent):
         if (folder / "config.json").is_file():
-            return AutoConfig.from_pretrained(folder)
+            return AutoConfig.from_pretrained(folder, trust_remote_code=False)  # only its sizes are read
     return None
 
 
@@ -175,7 +175,7 @@ def _read_tokenizer(path: Path) -> Any:
     for folder in (path.parent, path.parent.parent):
         if any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
             try:
-                return AutoTokenizer.from_pretrained(folder)
+                return AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
             except (OSError, ValueError, json.JSONDecodeError):
                 return None
     return None
