@@ -11,7 +11,7 @@ from transformers import DynamicCache, GenerationConfig
 from .compat import generate_cache
 from .config import SpeculativeConfig
 from .ort.layout import is_onnx_folder
-from .selection import locate_draft, select_draft
+from .selection import speculative_draft
 
 
 def check_supported(
@@ -73,9 +73,12 @@ def resolve_method(config: SpeculativeConfig, model: Any) -> SpeculativeConfig:
 def _choose_method(config: SpeculativeConfig, model: Any) -> SpeculativeConfig:
     if config.draft is not None:
         return dataclasses.replace(config, method="draft_model")
-    choice = select_draft(model)
-    if choice.draft is None:
+    # A chosen draft that cannot be loaded safely comes back as "ngram", with a warning.
+    choice, draft, draft_tokenizer = speculative_draft(model, trust_remote_code=config.trust_remote_code)
+    if draft is None:
         return dataclasses.replace(config, method=choice.method)
     # The selection compared the tokenizers already (or the registry pair was reviewed).
     options = {**config.options, "tokenizer_verified": True}
-    return dataclasses.replace(config, method=choice.method, draft=str(locate_draft(choice)), options=options)
+    return dataclasses.replace(
+        config, method=choice.method, draft=draft, draft_tokenizer=draft_tokenizer, options=options
+    )

@@ -4,8 +4,12 @@ Candidates come from the same author and family as the target (or as its `base_m
 fine-tune), with sizes from the Hub's safetensors metadata and architectures from `config.json`.
 They are ranked by expected speedup: same instruct/base variant first, then the smallest whose
 size is between 1/100 and 1/4 of the target's. The first whose downloaded tokenizer maps every
-token to the same id as the target's (`compare_tokenizers`) wins. No remote code is ever run:
-a candidate whose config needs it (`auto_map`) is skipped unless `trust_remote_code=True`.
+token to the same id as the target's (`compare_tokenizers`) wins, and is pinned to the commit
+whose files were checked (`DraftChoice.revision`). No code from a repo is run unless the caller
+passes `trust_remote_code=True`: a candidate whose config.json or tokenizer_config.json needs it
+(`auto_map`) is skipped, by the config the Hub's API reports and again by the config.json
+downloaded from the commit checked (the API's summary can leave keys out); so is one without
+safetensors weights (`config_check`). Tokenizers load with `trust_remote_code` passed explicitly.
 
 The endpoint (`HF_ENDPOINT`) and cache (`HF_HUB_CACHE`) are read when called, not at import.
 """
@@ -26,15 +30,22 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 from transformers import AutoTokenizer
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from .choice import DRAFT_FREE_METHOD, DraftChoice, DraftSelectionError, params_from_name
-from .hub import TOKENIZER_FILES, download_files, hub_endpoint
-from .tokenizer_check import compare_tokenizers
+from .config_check import NO_PICKLES, draft_config_problem, hub_config_problem, tokenizer_problem
+from .hub import (
+    SAFETENSORS_INDEX,
+    SAFETENSORS_WEIGHTS,
+    TOKENIZER_FILES,
+    download_files,
+    hub_endpoint,
+    is_commit,
+)
+from .tokenizer_check import compare_tokenizers, tokenizer_fingerprint
 
 MIN_RATIO = 1 / 100  # a smaller draft agrees too rarely with the target to pay
 MAX_RATIO = 1 / 4  # a larger draft costs too much per drafted token
-_EXPAND = ["safetensors", "config", "cardData", "gated", "siblings", "tags"]
+_EXPAND = ["sha", "safetensors", "config", "cardData", "gated", "siblings", "tags"]
 _GATED_CANDIDATE = "gated: pass a token that has accepted its licence to consider it"
 _QUANTIZED = re.compile(r"(gguf|awq|gptq|int4|int8|fp8|mlx|onnx|bnb|exl2)", re.IGNORECASE)
 _INSTRUCT = re.compile(r"(instruct|chat|(^|-)it($|-))", re.IGNORECASE)
@@ -48,6 +59,7 @@ class _Candidate:
     instruct: bool
     info: Any  # huggingface_hub.ModelInfo
     tokenizer_note: str | None = None
+    tokenizer_fingerprint: str | None = None
 
 
 def search_draft(
@@ -60,7 +72,9 @@ def search_draft(
     if target_params is None:
         return _draft_free(repo_id, "its size is unknown (no safetensors metadata and no size in its name)")
     family_repo = _base_model(info) or repo_id
-    target_tok = _target_tokenizer(repo_id, info, token)
+    target_tok, why_not = _target_tokenizer(repo_id, info, token, trust_remote_code)
+    if target_tok is None:
+        return _draft_free(repo_id, why_not)
     rejected: list[str] = []
     candidates = _candidates(api, repo_id, family_repo, token)
     for cand in _rank(candidates, target_params, _is_instruct(repo_id), rejected):
@@ -89,6 +103,8 @@ def _chosen(
         size_ratio=ratio,
         tokenizer_check=cand.tokenizer_note,
         rejected=rejected,
+        revision=cand.info.sha,
+        tokenizer_fingerprint=cand.tokenizer_fingerprint,
     )
 
 
@@ -109,9 +125,16 @@ def _target_info(api: Any, repo_id: str, revision: str | None) -> Any:
         ) from err
 
 
-def _target_tokenizer(repo_id: str, info: Any, token: str | None) -> Any:
+def _target_tokenizer(
+    repo_id: str, info: Any, token: str | None, trust_remote_code: bool
+) -> tuple[Any, str | None]:
+    """(the target's tokenizer, None), or (None, why it is not loaded: it needs the repo's code)."""
     try:
-        return _load_tokenizer(_download_tokenizer(repo_id, info, token=token))
+        folder = _download_tokenizer(repo_id, info, token=token)
+        problem = tokenizer_problem(folder, trust_remote_code=trust_remote_code)
+        if problem:
+            return None, f"its tokenizer {problem}"
+        return _load_tokenizer(folder, trust_remote_code), None
     except GatedRepoError as err:
         raise DraftSelectionError(_gated_message(repo_id)) from err
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as err:
@@ -180,18 +203,26 @@ def _rank(infos: list[Any], target_params: float, instruct: bool, rejected: list
 def _check_candidate(
     cand: _Candidate, target_tok: Any, *, token: str | None, trust_remote_code: bool
 ) -> str | None:
-    """None when `cand` can draft for the target; otherwise why not. Sets `cand.tokenizer_note`."""
-    config = cand.info.config or {}
-    if "auto_map" in config and not trust_remote_code:
-        return "needs custom code (auto_map); pass trust_remote_code=True to consider it"
-    if "quantization_config" in config:
-        return "quantized checkpoint"
-    if not _loadable(config, trust_remote_code):
-        return f"model_type {config.get('model_type')!r} is not a causal LM transformers can load"
+    """None when `cand` can draft for the target; otherwise why not. Sets `cand.tokenizer_note` and
+    `cand.tokenizer_fingerprint`.
+
+    What the API reports is checked first (no download); then the config.json and tokenizer files
+    of the commit the API named, which are what the draft is loaded from."""
+    problem = draft_config_problem(cand.info.config or {}, trust_remote_code=trust_remote_code)
+    if problem:
+        return problem
+    if not _has_safetensors(cand.info):
+        return NO_PICKLES
+    if not is_commit(cand.info.sha):
+        return "the Hub did not say which commit its files are (no sha), so they could not be pinned"
     if cand.info.gated and not (token or get_token()):
         return _GATED_CANDIDATE  # its files may be cached, but its weights could not be downloaded
     try:
-        draft_tok = _load_tokenizer(_download_tokenizer(cand.repo_id, cand.info, token=token))
+        folder = _download_tokenizer(cand.repo_id, cand.info, token=token)
+        problem = hub_config_problem(folder, trust_remote_code=trust_remote_code)
+        if problem:
+            return problem
+        draft_tok = _load_tokenizer(folder, trust_remote_code)
     except GatedRepoError:
         return _GATED_CANDIDATE
     except RepositoryNotFoundError:
@@ -200,13 +231,13 @@ def _check_candidate(
         return f"tokenizer could not be fetched or loaded ({type(err).__name__})"
     check = compare_tokenizers(target_tok, draft_tok)
     cand.tokenizer_note = check.explain()
+    cand.tokenizer_fingerprint = tokenizer_fingerprint(draft_tok)
     return None if check.compatible else check.explain()
 
 
-def _loadable(config: dict[str, Any], trust_remote_code: bool) -> bool:
-    if trust_remote_code and "auto_map" in config:
-        return True
-    return config.get("model_type") in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+def _has_safetensors(info: Any) -> bool:
+    names = [s.rfilename for s in info.siblings or []]
+    return SAFETENSORS_INDEX in names or any(SAFETENSORS_WEIGHTS.match(name) for name in names)
 
 
 def _draft_free(repo_id: str, why: str, rejected: list[str] | None = None) -> DraftChoice:
@@ -218,11 +249,12 @@ def _draft_free(repo_id: str, why: str, rejected: list[str] | None = None) -> Dr
 
 
 def _download_tokenizer(repo_id: str, info: Any, *, token: str | None) -> Path:
+    """The tokenizer files and config.json of the commit `info` describes (its `sha`)."""
     names = [s.rfilename for s in info.siblings or [] if s.rfilename in TOKENIZER_FILES]
     return download_files(
         repo_id, names or ["tokenizer.json", "tokenizer_config.json"], token=token, revision=info.sha
     )
 
 
-def _load_tokenizer(folder: Path) -> Any:
-    return AutoTokenizer.from_pretrained(folder)
+def _load_tokenizer(folder: Path, trust_remote_code: bool) -> Any:
+    return AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)

@@ -7,28 +7,48 @@
 3. a search of the Hub (see `hf_specdec.hub_search`), whose decision is then cached.
 
 With `HF_HUB_OFFLINE=1` only the first two are used. When nothing fits, the answer is a
-draft-free method (`"ngram"`) with the reason. `load_draft(choice, target_model)` loads the draft.
-Published draft heads (EAGLE, Medusa) the registry knows for the target are listed besides, in
-`DraftChoice.heads` (see `known_heads`).
+draft-free method (`"ngram"`) with the reason. Published draft heads (EAGLE, Medusa) the registry
+knows for the target are listed besides, in `DraftChoice.heads` (see `known_heads`).
+
+A cached decision is a file anyone could have written: one that does not hold a choice this version
+wrote for this target (a draft named by Hub repo id and the commit it was checked at) is deleted,
+with a warning, and the choice made again. `load_draft(choice, target_model)` loads a draft from the
+commit the search checked (`DraftChoice.revision`), after checking its files again (no remote code
+unless `trust_remote_code=True`, safetensors weights, `config_check`) and that its tokenizer is the
+one compared with the target's. `speculative_draft(target)` is what `speculative=True` uses: the
+choice with its draft loaded, or, for a draft that cannot be loaded so, `"ngram"` with a one-line
+warning, the cached choice deleted when it will not load later either.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
 import re
+import warnings
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoModelForCausalLM
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.utils import validate_repo_id
 
-from .choice import DRAFT_FREE_METHOD, DraftChoice, DraftSelectionError, params_from_name
-from .hub import download_model, hub_offline
+from .choice import (
+    DRAFT_FREE_METHOD,
+    DraftChoice,
+    DraftSelectionError,
+    DraftUnavailableError,
+    params_from_name,
+)
+from .config_check import checkpoint_problem, weights_problem
+from .drafters import draft_model
+from .hub import HubFileError, download_model, hub_offline, is_commit, local_snapshot
 from .hub_search import search_draft
 from .models import cache_dir
+from .tokenizer_check import tokenizer_fingerprint
 
 try:
     import tomllib
@@ -37,6 +57,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 _REGISTRY_NAME = "draft_pairs.toml"
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_MAX_CACHE_FILE_BYTES = 1 << 20  # a choice is a few kB
 
 
 def select_draft(
@@ -73,26 +94,105 @@ def select_draft(
 def load_draft(
     choice: DraftChoice, target_model: Any, *, token: str | None = None, trust_remote_code: bool = False
 ) -> Any | None:
-    """Load `choice.draft` with AutoModelForCausalLM in the target's dtype, on the target's device.
+    """Load `choice.draft` in the target's dtype, on the target's device, from the commit the search
+    checked (`choice.revision`), after `locate_draft`'s checks; its tokenizer must be the one the
+    search compared with the target's (`choice.tokenizer_fingerprint`).
 
     Returns None for a draft-free choice. Hub drafts are fetched from `$HF_ENDPOINT` (read now).
+
+    Raises:
+        DraftUnavailableError: the draft cannot be loaded safely or is not what was checked.
     """
     if choice.draft is None:
         return None
-    location = locate_draft(choice, token=token)
-    model = AutoModelForCausalLM.from_pretrained(
-        location, dtype=target_model.dtype, token=token, trust_remote_code=trust_remote_code
-    )
-    return model.to(target_model.device).eval()
+    return _load_checked(choice, target_model, token=token, trust_remote_code=trust_remote_code)[0]
 
 
-def locate_draft(choice: DraftChoice, *, token: str | None = None) -> str:
-    """A local folder (or, offline, the repo id for the local HF cache) holding `choice.draft`."""
+def locate_draft(choice: DraftChoice, *, token: str | None = None, trust_remote_code: bool = False) -> Path:
+    """The Hub cache's folder holding `choice.draft` at `choice.revision` (a registry draft: the commit
+    `main` is at now), downloading what it lacks, checked by `config_check.checkpoint_problem`.
+
+    Raises:
+        DraftUnavailableError: the repo, commit or files are gone, unreachable, or fail the checks.
+    """
     if choice.draft is None:
         raise ValueError(f"{choice.method!r} is draft-free: there is no draft model to locate.")
-    if Path(choice.draft).is_dir() or hub_offline():
-        return choice.draft
-    return str(download_model(choice.draft, token=token))
+    at = _draft_at(choice)
+    folder = local_snapshot(choice.draft, choice.revision) if is_commit(choice.revision) else None
+    if folder is None or weights_problem(folder):
+        try:
+            folder = download_model(choice.draft, token=token, revision=choice.revision)
+        except HubFileError as err:
+            raise DraftUnavailableError(str(err), lasting=err.lasting) from err
+        if hub_offline() and weights_problem(folder):
+            raise DraftUnavailableError(
+                f"The draft {at} is not in the local Hub cache (only some of its files are) and "
+                "HF_HUB_OFFLINE is set: unset it to download the rest.",
+                lasting=False,
+            )
+    problem = checkpoint_problem(folder, trust_remote_code=trust_remote_code, from_hub=True)
+    if problem:
+        raise DraftUnavailableError(f"The draft {at} cannot be used: {problem}.")
+    return folder
+
+
+def speculative_draft(target: Any, *, trust_remote_code: bool = False) -> tuple[DraftChoice, Any, Any]:
+    """What `speculative=True` drafts with: (`select_draft`'s choice, its draft model, its tokenizer),
+    the draft loaded by `load_draft`. A draft that cannot be loaded so gives (a draft-free choice,
+    None, None) and a one-line warning; the cached choice is deleted unless the failure may pass
+    (offline, the Hub unreachable)."""
+    choice = select_draft(target, trust_remote_code=trust_remote_code)
+    if choice.draft is None:
+        return choice, None, None
+    try:
+        model, tokenizer = _load_checked(choice, target, token=None, trust_remote_code=trust_remote_code)
+    except DraftUnavailableError as err:
+        path = _cache_file(choice.target or "", None, token=None, trust_remote_code=trust_remote_code)
+        dropped = err.lasting and choice.source in ("cache", "hub") and path.exists()
+        if dropped:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        deleted = f"the cached choice {path.name} was deleted; " if dropped else ""
+        warnings.warn(
+            f"speculative=True: {err} Speculating with {DRAFT_FREE_METHOD!r} instead ({deleted}cached "
+            f"choices live in {path.parent}: delete that folder to clear them all).",
+            UserWarning,
+            stacklevel=2,
+        )
+        reason = f"{choice.draft} was chosen but cannot be used: {err}"
+        return (
+            DraftChoice(DRAFT_FREE_METHOD, None, reason, target=choice.target, source=choice.source),
+            None,
+            None,
+        )
+    return choice, model, tokenizer
+
+
+def _load_checked(
+    choice: DraftChoice, target_model: Any, *, token: str | None, trust_remote_code: bool
+) -> tuple[Any, Any]:
+    folder = locate_draft(choice, token=token, trust_remote_code=trust_remote_code)
+    at = _draft_at(choice)
+    try:
+        model, tokenizer = draft_model.load_draft(
+            str(folder), target_model, trust_remote_code=trust_remote_code
+        )
+    except (
+        Exception
+    ) as err:  # transformers and safetensors raise many kinds for a checkpoint that does not load
+        raise DraftUnavailableError(f"The draft {at} does not load ({type(err).__name__}: {err}).") from err
+    expected = choice.tokenizer_fingerprint
+    if expected is not None and (tokenizer is None or tokenizer_fingerprint(tokenizer) != expected):
+        raise DraftUnavailableError(
+            f"The draft {at} cannot be used: its tokenizer is not the one that was compared with the "
+            "target's (the files served for that commit changed)."
+        )
+    return model, tokenizer
+
+
+def _draft_at(choice: DraftChoice) -> str:
+    """The draft as messages name it: its repo id, and the commit it is pinned to if any."""
+    return f"{choice.draft} (commit {choice.revision})" if choice.revision else str(choice.draft)
 
 
 # --- target -----------------------------------------------------------------------------------
@@ -125,8 +225,11 @@ def _folder_origin(folder: Path) -> str | None:
     config = folder / "config.json"
     if not config.exists():
         return None
-    origin = json.loads(config.read_text()).get("_name_or_path", "")
-    return origin if _REPO_ID.match(origin) and not Path(origin).exists() else None
+    data = json.loads(config.read_text())
+    origin = data.get("_name_or_path", "") if isinstance(data, dict) else ""
+    return (
+        origin if isinstance(origin, str) and _REPO_ID.match(origin) and not Path(origin).exists() else None
+    )
 
 
 # --- registry ---------------------------------------------------------------------------------
@@ -203,7 +306,8 @@ def _cache_file(repo_id: str, revision: str | None, *, token: str | None, trust_
     # The answer depends on what the caller may see and run, so those are part of the key.
     flags = f"token={bool(token)},remote={trust_remote_code}"
     digest = hashlib.sha256(flags.encode()).hexdigest()[:8]
-    name = f"{repo_id.replace('/', '--')}@{revision or 'main'}-{digest}.json"
+    revision = re.sub(r"[^\w.-]", "_", revision or "main")  # a file name, whatever the branch is called
+    name = f"{repo_id.replace('/', '--')}@{revision}-{digest}.json"
     return cache_dir() / "selections" / name
 
 
@@ -211,8 +315,9 @@ def _cached_or_searched(
     repo_id: str, *, token: str | None, revision: str | None, trust_remote_code: bool
 ) -> DraftChoice:
     path = _cache_file(repo_id, revision, token=token, trust_remote_code=trust_remote_code)
-    if path.exists():
-        return dataclasses.replace(DraftChoice.from_dict(json.loads(path.read_text())), source="cache")
+    cached = _read_cached(path, repo_id)
+    if cached is not None:
+        return cached
     if hub_offline():
         reason = (
             f"{repo_id} is not in the registry and HF_HUB_OFFLINE is set, so no draft could be searched "
@@ -227,6 +332,48 @@ def _cached_or_searched(
     return choice
 
 
+def _read_cached(path: Path, repo_id: str) -> DraftChoice | None:
+    """The choice cached at `path`, or None: none there, or one not to trust (deleted, with a warning)."""
+    if not path.exists():
+        return None
+    try:
+        if path.stat().st_size > _MAX_CACHE_FILE_BYTES:
+            raise ValueError(f"it is larger than {_MAX_CACHE_FILE_BYTES >> 20} MiB")
+        choice = DraftChoice.from_dict(json.loads(path.read_text()))
+        _check_cached(choice, repo_id)
+    except (OSError, ValueError) as err:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+        with contextlib.suppress(OSError):
+            path.unlink()
+        warnings.warn(
+            f"Ignoring the cached draft choice {path}: {err}. It was deleted and the choice is made again "
+            f"(cached choices live in {path.parent}; delete it to clear them all).",
+            UserWarning,
+            stacklevel=4,
+        )
+        return None
+    return dataclasses.replace(choice, source="cache")
+
+
+def _check_cached(choice: DraftChoice, repo_id: str) -> None:
+    """Raise ValueError unless `choice` is one the Hub search could have made for `repo_id`."""
+    if choice.target != repo_id:
+        raise ValueError(f"it is a choice for {choice.target!r}, not {repo_id}")
+    if choice.draft is None:
+        if choice.method != DRAFT_FREE_METHOD:
+            raise ValueError(f"its draft-free method {choice.method!r} is not {DRAFT_FREE_METHOD!r}")
+        return
+    if choice.method != "draft_model":
+        raise ValueError(f"a draft is named but the method is {choice.method!r}")
+    try:
+        validate_repo_id(choice.draft)
+    except HFValidationError:
+        raise ValueError(f"its draft {choice.draft!r} is not a Hub repo id") from None
+    if "/" not in choice.draft:
+        raise ValueError(f"its draft {choice.draft!r} is not a Hub repo id (owner/name)")
+    if not is_commit(choice.revision):
+        raise ValueError("it does not name the commit its draft was checked at (an older version wrote it?)")
+
+
 __all__ = [
     "DraftChoice",
     "DraftSelectionError",
@@ -236,4 +383,5 @@ __all__ = [
     "registry_lookup",
     "registry_path",
     "select_draft",
+    "speculative_draft",
 ]

@@ -9,6 +9,8 @@ special tokens that end or frame a generation agree.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,5 +86,25 @@ def compare_tokenizers_once(target: Any, draft: Any) -> TokenizerCheck:
 
 
 def clear_checks() -> None:
-    """Forget the remembered outcomes of `compare_tokenizers_once`."""
+    """Forget the remembered outcomes of `compare_tokenizers_once` and `tokenizer_fingerprint`."""
     _CHECKED.clear()
+    _FINGERPRINTS.clear()
+
+
+_FINGERPRINTS: dict[tuple[int, int], tuple[weakref.ref, str]] = {}
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """A sha256 of what `compare_tokenizers` compares: every token's id and the special token ids.
+    Two tokenizers with one fingerprint compare alike with any third. Remembered per tokenizer
+    object and size (~50 ms for a 50k-token vocabulary)."""
+    key = (id(tokenizer), len(tokenizer))
+    known = _FINGERPRINTS.get(key)
+    if known is not None and known[0]() is tokenizer:
+        return known[1]
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: (item[1], item[0]))
+    specials = {attr: getattr(tokenizer, attr, None) for attr in _SPECIAL_ATTRS}
+    digest = hashlib.sha256(json.dumps([vocab, specials]).encode()).hexdigest()
+    with contextlib.suppress(TypeError):  # no weak references to it: computed every time
+        _FINGERPRINTS[key] = (weakref.ref(tokenizer), digest)
+    return digest

@@ -42,6 +42,11 @@ def _describe(choice: DraftChoice) -> str:
     lines = [
         f"method:    {choice.method}",
         f"draft:     {choice.draft or '-'}",
+        *(
+            [f"revision:  {choice.revision} (the commit checked; the draft is loaded from it)"]
+            if choice.revision
+            else []
+        ),
         f"reason:    {choice.reason}",
         f"source:    {choice.source}",
     ]
