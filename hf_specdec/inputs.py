@@ -25,11 +25,15 @@ _CONSUMED = (
     "output_hidden_states",
 )
 # Forwarded to the model where its `prepare_inputs_for_generation` passes them in plain decoding:
-# `token_type_ids` (each generated token takes its row's last prompt token's type, as
-# `_update_model_kwargs_for_generation` extends them) and images, as pixels or as the features
-# `generate` encodes them into (`mm_encoder_outputs`), given to the prefill alone.
-FORWARDED = ("token_type_ids", "pixel_values", "mm_encoder_outputs")
-_PER_TOKEN = ("token_type_ids",)
+# per-token types (GPT-2's token types; multimodal models' text / image token types), and images,
+# as pixels or as the features `generate` encodes them into (`mm_encoder_outputs`), usually given
+# to the prefill alone.
+FORWARDED = ("token_type_ids", "mm_token_type_ids", "pixel_values", "mm_encoder_outputs")
+# Per-token inputs: what each generated token takes (`_update_model_kwargs_for_generation`).
+_GENERATED_TOKENS_TAKE = {
+    "token_type_ids": lambda prompt: prompt[:, -1],  # the row's last prompt token's type
+    "mm_token_type_ids": lambda prompt: torch.zeros_like(prompt[:, -1]),  # text
+}
 
 
 class ModelInputs:
@@ -52,7 +56,9 @@ class ModelInputs:
         self._prefill = _passed_by_generate(model, input_ids, extras, first=True)
         self._step = _passed_by_generate(model, input_ids, extras, first=False)
         # Per row, the value of each per-token input that every generated token takes.
-        self._last = {key: extras[key][:, -1] for key in _PER_TOKEN if key in self._step}
+        self._last = {
+            key: take(extras[key]) for key, take in _GENERATED_TOKENS_TAKE.items() if key in self._step
+        }
 
     def prefill(self) -> dict[str, Any]:
         """The extra inputs of the prompt's forward."""
@@ -69,14 +75,25 @@ class ModelInputs:
 
 
 def _prompt_positions(position_ids: torch.Tensor | None, input_ids: torch.Tensor) -> torch.Tensor | None:
-    """generate's position ids of the prompt ([B, prompt_len]), or None where it made none."""
+    """generate's position ids of the prompt ([B, prompt_len]), or None where it made none.
+
+    Models whose rotary positions span several axes (Qwen-VL and kin: [axes, B, prompt_len]) give
+    text every axis the same position; the loop counts positions along one axis, which such a
+    model spreads over its axes again, so only text prompts can be taken."""
     if position_ids is None:
         return None
+    if position_ids.dim() == 3 and bool((position_ids == position_ids[:1]).all()):
+        position_ids = position_ids[0]  # text alone: the same positions on every axis
+    if position_ids.dim() == 3:
+        raise ValueError(
+            "speculative= cannot continue rotary positions that differ between axes (an image or video in "
+            f"a {list(position_ids.shape)} position_ids of a Qwen-VL-style model); use plain generate "
+            "for it, or speculate on text-only prompts."
+        )
     if position_ids.dim() != 2 or position_ids.shape[-1] != input_ids.shape[-1]:
         raise ValueError(
             f"speculative= takes position_ids of shape [batch, prompt_length] = {list(input_ids.shape)}, got "
-            f"{list(position_ids.shape)} (multi-dimensional rotary positions are not supported); drop "
-            "position_ids or use plain generate."
+            f"{list(position_ids.shape)}; drop position_ids or use plain generate."
         )
     return position_ids.expand(input_ids.shape[0], -1).to(input_ids.device)
 

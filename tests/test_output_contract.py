@@ -296,3 +296,35 @@ def test_transformers_own_tests():
     command = [sys.executable, str(runner), "--transformers", source, "--runs", "stock,ours,ours-tree"]
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+def _qwen3_vl() -> torch.nn.Module:
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    text = dict(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, pad_token_id=0, bos_token_id=1, eos_token_id=None, max_position_embeddings=256,
+    )  # fmt: skip
+    vision = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=32)
+    torch.manual_seed(0)
+    return Qwen3VLForConditionalGeneration(Qwen3VLConfig(text_config=text, vision_config=vision)).eval()
+
+
+def test_text_prompt_of_a_model_with_multi_axis_positions_like_plain():
+    """Qwen-VL-style models get position_ids over several rotary axes from generate; a text prompt's
+    are the same on every axis, and its mm_token_type_ids (all text) grow with zeros, as plain's."""
+    target, inputs = _qwen3_vl(), prompts("llama", 2)
+    inputs["mm_token_type_ids"] = torch.zeros_like(inputs["input_ids"])
+    draft = SpeculativeConfig(method="draft_model", draft=target, num_draft_tokens=3)
+    assert_like_plain(target, inputs, draft, compare_cache=False)
+
+
+def test_positions_that_differ_between_axes_are_refused():
+    """An image in such a model gives its tokens positions that differ between axes: refused, not guessed."""
+    from hf_specdec.inputs import ModelInputs
+
+    input_ids = torch.tensor([[7, 8, 9, 10]])
+    positions = torch.arange(4).expand(4, 1, 4).clone()
+    positions[1:, 0, 1:3] = 1  # two image tokens sharing a temporal position
+    with pytest.raises(ValueError, match="rotary positions that differ between axes.*use plain generate"):
+        ModelInputs(model("llama"), input_ids, {"position_ids": positions})
