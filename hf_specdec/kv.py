@@ -96,16 +96,9 @@ class RaggedKV:
         """
         width = tokens.shape[1]
         first = self.width == 0
-        start = self.lengths if self.offsets is None else self.lengths + self.offsets  # next positions
-        if positions is not None:
-            pass
-        elif tree is not None:
-            positions = start[:, None] + tree[1]
-        elif valid is None:  # every fed token is real: the common step, kept cheap
-            positions = start[:, None] + torch.arange(width, device=start.device)
-        else:
-            # Real tokens continue each row's own numbering; holes get any position, they are masked.
-            positions = (start[:, None] + valid.cumsum(dim=1) - 1).clamp_min(0)
+        given = positions is not None
+        if not given:
+            positions = self._next_positions(width, valid, tree)
         if valid is None:
             self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.shape[0], width)], dim=1)
             self.lengths = self.lengths + width
@@ -115,6 +108,7 @@ class RaggedKV:
             self.all_real = self.all_real and bool(valid.all())
         if first:
             self.prompt_width = width
+        if first and given:
             offsets = positions[:, -1] + 1 - self.lengths  # generate continues from the last position
             self.offsets = offsets if bool(offsets.any()) else None
         if tree is not None:
@@ -140,6 +134,18 @@ class RaggedKV:
         if not self.keeps_logits and logits_to_keep:
             out.logits = out.logits[:, -logits_to_keep:]
         return out
+
+    def _next_positions(
+        self, width: int, valid: torch.Tensor | None, tree: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> torch.Tensor:
+        """The positions of `width` tokens fed next, [B, width]: each row's numbering continued."""
+        start = self.lengths if self.offsets is None else self.lengths + self.offsets
+        if tree is not None:
+            return start[:, None] + tree[1]
+        if valid is None:  # every fed token is real: the common step, kept cheap
+            return start[:, None] + torch.arange(width, device=start.device)
+        # Real tokens continue each row's own numbering; holes get any position, they are masked.
+        return (start[:, None] + valid.cumsum(dim=1) - 1).clamp_min(0)
 
     def finished_cache(self) -> DynamicCache:
         """The cache to hand back at the end of a call: where every row holds just its sequence (no
