@@ -328,3 +328,21 @@ def test_positions_that_differ_between_axes_are_refused():
     positions[1:, 0, 1:3] = 1  # two image tokens sharing a temporal position
     with pytest.raises(ValueError, match="rotary positions that differ between axes.*use plain generate"):
         ModelInputs(model("llama"), input_ids, {"position_ids": positions})
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+@pytest.mark.parametrize("method", ["eagle", "medusa"])
+def test_every_output_like_plain_with_heads(method, tree):
+    """EAGLE and Medusa heads read the target's hidden states as they draft; asking for them as outputs
+    as well changes neither the drafts nor what is returned."""
+    from .conftest import random_batch, tiny_llama
+    from .drafters.test_heads import copied_layer_eagle, identity_medusa
+
+    target = tiny_llama(30, layers=1, eos_token_id=None)  # every row runs to max_new_tokens
+    target.set_attn_implementation("eager")
+    head = copied_layer_eagle(target) if method == "eagle" else identity_medusa(target)
+    input_ids, attention_mask = random_batch(seed=22, batch=3)
+    speculative = SpeculativeConfig(method=method, draft=head, num_draft_tokens=3, tree=tree)
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    plain, spec = assert_like_plain(target, inputs, speculative, compare_cache=False, max_new_tokens=12)
+    assert spec.speculative_stats.accepted > 0
