@@ -47,11 +47,6 @@ def check_supported(
         )
     if model_kwargs.get("inputs_embeds") is not None:
         raise ValueError("speculative= needs input_ids; inputs_embeds is not supported.")
-    if config.return_dict_in_generate and (config.output_attentions or config.output_hidden_states):
-        raise ValueError(
-            "speculative= does not return attentions or hidden states; drop output_attentions / "
-            "output_hidden_states (output_scores and output_logits are supported)."
-        )
     if streamer is not None and input_ids.shape[0] > 1:
         raise ValueError("A streamer takes one sequence: stream with batch size 1, or drop streamer=.")
     if cache is not None and cache.get_seq_length() > 0:

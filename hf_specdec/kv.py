@@ -10,8 +10,14 @@ Sliding-window layers (Mistral, Gemma-2/3, Starcoder2, EXAONE-4) are the excepti
 caches them in `DynamicSlidingWindowLayer`s, which drop what falls out of the window and then can
 no longer be cropped after a rejected draft; and the model's own window is counted in cache
 columns, which holes would stretch. So their layers keep every position (plain `DynamicLayer`s)
-and each forward gets attention masks built here, the window counted in real tokens: the same
-attention as plain decoding, at the price of keeping the whole context in those layers' cache.
+and each forward after the prompt's gets attention masks built here, the window counted in the
+places plain decoding's cache gives a row's tokens (the prompt's columns, its padding included,
+then the real tokens; holes take none): the same attention as plain decoding, at the price of
+keeping the whole context in those layers' cache. A call's cache goes back to transformers'
+sliding layers at its end where its rows hold no holes.
+
+The prompt's forward (the first) has no holes before it, so the model builds its own masks there,
+as in plain decoding's prefill, and its positions are `generate`'s own, which later tokens continue.
 """
 
 from __future__ import annotations
@@ -43,13 +49,20 @@ class RaggedKV:
         whatever its config says (tree drafts need one)."""
         self.model = model
         self.boolean_masks = boolean_masks
+        self.batch_size = batch_size
         self.cache = (
             cache if cache is not None else DynamicCache(config=model.config.get_text_config(decoder=True))
         )
+        # transformers' sliding window per cache layer (None: the layer attends to the whole context)
+        self.layer_windows = _layer_windows(model, self.cache)
         self.window_masks = _Masks.for_sliding_window(model, self.cache)
         self.tree_masks = self.window_masks  # built on the first tree draft for other models
         self.mask = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)  # [B, cache_len]
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # real tokens per row
+        # Per row, the position of its next token minus `lengths`: None (0) unless the prompt was fed
+        # with positions of its own (generate's, which after right padding do not count real tokens).
+        self.offsets: torch.Tensor | None = None
+        self.prompt_width = 0  # columns of the first forward: the prompt, padding included
         self.all_real = True  # whether `mask` has no hole: the model then needs no attention mask
         self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
 
@@ -64,6 +77,7 @@ class RaggedKV:
         logits_to_keep: int = 0,
         output_hidden_states: bool = False,
         tree: tuple[torch.Tensor, torch.Tensor] | None = None,
+        positions: torch.Tensor | None = None,
         **inputs: Any,
     ) -> Any:
         """Run the model on `tokens` [B, T] (only `valid` [B, T] ones are real; None: all) and cache them.
@@ -74,18 +88,17 @@ class RaggedKV:
         fed one level at a time (W then spans the levels fed before). Token i's position is the
         row's real-token count before this forward plus `depths[b, i]` (negative when earlier
         levels, counted there, are not all its ancestors).
+        `positions` [B, T], for the first forward only: the tokens' own positions (generate's
+        position ids of the prompt), which the row's later tokens then continue from its last.
         Returns the model output: `.logits` of the last `logits_to_keep` positions (all if 0),
         [B, T', V], and `.hidden_states` of every position when asked for. `inputs` go to the
-        model as they are (a draft head's features).
+        model as they are (a draft head's features, a model's extra inputs, output switches).
         """
         width = tokens.shape[1]
-        if tree is not None:
-            positions = self.lengths[:, None] + tree[1]
-        elif valid is None:  # every fed token is real: the common step, kept cheap
-            positions = self.lengths[:, None] + torch.arange(width, device=self.lengths.device)
-        else:
-            # Real tokens continue each row's own numbering; holes get any position, they are masked.
-            positions = (self.lengths[:, None] + valid.cumsum(dim=1) - 1).clamp_min(0)
+        first = self.width == 0
+        given = positions is not None
+        if not given:
+            positions = self._next_positions(width, valid, tree)
         if valid is None:
             self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.shape[0], width)], dim=1)
             self.lengths = self.lengths + width
@@ -93,13 +106,20 @@ class RaggedKV:
             self.mask = torch.cat([self.mask, valid], dim=1)
             self.lengths = self.lengths + valid.sum(dim=1)
             self.all_real = self.all_real and bool(valid.all())
+        if first:
+            self.prompt_width = width
+        if first and given:
+            offsets = positions[:, -1] + 1 - self.lengths  # generate continues from the last position
+            self.offsets = offsets if bool(offsets.any()) else None
         if tree is not None:
             if self.tree_masks is None:
                 self.tree_masks = _Masks.boolean() if self.boolean_masks else _Masks.for_trees(self.model)
-            attention_mask = self.tree_masks.build(self.mask, tokens.shape[1], tree[0], positions)
-        elif self.window_masks is not None:
-            attention_mask = self.window_masks.build(self.mask, tokens.shape[1])
+            attention_mask = self.tree_masks.build(self.mask, width, *tree, prompt_width=self.prompt_width)
+        elif self.window_masks is not None and not first:
+            attention_mask = self.window_masks.build(self.mask, width, prompt_width=self.prompt_width)
         else:
+            # The first forward has no holes before it: the model builds its own masks, as in plain
+            # decoding's prefill (a sliding window, an image's bidirectional attention).
             attention_mask = None if self.all_real else self.mask.long()
         out = self.model(
             input_ids=tokens,
@@ -114,6 +134,38 @@ class RaggedKV:
         if not self.keeps_logits and logits_to_keep:
             out.logits = out.logits[:, -logits_to_keep:]
         return out
+
+    def _next_positions(
+        self, width: int, valid: torch.Tensor | None, tree: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> torch.Tensor:
+        """The positions of `width` tokens fed next, [B, width]: each row's numbering continued."""
+        start = self.lengths if self.offsets is None else self.lengths + self.offsets
+        if tree is not None:
+            return start[:, None] + tree[1]
+        if valid is None:  # every fed token is real: the common step, kept cheap
+            return start[:, None] + torch.arange(width, device=start.device)
+        # Real tokens continue each row's own numbering; holes get any position, they are masked.
+        return (start[:, None] + valid.cumsum(dim=1) - 1).clamp_min(0)
+
+    def finished_cache(self) -> DynamicCache:
+        """The cache to hand back at the end of a call: where every row holds just its sequence (no
+        holes, no row dropped), sliding-window layers go back to transformers' own, cut to their
+        window as plain decoding leaves them; a ragged cache keeps its full layers."""
+        whole = self.mask.shape[0] == self.batch_size and bool(self.mask[:, self.prompt_width :].all())
+        if whole:
+            for i, window in enumerate(self.layer_windows):
+                layer = self.cache.layers[i]
+                if window is not None and type(layer) is DynamicLayer and layer.is_initialized:
+                    sliding = DynamicSlidingWindowLayer(sliding_window=window)
+                    sliding.update(layer.keys, layer.values)  # keeps the last window - 1 columns
+                    self.cache.layers[i] = sliding
+        return self.cache
+
+    def sequence_columns(self, row: int, end: int) -> torch.Tensor:
+        """Row `row`'s columns among the first `end` that plain decoding's cache would hold, in order:
+        the prompt's, its padding included, and the real tokens after it (no holes)."""
+        after = torch.nonzero(self.mask[row, self.prompt_width : end]).flatten() + self.prompt_width
+        return torch.cat([torch.arange(min(self.prompt_width, end), device=self.mask.device), after])
 
     def truncate(self, lengths: torch.Tensor) -> None:
         """Keep only the first `lengths[b]` real tokens of each row b; the rest become holes."""
@@ -140,6 +192,7 @@ class RaggedKV:
         self.cache.batch_select_indices(rows)
         self.mask = self.mask[rows]
         self.lengths = self.lengths[rows]
+        self.offsets = None if self.offsets is None else self.offsets[rows]
         self._crop_unused_tail()
 
     def _crop_unused_tail(self) -> None:
@@ -152,13 +205,22 @@ class RaggedKV:
         self.all_real = bool(self.mask.all())
 
 
+def _layer_windows(model: PreTrainedModel, cache: DynamicCache) -> list[int | None]:
+    """Per cache layer, the window transformers' cache would keep it to (None: the whole context)."""
+    return [
+        layer.sliding_window if isinstance(layer, DynamicSlidingWindowLayer) else None
+        for layer in cache.layers
+    ]
+
+
 class _Masks:
     """4D attention masks built here rather than by the model, for what its own masks cannot say.
 
     - Sliding-window layers whose cache keeps every position: query i of a forward (cache column
       `past + i`) sees the real tokens at columns up to its own, and on sliding layers only those
-      fewer than `window` real tokens before it (transformers' `sliding_window_overlay`,
-      `kv_idx > q_idx - sliding_window`, counted in tokens instead of columns).
+      fewer than `window` places before it (transformers' `sliding_window_overlay`,
+      `kv_idx > q_idx - sliding_window`, counted in places of plain decoding's cache instead of
+      columns of this one, which holds holes).
     - Tree drafts: among the tokens of a forward, each sees only its ancestors and itself.
     A hole or padding query sees only itself, so no softmax row is empty.
     """
@@ -213,7 +275,8 @@ class _Masks:
         mask: torch.Tensor,  # [B, cache_len], the new queries are its last columns
         new: int,
         visible: torch.Tensor | None = None,  # [B, new, W] for a tree draft: the last W columns
-        new_positions: torch.Tensor | None = None,  # [B, new] for a tree draft
+        new_depths: torch.Tensor | None = None,  # [B, new] for a tree draft: depth below the last token
+        prompt_width: int = 0,  # the first columns: a row's prompt, its padding included
     ) -> torch.Tensor | dict[str, torch.Tensor]:
         """One [B, 1, new, cache_len] mask, or one per layer type for models that mix them."""
         width = mask.shape[1]
@@ -228,9 +291,15 @@ class _Masks:
         for kind in self.types:
             allowed = causal
             if kind == "sliding_attention":
-                positions = mask.cumsum(dim=1) - 1  # [B, cache_len] real-token position of each column
-                if new_positions is not None:
-                    positions[:, past:] = new_positions
+                # Each column's place in its row's sequence as plain decoding's cache lays it out:
+                # the prompt's columns, its padding included (transformers counts the window in
+                # cache columns), then the real tokens; holes take no place.
+                counted = mask.clone()
+                counted[:, :prompt_width] = True
+                positions = counted.cumsum(dim=1) - 1  # [B, cache_len]
+                if new_depths is not None:  # tree nodes: siblings share a place
+                    before = positions[:, past - 1 : past] if past else positions.new_full((len(mask), 1), -1)
+                    positions[:, past:] = before + 1 + new_depths
                 distance = positions[:, past:, None] - positions[:, None, :]  # [B, new, cache_len]
                 allowed = causal & (distance < self.window)
             masks[kind] = self._format((allowed | itself)[:, None])

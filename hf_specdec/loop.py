@@ -7,6 +7,8 @@ plain decoding; this module only replaces the token-by-token loop.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,8 +20,9 @@ from .compat import generate_cache
 from .config import SpeculativeConfig
 from .draft import Draft, DraftRequest
 from .drafters import DRAFTERS, build_drafter
+from .inputs import ModelInputs
 from .kv import RaggedKV
-from .output import OutputCollector
+from .output import OutputCollector, TokenOutputs, prompt_outputs, step_outputs
 from .policy import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
 from .processing import ScoreProcessor
 from .stats import SpeculativeStats
@@ -41,6 +44,7 @@ def speculative_decode(
 ) -> Any:
     """Generate with speculative decoding; returns what `generate` would (plus `speculative_stats`)."""
     check_supported(model, input_ids, generation_config, model_kwargs, streamer)
+    inputs = ModelInputs(model, input_ids, model_kwargs)
     speculative = resolve_method(speculative, model)
     drafter = build_drafter(speculative, model, tokenizer)
     if generation_config.do_sample and not drafter.supports_sampling:
@@ -71,13 +75,22 @@ def speculative_decode(
     layers = drafter.hidden_state_layers
     features = _Features(layers, batch)
     prompt_mask = out.attention_mask.bool()
-    prefill = target.forward(input_ids, prompt_mask, logits_to_keep=1, output_hidden_states=bool(layers))
+    returned = _Returned(out, target, bool(layers))
+    prefill = target.forward(
+        input_ids,
+        prompt_mask,
+        logits_to_keep=1,
+        positions=inputs.prompt_positions,
+        **returned.switches,
+        **inputs.prefill(),
+    )
     features.add(prefill, prompt_mask, list(range(batch)), torch.arange(batch, device=device))
     if out.active_rows:  # none when the prompt already fills max_length
         rows = out.active_rows
         request = _request(out, rows, 0, generation_config, score, features)
         no_draft = Draft.empty(len(rows), device)
         first = _accept(request, no_draft, prefill.logits[rows])
+        first.extras = returned.prompt(prefill, rows)
         stats.draft_lengths.append(0)
         _emit(out, stats, request, no_draft, first, stopping_criteria)
 
@@ -106,7 +119,8 @@ def speculative_decode(
         draft = drafter.propose(request) if k > 0 else Draft.empty(len(rows), device)
         draft = policy.trim(draft, len(rows), [out.room(r) for r in rows])
         drafted_at = clock(device)
-        step = _verify(target, slots, request, draft, features)
+        extra_inputs = functools.partial(inputs.step, rows=cached_rows)
+        step = _verify(target, slots, request, draft, features, returned, extra_inputs)
         verified_at = clock(device)
 
         drafter.observe(draft, step.accepted)
@@ -118,7 +132,7 @@ def speculative_decode(
         stats.verify_seconds += verified_at - drafted_at
 
     stats.emitted = out.emitted
-    return out.finish(stats, target.cache)
+    return out.finish(stats, target.finished_cache())
 
 
 def _request(
@@ -160,11 +174,11 @@ def _emit(
     for b, row in enumerate(request.row_ids):
         n = step.accepted[b] + 1  # accepted drafts and the target's own token
         stats.record_step(draft.lengths[b], step.accepted[b], depths[b])
-        # The positions the emitted tokens were chosen at: along the accepted path of a tree.
-        at = slice(0, n) if step.paths is None else [0] + [1 + node for node in step.paths[b]]
+        at = slice(0, n) if step.paths is None else step.fed(b)
         scores = step.scores[b, at] if out.keep_scores else None  # sliced only when returned
         logits = step.logits[b, at] if out.keep_logits else None
-        out.emit(row, step.tokens[b, :n], scores, logits, stopping_criteria)
+        extras = None if step.extras is None else step.extras[b]
+        out.emit(row, step.tokens[b, :n], scores, logits, stopping_criteria, extras)
 
 
 @dataclass
@@ -174,16 +188,30 @@ class _Verified:
     scores: torch.Tensor  # [B, k + 1, V] processed target scores at those positions
     logits: torch.Tensor  # [B, k + 1, V] raw target logits
     paths: list[list[int]] | None = None  # tree drafts: the accepted nodes of each row, root first
+    extras: list[TokenOutputs] | None = None  # [B] attentions and hidden states, when returned
+
+    def fed(self, b: int) -> list[int]:
+        """The fed positions row b's emitted tokens were chosen at: along the accepted path of a tree."""
+        if self.paths is None:
+            return list(range(self.accepted[b] + 1))
+        return [0] + [1 + node for node in self.paths[b]]
 
 
 def _verify(
-    target: RaggedKV, slots: list[int], request: DraftRequest, draft: Draft, features: _Features
+    target: RaggedKV,
+    slots: list[int],
+    request: DraftRequest,
+    draft: Draft,
+    features: _Features,
+    returned: _Returned,
+    inputs: Callable[[int], dict[str, Any]],
 ) -> _Verified:
     """One target forward over [last token, draft...] per row; accept; roll the cache back.
 
     The target's cache holds every token of a row but its last, so the logits at position i of
     this forward are the target's prediction for draft token i (and, after the draft, the bonus).
     Request row b sits at `slots[b]` of the target's batch; other (finished) rows get holes.
+    `inputs(width)`: the model's extra inputs for a forward of that width.
     """
     device = draft.tokens.device
     width = 1 + draft.tokens.shape[1]
@@ -204,9 +232,11 @@ def _verify(
         valid_all = valid.new_zeros(target.mask.shape[0], width).index_copy_(0, index, valid)
         tree_all = None if tree is None else _tree_layout(draft.parents, target.mask.shape[0], index)
     output = target.forward(
-        feed_all, valid_all, logits_to_keep=width, output_hidden_states=bool(features.layers), tree=tree_all
+        feed_all, valid_all, logits_to_keep=width, tree=tree_all, **returned.switches, **inputs(width)
     )
     step = _accept(request, draft, output.logits if whole else output.logits[index])
+    if returned.wanted:  # before the cache is rolled back: the columns each token attended to
+        step.extras = returned.step(output, slots, step, width)
     if step.paths is not None:  # move each row's accepted path to the front of its fed columns
         order = torch.arange(width, device=device).repeat(target.mask.shape[0], 1)
         for b, path in enumerate(step.paths):
@@ -267,6 +297,42 @@ def _tree_layout(
     visible_all = torch.eye(width, dtype=torch.bool, device=parents.device).repeat(batch, 1, 1)
     depths_all = torch.arange(width, device=parents.device).repeat(batch, 1)
     return visible_all.index_copy_(0, slots, visible), depths_all.index_copy_(0, slots, depths)
+
+
+class _Returned:
+    """The attentions and hidden states a call returns, sliced from the target's forwards."""
+
+    def __init__(self, out: OutputCollector, target: RaggedKV, drafter_hidden_states: bool) -> None:
+        self.out = out
+        self.target = target
+        self.wanted = out.keep_attentions or out.keep_hidden_states
+        self.switches = {}  # asked of every target forward: only then does the model compute them
+        if out.keep_attentions:
+            self.switches["output_attentions"] = True
+        if out.keep_hidden_states or drafter_hidden_states:
+            self.switches["output_hidden_states"] = True
+
+    def prompt(self, output: Any, rows: list[int]) -> list[TokenOutputs] | None:
+        if not self.wanted:
+            return None
+        keep = self.out.keep_attentions, self.out.keep_hidden_states
+        return [prompt_outputs(output, row, *keep) for row in rows]
+
+    def step(self, output: Any, slots: list[int], step: _Verified, width: int) -> list[TokenOutputs]:
+        past = self.target.width - width
+        return [
+            step_outputs(
+                output,
+                slot,
+                self.target.sequence_columns(slot, past),
+                past,
+                step.fed(b),
+                self.target.layer_windows,
+                self.out.keep_attentions,
+                self.out.keep_hidden_states,
+            )
+            for b, slot in enumerate(slots)
+        ]
 
 
 class _Features:

@@ -45,10 +45,16 @@ class OutputCollector:
         self.lengths = [self.prompt_len] * batch
         self.finished = [self.prompt_len >= self.capacity] * batch
         self.streamer = streamer
-        self.keep_scores = bool(generation_config.return_dict_in_generate and generation_config.output_scores)
-        self.keep_logits = bool(generation_config.return_dict_in_generate and generation_config.output_logits)
+        returned = bool(generation_config.return_dict_in_generate)
+        self.keep_scores = returned and bool(generation_config.output_scores)
+        self.keep_logits = returned and bool(generation_config.output_logits)
+        self.keep_attentions = returned and bool(generation_config.output_attentions)
+        self.keep_hidden_states = returned and bool(generation_config.output_hidden_states)
         self.scores: list[list[torch.Tensor]] = [[] for _ in range(batch)]  # per row, [1, V] a token
         self.logits: list[list[torch.Tensor]] = [[] for _ in range(batch)]
+        # Per row, per token: a tuple over layers, as plain generate's step for it (see `TokenOutputs`).
+        self.attentions: list[list[tuple[torch.Tensor, ...]]] = [[] for _ in range(batch)]
+        self.hidden_states: list[list[tuple[torch.Tensor, ...]]] = [[] for _ in range(batch)]
         self.emitted = 0
 
     @property
@@ -69,6 +75,7 @@ class OutputCollector:
         scores: torch.Tensor | None,  # [n, V] processed target scores they were chosen from
         logits: torch.Tensor | None,  # [n, V] raw target logits (each needed only when returned)
         stopping_criteria: StoppingCriteriaList,
+        extras: TokenOutputs | None = None,  # attentions and hidden states, when returned
     ) -> None:
         """Append tokens to a row one at a time, stopping at the first that ends the row."""
         start = self.lengths[row]
@@ -93,6 +100,9 @@ class OutputCollector:
         self.emitted += n
         if self.keep_logits:
             self.logits[row].extend(logits[:n].float()[:, None])
+        if extras is not None:
+            self.attentions[row].extend(extras.attentions[:n])
+            self.hidden_states[row].extend(extras.hidden_states[:n])
         if self.streamer is not None and n:
             self.streamer.put(tokens[:n].cpu())
 
@@ -109,10 +119,13 @@ class OutputCollector:
                 sequences[row, row_length:] = pad if pad is not None else 0
         if not self.config.return_dict_in_generate:
             return sequences
+        steps = length - self.prompt_len
         return SpeculativeGenerateOutput(
             sequences=sequences,
             scores=self._per_step(self.scores, length) if self.keep_scores else None,
             logits=self._per_step(self.logits, length) if self.keep_logits else None,
+            attentions=_per_step_layers(self.attentions, steps) if self.keep_attentions else None,
+            hidden_states=_per_step_layers(self.hidden_states, steps) if self.keep_hidden_states else None,
             **{_CACHE_FIELD: cache},
             speculative_stats=stats,
         )
@@ -127,3 +140,78 @@ class OutputCollector:
             torch.cat([row[step] if step < len(row) else finished for row in per_row])
             for step in range(steps)
         )
+
+
+def _per_step_layers(
+    per_row: list[list[tuple[torch.Tensor, ...]]], steps: int
+) -> tuple[tuple[torch.Tensor, ...], ...]:
+    """Rows' per-token layer tuples regrouped per generation step, each layer's tensors joined over
+    rows, as generate returns attentions and hidden states. A row that had already finished gets
+    zeros there (plain generate ran its pad token through the model)."""
+    out = []
+    for step in range(steps):
+        present = next(row[step] for row in per_row if step < len(row))  # [1, ...] per layer
+        out.append(
+            tuple(
+                torch.cat([row[step][i] if step < len(row) else torch.zeros_like(layer) for row in per_row])
+                for i, layer in enumerate(present)
+            )
+        )
+    return tuple(out)
+
+
+@dataclass
+class TokenOutputs:
+    """What plain generate returns per generated token beside its scores, for the tokens of one row's
+    step: `attentions[j]` / `hidden_states[j]` are token j's tuples over layers, each tensor sliced
+    to that row ([1, ...]) and to the positions plain decoding would have run for it."""
+
+    attentions: list[tuple[torch.Tensor, ...]]
+    hidden_states: list[tuple[torch.Tensor, ...]]
+
+
+def prompt_outputs(output: Any, row: int, keep_attentions: bool, keep_hidden_states: bool) -> TokenOutputs:
+    """The first token's: plain decoding's first forward is the whole prompt, every position of it."""
+    attentions = tuple(a[row : row + 1] for a in _attentions(output)) if keep_attentions else ()
+    hidden = tuple(h[row : row + 1] for h in output.hidden_states) if keep_hidden_states else ()
+    return TokenOutputs([attentions], [hidden])
+
+
+def _attentions(output: Any) -> tuple[torch.Tensor, ...]:
+    """A forward's attention weights per layer; none from a model that cannot return them (sdpa),
+    which plain generate returns as they come, an empty tuple a step."""
+    weights = tuple(output.attentions or ())
+    return weights if weights and weights[0] is not None else ()
+
+
+def step_outputs(
+    output: Any,
+    slot: int,
+    columns: torch.Tensor,  # [n] the row's cache columns before this forward, in plain's layout
+    past: int,  # cache columns before this forward (the fed tokens' keys follow them)
+    fed: list[int],  # the fed positions the row's emitted tokens were chosen at
+    layer_windows: list[int | None],
+    keep_attentions: bool,
+    keep_hidden_states: bool,
+) -> TokenOutputs:
+    """A verify forward's outputs for the tokens it emitted for cache row `slot`, as plain decoding
+    would have returned them token by token: each token's query alone, attending to the row's
+    sequence so far (its columns before this forward, then the fed tokens of the accepted path up to
+    itself). The columns left out, holes of rejected drafts and other branches of a tree, had
+    attention weight zero, so nothing is lost. A sliding-window layer keeps only its window's last
+    keys, as transformers' sliding cache gives them to a decoding step."""
+    weights = _attentions(output) if keep_attentions else ()
+    states = output.hidden_states if keep_hidden_states else ()
+    attentions, hidden = [], []
+    for j, query in enumerate(fed):
+        keys = torch.cat([columns, past + torch.tensor(fed[: j + 1], device=columns.device)])
+        attentions.append(
+            tuple(
+                layer[slot : slot + 1, :, query : query + 1].index_select(
+                    -1, keys[-window:] if window else keys
+                )
+                for layer, window in zip(weights, layer_windows)
+            )
+        )
+        hidden.append(tuple(h[slot : slot + 1, query : query + 1] for h in states))
+    return TokenOutputs(attentions, hidden)

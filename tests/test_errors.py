@@ -106,15 +106,10 @@ def _cases(target, small_vocab_draft):
             ValueError,
             r"vocabulary has 48 entries but the target's has 64.*Pass `draft_tokenizer=`",
         ),
-        "output_attentions": (
-            dict(speculative=NGRAM, output_attentions=True, return_dict_in_generate=True),
+        "unforwarded_model_input": (
+            dict(speculative=NGRAM, output_router_logits=True),
             ValueError,
-            r"does not return attentions or hidden states; drop output_attentions",
-        ),
-        "output_hidden_states": (
-            dict(speculative=NGRAM, output_hidden_states=True, return_dict_in_generate=True),
-            ValueError,
-            r"drop output_attentions / output_hidden_states",
+            r"would not pass 'output_router_logits' to the model: drop it, or use plain generate",
         ),
         "stop_strings_without_tokenizer": (
             dict(speculative=NGRAM, stop_strings=["x"]),

@@ -243,13 +243,13 @@ def test_real_call_counts_the_nodes_it_verified(target_no_eos, tree, monkeypatch
     nodes, depths, trees = 0, 0, 0
     verify = hf_specdec.loop._verify
 
-    def spy(target, slots, request, draft, features):
+    def spy(target, slots, request, draft, *rest):
         nonlocal nodes, depths, trees
         nodes += sum(draft.lengths)
         if draft.parents is not None:
             depths += sum(draft.depths())
             trees += sum(n > 0 for n in draft.lengths)
-        return verify(target, slots, request, draft, features)
+        return verify(target, slots, request, draft, *rest)
 
     monkeypatch.setattr(hf_specdec.loop, "_verify", spy)
     input_ids, attention_mask = _repetitive_batch(1, 3)

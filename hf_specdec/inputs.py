@@ -1,0 +1,127 @@
+"""The model inputs `generate` prepared besides the prompt: forwarded as plain decoding would, or refused.
+
+`generate` hands a custom loop every keyword the model accepts (`model_kwargs`). The loop builds the
+tokens, attention mask, positions and cache of each forward itself; anything else is either one of
+the inputs below, forwarded to the forwards plain decoding would give it to, or refused with an
+error naming it. Nothing is dropped silently: a model given an input it was meant to see and
+decoding without it would still produce fluent, wrong text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+# Read by the loop itself: the prompt's mask and positions, the cache, and output switches.
+_CONSUMED = (
+    "attention_mask",
+    "position_ids",
+    "cache",
+    "past_key_values",
+    "use_cache",
+    "logits_to_keep",
+    "output_attentions",
+    "output_hidden_states",
+)
+# Forwarded to the model where its `prepare_inputs_for_generation` passes them in plain decoding:
+# per-token types (GPT-2's token types; multimodal models' text / image token types), and images,
+# as pixels or as the features `generate` encodes them into (`mm_encoder_outputs`), usually given
+# to the prefill alone.
+FORWARDED = ("token_type_ids", "mm_token_type_ids", "pixel_values", "mm_encoder_outputs")
+# Per-token inputs: what each generated token takes (`_update_model_kwargs_for_generation`).
+_GENERATED_TOKENS_TAKE = {
+    "token_type_ids": lambda prompt: prompt[:, -1],  # the row's last prompt token's type
+    "mm_token_type_ids": lambda prompt: torch.zeros_like(prompt[:, -1]),  # text
+}
+
+
+class ModelInputs:
+    """What each target forward of a call gets besides its tokens, mask, positions and cache."""
+
+    def __init__(self, model: Any, input_ids: torch.Tensor, model_kwargs: dict[str, Any]) -> None:
+        given = {key: value for key, value in model_kwargs.items() if value is not None}
+        unknown = sorted(key for key in given if key not in _CONSUMED and key not in FORWARDED)
+        if "cache_position" in unknown and _is_default_cache_position(given["cache_position"], input_ids):
+            unknown.remove("cache_position")  # what older 5.x `generate` derives for an empty cache
+        if unknown:
+            raise ValueError(
+                f"speculative= would not pass {', '.join(map(repr, unknown))} to the model: drop "
+                f"{'them' if len(unknown) > 1 else 'it'}, or use plain generate for "
+                f"{'them' if len(unknown) > 1 else 'it'} (besides the prompt, its attention_mask and "
+                f"position_ids, speculative= forwards {', '.join(FORWARDED)})."
+            )
+        self.prompt_positions = _prompt_positions(given.get("position_ids"), input_ids)
+        extras = {key: given[key] for key in FORWARDED if key in given}
+        self._prefill = _passed_by_generate(model, input_ids, extras, first=True)
+        self._step = _passed_by_generate(model, input_ids, extras, first=False)
+        # Per row, the value of each per-token input that every generated token takes.
+        self._last = {
+            key: take(extras[key]) for key, take in _GENERATED_TOKENS_TAKE.items() if key in self._step
+        }
+
+    def prefill(self) -> dict[str, Any]:
+        """The extra inputs of the prompt's forward."""
+        return self._prefill
+
+    def step(self, width: int, rows: list[int]) -> dict[str, Any]:
+        """The extra inputs of a forward of `width` generated tokens per row, for cache rows that hold
+        the user's rows `rows`."""
+        inputs = {key: value for key, value in self._step.items() if key not in self._last}
+        for key, last in self._last.items():
+            select = slice(None) if len(rows) == len(last) else torch.tensor(rows, device=last.device)
+            inputs[key] = last[select][:, None].expand(-1, width)
+        return inputs
+
+
+def _prompt_positions(position_ids: torch.Tensor | None, input_ids: torch.Tensor) -> torch.Tensor | None:
+    """generate's position ids of the prompt ([B, prompt_len]), or None where it made none.
+
+    Models whose rotary positions span several axes (Qwen-VL and kin: [axes, B, prompt_len]) give
+    text every axis the same position; the loop counts positions along one axis, which such a
+    model spreads over its axes again, so only text prompts can be taken."""
+    if position_ids is None:
+        return None
+    if position_ids.dim() == 3 and bool((position_ids == position_ids[:1]).all()):
+        position_ids = position_ids[0]  # text alone: the same positions on every axis
+    if position_ids.dim() == 3:
+        raise ValueError(
+            "speculative= cannot continue rotary positions that differ between axes (an image or video in "
+            f"a {list(position_ids.shape)} position_ids of a Qwen-VL-style model); use plain generate "
+            "for it, or speculate on text-only prompts."
+        )
+    if position_ids.dim() != 2 or position_ids.shape[-1] != input_ids.shape[-1]:
+        raise ValueError(
+            f"speculative= takes position_ids of shape [batch, prompt_length] = {list(input_ids.shape)}, got "
+            f"{list(position_ids.shape)}; drop position_ids or use plain generate."
+        )
+    return position_ids.expand(input_ids.shape[0], -1).to(input_ids.device)
+
+
+def _is_default_cache_position(cache_position: Any, input_ids: torch.Tensor) -> bool:
+    expected = torch.arange(input_ids.shape[-1], device=input_ids.device)
+    return isinstance(cache_position, torch.Tensor) and torch.equal(cache_position.to(expected), expected)
+
+
+def _passed_by_generate(
+    model: Any, input_ids: torch.Tensor, extras: dict[str, Any], first: bool
+) -> dict[str, Any]:
+    """Which of `extras` plain decoding passes to the prefill (`first`) or to a later step, asked of
+    the model's own `prepare_inputs_for_generation` (models differ: Gemma 3 passes token_type_ids
+    to the prefill alone, GPT-2 to every step)."""
+    if not extras:
+        return {}
+    try:
+        prepared = model.prepare_inputs_for_generation(
+            input_ids,
+            next_sequence_length=None if first else 1,
+            is_first_iteration=first,
+            use_cache=True,
+            **extras,
+        )
+    except Exception as error:  # a model whose input preparation needs more than we can give it
+        raise ValueError(
+            f"speculative= could not tell how {type(model).__name__} takes {', '.join(extras)} during "
+            f"generation ({type(error).__name__}: {error}); drop them or use plain generate."
+        ) from error
+    return {key: prepared[key] for key in extras if prepared.get(key) is not None}
