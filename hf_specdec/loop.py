@@ -105,6 +105,7 @@ def speculative_decode(
         start = clock(device)  # every clock read waits for the device: the policy learns from these
         draft = drafter.propose(request) if k > 0 else Draft.empty(len(rows), device)
         draft = policy.trim(draft, len(rows), [out.room(r) for r in rows])
+        draft.check_token_ids(vocab, f"{type(drafter).__name__} (method={speculative.method!r})")
         drafted_at = clock(device)
         step = _verify(target, slots, request, draft, features)
         verified_at = clock(device)

@@ -13,6 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ..devices import execution_device
+from ..fields import check_fields
 from ..tokenizer_check import compare_tokenizers_once
 from .base import Drafter, options_to_config
 from .decoder import DecoderDrafter, TorchDecoder
@@ -41,6 +42,9 @@ class DraftModelConfig:
     tokenizer_verified: bool = False
     tree_top_k: int = 4
 
+    def __post_init__(self) -> None:
+        check_fields(self, ranges={"min_confidence": (0, 1), "tree_top_k": (1, None)})
+
 
 # Loaded drafts by (name, dtype, device): loading takes seconds, a generate call should not.
 # `clear_loaded()` (called by `hf_specdec.clear_cache()`) frees it.
@@ -51,15 +55,17 @@ def load_draft(name: str, target: PreTrainedModel) -> tuple[PreTrainedModel, Any
     """Load a draft model and its tokenizer with the target's dtype and device (cached)."""
     device = execution_device(target)  # not `target.device`: `meta` when device_map offloads its weights
     key = (str(name), target.dtype, str(device))
-    if key not in _LOADED:
+    loaded = _LOADED.get(key)
+    if loaded is None:
         model = AutoModelForCausalLM.from_pretrained(name, dtype=target.dtype).to(device).eval()
         try:
             tokenizer = AutoTokenizer.from_pretrained(name)
         except (OSError, ValueError):
             tokenizer = None
+        loaded = (model, tokenizer)
         _LOADED.clear()  # keep one draft in memory, not every one ever used
-        _LOADED[key] = (model, tokenizer)
-    return _LOADED[key]
+        _LOADED[key] = loaded  # returned as it is: another thread may clear the dict meanwhile
+    return loaded
 
 
 def clear_loaded() -> None:
@@ -112,7 +118,7 @@ class DraftModelDrafter(DecoderDrafter):
                 "SpeculativeConfig(method='draft_model', draft='repo/or/path') or draft=<a loaded model>."
             )
         if isinstance(config.draft, (str, Path)):
-            draft, draft_tokenizer = load_draft(str(config.draft), target)
+            draft, draft_tokenizer = _load_named_draft(str(config.draft), target)
         else:
             draft, draft_tokenizer = config.draft, config.draft_tokenizer
         if draft is target:
@@ -125,6 +131,21 @@ class DraftModelDrafter(DecoderDrafter):
                 tokenizer = _local_tokenizer(target)
             check_compatible(target, tokenizer, draft, draft_tokenizer)
         return cls(TorchDecoder(draft), options.min_confidence, execution_device(target), options.tree_top_k)
+
+
+def _load_named_draft(name: str, target: PreTrainedModel) -> tuple[PreTrainedModel, Any]:
+    """`load_draft`, saying when a name that is no local folder was also no repo the Hub gave us:
+    a relative path that does not exist reads as a repo id, and transformers blames the network."""
+    try:
+        return load_draft(name, target)
+    except OSError as err:
+        if Path(name).expanduser().exists():
+            raise
+        raise OSError(
+            f"draft={name!r} is not a local folder (there is no {Path(name).expanduser().resolve()}), and "
+            f"loading it as a Hub repo id failed: {err}\nCheck the path (a relative one starts from "
+            f"{Path.cwd()}), or the repo id and your connection to the Hub."
+        ) from err
 
 
 def _local_tokenizer(model: PreTrainedModel) -> Any:
