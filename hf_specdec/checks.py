@@ -18,6 +18,12 @@ def check_supported(
     model: Any, input_ids: torch.Tensor, config: GenerationConfig, model_kwargs: dict[str, Any], streamer: Any
 ) -> None:
     """Raise a clear error for anything speculative decoding here cannot reproduce losslessly."""
+    # Before the empty-prompt check: given inputs_embeds alone, `generate` passes empty input_ids.
+    if model_kwargs.get("inputs_embeds") is not None:
+        raise ValueError(
+            "speculative= needs input_ids; inputs_embeds is not supported: pass the prompt's token ids "
+            "as input_ids instead, or drop speculative=."
+        )
     if input_ids.shape[-1] == 0:
         raise ValueError(
             f"The prompt is empty (input_ids of shape {list(input_ids.shape)}); generation needs at least "
@@ -45,8 +51,6 @@ def check_supported(
             f"speculative= needs a DynamicCache it can roll back, got {type(cache).__name__} "
             "(a static, compiled or quantized cache). Drop cache_implementation= / cache=."
         )
-    if model_kwargs.get("inputs_embeds") is not None:
-        raise ValueError("speculative= needs input_ids; inputs_embeds is not supported.")
     if streamer is not None and input_ids.shape[0] > 1:
         raise ValueError("A streamer takes one sequence: stream with batch size 1, or drop streamer=.")
     if cache is not None and cache.get_seq_length() > 0:

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
+from torch import nn
 
 DraftLength = int | Literal["auto"] | Any
 
@@ -68,8 +69,15 @@ class SpeculativeConfig:
         if not isinstance(self.method, str):
             raise TypeError(f"`method` must be a string, got {type(self.method).__name__}.")
         _check_num_draft_tokens(self.num_draft_tokens)
+        if not isinstance(self.options, dict):
+            raise TypeError(
+                f"`options` must be a dict of the drafter's settings, e.g. options={{'max_ngram': 4}} for "
+                f"method='ngram' (or leave it out), got {self.options!r}."
+            )
         if isinstance(self.draft, (str, os.PathLike)):
             _check_draft_location(str(self.draft))
+        elif self.draft is not None:
+            _check_draft_object(self.draft)
 
     @classmethod
     def from_user(cls, value: Any) -> SpeculativeConfig | None:
@@ -110,6 +118,22 @@ def _check_num_draft_tokens(n: Any) -> None:
             f"The draft-length policy {type(n).__name__} lacks {missing}: a policy object needs "
             "draft_length, trim, update and expect_draft_cost (subclass hf_specdec.policy."
             "DraftLengthPolicy to inherit its no-op expect_draft_cost; FixedDraftLength is the simplest one)."
+        )
+
+
+def _check_draft_object(draft: Any) -> None:
+    """A draft given as an object must be a loaded model (or, for eagle/medusa, a head module) that
+    continues text as the target does: decoder-only."""
+    if not isinstance(draft, nn.Module):
+        raise TypeError(
+            "`draft` must be a local folder, a Hub repo id, or a loaded model (for method='eagle' or "
+            f"'medusa': a head folder, repo id or module); got {draft!r} ({type(draft).__name__})."
+        )
+    if getattr(getattr(draft, "config", None), "is_encoder_decoder", False):
+        raise ValueError(
+            f"The draft {type(draft).__name__} is an encoder-decoder model; a draft must be a decoder-only "
+            "causal LM that shares the target's tokenizer (one AutoModelForCausalLM loads), or use "
+            "method='ngram'."
         )
 
 

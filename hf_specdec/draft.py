@@ -91,3 +91,24 @@ class Draft:
                 depth.append(1 if parent < 0 else depth[parent] + 1)
             out.append(max(depth, default=0))
         return out
+
+    def check_token_ids(self, vocab_size: int, drafter: str) -> None:
+        """Refuse ids the target cannot embed: every column of `tokens` is fed to it, padding too.
+
+        One read of the ids' min and max to the host; the loop calls it right before its clock read,
+        which waits for the device anyway, so it adds a copy of two numbers but no stall.
+        """
+        if self.tokens.dtype not in (torch.long, torch.int):
+            raise TypeError(
+                f"The drafter {drafter} returned Draft.tokens of dtype {self.tokens.dtype}; token ids are "
+                "integers: return a torch.long tensor."
+            )
+        if self.tokens.numel() == 0:
+            return
+        low, high = torch.stack(torch.aminmax(self.tokens)).tolist()
+        if low < 0 or high >= vocab_size:
+            raise ValueError(
+                f"The drafter {drafter} proposed token id {low if low < 0 else high}, outside the target's "
+                f"vocabulary (ids 0..{vocab_size - 1}). Draft.tokens must hold the target's token ids, "
+                "padding past each row's length included (pad with 0)."
+            )

@@ -18,7 +18,13 @@ from transformers.generation.utils import GenerationMixin
 from .config import SpeculativeConfig
 from .loop import speculative_decode
 
-_ORIGINAL_GENERATE = GenerationMixin.generate
+# transformers' own `generate`, kept on the class the first time this module runs: a reload of this
+# module (notebook autoreload, `importlib.reload`) would otherwise read back our wrapper as "the
+# original", and every `generate` in the process would call itself.
+_KEPT_ORIGINAL = "_hf_specdec_original_generate"
+if _KEPT_ORIGINAL not in vars(GenerationMixin):
+    setattr(GenerationMixin, _KEPT_ORIGINAL, GenerationMixin.generate)
+_ORIGINAL_GENERATE = getattr(GenerationMixin, _KEPT_ORIGINAL)
 
 
 @functools.wraps(_ORIGINAL_GENERATE)

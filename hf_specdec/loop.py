@@ -118,6 +118,7 @@ def speculative_decode(
         start = clock(device)  # every clock read waits for the device: the policy learns from these
         draft = drafter.propose(request) if k > 0 else Draft.empty(len(rows), device)
         draft = policy.trim(draft, len(rows), [out.room(r) for r in rows])
+        draft.check_token_ids(vocab, f"{type(drafter).__name__} (method={speculative.method!r})")
         drafted_at = clock(device)
         extra_inputs = functools.partial(inputs.step, rows=cached_rows)
         step = _verify(target, slots, request, draft, features, returned, extra_inputs)

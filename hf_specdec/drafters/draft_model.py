@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ..config_check import checkpoint_problem
 from ..devices import execution_device
+from ..fields import check_fields
 from ..hub import download_model
 from ..tokenizer_check import compare_tokenizers_once
 from .base import Drafter, options_to_config
@@ -43,6 +44,9 @@ class DraftModelConfig:
     tokenizer_verified: bool = False
     tree_top_k: int = 4
 
+    def __post_init__(self) -> None:
+        check_fields(self, ranges={"min_confidence": (0, 1), "tree_top_k": (1, None)})
+
 
 # Loaded drafts by (name, dtype, device, trust_remote_code): loading takes seconds, a generate call
 # should not. `clear_loaded()` (called by `hf_specdec.clear_cache()`) frees it.
@@ -61,7 +65,8 @@ def load_draft(
     """
     device = execution_device(target)  # not `target.device`: `meta` when device_map offloads its weights
     key = (str(name), target.dtype, str(device), trust_remote_code)
-    if key not in _LOADED:
+    loaded = _LOADED.get(key)
+    if loaded is None:
         local = Path(name).expanduser().is_dir()
         folder = Path(name).expanduser() if local else download_model(str(name))
         problem = checkpoint_problem(folder, trust_remote_code=trust_remote_code, from_hub=not local)
@@ -75,9 +80,10 @@ def load_draft(
             tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
         except (OSError, ValueError):
             tokenizer = None
+        loaded = (model, tokenizer)
         _LOADED.clear()  # keep one draft in memory, not every one ever used
-        _LOADED[key] = (model, tokenizer)
-    return _LOADED[key]
+        _LOADED[key] = loaded  # returned as it is: another thread may clear the dict meanwhile
+    return loaded
 
 
 def clear_loaded() -> None:
@@ -130,7 +136,7 @@ class DraftModelDrafter(DecoderDrafter):
                 "SpeculativeConfig(method='draft_model', draft='repo/or/path') or draft=<a loaded model>."
             )
         if isinstance(config.draft, (str, Path)):
-            draft, draft_tokenizer = load_draft(
+            draft, draft_tokenizer = _load_named_draft(
                 str(config.draft), target, trust_remote_code=config.trust_remote_code
             )
         else:
@@ -145,6 +151,23 @@ class DraftModelDrafter(DecoderDrafter):
                 tokenizer = _local_tokenizer(target)
             check_compatible(target, tokenizer, draft, draft_tokenizer)
         return cls(TorchDecoder(draft), options.min_confidence, execution_device(target), options.tree_top_k)
+
+
+def _load_named_draft(
+    name: str, target: PreTrainedModel, *, trust_remote_code: bool = False
+) -> tuple[PreTrainedModel, Any]:
+    """`load_draft`, saying when a name that is no local folder was also no repo the Hub gave us:
+    a relative path that does not exist reads as a repo id, and transformers blames the network."""
+    try:
+        return load_draft(name, target, trust_remote_code=trust_remote_code)
+    except OSError as err:
+        if Path(name).expanduser().exists():
+            raise
+        raise OSError(
+            f"draft={name!r} is not a local folder (there is no {Path(name).expanduser().resolve()}), and "
+            f"loading it as a Hub repo id failed: {err}\nCheck the path (a relative one starts from "
+            f"{Path.cwd()}), or the repo id and your connection to the Hub."
+        ) from err
 
 
 def _local_tokenizer(model: PreTrainedModel) -> Any:

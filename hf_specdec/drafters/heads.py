@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from ..fields import check_fields
 from ..heads.layers import is_whole_vocab
 
 
@@ -25,6 +26,9 @@ class HeadDrafterConfig:
 
     min_confidence: float = 0.0
     tree_top_k: int = 4
+
+    def __post_init__(self) -> None:
+        check_fields(self, ranges={"min_confidence": (0, 1), "tree_top_k": (1, None)})
 
 
 def full_vocab_logits(logits: torch.Tensor, draft_vocab: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from ..draft import Draft, DraftRequest
+from ..fields import check_fields
 from .base import Drafter, options_to_config
 from .registry import register_drafter
 
@@ -39,8 +40,7 @@ class NgramConfig:
     max_matches: int = 8  # occurrences of an n-gram a tree draft branches over
 
     def __post_init__(self) -> None:
-        if self.max_matches < 1:
-            raise ValueError(f"ngram needs max_matches >= 1, got {self.max_matches}.")
+        check_fields(self, ranges={"max_ngram": (1, None), "min_ngram": (1, None), "max_matches": (1, None)})
         if not 1 <= self.min_ngram <= self.max_ngram:
             raise ValueError(
                 f"ngram needs 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}."

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..devices import execution_device
-from ..ort.session import OnnxDecoder
+from ..fields import check_fields
+from ..ort.session import PROVIDERS, OnnxDecoder
 from .base import options_to_config
 from .decoder import DecoderDrafter
 from .draft_model import check_compatible
@@ -44,6 +45,13 @@ class OnnxDraftConfig:
     min_confidence: float = 0.0
     tokenizer_verified: bool = False
     tree_top_k: int = 4
+
+    def __post_init__(self) -> None:
+        check_fields(
+            self,
+            ranges={"threads": (0, None), "min_confidence": (0, 1), "tree_top_k": (1, None)},
+            choices={"provider": PROVIDERS},
+        )
 
 
 @register_drafter

@@ -12,7 +12,9 @@ if TYPE_CHECKING:
 
     from ..config import SpeculativeConfig
 
-DRAFTERS: dict[str, type[Drafter]] = {}
+# Kept across a reload of this module (notebook autoreload): the drafters registered themselves when
+# their modules were imported, and a fresh dict would forget them all.
+DRAFTERS: dict[str, type[Drafter]] = globals().get("DRAFTERS", {})
 
 
 def register_drafter(cls: type[Drafter] | None = None, *, replace: bool = False) -> Any:
@@ -28,6 +30,8 @@ def register_drafter(cls: type[Drafter] | None = None, *, replace: bool = False)
             "a drafter does not need (observe, probe_seconds, hidden_state_layers)."
         )
     existing = DRAFTERS.get(cls.name)
+    if existing is not None and _same_definition(existing, cls):
+        replace = True  # its module was reloaded (importlib.reload, notebook autoreload)
     if existing is not None and existing is not cls and not replace:
         raise ValueError(
             f"A drafter named {cls.name!r} is already registered ({existing.__module__}."
@@ -36,6 +40,10 @@ def register_drafter(cls: type[Drafter] | None = None, *, replace: bool = False)
         )
     DRAFTERS[cls.name] = cls
     return cls
+
+
+def _same_definition(a: type, b: type) -> bool:
+    return (a.__module__, a.__qualname__) == (b.__module__, b.__qualname__)
 
 
 def build_drafter(config: SpeculativeConfig, target: PreTrainedModel, tokenizer: Any) -> Drafter:

@@ -12,7 +12,17 @@ from torch import nn
 from ..devices import execution_device
 from ..hub import download_repo_files
 from .eagle import EagleHeadConfig
-from .io import CONFIG_NAME, VARIANTS, WEIGHTS_NAME, build_head, check_head_matches, load_state, read_weights
+from .io import (
+    CONFIG_NAME,
+    VARIANTS,
+    WEIGHTS_NAME,
+    build_head,
+    check_head_matches,
+    check_saved_head,
+    head_config,
+    load_state,
+    read_weights,
+)
 from .medusa import MedusaHeadConfig
 from .published import load_published
 
@@ -48,14 +58,16 @@ def _load_ours(folder: Path, target: Any) -> nn.Module:
         raise ValueError(
             f"{folder / CONFIG_NAME} is not valid JSON ({err.msg}): the checkpoint is corrupt."
         ) from None
+    if not isinstance(raw, dict):
+        raise ValueError(
+            f"{folder / CONFIG_NAME} holds {json.dumps(raw)[:40]}, not a head config (a JSON object): "
+            "the checkpoint is corrupt; train or download the head again."
+        )
     raw.pop("format", None)
     method = raw.get("method")
     if method not in _CONFIGS:
         raise ValueError(f"{folder / CONFIG_NAME}: unknown head method {method!r}; expected eagle or medusa.")
-    try:
-        config = _CONFIGS[method](**raw)
-    except TypeError as err:
-        raise ValueError(f"{folder / CONFIG_NAME} does not describe a {method} head: {err}.") from None
+    config = head_config(_CONFIGS[method], raw, folder / CONFIG_NAME)
     if getattr(config, "variant", "eagle") not in VARIANTS:
         raise ValueError(
             f"{folder / CONFIG_NAME}: unknown EAGLE head variant {config.variant!r}; "
@@ -63,6 +75,7 @@ def _load_ours(folder: Path, target: Any) -> nn.Module:
         )
     check_head_matches(config, target, str(folder))
     state = read_weights(folder / WEIGHTS_NAME)
+    check_saved_head(folder)  # what still parses may have changed since it was saved
     head = build_head(config, target)
     vocab = state.get("draft_vocab")
     if vocab is not None and vocab.shape != head.draft_vocab.shape and hasattr(head, "set_draft_vocab"):

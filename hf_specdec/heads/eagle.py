@@ -16,10 +16,12 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import LlamaConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from transformers.utils import ModelOutput
 
 from ..devices import module_weight
+from ..fields import check_fields
 from .layers import DecoderLayer, RMSNorm, vocab_rows
 
 
@@ -50,6 +52,23 @@ class EagleHeadConfig:
     variant: str = "eagle"  # "eagle" (EAGLE-1/2 and ours: `EagleHead`) or "eagle3" (`Eagle3Head`)
     feature_layers: list[int] = field(default_factory=list)  # EAGLE-3: the target layers it reads
     method: str = "eagle"
+
+    def __post_init__(self) -> None:
+        sizes = ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads", "head_dim")
+        counts = ("target_num_layers", "draft_vocab_size", "max_position_embeddings")  # 0: unknown, or all
+        ranges = {**dict.fromkeys(sizes, (1, None)), **dict.fromkeys(counts, (0, None))}
+        check_fields(self, ranges={**ranges, "intermediate_size": (1, None), "rms_norm_eps": (0, 1)})
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"An EAGLE head's num_attention_heads ({self.num_attention_heads}) must be a multiple of its "
+                f"num_key_value_heads ({self.num_key_value_heads})."
+            )
+        rope_types = ("default", *sorted(ROPE_INIT_FUNCTIONS))
+        if self.rope_parameters.get("rope_type", "default") not in rope_types:
+            raise ValueError(
+                f"An EAGLE head's rope_parameters name rope_type {self.rope_parameters.get('rope_type')!r}; "
+                f"transformers knows {', '.join(map(repr, rope_types))}."
+            )
 
     @classmethod
     def for_target(cls, target: Any, draft_vocab_size: int = 0, **overrides: Any) -> EagleHeadConfig:

@@ -17,12 +17,14 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..devices import execution_device
+from ..manifest import MANIFEST_NAME, manifest_problem, write_manifest
 from .eagle import EagleHead, EagleHeadConfig
 from .eagle3 import Eagle3Head
 from .medusa import MedusaHead, MedusaHeadConfig
 
 CONFIG_NAME = "head_config.json"
 WEIGHTS_NAME = "head.safetensors"
+_BUILT_FROM = {"format": "hf-specdec head"}  # what a head folder's manifest says it holds
 VARIANTS = ("eagle", "eagle3")  # EagleHeadConfig.variant: EagleHead, Eagle3Head
 
 
@@ -35,7 +37,32 @@ def save_head(head: nn.Module, folder: str | Path) -> Path:
     save_file(state, str(tmp), metadata={"format": "pt", "producer": "hf-specdec"})
     tmp.replace(folder / WEIGHTS_NAME)  # never leave a half-written checkpoint under the real name
     (folder / CONFIG_NAME).write_text(json.dumps({"format": "hf-specdec", **head.config.to_dict()}, indent=2))
+    write_manifest(folder, _BUILT_FROM, files=[CONFIG_NAME, WEIGHTS_NAME])  # last: the folder is complete
     return folder
+
+
+def check_saved_head(folder: Path) -> None:
+    """Refuse a head folder whose files changed since `save_head` wrote them (truncated, overwritten,
+    deleted). Folders without a manifest (published heads, heads saved by older versions) pass."""
+    if not (folder / MANIFEST_NAME).exists():
+        return
+    problem = manifest_problem(folder, _BUILT_FROM)
+    if problem is not None:
+        raise ValueError(
+            f"The draft head in {folder} is corrupt ({problem}): delete {folder} and train the head again "
+            "(`hf-specdec train-draft`), or download it again."
+        )
+
+
+def head_config(config_cls: type, fields: dict[str, Any], path: Path) -> Any:
+    """`config_cls(**fields)` for the head config read from `path`, or an error naming the file."""
+    try:
+        return config_cls(**fields)
+    except (TypeError, ValueError) as err:
+        raise ValueError(
+            f"{path} does not describe a valid {config_cls.__name__}: {err} The checkpoint is corrupt or "
+            "was not written for hf-specdec: fix the file, or train or download the head again."
+        ) from None
 
 
 def build_head(config: EagleHeadConfig | MedusaHeadConfig, target: Any) -> nn.Module:

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..devices import module_weight
+from ..fields import check_fields
 from .layers import is_whole_vocab, vocab_rows
 
 
@@ -33,6 +34,15 @@ class MedusaHeadConfig:
     draft_vocab_size: int = 0  # 0: the whole vocabulary
     own_lm_heads: bool = False  # published Medusa: each head has its own full LM head
     method: str = "medusa"
+
+    def __post_init__(self) -> None:
+        check_fields(
+            self,
+            ranges={
+                **dict.fromkeys(("hidden_size", "vocab_size", "num_heads"), (1, None)),
+                **dict.fromkeys(("num_layers", "target_num_layers", "draft_vocab_size"), (0, None)),
+            },
+        )
 
     @classmethod
     def for_target(cls, target: Any, draft_vocab_size: int = 0, **overrides: Any) -> MedusaHeadConfig:

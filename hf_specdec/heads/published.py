@@ -27,7 +27,15 @@ from torch import nn
 
 from .eagle import EagleHeadConfig
 from .eagle3 import default_feature_layers
-from .io import CONFIG_NAME, WEIGHTS_NAME, build_head, check_head_matches, load_state, read_weights
+from .io import (
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    build_head,
+    check_head_matches,
+    head_config,
+    load_state,
+    read_weights,
+)
 from .medusa import MedusaHeadConfig
 
 EAGLE_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
@@ -76,12 +84,17 @@ def _eagle1(folder: Path, path: Path, state: dict[str, torch.Tensor], target: An
             f"{folder / 'config.json'}: an EAGLE head with {raw['num_hidden_layers']} layers; "
             "hf-specdec runs one-layer heads only."
         )
-    config = EagleHeadConfig(
-        **_llama_shape(raw, folder),
-        target=str(raw.get("_name_or_path", "") or ""),
-        fc_bias="fc.bias" in state,
-        input_norm=False,  # the reference's layer 0 has no input norm
-        attention_bias="layers.0.self_attn.q_proj.bias" in state,  # the reference's `qkv_bias` (Qwen heads)
+    config = head_config(
+        EagleHeadConfig,
+        dict(
+            **_llama_shape(raw, folder),
+            target=str(raw.get("_name_or_path", "") or ""),
+            fc_bias="fc.bias" in state,
+            input_norm=False,  # the reference's layer 0 has no input norm
+            # the reference's `qkv_bias` (Qwen heads)
+            attention_bias="layers.0.self_attn.q_proj.bias" in state,
+        ),
+        folder / "config.json",
     )
     check_head_matches(config, target, str(folder))
     head = build_head(config, target)
@@ -113,13 +126,17 @@ def _eagle3(
     draft_vocab_size = int(raw.get("draft_vocab_size") or shape["vocab_size"])
     if d2t is None and draft_vocab_size != shape["vocab_size"]:
         raise ValueError(f"{path} has no d2t map for its draft vocabulary of {draft_vocab_size} tokens.")
-    config = EagleHeadConfig(
-        **shape,
-        target=str(raw.get("_name_or_path", "") or ""),
-        draft_vocab_size=draft_vocab_size,
-        input_norm=True,
-        variant="eagle3",
-        feature_layers=list(_eagle3_layers(raw, text.num_hidden_layers, folder)),
+    config = head_config(
+        EagleHeadConfig,
+        dict(
+            **shape,
+            target=str(raw.get("_name_or_path", "") or ""),
+            draft_vocab_size=draft_vocab_size,
+            input_norm=True,
+            variant="eagle3",
+            feature_layers=list(_eagle3_layers(raw, text.num_hidden_layers, folder)),
+        ),
+        folder / "config.json",
     )
     check_head_matches(config, target, str(folder))
     head = build_head(config, target)
@@ -202,13 +219,17 @@ def _medusa(folder: Path, path: Path, target: Any) -> nn.Module:
             f"{path} has no LM head for Medusa head 0 ({f'0.{num_layers}.weight'}) with "
             f"medusa_num_layers={num_layers}; its tensors: {_some(state)}."
         )
-    config = MedusaHeadConfig(
-        hidden_size=lm_head.shape[1],
-        vocab_size=lm_head.shape[0],
-        num_heads=int(raw.get("medusa_num_heads", 0) or _count_heads(state)),
-        num_layers=num_layers,
-        target=str(raw.get("base_model_name_or_path", "") or ""),
-        own_lm_heads=True,
+    config = head_config(
+        MedusaHeadConfig,
+        dict(
+            hidden_size=lm_head.shape[1],
+            vocab_size=lm_head.shape[0],
+            num_heads=int(raw.get("medusa_num_heads", 0) or _count_heads(state)),
+            num_layers=num_layers,
+            target=str(raw.get("base_model_name_or_path", "") or ""),
+            own_lm_heads=True,
+        ),
+        folder / "config.json",
     )
     check_head_matches(config, target, str(folder))
     head = build_head(config, target)
@@ -239,9 +260,14 @@ def _read_config(folder: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ValueError(f"{folder} has head weights but no config.json: the checkpoint is incomplete.")
     try:
-        return json.loads(path.read_text())
+        raw = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise ValueError(f"{path} is not valid JSON ({err.msg}): the checkpoint is corrupt.") from None
+    if not isinstance(raw, dict):
+        raise ValueError(
+            f"{path} holds {json.dumps(raw)[:40]}, not a config (a JSON object): the checkpoint is corrupt."
+        )
+    return raw
 
 
 def _llama_shape(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
@@ -253,7 +279,7 @@ def _llama_shape(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
             vocab_size=int(raw["vocab_size"]),
             num_attention_heads=heads,
             num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
-            head_dim=int(raw.get("head_dim") or hidden // heads),
+            head_dim=int(raw.get("head_dim") or hidden // max(heads, 1)),  # 0 heads: EagleHeadConfig says so
             intermediate_size=int(raw["intermediate_size"]),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),  # the reference's EConfig default
             rope_parameters=_rope(raw, folder),
@@ -261,6 +287,11 @@ def _llama_shape(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
     except KeyError as err:
         raise ValueError(
             f"{folder / 'config.json'} lacks {err.args[0]!r}: not an EAGLE head config."
+        ) from None
+    except (TypeError, ValueError) as err:  # int("x"), float(None)...
+        raise ValueError(
+            f"{folder / 'config.json'} does not describe an EAGLE head's shape: its sizes and rms_norm_eps "
+            f"must be numbers ({type(err).__name__}: {err}). Fix the file, or download the head again."
         ) from None
 
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import shutil
-import tempfile
 import warnings
 import weakref
 from pathlib import Path
@@ -12,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..manifest import manifest_problem, remove_stale_staging, replace_folder, staging_folder, write_manifest
 from ..models import cache_dir
 from .export import export_onnx
 from .quantize import INT8_FORMAT
@@ -23,30 +22,27 @@ if TYPE_CHECKING:
 def quantized_copy(target: PreTrainedModel, tokenizer: Any = None) -> Path:
     """The int8 ONNX copy of `target` under `cache_dir()/onnx/<name>-<dtype>-int8`, exported on first
     use. The target's dtype is in the name: a bf16 and an fp32 load of one checkpoint have different
-    weights, and each keeps its own copy instead of rebuilding the other's."""
+    weights, and each keeps its own copy instead of rebuilding the other's. A copy whose files do
+    not match the manifest written with them (truncated, overwritten, deleted) is rebuilt."""
     name = Path(str(getattr(target, "name_or_path", "") or "")).name or type(target).__name__
     weights = weights_fingerprint(target)  # "<dtype>:<digest>"
     folder = cache_dir() / "onnx" / f"{name}-{weights.split(':')[0]}-int8"
-    fingerprint = f"{INT8_FORMAT}:{weights}"
-    stamp = folder / "hf_specdec_fingerprint.txt"
-    if stamp.exists() and stamp.read_text() == fingerprint:
+    built_from = {"format": INT8_FORMAT, "weights": weights}
+    remove_stale_staging(folder.parent)  # what crashed exports of any model left (GBs for a large one)
+    problem = manifest_problem(folder, built_from)
+    if problem is None:
         return folder
     if folder.exists():
-        warnings.warn(
-            f"{folder} holds a copy of another model, or one in an older format; rebuilding it.", stacklevel=5
-        )
+        warnings.warn(f"Rebuilding the int8 ONNX copy in {folder}: {problem}.", stacklevel=5)
     warnings.warn(
         f"Building an int8 ONNX copy of the target in {folder} (once; minutes for a 100M+ model).",
         stacklevel=5,
     )
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
-        staging = Path(tmp) / "model"
+    with staging_folder(folder.parent) as tmp:  # removes the staging folders of crashed exports
+        staging = tmp / "model"
         export_onnx(target, staging, quantize="int8", tokenizer=tokenizer)
-        (staging / stamp.name).write_text(fingerprint)
-        if folder.exists():
-            shutil.rmtree(folder)
-        staging.rename(folder)  # atomic: a crash never leaves a half-written cache
+        write_manifest(staging, built_from)
+        replace_folder(folder, staging)
     return folder
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from .layout import require
 from .progress import quiet
 
-# What `quantize="int8"` writes; part of the quantized copies' cache stamp, so that copies in an
+# What `quantize="int8"` writes; recorded in the quantized copies' manifest, so that copies in an
 # older format are rebuilt.
 INT8_FORMAT = "matmulnbits-8bit-block32-sym-int8compute, num_logits_to_keep, tree_attention_mask"
 

@@ -14,6 +14,7 @@ from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
 from .kv import OrtKV
 from .layout import LOGITS_TO_KEEP, TREE_MASK, find_model_file, kv_shape, require
 
+PROVIDERS = ("auto", "cpu", "cuda")  # what `provider=` may name
 _NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 _TORCH = {np.float32: torch.float32, np.float16: torch.float16}
 
@@ -80,8 +81,8 @@ class OnnxDecoder:
     @classmethod
     def _load(cls, folder: Path, provider: str, threads: int, target_device: torch.device) -> OnnxDecoder:
         ort = require("onnxruntime")
-        if provider not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"provider must be 'auto', 'cpu' or 'cuda', got {provider!r}.")
+        if provider not in PROVIDERS:
+            raise ValueError(f"provider must be one of {', '.join(map(repr, PROVIDERS))}, got {provider!r}.")
         if not folder.is_dir():
             raise FileNotFoundError(f"ONNX draft folder {folder} does not exist.")
         path = find_model_file(folder)

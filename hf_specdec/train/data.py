@@ -8,6 +8,7 @@ used as it is. The target's features and next-token predictions are computed lat
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,10 +74,9 @@ def build_sequences(
         "answers_per_prompt": answers_per_prompt,
         "target": str(getattr(model, "name_or_path", "")),
     }
-    if cache_file.is_file():
-        cached = torch.load(cache_file, weights_only=True)
-        if cached.get("key") == json.dumps(key):
-            return [Sequence(ids, int(start)) for ids, start in zip(cached["ids"], cached["answer_starts"])]
+    cached = read_cache_file(cache_file)
+    if cached is not None and cached.get("key") == json.dumps(key):
+        return [Sequence(ids, int(start)) for ids, start in zip(cached["ids"], cached["answer_starts"])]
     if isinstance(source[0], str):
         sequences = _corpus_sequences(tokenizer, source, max_length)
     else:
@@ -103,6 +103,19 @@ def build_sequences(
     )
     tmp.replace(cache_file)  # an interrupted save never leaves a cache that looks complete
     return sequences
+
+
+def read_cache_file(path: Path) -> dict[str, Any] | None:
+    """What `torch.save` wrote to `path` for a later run, or None when there is none; a damaged one
+    is recomputed, with a warning, instead of failing every run until someone deletes it."""
+    if not path.is_file():
+        return None
+    try:
+        cached = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises UnpicklingError, RuntimeError, EOFError... for one bad file
+        warnings.warn(f"{path} cannot be read ({type(err).__name__}); computing it again.", stacklevel=3)
+        return None
+    return cached if isinstance(cached, dict) else None
 
 
 def _corpus_sequences(tokenizer: Any, chunks: list[str], max_length: int) -> list[Sequence]:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from .data import Sequence
+from .data import Sequence, read_cache_file
 
 
 @dataclass
@@ -28,13 +28,12 @@ def cached_target_features(
     """`target_features`, kept in `cache_file` so that resuming (or training another head on the
     same text) does not run the target over everything again."""
     key = [len(sequences), sum(len(s.ids) for s in sequences), list(layers), str(model.name_or_path)]
-    if cache_file.is_file():
-        cached = torch.load(cache_file, weights_only=True)
-        if cached.get("key") == key:
-            return [
-                Example(s.ids, features, labels, s.answer_start)
-                for s, features, labels in zip(sequences, cached["features"], cached["labels"])
-            ]
+    cached = read_cache_file(cache_file)
+    if cached is not None and cached.get("key") == key:
+        return [
+            Example(s.ids, features, labels, s.answer_start)
+            for s, features, labels in zip(sequences, cached["features"], cached["labels"])
+        ]
     examples = target_features(model, sequences, layers)
     tmp = cache_file.with_suffix(".tmp")
     torch.save(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ from tqdm.auto import tqdm
 
 from ..heads import HEAD_METHODS
 from ..heads.eagle import EagleHeadConfig
-from ..heads.io import build_head, load_state, read_weights, save_head
+from ..heads.io import build_head, check_saved_head, load_state, read_weights, save_head
 from ..heads.medusa import MedusaHeadConfig
 from ..timing import clock
 from .features import Example
@@ -329,8 +330,22 @@ def _checkpoint(folder: Path, head: Any, optimizer: Any, state: dict[str, Any]) 
 def _resume(folder: Path, head: Any, optimizer: Any, state: dict[str, Any]) -> bool:
     if not (folder / STATE_NAME).is_file():
         return False
-    saved = torch.load(folder / STATE_NAME, weights_only=False)
+    # Tensors, numbers, strings and containers only: unpickling anything else could run code.
+    try:
+        saved = torch.load(folder / STATE_NAME, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise ValueError(
+            f"The training checkpoint {folder / STATE_NAME} cannot be read: it holds Python objects besides "
+            f"tensors and plain data, which could run code when loaded, so it was not. Delete {folder} to "
+            "train from the start."
+        ) from None
+    except Exception as err:  # torch raises RuntimeError, EOFError... for a damaged file
+        raise ValueError(
+            f"The training checkpoint {folder / STATE_NAME} cannot be read ({type(err).__name__}): it is "
+            f"damaged. Delete {folder} to train from the start."
+        ) from None
     weights = read_weights(folder / "head.safetensors")
+    check_saved_head(folder)
     if "draft_vocab" in weights:
         head.set_draft_vocab(weights["draft_vocab"])
     load_state(head, weights, folder / "head.safetensors")

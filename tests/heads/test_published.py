@@ -22,6 +22,7 @@ from hf_specdec.heads.eagle import EagleHead, EagleHeadConfig
 from hf_specdec.heads.eagle3 import Eagle3Head
 from hf_specdec.heads.io import build_head, save_head
 from hf_specdec.heads.medusa import MedusaHead
+from hf_specdec.manifest import MANIFEST_NAME
 from hf_specdec.selection import DraftChoice, known_heads, select_draft
 
 from ..conftest import assert_greedy_match, random_batch, tiny_llama
@@ -410,6 +411,7 @@ def test_head_saved_before_the_new_config_fields_still_loads(tmp_path, target):
     """head_config.json without attention_bias, max_position_embeddings, variant, feature_layers."""
     head = build_head(EagleHeadConfig.for_target(target, input_norm=True), target)
     saved = save_head(head, tmp_path / "old")
+    (saved / MANIFEST_NAME).unlink()  # versions of that time wrote no manifest
     path = saved / "head_config.json"
     config = json.loads(path.read_text())
     for key in ("attention_bias", "max_position_embeddings", "variant", "feature_layers"):
