@@ -25,6 +25,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     source.add_argument("--suite", default=None, help="prompt suite (default: specbench-train)")
     source.add_argument("--data", default=None, help="prompts (.jsonl) or a text corpus (.txt)")
     parser.add_argument("--minutes", type=float, default=30.0, help="training time (default 30)")
+    parser.add_argument(
+        "--max-steps", type=int, default=0, help="stop after this many steps if sooner (default 0: no cap)"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=192, help="answer length generated per prompt")
     parser.add_argument(
         "--answers-per-prompt",
@@ -49,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     config = TrainConfig(
         method=args.method,
         minutes=args.minutes,
+        max_steps=args.max_steps,
         unrolled_steps=args.unrolled_steps,
         medusa_heads=args.heads,
         draft_vocab_size=args.draft_vocab,

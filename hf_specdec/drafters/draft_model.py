@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from ..config_check import checkpoint_problem
 from ..devices import execution_device
 from ..fields import check_fields
-from ..hub import download_model
+from ..hub import HubFileError, download_model
 from ..tokenizer_check import compare_tokenizers_once
 from .base import Drafter, options_to_config
 from .decoder import DecoderDrafter, TorchDecoder
@@ -160,14 +160,17 @@ def _load_named_draft(
     a relative path that does not exist reads as a repo id, and transformers blames the network."""
     try:
         return load_draft(name, target, trust_remote_code=trust_remote_code)
-    except OSError as err:
+    except (OSError, HubFileError) as err:
         if Path(name).expanduser().exists():
             raise
-        raise OSError(
+        message = (
             f"draft={name!r} is not a local folder (there is no {Path(name).expanduser().resolve()}), and "
             f"loading it as a Hub repo id failed: {err}\nCheck the path (a relative one starts from "
             f"{Path.cwd()}), or the repo id and your connection to the Hub."
-        ) from err
+        )
+        if isinstance(err, HubFileError):
+            raise HubFileError(message, lasting=err.lasting) from err
+        raise OSError(message) from err
 
 
 def _local_tokenizer(model: PreTrainedModel) -> Any:

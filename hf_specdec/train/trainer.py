@@ -38,6 +38,7 @@ class TrainConfig:
 
     method: str = "eagle"
     minutes: float = 30.0  # training time, not counting data generation
+    max_steps: int = 0  # stop after this many optimizer steps too (0: the time budget alone)
     unrolled_steps: int = 3  # EAGLE: chained draft steps trained at once (training-time test)
     medusa_heads: int = 4
     draft_vocab_size: int = 8192  # most frequent target tokens the head scores; 0 = all
@@ -49,6 +50,16 @@ class TrainConfig:
     eval_every_minutes: float = 3.0
     save_every_minutes: float = 5.0
     seed: int = 0
+
+
+def _progress(state: dict[str, Any], budget: float, max_steps: int) -> float:
+    """How far training is, 0 to 1: by time, or by steps when a step cap comes first."""
+    by_time = state["seconds"] / budget if budget > 0 else 1.0
+    return min(1.0, max(by_time, state["step"] / max_steps if max_steps else 0.0))
+
+
+def _finished(state: dict[str, Any], budget: float, max_steps: int) -> bool:
+    return _progress(state, budget, max_steps) >= 1.0
 
 
 def train_head(target: Any, examples: list[Example], out: Path, config: TrainConfig) -> dict[str, Any]:
@@ -71,6 +82,8 @@ def train_head(target: Any, examples: list[Example], out: Path, config: TrainCon
     state = {"step": 0, "seconds": 0.0, "history": [], "epoch": 0}
     resumed = _resume(out / CHECKPOINT_DIR, head, optimizer, state)
     budget = config.minutes * 60
+    if config.max_steps < 0:
+        raise ValueError(f"max_steps must be 0 (no cap) or positive, got {config.max_steps}.")
     to_draft = _index_of(head.draft_vocab, head.config.vocab_size)
     device = next(head.parameters()).device  # the training budget counts what it computed
     last_eval = last_save = state["seconds"]
@@ -86,7 +99,7 @@ def train_head(target: Any, examples: list[Example], out: Path, config: TrainCon
         total=round(budget), initial=round(state["seconds"]), desc=f"training {config.method} head", unit="s"
     )
     try:
-        while state["seconds"] < budget:
+        while not _finished(state, budget, config.max_steps):
             for batch in _batches(train, config.batch_tokens, rng):
                 started = clock(device)
                 warmup = min(1.0, (state["step"] + 1) / 50)
@@ -95,7 +108,7 @@ def train_head(target: Any, examples: list[Example], out: Path, config: TrainCon
                         config.learning_rate
                         * warmup
                         * 0.5
-                        * (1 + math.cos(math.pi * state["seconds"] / budget))
+                        * (1 + math.cos(math.pi * _progress(state, budget, config.max_steps)))
                     )
                 head.train()
                 loss, _ = _loss(head, batch, to_draft, config)
@@ -108,10 +121,8 @@ def train_head(target: Any, examples: list[Example], out: Path, config: TrainCon
                 state["seconds"] += spent
                 bar.update(round(state["seconds"]) - bar.n)
                 bar.set_postfix(loss=f"{loss.item():.3f}", step=state["step"])
-                if (
-                    state["seconds"] - last_eval >= config.eval_every_minutes * 60
-                    or state["seconds"] >= budget
-                ):
+                finished = _finished(state, budget, config.max_steps)
+                if state["seconds"] - last_eval >= config.eval_every_minutes * 60 or finished:
                     estimate = evaluate(head, heldout, to_draft, config)
                     state["history"].append(
                         {"step": state["step"], "seconds": round(state["seconds"]), **estimate}
@@ -121,7 +132,7 @@ def train_head(target: Any, examples: list[Example], out: Path, config: TrainCon
                 if state["seconds"] - last_save >= config.save_every_minutes * 60:
                     _checkpoint(out / CHECKPOINT_DIR, head, optimizer, state)
                     last_save = state["seconds"]
-                if state["seconds"] >= budget:
+                if finished:
                     break
             state["epoch"] += 1
     except KeyboardInterrupt:

@@ -189,7 +189,7 @@ def sandbox(
 
 
 @pytest.fixture(scope="session")
-def target(tiny_repos: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> LlamaForCausalLM:
+def hub_target(tiny_repos: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> LlamaForCausalLM:
     """TARGET's weights loaded from a local folder whose config.json names the Hub repo (generate
     leaves the model as it was, so one serves every test)."""
     folder = tmp_path_factory.mktemp("target")

@@ -23,6 +23,8 @@ from hf_specdec.drafters.onnx import OnnxDraftConfig
 from hf_specdec.heads.eagle import EagleHeadConfig
 from hf_specdec.heads.io import CONFIG_NAME, build_head, save_head
 from hf_specdec.heads.medusa import MedusaHeadConfig
+from hf_specdec.hub import HubFileError
+from hf_specdec.manifest import MANIFEST_NAME
 
 from ..conftest import tiny_llama
 from ..heads.test_published import write_eagle1
@@ -85,6 +87,9 @@ def _with_head_config(edit: Callable[[dict], Any], method: str = "eagle") -> Cal
         folder = save_head(build_head(config_cls.for_target(target), target), tmp_path / "head")
         config = json.loads((folder / CONFIG_NAME).read_text())
         (folder / CONFIG_NAME).write_text(json.dumps(edit(config)))
+        # A hand-written config, as a published head's (no manifest): the config's own check answers,
+        # not the manifest's "this folder changed since it was saved".
+        (folder / MANIFEST_NAME).unlink()
         target.generate(
             input_ids=PROMPT, max_new_tokens=4, speculative=dict(method=method, draft=str(folder))
         )
@@ -158,7 +163,7 @@ CASES: dict[str, tuple[Callable[..., None], type[Exception], str]] = {
     ),
     "missing_relative_draft_folder": (
         _missing_relative_folder,
-        OSError,
+        HubFileError,  # a ValueError: the name is tried as a Hub repo id once no such folder exists
         r"(?s)draft='drafts/missing' is not a local folder \(there is no .*drafts/missing\).*"
         r"Check the path \(a relative one starts from",
     ),

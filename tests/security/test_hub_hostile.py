@@ -29,6 +29,12 @@ PROMPT = torch.tensor([[1, 5, 6, 7, 8, 5, 6]])
 PACKAGE = Path(hf_specdec.__file__).resolve().parent
 
 
+@pytest.fixture
+def target(hub_target):
+    """The Hub-named target (conftest's `hub_target`); the other security tests keep the plain one."""
+    return hub_target
+
+
 def generate(target, speculative=True, **kwargs):
     """`speculative` generation's stats, after checking its tokens are plain greedy `generate`'s."""
     plain = target.generate(PROMPT, max_new_tokens=10, do_sample=False)

@@ -44,9 +44,15 @@ def test_features_are_the_targets_hidden_states_and_greedy_tokens(target, exampl
     assert torch.equal(e.labels[e.answer_start - 1 : -1], e.ids[e.answer_start :])
 
 
+STEPS = {"eagle": 80, "medusa": 600}  # Medusa's heads, one linear layer each, learn more slowly
+
+
 @pytest.mark.parametrize("method", ["eagle", "medusa"])
 def test_training_lowers_the_loss_and_saves_a_lossless_head(target, examples, method, tmp_path):
-    config = TrainConfig(method=method, minutes=0.25, draft_vocab_size=48, eval_every_minutes=1, holdout=0.1)
+    # A step cap, not a time budget alone: on a loaded machine 15 s were too few steps to learn.
+    config = TrainConfig(
+        method=method, minutes=5, max_steps=STEPS[method], draft_vocab_size=48, eval_every_minutes=5, holdout=0.1
+    )
     head = _new_head(target, examples, config)
     to_draft = _index_of(head.draft_vocab, 64)
     with torch.no_grad():
@@ -57,7 +63,7 @@ def test_training_lowers_the_loss_and_saves_a_lossless_head(target, examples, me
         after = float(_loss(trained.float(), examples[:16], to_draft, config)[0])
     assert after < 0.8 * before, (before, after)
     saved = json.loads((tmp_path / "training.json").read_text())
-    assert saved["steps"] == log["steps"] > 10 and saved["history"][-1]["tau"] >= 1.0
+    assert saved["steps"] == log["steps"] == STEPS[method] and saved["history"][-1]["tau"] >= 1.0
     assert len(saved["history"][-1]["acceptance"]) == (3 if method == "eagle" else 4)
 
     input_ids, attention_mask = random_batch(seed=42, batch=3)
@@ -100,7 +106,8 @@ def test_train_draft_command_on_the_real_demo_model(smollm2_path, tmp_path, caps
 
     from hf_specdec.cli import main
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    # A fixed share of the README (~5k tokens, over MIN_TOKENS): the target's features cost grows with it.
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()[:10_000]
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(readme + "\n\n" + readme)
     out = tmp_path / "head"
