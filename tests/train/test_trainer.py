@@ -51,7 +51,12 @@ STEPS = {"eagle": 80, "medusa": 600}  # Medusa's heads, one linear layer each, l
 def test_training_lowers_the_loss_and_saves_a_lossless_head(target, examples, method, tmp_path):
     # A step cap, not a time budget alone: on a loaded machine 15 s were too few steps to learn.
     config = TrainConfig(
-        method=method, minutes=5, max_steps=STEPS[method], draft_vocab_size=48, eval_every_minutes=5, holdout=0.1
+        method=method,
+        minutes=5,
+        max_steps=STEPS[method],
+        draft_vocab_size=48,
+        eval_every_minutes=5,
+        holdout=0.1,
     )
     head = _new_head(target, examples, config)
     to_draft = _index_of(head.draft_vocab, 64)
