@@ -11,7 +11,11 @@ SmolLM2-135M-Instruct (the offline demo model, built from PyPI on first use) in 
    tie / mismatch by `hf_specdec.lossless.check_greedy` (mismatches must be 0);
 2. sampling smoke: the same methods with do_sample=True run to completion on the device;
 3. speed: plain vs each method at batch 1 and batch 8 (grounded prompts), interleaved, medians,
-   with every clock read synchronizing the device.
+   with every clock read synchronizing the device;
+4. policy ("why plain?"): ngram with `num_draft_tokens="auto"` on each grounded prompt at batch 1,
+   with what the policy saw and chose (`SpeculativeStats`: tokens asked for, widths verified and
+   their seconds per step), next to a sweep of fixed draft lengths, so one run shows whether `auto`
+   stays near the best fixed k and, where it does not, which timings made it decode plainly.
 
 Each section is timed and bounded (`--budget` seconds in all); what did not run says why.
 """
@@ -123,6 +127,41 @@ def speed(model, tokenizer, prompts, cases, device, new_tokens: int, repeats: in
     return report
 
 
+FIXED_KS = (2, 4, 8, 12, 16)
+
+
+def policy_trace(model, tokenizer, prompts, device, new_tokens: int) -> dict[str, Any]:
+    report: dict[str, Any] = {}
+    settings = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+    for prompt in [p for p in prompts if p.category in GROUNDED] or prompts[:2]:
+        inputs = batch_of(tokenizer, model, [prompt], 1, device)
+        timed(model, inputs, **settings)  # warm-up
+        plain_s = timed(model, inputs, **settings)[0]
+        seconds, out = timed(
+            model, inputs, **settings, speculative={"method": "ngram"}, return_dict_in_generate=True
+        )
+        stats = out.speculative_stats
+        widths = {}
+        for width, verify_s in zip(stats.verified_widths, stats.verify_times):
+            if verify_s is not None:
+                widths.setdefault(width, []).append(verify_s)
+        sweep = {}
+        for k in FIXED_KS:
+            spec = {"method": "ngram", "num_draft_tokens": k}
+            sweep[f"k{k}"] = round(plain_s / timed(model, inputs, **settings, speculative=spec)[0], 3)
+        report[f"{prompt.category} {prompt.id}"] = {
+            "auto_speedup": round(plain_s / seconds, 3),
+            "fixed_k_speedup": sweep,
+            "speculative_steps": stats.speculative_steps,
+            "steps": stats.steps,
+            "tokens_per_forward": round(stats.mean_accepted_length, 2),
+            "draft_lengths_asked": stats.draft_lengths,
+            "verified_widths": stats.verified_widths,
+            "verify_ms_by_width": {w: [round(1e3 * t, 3) for t in ts] for w, ts in sorted(widths.items())},
+        }
+    return report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda")
@@ -156,6 +195,7 @@ def main() -> None:
         ("lossless", lambda: lossless(model, tokenizer, prompts, cases, device, new_tokens)),
         ("sampling", lambda: sampling(model, tokenizer, prompts, cases, device, new_tokens)),
         ("speed", lambda: speed(model, tokenizer, prompts, cases, device, new_tokens, repeats)),
+        ("policy", lambda: policy_trace(model, tokenizer, prompts, device, new_tokens)),
     ]
     for name, run in sections:
         if clock("cpu") - started > args.budget:

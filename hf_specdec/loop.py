@@ -92,6 +92,8 @@ def speculative_decode(
         first = _accept(request, no_draft, prefill.logits[rows])
         first.extras = returned.prompt(prefill, rows)
         stats.draft_lengths.append(0)
+        stats.verified_widths.append(1)
+        stats.verify_times.append(None)
         _emit(out, stats, request, no_draft, first, stopping_criteria)
 
     seconds = drafter.probe_seconds(len(out.active_rows)) if out.active_rows else None
@@ -117,6 +119,7 @@ def speculative_decode(
 
         start = clock(device)  # every clock read waits for the device: the policy learns from these
         draft = drafter.propose(request) if k > 0 else Draft.empty(len(rows), device)
+        proposed_at = clock(device)
         draft = policy.trim(draft, len(rows), [out.room(r) for r in rows])
         draft.check_token_ids(vocab, f"{type(drafter).__name__} (method={speculative.method!r})")
         drafted_at = clock(device)
@@ -128,9 +131,12 @@ def speculative_decode(
         _emit(out, stats, request, draft, step, stopping_criteria)
         # Tree steps also tell the policy which nodes were accepted: what sizes the trees to come.
         paths = {} if step.paths is None else {"paths": step.paths}
-        policy.update(len(rows), draft, step.accepted, drafted_at - start, verified_at - drafted_at, **paths)
+        # The drafter's own time: the policy's cut is the loop's overhead, not a cost of drafting.
+        policy.update(len(rows), draft, step.accepted, proposed_at - start, verified_at - drafted_at, **paths)
         stats.draft_seconds += drafted_at - start
         stats.verify_seconds += verified_at - drafted_at
+        stats.verified_widths.append(1 + max(draft.lengths, default=0))
+        stats.verify_times.append(verified_at - drafted_at)
 
     stats.emitted = out.emitted
     return out.finish(stats, target.finished_cache())

@@ -15,7 +15,11 @@ target's choice. `check_greedy` classifies each output row:
 - `mismatch`: anything else, i.e. a bug.
 
 The bound is the drift rounding can cause through the model's depth, from the dtype the target ran
-in, at the scores' magnitude |s| with e = floor(log2 |s|):
+in, at the magnitude |s| of the row's largest score (e = floor(log2 |s|)). Every score of a row
+is the same final hidden state times a row of the LM head, so they share its rounding error,
+whatever their own size: two tokens scoring 3.3 and 3.2 in a row whose scores reach |28| drift as
+far apart as two scoring 28 and 27.9 (seen in bf16 on SmolLM2: feeding the same prefix one token
+or seven tokens at a time moved such a gap between 0.016 and 0.20).
 
 - float32: 1e-4 · max(|s|, 1) (about 1e-4 relative: the last bits of a 30-layer forward);
 - bfloat16: 4 · 2^(e - 7), four bf16 rounding steps at that magnitude (0.5 at 16-32). Up to three
@@ -153,7 +157,8 @@ def _classify(
     # How far below the best score the further of the two tokens lies (the top-two gap when they
     # are the top two).
     gap = best - min(float(scores[plain_token]), float(scores[spec_token]))
-    bound = rounding_bound(float(values.abs().max()), dtype)
+    finite = scores[torch.isfinite(scores)]  # processors mask tokens with -inf
+    bound = rounding_bound(float(finite.abs().max()), dtype)
     return RowCheck(TIE if gap <= bound else MISMATCH, at, plain_token, spec_token, top_two, gap, bound)
 
 

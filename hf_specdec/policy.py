@@ -39,7 +39,11 @@ from typing import Any, Protocol
 
 from .draft import Draft
 
-MAX_DRAFT = 12
+MAX_DRAFT = 16
+# Drafting must look this much faster than plain decoding to be chosen: noise in the figures must
+# not flip a step into a loss. Between draft lengths the faster one is taken as it is.
+PLAIN_MARGIN = 1.02
+FREE_DRAFT = 0.05  # asking for a draft costs less than this share of a plain step: ask every step
 _BUCKETS = 10
 
 
@@ -91,17 +95,27 @@ class FixedDraftLength:
 
 @dataclass
 class _Recent:
-    """The median of the last few timings: one stall (page fault, another process) must not
-    make a width look expensive for the rest of the call, as it would in a running mean."""
+    """The median of the last few timings, or the smaller of the first two: one stall (page fault,
+    another process, a GPU's first call at a new shape) must not make a width look expensive for
+    the rest of the call, as it would in a running mean. Such noise only ever adds time, so of two
+    timings the smaller is the better guess (their mean would keep half a stall)."""
 
     samples: list[float] = field(default_factory=list)
     keep: int = 5
-    value: float | None = None  # the median, kept current: the policy reads it many times a step
+    value: float | None = None  # kept current: the policy reads it many times a step
 
     def add(self, x: float) -> None:
         self.samples = [*self.samples[-(self.keep - 1) :], x]
         ordered, middle = sorted(self.samples), len(self.samples) // 2  # statistics.median, inlined
-        self.value = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+        if len(ordered) <= 2:
+            self.value = ordered[0]
+        else:
+            self.value = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+    @property
+    def confirmed(self) -> bool:
+        """Timed more than once: a single timing may have been a stall."""
+        return len(self.samples) > 1
 
 
 def _beta_mean(hits: float, trials: float, prior: float, weight: float) -> float:
@@ -268,11 +282,19 @@ class TreeAcceptance:
 class CostModel:
     """Measured costs: seconds per draft token, and verify seconds per (batch size, width), where a
     width is the tokens one row feeds the target (a plain step is width 1, a k-token draft k + 1).
-    Widths never measured are estimated from measured ones alone: no figure about any device."""
+    Widths never measured are estimated from measured ones alone: no figure about any device.
+
+    A width timed only once more dearly than steady costs can be (see `_predict`) is taken for a
+    stall or a GPU's first call at a new shape (several steps' worth): its figure is what the
+    widths timed more than once predict, so it gets tried again rather than written off for the
+    call, and a second timing says what it costs (of two, the smaller counts). Widths never
+    measured are predicted from every measured width as it stands.
+    """
 
     draft: _Recent = field(
         default_factory=_Recent
     )  # seconds per draft forward (a chain's token, a tree's level)
+    asks: _Recent = field(default_factory=_Recent)  # seconds per request for a draft, whatever came back
     verify_times: dict[tuple[int, int], _Recent] = field(default_factory=dict)  # (batch, width) -> seconds
     _predicted: dict[tuple[int, int], float | None] = field(default_factory=dict, repr=False, compare=False)
     _known: dict[int, dict[int, float]] = field(default_factory=dict, repr=False, compare=False)
@@ -303,41 +325,58 @@ class CostModel:
             self._predicted[key] = self._predict(batch_size, width)
         return self._predicted[key]
 
-    def _measured(self, batch_size: int) -> dict[int, float]:
-        """Width -> measured seconds at this batch size, or at the nearest one measured."""
+    def _measured(self, batch_size: int) -> dict[int, _Recent]:
+        """Width -> its timings at this batch size, or at the nearest one measured."""
         if batch_size not in self._known:
             sizes = sorted({b for b, _ in self.verify_times}, key=lambda b: abs(b - batch_size))
             self._known[batch_size] = (
-                {w: e.value for (b, w), e in self.verify_times.items() if b == sizes[0]} if sizes else {}
+                {w: e for (b, w), e in self.verify_times.items() if b == sizes[0]} if sizes else {}
             )
         return self._known[batch_size]
 
     def _predict(self, batch_size: int, width: int) -> float | None:
-        known = self._measured(batch_size)
-        if not known:
-            return None
-        if width in known:
+        measured = self._measured(batch_size)
+        known = {w: e.value for w, e in measured.items()}
+        if width not in known or width == 1 or measured[width].confirmed:
+            return _from_widths(known, width)
+        # Timed once: trusted unless it is further above the curve of the widths timed more
+        # than once than steady costs can be (more than `width` plain steps, the most feeding
+        # `width` tokens costs where every token is computed in full; or, once a wider draft
+        # was confirmed, over twice that curve): then a stall, to be timed again.
+        trusted = {w: known[w] for w, e in measured.items() if e.confirmed or w == 1}
+        guess = _from_widths(trusted, width)
+        if guess is None:
             return known[width]
-        if width == 1 or 1 not in known:
-            return None
-        # Interpolate between measured widths (a plain step included). Guessing low is safe: the
-        # width then gets tried and measured; guessing high would keep it from ever being tried.
-        below = [w for w in known if w < width]
-        above = [w for w in known if w > width]
-        if below and above:
-            lo, hi = max(below), min(above)
-            t = (width - lo) / (hi - lo)
-            return known[lo] * (1 - t) + known[hi] * t
-        # Beyond what was measured: follow the power law width^p through the plain step and the
-        # widest measurement, with 0 <= p <= 1 (flat when only plain steps were measured; at most
-        # in proportion to the tokens fed, as on a compute-bound device). Verify cost is flat and
-        # then grows about linearly, so the curve bends upwards and this guesses low, not high.
-        edge = max(below)
-        plain, widest = known[1], known[edge]
-        if edge == 1 or plain <= 0 or widest <= plain:
-            return widest
-        power = min(math.log(widest / plain) / math.log(edge), 1.0)
-        return widest * (width / edge) ** power
+        ceiling = 2 * guess if len(trusted) > 1 else width * known[1]
+        return guess if known[width] > ceiling else known[width]
+
+
+def _from_widths(known: dict[int, float], width: int) -> float | None:
+    """Verify seconds at `width` from measured seconds per width (`known`), None without a plain step."""
+    if not known:
+        return None
+    if width in known:
+        return known[width]
+    if width == 1 or 1 not in known:
+        return None
+    # Interpolate between measured widths (a plain step included). Guessing low is safe: the
+    # width then gets tried and measured; guessing high would keep it from ever being tried.
+    below = [w for w in known if w < width]
+    above = [w for w in known if w > width]
+    if below and above:
+        lo, hi = max(below), min(above)
+        t = (width - lo) / (hi - lo)
+        return known[lo] * (1 - t) + known[hi] * t
+    # Beyond what was measured: follow the power law width^p through the plain step and the
+    # widest measurement, with 0 <= p <= 1 (flat when only plain steps were measured; at most
+    # in proportion to the tokens fed, as on a compute-bound device). Verify cost is flat and
+    # then grows about linearly, so the curve bends upwards and this guesses low, not high.
+    edge = max(below)
+    plain, widest = known[1], known[edge]
+    if edge == 1 or plain <= 0 or widest <= plain:
+        return widest
+    power = min(math.log(widest / plain) / math.log(edge), 1.0)
+    return widest * (width / edge) ** power
 
 
 def expected_gains(alphas: list[float]) -> list[float]:
@@ -382,14 +421,14 @@ def fastest_width(
     tree (`TreeAcceptance.levels`)."""
     remaining = remaining or [1] * len(gains)
     plain_time = max(remaining) * verify(1)
-    best_k, best_time = 0, plain_time
+    best_k, best_time = 0, plain_time / PLAIN_MARGIN
     for k in range(1, max((len(g) for g in gains), default=0) + 1):
         steps = max(r / (1.0 + (g[min(k, len(g)) - 1] if g else 0.0)) for r, g in zip(remaining, gains))
         forwards = levels[min(k, len(levels)) - 1] if levels else k
         time = steps * (forwards * draft_cost + verify(k + 1))
-        if time * 1.02 < best_time:  # a 2% margin: noise must not flip us into a loss
+        if time < best_time:
             best_k, best_time = k, time
-    return best_k, plain_time / best_time
+    return best_k, plain_time / best_time if best_k else 1.0
 
 
 @dataclass
@@ -436,12 +475,17 @@ class AdaptiveDraftLength:
         self.costs = CostModel()
         self.probes = ProbeSchedule(s.probe_every)
         self.drafting_trees = False  # the last verified draft was a tree: size trees, not chains
+        self._asked = 0  # the draft length last asked for (0: no draft was asked for)
         self._perfect: dict[tuple[int, int, bool], tuple[int, float]] = {}  # see `_perfect_gain`
 
     def __repr__(self) -> str:
         return f"AdaptiveDraftLength({self.settings!r})"
 
     def draft_length(self, batch_size: int) -> int:
+        self._asked = self._draft_length(batch_size)
+        return self._asked
+
+    def _draft_length(self, batch_size: int) -> int:
         s = self.settings
         verify = functools.partial(self.costs.verify, batch_size)
         if verify(1) is None:
@@ -451,6 +495,10 @@ class AdaptiveDraftLength:
             # Nothing verified wider than a plain step yet: explore, unless the drafter's up-front
             # timing (`expect_draft_cost`) already says drafting cannot pay.
             return s.first_k if self._perfect_gain(batch_size, draft_cost, verify) >= s.min_probe_gain else 0
+        if self._drafts_are_free(verify):
+            # Asking costs next to nothing (prompt lookup): take the longest draft on offer and let
+            # `trim` judge it by its own confidence, which says more than any prediction here.
+            return s.max_k if self._perfect_gain(batch_size, draft_cost, verify) >= s.min_probe_gain else 0
         levels = self.trees.levels() if self.drafting_trees else None
         best_k, _ = fastest_width([self._gains()], draft_cost, verify, levels=levels)
         if best_k == 0:
@@ -459,6 +507,12 @@ class AdaptiveDraftLength:
             return s.first_k if self.probes.plain_step_probes() else 0
         self.probes.reset()
         return best_k
+
+    def _drafts_are_free(self, verify: Callable[[int], float]) -> bool:
+        """Whether asking for a draft has cost under `FREE_DRAFT` of a plain step (prompt lookup's
+        dictionary probes, not a draft model's forwards)."""
+        asked = self.costs.asks.value
+        return asked is not None and asked < FREE_DRAFT * verify(1)
 
     def _perfect_gain(self, batch_size: int, draft_cost: float, verify: Callable[[int], float]) -> float:
         """How much faster than plain decoding drafts that are always accepted would be: even they
@@ -495,6 +549,8 @@ class AdaptiveDraftLength:
             gains = expected_gains(self.acceptance.alphas())
             rows = [gains[:n] for n in draft.lengths]
         else:
+            # At each bucket's posterior mean: E[α^k] over the posterior (more credit to long
+            # drafts while few were seen) lost on a cost-linear device and gained nothing on a flat one.
             rows = [
                 expected_gains([self.acceptance.calibrated(c, i) for i, c in enumerate(row[:n])])
                 for row, n in zip(draft.confidence.tolist(), draft.lengths)
@@ -507,6 +563,8 @@ class AdaptiveDraftLength:
     def update(self, batch_size, draft, accepted, draft_seconds, verify_seconds, paths=None) -> None:
         width = 1 + max(draft.lengths, default=0)
         self.costs.add_verify(batch_size, width, verify_seconds)
+        if self._asked:
+            self.costs.asks.add(max(draft_seconds - draft.catch_up_seconds, 0.0))
         if width == 1:
             return  # a plain step says nothing about drafts
         # Per draft forward: a tree's level costs one forward whatever its width (a Medusa tree,

@@ -44,7 +44,14 @@ class SpeculativeStats:
     tree_depth: int = 0
     position_drafted: list[int] = field(default_factory=list)
     position_accepted: list[int] = field(default_factory=list)
-    draft_lengths: list[int] = field(default_factory=list)  # the adaptive policy's choice per step
+    # What the draft-length policy asked for and what it then verified, per target forward (the
+    # prefill's first token counts as a step with nothing drafted): `draft_lengths` the tokens it
+    # asked the drafter for, `verified_widths` the tokens each row fed the forward (1 + the longest
+    # draft left after its cut; 1 is a plain step), `verify_times` that forward's seconds (None for
+    # the prefill). Enough to answer "why plain?" on a new machine.
+    draft_lengths: list[int] = field(default_factory=list)
+    verified_widths: list[int] = field(default_factory=list)
+    verify_times: list[float | None] = field(default_factory=list)
 
     def record_step(self, drafted: int, accepted: int, tree_depth: int | None = None) -> None:
         """Count one verification step that checked `drafted` tokens (a tree's nodes) and kept

@@ -84,6 +84,28 @@ def test_a_tie_within_the_bound_with_both_tokens_on_top_is_a_tie(model, ragged):
     assert check[0].kind == MISMATCH
 
 
+def test_the_bound_is_taken_at_the_rows_largest_score(model, ragged):
+    """Every score of a row carries the rounding of the same hidden state: two small top scores in
+    a row that also holds a large one are held to the large one's bound (in bf16, a gap of 0.094
+    between two tokens at 3.3, in a row reaching |28|, was rounding: the same prefix fed in other
+    chunks moved it between 0.016 and 0.20)."""
+    input_ids, attention_mask, plain = ragged
+    at = input_ids.shape[1] + 3
+    first = int(plain[0, at])
+    runner_up, far = ((first + i) % model.config.vocab_size for i in (1, 2))
+
+    def small_top_two(ids, scores):
+        if ids.shape[1] == at:
+            scores = scores.clamp(max=0.0)
+            scores[:, first], scores[:, runner_up], scores[:, far] = 3.3, 3.25, -1000.0
+        return scores
+
+    spec = plain.clone()
+    spec[0, at] = runner_up
+    check = check_greedy(model, input_ids, plain, spec, attention_mask, logits_processor=small_top_two)[0]
+    assert check.kind == TIE and check.bound == rounding_bound(1000.0, torch.float32)
+
+
 def test_a_three_way_tie_is_a_tie_whichever_two_tokens_were_taken(model, ragged):
     """Where three tokens score within rounding of each other, the recomputation may rank a third
     one first (seen in bf16 on SmolLM2: plain took a token the one-forward recompute put third,

@@ -36,13 +36,24 @@ def _draft(
     return Draft(torch.zeros(len(lengths), width, dtype=torch.long), lengths, probs, conf)
 
 
+# A draft model's token at 5% of a plain step: too dear to ask for a draft every step (see
+# `test_free_drafts_are_asked_for_and_judged_by_their_own_confidence` for drafts that cost nothing).
+DRAFT_TOKEN = 0.05
+
+
 def _teach(
-    policy: AdaptiveDraftLength, *, batch: int, verify: dict[int, float], accepted_of_4: int, steps: int = 30
+    policy: AdaptiveDraftLength,
+    *,
+    batch: int,
+    verify: dict[int, float],
+    accepted_of_4: int,
+    steps: int = 30,
+    draft_token: float = DRAFT_TOKEN,
 ):
     """Feed the policy plain steps and 4-token drafts with these costs and this acceptance."""
     for _ in range(steps):
         policy.update(batch, _draft([0] * batch), [0] * batch, 0.0, verify[1])
-        policy.update(batch, _draft([4] * batch), [accepted_of_4] * batch, 0.0, verify[5])
+        policy.update(batch, _draft([4] * batch), [accepted_of_4] * batch, 4 * draft_token, verify[5])
 
 
 CPU_COSTS = {1: 1.0, 5: 1.55}  # verify of 5 tokens ~1.55x one token, as measured on SmolLM2 / CPU
@@ -238,7 +249,7 @@ def test_acceptance_calibrates_first_and_later_draft_tokens_apart():
 
 def test_trim_keeps_a_long_copy_once_its_first_token_may_be_right():
     policy = AdaptiveDraftLength()
-    for width, seconds in ((1, 1.0), (9, 1.05)):  # verification nearly flat in width
+    for width, seconds in ((1, 1.0), (9, 1.05), (9, 1.05)):  # verification nearly flat in width
         policy.costs.add_verify(1, width, seconds)
     for _ in range(40):
         policy.acceptance.observe([8], [0], [[0.5] * 8])
@@ -362,10 +373,12 @@ def _teach_trees(
     paths: list[list[int]] = TREE_PATHS,
     rounds: int = 3,
 ) -> None:
+    depth = _tree([8], parents).depths()[0]
     for _ in range(rounds):
         for path in paths:
             policy.update(1, _draft([0]), [0], 0.0, verify[1])
-            policy.update(1, _tree([8], parents), [len(path)], 0.0, verify[9], paths=[path])
+            tree = _tree([8], parents)
+            policy.update(1, tree, [len(path)], depth * DRAFT_TOKEN, verify[9], paths=[path])
 
 
 def test_tree_acceptance_counts_nodes_on_the_accepted_path():
@@ -404,7 +417,7 @@ def test_trees_are_sized_by_what_trees_accept_not_by_chains():
     for _ in range(20):
         policy.update(1, _draft([0]), [0], 0.0, costs[1])
         for accepted in (0, 0, 0, 0, 1):
-            policy.update(1, _draft([1]), [accepted], 0.0, costs[2])
+            policy.update(1, _draft([1]), [accepted], DRAFT_TOKEN, costs[2])
     alphas = policy.acceptance.alphas()
     assert policy.draft_length(1) == 0 and not policy.trees.observed
     four_roots = [-1, -1, -1, -1, 0, 1, 2, 3]  # four guesses, then one child each
@@ -413,8 +426,10 @@ def test_trees_are_sized_by_what_trees_accept_not_by_chains():
     assert policy.acceptance.alphas() == alphas
     assert policy.draft_length(1) >= 4
     # A chain verified again: sized by the chains' α once more.
-    policy.update(1, _draft([1]), [0], 0.0, costs[2])
-    chain_choice, _ = best_width([policy.acceptance.alphas()], 0.0, lambda w: policy.costs.verify(1, w))
+    policy.update(1, _draft([1]), [0], DRAFT_TOKEN, costs[2])
+    chain_choice, _ = best_width(
+        [policy.acceptance.alphas()], policy.costs.draft_per_token, lambda w: policy.costs.verify(1, w)
+    )
     assert policy.draft_length(1) == chain_choice < 4
 
 
@@ -452,3 +467,57 @@ def test_a_tree_is_priced_by_its_depth_not_its_nodes():
     assert policy.costs.draft_per_token == pytest.approx(0.5)  # per forward: the level of two nodes
     policy.costs.add_verify(1, 9, costs[9])
     assert policy.draft_length(1) >= 6
+
+
+# --- decisions in device regimes (the cost profiles of hf_specdec.bench.regimes, a fake clock) ---
+
+
+def _run_regime(profile, accept_first: float, steps: int = 60, draft_token: float = 0.0) -> list[int]:
+    """Drive the policy as the loop does, for one row whose drafter offers 16 tokens a step at
+    confidence 0.8, of which the target accepts none with probability 1 - `accept_first` and else
+    the first 10 (a copy that holds for a while); verify seconds come from `profile`, one-offs
+    included. Returns the width verified at each step."""
+    import random
+
+    from hf_specdec.bench.regimes import Forward
+
+    rng = random.Random(0)
+    policy, shapes, widths = AdaptiveDraftLength(), set(), []
+    for _ in range(steps):
+        k = policy.draft_length(1)
+        draft = _draft([k], 0.8) if k else Draft.empty(1, torch.device("cpu"))
+        draft = policy.trim(draft, 1)
+        n = draft.lengths[0]
+        accepted = min(n, 10) if rng.random() < accept_first else 0
+        width = n + 1
+        seconds = profile.seconds(Forward(1, width, 200, 0.0), (1, width) not in shapes)
+        shapes.add((1, width))
+        policy.update(1, draft, [accepted], n * draft_token, seconds)
+        widths.append(width)
+    return widths
+
+
+def test_where_verifying_is_flat_drafts_are_long():
+    from hf_specdec.bench.regimes import PROFILES
+
+    widths = _run_regime(PROFILES["flat"], accept_first=0.6)
+    assert min(widths[5:]) >= 9  # ever since the first few steps: long drafts, never plain
+
+
+def test_a_first_call_at_each_width_does_not_end_long_drafts():
+    """A GPU's first call at a new shape costs six steps here: the policy must neither write the
+    width off nor fall back to plain decoding for the call (the H200 run's 97-99% plain steps)."""
+    from hf_specdec.bench.regimes import PROFILES
+
+    widths = _run_regime(PROFILES["flat+oneoff"], accept_first=0.6)
+    assert sum(w >= 9 for w in widths[10:]) >= 0.9 * len(widths[10:])
+
+
+def test_where_each_token_costs_most_of_a_step_weak_drafts_are_not_verified():
+    from hf_specdec.bench.regimes import PROFILES
+
+    widths = _run_regime(PROFILES["linear"], accept_first=0.2)
+    assert sum(w == 1 for w in widths[10:]) >= 0.9 * len(widths[10:])
+    # Drafts that copy most of the time still pay there, shorter.
+    widths = _run_regime(PROFILES["linear"], accept_first=0.9)
+    assert sum(w > 1 for w in widths[10:]) >= 0.9 * len(widths[10:])

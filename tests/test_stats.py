@@ -230,6 +230,11 @@ def test_real_call_stats_invariants(target, target_no_eos, good_draft, case):
         assert len(stats.draft_lengths) == stats.target_forwards
     else:
         assert all(length <= spec["num_draft_tokens"] for length, _ in enumerate(stats.position_drafted, 1))
+    # Per forward: what was verified and what it cost; the widths are those the drafted counts add up to.
+    assert len(stats.verified_widths) == len(stats.verify_times) == stats.target_forwards
+    assert stats.verify_times[0] is None and all(t > 0 for t in stats.verify_times[1:])
+    if batch == 1:
+        assert sum(w - 1 for w in stats.verified_widths) == stats.drafted
 
 
 @pytest.mark.parametrize("tree", [False, True])

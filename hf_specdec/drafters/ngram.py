@@ -1,10 +1,18 @@
-"""Prompt lookup: propose the tokens that followed the last time the current suffix occurred.
+"""Prompt lookup: propose the tokens that followed earlier occurrences of the current suffix.
 
 Unlike transformers' `prompt_lookup_num_tokens`, which rescans the whole sequence every step,
-this keeps, per row and per n-gram size, a hash index from each n-gram to the position after
-its most recent occurrence, updated only with the tokens added since the last step. A lookup is
-then a few dictionary probes (microseconds), so a miss costs nothing but a plain decoding step.
-The longest matching suffix wins, and among equal lengths the most recent occurrence.
+this keeps, per row and per n-gram size, a hash index from each n-gram to the positions after its
+latest occurrences, updated only with the tokens added since the last step. A lookup is then a
+few dictionary probes (microseconds), so a miss costs nothing but a plain decoding step.
+
+The longest matching suffix wins (down to single tokens: where verifying is cheap even a weak
+match is worth a try, and where it is dear the draft-length policy cuts such drafts, having
+learnt per match size how often they are accepted). Among that suffix's occurrences the
+continuation is voted token by token: each next token is the one most of the still-agreeing
+occurrences continue with (the most recent among equals), as a suffix tree's counts would say.
+Replayed on SmolLM2's greedy answers to 24 Spec-Bench prompts kept apart from the benchmark's
+(10-token drafts), that votes 2.14 tokens per target forward against 2.07 for the most recent
+occurrence and 2.09 for transformers' earliest one (`bench/ngram_rules.py`).
 """
 
 from __future__ import annotations
@@ -31,13 +39,16 @@ class NgramConfig:
 
     Args:
         max_ngram: longest suffix to look up.
-        min_ngram: shortest suffix that counts as a match; 1 matches single tokens, which
-            proposes often but is wrong often.
+        min_ngram: shortest suffix that counts as a match; 1 (the default) matches single tokens,
+            which proposes often and is wrong often: the draft-length policy learns how often
+            each match size is accepted and verifies such drafts only where that pays.
+        max_matches: latest occurrences of an n-gram kept; the continuation is voted among them,
+            and a tree draft branches over them.
     """
 
     max_ngram: int = 4
-    min_ngram: int = 2
-    max_matches: int = 8  # occurrences of an n-gram a tree draft branches over
+    min_ngram: int = 1
+    max_matches: int = 16
 
     def __post_init__(self) -> None:
         check_fields(self, ranges={"max_ngram": (1, None), "min_ngram": (1, None), "max_matches": (1, None)})
@@ -73,9 +84,25 @@ class _RowIndex:
         self.indexed = max(self.indexed, len(toks))
 
     def lookup(self, max_tokens: int) -> tuple[list[int], int]:
-        """The continuation of the longest, most recent match of the current suffix, and its size."""
-        for continuation, size in self.matches(max_tokens):
-            return continuation, size
+        """The continuation voted among the occurrences of the longest matching suffix (module
+        docstring), and that suffix's size."""
+        toks = self.tokens
+        for n in reversed(self.sizes):
+            starts = self.tables[n].get(tuple(toks[-n:])) if len(toks) > n else None
+            if not starts:
+                continue
+            continuation: list[int] = []
+            while len(continuation) < max_tokens:
+                votes: dict[int, list[int]] = {}  # next token -> its occurrences, oldest first
+                for start in starts:
+                    if start < len(toks):
+                        votes.setdefault(toks[start], []).append(start)
+                if not votes:
+                    break
+                token = max(votes, key=lambda t: (len(votes[t]), votes[t][-1]))
+                continuation.append(token)
+                starts = [start + 1 for start in votes[token]]
+            return continuation, n
         return [], 0
 
     def matches(self, max_tokens: int) -> list[tuple[list[int], int]]:
@@ -213,7 +240,8 @@ class NgramDrafter(Drafter):
                 proposals.append(([], [], []))
             elif request.tree:
                 odds = self.trie_odds
-                trie = _trie(index.matches(budget), budget, odds.alpha, odds.gamma)
+                # The voted continuation leads, so it is the trie's best path.
+                trie = _trie([index.lookup(budget), *index.matches(budget)], budget, odds.alpha, odds.gamma)
                 index.last_trie = (trie[0], trie[1])
                 proposals.append(trie)
             else:

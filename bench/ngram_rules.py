@@ -1,0 +1,140 @@
+"""N-gram matching rules replayed on the target's own greedy answers: tokens per target forward.
+
+    python bench/ngram_rules.py [--suite specbench-train] [--limit 4] [--max-new-tokens 128] [--ks 4,10,16]
+
+Generates each prompt's plain greedy answer once (SmolLM2-135M, the checkpoint's dtype; cached in
+`bench_out/ngram_rules/`), then replays drafting at a fixed k against it: a step proposes up to k
+tokens from the text so far, the target keeps the longest prefix its own answer agrees with plus
+one token of its own, exactly as greedy verification would (rounding ties aside). So a rule's
+tokens per forward are counted, not timed, and deterministic. Rules:
+
+- `ours`: the shipped `ngram` drafter (longest suffix down to one token, continuation voted among
+  its latest occurrences);
+- `most_recent`: the longest suffix's most recent occurrence (what `ngram` did before the vote);
+- `prompt_lookup`: transformers' `PromptLookupCandidateGenerator` rule (suffixes of 2 then 1
+  tokens, the earliest occurrence with a continuation).
+
+The default suite is kept apart from Spec-Bench quick, which the benchmarks measure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from hf_specdec.bench.runner import _select_prompts
+from hf_specdec.draft import DraftRequest
+from hf_specdec.drafters.ngram import NgramConfig, NgramDrafter
+from hf_specdec.loading import encode_prompts, load_model, pad_token_id, use_chat_template
+
+Propose = Callable[[list[int], int], list[int]]
+
+
+def replay(prompt: list[int], answer: list[int], propose: Propose, k: int) -> float:
+    """Tokens per target forward when drafting with `propose` against the target's `answer`."""
+    done, forwards = 1, 1  # the prefill's forward gives the first token
+    while done < len(answer):
+        draft = propose(prompt + answer[:done], min(k, len(answer) - done - 1))
+        accepted = 0
+        while accepted < len(draft) and draft[accepted] == answer[done + accepted]:
+            accepted += 1
+        done, forwards = done + accepted + 1, forwards + 1
+    return len(answer) / forwards
+
+
+def ours(**options) -> Propose:
+    drafter = NgramDrafter(NgramConfig(**options))
+
+    def propose(context: list[int], k: int) -> list[int]:
+        ids = torch.tensor([context])
+        request = DraftRequest(ids, torch.ones_like(ids), [len(context)], [k], False, None, [0])
+        draft = drafter.propose(request)
+        return draft.tokens[0, : draft.lengths[0]].tolist()
+
+    return propose
+
+
+def most_recent(context: list[int], k: int, sizes: range = range(4, 0, -1)) -> list[int]:
+    for n in sizes:
+        suffix = context[-n:]
+        for i in range(len(context) - n - 1, -1, -1):  # occurrences with a continuation, latest first
+            if context[i : i + n] == suffix:
+                return context[i + n : i + n + k]
+    return []
+
+
+def prompt_lookup(context: list[int], k: int, max_ngram: int = 2) -> list[int]:
+    for n in range(min(max_ngram, len(context) - 1), 0, -1):
+        suffix = context[-n:]
+        for i in range(len(context) - n + 1):  # earliest first; the suffix itself has no continuation
+            if context[i : i + n] == suffix and i + n < len(context):
+                return context[i + n : i + n + k]
+    return []
+
+
+RULES: dict[str, Callable[[], Propose]] = {
+    "ours": ours,
+    "most_recent": lambda: most_recent,
+    "prompt_lookup": lambda: prompt_lookup,
+}
+
+
+def answers(args: argparse.Namespace) -> list[dict]:
+    cache = Path(args.out) / f"{args.suite}-{args.limit}-{args.max_new_tokens}.json"
+    if cache.exists():
+        return json.loads(cache.read_text())
+    model, tokenizer = load_model(args.model, dtype=args.dtype)
+    chat, pad = use_chat_template(tokenizer, None), pad_token_id(tokenizer, model)
+    rows = []
+    for prompt in _select_prompts(args.suite, None, None, args.limit, None):
+        inputs = encode_prompts(tokenizer, [prompt], chat, pad, model.device)
+        out = model.generate(**inputs, max_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=pad)
+        ids = inputs["input_ids"][0].tolist()
+        rows.append(
+            {
+                "id": prompt.id,
+                "category": prompt.category,
+                "prompt": ids,
+                "answer": out[0, len(ids) :].tolist(),
+            }
+        )
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps(rows))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--suite", default="specbench-train")
+    parser.add_argument("--limit", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--ks", default="4,10,16")
+    parser.add_argument("--out", default="bench_out/ngram_rules")
+    args = parser.parse_args()
+    rows = answers(args)
+    categories = list(dict.fromkeys(r["category"] for r in rows))
+    for k in (int(k) for k in args.ks.split(",")):
+        print(f"\nk = {k}: tokens per target forward (mean over each category's prompts)\n")
+        print("| rule | " + " | ".join(categories) + " | mean |")
+        print("|---|" + "---:|" * (len(categories) + 1))
+        for name, make in RULES.items():
+            per = defaultdict(list)
+            for r in rows:
+                per[r["category"]].append(replay(r["prompt"], r["answer"], make(), k))
+            means = [sum(per[c]) / len(per[c]) for c in categories]
+            print(
+                f"| {name} | " + " | ".join(f"{m:.2f}" for m in means) + f" | {sum(means) / len(means):.2f} |"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,215 @@
+"""Device cost regimes emulated on the CPU: the model computes every token for real, so what is
+accepted is real, while the clock that everyone reads (our timers, the draft-length policy, the
+benchmark) advances by what a cost profile says each forward would cost on the emulated device.
+
+`emulate(model, profile)` wraps `model.forward` (`functools.wraps`, so signature checks still see
+the model's parameters) and patches `time.perf_counter`, which `hf_specdec.timing.clock` reads at
+call time, to a host clock plus an offset; after each forward the offset moves by the profile's
+cost minus what the forward took on the host clock. Host work between forwards (drafting, the
+loop's own work) still counts, as it does on a GPU, where the host is part of every step's cost;
+it counts at the CPU time of the calling thread (`time.thread_time`), so that other processes
+sharing the machine do not move the emulated clock (on a busy 2-core machine the loop's wall time
+between forwards tripled, its CPU time did not). Padding with sleep would be the alternative, but
+it fails where the CPU is slower than the emulated device (an fp32 forward on a 2-core CPU takes
+longer than a GPU step).
+
+Every forward is also recorded (`Forward`), so a run whose decisions do not read the clock (plain
+`generate`, fixed draft lengths, transformers' prompt lookup) can be priced under any profile
+afterwards without running it again (`priced`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Forward:
+    """One target forward: `batch` rows feeding `width` tokens each after `past` cached positions,
+    and what it took on the wall clock and on the host clock (`host_clock`)."""
+
+    batch: int
+    width: int
+    past: int
+    wall_seconds: float = 0.0
+    host_seconds: float = 0.0
+
+
+host_clock = time.thread_time  # what host work is counted in under an emulated profile
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    """What a forward costs on an emulated device, in seconds.
+
+    A forward that feeds `n = batch * width` tokens costs `step * (1 + per_token * (n - 1))` while
+    `n <= knee` (memory- or launch-bound: the weights are read once whatever the tokens), and grows
+    in proportion to `n` beyond the knee (compute-bound). A prefill (nothing cached yet) is priced
+    by the same rule over the prompt's tokens, with its own `prefill_per_token` (GPUs run a
+    prompt's tokens as one large, efficient matmul). `oneoff` steps are added the first time a call
+    feeds a (batch, width) shape: what a GPU's first call at a new shape can pay (kernel selection,
+    allocator growth, graph capture; prefills, whose shape changes with every prompt, are left
+    out): once per process (`oneoff_scope="process"`, as kernels and
+    graphs stay cached), or, harsher, once per `generate` call (`"call"`). The real profile
+    (`REAL`) has no costs: the clock is the machine's own.
+    """
+
+    name: str
+    step: float = 0.020  # a plain batch-1 decoding step, seconds
+    per_token: float = 0.01
+    knee: int = 1 << 30
+    prefill_per_token: float = 1 / 256
+    oneoff: float = 0.0  # in steps
+    oneoff_scope: str = "process"  # or "call"
+    description: str = ""
+
+    @property
+    def emulated(self) -> bool:
+        return self.name != "real"
+
+    def seconds(self, forward: Forward, first_of_shape: bool = False) -> float:
+        n = forward.batch * forward.width
+        if forward.past == 0 and forward.width > 1:  # a prefill: its shape is new with every prompt
+            return self.step * (1 + self.prefill_per_token * (n - 1))
+        cost = self.step * (1 + self.per_token * (min(n, self.knee) - 1)) * max(1.0, n / self.knee)
+        return cost + (self.step * self.oneoff if first_of_shape else 0.0)
+
+    def with_step(self, step: float) -> CostProfile:
+        return CostProfile(**{**self.__dict__, "step": step})
+
+
+PROFILES: dict[str, CostProfile] = {
+    profile.name: profile
+    for profile in (
+        CostProfile(
+            "flat",
+            per_token=0.01,
+            description="memory- or launch-bound decoding (a GPU at batch 1): +1% of a step per extra token",
+        ),
+        CostProfile(
+            "flat+oneoff",
+            per_token=0.01,
+            oneoff=6.0,
+            description="flat, plus six steps the first time the process feeds each (batch, width) shape",
+        ),
+        CostProfile(
+            "flat+oneoff-call",
+            per_token=0.01,
+            oneoff=6.0,
+            oneoff_scope="call",
+            description="flat, plus six steps the first time each call feeds each (batch, width) shape",
+        ),
+        CostProfile(
+            "gpu-batch",
+            per_token=0.004,
+            knee=128,
+            description=(
+                "a roofline for a GPU serving a batch: +0.4% of a step per token fed in total (the "
+                "weights are read once per forward, the KV reads and launches grow slowly) up to 128 "
+                "tokens per forward, then in proportion to the tokens (compute-bound: an H100's 990 "
+                "bf16 TFLOP/s over 3.35 TB/s is ~300 flop per byte read, ~150 tokens per forward "
+                "for 2 flop per 2-byte weight)"
+            ),
+        ),
+        CostProfile(
+            "linear",
+            per_token=0.6,
+            prefill_per_token=0.6 / 24,
+            description="compute-bound (big batches; fp32 on a CPU): each fed token costs 60% of a step",
+        ),
+        CostProfile("real", description="the machine as it is: the real clock, nothing emulated"),
+    )
+}
+REAL = PROFILES["real"]
+
+
+@dataclass
+class Emulation:
+    """The state of one emulated device: the clock's offset, the forwards of the current call, and
+    the shapes already paid for (shared with other emulations of the same process: `emulate(shapes=)`)."""
+
+    profile: CostProfile
+    offset: float = 0.0
+    forwards: list[Forward] = field(default_factory=list)
+    shapes: set[tuple[int, int]] = field(default_factory=set)
+
+    def new_call(self) -> None:
+        """Start a `generate` call: forget its forwards (and, per call, the shapes seen)."""
+        self.forwards = []
+        if self.profile.oneoff_scope == "call":
+            self.shapes.clear()
+
+    def record(self, forward: Forward) -> None:
+        self.forwards.append(forward)
+        if self.profile.emulated:
+            self.offset += _cost(self.profile, forward, self.shapes) - forward.host_seconds
+
+
+def _cost(profile: CostProfile, forward: Forward, shapes: set[tuple[int, int]]) -> float:
+    shape = (forward.batch, forward.width)
+    first = shape not in shapes
+    shapes.add(shape)
+    return profile.seconds(forward, first)
+
+
+_real_perf_counter = time.perf_counter
+
+
+@contextlib.contextmanager
+def emulate(
+    model: Any, profile: CostProfile = REAL, shapes: set[tuple[int, int]] | None = None
+) -> Iterator[Emulation]:
+    """Run `model` as if on the device `profile` describes (see the module docstring); with `REAL`
+    the clock stays the machine's and forwards are only recorded. `shapes`: those the emulated
+    device has already paid its one-off cost for (updated in place)."""
+    state = Emulation(profile, shapes=shapes if shapes is not None else set())
+    own = vars(model).get("forward")  # a forward set on the instance (e.g. compiled) is put back
+    original = model.forward
+
+    @functools.wraps(original)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        past = cache.get_seq_length() if cache is not None and hasattr(cache, "get_seq_length") else 0
+        wall, host = _real_perf_counter(), host_clock()
+        out = original(*args, **kwargs)
+        forward = Forward(ids.shape[0], ids.shape[1], past, _real_perf_counter() - wall, host_clock() - host)
+        state.record(forward)
+        return out
+
+    model.forward = forward
+    if profile.emulated:
+        time.perf_counter = lambda: host_clock() + state.offset
+    try:
+        yield state
+    finally:
+        time.perf_counter = _real_perf_counter
+        if own is None:
+            del model.forward  # the class's own forward again
+        else:
+            model.forward = own
+
+
+def priced(
+    wall_seconds: float,
+    host_seconds: float,
+    forwards: list[Forward],
+    profile: CostProfile,
+    shapes: set[tuple[int, int]] | None = None,
+) -> float:
+    """What a call that took `wall_seconds` (`host_seconds` on the host clock) and ran `forwards`
+    would have taken under `profile`, for calls whose decisions never read the clock. `shapes` as
+    for `emulate` (per-call profiles start from none)."""
+    if not profile.emulated:
+        return wall_seconds
+    if shapes is None or profile.oneoff_scope == "call":
+        shapes = set()
+    return host_seconds + sum(_cost(profile, f, shapes) - f.host_seconds for f in forwards)
+
+
+__all__ = ["PROFILES", "REAL", "CostProfile", "Emulation", "Forward", "emulate", "host_clock", "priced"]

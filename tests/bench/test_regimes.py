@@ -1,0 +1,68 @@
+"""Emulated device regimes: what each profile charges, and a clock that follows it."""
+
+from __future__ import annotations
+
+import inspect
+import time
+
+import pytest
+import torch
+
+from hf_specdec.bench.regimes import PROFILES, REAL, Forward, emulate, priced
+
+from ..conftest import tiny_llama
+
+STEP = PROFILES["flat"].step
+
+
+@pytest.mark.parametrize(
+    ("profile", "forward", "steps"),
+    [
+        ("flat", Forward(1, 1, 10), 1.0),
+        ("flat", Forward(1, 11, 10), 1.1),  # +1% per extra token
+        ("linear", Forward(1, 11, 10), 7.0),  # 1 + 0.6 * 10
+        ("gpu-batch", Forward(8, 16, 10), 1 + 0.004 * 127),  # 128 tokens: at the knee
+        ("gpu-batch", Forward(16, 16, 10), (1 + 0.004 * 127) * 2),  # past it: in proportion
+        ("flat", Forward(1, 257, 0), 2.0),  # a prefill: 1/256 of a step per prompt token
+    ],
+)
+def test_each_profile_prices_a_forward_by_its_rule(profile, forward, steps):
+    assert PROFILES[profile].seconds(forward) == pytest.approx(steps * STEP)
+
+
+def test_one_off_costs_come_once_per_shape_and_never_for_a_prefill():
+    profile = PROFILES["flat+oneoff"]
+    step = Forward(1, 5, 10)
+    assert profile.seconds(step, first_of_shape=True) == pytest.approx((1.04 + 6) * STEP)
+    assert profile.seconds(Forward(1, 40, 0), first_of_shape=True) == profile.seconds(Forward(1, 40, 0))
+    once = priced(0.0, 0.0, [step, step, step], profile)
+    assert once == pytest.approx((3 * 1.04 + 6) * STEP)
+    per_call = priced(0.0, 0.0, [step], PROFILES["flat+oneoff-call"], shapes={(1, 5)})
+    assert per_call == pytest.approx((1.04 + 6) * STEP)  # a per-call profile forgets the shapes paid
+
+
+def test_the_emulated_clock_moves_by_the_profile_not_the_forward():
+    _wall = time.perf_counter
+    model = tiny_llama(0)
+    ids = torch.tensor([[3, 4, 5, 6, 7]])
+    with emulate(model, PROFILES["linear"]) as device:
+        assert "input_ids" in inspect.signature(model.forward).parameters  # functools.wraps
+        with torch.no_grad():
+            out = model(input_ids=ids, use_cache=True)
+            start = time.perf_counter()
+            model(input_ids=ids[:, :3], cache=out.past_key_values, use_cache=True)
+            elapsed = time.perf_counter() - start
+    assert [(f.batch, f.width, f.past) for f in device.forwards] == [(1, 5, 0), (1, 3, 5)]
+    charged = PROFILES["linear"].seconds(Forward(1, 3, 5))  # 2.2 steps: 44 ms
+    assert charged <= elapsed < charged + 0.5 * STEP  # plus the host's own work, a few ms at most
+    assert time.perf_counter is _wall and "forward" not in vars(model)  # both put back
+
+
+def test_the_real_profile_only_records():
+    model = tiny_llama(0)
+    clock = time.perf_counter
+    with emulate(model, REAL) as device, torch.no_grad():
+        assert time.perf_counter is clock
+        model(input_ids=torch.tensor([[3, 4]]))
+    assert len(device.forwards) == 1 and device.forwards[0].wall_seconds > 0
+    assert priced(1.5, 0.2, device.forwards, REAL) == 1.5
