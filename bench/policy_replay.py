@@ -1,0 +1,212 @@
+"""The draft-length policy replayed on the target's own greedy answers under emulated cost profiles.
+
+    python bench/policy_replay.py [--suite specbench-quick] [--limit 3] [--max-new-tokens 128]
+        [--profiles flat,flat+oneoff,flat+oneoff-call,gpu-batch,linear] [--tree] [--host-ms 1.5]
+
+Fast (a minute) and deterministic in its acceptance: each prompt's plain greedy answer is generated
+once (`bench/ngram_rules.py`'s cache, SmolLM2-135M in its checkpoint's dtype), then the decoding loop
+is replayed step by step against it with the shipped `ngram` drafter and `AdaptiveDraftLength`: the
+policy asks for k tokens, the drafter proposes them from the text so far, the policy cuts the draft,
+and the target keeps the longest prefix its own answer agrees with plus one token of its own,
+exactly as greedy verification does (rounding ties aside: `hf_specdec.lossless`). Only the clock is
+emulated: each target forward costs what the profile says (`hf_specdec.bench.regimes`, a 20 ms
+plain step), drafting costs its real CPU time, and each step adds `--host-ms` of loop work (the
+loop's own cost per step, `bench/overhead.py`). The policy learns from that clock as it does in
+`generate`.
+
+Rows per prompt: plain decoding, transformers' prompt lookup (its rule and its fixed 10 tokens),
+`auto`, and every fixed k of `--ks`; a prompt's fastest fixed k in hindsight is the oracle.
+Printed per profile and category: speedup over plain (geometric mean), the oracle's, auto / oracle
+(the regret), auto / prompt lookup, and the share of steps that verified a draft.
+For what the real loop does end to end on a real model, see `bench/regimes.py` (slow) and
+`hf-specdec bench`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hf_specdec.bench.regimes import PROFILES, CostProfile, Forward, host_clock
+from hf_specdec.draft import Draft, DraftRequest
+from hf_specdec.drafters.ngram import NgramConfig, NgramDrafter
+from hf_specdec.policy import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ngram_rules import answers, prompt_lookup  # noqa: E402
+
+CPU = torch.device("cpu")
+LOOKUP_TOKENS = 10  # transformers' prompt_lookup_num_tokens default
+
+
+def _tree_path(tokens: list[int], parents: list[int], n: int, answer: list[int], at: int) -> list[int]:
+    """The accepted path through a tree's first n nodes: children that carry the answer's next token."""
+    node, path = -1, []
+    while at + len(path) < len(answer):
+        want = answer[at + len(path)]
+        child = next((i for i in range(n) if parents[i] == node and tokens[i] == want), None)
+        if child is None:
+            break
+        node = child
+        path.append(node)
+    return path
+
+
+def replay(
+    prompt: list[int],
+    answer: list[int],
+    policy: DraftLengthPolicy,
+    profile: CostProfile,
+    host_seconds: float,
+    shapes: set[tuple[int, int]],
+    tree: bool = False,
+    lookup: bool = False,
+) -> dict[str, float]:
+    """One greedy call replayed: its emulated seconds, target forwards and speculative steps."""
+    shapes = set() if profile.oneoff_scope == "call" else shapes
+
+    def forward_cost(width: int, past: int) -> float:
+        shape = (1, width)
+        first = shape not in shapes
+        shapes.add(shape)
+        return profile.seconds(Forward(1, width, past), first) + host_seconds
+
+    drafter = NgramDrafter(NgramConfig())
+    seconds = forward_cost(len(prompt), 0)  # the prefill gives the first token
+    done, forwards, speculative = 1, 1, 0
+    while done < len(answer):
+        room = len(answer) - done
+        k = min(policy.draft_length(1), room - 1)
+        context = prompt + answer[:done]
+        started = host_clock()
+        if k <= 0:
+            draft = Draft.empty(1, CPU)
+        elif lookup:
+            proposed = prompt_lookup(context, k)
+            draft = Draft(torch.tensor([proposed]), [len(proposed)]) if proposed else Draft.empty(1, CPU)
+        else:
+            ids = torch.tensor([context])
+            request = DraftRequest(
+                ids, torch.ones_like(ids), [len(context)], [k], False, None, [0], tree=tree
+            )
+            draft = drafter.propose(request)
+        draft_seconds = host_clock() - started
+        draft = policy.trim(draft, 1, [room])
+        n = draft.lengths[0]
+        paths = None
+        if draft.parents is not None and n:
+            path = _tree_path(draft.tokens[0].tolist(), draft.parents[0].tolist(), n, answer, done)
+            accepted, paths = len(path), [path]
+        else:
+            proposed = draft.tokens[0, :n].tolist()
+            accepted = 0
+            while (
+                accepted < n
+                and done + accepted < len(answer)
+                and proposed[accepted] == answer[done + accepted]
+            ):
+                accepted += 1
+        verify_seconds = forward_cost(1 + n, len(context) - 1)
+        policy.update(
+            1, draft, [accepted], draft_seconds, verify_seconds, **({"paths": paths} if paths else {})
+        )
+        drafter.observe(draft, [accepted])
+        seconds += draft_seconds + verify_seconds
+        done += accepted + 1
+        forwards += 1
+        speculative += n > 0
+    return {"seconds": seconds, "forwards": forwards, "speculative": speculative / max(forwards - 1, 1)}
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(sum(map(math.log, values)) / len(values))
+
+
+def evaluate(data: list[dict], profile: CostProfile, ks: list[int], tree: bool, host_seconds: float) -> dict:
+    by_category: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    shapes: set[tuple[int, int]] = set()  # per process: the one-offs already paid
+    for row in data:
+        prompt, answer = row["prompt"], row["answer"]
+
+        def run(policy: DraftLengthPolicy, **kwargs: Any) -> dict[str, float]:
+            return replay(prompt, answer, policy, profile, host_seconds, shapes, **kwargs)  # noqa: B023
+
+        plain = run(FixedDraftLength(0))["seconds"]
+        auto = run(AdaptiveDraftLength(), tree=tree)
+        oracle = min(run(FixedDraftLength(k), tree=tree)["seconds"] for k in ks)
+        lookup = run(FixedDraftLength(LOOKUP_TOKENS), lookup=True)["seconds"]
+        c = by_category[row["category"]]
+        c["auto"].append(plain / auto["seconds"])
+        c["oracle"].append(plain / oracle)
+        c["regret"].append(oracle / auto["seconds"])
+        c["vs_lookup"].append(lookup / auto["seconds"])
+        c["lookup"].append(plain / lookup)
+        c["speculative"].append(auto["speculative"])
+    return {
+        category: {
+            name: statistics.mean(v) if name == "speculative" else _geomean(v) for name, v in c.items()
+        }
+        for category, c in by_category.items()
+    }
+
+
+def markdown(results: dict[str, dict], tree: bool) -> str:
+    lines = []
+    for profile, by_category in results.items():
+        lines += [
+            f"\n{profile} ({PROFILES[profile].description}){', trees' if tree else ''}\n",
+            "| category | auto | oracle | auto / oracle | prompt lookup | auto / prompt lookup"
+            " | auto's speculative steps |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for category, v in by_category.items():
+            lines.append(
+                f"| {category} | {v['auto']:.2f}x | {v['oracle']:.2f}x | {v['regret']:.2f}"
+                f" | {v['lookup']:.2f}x | {v['vs_lookup']:.2f} | {v['speculative']:.0%} |"
+            )
+        mean = {
+            name: _geomean([v[name] for v in by_category.values()])
+            for name in ("auto", "oracle", "regret", "lookup", "vs_lookup")
+        }
+        lines.append(
+            f"| **geometric mean** | **{mean['auto']:.2f}x** | {mean['oracle']:.2f}x | {mean['regret']:.2f}"
+            f" | {mean['lookup']:.2f}x | {mean['vs_lookup']:.2f} | |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--suite", default="specbench-quick")
+    parser.add_argument("--limit", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--profiles", default="flat,flat+oneoff,flat+oneoff-call,gpu-batch,linear")
+    parser.add_argument("--ks", default="2,4,6,8,10,12,16")
+    parser.add_argument("--tree", action="store_true", help="auto and the fixed k draft n-gram tries")
+    parser.add_argument("--host-ms", type=float, default=1.5, help="loop work per step (default 1.5 ms)")
+    parser.add_argument("--out", default="bench_out/ngram_rules", help="where the greedy answers are cached")
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # drafting is timed on the CPU: keep other work from moving it
+    data = answers(args)
+    ks = [int(k) for k in args.ks.split(",")]
+    results = {
+        name: evaluate(data, PROFILES[name], ks, args.tree, args.host_ms / 1000)
+        for name in args.profiles.split(",")
+    }
+    print(f"{args.suite}: {len(data)} prompts, {args.max_new_tokens} greedy tokens, fixed k {ks}")
+    print(markdown(results, args.tree))
+
+
+if __name__ == "__main__":
+    main()
