@@ -21,8 +21,8 @@ from batching import GROUNDED, OPEN, encode, load_prompts
 from transformers import AutoTokenizer, DynamicCache
 
 import hf_specdec
+from hf_specdec.core.timing import clock
 from hf_specdec.loading import describe_runtime, load_model, runtime_line
-from hf_specdec.timing import clock
 
 
 def main() -> None:

@@ -25,8 +25,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_specdec
+from hf_specdec.core.timing import clock
 from hf_specdec.loading import describe_runtime, load_model, runtime_line
-from hf_specdec.timing import clock
 
 SPECBENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "specbench" / "question.jsonl"
 GROUNDED = ("summarization", "rag")

@@ -33,9 +33,9 @@ import torch
 
 import hf_specdec
 from hf_specdec.bench.suites import load_suite
+from hf_specdec.core.timing import clock
 from hf_specdec.loading import describe_runtime, encode_prompts, load_model, pad_token_id
 from hf_specdec.lossless import check_greedy, count_kinds
-from hf_specdec.timing import clock
 
 GROUNDED = ("summarization", "rag")
 
@@ -179,8 +179,8 @@ def main() -> None:
 
     onnx_folder = None
     try:
-        from hf_specdec.models import cache_dir
         from hf_specdec.ort import export_onnx
+        from hf_specdec.store.paths import cache_dir
 
         onnx_dtype = "fp16" if device.type == "cuda" else "fp32"
         folder = cache_dir() / "onnx" / f"SmolLM2-135M-Instruct-{onnx_dtype}"

@@ -17,6 +17,7 @@ import statistics
 
 import hf_specdec  # noqa: F401  (adds speculative= to generate)
 from hf_specdec.bench.suites import load_suite, take_per_category
+from hf_specdec.core.timing import clock
 from hf_specdec.loading import (
     describe_runtime,
     encode_prompts,
@@ -25,7 +26,6 @@ from hf_specdec.loading import (
     runtime_line,
     use_chat_template,
 )
-from hf_specdec.timing import clock
 
 ROWS = {
     "plain": {},

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from hf_specdec.bench.runner import _select_prompts
-from hf_specdec.draft import DraftRequest
+from hf_specdec.core.draft import DraftRequest
 from hf_specdec.drafters.ngram import NgramConfig, NgramDrafter
 from hf_specdec.loading import encode_prompts, load_model, pad_token_id, use_chat_template
 

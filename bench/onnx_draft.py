@@ -23,12 +23,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_specdec
 from hf_specdec.bench.suites import load_suite, take_per_category
-from hf_specdec.models import cache_dir
+from hf_specdec.core.timing import clock
 from hf_specdec.ort import export_onnx
 from hf_specdec.ort.cache import quantized_copy
 from hf_specdec.ort.kv import OrtKV
 from hf_specdec.ort.session import OnnxDecoder
-from hf_specdec.timing import clock
+from hf_specdec.store.paths import cache_dir
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 import hf_specdec
-from hf_specdec.timing import clock
+from hf_specdec.core.timing import clock
 
 PAST, STEPS, ROUNDS = 256, 24, 3
 

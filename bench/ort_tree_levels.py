@@ -17,10 +17,10 @@ import statistics
 import torch
 
 import hf_specdec
+from hf_specdec.core.timing import clock
 from hf_specdec.loading import load_model
 from hf_specdec.ort.cache import quantized_copy
 from hf_specdec.ort.session import OnnxDecoder
-from hf_specdec.timing import clock
 
 
 def tokens(rows: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -30,8 +30,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import hf_specdec
+from hf_specdec.core.timing import clock
 from hf_specdec.loading import describe_runtime, runtime_line
-from hf_specdec.timing import clock
 
 
 def tiny_llama(device: str) -> LlamaForCausalLM:

@@ -35,9 +35,9 @@ from typing import Any
 import torch
 
 from hf_specdec.bench.regimes import PROFILES, CostProfile, Forward, host_clock
-from hf_specdec.draft import Draft, DraftRequest
+from hf_specdec.core.draft import Draft, DraftRequest
+from hf_specdec.core.policy import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
 from hf_specdec.drafters.ngram import NgramConfig, NgramDrafter
-from hf_specdec.policy import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ngram_rules import answers, prompt_lookup  # noqa: E402

@@ -30,6 +30,7 @@ import torch
 
 from hf_specdec.bench.regimes import PROFILES, REAL, emulate, host_clock, priced
 from hf_specdec.bench.runner import PROMPT_LOOKUP_TOKENS, _new_tokens, _select_prompts
+from hf_specdec.core.timing import clock
 from hf_specdec.loading import (
     describe_runtime,
     encode_prompts,
@@ -39,7 +40,6 @@ from hf_specdec.loading import (
     use_chat_template,
 )
 from hf_specdec.lossless import MISMATCH, check_greedy
-from hf_specdec.timing import clock
 
 PLAIN, LOOKUP = "plain", "prompt_lookup"
 _wall = time.perf_counter  # the machine's clock, whatever an emulation makes of time.perf_counter

@@ -26,9 +26,9 @@ import torch
 from transformers import MistralConfig, MistralForCausalLM
 
 import hf_specdec
+from hf_specdec.core.policy import DraftLengthPolicy
+from hf_specdec.core.timing import clock
 from hf_specdec.lossless import check_greedy
-from hf_specdec.policy import DraftLengthPolicy
-from hf_specdec.timing import clock
 
 
 class NeverDraft(DraftLengthPolicy):

@@ -51,7 +51,7 @@ import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from hf_specdec.timing import clock
+from hf_specdec.core.timing import clock
 
 ARCHITECTURES = (
     "llama",

@@ -4,7 +4,7 @@
     $VENV/bin/python bench/vllm_engine.py DIR          # vLLM: plain and each exported config
     python bench/vllm_check.py report --work DIR --out vllm_check.json
 
-`prepare` (this environment): SmolLM2-135M-Instruct (the demo model, `hf_specdec.models`) in bf16;
+`prepare` (this environment): SmolLM2-135M-Instruct (the demo model, `hf_specdec.demo_model`) in bf16;
 4 prompts (one per category of Spec-Bench quick when the shared data is there, else the built-in
 suite), chat-templated here and handed to vLLM as token ids so both see the same tokens. A small
 EAGLE-3 head is built with our head API and trained for `--train-seconds` on the target's own greedy
@@ -41,13 +41,13 @@ import transformers
 import hf_specdec
 from hf_specdec.bench.suites import builtin_suite_path, load_prompt_file, load_suite, take_per_category
 from hf_specdec.cli import main as cli
+from hf_specdec.core.timing import clock
+from hf_specdec.demo_model import demo_model_path
 from hf_specdec.heads.eagle import EagleHeadConfig
 from hf_specdec.heads.eagle3 import default_feature_layers
 from hf_specdec.heads.io import build_head, save_head
 from hf_specdec.loading import load_model, pad_token_id, prompt_token_ids, use_chat_template
 from hf_specdec.lossless import check_greedy
-from hf_specdec.models import demo_model_path
-from hf_specdec.timing import clock
 from hf_specdec.train.data import build_sequences
 from hf_specdec.train.features import Example, cached_target_features
 

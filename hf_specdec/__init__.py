@@ -7,22 +7,22 @@ out = model.generate(**inputs, max_new_tokens=200, speculative=True)
 from __future__ import annotations
 
 from .config import SpeculativeConfig
+from .core.output import SpeculativeGenerateOutput
+from .core.policy import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
+from .core.stats import SpeculativeStats
+from .demo_model import demo_model_path
 from .drafters import DRAFTERS, register_drafter
 from .integration import install, uninstall
 from .memory import clear_cache
-from .models import demo_model_path
-from .output import SpeculativeGenerateOutput
-from .policy import AdaptiveDraftLength, FixedDraftLength
-from .selection import DraftChoice, select_draft
-from .stats import SpeculativeStats
-
-__version__ = "0.1.0"
+from .selection.select import DraftChoice, select_draft
+from .version import __version__
 
 install()
 
 __all__ = [
     "DRAFTERS",
     "AdaptiveDraftLength",
+    "DraftLengthPolicy",
     "DraftChoice",
     "FixedDraftLength",
     "SpeculativeConfig",
@@ -33,5 +33,6 @@ __all__ = [
     "install",
     "register_drafter",
     "select_draft",
+    "__version__",
     "uninstall",
 ]

@@ -116,7 +116,7 @@ def _check_num_draft_tokens(n: Any) -> None:
     if missing:
         raise TypeError(
             f"The draft-length policy {type(n).__name__} lacks {missing}: a policy object needs "
-            "draft_length, trim, update and expect_draft_cost (subclass hf_specdec.policy."
+            "draft_length, trim, update and expect_draft_cost (subclass hf_specdec."
             "DraftLengthPolicy to inherit its no-op expect_draft_cost; FixedDraftLength is the simplest one)."
         )
 

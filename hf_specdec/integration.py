@@ -4,6 +4,10 @@
 criteria, KV cache); with `speculative=` it hands the prepared state to our loop through its
 `custom_generate` hook instead of running its own token-by-token loop. Without `speculative=`
 the original `generate` runs untouched.
+
+Everything the loop is given is decided here, before it starts: the inputs are checked, `"auto"` is
+resolved to a drafter (the Hub choice, in `selection`), the drafter is built and the draft-length
+policy chosen, so that `core` never reaches up into the drafters or the Hub.
 """
 
 from __future__ import annotations
@@ -16,7 +20,12 @@ from transformers.generation.stopping_criteria import StopStringCriteria
 from transformers.generation.utils import GenerationMixin
 
 from .config import SpeculativeConfig
-from .loop import speculative_decode
+from .core.checks import check_supported
+from .core.draft import Drafter
+from .core.loop import speculative_decode
+from .core.policy import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
+from .drafters import DRAFTERS, build_drafter
+from .selection.method import resolve_method
 
 # transformers' own `generate`, kept on the class the first time this module runs: a reload of this
 # module (notebook autoreload, `importlib.reload`) would otherwise read back our wrapper as "the
@@ -47,21 +56,55 @@ def _speculative_generate(model: Any, args: tuple, kwargs: dict[str, Any], confi
     if len(args) > 7 and args[7] is not None:  # generate's 8th positional parameter is the streamer
         streamer = args[7]
     _take_stop_strings(model, kwargs, tokenizer)
-    decode = functools.partial(speculative_decode, speculative=config, streamer=streamer, tokenizer=tokenizer)
+
     # `custom_generate` callables receive (model, input_ids, logits_processor, stopping_criteria,
-    # generation_config, **model_kwargs); keyword-only extras we bind here ourselves.
-    return _ORIGINAL_GENERATE(model, *args, custom_generate=_as_callable(decode), **kwargs)
-
-
-def _as_callable(decode: functools.partial) -> Any:
+    # generation_config, **model_kwargs): generate's prepared state, handed on to the loop.
     def custom_generate(
         model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs
     ):
-        return decode(
-            model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs
+        check_supported(model, input_ids, generation_config, model_kwargs, streamer)
+        resolved = resolve_method(config, model)
+        drafter = build_drafter(resolved, model, tokenizer)
+        if generation_config.do_sample and not drafter.supports_sampling:
+            raise ValueError(
+                f"method={resolved.method!r} supports greedy decoding only; pass do_sample=False."
+            )
+        return speculative_decode(
+            model,
+            input_ids,
+            logits_processor,
+            stopping_criteria,
+            generation_config,
+            drafter=drafter,
+            policy=_policy(resolved),
+            tree=_drafts_trees(resolved, drafter),
+            max_tree_nodes=None if type(resolved.tree) is not int else resolved.tree,
+            streamer=streamer,
+            **model_kwargs,
         )
 
-    return custom_generate
+    return _ORIGINAL_GENERATE(model, *args, custom_generate=custom_generate, **kwargs)
+
+
+def _drafts_trees(config: SpeculativeConfig, drafter: Drafter) -> bool:
+    """`tree="auto"`: a tree where the drafter grows them (the policy sizes it), else a chain."""
+    if config.tree == "auto":
+        return drafter.supports_tree
+    if config.tree is not False and not drafter.supports_tree:
+        growers = ", ".join(repr(name) for name, cls in DRAFTERS.items() if cls.supports_tree)
+        raise ValueError(
+            f"method={config.method!r} drafts chains only; tree=True needs a drafter that grows "
+            f"trees (method={growers}), or drop tree=."
+        )
+    return config.tree is not False
+
+
+def _policy(config: SpeculativeConfig) -> DraftLengthPolicy:
+    if config.num_draft_tokens == "auto":
+        return AdaptiveDraftLength()  # a fresh one per call: nothing learnt leaks into the next
+    if isinstance(config.num_draft_tokens, int):
+        return FixedDraftLength(config.num_draft_tokens)
+    return config.num_draft_tokens  # the user's own policy object, kept across their calls
 
 
 def _take_stop_strings(model: Any, kwargs: dict[str, Any], tokenizer: Any) -> None:

@@ -152,7 +152,7 @@ def load_model(
             model.name_or_path, trust_remote_code=trust_remote_code
         )
     if name_or_path is None:
-        from .models import demo_model_path
+        from .demo_model import demo_model_path
 
         name_or_path = demo_model_path()
     name = str(name_or_path)

@@ -7,8 +7,8 @@ import gc
 import torch
 
 from .drafters import draft_model
+from .hub.tokenizer_check import clear_checks
 from .ort import cache, session
-from .tokenizer_check import clear_checks
 
 
 def clear_cache() -> None:

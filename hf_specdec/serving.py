@@ -34,8 +34,8 @@ from typing import Any
 
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from . import __version__
 from .bench.suites import builtin_suite_path, load_prompt_file, take_per_category
+from .core.stats import SpeculativeStats
 from .drafters.base import options_to_config
 from .drafters.draft_model import DraftModelConfig
 from .drafters.ngram import NgramConfig
@@ -43,8 +43,8 @@ from .heads.checkpoint import CONFIG_NAME, load_head
 from .heads.eagle3 import Eagle3Head
 from .heads.layouts import check_layout, save_eagle3, save_speculators
 from .loading import encode_prompts, pad_token_id, use_chat_template
-from .selection import registry_heads, select_draft
-from .stats import SpeculativeStats
+from .selection.select import registry_heads, select_draft
+from .version import __version__
 
 VLLM_VERSION = "0.33.0"
 SGLANG_VERSION = "0.5.23"

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import hf_specdec
-from hf_specdec.kv import RaggedKV
+from hf_specdec.core.kv import RaggedKV
 
 from .conftest import assert_greedy_match, random_batch
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from hf_specdec.compat import cache_argument, generate_cache
+from hf_specdec.core.compat import cache_argument, generate_cache
 
 from .conftest import tiny_llama
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from hf_specdec.devices import execution_device
+from hf_specdec.core.devices import execution_device
 from hf_specdec.heads.eagle import EagleHeadConfig
 from hf_specdec.heads.io import build_head, save_head
 from hf_specdec.heads.medusa import MedusaHeadConfig

@@ -228,7 +228,7 @@ def test_incomplete_policy_is_refused_up_front(policy, missing):
 
 def test_policy_methods_checked_are_the_protocols():
     from hf_specdec.config import POLICY_METHODS
-    from hf_specdec.policy import DraftLengthPolicy
+    from hf_specdec.core.policy import DraftLengthPolicy
 
     declared = {name for name in vars(DraftLengthPolicy) if not name.startswith("_")}
     assert set(POLICY_METHODS) == declared

@@ -65,13 +65,13 @@ def _load_time_imports(body: list[ast.stmt]) -> list[ast.Import | ast.ImportFrom
     return found
 
 
-def _all_imports(node: ast.AST) -> list[ast.Import | ast.ImportFrom]:
-    """Every import statement, in functions as well, except under `if TYPE_CHECKING:`."""
+def _all_imports(node: ast.AST, type_hints: bool = False) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement, in functions as well; under `if TYPE_CHECKING:` only if `type_hints`."""
     if isinstance(node, (ast.Import, ast.ImportFrom)):
         return [node]
-    if isinstance(node, ast.If) and _is_type_checking(node.test):
+    if isinstance(node, ast.If) and _is_type_checking(node.test) and not type_hints:
         return [found for child in node.orelse for found in _all_imports(child)]
-    return [found for child in ast.iter_child_nodes(node) for found in _all_imports(child)]
+    return [found for child in ast.iter_child_nodes(node) for found in _all_imports(child, type_hints)]
 
 
 def _source(module: str, node: ast.ImportFrom) -> str:
@@ -102,11 +102,13 @@ def _trees() -> dict[str, ast.Module]:
     return {name: ast.parse(path.read_text(), str(path)) for name, path in MODULES.items()}
 
 
-def import_graph(deferred: bool = False) -> dict[str, set[str]]:
-    """Module -> the modules of ours it imports when loaded (and, if `deferred`, in its functions)."""
+def import_graph(deferred: bool = False, type_hints: bool = False) -> dict[str, set[str]]:
+    """Module -> the modules of ours it imports when loaded (and, if `deferred`, in its functions;
+    if `type_hints`, under `if TYPE_CHECKING:` as well)."""
     graph: dict[str, set[str]] = {name: set() for name in MODULES}
     for module, tree in _trees().items():
-        for node in _all_imports(tree) if deferred else _load_time_imports(tree.body):
+        deeper = deferred or type_hints
+        for node in _all_imports(tree, type_hints) if deeper else _load_time_imports(tree.body):
             graph[module] |= {target for target, _ in _targets(module, node) if target != module}
     return graph
 
@@ -138,9 +140,13 @@ def _subpackage(module: str) -> str:
     return module if _is_package(module) else module.rpartition(".")[0]
 
 
-@pytest.mark.parametrize("deferred", [False, True], ids=["load-time", "with-deferred"])
-def test_the_package_has_no_import_cycles(deferred):
-    cycle = find_cycle(import_graph(deferred))
+@pytest.mark.parametrize(
+    "deferred, type_hints",
+    [(False, False), (True, False), (True, True)],
+    ids=["load-time", "with-deferred", "with-type-hints"],
+)
+def test_the_package_has_no_import_cycles(deferred, type_hints):
+    cycle = find_cycle(import_graph(deferred, type_hints))
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
@@ -166,16 +172,84 @@ def test_no_package_imports_another_packages_private_names():
     )
 
 
-def test_importing_the_policy_does_not_load_the_drafters():
-    """`hf_specdec/__init__.py` loads the drafters for its public API, so the package is stubbed:
-    what is checked is what `policy.py` itself pulls in."""
+# The layers, bottom up: each unit (a subpackage, or a module at the package's root) and the units
+# it may import, type hints and deferred imports included. A new unit must be placed here; an arrow
+# not in the table is one that runs up (or sideways where nothing needs it).
+LAYERS: dict[str, set[str]] = {
+    "version": set(),
+    "config": set(),  # SpeculativeConfig: what the user asks for, plain data
+    "core": {"config"},  # the decode engine: loop, verify, kv, draft protocol, policy, output
+    "store": set(),  # cache folders on disk and their manifests
+    "hub": {"store"},  # fetching and checking checkpoints
+    "heads": {"core", "hub", "store"},  # EAGLE / Medusa modules and their checkpoints
+    "ort": {"core", "store"},  # ONNX Runtime export, sessions, int8 copies
+    "drafters": {"config", "core", "heads", "hub", "ort", "store"},
+    "selection": {"config", "core", "drafters", "hub", "ort", "store"},  # which draft for a target
+    "integration": {"config", "core", "drafters", "selection"},  # generate(speculative=), pipelines
+    "demo_model": {"store"},
+    "memory": {"drafters", "hub", "ort"},
+    "loading": {"core", "demo_model"},
+    "lossless": {"loading"},
+    "bench": {"config", "core", "drafters", "heads", "loading", "lossless", "ort"},
+    "train": {"bench", "core", "heads", "loading"},
+    "serving": {"bench", "config", "core", "drafters", "heads", "loading", "selection", "version"},
+    "__init__": {"config", "core", "demo_model", "drafters", "integration", "memory", "selection", "version"},
+    "commands": {
+        "__init__",
+        "bench",
+        "config",
+        "core",
+        "drafters",
+        "heads",
+        "loading",
+        "lossless",
+        "ort",
+        "selection",
+        "serving",
+        "train",
+        "version",
+    },
+    "cli": {"commands", "version"},
+}
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_every_unit_of_the_package_has_a_place_in_the_layers():
+    units = {_unit(module) for module in MODULES}
+    assert units == set(LAYERS), (
+        f"place {sorted(units - set(LAYERS))} in LAYERS; gone: {sorted(set(LAYERS) - units)}"
+    )
+
+
+def test_imports_run_down_the_layers_only():
+    """The first arrow that runs up fails, named by module."""
+    for module, imported in sorted(import_graph(deferred=True, type_hints=True).items()):
+        for target in sorted(imported):
+            a, b = _unit(module), _unit(target)
+            assert a == b or b in LAYERS[a], (
+                f"{module} imports {target}: {a!r} may import only {sorted(LAYERS[a])}"
+            )
+
+
+def test_the_layer_table_has_no_cycle():
+    assert find_cycle({unit: set(below) for unit, below in LAYERS.items()}) is None
+
+
+def test_the_core_loads_nothing_above_it():
+    """At run time as well: importing the decode loop loads no drafter, Hub or selection module.
+    `hf_specdec/__init__.py` loads everything for its public API, so the package is stubbed."""
     code = (
         "import sys, types\n"
         f"package = types.ModuleType({ROOT!r}); package.__path__ = [{str(PACKAGE)!r}]\n"
         f"sys.modules[{ROOT!r}] = package\n"
-        f"import {ROOT}.policy\n"
+        f"import {ROOT}.core.loop\n"
         f"print(sorted(m for m in sys.modules if m.startswith({ROOT + '.'!r})))\n"
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert f"{ROOT}.policy" in loaded
-    assert f"{ROOT}.drafters" not in loaded, loaded
+    assert f"{ROOT}.core.loop" in loaded
+    outside = [m for m in ast.literal_eval(loaded) if not m.startswith(f"{ROOT}.core")]
+    assert outside == [], outside

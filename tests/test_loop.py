@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hf_specdec import register_drafter
-from hf_specdec.draft import Draft, DraftRequest
+from hf_specdec.core.draft import Draft, DraftRequest
 from hf_specdec.drafters import DRAFTERS, Drafter
 
 from .conftest import random_batch

@@ -321,7 +321,7 @@ def test_text_prompt_of_a_model_with_multi_axis_positions_like_plain():
 
 def test_positions_that_differ_between_axes_are_refused():
     """An image in such a model gives its tokens positions that differ between axes: refused, not guessed."""
-    from hf_specdec.inputs import ModelInputs
+    from hf_specdec.core.inputs import ModelInputs
 
     input_ids = torch.tensor([[7, 8, 9, 10]])
     positions = torch.arange(4).expand(4, 1, 4).clone()

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from hf_specdec.draft import Draft
-from hf_specdec.policy import (
+from hf_specdec.core.draft import Draft
+from hf_specdec.core.policy import (
     AcceptanceEstimate,
     AdaptiveDraftLength,
     AdaptiveSettings,

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from hf_specdec.selection import DraftSelectionError, load_draft, registry_lookup, select_draft
+from hf_specdec.selection.select import DraftSelectionError, load_draft, registry_lookup, select_draft
 
 try:  # `python -m pytest` from the repo root, or --import-mode=importlib
     from tests.hub_server import TOKEN, HubServer, build_tiny_repo
@@ -94,7 +94,7 @@ def test_registry_answers_offline(target: str, draft: str | None, monkeypatch: p
 
 
 def test_registry_pairs_are_instruct_to_instruct() -> None:
-    from hf_specdec.selection import _registry
+    from hf_specdec.selection.select import _registry
 
     for target, entry in _registry().items():
         if "draft" in entry:
@@ -116,7 +116,8 @@ def test_local_smollm2_folder_is_draft_free(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_demo_model_folder_is_draft_free(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hf_specdec.models import DEMO_MODEL_NAME, cache_dir
+    from hf_specdec.demo_model import DEMO_MODEL_NAME
+    from hf_specdec.store.paths import cache_dir
 
     folder = Path.home() / ".cache" / "hf-specdec" / "models" / DEMO_MODEL_NAME  # the default cache
     folder = folder if folder.exists() else cache_dir() / "models" / DEMO_MODEL_NAME
@@ -305,7 +306,7 @@ def test_cli_main(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_registry_is_shipped_with_the_checkout() -> None:
-    from hf_specdec.selection import registry_path
+    from hf_specdec.selection.select import registry_path
 
     assert registry_path() == Path(__file__).resolve().parents[1] / "configs" / "draft_pairs.toml"
 

@@ -241,12 +241,12 @@ def test_real_call_stats_invariants(target, target_no_eos, good_draft, case):
 def test_real_call_counts_the_nodes_it_verified(target_no_eos, tree, monkeypatch):
     """The stats' nodes and depths are those of the drafts the target verified (after the policy's
     cut), row by row; with trees the nodes outnumber the depth, with chains there are no tree steps."""
-    import hf_specdec.loop
+    import hf_specdec.core.loop
 
     from .test_trees import _repetitive_batch
 
     nodes, depths, trees = 0, 0, 0
-    verify = hf_specdec.loop._verify
+    verify = hf_specdec.core.loop._verify
 
     def spy(target, slots, request, draft, *rest):
         nonlocal nodes, depths, trees
@@ -256,7 +256,7 @@ def test_real_call_counts_the_nodes_it_verified(target_no_eos, tree, monkeypatch
             trees += sum(n > 0 for n in draft.lengths)
         return verify(target, slots, request, draft, *rest)
 
-    monkeypatch.setattr(hf_specdec.loop, "_verify", spy)
+    monkeypatch.setattr(hf_specdec.core.loop, "_verify", spy)
     input_ids, attention_mask = _repetitive_batch(1, 3)
     spec = dict(method="ngram", tree=tree, num_draft_tokens=6, options=dict(min_ngram=1))
     out = target_no_eos.generate(

@@ -1,4 +1,4 @@
-"""Timers that feed the policy or a report wait for the device they measure (`hf_specdec.timing`).
+"""Timers that feed the policy or a report wait for the device they measure (`hf_specdec.core.timing`).
 
 No GPU here: these check the dispatch (which synchronize is called, for which device) with
 `torch.cuda.synchronize` replaced, and that every clock read in the package and the bench scripts
@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import hf_specdec
-from hf_specdec import timing
 from hf_specdec.config import SpeculativeConfig
+from hf_specdec.core import timing
 from hf_specdec.drafters.base import elapsed
 from hf_specdec.drafters.draft_model import DraftModelDrafter
 
@@ -30,7 +30,7 @@ NOT_YET: set[str] = set()
 # `LLM(...)` and `LLM.generate`, which return finished outputs, so there is no queued work to wait for.
 OUTSIDE_THE_PROJECT = {"bench/vllm_engine.py"}
 # Dates, not durations: the age of a staging folder is its mtime against the wall clock.
-WALL_CLOCK_DATES = {"hf_specdec/manifest.py"}
+WALL_CLOCK_DATES = {"hf_specdec/store/manifest.py"}
 
 
 @pytest.fixture
@@ -106,4 +106,6 @@ def test_every_clock_read_goes_through_timing_clock():
         and _clock_reads(f)
         and str(f.relative_to(ROOT)) not in NOT_YET | OUTSIDE_THE_PROJECT | WALL_CLOCK_DATES
     }
-    assert not bypassing, f"read the clock with hf_specdec.timing.clock(device) instead: {sorted(bypassing)}"
+    assert not bypassing, (
+        f"read the clock with hf_specdec.core.timing.clock(device) instead: {sorted(bypassing)}"
+    )

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import hf_specdec
+from hf_specdec.core.loop import _tree_layout
+from hf_specdec.core.verify import tree_verify
 from hf_specdec.drafters.ngram import _trie
-from hf_specdec.loop import _tree_layout
-from hf_specdec.verify import tree_verify
 
 from .conftest import assert_greedy_match, random_batch, tiny_llama
 from .test_sampling import ALPHA, NEW, ROWS, SETTINGS, chi2_pvalue, continuation_index, exact_distribution
@@ -97,7 +97,7 @@ def test_tree_greedy_identity(target, tree, batch, seed):
 def test_adaptive_policy_learns_from_tree_paths(target, batch, seed, monkeypatch):
     """With `num_draft_tokens="auto"` the policy sizes trees from the accepted paths it is given
     (`TreeAcceptance`); output stays plain greedy's."""
-    from hf_specdec.policy import AdaptiveDraftLength
+    from hf_specdec.core.policy import AdaptiveDraftLength
 
     seen = []
     update = AdaptiveDraftLength.update
@@ -203,9 +203,9 @@ BRANCHING_PROMPT = [3, 1, 4, 1, 5, 2, 6, 5, 3, 5, 0, 7, 2, 3, 4, 6, 2, 6, 4, 3, 
 def sample_trees(model, settings: dict, seed: int, monkeypatch, verifier=None, spec=None) -> torch.Tensor:
     """ROWS speculative samples after BRANCHING_PROMPT (n-gram tries unless `spec` says otherwise),
     checking that the trees really branched."""
-    import hf_specdec.loop
+    import hf_specdec.core.loop
 
-    verify = verifier or hf_specdec.loop.tree_verify
+    verify = verifier or hf_specdec.core.loop.tree_verify
     branched = []
 
     def spy(draft_tokens, draft_lengths, parents, scores, do_sample):
@@ -213,7 +213,7 @@ def sample_trees(model, settings: dict, seed: int, monkeypatch, verifier=None, s
             branched.append(len(set(row[:n])) < n)
         return verify(draft_tokens, draft_lengths, parents, scores, do_sample)
 
-    monkeypatch.setattr(hf_specdec.loop, "tree_verify", spy)
+    monkeypatch.setattr(hf_specdec.core.loop, "tree_verify", spy)
     input_ids = torch.tensor([BRANCHING_PROMPT]).repeat(ROWS, 1)
     spec = spec or dict(method="ngram", num_draft_tokens=4, tree=True, options=dict(min_ngram=1))
     torch.manual_seed(seed)
@@ -263,9 +263,9 @@ def test_control_tree_walk_that_prefers_drafts_is_rejected(sampling_target, monk
 def test_sampled_tree_drafts_are_refused_rather_than_walked():
     """`tree_verify` is exact for trees chosen without the target's draws; a tree that comes with
     the distributions its tokens were sampled from asks for multi-draft rejection sampling."""
-    from hf_specdec.draft import Draft, DraftRequest
-    from hf_specdec.loop import _accept
-    from hf_specdec.processing import ScoreProcessor
+    from hf_specdec.core.draft import Draft, DraftRequest
+    from hf_specdec.core.loop import _accept
+    from hf_specdec.core.processing import ScoreProcessor
 
     request = DraftRequest(
         tokens=torch.tensor([[1, 2]]),

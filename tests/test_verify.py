@@ -1,4 +1,4 @@
-"""Pure-function tests of `hf_specdec.verify`: acceptance counts, emitted-token layout, and the
+"""Pure-function tests of `hf_specdec.core.verify`: acceptance counts, emitted-token layout, and the
 single-step exactness of `rejection_sample` (every emitted token is distributed as p)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from hf_specdec.verify import greedy_verify, rejection_sample
+from hf_specdec.core.verify import greedy_verify, rejection_sample
 
 ALPHA = 1e-3  # chi-square significance: a correct sampler fails a test about once in a thousand seeds
 ROWS = 20_000

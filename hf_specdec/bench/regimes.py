@@ -3,7 +3,7 @@ accepted is real, while the clock that everyone reads (our timers, the draft-len
 benchmark) advances by what a cost profile says each forward would cost on the emulated device.
 
 `emulate(model, profile)` wraps `model.forward` (`functools.wraps`, so signature checks still see
-the model's parameters) and patches `time.perf_counter`, which `hf_specdec.timing.clock` reads at
+the model's parameters) and patches `time.perf_counter`, which `hf_specdec.core.timing.clock` reads at
 call time, to a host clock plus an offset; after each forward the offset moves by the profile's
 cost minus what the forward took on the host clock. Host work between forwards (drafting, the
 loop's own work) still counts, as it does on a GPU, where the host is part of every step's cost;

@@ -10,8 +10,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ..core.stats import SpeculativeStats
 from ..lossless import KINDS, bound_formula
-from ..stats import SpeculativeStats
 from .plots import MissingMatplotlib, plot_acceptance, plot_speedup
 from .result import PLAIN, BenchResult, Measurement
 

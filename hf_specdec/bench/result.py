@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..stats import SpeculativeStats
+from ..core.stats import SpeculativeStats
 
 PLAIN = "plain"
 

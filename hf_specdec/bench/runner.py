@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ..core.timing import clock
 from ..drafters import DRAFTERS
 from ..drafters.draft_model import load_draft
 from ..heads import HEAD_METHODS
@@ -33,7 +34,6 @@ from ..loading import (
 )
 from ..lossless import IDENTICAL, check_greedy, count_kinds
 from ..ort.layout import is_onnx_folder
-from ..timing import clock
 from .result import PLAIN, BenchResult, Measurement
 from .suites import Prompt, load_prompt_file, load_suite, take_per_category
 

@@ -6,6 +6,7 @@ import argparse
 
 import hf_specdec  # the package: importing it adds `speculative=` to generate()
 
+from ..core.timing import clock
 from ..loading import (
     describe_runtime,
     encode_prompts,
@@ -15,7 +16,6 @@ from ..loading import (
     use_chat_template,
 )
 from ..lossless import MISMATCH, bound_formula, check_greedy, count_kinds
-from ..timing import clock
 from .options import add_runtime_options
 
 # Prompts written for the demo: two that copy from their input (where lookup drafting shines)

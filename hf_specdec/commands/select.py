@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from hf_specdec.selection import DraftChoice, DraftSelectionError, select_draft
+from hf_specdec.selection.select import DraftChoice, DraftSelectionError, select_draft
 
 
 def register(subparsers: Any) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..draft import Draft, DraftRequest
+from ..core.draft import Draft, DraftRequest
 from . import draft_model, eagle, medusa, ngram, onnx, quantized  # noqa: F401  (importing registers them)
 from .base import Drafter
 from .registry import DRAFTERS, build_drafter, register_drafter

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..draft import Draft, DraftRequest
+from ..core.draft import Draft, DraftRequest
 
 
 def next_tokens(

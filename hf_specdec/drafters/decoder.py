@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from ..kv import RaggedKV
-from ..timing import clock
+from ..core.kv import RaggedKV
+from ..core.timing import clock
 from .base import Drafter, elapsed
 from .chain import chain, real_tokens, right_aligned
 from .tree import Level, grow_tree
@@ -17,7 +17,7 @@ from .tree import Level, grow_tree
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-    from ..draft import Draft, DraftRequest
+    from ..core.draft import Draft, DraftRequest
 
 
 class DecoderCache(Protocol):

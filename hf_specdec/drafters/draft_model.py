@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ..config_check import checkpoint_problem
-from ..devices import execution_device
-from ..fields import check_fields
-from ..hub import HubFileError, download_model
-from ..tokenizer_check import compare_tokenizers_once
+from ..core.devices import execution_device
+from ..core.fields import check_fields
+from ..hub.config_check import checkpoint_problem
+from ..hub.download import HubFileError, download_model
+from ..hub.tokenizer_check import compare_tokenizers_once
 from .base import Drafter, options_to_config
 from .decoder import DecoderDrafter, TorchDecoder
 from .registry import register_drafter

@@ -7,14 +7,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from transformers import DynamicCache
 
-from ..devices import execution_device
-from ..draft import Draft, DraftRequest
+from ..core.devices import execution_device
+from ..core.draft import Draft, DraftRequest
+from ..core.kv import RaggedKV
+from ..core.timing import clock
 from ..heads.checkpoint import load_head
-from ..kv import RaggedKV
-from ..timing import clock
 from .base import Drafter, elapsed, options_to_config
 from .chain import chain, real_tokens, right_aligned
-from .heads import HeadDrafterConfig, full_vocab_logits, head_source
+from .head_drafter import HeadDrafterConfig, full_vocab_logits, head_source
 from .registry import register_drafter
 from .tree import Level, grow_tree
 

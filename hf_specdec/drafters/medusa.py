@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from ..devices import execution_device
-from ..draft import Draft, DraftRequest
+from ..core.devices import execution_device
+from ..core.draft import Draft, DraftRequest
 from ..heads.checkpoint import load_head
 from .base import Drafter, options_to_config
 from .chain import chain
-from .heads import HeadDrafterConfig, full_vocab_logits, head_source
+from .head_drafter import HeadDrafterConfig, full_vocab_logits, head_source
 from .registry import register_drafter
 
 if TYPE_CHECKING:

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from ..draft import Draft, DraftRequest
-from ..fields import check_fields
+from ..core.draft import Draft, DraftRequest
+from ..core.fields import check_fields
 from .base import Drafter, options_to_config
 from .registry import register_drafter
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..devices import execution_device
-from ..fields import check_fields
+from ..core.devices import execution_device
+from ..core.fields import check_fields
 from ..ort.session import PROVIDERS, OnnxDecoder
 from .base import options_to_config
 from .decoder import DecoderDrafter

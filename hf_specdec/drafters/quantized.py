@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..devices import execution_device
+from ..core.devices import execution_device
 from ..ort.cache import quantized_copy
 from .base import options_to_config
 from .onnx import OnnxDraftConfig, OnnxDrafter, load_decoder

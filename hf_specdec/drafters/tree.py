@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..draft import Draft, DraftRequest
-from ..processing import path_tokens
+from ..core.draft import Draft, DraftRequest
+from ..core.processing import path_tokens
 
 
 @dataclass

@@ -9,8 +9,8 @@ from typing import Any
 
 from torch import nn
 
-from ..devices import execution_device
-from ..hub import download_repo_files
+from ..core.devices import execution_device
+from ..hub.download import download_repo_files
 from .eagle import EagleHeadConfig
 from .io import (
     CONFIG_NAME,

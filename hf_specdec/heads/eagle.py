@@ -20,8 +20,8 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from transformers.utils import ModelOutput
 
-from ..devices import module_weight
-from ..fields import check_fields
+from ..core.devices import module_weight
+from ..core.fields import check_fields
 from .layers import DecoderLayer, RMSNorm, vocab_rows
 
 

@@ -16,8 +16,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ..devices import execution_device
-from ..manifest import MANIFEST_NAME, manifest_problem, write_manifest
+from ..core.devices import execution_device
+from ..store.manifest import MANIFEST_NAME, manifest_problem, write_manifest
 from .eagle import EagleHead, EagleHeadConfig
 from .eagle3 import Eagle3Head
 from .medusa import MedusaHead, MedusaHeadConfig

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..devices import module_weight
-from ..fields import check_fields
+from ..core.devices import module_weight
+from ..core.fields import check_fields
 from .layers import is_whole_vocab, vocab_rows
 
 

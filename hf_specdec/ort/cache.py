@@ -10,8 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..manifest import manifest_problem, remove_stale_staging, replace_folder, staging_folder, write_manifest
-from ..models import cache_dir
+from ..store.manifest import (
+    manifest_problem,
+    remove_stale_staging,
+    replace_folder,
+    staging_folder,
+    write_manifest,
+)
+from ..store.paths import cache_dir
 from .export import export_onnx
 from .quantize import INT8_FORMAT
 

@@ -19,7 +19,7 @@ import torch
 from torch.export import Dim
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from ..compat import cache_argument
+from ..core.compat import cache_argument
 from .graph import add_logits_to_keep, add_tree_mask_default
 from .layout import io_names, require
 from .progress import Progress, quiet

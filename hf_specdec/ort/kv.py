@@ -9,21 +9,35 @@ written into the other. Holes left by rejected drafts in a batch are masked as i
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from .layout import LOGITS_TO_KEEP, TREE_MASK, io_names
 
-if TYPE_CHECKING:
-    from .session import OnnxDecoder
+
+class ExportedDecoder(Protocol):
+    """What the cache reads of the decoder it serves (`session.OnnxDecoder`): its session and the
+    layout of its graph. A protocol, so that the session module can build caches without a cycle."""
+
+    session: Any  # onnxruntime.InferenceSession
+    device: torch.device
+    dtype: torch.dtype
+    num_layers: int
+    kv_heads: int
+    head_dim: int
+    vocab_size: int
+    has_position_ids: bool
+    has_cache_branch: bool
+    has_tree_mask: bool
+    has_logits_to_keep: bool
 
 
 class OrtKV:
     """`kv.RaggedKV` for an ONNX decoder: same interface, KV in IO-bound ping-pong buffers."""
 
-    def __init__(self, decoder: OnnxDecoder, batch_size: int) -> None:
+    def __init__(self, decoder: ExportedDecoder, batch_size: int) -> None:
         self.decoder = decoder
         device = decoder.device
         self.mask = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)  # [B, cache_len]

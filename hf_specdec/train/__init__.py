@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
+from ..core.timing import clock
 from ..loading import describe_runtime, load_model
-from ..timing import clock
 from .data import build_sequences, load_prompts
 from .features import cached_target_features
 from .trainer import TrainConfig, train_head

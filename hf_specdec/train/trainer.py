@@ -21,11 +21,11 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from ..core.timing import clock
 from ..heads import HEAD_METHODS
 from ..heads.eagle import EagleHeadConfig
 from ..heads.io import build_head, check_saved_head, load_state, read_weights, save_head
 from ..heads.medusa import MedusaHeadConfig
-from ..timing import clock
 from .features import Example
 
 CHECKPOINT_DIR = "checkpoint"

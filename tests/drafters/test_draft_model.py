@@ -7,9 +7,9 @@ import warnings
 import torch
 
 from hf_specdec.config import SpeculativeConfig
-from hf_specdec.draft import DraftRequest
+from hf_specdec.core.draft import DraftRequest
+from hf_specdec.core.processing import ScoreProcessor
 from hf_specdec.drafters.draft_model import DraftModelDrafter
-from hf_specdec.processing import ScoreProcessor
 
 
 def _request(tokens: torch.Tensor, k: int) -> DraftRequest:
@@ -59,7 +59,7 @@ def test_probe_times_a_draft_token_without_touching_the_drafter(target, good_dra
 def test_tokenizer_checks_are_remembered_per_pair_of_tokenizers(smollm2_path):
     from transformers import AutoTokenizer
 
-    from hf_specdec.tokenizer_check import compare_tokenizers_once
+    from hf_specdec.hub.tokenizer_check import compare_tokenizers_once
 
     one, other = AutoTokenizer.from_pretrained(smollm2_path), AutoTokenizer.from_pretrained(smollm2_path)
     first = compare_tokenizers_once(one, other)
@@ -70,7 +70,7 @@ def test_tokenizer_checks_are_remembered_per_pair_of_tokenizers(smollm2_path):
 def test_a_tokenizer_grown_in_place_is_compared_again(smollm2_path):
     from transformers import AutoTokenizer
 
-    from hf_specdec.tokenizer_check import compare_tokenizers_once
+    from hf_specdec.hub.tokenizer_check import compare_tokenizers_once
 
     one, other = AutoTokenizer.from_pretrained(smollm2_path), AutoTokenizer.from_pretrained(smollm2_path)
     assert compare_tokenizers_once(one, other).compatible

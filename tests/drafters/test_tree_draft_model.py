@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import hf_specdec
-from hf_specdec.draft import DraftRequest
+from hf_specdec.core.draft import DraftRequest
+from hf_specdec.core.processing import ScoreProcessor
 from hf_specdec.drafters.draft_model import DraftModelDrafter
 from hf_specdec.drafters.tree import grow_tree
-from hf_specdec.processing import ScoreProcessor
 
 from ..conftest import assert_greedy_match, random_batch, tiny_llama
 from ..test_sampling import ALPHA, SETTINGS, chi2_pvalue, exact_distribution

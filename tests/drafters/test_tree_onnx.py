@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hf_specdec.core.kv import RaggedKV
 from hf_specdec.drafters.decoder import DecoderDrafter
-from hf_specdec.kv import RaggedKV
 from hf_specdec.ort.kv import OrtKV
 
 from ..conftest import assert_greedy_match, random_batch

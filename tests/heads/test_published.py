@@ -22,8 +22,8 @@ from hf_specdec.heads.eagle import EagleHead, EagleHeadConfig
 from hf_specdec.heads.eagle3 import Eagle3Head
 from hf_specdec.heads.io import build_head, save_head
 from hf_specdec.heads.medusa import MedusaHead
-from hf_specdec.manifest import MANIFEST_NAME
-from hf_specdec.selection import DraftChoice, known_heads, select_draft
+from hf_specdec.selection.select import DraftChoice, known_heads, select_draft
+from hf_specdec.store.manifest import MANIFEST_NAME
 
 from ..conftest import assert_greedy_match, random_batch, tiny_llama
 
@@ -681,7 +681,7 @@ def test_select_draft_reports_published_heads_offline(tmp_path, monkeypatch):
 
 
 def test_registry_heads_are_sourced_and_of_a_known_layout():
-    from hf_specdec.selection import _REPO_ID, _registry_data
+    from hf_specdec.selection.select import _REPO_ID, _registry_data
 
     entries = _registry_data()["head"]
     assert entries

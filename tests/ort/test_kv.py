@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hf_specdec.kv import RaggedKV
+from hf_specdec.core.kv import RaggedKV
 from hf_specdec.ort.export import _export
 from hf_specdec.ort.kv import OrtKV
 from hf_specdec.ort.session import OnnxDecoder

@@ -18,13 +18,13 @@ import torch
 from transformers import T5Config, T5ForConditionalGeneration
 
 from hf_specdec.drafters import DRAFTERS, Draft, Drafter, register_drafter
-from hf_specdec.drafters.heads import HeadDrafterConfig
+from hf_specdec.drafters.head_drafter import HeadDrafterConfig
 from hf_specdec.drafters.onnx import OnnxDraftConfig
 from hf_specdec.heads.eagle import EagleHeadConfig
 from hf_specdec.heads.io import CONFIG_NAME, build_head, save_head
 from hf_specdec.heads.medusa import MedusaHeadConfig
-from hf_specdec.hub import HubFileError
-from hf_specdec.manifest import MANIFEST_NAME
+from hf_specdec.hub.download import HubFileError
+from hf_specdec.store.manifest import MANIFEST_NAME
 
 from ..conftest import tiny_llama
 from ..heads.test_published import write_eagle1

@@ -25,11 +25,11 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from hf_specdec import models
+from hf_specdec import demo_model
 from hf_specdec.heads.eagle import EagleHeadConfig
 from hf_specdec.heads.io import CONFIG_NAME, WEIGHTS_NAME, build_head, save_head
-from hf_specdec.manifest import MANIFEST_NAME, remove_stale_staging, staging_folder
 from hf_specdec.ort.cache import quantized_copy
+from hf_specdec.store.manifest import MANIFEST_NAME, remove_stale_staging, staging_folder
 from hf_specdec.train.data import Sequence
 from hf_specdec.train.features import cached_target_features
 from hf_specdec.train.trainer import CHECKPOINT_DIR, STATE_NAME, TrainConfig, train_head
@@ -173,7 +173,7 @@ def demo_source(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_SPECDEC_CACHE", str(root / "cache"))
         mp.setenv("HF_SPECDEC_DEMO_GGUF", str(gguf))
-        folder = models.demo_model_path(quiet=True)
+        folder = demo_model.demo_model_path(quiet=True)
     shutil.copytree(folder, root / "pristine")
     return gguf, root / "pristine"
 
@@ -183,7 +183,7 @@ def demo_folder(demo_source, tmp_path, monkeypatch):
     gguf, pristine = demo_source
     monkeypatch.setenv("HF_SPECDEC_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_SPECDEC_DEMO_GGUF", str(gguf))
-    folder = tmp_path / "cache" / "models" / models.DEMO_MODEL_NAME
+    folder = tmp_path / "cache" / "models" / demo_model.DEMO_MODEL_NAME
     _restore(folder, pristine)
     return folder, pristine
 
@@ -203,11 +203,11 @@ def test_a_corrupt_demo_model_is_rebuilt(demo_folder, name, corruption, reason):
     folder, pristine = demo_folder
     CORRUPTIONS[corruption](folder / name)
     with pytest.warns(UserWarning, match=rf"Rebuilding the demo model in {re.escape(str(folder))}: {reason}"):
-        assert models.demo_model_path(quiet=True) == folder
+        assert demo_model.demo_model_path(quiet=True) == folder
     _assert_same_model(folder, pristine)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
-        assert models.demo_model_path(quiet=True) == folder
+        assert demo_model.demo_model_path(quiet=True) == folder
 
 
 def test_a_demo_model_built_before_manifests_is_adopted_when_whole(demo_folder):
@@ -218,13 +218,13 @@ def test_a_demo_model_built_before_manifests_is_adopted_when_whole(demo_folder):
     built = (folder / "model.safetensors").stat().st_mtime_ns
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # adopted, not rebuilt
-        assert models.demo_model_path(quiet=True) == folder
+        assert demo_model.demo_model_path(quiet=True) == folder
     assert (folder / "model.safetensors").stat().st_mtime_ns == built and (folder / MANIFEST_NAME).is_file()
 
     (folder / MANIFEST_NAME).unlink()
     _truncate(folder / "model.safetensors")
     with pytest.warns(UserWarning, match=r"Rebuilding the demo model .*has no hf_specdec_manifest.json"):
-        models.demo_model_path(quiet=True)
+        demo_model.demo_model_path(quiet=True)
     _assert_same_model(folder, pristine)
 
 

@@ -20,7 +20,7 @@ import torch
 
 import hf_specdec
 from hf_specdec import SpeculativeConfig
-from hf_specdec.selection import load_draft, select_draft
+from hf_specdec.selection.select import load_draft, select_draft
 
 from ..hub_server import tiny_tokenizer
 from .conftest import DRAFT, TARGET, Sandbox, pickle_weights, remote_code_config
@@ -353,6 +353,6 @@ def test_every_from_pretrained_says_whether_remote_code_may_run():
 
 
 def test_every_download_goes_through_the_hub_module():
-    """File names are checked in one place (`hub.is_safe_filename`) before anything is fetched."""
+    """File names are checked in one place (`hub.download.is_safe_filename`) before anything is fetched."""
     places = {path.relative_to(PACKAGE).as_posix() for path, _ in _calls(DOWNLOADERS)}
-    assert places == {"hub.py"}
+    assert places == {"hub/download.py"}

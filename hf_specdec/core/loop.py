@@ -15,15 +15,12 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
-from .checks import check_supported, resolve_method
 from .compat import generate_cache
-from .config import SpeculativeConfig
-from .draft import Draft, DraftRequest
-from .drafters import DRAFTERS, build_drafter
+from .draft import Draft, Drafter, DraftRequest
 from .inputs import ModelInputs
 from .kv import RaggedKV
 from .output import OutputCollector, TokenOutputs, prompt_outputs, step_outputs
-from .policy import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
+from .policy import DraftLengthPolicy
 from .processing import ScoreProcessor
 from .stats import SpeculativeStats
 from .timing import clock
@@ -37,30 +34,20 @@ def speculative_decode(
     stopping_criteria: StoppingCriteriaList,
     generation_config: GenerationConfig,
     *,
-    speculative: SpeculativeConfig,
+    drafter: Drafter,
+    policy: DraftLengthPolicy,
+    tree: bool = False,
+    max_tree_nodes: int | None = None,
     streamer: Any = None,
-    tokenizer: Any = None,
     **model_kwargs: Any,
 ) -> Any:
-    """Generate with speculative decoding; returns what `generate` would (plus `speculative_stats`)."""
-    check_supported(model, input_ids, generation_config, model_kwargs, streamer)
+    """Generate with speculative decoding; returns what `generate` would (plus `speculative_stats`).
+
+    The caller has checked the inputs (`checks.check_supported`) and chosen the `drafter` and the
+    draft-length `policy`; `tree`: draft trees (the drafter grows them), of at most `max_tree_nodes`.
+    """
     inputs = ModelInputs(model, input_ids, model_kwargs)
-    speculative = resolve_method(speculative, model)
-    drafter = build_drafter(speculative, model, tokenizer)
-    if generation_config.do_sample and not drafter.supports_sampling:
-        raise ValueError(
-            f"method={speculative.method!r} supports greedy decoding only; pass do_sample=False."
-        )
-    # "auto": a tree where the drafter grows them (the policy sizes it), else a chain.
-    tree = drafter.supports_tree if speculative.tree == "auto" else speculative.tree is not False
-    if tree and not drafter.supports_tree:
-        growers = ", ".join(repr(name) for name, cls in DRAFTERS.items() if cls.supports_tree)
-        raise ValueError(
-            f"method={speculative.method!r} drafts chains only; tree=True needs a drafter that grows "
-            f"trees (method={growers}), or drop tree=."
-        )
-    policy = _default_policy(speculative)
-    stats = SpeculativeStats(method=speculative.method)
+    stats = SpeculativeStats(method=drafter.name)
     batch, prompt_len = input_ids.shape
     device = input_ids.device
     vocab = model.config.get_text_config().vocab_size
@@ -112,8 +99,8 @@ def speculative_decode(
             cached_rows = rows
         slots = [cached_rows.index(r) for r in rows]
         k = policy.draft_length(len(rows))
-        if tree and type(speculative.tree) is int:
-            k = min(k, speculative.tree)  # the user's cap on the nodes of a tree
+        if tree and max_tree_nodes is not None:
+            k = min(k, max_tree_nodes)
         stats.draft_lengths.append(k)
         request = _request(out, rows, k, generation_config, score, features, tree)
 
@@ -121,7 +108,7 @@ def speculative_decode(
         draft = drafter.propose(request) if k > 0 else Draft.empty(len(rows), device)
         proposed_at = clock(device)
         draft = policy.trim(draft, len(rows), [out.room(r) for r in rows])
-        draft.check_token_ids(vocab, f"{type(drafter).__name__} (method={speculative.method!r})")
+        draft.check_token_ids(vocab, f"{type(drafter).__name__} (method={drafter.name!r})")
         drafted_at = clock(device)
         extra_inputs = functools.partial(inputs.step, rows=cached_rows)
         step = _verify(target, slots, request, draft, features, returned, extra_inputs)
@@ -367,11 +354,3 @@ class _Features:
         for row in row_ids:
             self.pending[row] = []
         return taken
-
-
-def _default_policy(config: SpeculativeConfig) -> DraftLengthPolicy:
-    if config.num_draft_tokens == "auto":
-        return AdaptiveDraftLength()  # a fresh one per call: nothing learnt leaks into the next
-    if isinstance(config.num_draft_tokens, int):
-        return FixedDraftLength(config.num_draft_tokens)
-    return config.num_draft_tokens  # the user's own policy object, kept across their calls

@@ -31,9 +31,8 @@ from huggingface_hub.errors import (
 )
 from transformers import AutoTokenizer
 
-from .choice import DRAFT_FREE_METHOD, DraftChoice, DraftSelectionError, params_from_name
-from .config_check import NO_PICKLES, draft_config_problem, hub_config_problem, tokenizer_problem
-from .hub import (
+from ..hub.config_check import NO_PICKLES, draft_config_problem, hub_config_problem, tokenizer_problem
+from ..hub.download import (
     SAFETENSORS_INDEX,
     SAFETENSORS_WEIGHTS,
     TOKENIZER_FILES,
@@ -41,7 +40,8 @@ from .hub import (
     hub_endpoint,
     is_commit,
 )
-from .tokenizer_check import compare_tokenizers, tokenizer_fingerprint
+from ..hub.tokenizer_check import compare_tokenizers, tokenizer_fingerprint
+from .choice import DRAFT_FREE_METHOD, DraftChoice, DraftSelectionError, params_from_name
 
 MIN_RATIO = 1 / 100  # a smaller draft agrees too rarely with the target to pay
 MAX_RATIO = 1 / 4  # a larger draft costs too much per drafted token

@@ -19,7 +19,7 @@ from typing import Any
 
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-from .hub import SAFETENSORS_INDEX, SAFETENSORS_WEIGHTS, is_safe_filename
+from .download import SAFETENSORS_INDEX, SAFETENSORS_WEIGHTS, is_safe_filename
 
 MAX_CONFIG_BYTES = 1 << 20  # a causal LM's config.json is a few kB; a larger one is refused unread
 MAX_TOKENIZER_CONFIG_BYTES = 16 << 20  # added tokens and chat templates make these larger

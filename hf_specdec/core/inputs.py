@@ -36,21 +36,27 @@ _GENERATED_TOKENS_TAKE = {
 }
 
 
+def check_forwarded(input_ids: torch.Tensor, model_kwargs: dict[str, Any]) -> None:
+    """Refuse a model input speculative decoding would not pass on: nothing is silently dropped."""
+    given = {key: value for key, value in model_kwargs.items() if value is not None}
+    unknown = sorted(key for key in given if key not in _CONSUMED and key not in FORWARDED)
+    if "cache_position" in unknown and _is_default_cache_position(given["cache_position"], input_ids):
+        unknown.remove("cache_position")  # what older 5.x `generate` derives for an empty cache
+    if unknown:
+        raise ValueError(
+            f"speculative= would not pass {', '.join(map(repr, unknown))} to the model: drop "
+            f"{'them' if len(unknown) > 1 else 'it'}, or use plain generate for "
+            f"{'them' if len(unknown) > 1 else 'it'} (besides the prompt, its attention_mask and "
+            f"position_ids, speculative= forwards {', '.join(FORWARDED)})."
+        )
+
+
 class ModelInputs:
     """What each target forward of a call gets besides its tokens, mask, positions and cache."""
 
     def __init__(self, model: Any, input_ids: torch.Tensor, model_kwargs: dict[str, Any]) -> None:
+        """`model_kwargs` as `check_forwarded` accepted them."""
         given = {key: value for key, value in model_kwargs.items() if value is not None}
-        unknown = sorted(key for key in given if key not in _CONSUMED and key not in FORWARDED)
-        if "cache_position" in unknown and _is_default_cache_position(given["cache_position"], input_ids):
-            unknown.remove("cache_position")  # what older 5.x `generate` derives for an empty cache
-        if unknown:
-            raise ValueError(
-                f"speculative= would not pass {', '.join(map(repr, unknown))} to the model: drop "
-                f"{'them' if len(unknown) > 1 else 'it'}, or use plain generate for "
-                f"{'them' if len(unknown) > 1 else 'it'} (besides the prompt, its attention_mask and "
-                f"position_ids, speculative= forwards {', '.join(FORWARDED)})."
-            )
         self.prompt_positions = _prompt_positions(given.get("position_ids"), input_ids)
         extras = {key: given[key] for key in FORWARDED if key in given}
         self._prefill = _passed_by_generate(model, input_ids, extras, first=True)

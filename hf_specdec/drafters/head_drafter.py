@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..fields import check_fields
+from ..core.fields import check_fields
 from ..heads.layers import is_whole_vocab
 
 

