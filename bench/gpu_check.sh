@@ -29,5 +29,5 @@ if [ "${GPU_CHECK_SERVING:-1}" = 1 ]; then
         echo "vllm_check skipped: ${left}s of the 9-minute budget left"
     fi
     timeout 90 python bench/sglang_flags.py --out "$dir/sglang_flags.json" \
-        || echo "sglang_flags: failed (no network to download the wheel?); tests/test_serving.py checks the list"
+        || echo "sglang_flags: failed (no network to download the wheel?); tests/serving/test_engines.py checks the list"
 fi

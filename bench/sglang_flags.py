@@ -18,14 +18,14 @@ and its sources parsed with `ast`. What 0.5.23 accepts on the command line (`lau
   or a plugin; the builtin members are read from the enum.
 - `python -m sglang.launch_server` needs `sglang/launch_server.py`.
 
-The commands checked: the SGLang golden files of `tests/test_serving.py` (what `export_serving`
+The commands checked: the SGLang golden files of `tests/serving/test_export.py` (what `export_serving`
 writes for ngram, draft_model, an EAGLE-3 head and onnx, asserted there), `export_serving` for the
 published EAGLE-1 and EAGLE-3 heads the registry knows (no download: they are served by name), and
 any `serving.json` given. Exit status 1 when a flag, a value's type or a choice is not accepted.
 
 `--write-list` records what the tests need to check new exports offline in
 `tests/golden/sglang_flags.json` (the wheel's file name and sha256, every flag with its type and
-choices, the algorithm names): `tests/test_serving.py` checks our SGLang commands against it.
+choices, the algorithm names): `tests/serving/test_engines.py` checks our SGLang commands against it.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ FIELDS = "sglang/srt/arg_groups/fields/"
 SERVER_ARGS = "sglang/srt/server_args.py"
 SPEC_INFO = "sglang/srt/speculative/spec_info.py"
 LAUNCHER = "sglang/launch_server.py"
-# Published heads the registry knows, served by name (as in tests/test_serving.py).
+# Published heads the registry knows, served by name (as in tests/serving/test_engines.py).
 PUBLISHED = {
     "EAGLE-1 head": ("meta-llama/Meta-Llama-3-8B-Instruct", "yuhuili/EAGLE-LLaMA3-Instruct-8B"),
     "EAGLE-3 head": ("meta-llama/Llama-3.1-8B-Instruct", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"),

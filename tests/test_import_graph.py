@@ -192,7 +192,7 @@ LAYERS: dict[str, set[str]] = {
     "lossless": {"loading"},
     "bench": {"config", "core", "drafters", "heads", "loading", "lossless", "ort"},
     "train": {"bench", "core", "heads", "loading"},
-    "serving": {"bench", "config", "core", "drafters", "heads", "loading", "selection", "version"},
+    "serving": {"bench", "core", "drafters", "heads", "loading", "selection", "version"},  # vLLM, SGLang
     "__init__": {"config", "core", "demo_model", "drafters", "integration", "memory", "selection", "version"},
     "commands": {
         "__init__",

@@ -6,7 +6,10 @@ import argparse
 import json
 import sys
 
-METHODS = ("auto", "ngram", "draft_model", "eagle", "medusa", "onnx", "quantized")
+from ..drafters import DRAFTERS
+
+# Every registered drafter: hf_specdec/serving/plans.py serves each or refuses it with what to use.
+METHODS = ("auto", *DRAFTERS)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

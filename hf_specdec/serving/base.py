@@ -1,0 +1,43 @@
+"""What the serving modules share: the engine versions we write for, the engine-neutral plan, and the
+error a refusal raises."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+VLLM_VERSION = "0.33.0"
+SGLANG_VERSION = "0.5.23"
+VLLM_MEDUSA_LAST = "0.32"  # the last vLLM release with method="medusa"
+ENGINES = {"vllm": VLLM_VERSION, "sglang": SGLANG_VERSION}
+Source = str | None  # a folder or Hub repo id, when given
+Options = dict[str, Any]  # SpeculativeConfig.options
+
+
+class ServingExportError(ValueError):
+    """What `speculative=` would run cannot be served by that engine; the message says what to use."""
+
+
+@dataclass
+class ServingPlan:
+    """What to serve, before an engine is chosen.
+
+    Attributes:
+        method: our method name (`SpeculativeConfig.method`).
+        engine_method: the engine's name for it, per engine ("vllm" -> "ngram", "sglang" -> "NGRAM").
+        draft: the draft model or head the engine loads (a local folder or a Hub repo id), if any.
+        head: an EAGLE-3 head module to write into the engine's layout (our own format, converted).
+        measure: the `speculative=` dict whose adaptive run measures the draft length.
+        target: the target, when the plan had to load it (a head is checked against it).
+        ngram: (min, max) n-gram sizes, for prompt lookup.
+        caveats: what differs between our run and the engine's.
+    """
+
+    method: str
+    engine_method: dict[str, str]
+    draft: str | None = None
+    head: Any = None
+    measure: dict[str, Any] = field(default_factory=dict)
+    target: Any = None
+    ngram: tuple[int, int] | None = None
+    caveats: list[str] = field(default_factory=list)

@@ -1,0 +1,147 @@
+"""The engine renderers: a `ServingPlan` as vLLM's `speculative_config`, command line and Python snippet,
+or as SGLang's `--speculative-*` flags; a head converted to the engine's layout is written beside it.
+
+Names checked against the engines' sources (the versions in `base.py`):
+
+- vLLM's repository, `vllm/config/speculative.py`: `SpeculativeConfig` keys `method`, `model`,
+  `num_speculative_tokens` (> 0), `prompt_lookup_min`, `prompt_lookup_max`; `SpeculativeMethod`
+  literals ngram, draft_model, suffix, eagle, eagle3, MTP types. That Medusa is gone from the 0.33.0
+  wheel (0.32 keeps it) and that a missing `method` is guessed from the draft's path (so it is
+  always written) are the facts gathered in issue 15 from the released wheels, not re-checked here.
+  CLI `vllm serve TARGET --speculative-config JSON`.
+- the sglang 0.5.23 wheel, `sglang/srt/arg_groups/fields/spec.py` and `fields/model.py` (the
+  `ServerArgs` fields; the CLI flag is the field name with dashes): `model_path`,
+  `speculative_algorithm` (builtins EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, ...),
+  `speculative_draft_model_path`, `speculative_num_steps`,
+  `speculative_eagle_topk`, `speculative_num_draft_tokens` (the verify width: `ngram_worker.py`
+  feeds that many tokens a request from its sequence length on, the first being the last sampled
+  token, so k drafts are k + 1); no n-gram size flags (earlier releases' match-window flags are
+  gone). Launched with `python -m sglang.launch_server`.
+- Head layouts: see `hf_specdec/heads/layouts.py`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..heads.layouts import save_eagle3, save_speculators
+from ..version import __version__
+from .base import ENGINES, ServingPlan
+from .sources import hub_origin
+
+HEAD_FOLDER = "draft-head"  # under the output folder: a head converted to the engine's layout
+Renderer = Callable[[str, ServingPlan, int, Path | None], dict[str, Any]]  # (model, plan, k, out)
+
+
+def render_vllm(model: str, plan: ServingPlan, k: int, out: Path | None) -> dict[str, Any]:
+    caveats = list(plan.caveats)
+    draft = plan.draft
+    if plan.head is not None:
+        draft, note = _write_head(plan.head, "speculators", model, k, out)
+        caveats.append(note)
+    config: dict[str, Any] = {"method": plan.engine_method["vllm"]}  # else vLLM guesses from the path
+    if draft is not None:
+        config["model"] = draft
+    config["num_speculative_tokens"] = k
+    if plan.ngram is not None:
+        config["prompt_lookup_max"], config["prompt_lookup_min"] = plan.ngram[1], plan.ngram[0]
+        caveats.append(
+            f"vLLM's prompt lookup matches n-grams of {plan.ngram[0]}..{plan.ngram[1]} tokens as ours does; "
+            "which earlier occurrence it continues from may differ, so acceptance may differ a little."
+        )
+    caveats.append(
+        "vLLM verifies with its own kernels and batching: its greedy output equals plain vLLM's up to "
+        "floating-point near-ties, and may differ from hf-specdec's at such ties."
+    )
+    snippet = (
+        "from vllm import LLM, SamplingParams\n\n"
+        'if __name__ == "__main__":  # vLLM starts its workers by spawn\n'
+        f"    llm = LLM(model={model!r}, speculative_config={config!r})\n"
+        '    outputs = llm.generate(["Hello!"], SamplingParams(temperature=0, max_tokens=64))\n'
+        "    print(outputs[0].outputs[0].text)\n"
+    )
+    command = ["vllm", "serve", model, "--speculative-config", json.dumps(config)]
+    return _result("vllm", model, plan, k, draft, command, caveats, speculative_config=config, python=snippet)
+
+
+def render_sglang(model: str, plan: ServingPlan, k: int, out: Path | None) -> dict[str, Any]:
+    algorithm = plan.engine_method["sglang"]
+    caveats = list(plan.caveats)
+    draft = plan.draft
+    if plan.head is not None:
+        draft, note = _write_head(plan.head, "eagle3", model, k, out)
+        caveats.append(note)
+    command = ["python", "-m", "sglang.launch_server", "--model-path", model]
+    command += ["--speculative-algorithm", algorithm]
+    if draft is not None:
+        command += ["--speculative-draft-model-path", draft]
+    if plan.ngram is not None:
+        # Earlier releases had --speculative-ngram-{min,max}-match-window-size; 0.5.23 has not (its
+        # NGRAM fields: bfs breadths, match type, max_trie_depth), and an unknown flag stops the
+        # server, so our n-gram sizes are not written.
+        caveats.append(
+            "SGLang runs NGRAM speculation on CUDA only, matching suffixes in its own trie with its "
+            f"defaults: our n-gram sizes ({plan.ngram[0]}..{plan.ngram[1]}) are not carried over."
+        )
+    else:  # a chain of k drafts: k steps, one candidate each
+        command += ["--speculative-num-steps", str(k), "--speculative-eagle-topk", "1"]
+    command += ["--speculative-num-draft-tokens", str(k + 1)]
+    caveats.append(
+        f"--speculative-num-draft-tokens is {k + 1} for {k} draft tokens: SGLang counts the last verified "
+        "token as the root of its draft tree."
+    )
+    return _result("sglang", model, plan, k, draft, command, caveats)
+
+
+RENDERERS: dict[str, Renderer] = {"vllm": render_vllm, "sglang": render_sglang}
+
+
+def _result(
+    engine: str,
+    model: str,
+    plan: ServingPlan,
+    k: int,
+    draft: str | None,
+    command: list[str],
+    caveats: list[str],
+    **extra: Any,
+) -> dict[str, Any]:
+    return {
+        "engine": engine,
+        "engine_version": ENGINES[engine],
+        "model": model,
+        "method": plan.method,
+        "engine_method": plan.engine_method[engine],
+        "draft": draft,
+        "num_draft_tokens": k,
+        "command": command,
+        **extra,
+        "caveats": caveats,
+        "written_by": f"hf-specdec {__version__}",
+    }
+
+
+def _write_head(head: Any, layout: str, model: str, k: int, out: Path | None) -> tuple[str, str]:
+    """Write `head` in `layout` under `out`; returns its folder and a note on it."""
+
+    assert out is not None  # export_serving checked it before measuring anything
+    folder = out / HEAD_FOLDER
+    if layout == "speculators":
+        verifier = hub_origin(model)
+        save_speculators(head, folder, verifier=verifier or model, num_speculative_tokens=k)
+        short = (
+            f"`vllm serve {folder}` (the short form) would load the verifier {verifier} from the Hub"
+            if verifier
+            else f"`vllm serve {folder}` (the short form) fails: vLLM needs its verifier to be a Hub repo id"
+        )
+        note = (
+            f"The head is written in the speculators layout at {folder}. {short}; the command here is the "
+            "long form, which serves the target you name."
+        )
+    else:
+        save_eagle3(head, folder)
+        note = f"The head is written in the original EAGLE-3 layout (LlamaForCausalLMEagle3) at {folder}."
+    return str(folder), note

@@ -1,0 +1,202 @@
+"""One serving plan per method, or a refusal that says what to export instead.
+
+`PLANS` and `REFUSALS` are keyed by drafter name (`hf_specdec.DRAFTERS`): every registered drafter is
+in exactly one of them (tests/serving/test_plans.py), so a new drafter needs a decision here. A plan
+is engine-neutral (`ServingPlan`); `engines.py` renders it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..drafters.base import options_to_config
+from ..drafters.draft_model import DraftModelConfig
+from ..drafters.ngram import NgramConfig
+from ..drafters.registry import DRAFTERS
+from ..heads.checkpoint import CONFIG_NAME, load_head
+from ..heads.eagle3 import Eagle3Head
+from ..heads.layouts import check_layout
+from .base import (
+    SGLANG_VERSION,
+    VLLM_MEDUSA_LAST,
+    VLLM_VERSION,
+    Options,
+    ServingExportError,
+    ServingPlan,
+    Source,
+)
+from .sources import check_vocab, hub_origin, load_target, onnx_source, registry_head
+
+Planner = Callable[[str, Source, Source, Options], ServingPlan]  # (model, draft, head, options)
+
+# Methods no engine has an equivalent of, and what to export instead.
+REFUSALS: dict[str, str] = {
+    "quantized": (
+        "method 'quantized' drafts with an int8 copy of the target itself, which neither vLLM nor SGLang "
+        "offers (their drafts are separate, smaller models or trained heads). Export --method ngram, "
+        "--method draft_model --draft <a small model with the target's tokenizer>, or an EAGLE-3 head "
+        "(--head DIR) instead."
+    ),
+    "medusa": (
+        f"Medusa heads cannot be served by vLLM {VLLM_VERSION} (method 'medusa' was removed in 0.33; vLLM "
+        f"{VLLM_MEDUSA_LAST} and earlier still had it) nor by SGLang {SGLANG_VERSION} (no Medusa). Pin "
+        f"vllm<=0.32 to serve it, or export --method ngram, --method draft_model or an EAGLE-3 head."
+    ),
+}
+
+
+def plan_for(method: str, model: str, draft: Source, head: Source, options: Options) -> ServingPlan:
+    """The plan that serves `method`; `ServingExportError` when no engine has an equivalent."""
+    if method in REFUSALS:
+        raise ServingExportError(REFUSALS[method])
+    planner = PLANS.get(method)
+    if planner is not None:
+        return planner(model, draft, head, options)
+    if method in DRAFTERS:  # registered after hf-specdec's own drafters, e.g. by the user
+        raise ServingExportError(
+            f"The drafter {method!r} has no serving plan: vLLM and SGLang run only their own speculative "
+            f"methods, and none is known to draft as it does. Export --method {' / '.join(sorted(PLANS))} "
+            "instead."
+        )
+    raise ValueError(f"Unknown method {method!r}; valid methods: {', '.join(sorted({*PLANS, *REFUSALS}))}.")
+
+
+def not_carried(options: Options) -> list[str]:
+    """A caveat naming drafter options the engines have no equivalent of, if any."""
+    if not options:
+        return []
+    names = ", ".join(f"{key}={value!r}" for key, value in sorted(options.items()))
+    return [f"Options {names} have no equivalent in vLLM or SGLang and are not carried over."]
+
+
+def plan_ngram(model: str, draft: Source, head: Source, options: Options) -> ServingPlan:
+    config = options_to_config(NgramConfig, options)
+    return ServingPlan(
+        "ngram",
+        {"vllm": "ngram", "sglang": "NGRAM"},
+        measure={"method": "ngram", "options": options},
+        ngram=(config.min_ngram, config.max_ngram),
+    )
+
+
+def plan_draft_model(model: str, draft: Source, head: Source, options: Options) -> ServingPlan:
+    if draft is None:
+        raise ValueError("method 'draft_model' needs --draft: the draft model's folder or Hub repo id.")
+
+    options_to_config(DraftModelConfig, options)  # unknown options are named now, not at measuring time
+    check_vocab(model, draft)
+    return ServingPlan(
+        "draft_model",
+        {"vllm": "draft_model", "sglang": "STANDALONE"},
+        draft=str(draft),
+        measure={"method": "draft_model", "draft": str(draft), "options": options},
+        caveats=not_carried(options),
+    )
+
+
+def plan_onnx(model: str, draft: Source, head: Source, options: Options) -> ServingPlan:
+    """An exported ONNX draft: the engines run PyTorch weights, so serve the model it came from."""
+    if draft is None:
+        raise ValueError("method 'onnx' needs --draft: the folder written by `hf-specdec export-onnx`.")
+    source = onnx_source(Path(draft))
+    if source is None:
+        raise ServingExportError(
+            f"vLLM and SGLang cannot run the ONNX draft {draft}, and the folder does not record which model "
+            "it was exported from. Export the model you exported instead: "
+            "`hf-specdec export-serving TARGET --method draft_model --draft <that model>`."
+        )
+
+    shared = {key: value for key, value in options.items() if key in DraftModelConfig.__dataclass_fields__}
+    plan = plan_draft_model(model, source, head, shared)
+    plan.method = "onnx"
+    plan.caveats += not_carried({key: v for key, v in options.items() if key not in shared})
+    plan.caveats.append(
+        f"The ONNX draft {draft} is served as the model it was exported from ({source}), run by the "
+        "engine's own kernels: it drafts as an fp32 export does (an int8 export drafts a little "
+        "differently), with the engine's timing, not ONNX Runtime's."
+    )
+    return plan
+
+
+def plan_eagle(model: str, draft: Source, head: Source, options: Options) -> ServingPlan:
+    source = head or draft
+    if source is None:
+        raise ValueError("method 'eagle' needs --head: the draft head's folder.")
+    known = registry_head(str(source))
+    if known is not None:  # a published head on the Hub, in its authors' layout: engines read it as is
+        if known["method"] == "medusa":
+            raise ServingExportError(REFUSALS["medusa"])
+        return _plan_registry_head(model, known, options)
+    if not Path(str(source)).is_dir():
+        raise ValueError(
+            f"Draft head {source!r} is neither a local folder nor a head the registry knows; download it "
+            "and pass its folder."
+        )
+    return _plan_local_head(model, Path(str(source)), options)
+
+
+def _plan_registry_head(model: str, known: dict[str, Any], options: Options) -> ServingPlan:
+    """A published head on the Hub, in its authors' layout: the engines read it as it is."""
+    targets = [t.lower() for t in known["targets"]]
+    origin = hub_origin(model)
+    if origin is not None and origin.lower() not in targets:
+        raise ServingExportError(
+            f"The head {known['head']} was trained for {', '.join(known['targets'])}, not for {origin}: a "
+            "head only drafts for the model it was trained on. `hf-specdec select TARGET` lists the heads "
+            "known for a target."
+        )
+    three = known.get("layout") == "EAGLE-3"
+    plan = ServingPlan(
+        "eagle",
+        {"vllm": "eagle3" if three else "eagle", "sglang": "EAGLE3" if three else "EAGLE"},
+        draft=known["head"],
+        measure={"method": "eagle", "draft": known["head"], "options": options},
+    )
+    if origin is None:
+        plan.caveats.append(
+            f"{model} does not say which Hub model it is, so whether {known['head']} was trained for it "
+            f"(it was for {', '.join(known['targets'])}) could not be checked."
+        )
+    return plan
+
+
+def _plan_local_head(model: str, folder: Path, options: Options) -> ServingPlan:
+    target = load_target(model)
+    loaded = load_head(str(folder), target)
+    measure = {"method": loaded.config.method, "draft": loaded, "options": options}
+    if loaded.config.method == "medusa":
+        raise ServingExportError(REFUSALS["medusa"])
+    if isinstance(loaded, Eagle3Head):
+        return ServingPlan(
+            "eagle",
+            {"vllm": "eagle3", "sglang": "EAGLE3"},
+            head=loaded,
+            measure=measure,
+            target=target,
+            caveats=not_carried(options),
+        )
+    if not (folder / CONFIG_NAME).is_file():  # a published EAGLE-1/2 folder: the engines read it as is
+        return ServingPlan(
+            "eagle",
+            {"vllm": "eagle", "sglang": "EAGLE"},
+            draft=str(folder),
+            measure=measure,
+            target=target,
+            caveats=not_carried(options),
+        )
+
+    try:
+        check_layout(loaded, "speculators and original EAGLE-3")
+    except ValueError as err:  # our EAGLE-1-style heads: no engine layout drafts as they do
+        raise ServingExportError(str(err)) from None
+    raise AssertionError(f"{type(loaded).__name__} passed the EAGLE-3 layout check")
+
+
+PLANS: dict[str, Planner] = {
+    "ngram": plan_ngram,
+    "draft_model": plan_draft_model,
+    "eagle": plan_eagle,
+    "onnx": plan_onnx,
+}

@@ -1,0 +1,67 @@
+"""Where targets and drafts come from: Hub repo ids or local folders, the model an ONNX export was made
+from, the published heads the registry knows; loading the target and comparing vocabularies."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from ..selection.select import registry_heads
+from .base import ServingExportError
+
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def load_target(model: str) -> Any:
+    # The checkpoint's dtype, as vLLM serves it; a model needing its repo's code is refused, not run.
+    return AutoModelForCausalLM.from_pretrained(model, trust_remote_code=False).eval()
+
+
+def _vocab_size(name: str) -> int:
+    try:
+        return int(AutoConfig.from_pretrained(name, trust_remote_code=False).get_text_config().vocab_size)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"Cannot read the config of {name} to compare vocabulary sizes: {err}") from None
+
+
+def check_vocab(model: str, draft: str) -> None:
+    target_vocab, draft_vocab = _vocab_size(model), _vocab_size(str(draft))
+    if target_vocab != draft_vocab:
+        raise ServingExportError(
+            f"vLLM's draft_model (and SGLang's STANDALONE) need the draft's vocab_size to equal the "
+            f"target's, but {draft} has {draft_vocab} and {model} has {target_vocab} (padded sizes count, "
+            "even with a shared tokenizer). Use a draft with the same vocab_size, or --method ngram."
+        )
+
+
+def onnx_source(folder: Path) -> str | None:
+    """The PyTorch model an exported ONNX folder came from: the folder itself when it also holds
+    safetensors weights, else its config's `_name_or_path` when that names one; None if unknown."""
+    if any(folder.glob("*.safetensors")):
+        return str(folder)
+    config = folder / "config.json"
+    origin = json.loads(config.read_text()).get("_name_or_path", "") if config.is_file() else ""
+    if origin and (Path(origin).is_dir() or (_REPO_ID.match(origin) and not Path(origin).exists())):
+        return origin
+    return None
+
+
+def hub_origin(model: str) -> str | None:
+    """The Hub repo id `model` is, or that its local folder's config.json names; None if neither."""
+    if _REPO_ID.match(model) and not Path(model).exists():
+        return model
+    config = Path(model) / "config.json"
+    origin = json.loads(config.read_text()).get("_name_or_path", "") if config.is_file() else ""
+    return origin if _REPO_ID.match(origin or "") and not Path(origin).exists() else None
+
+
+def registry_head(name: str) -> dict[str, Any] | None:
+    """The registry's entry for the published head `name` (a Hub repo id); None for a local path."""
+    if Path(name).exists():
+        return None
+
+    return next((entry for entry in registry_heads() if entry["head"].lower() == name.lower()), None)

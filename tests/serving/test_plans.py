@@ -1,0 +1,134 @@
+"""`serving/plans.py`: each method's plan, or its refusal with what to use instead; every registered
+drafter has one or the other."""
+
+from __future__ import annotations
+
+import pytest
+
+from hf_specdec import DRAFTERS
+from hf_specdec.serving import ServingExportError, export_serving
+from hf_specdec.serving.plans import PLANS, REFUSALS
+
+from ..conftest import tiny_llama
+
+
+def test_every_registered_drafter_has_a_serving_plan_or_a_refusal():
+    """A new drafter fails here until plans.py serves it (PLANS) or refuses it (REFUSALS)."""
+    undecided = set(DRAFTERS) - set(PLANS) - set(REFUSALS)
+    assert not undecided, f"add a plan or a refusal for {sorted(undecided)} in hf_specdec/serving/plans.py"
+    assert not set(PLANS) & set(REFUSALS), "a method is both served and refused"
+    assert set(PLANS) | set(REFUSALS) <= set(DRAFTERS), "a plan for a method no drafter registers"
+
+
+@pytest.mark.parametrize("method", sorted(REFUSALS))
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_refused_method_is_what_the_user_sees(models, tmp_path, engine, method):
+    with pytest.raises(ServingExportError) as raised:
+        export_serving(str(models / "target"), engine, method=method, num_draft_tokens=3, out=tmp_path)
+    assert str(raised.value) == REFUSALS[method]
+    assert "export --method" in str(raised.value).lower()  # it says what to export instead
+    assert not (tmp_path / "serving.json").exists()
+
+
+def test_a_drafter_registered_without_a_plan_is_refused_with_what_to_export(models, monkeypatch):
+    monkeypatch.setitem(DRAFTERS, "_unplanned", DRAFTERS["ngram"])
+    refusal = "'_unplanned' has no serving plan.*Export --method draft_model / eagle / ngram / onnx"
+    with pytest.raises(ServingExportError, match=refusal):
+        export_serving(str(models / "target"), "vllm", method="_unplanned", num_draft_tokens=3)
+    with pytest.raises(ValueError, match="Unknown method 'nope'; valid methods: draft_model, eagle, medusa"):
+        export_serving(str(models / "target"), "vllm", method="nope", num_draft_tokens=3)
+
+
+REFUSALS_BY_CASE = {
+    "medusa": (
+        lambda m: dict(method="medusa", head=m / "head-medusa"),
+        r"removed in 0\.33; vLLM 0\.32 and earlier still had it\) nor by SGLang 0\.5\.23",
+    ),
+    "medusa-head-without-method": (lambda m: dict(head=m / "head-medusa"), "Medusa heads cannot be served"),
+    "quantized": (lambda m: dict(method="quantized"), "int8 copy of the target itself, which neither vLLM"),
+    "vocab-sizes-differ": (
+        lambda m: dict(method="draft_model", draft=m / "draft-vocab96"),
+        "need the draft's vocab_size to equal the target's, but .* has 96 and .* has 64",
+    ),
+    "our-eagle1-style-head": (
+        lambda m: dict(method="eagle", head=m / "head-ours"),
+        "EAGLE-1-style head .* would draft differently",
+    ),
+    "onnx-without-source": (
+        lambda m: dict(method="onnx", draft=m / "draft-onnx-bare"),
+        "does not record which model it was exported from",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS_BY_CASE))
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_refusals_say_what_to_use_instead(models, tmp_path, engine, case):
+    bare = models / "draft-onnx-bare"
+    if not bare.exists():
+        bare.mkdir()
+        (bare / "model.onnx").write_bytes(b"")
+        (bare / "config.json").write_text((models / "draft" / "config.json").read_text())
+    arguments, message = REFUSALS_BY_CASE[case]
+    kwargs = {key: str(v) for key, v in arguments(models).items() if key != "method"}
+    with pytest.raises(ServingExportError, match=message):
+        export_serving(
+            str(models / "target"),
+            engine,
+            method=arguments(models).get("method"),
+            num_draft_tokens=3,
+            out=tmp_path,
+            **kwargs,
+        )
+    assert not (tmp_path / "serving.json").exists()
+
+
+@pytest.mark.parametrize(
+    "target, head, expected",
+    [
+        ("meta-llama/Llama-3.1-8B-Instruct", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", ("eagle3", "EAGLE3")),
+        ("meta-llama/Meta-Llama-3-8B-Instruct", "yuhuili/EAGLE-LLaMA3-Instruct-8B", ("eagle", "EAGLE")),
+    ],
+)
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_published_heads_the_registry_knows_are_served_as_published(engine, target, head, expected):
+    """The engines read the authors' layouts themselves: nothing is downloaded or converted."""
+    result = export_serving(target, engine, head=head, num_draft_tokens=3)
+    assert (result["engine_method"], result["draft"]) == (expected[engine == "sglang"], head)
+    assert head in " ".join(result["command"])
+
+
+def test_a_published_head_for_another_target_is_refused():
+    with pytest.raises(
+        ServingExportError, match="trained for meta-llama/Llama-3.1-8B-Instruct, not for lmsys"
+    ):
+        export_serving("lmsys/vicuna-7b-v1.3", "vllm", head="yuhuili/EAGLE3-LLaMA3.1-Instruct-8B")
+
+
+def test_a_published_medusa_head_is_refused():
+    with pytest.raises(ServingExportError, match="Medusa heads cannot be served"):
+        export_serving("lmsys/vicuna-7b-v1.3", "vllm", head="FasterDecoding/medusa-vicuna-7b-v1.3")
+
+
+def test_options_the_engines_lack_are_named_in_the_caveats(models):
+    result = export_serving(
+        str(models / "target"),
+        "vllm",
+        method="onnx",
+        draft=str(models / "draft-onnx"),
+        options={"min_confidence": 0.3, "threads": 2},
+        num_draft_tokens=3,
+    )
+    assert "Options min_confidence=0.3 have no equivalent" in " ".join(result["caveats"])
+    assert "Options threads=2 have no equivalent" in " ".join(result["caveats"])
+    with pytest.raises(ValueError, match="Unknown option\\(s\\) \\['max_ngram'\\] for DraftModelConfig"):
+        export_serving(str(models / "target"), "vllm", draft=str(models / "draft"), options={"max_ngram": 3})
+
+
+@pytest.mark.parametrize("engine, expected", [("vllm", "eagle"), ("sglang", "EAGLE")])
+def test_a_published_eagle1_folder_is_served_as_it_is(models, tmp_path, engine, expected):
+    from ..heads.test_published import write_eagle1
+
+    folder = write_eagle1(tmp_path / "eagle1", tiny_llama(0), weights="model.safetensors", bias=False)
+    result = export_serving(str(models / "target"), engine, head=str(folder), num_draft_tokens=3)
+    assert (result["engine_method"], result["draft"]) == (expected, str(folder))
