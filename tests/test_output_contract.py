@@ -8,7 +8,8 @@ for the 14 decoder-only architectures of issue 20 (Gemma 3 both as text model an
 model), at batch size 1 and in left-padded batches whose rows accept different numbers of drafts,
 with every model input plain decoding would pass (GPT-2's token types, Gemma 3's image) reaching
 the model. transformers' own GenerationTesterMixin tests check the shapes of all this
-(`bench/upstream_tests.py` runs them); these compare the values too, in fp32 with eager attention.
+(`benchmarks/engines/upstream_tests.py` runs them); these compare the values too, in fp32 with eager
+attention.
 """
 
 from __future__ import annotations
@@ -281,9 +282,10 @@ def test_nothing_extra_is_computed_unless_asked():
 
 def test_transformers_own_tests():
     """transformers' GenerationTesterMixin assisted-decoding and prompt-lookup tests of the 14
-    architectures, run by `bench/upstream_tests.py` from the checkout at $HF_SPECDEC_TRANSFORMERS_SRC
-    (they are not on PyPI): every test that passes with transformers' own assisted generation passes
-    with speculative=, chains and trees."""
+    architectures, run by `benchmarks/engines/upstream_tests.py` from the checkout at
+    $HF_SPECDEC_TRANSFORMERS_SRC (they are not on PyPI):
+    every test that passes with transformers' own assisted
+    generation passes with speculative=, chains and trees."""
     import os
     import subprocess
     import sys
@@ -292,7 +294,7 @@ def test_transformers_own_tests():
     source = os.environ.get("HF_SPECDEC_TRANSFORMERS_SRC")
     if not source:
         pytest.skip("set HF_SPECDEC_TRANSFORMERS_SRC to a transformers checkout to run its own tests")
-    runner = Path(hf_specdec.__file__).resolve().parents[1] / "bench" / "upstream_tests.py"
+    runner = Path(hf_specdec.__file__).resolve().parents[1] / "benchmarks" / "engines" / "upstream_tests.py"
     command = [sys.executable, str(runner), "--transformers", source, "--runs", "stock,ours,ours-tree"]
     result = subprocess.run(command, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

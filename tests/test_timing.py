@@ -2,7 +2,7 @@
 
 No GPU here: these check the dispatch (which synchronize is called, for which device) with
 `torch.cuda.synchronize` replaced, and that every clock read in the package and the bench scripts
-goes through `timing.clock`. That the waits are needed is checked on a GPU (`bench/gpu_check.sh`).
+goes through `timing.clock`. That the waits are needed is checked on a GPU (`benchmarks/gpu/gpu_check.sh`).
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ ROOT = Path(hf_specdec.__file__).resolve().parents[1]
 # Clock reads that still bypass `timing.clock`: files the native-dtype branch rewrites (issue 12,
 # item 1), which switch to `timing.clock` there; this list is then emptied.
 NOT_YET: set[str] = set()
-# Run where hf_specdec is not installed: vLLM's own virtual environment (bench/vllm_check.sh). It times
+# Run where hf_specdec is not installed: vLLM's own virtual environment
+# (benchmarks/engines/vllm_check.sh). It times
 # `LLM(...)` and `LLM.generate`, which return finished outputs, so there is no queued work to wait for.
-OUTSIDE_THE_PROJECT = {"bench/vllm_engine.py"}
+OUTSIDE_THE_PROJECT = {"benchmarks/engines/vllm_engine.py"}
 # Dates, not durations: the age of a staging folder is its mtime against the wall clock.
 WALL_CLOCK_DATES = {"hf_specdec/store/manifest.py"}
 
@@ -96,7 +97,7 @@ def _clock_reads(path: Path) -> list[str]:
 def test_every_clock_read_goes_through_timing_clock():
     files = [
         *(ROOT / "hf_specdec").rglob("*.py"),
-        *(ROOT / "bench").glob("*.py"),
+        *(ROOT / "benchmarks").rglob("*.py"),
         *(ROOT / "examples").glob("*.py"),
     ]
     bypassing = {

@@ -197,7 +197,7 @@ class BranchRows:
     there as the next token of a plain chain. No node ever sees a sibling, so the causal mask the
     ONNX graph builds is the right one, at the price of copying each parent's cache per child
     (on a CPU a level of 4 nodes costs 1.7x a chain token after 128 tokens of context, 4.9x after
-    1024; 1.2x under a tree mask: `bench/ort_tree_levels.py`).
+    1024; 1.2x under a tree mask: `benchmarks/micro/ort_tree_levels.py`).
 
     Holds, between levels, which cache row holds each fed node; `close` leaves one row per draft
     row again, whose tree tokens the next draft's truncation removes (they are real tokens there).

@@ -14,7 +14,7 @@ from hf_specdec.serving import SGLANG_VERSION, export_serving
 from .conftest import CASES, export_case
 
 ROOT = Path(__file__).parents[2]
-# What sglang 0.5.23 accepts on its command line, read from the wheel by bench/sglang_flags.py
+# What sglang 0.5.23 accepts on its command line, read from the wheel by benchmarks/engines/sglang_flags.py
 # --write-list (provenance: the wheel's name and sha256 inside); rerun it for a new sglang.
 SGLANG_FLAGS = ROOT / "tests" / "golden" / "sglang_flags.json"
 
@@ -42,7 +42,7 @@ def test_eagle3_head_is_written_in_each_engines_layout(models, tmp_path):
 
 
 def _sglang_flags_module():
-    path = ROOT / "bench" / "sglang_flags.py"
+    path = ROOT / "benchmarks" / "engines" / "sglang_flags.py"
     spec = importlib.util.spec_from_file_location("sglang_flags", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -57,10 +57,12 @@ PUBLISHED_SGLANG = {
 
 @pytest.mark.parametrize("case", [*CASES, *PUBLISHED_SGLANG])
 def test_sglang_commands_use_only_flags_and_values_the_wheel_accepts(models, tmp_path, case):
-    """Every flag, value type and algorithm name we write, checked against what bench/sglang_flags.py
-    read from the sglang wheel (its checked-in list): SGLang stops at an unknown flag."""
+    """Every flag, value type and algorithm name we write, checked against what
+    benchmarks/engines/sglang_flags.py read from the sglang wheel (its checked-in list):
+    SGLang stops at an unknown
+    flag."""
     accepted = json.loads(SGLANG_FLAGS.read_text())
-    assert accepted["version"] == SGLANG_VERSION, "rerun bench/sglang_flags.py --write-list"
+    assert accepted["version"] == SGLANG_VERSION, "rerun benchmarks/engines/sglang_flags.py --write-list"
     if case in PUBLISHED_SGLANG:
         target, head = PUBLISHED_SGLANG[case]
         result = export_serving(target, "sglang", head=head, num_draft_tokens=3)

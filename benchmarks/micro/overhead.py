@@ -1,6 +1,6 @@
 """The speculative loop's own cost per step, on a model whose forward costs ~1 ms.
 
-    python bench/overhead.py [--new-tokens 200] [--repeats 5] [--threads 1] [--device cpu]
+    python benchmarks/micro/overhead.py [--new-tokens 200] [--repeats 5] [--threads 1] [--device cpu]
 
 A tiny Llama (2 layers, hidden 64, vocabulary 49152 as SmolLM2's) makes the model almost
 free, so what remains is each loop's overhead: the per-step work a GPU user pays on top of an

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On a machine with an NVIDIA GPU: train an EAGLE head for SmolLM2-135M-Instruct in minutes (the CPU
-# takes an hour for a head trained on 8x less text, bench/heads.sh), then measure trees against chains
+# takes an hour for a head trained on 8x less text, benchmarks/reports/heads.sh), then measure trees against chains
 # where verification is nearly free: ngram and eagle, chain and tree, bf16, batch 1.
-#   bench/gpu_heads.sh [OUT_DIR]     (default: bench_out/gpu_heads; $OUT/gpu_heads on the device tool)
+#   benchmarks/gpu/gpu_heads.sh [OUT_DIR]     (default: bench_out/gpu_heads; $OUT/gpu_heads on the device tool)
 # Training text: the target's greedy answer and 3 answers sampled from it for each of the 462
 # `specbench-train` prompts (384 new tokens); the benchmark reads `specbench-quick`, which those leave
 # out. The head is written to $HEAD (default ~/.cache/hf-specdec/heads/smollm2-135m-eagle-gpu);
@@ -10,7 +10,7 @@
 # EAGLE_MINUTES sets the training time; TRAIN_ARGS / BENCH_ARGS replace the data and bench options
 # (a CPU smoke test: TRAIN_ARGS="--data few.jsonl --max-new-tokens 8" EAGLE_MINUTES=0.1 DEVICE=cpu).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 out="${1:-${OUT:-bench_out}/gpu_heads}"
 head="${HEAD:-$HOME/.cache/hf-specdec/heads/smollm2-135m-eagle-gpu}"
 device="${DEVICE:-cuda}"

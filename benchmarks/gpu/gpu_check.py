@@ -1,7 +1,7 @@
 """One GPU check for a session lent a GPU (issue 12): writes one JSON, finishes in minutes.
 
-    python bench/gpu_check.py --out gpu_check.json           # on the GPU machine (bench/gpu_check.sh)
-    python bench/gpu_check.py --device cpu --quick           # this script's own smoke test, on a CPU
+    python benchmarks/gpu/gpu_check.py --out gpu_check.json  # on the GPU machine (gpu_check.sh)
+    python benchmarks/gpu/gpu_check.py --device cpu --quick  # this script's own smoke test, on a CPU
 
 SmolLM2-135M-Instruct (the offline demo model, built from PyPI on first use) in bf16 on the device:
 

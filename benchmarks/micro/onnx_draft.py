@@ -8,8 +8,8 @@
    copy's greedy agreement with the target (its argmax along the target's own output).
 Every speculative output is compared with plain greedy `generate`.
 
-    python bench/onnx_draft.py                  # one prompt per Spec-Bench category, 64 new tokens
-    python bench/onnx_draft.py --limit 2 --max-new-tokens 96
+    python benchmarks/micro/onnx_draft.py                  # one prompt per Spec-Bench category, 64 new tokens
+    python benchmarks/micro/onnx_draft.py --limit 2 --max-new-tokens 96
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """n-gram settings side by side with transformers' prompt lookup, batch 1, greedy (issue 12 study).
 
-    python bench/ngram_options.py [--dtype auto|float32] [--limit 2] [--max-new-tokens 96]
+    python benchmarks/micro/ngram_options.py [--dtype auto|float32] [--limit 2] [--max-new-tokens 96]
 
 Spec-Bench quick, SmolLM2-135M-Instruct: plain `generate`, our `ngram` as shipped (min_ngram 2),
 the same as a tree, with `min_ngram=1` (single-token matches too, as transformers' lookup falls

@@ -1,6 +1,6 @@
 """transformers' own assisted-decoding and prompt-lookup tests, run against transformers and against us.
 
-    python bench/upstream_tests.py --transformers PATH [--rev REV] [--archs llama,gpt2,...]
+    python benchmarks/engines/upstream_tests.py --transformers PATH [--rev REV] [--archs llama,gpt2,...]
         [--runs stock,ours,ours-tree] [--keep DIR] [--json OUT]
 
 PATH is a transformers git repository (a clone, a bare mirror) or a source tree; REV (default
@@ -16,7 +16,7 @@ same assistant), `test_assisted_decoding_sample` and `test_prompt_lookup_decodin
 
 - `stock`: as upstream runs them, transformers' own assisted generation;
 - `ours`: `assistant_model=` / `prompt_lookup_num_tokens=` turned into `speculative=` by
-  `bench/upstream_conftest.py`; no assertion is touched (`ours-tree`: the same, drafting trees).
+  `benchmarks/engines/upstream_conftest.py`; no assertion is touched (`ours-tree`: the same, drafting trees).
 
 The tests check generate's whole output contract step by step: sequences and scores equal to
 plain greedy's, the shapes of scores, logits, attentions and hidden states per generated token,

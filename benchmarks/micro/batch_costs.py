@@ -1,7 +1,7 @@
 """What a batched call costs on this machine, and the speedup ceiling that follows.
 
-    python bench/batch_costs.py                       # grounded batch 8 (as in bench/batching.py)
-    python bench/batch_costs.py --kind open --batch 1
+    python benchmarks/micro/batch_costs.py   # grounded batch 8 (as in batching.py)
+    python benchmarks/micro/batch_costs.py --kind open --batch 1
 
 For one batch of Spec-Bench prompts (SmolLM2-135M in the checkpoint's dtype unless --dtype): the
 prefill time, and the time of one target forward over the cached prompt at each width (tokens per

@@ -1,7 +1,7 @@
 """One decoding step of SmolLM2-135M-Instruct (fp32, 256 tokens of past) in PyTorch eager and in ONNX Runtime,
 interleaved, with the machine's streaming read time for the same bytes as the floor either can reach.
 
-    python bench/ort_decode.py --threads 2 exported=OUT/model.onnx [optimized=OTHER/model.onnx ...]
+    python benchmarks/micro/ort_decode.py --threads 2 exported=OUT/model.onnx [optimized=OTHER/model.onnx ...]
 
 `OUT` comes from `hf-specdec export-onnx <demo model folder> OUT`. A decoding step reads every weight once
 (540 MB in fp32), so on a CPU it is bound by memory bandwidth; the floor printed is the time to sum a

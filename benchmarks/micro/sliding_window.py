@@ -1,6 +1,6 @@
 """What keeping the whole context in sliding-window layers costs (see `kv._WindowMasks`).
 
-    python bench/sliding_window.py [--contexts 512,2048] [--window 256] [--dtype bfloat16]
+    python benchmarks/micro/sliding_window.py [--contexts 512,2048] [--window 256] [--dtype bfloat16]
 
 A random Mistral-style model with SmolLM2-135M's shape (30 layers, hidden 576, 9 heads / 3 KV
 heads, vocabulary 49152) and a sliding window on every layer decodes `--new-tokens` greedily after

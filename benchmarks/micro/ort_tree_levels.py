@@ -1,6 +1,6 @@
 """What one tree level costs an ONNX Runtime draft, both ways it can be fed (issue 14).
 
-    python bench/ort_tree_levels.py [--threads 1] [--repeats 30] [--contexts 128,512,1024]
+    python benchmarks/micro/ort_tree_levels.py [--threads 1] [--repeats 30] [--contexts 128,512,1024]
 
 The int8 copy of SmolLM2-135M-Instruct (fp32; `method="quantized"`'s, built on first use) after a
 context of N tokens: one chain token (1 row, 1 token); a level of 4 sibling nodes under the tree

@@ -1,8 +1,9 @@
-"""The project-side half of `bench/vllm_check.sh`: what `export-serving` writes, run by a real vLLM.
+"""The project-side half of `benchmarks/engines/vllm_check.sh`: what `export-serving` writes, run by a
+real vLLM.
 
-    python bench/vllm_check.py prepare --work DIR     # exports, a small EAGLE-3 head, our outputs
-    $VENV/bin/python bench/vllm_engine.py DIR          # vLLM: plain and each exported config
-    python bench/vllm_check.py report --work DIR --out vllm_check.json
+    python benchmarks/engines/vllm_check.py prepare --work DIR  # exports, a small EAGLE-3 head, our outputs
+    $VENV/bin/python benchmarks/engines/vllm_engine.py DIR  # vLLM: plain and each exported config
+    python benchmarks/engines/vllm_check.py report --work DIR --out vllm_check.json
 
 `prepare` (this environment): SmolLM2-135M-Instruct (the demo model, `hf_specdec.demo_model`) in bf16;
 4 prompts (one per category of Spec-Bench quick when the shared data is there, else the built-in
@@ -61,7 +62,9 @@ DRAFT_TOKENS = {"ngram": 4, "draft_model": 3, "eagle3": 2}
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("step", choices=["prepare", "report"])
-    parser.add_argument("--work", required=True, type=Path, help="folder shared with bench/vllm_engine.py")
+    parser.add_argument(
+        "--work", required=True, type=Path, help="folder shared with benchmarks/engines/vllm_engine.py"
+    )
     parser.add_argument("--out", type=Path, default=None, help="report: the JSON to write")
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -371,7 +374,7 @@ def report(work: Path, out: Path) -> int:
                 failures.append(f"{name}: vLLM accepted no drafted tokens ({spec or 'no counters'})")
         rows.append(row)
     result = {
-        "check": "bench/vllm_check.sh (issue 15)",
+        "check": "benchmarks/engines/vllm_check.sh (issue 15)",
         "passed": not failures,
         "failures": failures,
         "versions": {

@@ -1,6 +1,7 @@
-"""conftest.py for transformers' own generation tests, run against hf-specdec (`bench/upstream_tests.py`).
+"""conftest.py for transformers' own generation tests, run against hf-specdec
+(`benchmarks/engines/upstream_tests.py`).
 
-`bench/upstream_tests.py` copies this file as the conftest.py of the test tree it extracts from a
+`benchmarks/engines/upstream_tests.py` copies this file as the conftest.py of the test tree it extracts from a
 transformers checkout. `HF_SPECDEC_UPSTREAM` says what runs:
 
 - `stock`: transformers' own assisted generation, untouched (the baseline);

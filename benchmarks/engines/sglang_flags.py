@@ -1,8 +1,8 @@
 """Every SGLang flag `export-serving` writes, checked against the sglang wheel's own argument definitions.
 
-    python bench/sglang_flags.py                        # downloads sglang 0.5.23 (--no-deps, ~39 MB)
-    python bench/sglang_flags.py --wheel sglang-0.5.23-*.whl --serving-json serve/serving.json
-    python bench/sglang_flags.py --write-list           # refresh tests/golden/sglang_flags.json
+    python benchmarks/engines/sglang_flags.py   # downloads sglang 0.5.23 (--no-deps, ~39 MB)
+    python benchmarks/engines/sglang_flags.py --wheel sglang-0.5.23-*.whl --serving-json serve/serving.json
+    python benchmarks/engines/sglang_flags.py --write-list   # refresh tests/golden/sglang_flags.json
 
 SGLang needs a GPU, so nothing is launched and sglang is never imported: the wheel is read as a zip
 and its sources parsed with `ast`. What 0.5.23 accepts on the command line (`launch_server`):
@@ -43,7 +43,7 @@ from typing import Any
 
 from hf_specdec.serving import SGLANG_VERSION, export_serving
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden" / "serving"
 FLAG_LIST = ROOT / "tests" / "golden" / "sglang_flags.json"
 FIELDS = "sglang/srt/arg_groups/fields/"
@@ -126,7 +126,7 @@ def read_wheel(wheel: Path) -> dict[str, Any]:
         "version": wheel.name.split("-")[1],
         "wheel": wheel.name,
         "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest(),
-        "read": f"{FIELDS}*.py, {SERVER_ARGS}, {SPEC_INFO} (by bench/sglang_flags.py)",
+        "read": f"{FIELDS}*.py, {SERVER_ARGS}, {SPEC_INFO} (by benchmarks/engines/sglang_flags.py)",
         "launch_server": has_launcher,
         "speculative_algorithms": sorted(a for a in algorithms if a != "NONE"),
         "flags": dict(sorted(flags.items())),
