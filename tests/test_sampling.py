@@ -206,9 +206,9 @@ def test_control_unprocessed_target_is_rejected(models):
 def test_control_loop_with_a_wrong_verifier_is_rejected(models, monkeypatch):
     """End-to-end power: the loop with a subtly wrong verifier (after a rejection it redraws from p
     instead of from the residual max(0, p - q)) fails the same test."""
-    import hf_specdec.core.loop
+    import hf_specdec.core.verify
 
-    real = hf_specdec.core.loop.rejection_sample
+    real = hf_specdec.core.verify.rejection_sample
 
     def residual_is_p(draft_tokens, draft_lengths, draft_probs, target_probs):
         accepted, tokens = real(draft_tokens, draft_lengths, draft_probs, target_probs)
@@ -220,7 +220,7 @@ def test_control_loop_with_a_wrong_verifier_is_rejected(models, monkeypatch):
 
     target, draft = models
     exact = exact_distribution(target, SETTINGS["temp"])
-    monkeypatch.setattr(hf_specdec.core.loop, "rejection_sample", residual_is_p)
+    monkeypatch.setattr(hf_specdec.core.verify, "rejection_sample", residual_is_p)
     spec = dict(method="draft_model", draft=draft, num_draft_tokens=2)
     samples = continuation_index(sample(target, SETTINGS["temp"], seed=8, speculative=spec))
     assert chi2_pvalue(samples, exact) < ALPHA

@@ -246,17 +246,17 @@ def test_real_call_counts_the_nodes_it_verified(target_no_eos, tree, monkeypatch
     from .test_trees import _repetitive_batch
 
     nodes, depths, trees = 0, 0, 0
-    verify = hf_specdec.core.loop._verify
+    accept = hf_specdec.core.loop.accept
 
-    def spy(target, slots, request, draft, *rest):
+    def spy(request, draft, logits):
         nonlocal nodes, depths, trees
         nodes += sum(draft.lengths)
         if draft.parents is not None:
             depths += sum(draft.depths())
             trees += sum(n > 0 for n in draft.lengths)
-        return verify(target, slots, request, draft, *rest)
+        return accept(request, draft, logits)
 
-    monkeypatch.setattr(hf_specdec.core.loop, "_verify", spy)
+    monkeypatch.setattr(hf_specdec.core.loop, "accept", spy)
     input_ids, attention_mask = _repetitive_batch(1, 3)
     spec = dict(method="ngram", tree=tree, num_draft_tokens=6, options=dict(min_ngram=1))
     out = target_no_eos.generate(

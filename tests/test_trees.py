@@ -6,7 +6,6 @@ import pytest
 import torch
 
 import hf_specdec
-from hf_specdec.core.loop import _tree_layout
 from hf_specdec.core.verify import tree_verify
 from hf_specdec.drafters.ngram import _trie
 
@@ -40,15 +39,6 @@ def test_trie_odds_learn_from_what_followed():
     odds.observe(tokens, parents, [4, 4])  # wrong at once; the other match had the token
     assert (odds.best_hits, odds.best_trials, odds.other_hits, odds.other_trials) == (2, 4, 1, 1)
     assert odds.alpha == pytest.approx((2 + 1.2) / 6) and odds.gamma == pytest.approx((1 + 0.4) / 3)
-
-
-def test_tree_layout_ancestors_and_depths():
-    parents = torch.tensor([[-1, 0, -1, 2, 1]])  # nodes 0-1-4 and 2-3
-    visible, depths = _tree_layout(parents)
-    assert depths.tolist() == [[0, 1, 2, 1, 2, 3]]
-    # fed column 5 (node 4) sees the last token, node 0, node 1 and itself
-    assert visible[0, 5].nonzero()[:, 0].tolist() == [0, 1, 2, 5]
-    assert visible[0, 4].nonzero()[:, 0].tolist() == [0, 3, 4]
 
 
 def test_tree_verify_greedy_follows_the_argmax_down_the_tree():
@@ -203,9 +193,9 @@ BRANCHING_PROMPT = [3, 1, 4, 1, 5, 2, 6, 5, 3, 5, 0, 7, 2, 3, 4, 6, 2, 6, 4, 3, 
 def sample_trees(model, settings: dict, seed: int, monkeypatch, verifier=None, spec=None) -> torch.Tensor:
     """ROWS speculative samples after BRANCHING_PROMPT (n-gram tries unless `spec` says otherwise),
     checking that the trees really branched."""
-    import hf_specdec.core.loop
+    import hf_specdec.core.verify
 
-    verify = verifier or hf_specdec.core.loop.tree_verify
+    verify = verifier or hf_specdec.core.verify.tree_verify
     branched = []
 
     def spy(draft_tokens, draft_lengths, parents, scores, do_sample):
@@ -213,7 +203,7 @@ def sample_trees(model, settings: dict, seed: int, monkeypatch, verifier=None, s
             branched.append(len(set(row[:n])) < n)
         return verify(draft_tokens, draft_lengths, parents, scores, do_sample)
 
-    monkeypatch.setattr(hf_specdec.core.loop, "tree_verify", spy)
+    monkeypatch.setattr(hf_specdec.core.verify, "tree_verify", spy)
     input_ids = torch.tensor([BRANCHING_PROMPT]).repeat(ROWS, 1)
     spec = spec or dict(method="ngram", num_draft_tokens=4, tree=True, options=dict(min_ngram=1))
     torch.manual_seed(seed)
@@ -258,25 +248,3 @@ def test_control_tree_walk_that_prefers_drafts_is_rejected(sampling_target, monk
         sampling_target, SETTINGS["temp"], 31, monkeypatch, verifier=walk_preferring_drafts
     )
     assert chi2_pvalue(samples, exact) < ALPHA
-
-
-def test_sampled_tree_drafts_are_refused_rather_than_walked():
-    """`tree_verify` is exact for trees chosen without the target's draws; a tree that comes with
-    the distributions its tokens were sampled from asks for multi-draft rejection sampling."""
-    from hf_specdec.core.draft import Draft, DraftRequest
-    from hf_specdec.core.loop import _accept
-    from hf_specdec.core.processing import ScoreProcessor
-
-    request = DraftRequest(
-        tokens=torch.tensor([[1, 2]]),
-        attention_mask=torch.ones(1, 2),
-        lengths=[2],
-        max_tokens=[2],
-        do_sample=True,
-        score=ScoreProcessor(None, 8, 1),
-        row_ids=[0],
-        tree=True,
-    )
-    draft = Draft(torch.tensor([[3, 4]]), [2], torch.full((1, 2, 8), 1 / 8), parents=torch.tensor([[-1, -1]]))
-    with pytest.raises(NotImplementedError, match="multi-draft rejection sampling"):
-        _accept(request, draft, torch.zeros(1, 3, 8))

@@ -5,6 +5,9 @@ Each step every row feeds the same number of positions, but rows keep different 
 middle of a row: they stay in the cache as holes that the attention mask hides, and only the
 columns that are holes in every row are cropped off the end. With one row (or rows that agree)
 nothing is ever a hole and the mask is dropped, so batch 1 runs exactly like plain decoding.
+A step may feed only some rows of the batch (`forward_rows`, the rows at `Slots`), the others (rows
+that finished but are still cached) getting holes; `roll_back` then drops what the step rejected,
+after moving a tree draft's accepted path to the front.
 
 Sliding-window layers (Mistral, Gemma-2/3, Starcoder2, EXAONE-4) are the exception. transformers
 caches them in `DynamicSlidingWindowLayer`s, which drop what falls out of the window and then can
@@ -135,6 +138,50 @@ class RaggedKV:
             out.logits = out.logits[:, -logits_to_keep:]
         return out
 
+    def forward_rows(
+        self,
+        slots: Slots,
+        tokens: torch.Tensor,  # [B, T] for the rows at `slots`
+        valid: torch.Tensor | None,  # [B, T] which are real; None: all
+        parents: torch.Tensor | None = None,  # [B, T - 1] a tree after each row's first token
+        **inputs: Any,
+    ) -> Any:
+        """`forward` for the batch's rows at `slots` only: every other row is fed T holes.
+
+        With `parents` (node i's parent node, -1 for a child of the row's first fed token), the
+        tokens after the first form a tree below it, each seeing its ancestors and itself
+        (`tree_layout`). Returns the model's output over the whole batch, logits of all T positions.
+        """
+        batch, width = self.mask.shape[0], tokens.shape[1]
+        tree = None if parents is None else tree_layout(parents)
+        if not slots.whole:
+            valid = tokens.new_ones(tokens.shape, dtype=torch.bool) if valid is None else valid
+            tokens = slots.scatter(tokens, tokens.new_zeros(batch, width))
+            valid = slots.scatter(valid, valid.new_zeros(batch, width))
+            if tree is not None:  # a hole sees only itself
+                visible = torch.eye(width, dtype=torch.bool, device=tokens.device).repeat(batch, 1, 1)
+                depths = torch.arange(width, device=tokens.device).repeat(batch, 1)
+                tree = slots.scatter(tree[0], visible), slots.scatter(tree[1], depths)
+        return self.forward(tokens, valid, logits_to_keep=width, tree=tree, **inputs)
+
+    def roll_back(
+        self, slots: Slots, width: int, rejected: list[int], paths: list[list[int]] | None = None
+    ) -> None:
+        """Undo what the last forward of `width` tokens a row fed and the step rejected: the last
+        `rejected[b]` real tokens of row `slots.rows[b]`. For a tree, the accepted path `paths[b]`
+        (nodes after the first fed token, root first) moves to the front of the fed columns first,
+        so that what is rejected comes last."""
+        device = self.mask.device
+        if paths is not None:
+            order = torch.arange(width, device=device).repeat(self.mask.shape[0], 1)
+            for b, path in enumerate(paths):
+                order[slots.rows[b], 1 : 1 + len(path)] = torch.tensor(path, device=device) + 1
+            self.reorder_tail(order)
+        if any(rejected):  # decided on the host: a step that kept its whole draft rolls nothing back
+            kept_lengths = self.lengths.clone()
+            kept_lengths[slots.index] -= torch.tensor(rejected, device=device)
+            self.truncate(kept_lengths)
+
     def _next_positions(
         self, width: int, valid: torch.Tensor | None, tree: tuple[torch.Tensor, torch.Tensor] | None
     ) -> torch.Tensor:
@@ -205,12 +252,46 @@ class RaggedKV:
         self.all_real = bool(self.mask.all())
 
 
+class Slots:
+    """Where a step's rows sit in a cache's batch: row b of the step is cache row `rows[b]`. The
+    batch's other rows (finished rows it still holds) take no part in the step."""
+
+    def __init__(self, rows: list[int], batch_size: int, device: torch.device) -> None:
+        self.rows = rows
+        # Known on the host, so the common step skips the work: whether the step's rows are the
+        # whole batch, in order (then row b is cache row b).
+        self.whole = len(rows) == batch_size
+        self.index = slice(None) if self.whole else torch.tensor(rows, device=device)
+
+    def gather(self, batched: torch.Tensor) -> torch.Tensor:
+        """The step's rows of `batched` [batch_size, ...], in the step's order."""
+        return batched if self.whole else batched[self.index]
+
+    def scatter(self, rows: torch.Tensor, batched: torch.Tensor) -> torch.Tensor:
+        """`batched` [batch_size, ...] with the step's rows replaced by `rows` [B, ...], in place."""
+        return rows if self.whole else batched.index_copy_(0, self.index, rows)
+
+
 def _layer_windows(model: PreTrainedModel, cache: DynamicCache) -> list[int | None]:
     """Per cache layer, the window transformers' cache would keep it to (None: the whole context)."""
     return [
         layer.sliding_window if isinstance(layer, DynamicSlidingWindowLayer) else None
         for layer in cache.layers
     ]
+
+
+def tree_layout(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For a forward over [last token, tree nodes...] (`parents` [B, T - 1]: node i's parent node,
+    -1 for a child of the last token): which fed tokens each one sees (its ancestors and itself),
+    [B, T, T], and each one's depth below the last token, [B, T]."""
+    rows, nodes = parents.shape
+    width = nodes + 1
+    parent_column = torch.cat([parents.new_zeros(rows, 1), parents + 1], dim=1)  # [B, T]
+    visible = torch.eye(width, dtype=torch.bool, device=parents.device).repeat(rows, 1, 1)
+    every_row = torch.arange(rows, device=parents.device)
+    for i in range(1, width):  # a parent's column comes before its children's
+        visible[:, i] |= visible[every_row, parent_column[:, i].clamp(0, i - 1)]
+    return visible, visible.sum(dim=-1) - 1
 
 
 class _Masks:

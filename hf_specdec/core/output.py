@@ -1,15 +1,24 @@
-"""Collecting emitted tokens row by row: stopping criteria, streaming and the returned output."""
+"""Collecting emitted tokens row by row: stopping criteria, streaming and the returned output.
+
+The collector holds every row's sequence, so it also says what a drafter is shown of them
+(`draft_request`); `ReturnedStates` slices the attentions and hidden states a call returns."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import GenerationConfig, StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from .draft import DraftRequest
 from .stats import SpeculativeStats
+
+if TYPE_CHECKING:
+    from .kv import RaggedKV
+    from .processing import ScoreProcessor
+    from .verify import Verdict
 
 
 @dataclass
@@ -68,6 +77,30 @@ class OutputCollector:
     def row(self, row: int) -> torch.Tensor:
         return self.tokens[row : row + 1, : self.lengths[row]]
 
+    def draft_request(
+        self,
+        rows: list[int],
+        k: int,
+        do_sample: bool,
+        score: ScoreProcessor,
+        hidden_states: list[torch.Tensor] | None,
+        tree: bool,
+    ) -> DraftRequest:
+        """What a drafter is told about the active `rows` when asked for up to `k` tokens each."""
+        # While every row is active the drafter reads the collector's own tensors (no copy per step).
+        select = slice(None) if len(rows) == len(self.lengths) else rows
+        return DraftRequest(
+            tokens=self.tokens[select],
+            attention_mask=self.mask[select],
+            lengths=[self.lengths[r] for r in rows],
+            max_tokens=[min(k, self.room(r) - 1) for r in rows],
+            do_sample=do_sample,
+            score=score,
+            row_ids=rows,
+            hidden_states=hidden_states,
+            tree=tree,
+        )
+
     def emit(
         self,
         row: int,
@@ -105,6 +138,21 @@ class OutputCollector:
             self.hidden_states[row].extend(extras.hidden_states[:n])
         if self.streamer is not None and n:
             self.streamer.put(tokens[:n].cpu())
+
+    def emit_verdict(
+        self,
+        row: int,
+        verdict: Verdict,
+        b: int,  # the row's index in the step
+        extras: TokenOutputs | None,
+        stopping_criteria: StoppingCriteriaList,
+    ) -> None:
+        """`emit` a step's tokens for user row `row`: its accepted drafts and the target's own token."""
+        n = verdict.accepted[b] + 1
+        at = slice(0, n) if verdict.paths is None else verdict.fed(b)
+        scores = verdict.scores[b, at] if self.keep_scores else None  # sliced only when returned
+        logits = verdict.logits[b, at] if self.keep_logits else None
+        self.emit(row, verdict.tokens[b, :n], scores, logits, stopping_criteria, extras)
 
     def finish(self, stats: SpeculativeStats, cache: Any) -> Any:
         """Build what `generate` returns: padded sequences, or the output dataclass."""
@@ -168,6 +216,47 @@ class TokenOutputs:
 
     attentions: list[tuple[torch.Tensor, ...]]
     hidden_states: list[tuple[torch.Tensor, ...]]
+
+
+class ReturnedStates:
+    """The attentions and hidden states a call returns, sliced from the target's forwards."""
+
+    def __init__(self, out: OutputCollector, target: RaggedKV, drafter_hidden_states: bool) -> None:
+        self.out = out
+        self.target = target
+        self.wanted = out.keep_attentions or out.keep_hidden_states
+        self.switches = {}  # asked of every target forward: only then does the model compute them
+        if out.keep_attentions:
+            self.switches["output_attentions"] = True
+        if out.keep_hidden_states or drafter_hidden_states:
+            self.switches["output_hidden_states"] = True
+
+    def prompt(self, output: Any, rows: list[int]) -> list[TokenOutputs] | None:
+        """The first token's of each of `rows`, from the prompt's forward `output`."""
+        if not self.wanted:
+            return None
+        keep = self.out.keep_attentions, self.out.keep_hidden_states
+        return [prompt_outputs(output, row, *keep) for row in rows]
+
+    def step(self, output: Any, slots: list[int], verdict: Verdict, width: int) -> list[TokenOutputs] | None:
+        """The emitted tokens' of a verify forward `output` of `width` tokens a row, request row b
+        at cache row `slots[b]`; read before the cache is rolled back (the columns each attended to)."""
+        if not self.wanted:
+            return None
+        past = self.target.width - width
+        return [
+            step_outputs(
+                output,
+                slot,
+                self.target.sequence_columns(slot, past),
+                past,
+                verdict.fed(b),
+                self.target.layer_windows,
+                self.out.keep_attentions,
+                self.out.keep_hidden_states,
+            )
+            for b, slot in enumerate(slots)
+        ]
 
 
 def prompt_outputs(output: Any, row: int, keep_attentions: bool, keep_hidden_states: bool) -> TokenOutputs:

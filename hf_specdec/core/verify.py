@@ -1,15 +1,69 @@
-"""Accepting draft tokens: pure tensor functions, one vocabulary, batched over rows.
+"""Accepting draft tokens: the rule (`accept`) and the pure tensor functions it chooses from.
 
-Every function takes the draft of a step and the target's *processed* scores at the k + 1
-positions the target just computed (after each draft prefix, and one past the whole draft) and
-returns, per row, how many draft tokens were accepted and the tokens to append: the accepted
-drafts followed by one token of the target's own (the correction after a rejection, or the
-bonus token when every draft token was accepted). So a step never gains fewer than one token.
+`accept` scores a step's draft with the target's logits and picks the rule: greedy acceptance,
+rejection sampling, or the walk down a tree draft; it refuses what no rule here verifies exactly.
+
+The functions after it are batched over rows and share one vocabulary. Each takes the draft of a
+step and the target's *processed* scores at the k + 1 positions the target just computed (after
+each draft prefix, and one past the whole draft) and returns, per row, how many draft tokens were
+accepted and the tokens to append: the accepted drafts followed by one token of the target's own
+(the correction after a rejection, or the bonus token when every draft token was accepted). So a
+step never gains fewer than one token.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from .draft import Draft, DraftRequest
+
+
+@dataclass
+class Verdict:
+    """What the target made of one step's draft, row by row."""
+
+    accepted: list[int]  # [B] draft tokens accepted per row
+    tokens: torch.Tensor  # [B, k + 1] row b emits tokens[b, : accepted[b] + 1]
+    scores: torch.Tensor  # [B, k + 1, V] processed target scores at those positions
+    logits: torch.Tensor  # [B, k + 1, V] raw target logits
+    paths: list[list[int]] | None = None  # tree drafts: the accepted nodes of each row, root first
+
+    def fed(self, b: int) -> list[int]:
+        """The fed positions row b's emitted tokens were chosen at: along the accepted path of a tree."""
+        if self.paths is None:
+            return list(range(self.accepted[b] + 1))
+        return [0] + [1 + node for node in self.paths[b]]
+
+
+def accept(
+    request: DraftRequest,
+    draft: Draft,
+    logits: torch.Tensor,  # [B, k + 1, V] the target's, after the row's last token and each draft token
+) -> Verdict:
+    """Score each row's draft with the target's `logits` and accept what the target agrees with
+    (greedy) or what rejection sampling keeps; a tree draft is walked down the target's choices."""
+    # Only processors that read tokens need each row's sequence (plain greedy has none).
+    contexts = [request.row(b) for b in range(len(request.row_ids))] if request.score.processors else []
+    scores = request.score.positions(
+        contexts, request.row_ids, draft.tokens, draft.lengths, logits, draft.parents
+    )
+    if draft.parents is not None:
+        if draft.probs is not None:  # the walk is exact only for trees chosen without draws
+            raise NotImplementedError("Sampled tree drafts need multi-draft rejection sampling.")
+        paths, tokens = tree_verify(draft.tokens, draft.lengths, draft.parents, scores, request.do_sample)
+        return Verdict([len(path) for path in paths], tokens, scores, logits, paths)
+    if not request.do_sample and not any(draft.lengths):  # nothing drafted: a plain greedy step
+        return Verdict([0] * len(draft.lengths), scores.argmax(dim=-1), scores, logits)
+    draft_lengths = torch.tensor(draft.lengths, device=logits.device)
+    if request.do_sample:
+        accepted, tokens = rejection_sample(draft.tokens, draft_lengths, draft.probs, scores.softmax(-1))
+    else:
+        accepted, tokens = greedy_verify(draft.tokens, draft_lengths, scores)
+    return Verdict(accepted.tolist(), tokens, scores, logits)
 
 
 def greedy_verify(

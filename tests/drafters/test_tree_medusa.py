@@ -92,9 +92,9 @@ def test_greedy_tree_sized_by_the_adaptive_policy_matches_plain_greedy(one_layer
 
 def test_control_greedy_walk_that_prefers_the_draft_is_caught(one_layer, monkeypatch):
     """The same check fails when the walk accepts the first root child where the target disagrees."""
-    import hf_specdec.core.loop
+    import hf_specdec.core.verify
 
-    monkeypatch.setattr(hf_specdec.core.loop, "tree_verify", walk_preferring_drafts)
+    monkeypatch.setattr(hf_specdec.core.verify, "tree_verify", walk_preferring_drafts)
     torch.manual_seed(0)
     plain, out, attention_mask = _generate(one_layer, 3, _spec(identity_medusa(one_layer)))
     with pytest.raises(AssertionError):

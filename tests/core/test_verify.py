@@ -1,5 +1,6 @@
-"""Pure-function tests of `hf_specdec.core.verify`: acceptance counts, emitted-token layout, and the
-single-step exactness of `rejection_sample` (every emitted token is distributed as p)."""
+"""Tests of `hf_specdec.core.verify`: the pure functions' acceptance counts, emitted-token layout and
+the single-step exactness of `rejection_sample` (every emitted token is distributed as p); and which
+rule `accept` applies to a step, and what it refuses."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from hf_specdec.core.verify import greedy_verify, rejection_sample
+from hf_specdec.core.draft import Draft, DraftRequest
+from hf_specdec.core.processing import ScoreProcessor
+from hf_specdec.core.verify import accept, greedy_verify, rejection_sample
 
 ALPHA = 1e-3  # chi-square significance: a correct sampler fails a test about once in a thousand seeds
 ROWS = 20_000
@@ -293,3 +296,71 @@ def test_control_wrong_sampler_is_rejected(wrong):
     lengths = torch.full((ROWS,), k)
     accepted, tokens = wrong(draft_tokens, lengths, q.expand(ROWS, -1, -1), p.expand(ROWS, -1, -1))
     assert chi2_pvalue(tokens[:, 0], p[0]) < ALPHA
+
+
+# ---------------------------------------------------------------------------------------------
+# accept: the rule a step's draft is verified by
+# ---------------------------------------------------------------------------------------------
+
+
+def _request(rows: int = 1, do_sample: bool = False, tree: bool = False, vocab: int = 8) -> DraftRequest:
+    return DraftRequest(
+        tokens=torch.tensor([[1, 2]]).repeat(rows, 1),
+        attention_mask=torch.ones(rows, 2),
+        lengths=[2] * rows,
+        max_tokens=[2] * rows,
+        do_sample=do_sample,
+        score=ScoreProcessor(None, vocab, rows),
+        row_ids=list(range(rows)),
+        tree=tree,
+    )
+
+
+def _peaked(tokens: list[int], vocab: int = 8) -> torch.Tensor:
+    """Logits [1, len(tokens), V] whose softmax puts all its mass on `tokens[i]` at position i."""
+    logits = torch.full((1, len(tokens), vocab), -1e4)
+    logits[0, torch.arange(len(tokens)), torch.tensor(tokens)] = 0.0
+    return logits
+
+
+def test_accept_without_a_draft_is_a_plain_greedy_step():
+    logits = torch.randn(2, 1, 8)
+    verdict = accept(_request(rows=2), Draft.empty(2, torch.device("cpu")), logits)
+    assert verdict.accepted == [0, 0] and verdict.paths is None
+    assert torch.equal(verdict.tokens, logits.argmax(dim=-1))
+    assert verdict.fed(1) == [0]
+
+
+def test_accept_greedy_keeps_the_prefix_the_target_agrees_with():
+    logits = scores_for(torch.tensor([[3, 4, 6]]), vocab=8)
+    verdict = accept(_request(), Draft(torch.tensor([[3, 5]]), [2]), logits)
+    assert verdict.accepted == [1]
+    assert verdict.tokens[0, :2].tolist() == [3, 4]  # the accepted draft, then the target's correction
+    assert verdict.fed(0) == [0, 1] and torch.equal(verdict.logits, logits)
+
+
+def test_accept_samples_by_rejection_sampling():
+    """do_sample: a draft the target gives all its mass is kept with the bonus token after it; one
+    it gives none is replaced by a draw from the residual."""
+    kept = accept(_request(do_sample=True), Draft(torch.tensor([[3, 4]]), [2]), _peaked([3, 4, 6]))
+    assert kept.accepted == [2] and kept.tokens[0].tolist() == [3, 4, 6]
+    replaced = accept(_request(do_sample=True), Draft(torch.tensor([[3, 5]]), [2]), _peaked([3, 4, 6]))
+    assert replaced.accepted == [1] and replaced.tokens[0, :2].tolist() == [3, 4]
+
+
+def test_accept_walks_a_tree_draft_down_the_targets_choices():
+    draft = Draft(torch.tensor([[3, 4, 5]]), [3], parents=torch.tensor([[-1, -1, 1]]))  # 3 | 4 - 5
+    # The target's argmax after the last token: 4 (node 1); after node 1 (column 2): 5; after 5: 7.
+    verdict = accept(_request(tree=True), draft, _peaked([4, 0, 5, 7]))
+    assert verdict.paths == [[1, 2]] and verdict.accepted == [2]
+    assert verdict.tokens[0, :3].tolist() == [4, 5, 7]
+    assert verdict.fed(0) == [0, 2, 3]  # the fed columns of the path's tokens: after last, node 1, node 2
+
+
+def test_sampled_tree_drafts_are_refused_rather_than_walked():
+    """`tree_verify` is exact for trees chosen without the target's draws; a tree that comes with
+    the distributions its tokens were sampled from asks for multi-draft rejection sampling."""
+    request = _request(do_sample=True, tree=True)
+    draft = Draft(torch.tensor([[3, 4]]), [2], torch.full((1, 2, 8), 1 / 8), parents=torch.tensor([[-1, -1]]))
+    with pytest.raises(NotImplementedError, match="multi-draft rejection sampling"):
+        accept(request, draft, torch.zeros(1, 3, 8))

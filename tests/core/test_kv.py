@@ -1,0 +1,115 @@
+"""`RaggedKV` alone, on a real tiny model: rows fed with holes, rolled back, hold what a plain forward
+over the kept tokens would have cached, and decode on from there as it would."""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from hf_specdec.core.compat import cache_argument
+from hf_specdec.core.kv import RaggedKV, Slots, tree_layout
+
+from ..conftest import random_batch
+
+CPU = torch.device("cpu")
+CLOSE = dict(atol=1e-5, rtol=1e-4)  # a padded batch and one unpadded row round apart
+
+
+def _plain(model, sequence: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """A plain forward over one row's real tokens: its logits [n, V] and each layer's keys [heads, n, dim]."""
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        out = model(input_ids=sequence[None], use_cache=True, **{cache_argument(model): cache})
+    return out.logits[0], [layer.keys[0] for layer in cache.layers]
+
+
+def _assert_holds(kv: RaggedKV, row: int, model, sequence: torch.Tensor) -> None:
+    """Cache row `row`'s real columns hold the keys a plain forward over `sequence` caches."""
+    assert int(kv.lengths[row]) == len(sequence)
+    _, plain_keys = _plain(model, sequence)
+    for layer, keys in zip(kv.cache.layers, plain_keys):
+        torch.testing.assert_close(layer.keys[row][:, kv.mask[row]], keys, **CLOSE)
+
+
+def _prompts(kv: RaggedKV, seed: int, batch: int) -> list[torch.Tensor]:
+    """Feed `batch` left-padded prompts; returns each row's real tokens."""
+    input_ids, attention_mask = random_batch(seed, batch)
+    with torch.no_grad():
+        kv.forward(input_ids, attention_mask.bool(), logits_to_keep=1)
+    return [input_ids[b][attention_mask[b].bool()] for b in range(batch)]
+
+
+def _decodes_on(kv: RaggedKV, model, sequences: list[torch.Tensor]) -> None:
+    """One more token for every row: its logits are a plain forward's after the row's sequence."""
+    token = torch.arange(len(sequences))[:, None] + 10
+    with torch.no_grad():
+        logits = kv.forward(token, None, logits_to_keep=1).logits[:, -1]
+    for row, sequence in enumerate(sequences):
+        expected, _ = _plain(model, torch.cat([sequence, token[row]]))
+        torch.testing.assert_close(logits[row], expected[-1], **CLOSE)
+
+
+def test_tree_layout_ancestors_and_depths():
+    parents = torch.tensor([[-1, 0, -1, 2, 1]])  # nodes 0-1-4 and 2-3
+    visible, depths = tree_layout(parents)
+    assert depths.tolist() == [[0, 1, 2, 1, 2, 3]]
+    # fed column 5 (node 4) sees the last token, node 0, node 1 and itself
+    assert visible[0, 5].nonzero()[:, 0].tolist() == [0, 1, 2, 5]
+    assert visible[0, 4].nonzero()[:, 0].tolist() == [0, 3, 4]
+
+
+def test_slots_gather_and_scatter_the_steps_rows():
+    whole, some = Slots([0, 1, 2], 3, CPU), Slots([2, 0], 3, CPU)
+    batched = torch.arange(6).reshape(3, 2)
+    assert whole.whole and whole.gather(batched) is batched
+    assert not some.whole and some.gather(batched).tolist() == [[4, 5], [0, 1]]
+    assert some.scatter(torch.tensor([[7, 7], [8, 8]]), torch.zeros(3, 2, dtype=torch.long)).tolist() == [
+        [8, 8],
+        [0, 0],
+        [7, 7],
+    ]
+
+
+def test_rows_fed_with_holes_and_rolled_back_hold_a_plain_forwards_cache(target):
+    """A step of rows 0 and 2 only (row 1 finished, still cached): row 0 feeds 4 real tokens and
+    keeps 3, row 2 feeds 2 real tokens and 2 holes and keeps 1. Each row's logits and cache are
+    a plain forward's over its own tokens; row 1 is left as it was."""
+    kv = RaggedKV(target, None, 3, CPU)
+    sequences = _prompts(kv, 0, 3)
+    feed = torch.tensor([[11, 12, 13, 14], [21, 22, 0, 0]])
+    valid = torch.tensor([[True, True, True, True], [True, True, False, False]])
+    slots = Slots([0, 2], 3, CPU)
+    with torch.no_grad():
+        output = kv.forward_rows(slots, feed, valid)
+    for b, row in enumerate(slots.rows):
+        real = int(valid[b].sum())
+        expected, _ = _plain(target, torch.cat([sequences[row], feed[b, :real]]))
+        torch.testing.assert_close(output.logits[row, :real], expected[-real:], **CLOSE)
+
+    kv.roll_back(slots, 4, rejected=[1, 1])
+    sequences[0] = torch.cat([sequences[0], feed[0, :3]])
+    sequences[2] = torch.cat([sequences[2], feed[1, :1]])
+    for row, sequence in enumerate(sequences):
+        _assert_holds(kv, row, target, sequence)
+    _decodes_on(kv, target, sequences)
+
+
+def test_a_tree_fed_beside_a_hole_and_rolled_back_to_its_path_holds_a_plain_forwards_cache(target):
+    """Row 1 feeds a token and a tree of four nodes below it (row 0 is a hole); it keeps the path
+    node 0 -> node 2, which `roll_back` moves to the front before dropping the rest."""
+    kv = RaggedKV(target, None, 2, CPU)
+    sequences = _prompts(kv, 1, 2)
+    feed = torch.tensor([[30, 31, 32, 33, 34]])  # a token, then nodes 0..3
+    parents = torch.tensor([[-1, -1, 0, 2]])  # nodes 0 and 1 below the token, 0 - 2 - 3
+    slots = Slots([1], 2, CPU)
+    with torch.no_grad():
+        output = kv.forward_rows(slots, feed, None, parents)
+    for column, path in [(3, [30, 31, 33]), (2, [30, 32]), (4, [30, 31, 33, 34])]:
+        expected, _ = _plain(target, torch.cat([sequences[1], torch.tensor(path)]))
+        torch.testing.assert_close(output.logits[1, column], expected[-1], **CLOSE)
+
+    kv.roll_back(slots, 5, rejected=[2], paths=[[0, 2]])
+    sequences[1] = torch.cat([sequences[1], torch.tensor([30, 31, 33])])
+    for row, sequence in enumerate(sequences):
+        _assert_holds(kv, row, target, sequence)
+    _decodes_on(kv, target, sequences)
