@@ -1,7 +1,7 @@
 """Bad input, one case a row: each is refused with the exception type a caller can catch and a message
 that names what to do instead (not a TypeError from a comparison deep inside, nor a model's IndexError).
 
-The cases older than this suite live in tests/test_errors.py; these are the ones the red-team pass
+The cases older than this suite live in tests/core/test_checks.py; these are the ones the red-team pass
 found unclear.
 """
 

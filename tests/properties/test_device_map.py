@@ -17,7 +17,7 @@ from hf_specdec.heads.eagle import EagleHeadConfig
 from hf_specdec.heads.io import build_head, save_head
 from hf_specdec.heads.medusa import MedusaHeadConfig
 
-from .conftest import tiny_llama
+from ..conftest import tiny_llama
 
 pytest.importorskip("accelerate")
 

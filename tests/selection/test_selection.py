@@ -308,7 +308,7 @@ def test_cli_main(capsys: pytest.CaptureFixture[str]) -> None:
 def test_registry_is_shipped_with_the_checkout() -> None:
     from hf_specdec.selection.select import registry_path
 
-    assert registry_path() == Path(__file__).resolve().parents[1] / "configs" / "draft_pairs.toml"
+    assert registry_path() == Path(__file__).resolve().parents[2] / "configs" / "draft_pairs.toml"
 
 
 def test_speculative_true_uses_the_selected_draft(hub: HubServer, tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 
 from hf_specdec import SpeculativeConfig
 
-from .conftest import random_batch, tiny_llama
+from ..conftest import random_batch, tiny_llama
 
 NEAR_TIE = 1e-4
 DRAFT_LENGTHS = [1, 3, 8, "auto"]

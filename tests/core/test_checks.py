@@ -11,7 +11,7 @@ from transformers.generation.streamers import BaseStreamer
 from hf_specdec import SpeculativeConfig
 from hf_specdec.integration import _ORIGINAL_GENERATE
 
-from .conftest import random_batch, tiny_llama
+from ..conftest import random_batch, tiny_llama
 
 
 class _ListStreamer(BaseStreamer):

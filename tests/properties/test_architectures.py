@@ -16,7 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 import hf_specdec
 from hf_specdec.core.kv import RaggedKV
 
-from .conftest import assert_greedy_match, random_batch
+from ..conftest import assert_greedy_match, random_batch
 
 VOCAB = 128
 _COMMON = dict(

@@ -9,7 +9,7 @@ import torch
 
 from hf_specdec import SpeculativeStats
 
-from .conftest import random_batch, tiny_llama
+from ..conftest import random_batch, tiny_llama
 
 # (drafted, accepted) per step
 STEP_TABLES = {

@@ -7,7 +7,7 @@ import torch
 
 from hf_specdec.lossless import IDENTICAL, MISMATCH, TIE, check_greedy, count_kinds, rounding_bound
 
-from .conftest import random_batch, tiny_llama
+from ..conftest import random_batch, tiny_llama
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from .conftest import SHARED, assert_greedy_match
+from ..conftest import SHARED, assert_greedy_match
 
 SPECBENCH = SHARED / "data" / "specbench" / "question.jsonl"
 CATEGORIES = ("summarization", "rag", "translation", "qa", "math_reasoning", "coding", "writing")

@@ -11,7 +11,7 @@ from hf_specdec import register_drafter
 from hf_specdec.core.draft import Draft, DraftRequest
 from hf_specdec.drafters import DRAFTERS, Drafter
 
-from .conftest import random_batch
+from ..conftest import random_batch
 
 
 class _FeatureRecorder(Drafter):

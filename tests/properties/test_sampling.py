@@ -19,7 +19,7 @@ from transformers import (
 
 from hf_specdec.core.policy import AdaptiveDraftLength
 
-from .conftest import tiny_llama
+from ..conftest import tiny_llama
 
 VOCAB = 8
 NEW = 3

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 
 NEW = 24
 K = 3
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def truncated(model, layers: int, dtype: torch.dtype) -> LlamaForCausalLM:

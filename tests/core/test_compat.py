@@ -7,7 +7,7 @@ from transformers import DynamicCache
 
 from hf_specdec.core.compat import cache_argument, generate_cache
 
-from .conftest import tiny_llama
+from ..conftest import tiny_llama
 
 
 class _OldForward(torch.nn.Module):

@@ -9,7 +9,7 @@ import hf_specdec
 from hf_specdec.core.verify import tree_verify
 from hf_specdec.drafters.ngram import _trie
 
-from .conftest import assert_greedy_match, random_batch, tiny_llama
+from ..conftest import assert_greedy_match, random_batch, tiny_llama
 from .test_sampling import ALPHA, NEW, ROWS, SETTINGS, chi2_pvalue, continuation_index, exact_distribution
 
 
