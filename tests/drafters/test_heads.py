@@ -18,7 +18,7 @@ from hf_specdec.heads.io import build_head, save_head
 from hf_specdec.heads.medusa import MedusaHeadConfig
 
 from ..conftest import assert_greedy_match, random_batch, tiny_llama
-from ..test_sampling import (
+from ..properties.test_sampling import (
     ALPHA,
     NEW,
     PROMPT,

@@ -9,8 +9,8 @@ import torch
 from hf_specdec.drafters.medusa import MedusaDrafter, cartesian_tree
 
 from ..conftest import assert_greedy_match, random_batch, tiny_llama
-from ..test_sampling import ALPHA, SETTINGS, VOCAB, chi2_pvalue, exact_distribution
-from ..test_trees import BRANCHING_PROMPT, sample_trees, walk_preferring_drafts
+from ..properties.test_sampling import ALPHA, SETTINGS, VOCAB, chi2_pvalue, exact_distribution
+from ..properties.test_trees import BRANCHING_PROMPT, sample_trees, walk_preferring_drafts
 from .test_heads import identity_medusa
 
 
