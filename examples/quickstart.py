@@ -6,8 +6,8 @@ python examples/quickstart.py
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import hf_specdec  # adds `speculative=` to generate() and pipelines
+from hf_specdec.core.timing import clock  # reads the clock once the device has done its work
 from hf_specdec.lossless import check_greedy
-from hf_specdec.timing import clock  # reads the clock once the device has done its work
 
 path = hf_specdec.demo_model_path()  # SmolLM2-135M-Instruct, built offline on first use
 tokenizer = AutoTokenizer.from_pretrained(path)
