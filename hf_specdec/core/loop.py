@@ -147,7 +147,7 @@ def _request(
         lengths=[out.lengths[r] for r in rows],
         max_tokens=[min(k, out.room(r) - 1) for r in rows],
         do_sample=generation_config.do_sample,
-        score=score,
+        processor=score,
         row_ids=rows,
         hidden_states=features.take(rows) if k > 0 else None,  # kept for the next draft
         tree=tree,
@@ -253,8 +253,8 @@ def _accept(request: DraftRequest, draft: Draft, logits: torch.Tensor) -> _Verif
     """Score each row's draft with the target's `logits` [B, k + 1, V] and accept what the
     target agrees with (greedy) or what rejection sampling keeps."""
     # Only processors that read tokens need each row's sequence (plain greedy has none).
-    contexts = [request.row(b) for b in range(len(request.row_ids))] if request.score.processors else []
-    scores = request.score.positions(
+    contexts = [request.row(b) for b in range(len(request.row_ids))] if request.processor.processors else []
+    scores = request.processor.positions(
         contexts, request.row_ids, draft.tokens, draft.lengths, logits, draft.parents
     )
     if draft.parents is not None:

@@ -65,7 +65,7 @@ def _head_probs(request: DraftRequest, logits: list[torch.Tensor]) -> torch.Tens
     probs = []
     for head_logits in logits:
         contexts = [torch.cat([request.row(b), guesses[b : b + 1]], dim=1) for b in range(batch)]
-        dist = request.score(contexts, request.row_ids, head_logits.float()).softmax(dim=-1)
+        dist = request.processor(contexts, request.row_ids, head_logits.float()).softmax(dim=-1)
         probs.append(dist)  # rows whose processors allow no draftable token give NaN: no nodes
         guesses = torch.cat([guesses, dist.nan_to_num(0.0).argmax(dim=-1, keepdim=True)], dim=1)
     return torch.stack(probs, dim=1)
