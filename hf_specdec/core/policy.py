@@ -605,8 +605,8 @@ __all__ = [
     "PRIOR_WEIGHT",
     "ProbeSchedule",
     "TreeAcceptance",
-    "beta_mean",
     "best_width",
+    "beta_mean",
     "expected_gains",
     "fastest_width",
 ]
