@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -11,8 +12,6 @@ from typing import Any, Literal
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 from torch import nn
-
-DraftLength = int | Literal["auto"] | Any
 
 # The methods of `policy.DraftLengthPolicy`, every one of which the loop calls each step.
 POLICY_METHODS = ("draft_length", "trim", "update", "expect_draft_cost")
@@ -29,46 +28,53 @@ class SpeculativeConfig:
             for `method="onnx"`: a folder exported with `hf-specdec export-onnx`.
         draft_tokenizer: the draft's tokenizer when `draft` is a loaded model; lets the
             compatibility check compare vocabularies instead of sizes.
-        num_draft_tokens: tokens drafted per step: an integer for a fixed length, `"auto"` to
-            choose it each step from measured acceptance and costs (state kept for the call), or
-            a policy object such as `AdaptiveDraftLength()` that keeps what it learns across calls
-            (any object with the `DraftLengthPolicy` methods `draft_length`, `trim` and `update`).
+        num_draft_tokens: tokens drafted per step (tree nodes, with `tree`): an integer for a fixed
+            length, or `"auto"` (default) to choose it each step from measured acceptance and costs
+            (state kept for the call).
         options: settings of the chosen drafter (see its config class, e.g. `NgramConfig`).
         tree: `True` to let the drafter propose a tree of candidate continuations, verified in one
-            forward (`num_draft_tokens` then counts its nodes); an integer also caps the nodes;
-            `False` (default) drafts one chain; `"auto"` a tree where the drafter grows trees
-            and a chain where it does not (no error), the tree's size chosen by the draft-length
-            policy from measured costs and acceptance. Drafters that grow trees: `ngram` (a trie of
-            matches), `draft_model`, `onnx`, `quantized` and `eagle` (EAGLE-2: top-k
-            branching by cumulative draft probability) and `medusa` (the cartesian product of each
-            head's top-k, pruned by probability).
+            forward (`num_draft_tokens` then counts its nodes); `False` (default) drafts one chain;
+            `"auto"` a tree where the drafter grows trees and a chain where it does not (no error),
+            the tree's size chosen by the draft-length policy from measured costs and acceptance.
+            Drafters that grow trees: `ngram` (a trie of matches), `draft_model`, `onnx`,
+            `quantized` and `eagle` (EAGLE-2: top-k branching by cumulative draft probability) and
+            `medusa` (the cartesian product of each head's top-k, pruned by probability).
         trust_remote_code: let a draft (named in `draft`, or chosen by `method="auto"`) run the
             Python code its repo ships (`auto_map` in its config), as `from_pretrained(...,
             trust_remote_code=True)` would. Off by default: such a draft is refused when named, and
             skipped by the automatic choice, never asked about. A loaded model given as `draft` is
             used as it is.
+        policy: a draft-length policy object that chooses the draft length instead (leave
+            `num_draft_tokens` at "auto"), e.g. `AdaptiveDraftLength()`, which keeps what it learns
+            across the calls it is passed to: any object with the `DraftLengthPolicy` methods
+            `draft_length`, `trim`, `update` and `expect_draft_cost`.
+        max_tree_nodes: with `tree`, the most nodes a tree may have, whatever length the policy
+            asks for; None (default): no cap of its own.
+
+    Deprecated spellings, kept for one release with a `DeprecationWarning`: a policy object as
+    `num_draft_tokens` (now `policy=`), and `tree=<n>` (now `tree=True, max_tree_nodes=<n>`).
     """
 
     method: str = "auto"
     draft: Any = None
     draft_tokenizer: Any = None
-    num_draft_tokens: DraftLength = "auto"
+    num_draft_tokens: int | Literal["auto"] = "auto"
     options: dict[str, Any] = field(default_factory=dict)
-    tree: bool | int | str = False
+    tree: bool | Literal["auto"] = False
     trust_remote_code: bool = False
+    # New fields go last: earlier ones may be given by position.
+    policy: Any = None
+    max_tree_nodes: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.trust_remote_code, bool):
             raise TypeError(f"`trust_remote_code` must be True or False, got {self.trust_remote_code!r}.")
-        if self.tree != "auto" and (
-            not isinstance(self.tree, (bool, int)) or (type(self.tree) is int and self.tree < 1)
-        ):
-            raise ValueError(
-                f"`tree` must be True, False, 'auto' or a positive number of nodes, got {self.tree!r}."
-            )
         if not isinstance(self.method, str):
             raise TypeError(f"`method` must be a string, got {type(self.method).__name__}.")
-        _check_num_draft_tokens(self.num_draft_tokens)
+        self._take_old_tree_spelling()
+        _check_tree(self.tree, self.max_tree_nodes)
+        self._take_old_policy_spelling()
+        _check_draft_length(self.num_draft_tokens, self.policy)
         if not isinstance(self.options, dict):
             raise TypeError(
                 f"`options` must be a dict of the drafter's settings, e.g. options={{'max_ngram': 4}} for "
@@ -78,6 +84,41 @@ class SpeculativeConfig:
             _check_draft_location(str(self.draft))
         elif self.draft is not None:
             _check_draft_object(self.draft)
+
+    def _take_old_tree_spelling(self) -> None:
+        """`tree=<n>`, deprecated: a tree of at most n nodes."""
+        if not (_is_count(self.tree) and self.tree >= 1):
+            return
+        if self.max_tree_nodes is not None:
+            raise ValueError(
+                f"tree={self.tree} and max_tree_nodes={self.max_tree_nodes} both cap the tree's nodes: "
+                "pass tree=True, max_tree_nodes=<n>."
+            )
+        warnings.warn(
+            f"SpeculativeConfig(tree={self.tree}) is deprecated and will be removed in the next release: "
+            f"pass tree=True, max_tree_nodes={self.tree}.",
+            DeprecationWarning,
+            stacklevel=4,  # the caller of SpeculativeConfig(...), past __post_init__ and __init__
+        )
+        self.tree, self.max_tree_nodes = True, self.tree
+
+    def _take_old_policy_spelling(self) -> None:
+        """A policy object as `num_draft_tokens`, deprecated: it goes in `policy`."""
+        n = self.num_draft_tokens
+        if n == "auto" or _is_count(n) or not _policy_methods(n):
+            return
+        if self.policy is not None:
+            raise ValueError(
+                "Both `num_draft_tokens` and `policy` were given a draft-length policy: pass it once, "
+                "as policy=<your policy>."
+            )
+        warnings.warn(
+            "Passing a draft-length policy as `num_draft_tokens` is deprecated and will be removed in the "
+            f"next release: pass SpeculativeConfig(policy={type(n).__name__}(...)) instead.",
+            DeprecationWarning,
+            stacklevel=4,  # the caller of SpeculativeConfig(...), past __post_init__ and __init__
+        )
+        self.policy, self.num_draft_tokens = n, "auto"
 
     @classmethod
     def from_user(cls, value: Any) -> SpeculativeConfig | None:
@@ -104,18 +145,61 @@ class SpeculativeConfig:
         )
 
 
-def _check_num_draft_tokens(n: Any) -> None:
-    """A positive integer, "auto", or an object with every method of the policy protocol."""
-    if n == "auto" or (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
-        return
-    missing = [name for name in POLICY_METHODS if not callable(getattr(n, name, None))]
-    if len(missing) == len(POLICY_METHODS):
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _policy_methods(value: Any) -> list[str]:
+    """Which methods of the policy protocol `value` has."""
+    return [name for name in POLICY_METHODS if callable(getattr(value, name, None))]
+
+
+def _check_tree(tree: Any, max_tree_nodes: Any) -> None:
+    if not (isinstance(tree, bool) or tree == "auto"):
         raise ValueError(
-            f'`num_draft_tokens` must be a positive integer, "auto" or a policy object, got {n!r}.'
+            f"`tree` must be True, False or 'auto' (cap a tree's nodes with max_tree_nodes=<n>), "
+            f"got {tree!r}."
+        )
+    if max_tree_nodes is None:
+        return
+    if not _is_count(max_tree_nodes):
+        raise TypeError(
+            f"`max_tree_nodes` must be a positive integer or None, got {max_tree_nodes!r} "
+            f"({type(max_tree_nodes).__name__})."
+        )
+    if max_tree_nodes < 1:
+        raise ValueError(f"`max_tree_nodes` must be a positive integer or None, got {max_tree_nodes}.")
+    if tree is False:
+        raise ValueError(
+            f"max_tree_nodes={max_tree_nodes} caps tree drafts, and tree=False drafts chains: pass "
+            "tree=True (or 'auto') with it, or drop max_tree_nodes."
+        )
+
+
+def _check_draft_length(n: Any, policy: Any) -> None:
+    """`num_draft_tokens` a positive integer or "auto"; `policy` None or an object with every method
+    of the policy protocol, and then the one that chooses the length."""
+    if not (n == "auto" or (_is_count(n) and n >= 1)):
+        raise ValueError(
+            f'`num_draft_tokens` must be a positive integer or "auto" (a draft-length policy object goes '
+            f"in policy=), got {n!r}."
+        )
+    if policy is None:
+        return
+    if n != "auto":
+        raise ValueError(
+            f"num_draft_tokens={n} and policy={type(policy).__name__}(...) both choose the draft length: "
+            "pass one of them (FixedDraftLength(k) is the policy of a fixed length)."
+        )
+    missing = [name for name in POLICY_METHODS if name not in _policy_methods(policy)]
+    if len(missing) == len(POLICY_METHODS):
+        raise TypeError(
+            f"`policy` must be a draft-length policy object such as hf_specdec.AdaptiveDraftLength(), got "
+            f"{policy!r} ({type(policy).__name__}); a fixed draft length goes in num_draft_tokens=<k>."
         )
     if missing:
         raise TypeError(
-            f"The draft-length policy {type(n).__name__} lacks {missing}: a policy object needs "
+            f"The draft-length policy {type(policy).__name__} lacks {missing}: a policy object needs "
             "draft_length, trim, update and expect_draft_cost (subclass hf_specdec."
             "DraftLengthPolicy to inherit its no-op expect_draft_cost; FixedDraftLength is the simplest one)."
         )

@@ -13,6 +13,7 @@ policy chosen, so that `core` never reaches up into the drafters or the Hub.
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any
 
 from transformers import GenerationConfig, StoppingCriteriaList
@@ -34,6 +35,7 @@ _KEPT_ORIGINAL = "_hf_specdec_original_generate"
 if _KEPT_ORIGINAL not in vars(GenerationMixin):
     setattr(GenerationMixin, _KEPT_ORIGINAL, GenerationMixin.generate)
 _ORIGINAL_GENERATE = getattr(GenerationMixin, _KEPT_ORIGINAL)
+_GENERATE_SIGNATURE = inspect.signature(_ORIGINAL_GENERATE)
 
 
 @functools.wraps(_ORIGINAL_GENERATE)
@@ -41,10 +43,23 @@ def generate(self: Any, *args: Any, speculative: Any = None, **kwargs: Any) -> A
     config = SpeculativeConfig.from_user(speculative)
     if config is None:
         return _ORIGINAL_GENERATE(self, *args, **kwargs)
-    return _speculative_generate(self, args, kwargs, config)
+    return _speculative_generate(self, _by_name(self, args, kwargs), config)
 
 
-def _speculative_generate(model: Any, args: tuple, kwargs: dict[str, Any], config: SpeculativeConfig) -> Any:
+def _by_name(model: Any, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """generate's arguments all by name, those given by position (the streamer is its 8th) included,
+    bound as generate binds them; a call generate would refuse gets its TypeError here."""
+    if not args:
+        return kwargs
+    bound = dict(_GENERATE_SIGNATURE.bind_partial(model, *args, **kwargs).arguments)
+    for name, parameter in _GENERATE_SIGNATURE.parameters.items():
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            bound.update(bound.pop(name, {}))
+    bound.pop(next(iter(_GENERATE_SIGNATURE.parameters)))  # the model itself
+    return bound
+
+
+def _speculative_generate(model: Any, kwargs: dict[str, Any], config: SpeculativeConfig) -> Any:
     for conflicting in ("assistant_model", "prompt_lookup_num_tokens", "custom_generate"):
         if kwargs.get(conflicting) is not None:
             raise ValueError(
@@ -53,8 +68,6 @@ def _speculative_generate(model: Any, args: tuple, kwargs: dict[str, Any], confi
             )
     tokenizer = kwargs.get("tokenizer")
     streamer = kwargs.get("streamer")
-    if len(args) > 7 and args[7] is not None:  # generate's 8th positional parameter is the streamer
-        streamer = args[7]
     _take_stop_strings(model, kwargs, tokenizer)
 
     # `custom_generate` callables receive (model, input_ids, logits_processor, stopping_criteria,
@@ -78,33 +91,33 @@ def _speculative_generate(model: Any, args: tuple, kwargs: dict[str, Any], confi
             drafter=drafter,
             policy=_policy(resolved),
             tree=_drafts_trees(resolved, drafter),
-            max_tree_nodes=None if type(resolved.tree) is not int else resolved.tree,
+            max_tree_nodes=resolved.max_tree_nodes,
             streamer=streamer,
             **model_kwargs,
         )
 
-    return _ORIGINAL_GENERATE(model, *args, custom_generate=custom_generate, **kwargs)
+    return _ORIGINAL_GENERATE(model, custom_generate=custom_generate, **kwargs)
 
 
 def _drafts_trees(config: SpeculativeConfig, drafter: Drafter) -> bool:
     """`tree="auto"`: a tree where the drafter grows them (the policy sizes it), else a chain."""
     if config.tree == "auto":
         return drafter.supports_tree
-    if config.tree is not False and not drafter.supports_tree:
+    if config.tree and not drafter.supports_tree:
         growers = ", ".join(repr(name) for name, cls in DRAFTERS.items() if cls.supports_tree)
         raise ValueError(
             f"method={config.method!r} drafts chains only; tree=True needs a drafter that grows "
             f"trees (method={growers}), or drop tree=."
         )
-    return config.tree is not False
+    return config.tree
 
 
 def _policy(config: SpeculativeConfig) -> DraftLengthPolicy:
+    if config.policy is not None:
+        return config.policy  # the user's own policy object, kept across their calls
     if config.num_draft_tokens == "auto":
         return AdaptiveDraftLength()  # a fresh one per call: nothing learnt leaks into the next
-    if isinstance(config.num_draft_tokens, int):
-        return FixedDraftLength(config.num_draft_tokens)
-    return config.num_draft_tokens  # the user's own policy object, kept across their calls
+    return FixedDraftLength(config.num_draft_tokens)
 
 
 def _take_stop_strings(model: Any, kwargs: dict[str, Any], tokenizer: Any) -> None:

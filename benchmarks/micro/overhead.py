@@ -62,7 +62,9 @@ def tiny_llama(device: str) -> LlamaForCausalLM:
 
 def rows(model):
     perfect = hf_specdec.SpeculativeConfig(method="draft_model", draft=model, num_draft_tokens=4)
-    perfect_tree = hf_specdec.SpeculativeConfig(method="draft_model", draft=model, num_draft_tokens=4, tree=8)
+    perfect_tree = hf_specdec.SpeculativeConfig(
+        method="draft_model", draft=model, num_draft_tokens=4, tree=True, max_tree_nodes=8
+    )
     return {
         "plain": {},
         "transformers prompt lookup, no match": {"prompt_lookup_num_tokens": 10},

@@ -72,7 +72,7 @@ def main() -> None:
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     windowed, full = model(args.window, dtype), model(None, dtype)
-    never = hf_specdec.SpeculativeConfig(method="ngram", num_draft_tokens=NeverDraft())
+    never = hf_specdec.SpeculativeConfig(method="ngram", policy=NeverDraft())
     rows = {
         "plain, window cache": (windowed, {}),
         "ours, full cache + window masks, no drafts": (windowed, {"speculative": never}),

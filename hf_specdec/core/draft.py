@@ -5,6 +5,7 @@ never loads the drafters."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -30,7 +31,7 @@ class DraftRequest:
     lengths: list[int]  # [B]
     max_tokens: list[int]  # [B] most draft tokens worth proposing per row; 0 means none
     do_sample: bool  # propose by sampling, and return the distributions sampled from
-    score: ScoreProcessor  # turns draft logits into scores exactly as the target's are processed
+    processor: ScoreProcessor  # turns draft logits into scores exactly as the target's are processed
     row_ids: list[int]  # [B] each row's index in the user's batch; finished rows drop out
     # For drafters that declare `hidden_state_layers`: per row, the target's hidden states
     # [n_b, layers * H] of the tokens it cached since the previous request (the prompt at first,
@@ -38,6 +39,17 @@ class DraftRequest:
     hidden_states: list[torch.Tensor] | None = None
     # Whether the drafter may propose a tree (`Draft.parents`) of up to `max_tokens[b]` nodes.
     tree: bool = False
+
+    @property
+    def score(self) -> ScoreProcessor:
+        """Deprecated name of `processor`, read-only, kept for one release."""
+        warnings.warn(
+            "DraftRequest.score is deprecated and will be removed in the next release: read "
+            "DraftRequest.processor (the same ScoreProcessor).",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.processor
 
     def row(self, b: int) -> torch.Tensor:
         """Row b's sequence so far, [1, lengths[b]]."""

@@ -83,19 +83,11 @@ class RaggedKV:
         positions: torch.Tensor | None = None,
         **inputs: Any,
     ) -> Any:
-        """Run the model on `tokens` [B, T] (only `valid` [B, T] ones are real; None: all) and cache them.
-
-        `tree`, for a tree draft: `visible` [B, T, W] and `depths` [B, T]; without it the tokens
-        follow each other. Token i attends to the last W >= T cache columns (this forward's T
-        among them) only where `visible` is true: its ancestors and itself, so a tree can also be
-        fed one level at a time (W then spans the levels fed before). Token i's position is the
-        row's real-token count before this forward plus `depths[b, i]` (negative when earlier
-        levels, counted there, are not all its ancestors).
-        `positions` [B, T], for the first forward only: the tokens' own positions (generate's
-        position ids of the prompt), which the row's later tokens then continue from its last.
-        Returns the model output: `.logits` of the last `logits_to_keep` positions (all if 0),
-        [B, T', V], and `.hidden_states` of every position when asked for. `inputs` go to the
-        model as they are (a draft head's features, a model's extra inputs, output switches).
+        """The contract of `drafters.decoder.DecoderCache.forward`, and for the target: `valid` None
+        means all real; `positions` [B, T], for the first forward only: the tokens' own positions
+        (generate's position ids of the prompt), which the row's later tokens then continue from its
+        last; `.hidden_states` of every position when asked for; `inputs` go to the model as they are
+        (a draft head's features, a model's extra inputs, output switches).
         """
         width = tokens.shape[1]
         first = self.width == 0

@@ -49,7 +49,7 @@ def speculative_decode(
     stats = SpeculativeStats(method=drafter.name)
     batch, device = input_ids.shape[0], input_ids.device
     vocab = model.config.get_text_config().vocab_size
-    score = ScoreProcessor(logits_processor, vocab, batch)
+    processor = ScoreProcessor(logits_processor, vocab, batch)
     out = OutputCollector(input_ids, model_kwargs.get("attention_mask"), generation_config, streamer)
     target = RaggedKV(model, generate_cache(model_kwargs), batch, device)
     features = DrafterFeatures(drafter.hidden_state_layers, batch, device)
@@ -57,7 +57,7 @@ def speculative_decode(
 
     def request(rows: list[int], k: int) -> DraftRequest:
         hidden_states = features.take(rows) if k > 0 else None  # kept for the next draft
-        return out.draft_request(rows, k, generation_config.do_sample, score, hidden_states, tree)
+        return out.draft_request(rows, k, generation_config.do_sample, processor, hidden_states, tree)
 
     # The prefill is plain decoding's first step: the whole prompt, whose last logits give each
     # row's first token. From then on the target's cache holds every token of a row but its last:

@@ -82,7 +82,7 @@ class OutputCollector:
         rows: list[int],
         k: int,
         do_sample: bool,
-        score: ScoreProcessor,
+        processor: ScoreProcessor,
         hidden_states: list[torch.Tensor] | None,
         tree: bool,
     ) -> DraftRequest:
@@ -95,7 +95,7 @@ class OutputCollector:
             lengths=[self.lengths[r] for r in rows],
             max_tokens=[min(k, self.room(r) - 1) for r in rows],
             do_sample=do_sample,
-            score=score,
+            processor=processor,
             row_ids=rows,
             hidden_states=hidden_states,
             tree=tree,

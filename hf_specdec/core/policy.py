@@ -45,6 +45,10 @@ MAX_DRAFT = 16
 PLAIN_MARGIN = 1.02
 FREE_DRAFT = 0.05  # asking for a draft costs less than this share of a plain step: ask every step
 _BUCKETS = 10
+# The prior on an acceptance rate before anything is measured (`beta_mean`): its mean, and what it
+# weighs, in drafts. The policy's settings and the drafters that learn their own odds start from it.
+PRIOR_ACCEPTANCE = 0.6
+PRIOR_WEIGHT = 2.0
 
 
 class DraftLengthPolicy(Protocol):
@@ -118,7 +122,11 @@ class _Recent:
         return len(self.samples) > 1
 
 
-def _beta_mean(hits: float, trials: float, prior: float, weight: float) -> float:
+def beta_mean(
+    hits: float, trials: float, prior: float = PRIOR_ACCEPTANCE, weight: float = PRIOR_WEIGHT
+) -> float:
+    """The mean of the Beta posterior of a rate after `hits` in `trials`, from a prior of mean
+    `prior` worth `weight` trials: the one estimate of an acceptance rate, here and in the drafters."""
     return (hits + prior * weight) / (trials + weight)
 
 
@@ -137,8 +145,8 @@ class AdaptiveSettings:
     """
 
     first_k: int = 4
-    prior_acceptance: float = 0.6
-    prior_weight: float = 2.0
+    prior_acceptance: float = PRIOR_ACCEPTANCE
+    prior_weight: float = PRIOR_WEIGHT
     probe_every: int = 8
     min_probe_gain: float = 1.1
     max_k: int = MAX_DRAFT
@@ -157,8 +165,8 @@ class AcceptanceEstimate:
     first and long copies would be cut after one token."""
 
     max_k: int = MAX_DRAFT
-    prior_acceptance: float = 0.6
-    prior_weight: float = 2.0
+    prior_acceptance: float = PRIOR_ACCEPTANCE
+    prior_weight: float = PRIOR_WEIGHT
     drafted: list[float] = field(default_factory=list)  # per position, sized to max_k
     accepted: list[float] = field(default_factory=list)
     # Per confidence bucket, first tokens then later ones (`_bucket`).
@@ -171,7 +179,7 @@ class AcceptanceEstimate:
 
     def alpha(self, position: int) -> float:
         """Estimated acceptance of draft position `position` (0-based), given the earlier ones."""
-        return _beta_mean(
+        return beta_mean(
             self.accepted[position], self.drafted[position], self.prior_acceptance, self.prior_weight
         )
 
@@ -184,7 +192,7 @@ class AcceptanceEstimate:
         drafter confidence fell in this bucket."""
         bucket = _bucket(confidence, position)
         prior = (bucket % _BUCKETS + 0.5) / _BUCKETS
-        return _beta_mean(self.bucket_accepted[bucket], self.bucket_drafted[bucket], prior, self.prior_weight)
+        return beta_mean(self.bucket_accepted[bucket], self.bucket_drafted[bucket], prior, self.prior_weight)
 
     def observe(
         self, lengths: list[int], accepted: list[int], confidence: list[list[float]] | None = None
@@ -224,8 +232,8 @@ class TreeAcceptance:
     """
 
     max_k: int = MAX_DRAFT
-    prior_acceptance: float = 0.6
-    prior_weight: float = 2.0
+    prior_acceptance: float = PRIOR_ACCEPTANCE
+    prior_weight: float = PRIOR_WEIGHT
     drafted: list[float] = field(default_factory=list)  # per node index, sized to max_k
     on_path: list[float] = field(default_factory=list)
     depth_sums: list[float] = field(default_factory=list)  # per n - 1: summed depth of the first n nodes
@@ -243,7 +251,7 @@ class TreeAcceptance:
         """β_i for every node index up to `max_k`."""
         betas, prior = [], self.prior_acceptance
         for hits, trials in zip(self.on_path, self.drafted):
-            prior = _beta_mean(hits, trials, prior, self.prior_weight)
+            prior = beta_mean(hits, trials, prior, self.prior_weight)
             betas.append(prior)
         return betas
 
@@ -593,9 +601,12 @@ __all__ = [
     "CostModel",
     "DraftLengthPolicy",
     "FixedDraftLength",
+    "PRIOR_ACCEPTANCE",
+    "PRIOR_WEIGHT",
     "ProbeSchedule",
     "TreeAcceptance",
     "best_width",
+    "beta_mean",
     "expected_gains",
     "fastest_width",
 ]

@@ -21,11 +21,11 @@ def next_tokens(
     `drafted` [B, i] holds the tokens drafted so far this step: processors that read the context
     (repetition penalty) must see them, exactly as the target's processing will.
     """
-    if request.score.processors:
+    if request.processor.processors:
         contexts = [torch.cat([request.row(b), drafted[b : b + 1]], dim=1) for b in range(drafted.shape[0])]
     else:  # nothing reads the context: skip building it once per draft token
         contexts = []
-    scores = request.score(contexts, request.row_ids, logits.float())
+    scores = request.processor(contexts, request.row_ids, logits.float())
     if not request.do_sample:
         # Greedy: one pass for the token and its score, one for the normaliser; no [B, V] softmax.
         top, token = scores.max(dim=-1)

@@ -35,9 +35,18 @@ class DecoderCache(Protocol):
         logits_to_keep: int = 0,
         tree: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> Any:
-        """Run the decoder on `tokens` [B, T] (only `valid` [B, T] are real) and cache them; the
-        output's `.logits` are those of the last `logits_to_keep` positions (all if 0), [B, T', V].
-        `tree`: see `RaggedKV.forward`, where `takes_tree_masks`."""
+        """Run the decoder on `tokens` [B, T] (only `valid` [B, T] ones are real) and cache them.
+
+        The one statement of this contract; `RaggedKV.forward` and `OrtKV.forward` keep it.
+        `tree` (only where `takes_tree_masks`), for a tree draft: `visible` [B, T, W] and `depths`
+        [B, T]; without it the tokens follow each other. Token i attends to the last W >= T cache
+        columns (this forward's T among them) only where `visible` is true: its ancestors and
+        itself, so a tree can also be fed one level at a time (W then spans the levels fed before).
+        Token i's position is the row's real-token count before this forward plus `depths[b, i]`
+        (negative when earlier levels, counted there, are not all its ancestors).
+        Returns an output whose `.logits` are those of the last `logits_to_keep` positions (all if
+        0), [B, T', V].
+        """
         ...
 
     def truncate(self, lengths: torch.Tensor) -> None:

@@ -2,30 +2,23 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from transformers import DynamicCache
 
-from ..core.devices import execution_device
 from ..core.draft import Draft, DraftRequest
 from ..core.kv import RaggedKV
 from ..core.timing import clock
-from ..heads.checkpoint import load_head
-from .base import Drafter, elapsed, options_to_config
+from .base import elapsed
 from .chain import chain, real_tokens, right_aligned
-from .head_drafter import HeadDrafterConfig, full_vocab_logits, head_source
+from .head_drafter import HeadDrafter, HeadDrafterConfig
 from .registry import register_drafter
 from .tree import Level, grow_tree
 
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel
-
-    from ..config import SpeculativeConfig
-
 
 @register_drafter
-class EagleDrafter(Drafter):
+class EagleDrafter(HeadDrafter):
     """Feeds the head the target's features of every token the target has cached, then chains.
 
     The head keeps its own KV cache: positions whose features came from the target stay, the
@@ -38,25 +31,13 @@ class EagleDrafter(Drafter):
     """
 
     name: ClassVar[str] = "eagle"
-    supports_sampling: ClassVar[bool] = True
-    supports_tree: ClassVar[bool] = True
 
     def __init__(self, head: Any, config: HeadDrafterConfig, vocab_size: int, device: torch.device) -> None:
-        self.head = head
-        self.config = config
-        self.vocab_size = vocab_size
-        self.device = device
-        self.hidden_state_layers = head.feature_layers
+        super().__init__(head, config, vocab_size, device)
         self.feature_dtype = next(head.parameters()).dtype
         self.kv: RaggedKV | None = None
         self.done: list[int] = []  # per row: positions the head has read real features for
         self.row_ids: list[int] = []
-
-    @classmethod
-    def from_config(cls, config: SpeculativeConfig, target: PreTrainedModel, tokenizer: Any) -> Drafter:
-        head = load_head(head_source(config, cls.name), target, method=cls.name)
-        options = options_to_config(HeadDrafterConfig, config.options)
-        return cls(head, options, target.config.get_text_config().vocab_size, execution_device(target))
 
     @torch.no_grad()
     def propose(self, request: DraftRequest) -> Draft:
@@ -98,7 +79,7 @@ class EagleDrafter(Drafter):
                 output = self.kv.forward(
                     previous[:, None], fed, logits_to_keep=1, features=output.hidden_states[:, -1:]
                 )
-            return full_vocab_logits(output.logits[:, -1], self.head.draft_vocab, self.vocab_size)
+            return self.full_vocab(output.logits[:, -1])
 
         draft = chain(request, max_tokens, self.config.min_confidence, logits_at)
         draft.catch_up_seconds = catch_up_seconds
@@ -120,10 +101,10 @@ class EagleDrafter(Drafter):
             )
             fed.append(out.hidden_states)
             batch, width, _ = out.logits.shape
-            logits = full_vocab_logits(out.logits.flatten(0, 1), self.head.draft_vocab, self.vocab_size)
+            logits = self.full_vocab(out.logits.flatten(0, 1))
             return logits.reshape(batch, width, -1)
 
-        root = full_vocab_logits(output.logits[:, -1], self.head.draft_vocab, self.vocab_size)
+        root = self.full_vocab(output.logits[:, -1])
         return grow_tree(request, max_tokens, self.config.tree_top_k, self.config.min_confidence, root, feed)
 
     def _follow_rows(self, row_ids: list[int]) -> None:

@@ -1,15 +1,23 @@
-"""What the head drafters (EAGLE, Medusa) share: their settings, finding their head, and scattering a
-head's draft-vocabulary logits into the full vocabulary."""
+"""What the head drafters (EAGLE, Medusa) share: their settings, and the `HeadDrafter` base that finds
+their head, builds them and scatters a head's draft-vocabulary logits into the full vocabulary."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from ..core.devices import execution_device
 from ..core.fields import check_fields
+from ..heads.checkpoint import load_head
 from ..heads.layers import is_whole_vocab
+from .base import Drafter, options_to_config
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from ..config import SpeculativeConfig
 
 
 @dataclass
@@ -31,20 +39,38 @@ class HeadDrafterConfig:
         check_fields(self, ranges={"min_confidence": (0, 1), "tree_top_k": (1, None)})
 
 
-def full_vocab_logits(logits: torch.Tensor, draft_vocab: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Logits [B, draft_vocab] scattered into [B, vocab_size]; tokens outside the subset get -inf,
-    so the draft never proposes them and its sampling distribution gives them probability 0."""
-    if logits.shape[-1] == vocab_size and is_whole_vocab(draft_vocab, vocab_size):
-        return logits
-    full = logits.new_full((logits.shape[0], vocab_size), float("-inf"))
-    return full.index_copy_(1, draft_vocab.to(logits.device), logits)
+class HeadDrafter(Drafter):
+    """A drafter running a trained head (`SpeculativeConfig.draft`) on the target's hidden states of
+    the layers the head was trained on; a subclass names its method and drafts."""
 
+    supports_sampling: ClassVar[bool] = True
+    supports_tree: ClassVar[bool] = True
 
-def head_source(config: Any, method: str) -> Any:
-    if config.draft is None:
-        raise ValueError(
-            f"method={method!r} needs a trained head: "
-            f"SpeculativeConfig(method={method!r}, draft='folder/or/repo'). Train one with "
-            f"`hf-specdec train-draft --target <model> --method {method} --out <folder>`."
-        )
-    return config.draft
+    def __init__(self, head: Any, config: HeadDrafterConfig, vocab_size: int, device: torch.device) -> None:
+        self.head = head
+        self.config = config
+        self.vocab_size = vocab_size
+        self.device = device
+        self.hidden_state_layers = head.feature_layers
+
+    @classmethod
+    def from_config(cls, config: SpeculativeConfig, target: PreTrainedModel, tokenizer: Any) -> Drafter:
+        if config.draft is None:
+            raise ValueError(
+                f"method={cls.name!r} needs a trained head: "
+                f"SpeculativeConfig(method={cls.name!r}, draft='folder/or/repo'). Train one with "
+                f"`hf-specdec train-draft --target <model> --method {cls.name} --out <folder>`."
+            )
+        head = load_head(config.draft, target, method=cls.name)
+        options = options_to_config(HeadDrafterConfig, config.options)
+        return cls(head, options, target.config.get_text_config().vocab_size, execution_device(target))
+
+    def full_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """The head's logits [B, draft_vocab] scattered into [B, vocab_size]; tokens outside its draft
+        vocabulary get -inf, so the draft never proposes them and its sampling distribution gives them
+        probability 0."""
+        draft_vocab = self.head.draft_vocab
+        if logits.shape[-1] == self.vocab_size and is_whole_vocab(draft_vocab, self.vocab_size):
+            return logits
+        full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
+        return full.index_copy_(1, draft_vocab.to(logits.device), logits)

@@ -5,26 +5,18 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 
-from ..core.devices import execution_device
 from ..core.draft import Draft, DraftRequest
-from ..heads.checkpoint import load_head
-from .base import Drafter, options_to_config
 from .chain import chain
-from .head_drafter import HeadDrafterConfig, full_vocab_logits, head_source
+from .head_drafter import HeadDrafter, HeadDrafterConfig
 from .registry import register_drafter
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel
-
-    from ..config import SpeculativeConfig
 
 
 @register_drafter
-class MedusaDrafter(Drafter):
+class MedusaDrafter(HeadDrafter):
     """Head i reads the feature that predicted the row's last token and guesses the i-th after it.
 
     Asked for a tree, it proposes the budget's most probable nodes of the cartesian product of each
@@ -32,22 +24,10 @@ class MedusaDrafter(Drafter):
     """
 
     name: ClassVar[str] = "medusa"
-    supports_sampling: ClassVar[bool] = True
-    supports_tree: ClassVar[bool] = True
 
     def __init__(self, head: Any, config: HeadDrafterConfig, vocab_size: int, device: torch.device) -> None:
-        self.head = head
-        self.config = config
-        self.vocab_size = vocab_size
-        self.device = device
-        self.hidden_state_layers = head.feature_layers
+        super().__init__(head, config, vocab_size, device)
         self.last_feature: dict[int, torch.Tensor] = {}  # per user row: the newest target feature
-
-    @classmethod
-    def from_config(cls, config: SpeculativeConfig, target: PreTrainedModel, tokenizer: Any) -> Drafter:
-        head = load_head(head_source(config, cls.name), target, method=cls.name)
-        options = options_to_config(HeadDrafterConfig, config.options)
-        return cls(head, options, target.config.get_text_config().vocab_size, execution_device(target))
 
     @torch.no_grad()
     def propose(self, request: DraftRequest) -> Draft:
@@ -68,8 +48,7 @@ class MedusaDrafter(Drafter):
             [self.last_feature.get(row, torch.zeros(size, device=self.device)) for row in request.row_ids]
         )
         head_logits = self.head(features, num_heads=steps)  # [B, steps, draft_vocab]
-        vocab = self.head.draft_vocab
-        logits = [full_vocab_logits(head_logits[:, i], vocab, self.vocab_size) for i in range(steps)]
+        logits = [self.full_vocab(head_logits[:, i]) for i in range(steps)]
         if request.tree:
             probs = _head_probs(request, logits)
             return cartesian_tree(probs, max_tokens, self.config.tree_top_k, self.config.min_confidence)
@@ -86,7 +65,7 @@ def _head_probs(request: DraftRequest, logits: list[torch.Tensor]) -> torch.Tens
     probs = []
     for head_logits in logits:
         contexts = [torch.cat([request.row(b), guesses[b : b + 1]], dim=1) for b in range(batch)]
-        dist = request.score(contexts, request.row_ids, head_logits.float()).softmax(dim=-1)
+        dist = request.processor(contexts, request.row_ids, head_logits.float()).softmax(dim=-1)
         probs.append(dist)  # rows whose processors allow no draftable token give NaN: no nodes
         guesses = torch.cat([guesses, dist.nan_to_num(0.0).argmax(dim=-1, keepdim=True)], dim=1)
     return torch.stack(probs, dim=1)

@@ -24,6 +24,7 @@ import torch
 
 from ..core.draft import Draft, DraftRequest
 from ..core.fields import check_fields
+from ..core.policy import PRIOR_ACCEPTANCE, beta_mean
 from .base import Drafter, options_to_config
 from .registry import register_drafter
 
@@ -117,8 +118,15 @@ class _RowIndex:
         return found
 
 
+# γ of `_trie` before anything is seen: another match rarely has the token the best one missed.
+OTHER_MATCH_PRIOR = 0.2
+
+
 def _trie(
-    continuations: list[tuple[list[int], int]], budget: int, alpha: float = 0.6, gamma: float = 0.2
+    continuations: list[tuple[list[int], int]],
+    budget: int,
+    alpha: float = PRIOR_ACCEPTANCE,
+    gamma: float = OTHER_MATCH_PRIOR,
 ) -> tuple[list[int], list[int], list[int]]:
     """Merge continuations, best first, into a trie and keep its `budget` likeliest nodes, likeliest
     first: tokens, parents (-1: a child of the last token) and the match size each node came from.
@@ -173,11 +181,11 @@ class _TrieOdds:
 
     @property
     def alpha(self) -> float:
-        return (self.best_hits + 0.6 * 2) / (self.best_trials + 2)
+        return beta_mean(self.best_hits, self.best_trials)
 
     @property
     def gamma(self) -> float:
-        return (self.other_hits + 0.2 * 2) / (self.other_trials + 2)
+        return beta_mean(self.other_hits, self.other_trials, OTHER_MATCH_PRIOR)
 
     def observe(self, tokens: list[int], parents: list[int], followed: list[int]) -> None:
         """Walk the trie (`tokens`, `parents`) down the tokens that `followed` its proposal."""

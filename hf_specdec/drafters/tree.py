@@ -89,7 +89,7 @@ def _add_children(
     contexts = [torch.cat([request.row(b), _path(request, nodes[b], node)], dim=1) for b, _, node in where]
     row_ids = [request.row_ids[b] for b, _, _ in where]
     raw = torch.stack([logits[b, i] for b, i, _ in where])
-    probs = request.score(contexts, row_ids, raw.float()).softmax(dim=-1)  # all -inf rows give NaN
+    probs = request.processor(contexts, row_ids, raw.float()).softmax(dim=-1)  # all -inf rows give NaN
     top = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
     for (b, _, node), values, tokens in zip(where, top.values.tolist(), top.indices.tolist()):
         reach = 1.0 if node < 0 else nodes[b][node].cumulative

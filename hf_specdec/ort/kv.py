@@ -71,14 +71,7 @@ class OrtKV:
         logits_to_keep: int = 0,
         tree: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> SimpleNamespace:
-        """Run the decoder on `tokens` [B, T] (only `valid` [B, T] ones are real) and cache them.
-
-        `tree` (where `takes_tree_masks`), for a tree draft: `visible` [B, T, W] and `depths` [B, T],
-        as for `RaggedKV.forward`: token i sees, among the last W cache columns, only the visible
-        ones, and its position is the row's real-token count before this forward plus `depths`.
-        Returns, as `RaggedKV.forward` does, an output whose `.logits` are those of the last
-        `logits_to_keep` positions (all if 0), [B, T', V].
-        """
+        """The contract of `drafters.decoder.DecoderCache.forward`, `tree` where `takes_tree_masks`."""
         device = self.decoder.device
         tokens, valid = tokens.to(device), valid.to(device)
         if tree is None:

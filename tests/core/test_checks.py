@@ -176,6 +176,22 @@ def test_streamer_with_one_row_is_fine(target):
     assert torch.equal(streamed, out[0, input_ids.shape[1] :])
 
 
+def test_a_streamer_given_by_position_is_found_by_name(target):
+    """generate(inputs, generation_config, logits_processor, stopping_criteria,
+    prefix_allowed_tokens_fn, synced_gpus, assistant_model, streamer): bound by generate's signature."""
+    input_ids, attention_mask = random_batch(0, 1)
+    streamer = _ListStreamer()
+    positional = (input_ids, None, None, None, None, None, None, streamer)
+    out = target.generate(*positional, attention_mask=attention_mask, max_new_tokens=6, speculative=NGRAM)
+    streamed = torch.cat([c.reshape(-1) for c in streamer.chunks[1:]])
+    assert torch.equal(streamed, out[0, input_ids.shape[1] :])
+    batch, batch_mask = random_batch(0, 2)
+    with pytest.raises(ValueError, match="stream with batch size 1, or drop streamer="):
+        target.generate(
+            batch, *positional[1:], attention_mask=batch_mask, max_new_tokens=6, speculative=NGRAM
+        )
+
+
 @pytest.mark.parametrize("off", [False, None])
 def test_speculative_off_is_plain_generate(target, off):
     input_ids, attention_mask = random_batch(1, 3)
@@ -223,7 +239,7 @@ def test_incomplete_policy_is_refused_up_front(policy, missing):
     with pytest.raises(
         TypeError, match=rf"_\w+ lacks {missing}.*draft_length, trim, update and expect_draft_cost"
     ):
-        SpeculativeConfig(method="ngram", num_draft_tokens=policy)
+        SpeculativeConfig(method="ngram", policy=policy)
 
 
 def test_policy_methods_checked_are_the_protocols():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import ClassVar
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 
 from hf_specdec import register_drafter
 from hf_specdec.core.draft import Draft, DraftRequest
+from hf_specdec.core.processing import ScoreProcessor
 from hf_specdec.drafters import DRAFTERS, Drafter
 
 from ..conftest import random_batch
@@ -85,3 +87,34 @@ def test_register_drafter_refuses_a_taken_name_unless_replace():
         assert register_drafter(_Ngram2) is _Ngram2  # the same class again is not a clash
     finally:
         DRAFTERS["ngram"] = builtin
+
+
+def test_the_old_name_of_the_processor_reads_it_with_a_warning():
+    processor = ScoreProcessor(None, 8, 1)
+    request = DraftRequest(
+        tokens=torch.zeros(1, 4, dtype=torch.long),
+        attention_mask=torch.ones(1, 4, dtype=torch.long),
+        lengths=[4],
+        max_tokens=[2],
+        do_sample=False,
+        processor=processor,
+        row_ids=[0],
+    )
+    with pytest.warns(DeprecationWarning, match=r"read DraftRequest.processor"):
+        assert request.score is processor
+    with pytest.raises(AttributeError):
+        request.score = processor  # read-only: the field is `processor`
+
+
+def test_the_loop_and_the_drafters_read_the_processor_by_its_name(target):
+    input_ids, attention_mask = random_batch(4, 2)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="DraftRequest.score")
+        for tree in (False, True):
+            target.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                max_new_tokens=6,
+                do_sample=False,
+                speculative=dict(method="draft_model", draft=target, num_draft_tokens=2, tree=tree),
+            )

@@ -10,6 +10,8 @@ import torch
 
 from hf_specdec.core.draft import Draft
 from hf_specdec.core.policy import (
+    PRIOR_ACCEPTANCE,
+    PRIOR_WEIGHT,
     AcceptanceEstimate,
     AdaptiveDraftLength,
     AdaptiveSettings,
@@ -18,6 +20,7 @@ from hf_specdec.core.policy import (
     ProbeSchedule,
     TreeAcceptance,
     best_width,
+    beta_mean,
     expected_gains,
     fastest_width,
 )
@@ -521,3 +524,15 @@ def test_where_each_token_costs_most_of_a_step_weak_drafts_are_not_verified():
     # Drafts that copy most of the time still pay there, shorter.
     widths = _run_regime(PROFILES["linear"], accept_first=0.9)
     assert sum(w > 1 for w in widths[10:]) >= 0.9 * len(widths[10:])
+
+
+def test_every_estimate_of_acceptance_starts_from_the_one_prior():
+    from hf_specdec.drafters.ngram import _TrieOdds
+
+    assert (PRIOR_ACCEPTANCE, PRIOR_WEIGHT) == (0.6, 2.0)
+    for owner in (AdaptiveSettings(), AcceptanceEstimate(), TreeAcceptance()):
+        assert (owner.prior_acceptance, owner.prior_weight) == (PRIOR_ACCEPTANCE, PRIOR_WEIGHT)
+    assert (
+        AcceptanceEstimate().alpha(0) == TreeAcceptance().betas()[0] == _TrieOdds().alpha == PRIOR_ACCEPTANCE
+    )
+    assert beta_mean(1, 2) == (1 + 0.6 * 2) / (2 + 2)

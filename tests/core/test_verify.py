@@ -310,7 +310,7 @@ def _request(rows: int = 1, do_sample: bool = False, tree: bool = False, vocab: 
         lengths=[2] * rows,
         max_tokens=[2] * rows,
         do_sample=do_sample,
-        score=ScoreProcessor(None, vocab, rows),
+        processor=ScoreProcessor(None, vocab, rows),
         row_ids=list(range(rows)),
         tree=tree,
     )

@@ -19,7 +19,7 @@ def _request(tokens: torch.Tensor, k: int) -> DraftRequest:
         lengths=[tokens.shape[1]],
         max_tokens=[k],
         do_sample=False,
-        score=ScoreProcessor(None, 64, 1),
+        processor=ScoreProcessor(None, 64, 1),
         row_ids=[0],
     )
 

@@ -17,9 +17,14 @@ from ..properties.test_sampling import ALPHA, SETTINGS, chi2_pvalue, exact_distr
 from ..properties.test_trees import BRANCHING_PROMPT, sample_trees, walk_preferring_drafts
 
 
-def _spec(draft, tree=True, length=6, **options):
+def _spec(draft, tree=True, length=6, max_tree_nodes=None, **options):
     return hf_specdec.SpeculativeConfig(
-        method="draft_model", draft=draft, tree=tree, num_draft_tokens=length, options=options
+        method="draft_model",
+        draft=draft,
+        tree=tree,
+        num_draft_tokens=length,
+        max_tree_nodes=max_tree_nodes,
+        options=options,
     )
 
 
@@ -35,14 +40,14 @@ def _generate(model, input_ids, attention_mask, spec, **kwargs):
     )
 
 
-@pytest.mark.parametrize("tree", [True, 5])
+@pytest.mark.parametrize("max_tree_nodes", [None, 5])
 @pytest.mark.parametrize("which", ["good", "weak", "itself"])
 @pytest.mark.parametrize("batch,seed", [(1, 0), (3, 1)])
-def test_greedy_tree_matches_plain_greedy(target, good_draft, weak_draft, which, tree, batch, seed):
+def test_greedy_tree_matches_plain_greedy(target, good_draft, weak_draft, which, max_tree_nodes, batch, seed):
     draft = {"good": good_draft, "weak": weak_draft, "itself": target}[which]
     input_ids, attention_mask = random_batch(seed, batch)  # left-padded when batch > 1
     plain = target.generate(input_ids, attention_mask=attention_mask, max_new_tokens=24, do_sample=False)
-    out = _generate(target, input_ids, attention_mask, _spec(draft, tree))
+    out = _generate(target, input_ids, attention_mask, _spec(draft, max_tree_nodes=max_tree_nodes))
     assert_greedy_match(target, plain, out.sequences, attention_mask)
     assert out.speculative_stats.drafted > 0
 
@@ -102,7 +107,7 @@ def _request(budget: list[int], vocab: int = 8) -> DraftRequest:
         lengths=[3] * batch,
         max_tokens=budget,
         do_sample=False,
-        score=ScoreProcessor(None, vocab, batch),
+        processor=ScoreProcessor(None, vocab, batch),
         row_ids=list(range(batch)),
         tree=True,
     )

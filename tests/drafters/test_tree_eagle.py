@@ -18,18 +18,27 @@ def one_layer():
     return tiny_llama(30, layers=1)
 
 
-def _spec(head, tree=True, length=6, **options):
-    return dict(method="eagle", draft=head, num_draft_tokens=length, tree=tree, options=options)
+def _spec(head, tree=True, length=6, max_tree_nodes=None, **options):
+    return dict(
+        method="eagle",
+        draft=head,
+        num_draft_tokens=length,
+        tree=tree,
+        max_tree_nodes=max_tree_nodes,
+        options=options,
+    )
 
 
-@pytest.mark.parametrize("tree", [True, 5])
+@pytest.mark.parametrize("max_tree_nodes", [None, 5])
 @pytest.mark.parametrize("batch", [1, 3])
-def test_greedy_tree_matches_plain_greedy(one_layer, tree, batch):
+def test_greedy_tree_matches_plain_greedy(one_layer, max_tree_nodes, batch):
     head = copied_layer_eagle(one_layer, torch.arange(4, 64))  # drafts never use tokens 0-3
     input_ids, attention_mask = random_batch(seed=batch * 7 + 1, batch=batch)
     kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=40, do_sample=False)
     plain = one_layer.generate(**kwargs)
-    out = one_layer.generate(**kwargs, speculative=_spec(head, tree), return_dict_in_generate=True)
+    out = one_layer.generate(
+        **kwargs, speculative=_spec(head, max_tree_nodes=max_tree_nodes), return_dict_in_generate=True
+    )
     assert_greedy_match(one_layer, plain, out.sequences, attention_mask)
     assert 0 < out.speculative_stats.accepted < out.speculative_stats.drafted
 

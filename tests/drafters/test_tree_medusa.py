@@ -59,8 +59,15 @@ def one_layer():
     return tiny_llama(30, layers=1)
 
 
-def _spec(head, tree=True, length=6, **options):
-    return dict(method="medusa", draft=head, num_draft_tokens=length, tree=tree, options=options)
+def _spec(head, tree=True, length=6, max_tree_nodes=None, **options):
+    return dict(
+        method="medusa",
+        draft=head,
+        num_draft_tokens=length,
+        tree=tree,
+        max_tree_nodes=max_tree_nodes,
+        options=options,
+    )
 
 
 def _generate(model, batch, spec, **kwargs):
@@ -71,11 +78,11 @@ def _generate(model, batch, spec, **kwargs):
     return plain, out, attention_mask
 
 
-@pytest.mark.parametrize("tree", [True, 5])
+@pytest.mark.parametrize("max_tree_nodes", [None, 5])
 @pytest.mark.parametrize("batch", [1, 3])
-def test_greedy_tree_matches_plain_greedy(one_layer, tree, batch):
+def test_greedy_tree_matches_plain_greedy(one_layer, max_tree_nodes, batch):
     head = identity_medusa(one_layer, torch.arange(4, 64))  # drafts never use tokens 0-3
-    plain, out, attention_mask = _generate(one_layer, batch, _spec(head, tree))
+    plain, out, attention_mask = _generate(one_layer, batch, _spec(head, max_tree_nodes=max_tree_nodes))
     assert_greedy_match(one_layer, plain, out.sequences, attention_mask)
     stats = out.speculative_stats
     assert stats.tree_steps > 0 and 0 < stats.accepted < stats.drafted

@@ -15,14 +15,14 @@ from ..conftest import assert_greedy_match, random_batch
 from ..properties.test_sampling import ALPHA, SETTINGS, chi2_pvalue, exact_distribution
 from ..properties.test_trees import BRANCHING_PROMPT, sample_trees
 
-CASES = [  # (drafter, draft folder, batch size, tree)
-    ("onnx", "good", 1, True),
+CASES = [  # (drafter, draft folder, batch size, max_tree_nodes)
+    ("onnx", "good", 1, None),
     ("onnx", "good", 3, 5),
     ("onnx", "weak", 1, 5),  # mostly rejected: what a tree fed goes again every step
-    ("onnx", "weak", 4, True),
-    ("onnx", "weak-hub", 2, True),
-    ("quantized", None, 1, True),
-    ("quantized", None, 3, True),
+    ("onnx", "weak", 4, None),
+    ("onnx", "weak-hub", 2, None),
+    ("quantized", None, 1, None),
+    ("quantized", None, 3, None),
 ]
 WAYS = ["masks", "rows"]  # rows: as for a graph without `tree_attention_mask`
 
@@ -71,14 +71,15 @@ def private_cache(tmp_path_factory):
 
 @pytest.mark.filterwarnings("ignore:Building an int8 ONNX copy")  # on first use
 @pytest.mark.parametrize("way", WAYS)
-@pytest.mark.parametrize("method,name,batch,tree", CASES)
+@pytest.mark.parametrize("method,name,batch,max_tree_nodes", CASES)
 def test_greedy_tree_matches_plain_greedy(
-    target, onnx_dirs, private_cache, method, name, batch, tree, way, monkeypatch
+    target, onnx_dirs, private_cache, method, name, batch, max_tree_nodes, way, monkeypatch
 ):
     _grow_by(way, monkeypatch)
     steps = _spy_drafts(monkeypatch)
     draft = {} if name is None else {"draft": str(onnx_dirs[name])}
-    plain, out, mask = _generate(target, batch, batch, method=method, tree=tree, **draft)
+    spec = dict(method=method, tree=True, max_tree_nodes=max_tree_nodes, **draft)
+    plain, out, mask = _generate(target, batch, batch, **spec)
     assert_greedy_match(target, plain, out.sequences, mask)
     assert out.speculative_stats.method == method
     assert _branched(steps)

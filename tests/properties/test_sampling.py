@@ -169,14 +169,14 @@ def test_speculative_samples_follow_target_distribution(models, case):
     # The adaptive policy decodes the first step plainly to measure it, and may judge that a draft
     # as large as this target cannot pay: here it must draft whatever the costs, and gets 2 more
     # tokens to do so (the policy's own decisions are tested in test_policy.py).
-    length = AdaptiveDraftLength(min_probe_gain=0.0) if auto else 2
+    length = dict(policy=AdaptiveDraftLength(min_probe_gain=0.0)) if auto else dict(num_draft_tokens=2)
     if method == "draft_model":
-        spec = dict(method="draft_model", draft=draft, num_draft_tokens=length)
+        spec = dict(method="draft_model", draft=draft, **length)
     else:
         # One occurrence (the most recent), not a vote: the voted continuation of this tiny
         # vocabulary's prompt lies outside top-k/top-p, and the test needs both acceptances and
         # rejections to exercise the acceptance rule.
-        spec = dict(method="ngram", num_draft_tokens=length, options=dict(min_ngram=1, max_matches=1))
+        spec = dict(method="ngram", **length, options=dict(min_ngram=1, max_matches=1))
     exact = exact_distribution(target, SETTINGS[setting])
     seed = list(CASES).index(case)
     samples = sample(target, SETTINGS[setting], seed, speculative=spec, new=NEW + 2 if auto else NEW)

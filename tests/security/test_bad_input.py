@@ -17,6 +17,7 @@ import pytest
 import torch
 from transformers import T5Config, T5ForConditionalGeneration
 
+from hf_specdec import FixedDraftLength
 from hf_specdec.drafters import DRAFTERS, Draft, Drafter, register_drafter
 from hf_specdec.drafters.head_drafter import HeadDrafterConfig
 from hf_specdec.drafters.onnx import OnnxDraftConfig
@@ -166,6 +167,54 @@ CASES: dict[str, tuple[Callable[..., None], type[Exception], str]] = {
         HubFileError,  # a ValueError: the name is tried as a Hub repo id once no such folder exists
         r"(?s)draft='drafts/missing' is not a local folder \(there is no .*drafts/missing\).*"
         r"Check the path \(a relative one starts from",
+    ),
+    "policy_of_a_wrong_type": (
+        _generate(method="ngram", policy=4),
+        TypeError,
+        r"`policy` must be a draft-length policy object such as hf_specdec.AdaptiveDraftLength\(\), got 4 "
+        r"\(int\); a fixed draft length goes in num_draft_tokens=<k>",
+    ),
+    "policy_beside_a_fixed_draft_length": (
+        _generate(method="ngram", num_draft_tokens=3, policy=FixedDraftLength(2)),
+        ValueError,
+        r"num_draft_tokens=3 and policy=FixedDraftLength\(\.\.\.\) both choose the draft length: pass one",
+    ),
+    "policy_in_both_fields": (
+        _generate(method="ngram", num_draft_tokens=FixedDraftLength(2), policy=FixedDraftLength(2)),
+        ValueError,
+        r"Both `num_draft_tokens` and `policy` were given a draft-length policy: pass it once, as policy=",
+    ),
+    "num_draft_tokens_a_word": (
+        _generate(method="ngram", num_draft_tokens="fast"),
+        ValueError,
+        r'`num_draft_tokens` must be a positive integer or "auto" \(a draft-length policy object goes in '
+        r"policy=\), got 'fast'",
+    ),
+    "tree_a_word": (
+        _generate(method="ngram", tree="yes"),
+        ValueError,
+        r"`tree` must be True, False or 'auto' \(cap a tree's nodes with max_tree_nodes=<n>\), got 'yes'",
+    ),
+    "max_tree_nodes_of_a_wrong_type": (
+        _generate(method="ngram", tree=True, max_tree_nodes="8"),
+        TypeError,
+        r"`max_tree_nodes` must be a positive integer or None, got '8' \(str\)",
+    ),
+    "max_tree_nodes_zero": (
+        _generate(method="ngram", tree=True, max_tree_nodes=0),
+        ValueError,
+        r"`max_tree_nodes` must be a positive integer or None, got 0",
+    ),
+    "max_tree_nodes_without_tree": (
+        _generate(method="ngram", max_tree_nodes=4),
+        ValueError,
+        r"max_tree_nodes=4 caps tree drafts, and tree=False drafts chains: pass tree=True \(or 'auto'\) with "
+        r"it, or drop max_tree_nodes",
+    ),
+    "tree_a_number_beside_max_tree_nodes": (
+        _generate(method="ngram", tree=5, max_tree_nodes=3),
+        ValueError,
+        r"tree=5 and max_tree_nodes=3 both cap the tree's nodes: pass tree=True, max_tree_nodes=<n>",
     ),
     "options_none": (
         _generate(method="ngram", options=None),
