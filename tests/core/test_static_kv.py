@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch._dynamo.testing import CompileCounter
 from transformers import MistralConfig, MistralForCausalLM, StaticCache
 
 from hf_specdec.core.static_kv import StaticKV
@@ -95,6 +96,28 @@ def test_ragged_batch_equals_plain_static_generate(model):
         spec = speculate(kv, input_ids, attention_mask, plain, k_max=7)
     assert spec.tolist() == plain.tolist()
     assert kv.compactions > 0  # holes used up the cache generate sizes, and were reclaimed
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_compiled_forwards_take_one_graph_per_width(model, rows):
+    """Traced by dynamo (whole graphs, no breaks) and run without inductor, which would take
+    minutes per width on a small CPU: the probe `bench/static_cache_probe.py` runs inductor."""
+    input_ids, attention_mask = random_batch(5, rows)
+    counter = CompileCounter()
+    compiled = torch.compile(model.__call__, backend=counter, dynamic=False, fullgraph=True)
+    widths_fed = set()
+
+    def decode(**inputs):
+        widths_fed.add(inputs["input_ids"].shape[1])
+        return compiled(**inputs)
+
+    with torch.inference_mode():
+        plain = plain_static(model, input_ids, attention_mask)
+        kv = sized_as_generate(model, input_ids, widths=(1, 2, 4), decode=decode)
+        spec = speculate(kv, input_ids, attention_mask, plain, k_max=3)
+    assert spec.tolist() == plain.tolist()
+    # With rows > 1 the mask is passed from the start, so holes appearing add no graph.
+    assert widths_fed <= {1, 2, 4} and counter.frame_count == len(widths_fed)
 
 
 def test_roll_back_moves_the_write_position_and_copies_nothing(target):
