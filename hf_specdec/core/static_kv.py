@@ -85,8 +85,8 @@ class StaticKV:
         return next((w for w in self.widths if w >= width), width)
 
     def widest(self, wanted: int) -> int:
-        """The most tokens, up to `wanted`, that the next forward can take (padded to one of
-        `widths`), compacting first if that makes room; 0 if not even one fits."""
+        """The most tokens, up to `wanted` (at most the widest of `widths`, if any), that the next
+        forward can take padded, compacting first if that makes room; 0 if not even one fits."""
         if self.end + self.padded_width(wanted) > self.capacity and not self.all_real:
             self.compact()
         room = self.capacity - self.end
@@ -187,6 +187,7 @@ class StaticKV:
                 index = order[:, None, :, None].expand_as(states)
                 states.copy_(states.gather(2, index))
         self.mask.copy_(keep.gather(1, order))
+        self.lengths = self.mask.sum(dim=1)  # unchanged for the rows still decoding
         self.end = int(keep[self.active].sum(dim=1).max()) if bool(self.active.any()) else 1
         self._set_write_position(self.end)
         self.all_real = bool(self.mask[:, : self.end].all())
