@@ -1,0 +1,225 @@
+"""A transformers `StaticCache` for speculative decoding: rolling back is bookkeeping, never a copy.
+
+transformers 5.24's `StaticLayer` preallocates its keys and values, [B, heads, max_cache_len,
+head_dim], and writes each forward's states at its own write position, `cumulative_length` (a 0-dim
+tensor with a static address, so compiled graphs and CUDA graphs read it in place), then advances
+it by the forward's width. The causal mask is built from that position over all `max_cache_len`
+columns. A forward no longer takes `cache_position=` (a model swallows it into `**kwargs` and
+ignores it), so rejected drafts are rolled back by setting the write position back: their columns
+are overwritten by later forwards and, until then, lie after every query's own column, where the
+causal mask hides them.
+
+Rows share the columns (one write position for the batch), so a ragged batch keeps holes as
+`RaggedKV` does: a row's rejected positions stay as holes, only the columns that are holes in
+every row are given back, and the model is handed the [B, max_cache_len] mask of real columns as
+its 2D attention mask (its causal mask still hides the unused columns). With one row and no hole
+there is no mask, as in plain static-cache decoding; a batch of several rows always passes it, so
+that a compiled forward has one graph per width rather than one with and one without a mask (the
+model builds the same mask either way: a static cache's steps never skip it).
+
+For a compiled forward, each forward after the prompt's is padded to the next of a few fixed
+`widths` with masked positions, so the model sees one shape per width; the padding's columns are
+holes in every row and given back at once.
+
+A cache has a fixed number of columns, and holes use them up. When a forward does not fit, the
+real columns of the rows still decoding are moved to the front of each row (`compact`), and if
+that is not enough the forward is refused with an error naming the length needed: never a silent
+truncation. `widest` says how wide a forward fits now, so a caller can shorten its draft instead.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, StaticCache
+from transformers.cache_utils import StaticLayer
+
+from .compat import cache_argument
+
+
+class StaticKV:
+    """A `StaticCache` plus which of its columns hold real tokens, row by row."""
+
+    takes_tree_masks = False  # tree drafts need 4D masks, not built here yet
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        cache: StaticCache,
+        batch_size: int,
+        device: torch.device,
+        widths: tuple[int, ...] = (),
+        decode: Callable[..., Any] | None = None,
+    ):
+        """`widths`: the forwards after the prompt's are padded to the next of these (none: fed as
+        they come). `decode`: what runs those forwards, e.g. the model compiled; the prompt's
+        forward, of a shape seen once, always runs the model itself, as `generate` does."""
+        _check_layers(model, cache)
+        if any(width < 1 for width in widths):
+            raise ValueError(f"widths must be positive, got {widths}")
+        self.model = model
+        self.cache = cache
+        self.decode = decode if decode is not None else model
+        self.widths = tuple(sorted(set(widths)))
+        self.capacity = max(layer.max_cache_len for layer in cache.layers)
+        self.mask = torch.zeros(batch_size, self.capacity, dtype=torch.bool, device=device)  # real columns
+        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # real tokens per row
+        self.active = torch.ones(batch_size, dtype=torch.bool, device=device)  # rows still decoding
+        # Per row, the position of its next token minus `lengths` (None: 0), as in RaggedKV.
+        self.offsets: torch.Tensor | None = None
+        self.end = 0  # columns [0, end) are in use; the next forward writes at `end`
+        self.all_real = True  # whether `mask[:, :end]` has no hole
+        self.needs_mask = batch_size > 1  # else only once a hole appears
+        self.compactions = 0
+        self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+
+    @property
+    def width(self) -> int:
+        return self.end
+
+    def padded_width(self, width: int) -> int:
+        """The width a forward of `width` tokens after the prompt's is fed at."""
+        return next((w for w in self.widths if w >= width), width)
+
+    def widest(self, wanted: int) -> int:
+        """The most tokens, up to `wanted` (at most the widest of `widths`, if any), that the next
+        forward can take padded, compacting first if that makes room; 0 if not even one fits."""
+        if self.end + self.padded_width(wanted) > self.capacity and not self.all_real:
+            self.compact()
+        room = self.capacity - self.end
+        if not self.widths:
+            return min(wanted, room)
+        if self.padded_width(wanted) <= room:
+            return wanted
+        return max((w for w in self.widths if w <= room), default=0)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        valid: torch.Tensor | None,
+        logits_to_keep: int = 0,
+        positions: torch.Tensor | None = None,
+        **inputs: Any,
+    ) -> Any:
+        """Run the model on `tokens` [B, T] (only `valid` [B, T] ones are real; None: all) and cache them.
+
+        `positions` [B, T], for the first forward only: the prompt's own positions (generate's),
+        which each row's later tokens continue. Returns the model output with `.logits` of the
+        last `logits_to_keep` of the T positions (all if 0), padding cut off.
+        """
+        width = tokens.shape[1]
+        first = self.end == 0
+        padded = width if first else self.padded_width(width)
+        self._make_room(padded)
+        given = positions is not None
+        if not given:
+            positions = self._next_positions(width, valid)
+        real = valid if valid is not None else torch.ones_like(tokens, dtype=torch.bool)
+        start = self.end
+        self.mask[:, start : start + width] = real
+        self.lengths += real.sum(dim=1)
+        self.all_real = self.all_real and (valid is None or bool(valid.all()))
+        if first and given:
+            offsets = positions[:, -1] + 1 - self.lengths  # generate continues from the last position
+            self.offsets = offsets if bool(offsets.any()) else None
+        if padded > width:  # masked positions: any token, positions continuing the row's
+            extra = padded - width
+            tokens = torch.cat([tokens, tokens[:, -1:].expand(-1, extra)], dim=1)
+            after = torch.arange(1, extra + 1, device=positions.device)
+            positions = torch.cat([positions, positions[:, -1:] + after], dim=1)
+        keep = 0 if logits_to_keep == 0 else logits_to_keep + padded - width
+        call = self.model if first else self.decode
+        out = call(
+            input_ids=tokens,
+            attention_mask=self.mask if self.needs_mask or not self.all_real else None,
+            position_ids=positions,
+            **{cache_argument(self.model): self.cache},
+            use_cache=True,
+            **inputs,
+            **({"logits_to_keep": keep} if self.keeps_logits else {}),
+        )
+        self.end = start + width
+        if padded > width:  # the model advanced its write position past the padding
+            self._set_write_position(self.end)
+        logits = out.logits if self.keeps_logits or not keep else out.logits[:, -keep:]
+        out.logits = logits[:, : logits.shape[1] - (padded - width)]
+        return out
+
+    def _next_positions(self, width: int, valid: torch.Tensor | None) -> torch.Tensor:
+        """The positions of `width` tokens fed next, [B, width]: each row's numbering continued."""
+        start = self.lengths if self.offsets is None else self.lengths + self.offsets
+        if valid is None:
+            return start[:, None] + torch.arange(width, device=start.device)
+        # Real tokens continue each row's own numbering; holes get any position, they are masked.
+        return (start[:, None] + valid.cumsum(dim=1) - 1).clamp_min(0)
+
+    def truncate(self, lengths: torch.Tensor) -> None:
+        """Keep only the first `lengths[b]` real tokens of each row b; the rest become holes, and
+        the columns that are holes in every row are given back (the write position moves back)."""
+        self.mask &= self.mask.cumsum(dim=1) <= lengths[:, None]
+        self.lengths = self.mask.sum(dim=1)
+        used = torch.nonzero(self.mask.any(dim=0))
+        self.end = 0 if used.numel() == 0 else int(used[-1]) + 1
+        self._set_write_position(self.end)
+        self.all_real = bool(self.mask[:, : self.end].all())
+
+    def retire(self, rows: torch.Tensor) -> None:
+        """Rows `rows` have finished: they stay in the batch (its shape is the compiled one), fed
+        masked tokens, but their columns are free for `compact` to reuse."""
+        self.active[rows] = False
+
+    def compact(self) -> None:
+        """Move the real columns of the rows still decoding to the front of each row, in order.
+
+        A copy of the whole cache, made only when a forward would not fit otherwise. The keys carry
+        their positions (rotary embeddings are applied before caching), so moving columns keeps
+        attention as it was, up to the rounding of sums taken in another order.
+        """
+        keep = self.mask & self.active[:, None]
+        # Finished rows keep one column visible, so their (ignored) queries never see an empty row.
+        keep[~self.active, 0] = True
+        order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices  # [B, capacity]
+        for layer in self.cache.layers:
+            for states in (layer.keys, layer.values):  # [B, heads, capacity, head_dim]
+                index = order[:, None, :, None].expand_as(states)
+                states.copy_(states.gather(2, index))
+        self.mask.copy_(keep.gather(1, order))
+        self.lengths = self.mask.sum(dim=1)  # unchanged for the rows still decoding
+        self.end = int(keep[self.active].sum(dim=1).max()) if bool(self.active.any()) else 1
+        self._set_write_position(self.end)
+        self.all_real = bool(self.mask[:, : self.end].all())
+        self.compactions += 1
+
+    def finished_cache(self) -> StaticCache:
+        """The cache to hand back at the end of a call, its write position after the last real column."""
+        return self.cache
+
+    def _make_room(self, width: int) -> None:
+        if self.end + width > self.capacity and not self.all_real:
+            self.compact()
+        if self.end + width > self.capacity:
+            raise ValueError(
+                f"The static cache holds {self.capacity} positions, and this forward needs "
+                f"{self.end + width} ({self.end} in use, {width} fed). Give the cache more room: "
+                f"generate(..., max_cache_len={self.end + width}) or a StaticCache with that max_cache_len."
+            )
+
+    def _set_write_position(self, column: int) -> None:
+        """Where every layer writes next; in place, so compiled graphs keep reading the same tensor."""
+        for layer in self.cache.layers:
+            layer.cumulative_length.fill_(column)
+
+
+def _check_layers(model: PreTrainedModel, cache: StaticCache) -> None:
+    """Refuse a cache whose layers cannot be rolled back by moving their write position."""
+    for layer in cache.layers:
+        if type(layer) is not StaticLayer:
+            raise ValueError(
+                f"speculative= rolls a static cache back by moving its write position, which needs "
+                f"full-attention StaticLayers; {type(model).__name__}'s cache has a {type(layer).__name__} "
+                "(a sliding window kept as a ring buffer, whose overwritten positions cannot be restored). "
+                "Use the default dynamic cache (drop cache_implementation='static')."
+            )

@@ -1,0 +1,168 @@
+"""StaticKV: speculative decoding over transformers' StaticCache, rolled back by its write position.
+
+A small greedy loop here drives it (the decoding loop does not use it yet): drafts are the plain
+output with a wrong token at a scheduled place, so steps accept all, none or some of a draft, and
+the result must equal plain `generate(cache_implementation="static")`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounter
+from transformers import MistralConfig, MistralForCausalLM, StaticCache
+
+from hf_specdec.core.static_kv import StaticKV
+
+from ..conftest import random_batch, tiny_llama
+
+MAX_NEW = 24
+SCHEDULE = [7, 0, 3, 7, 1, 7, 5, 2]  # drafted tokens before the first wrong one, step by step
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llama(0, eos_token_id=None)  # no EOS: every row runs MAX_NEW tokens
+
+
+def plain_static(model, input_ids, attention_mask) -> torch.Tensor:
+    """Plain static-cache greedy decoding: the new tokens [B, MAX_NEW]."""
+    out = model.generate(
+        input_ids,
+        attention_mask=attention_mask,
+        do_sample=False,
+        max_new_tokens=MAX_NEW,
+        cache_implementation="static",
+    )
+    return out[:, input_ids.shape[1] :]
+
+
+def speculate(kv: StaticKV, input_ids, attention_mask, reference: torch.Tensor, k_max: int) -> torch.Tensor:
+    """Greedy speculative decoding over `kv`, drafting from `reference` [B, MAX_NEW]; the new tokens."""
+    rows = input_ids.shape[0]
+    valid = None if bool(attention_mask.all()) else attention_mask.bool()
+    positions = (attention_mask.cumsum(dim=1) - 1).clamp_min(0)
+    last = kv.forward(input_ids, valid, logits_to_keep=1, positions=positions).logits[:, -1].argmax(-1)
+    emitted = [[t] for t in last.tolist()]
+    step = 0
+    while remaining := [MAX_NEW - len(e) for e in emitted if len(e) < MAX_NEW]:
+        k = kv.widest(min(k_max + 1, *remaining)) - 1  # no row drafts past MAX_NEW
+        drafts = torch.zeros(rows, k, dtype=torch.long)
+        for b in range(rows):
+            n = len(emitted[b])
+            drafts[b, : max(0, min(k, MAX_NEW - n))] = reference[b, n : n + k]
+            wrong = SCHEDULE[(step + b) % len(SCHEDULE)]
+            if wrong < k:
+                drafts[b, wrong] = (drafts[b, wrong] + 1) % kv.model.config.vocab_size
+        active = torch.tensor([len(e) < MAX_NEW for e in emitted])
+        before = kv.lengths.clone()
+        tokens = torch.cat([last[:, None], drafts], dim=1)
+        fed = None if bool(active.all()) else active[:, None].expand_as(tokens)
+        predicted = kv.forward(tokens, fed).logits.argmax(-1)  # [B, k + 1]
+        accepted = (drafts == predicted[:, :k]).long().cumprod(dim=1).sum(dim=1) * active
+        kv.truncate(before + (1 + accepted) * active)
+        last = predicted[torch.arange(rows), accepted]
+        for b in range(rows):
+            if active[b]:
+                emitted[b] = (emitted[b] + drafts[b, : accepted[b]].tolist() + [int(last[b])])[:MAX_NEW]
+                if len(emitted[b]) == MAX_NEW:
+                    kv.retire(torch.tensor([b]))
+        step += 1
+    return torch.tensor(emitted)
+
+
+def sized_as_generate(model, input_ids, **options) -> StaticKV:
+    """A StaticKV over the cache `generate` would build: max_cache_len = prompt + max_new_tokens - 1."""
+    cache = StaticCache(config=model.config, max_cache_len=input_ids.shape[1] + MAX_NEW - 1)
+    return StaticKV(model, cache, input_ids.shape[0], input_ids.device, **options)
+
+
+@pytest.mark.parametrize("widths", [(), (1, 2, 4, 8)], ids=["unpadded", "padded"])
+def test_batch_one_equals_plain_static_generate(model, widths):
+    input_ids, attention_mask = random_batch(3, 1)
+    with torch.inference_mode():
+        plain = plain_static(model, input_ids, attention_mask)
+        kv = sized_as_generate(model, input_ids, widths=widths)
+        spec = speculate(kv, input_ids, attention_mask, plain, k_max=7)
+    assert spec.tolist() == plain.tolist()
+    assert kv.compactions == 0  # one row has no holes: rejected columns are given back at once
+
+
+def test_ragged_batch_equals_plain_static_generate(model):
+    input_ids, attention_mask = random_batch(4, 3)  # left-padded prompts of different lengths
+    with torch.inference_mode():
+        plain = plain_static(model, input_ids, attention_mask)
+        kv = sized_as_generate(model, input_ids, widths=(1, 2, 4, 8))
+        spec = speculate(kv, input_ids, attention_mask, plain, k_max=7)
+    assert spec.tolist() == plain.tolist()
+    assert kv.compactions > 0  # holes used up the cache generate sizes, and were reclaimed
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_compiled_forwards_take_one_graph_per_width(model, rows):
+    """Traced by dynamo (whole graphs, no breaks) and run without inductor, which would take
+    minutes per width on a small CPU: the probe `benchmarks/micro/static_cache_probe.py` runs inductor."""
+    input_ids, attention_mask = random_batch(5, rows)
+    counter = CompileCounter()
+    compiled = torch.compile(model.__call__, backend=counter, dynamic=False, fullgraph=True)
+    widths_fed = set()
+
+    def decode(**inputs):
+        widths_fed.add(inputs["input_ids"].shape[1])
+        return compiled(**inputs)
+
+    with torch.inference_mode():
+        plain = plain_static(model, input_ids, attention_mask)
+        kv = sized_as_generate(model, input_ids, widths=(1, 2, 4), decode=decode)
+        spec = speculate(kv, input_ids, attention_mask, plain, k_max=3)
+    assert spec.tolist() == plain.tolist()
+    # With rows > 1 the mask is passed from the start, so holes appearing add no graph.
+    assert widths_fed <= {1, 2, 4} and counter.frame_count == len(widths_fed)
+
+
+def test_roll_back_moves_the_write_position_and_copies_nothing(target):
+    input_ids = torch.tensor([[7, 8, 9, 10]])
+    with torch.inference_mode():
+        kv = StaticKV(target, StaticCache(config=target.config, max_cache_len=16), 1, input_ids.device)
+        kv.forward(input_ids, None)
+        keys = kv.cache.layers[0].keys
+        pointer = keys.data_ptr()
+        kv.forward(torch.tensor([[11, 12, 13]]), None)
+        assert int(kv.cache.get_seq_length()) == 7
+        kv.truncate(torch.tensor([5]))
+        assert (kv.end, int(kv.cache.get_seq_length()), kv.lengths.tolist()) == (5, 5, [5])
+        assert kv.cache.layers[0].keys.data_ptr() == pointer and kv.cache.layers[0].keys is keys
+
+
+def test_padding_is_given_back(target):
+    with torch.inference_mode():
+        cache = StaticCache(config=target.config, max_cache_len=16)
+        kv = StaticKV(target, cache, 1, torch.device("cpu"), widths=(4,))
+        kv.forward(torch.tensor([[7, 8, 9]]), None)
+        logits = kv.forward(torch.tensor([[10, 11]]), None).logits
+    assert logits.shape[1] == 2  # the two padded positions' logits cut off
+    assert (kv.end, int(kv.cache.get_seq_length())) == (5, 5)
+
+
+def test_a_forward_that_does_not_fit_is_refused(target):
+    with torch.inference_mode():
+        kv = StaticKV(target, StaticCache(config=target.config, max_cache_len=6), 1, torch.device("cpu"))
+        kv.forward(torch.tensor([[7, 8, 9, 10]]), None)
+        assert kv.widest(4) == 2
+        with pytest.raises(ValueError, match="max_cache_len=7"):
+            kv.forward(torch.tensor([[11, 12, 13]]), None)
+
+
+def test_sliding_window_static_layers_are_refused():
+    config = MistralConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=4,
+    )
+    model = MistralForCausalLM(config).eval()
+    with pytest.raises(ValueError, match="StaticSlidingWindowLayer"):
+        StaticKV(model, StaticCache(config=config, max_cache_len=16), 1, torch.device("cpu"))
