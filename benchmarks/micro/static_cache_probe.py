@@ -1,8 +1,8 @@
 """Probe (issue 23): speculative decoding over transformers' StaticCache, eager and compiled.
 
-    python benchmarks/micro/static_cache_probe.py                 # SmolLM2-135M (the offline demo model), fp32
-    python benchmarks/micro/static_cache_probe.py --tiny          # a random 2-layer Llama: seconds, not minutes
-    python benchmarks/micro/static_cache_probe.py --no-compile    # (a), (b), (d) only
+    python benchmarks/micro/static_cache_probe.py # SmolLM2-135M (the offline demo model), fp32
+    python benchmarks/micro/static_cache_probe.py --tiny # a random 2-layer Llama: seconds, not minutes
+    python benchmarks/micro/static_cache_probe.py --no-compile # (a), (b), (d) only
 
 (a) plain greedy `generate(cache_implementation="static")`;
 (b) a speculative loop over a StaticCache with batch 1 (`hf_specdec.core.static_kv.StaticKV`):
