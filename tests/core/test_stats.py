@@ -243,7 +243,7 @@ def test_real_call_counts_the_nodes_it_verified(target_no_eos, tree, monkeypatch
     cut), row by row; with trees the nodes outnumber the depth, with chains there are no tree steps."""
     import hf_specdec.core.loop
 
-    from .test_trees import _repetitive_batch
+    from ..properties.test_trees import _repetitive_batch
 
     nodes, depths, trees = 0, 0, 0
     accept = hf_specdec.core.loop.accept

@@ -168,8 +168,11 @@ def test_sampled_answers_add_sequences_after_the_greedy_ones(smollm2_path, tmp_p
     from hf_specdec.loading import load_model
 
     model, tokenizer = load_model(str(smollm2_path), dtype="float32", device="cpu")
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text().split("\n\n")
-    paragraphs = [p for p in readme if len(p) > 600][:4]
+    root = Path(__file__).resolve().parents[2]
+    text = "\n\n".join(
+        path.read_text() for path in [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    )
+    paragraphs = [p for p in text.split("\n\n") if len(p) > 600][:4]
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": "Summarize:\n" + p}) + "\n" for p in paragraphs))
     source = load_prompts(None, prompts)
