@@ -26,7 +26,6 @@ import os
 import platform
 import statistics
 import tempfile
-import time
 
 # Cold compiles: a fresh inductor cache unless one is given (then warm). Set before torch is
 # imported: set later, it was not used (the compiles went to /tmp/torchinductor_$USER).
@@ -44,6 +43,9 @@ from transformers import (  # noqa: E402
 
 import hf_specdec  # noqa: E402
 from hf_specdec.core.static_kv import StaticKV  # noqa: E402
+from hf_specdec.core.timing import clock  # noqa: E402
+
+CPU = torch.device("cpu")  # the probe runs on the CPU; clock() waits for its queued work
 
 PROMPTS = [
     "The three primary colors are",
@@ -174,9 +176,9 @@ def measure_widths(model, ids, widths, decode, repeats: int, capacity: int) -> t
     for _ in range(repeats + 1):
         for width in widths:
             tokens = ids[:, -1:].repeat(1, width)  # contiguous, as the loop feeds them
-            start = time.perf_counter()
+            start = clock(CPU)
             kv.forward(tokens, None)
-            times[width].append(time.perf_counter() - start)
+            times[width].append(clock(CPU) - start)
             kv.truncate(kv.lengths - width)
     first = {width: t[0] for width, t in times.items()}
     ms = {width: statistics.median(t[1:]) * 1000 if repeats else float("nan") for width, t in times.items()}
@@ -229,9 +231,9 @@ def main() -> None:
     one_prompt = one_ids.shape[1]
 
     with torch.inference_mode():
-        start = time.perf_counter()
+        start = clock(CPU)
         plain = plain_static(model, one_ids, one_mask, args.max_new_tokens, eos)
-        seconds = time.perf_counter() - start
+        seconds = clock(CPU) - start
         print(f"(a) plain static generate, batch 1: {len(plain[0])} tokens in {seconds:.2f} s")
 
         kv = static_kv(model, 1, one_prompt, args.max_new_tokens)
@@ -279,9 +281,9 @@ def main() -> None:
             before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
             decode = torch.compile(model.__call__, dynamic=False)
             kv = static_kv(model, 2, prompt, args.max_new_tokens, widths=tuple(widths), decode=decode)
-            start = time.perf_counter()
+            start = clock(CPU)
             got, log = speculate(kv, ids, mask, plain2, args.max_new_tokens, k_max, eos, vocab)
-            seconds = time.perf_counter() - start
+            seconds = clock(CPU) - start
             report_match(f"(e) compiled speculative, batch 2, {len(log)} verify forwards", got, plain2)
             graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"] - before
             print(f"    {graphs} graphs compiled (one per width used), {seconds:.0f} s with the compiles")

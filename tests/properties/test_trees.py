@@ -62,13 +62,13 @@ def _repetitive_batch(seed: int, batch: int):
     return input_ids, attention_mask
 
 
-@pytest.mark.parametrize("tree", [True, 3, "auto"])
+@pytest.mark.parametrize("tree,max_tree_nodes", [(True, None), (True, 3), ("auto", None)])
 @pytest.mark.parametrize("batch,seed", [(1, 0), (3, 1), (3, 2)])
-def test_tree_greedy_identity(target, tree, batch, seed):
+def test_tree_greedy_identity(target, tree, max_tree_nodes, batch, seed):
     input_ids, attention_mask = _repetitive_batch(seed, batch)
     plain = target.generate(input_ids, attention_mask=attention_mask, max_new_tokens=24, do_sample=False)
     config = hf_specdec.SpeculativeConfig(
-        method="ngram", tree=tree, num_draft_tokens=6, options={"min_ngram": 1}
+        method="ngram", tree=tree, max_tree_nodes=max_tree_nodes, num_draft_tokens=6, options={"min_ngram": 1}
     )
     out = target.generate(
         input_ids,
