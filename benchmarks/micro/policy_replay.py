@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import random
 import statistics
 import sys
 from collections import defaultdict
@@ -69,15 +70,17 @@ def replay(
     shapes: set[tuple[int, int]],
     tree: bool = False,
     lookup: bool = False,
+    seed: int = 0,
 ) -> dict[str, float]:
     """One greedy call replayed: its emulated seconds, target forwards and speculative steps."""
     shapes = set() if profile.oneoff_scope == "call" else shapes
+    rng = random.Random(seed)  # the profile's noise: every row of a prompt draws the same sequence
 
     def forward_cost(width: int, past: int) -> float:
         shape = (1, width)
         first = shape not in shapes
         shapes.add(shape)
-        return profile.seconds(Forward(1, width, past), first) + host_seconds
+        return profile.seconds(Forward(1, width, past), first, rng) + host_seconds
 
     drafter = NgramDrafter(NgramConfig())
     seconds = forward_cost(len(prompt), 0)  # the prefill gives the first token
@@ -133,11 +136,11 @@ def _geomean(values: list[float]) -> float:
 def evaluate(data: list[dict], profile: CostProfile, ks: list[int], tree: bool, host_seconds: float) -> dict:
     by_category: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     shapes: set[tuple[int, int]] = set()  # per process: the one-offs already paid
-    for row in data:
+    for seed, row in enumerate(data):
         prompt, answer = row["prompt"], row["answer"]
 
         def run(policy: DraftLengthPolicy, **kwargs: Any) -> dict[str, float]:
-            return replay(prompt, answer, policy, profile, host_seconds, shapes, **kwargs)  # noqa: B023
+            return replay(prompt, answer, policy, profile, host_seconds, shapes, seed=seed, **kwargs)  # noqa: B023
 
         plain = run(FixedDraftLength(0))["seconds"]
         auto = run(AdaptiveDraftLength(), tree=tree)

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
+import random
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -66,17 +68,24 @@ class CostProfile:
     prefill_per_token: float = 1 / 256
     oneoff: float = 0.0  # in steps
     oneoff_scope: str = "process"  # or "call"
+    # A shared machine's jitter: each decoding forward's cost times exp(noise * z), z ~ N(0, 1) drawn
+    # from the caller's seeded generator (median 1; at 0.3 one forward in six is 35% dearer or more).
+    noise: float = 0.0
     description: str = ""
 
     @property
     def emulated(self) -> bool:
         return self.name != "real"
 
-    def seconds(self, forward: Forward, first_of_shape: bool = False) -> float:
+    def seconds(
+        self, forward: Forward, first_of_shape: bool = False, rng: random.Random | None = None
+    ) -> float:
         n = forward.batch * forward.width
         if forward.past == 0 and forward.width > 1:  # a prefill: its shape is new with every prompt
             return self.step * (1 + self.prefill_per_token * (n - 1))
         cost = self.step * (1 + self.per_token * (min(n, self.knee) - 1)) * max(1.0, n / self.knee)
+        if self.noise and rng is not None:
+            cost *= math.exp(self.noise * rng.gauss(0.0, 1.0))
         return cost + (self.step * self.oneoff if first_of_shape else 0.0)
 
     def with_step(self, step: float) -> CostProfile:
@@ -105,6 +114,12 @@ PROFILES: dict[str, CostProfile] = {
             description="flat, plus six steps the first time each call feeds each (batch, width) shape",
         ),
         CostProfile(
+            "flat+noise",
+            per_token=0.01,
+            noise=0.3,
+            description="flat on a shared, noisy machine: each forward x a log-normal jitter (σ 0.3)",
+        ),
+        CostProfile(
             "gpu-batch",
             per_token=0.004,
             knee=128,
@@ -122,6 +137,13 @@ PROFILES: dict[str, CostProfile] = {
             prefill_per_token=0.6 / 24,
             description="compute-bound (big batches; fp32 on a CPU): each fed token costs 60% of a step",
         ),
+        CostProfile(
+            "linear+noise",
+            per_token=0.6,
+            prefill_per_token=0.6 / 24,
+            noise=0.3,
+            description="linear on a shared, noisy machine: each forward x a log-normal jitter (σ 0.3)",
+        ),
         CostProfile("real", description="the machine as it is: the real clock, nothing emulated"),
     )
 }
@@ -137,6 +159,7 @@ class Emulation:
     offset: float = 0.0
     forwards: list[Forward] = field(default_factory=list)
     shapes: set[tuple[int, int]] = field(default_factory=set)
+    rng: random.Random = field(default_factory=lambda: random.Random(0))  # the profile's noise, seeded
 
     def new_call(self) -> None:
         """Start a `generate` call: forget its forwards (and, per call, the shapes seen)."""
@@ -147,14 +170,16 @@ class Emulation:
     def record(self, forward: Forward) -> None:
         self.forwards.append(forward)
         if self.profile.emulated:
-            self.offset += _cost(self.profile, forward, self.shapes) - forward.host_seconds
+            self.offset += _cost(self.profile, forward, self.shapes, self.rng) - forward.host_seconds
 
 
-def _cost(profile: CostProfile, forward: Forward, shapes: set[tuple[int, int]]) -> float:
+def _cost(
+    profile: CostProfile, forward: Forward, shapes: set[tuple[int, int]], rng: random.Random | None = None
+) -> float:
     shape = (forward.batch, forward.width)
     first = shape not in shapes
     shapes.add(shape)
-    return profile.seconds(forward, first)
+    return profile.seconds(forward, first, rng)
 
 
 _real_perf_counter = time.perf_counter
@@ -209,7 +234,8 @@ def priced(
         return wall_seconds
     if shapes is None or profile.oneoff_scope == "call":
         shapes = set()
-    return host_seconds + sum(_cost(profile, f, shapes) - f.host_seconds for f in forwards)
+    rng = random.Random(0)
+    return host_seconds + sum(_cost(profile, f, shapes, rng) - f.host_seconds for f in forwards)
 
 
 __all__ = ["PROFILES", "REAL", "CostProfile", "Emulation", "Forward", "emulate", "host_clock", "priced"]
