@@ -6,13 +6,15 @@ padded width, and a width's compile never taken for a verify cost."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from transformers import CompileConfig, MistralConfig, MistralForCausalLM, StaticCache
 
 from hf_specdec import SpeculativeConfig
 from hf_specdec.core.policy import AdaptiveDraftLength
-from hf_specdec.core.static_kv import COMPILED_WIDTHS
+from hf_specdec.core.static_kv import COMPILED_WIDTHS, StaticKV
 
 from ..conftest import random_batch, tiny_llama
 from .test_output_contract import assert_close_steps
@@ -40,10 +42,10 @@ def static_generate(model, input_ids, attention_mask, speculative=None, max_new_
         )
 
 
-CASES = {  # (method, draft-length fields)
-    "ngram": ("ngram", dict(num_draft_tokens=4)),
-    "draft_model": ("draft_model", dict(num_draft_tokens=4)),
-    "draft_model-auto_length": ("draft_model", dict(policy=AdaptiveDraftLength(min_probe_gain=0.0))),
+CASES = {  # (method, the draft-length fields, made per test: a policy object learns across calls)
+    "ngram": ("ngram", lambda: dict(num_draft_tokens=4)),
+    "draft_model": ("draft_model", lambda: dict(num_draft_tokens=4)),
+    "draft_model-auto_length": ("draft_model", lambda: dict(policy=AdaptiveDraftLength(min_probe_gain=0.0))),
 }
 
 
@@ -54,7 +56,7 @@ def test_greedy_equals_plain_static_generate(target, good_draft, case, rows):
     method, fields = CASES[case]
     input_ids, attention_mask = random_batch(7, rows)
     plain = static_generate(target, input_ids, attention_mask)
-    spec = speculative(method, good_draft, **fields)
+    spec = speculative(method, good_draft, **fields())
     out = static_generate(target, input_ids, attention_mask, spec, return_dict_in_generate=True)
     assert out.sequences.tolist() == plain.tolist()
     assert isinstance(out.get("cache", out.get("past_key_values")), StaticCache)  # renamed in 5.2x
@@ -64,9 +66,12 @@ def test_greedy_equals_plain_static_generate(target, good_draft, case, rows):
         assert stats.accepted > 0
 
 
-def test_a_passed_static_cache_of_the_least_room(good_draft):
+def test_a_passed_static_cache_of_the_least_room(good_draft, monkeypatch):
     """A StaticCache sized as plain static decoding sizes it (prompt + max_new_tokens - 1): a ragged
     batch's holes are compacted away, and drafts near the end shortened to what fits."""
+    compactions = []
+    compact = StaticKV.compact
+    monkeypatch.setattr(StaticKV, "compact", lambda kv: compactions.append(1) or compact(kv))
     model = tiny_llama(0, eos_token_id=None)
     input_ids, attention_mask = random_batch(4, 3)
     plain = static_generate(model, input_ids, attention_mask)
@@ -81,6 +86,7 @@ def test_a_passed_static_cache_of_the_least_room(good_draft):
             speculative=speculative("draft_model", good_draft, num_draft_tokens=6),
         )
     assert out.tolist() == plain.tolist()
+    assert compactions  # the holes did use the cache up
 
 
 def test_scores_and_logits_equal_plain_static_generate(target, weak_draft):
@@ -126,7 +132,7 @@ class _Recorder(AdaptiveDraftLength):
     """The adaptive policy, recording the verify seconds it is told per verified width."""
 
     def __init__(self) -> None:
-        super().__init__(min_probe_gain=0.0)
+        super().__init__(min_probe_gain=0.0, max_k=3)  # widths 1 to 4: at most 3 graphs to trace
         self.told: list[tuple[int, float | None]] = []
 
     def update(self, batch_size, draft, accepted, draft_seconds, verify_seconds, paths=None) -> None:
@@ -164,3 +170,64 @@ def test_compile_config_compiles_one_graph_per_padded_width(good_draft):
     assert len(graphs) == len(set(padded)) > 1  # no recompile within a width
     first = {w: padded.index(w) for w in set(padded)}
     assert all((seconds is None) == (i == first[padded[i]]) for i, (_, seconds) in enumerate(policy.told))
+
+
+SMOLLM2_CASES = {  # (method, rows)
+    "ngram-1": ("ngram", 1),
+    "ngram-2": ("ngram", 2),
+    "draft_model-2": ("draft_model", 2),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(SMOLLM2_CASES))
+def test_smollm2_greedy_equals_plain_static_generate(smollm2, case):
+    """The real SmolLM2-135M, a prompt that repeats itself (n-grams match), and a left-padded batch;
+    the draft model is the target itself, accepted in full."""
+    from ..conftest import assert_greedy_match
+
+    model, tokenizer = smollm2
+    method, rows = SMOLLM2_CASES[case]
+    texts = ["Repeat after me: the cat sat on the mat, the cat sat on the mat,", "Count: one, two, three,"]
+    tokenizer.padding_side = "left"
+    inputs = tokenizer(texts[:rows], return_tensors="pt", padding=True)
+    plain = static_generate(model, inputs["input_ids"], inputs["attention_mask"], max_new_tokens=12)
+    spec = speculative(method, model, num_draft_tokens=4)
+    out = static_generate(
+        model,
+        inputs["input_ids"],
+        inputs["attention_mask"],
+        spec,
+        max_new_tokens=12,
+        return_dict_in_generate=True,
+    )
+    assert out.sequences.shape == plain.shape
+    assert_greedy_match(model, plain, out.sequences, attention_mask=inputs["attention_mask"])
+    assert out.speculative_stats.accepted > 0
+
+
+@pytest.mark.compile
+@pytest.mark.skipif(
+    os.environ.get("HF_SPECDEC_INDUCTOR_TESTS") != "1",
+    reason="inductor compiles take minutes per width on a small CPU: set HF_SPECDEC_INDUCTOR_TESTS=1",
+)
+def test_inductor_compiled_speculation_equals_plain_static_generate(good_draft):
+    """transformers' default CompileConfig (inductor), on CPU with `_compile_all_devices`: a one-token
+    draft, so the verify forwards are compiled at widths 2 and 1 (near the end) only."""
+    model = tiny_llama(0, eos_token_id=None)
+    config = CompileConfig()
+    config._compile_all_devices = True
+    input_ids, attention_mask = random_batch(4, 2)
+    plain = static_generate(model, input_ids, attention_mask, max_new_tokens=8)
+    spec = speculative("draft_model", good_draft, num_draft_tokens=1)
+    out = static_generate(
+        model,
+        input_ids,
+        attention_mask,
+        spec,
+        max_new_tokens=8,
+        compile_config=config,
+        return_dict_in_generate=True,
+    )
+    assert out.sequences.tolist() == plain.tolist()
+    assert set(out.speculative_stats.verified_widths) <= {1, 2}
