@@ -66,6 +66,23 @@ def test_greedy_equals_plain_static_generate(target, good_draft, case, rows):
         assert stats.accepted > 0
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+def test_an_eagle_head_drafts_chains_over_a_static_cache(rows):
+    """A drafter reading the target's hidden states (through padded forwards when compiled);
+    `tree="auto"` drafts chains on a static cache, which takes no tree yet."""
+    from ..drafters.test_heads import copied_layer_eagle
+
+    model = tiny_llama(30, layers=1)
+    head = copied_layer_eagle(model, torch.arange(4, 64))  # drafts never use tokens 0-3
+    input_ids, attention_mask = random_batch(rows * 7 + 1, rows)
+    plain = static_generate(model, input_ids, attention_mask)
+    spec = SpeculativeConfig(method="eagle", draft=head, num_draft_tokens=4, tree="auto")
+    out = static_generate(model, input_ids, attention_mask, spec, return_dict_in_generate=True)
+    assert out.sequences.tolist() == plain.tolist()
+    stats = out.speculative_stats
+    assert 0 < stats.accepted < stats.drafted and stats.tree_steps == 0
+
+
 def test_a_passed_static_cache_of_the_least_room(good_draft, monkeypatch):
     """A StaticCache sized as plain static decoding sizes it (prompt + max_new_tokens - 1): a ragged
     batch's holes are compacted away, and drafts near the end shortened to what fits."""
