@@ -16,12 +16,13 @@ import functools
 import inspect
 from typing import Any
 
-from transformers import GenerationConfig, StoppingCriteriaList
+from transformers import GenerationConfig, StaticCache, StoppingCriteriaList
 from transformers.generation.stopping_criteria import StopStringCriteria
 from transformers.generation.utils import GenerationMixin
 
 from .config import SpeculativeConfig
 from .core.checks import check_supported
+from .core.compat import generate_cache
 from .core.draft import Drafter
 from .core.loop import speculative_decode
 from .core.policy import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
@@ -90,7 +91,7 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
             generation_config,
             drafter=drafter,
             policy=_policy(resolved),
-            tree=_drafts_trees(resolved, drafter),
+            tree=_drafts_trees(resolved, drafter, isinstance(generate_cache(model_kwargs), StaticCache)),
             max_tree_nodes=resolved.max_tree_nodes,
             streamer=streamer,
             **model_kwargs,
@@ -99,10 +100,16 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
     return _ORIGINAL_GENERATE(model, custom_generate=custom_generate, **kwargs)
 
 
-def _drafts_trees(config: SpeculativeConfig, drafter: Drafter) -> bool:
-    """`tree="auto"`: a tree where the drafter grows them (the policy sizes it), else a chain."""
+def _drafts_trees(config: SpeculativeConfig, drafter: Drafter, static_cache: bool) -> bool:
+    """`tree="auto"`: a tree where the drafter grows them (the policy sizes it) and the cache takes
+    them (a static cache does not yet: `StaticKV.takes_tree_masks`), else a chain."""
     if config.tree == "auto":
-        return drafter.supports_tree
+        return drafter.supports_tree and not static_cache
+    if config.tree and static_cache:
+        raise ValueError(
+            "Tree drafts over a static cache are not built yet; drop tree=True (chains then), or "
+            "cache_implementation='static' / the StaticCache for trees."
+        )
     if config.tree and not drafter.supports_tree:
         growers = ", ".join(repr(name) for name, cls in DRAFTERS.items() if cls.supports_tree)
         raise ValueError(

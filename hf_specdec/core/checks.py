@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import DynamicCache, GenerationConfig
+from transformers import DynamicCache, GenerationConfig, StaticCache
 
 from .compat import generate_cache
 from .inputs import check_forwarded
+from .static_kv import check_layers
 
 
 def check_supported(
@@ -43,10 +44,13 @@ def check_supported(
     if not config.use_cache:
         raise ValueError("speculative= needs the KV cache; remove use_cache=False.")
     cache = generate_cache(model_kwargs)
-    if cache is not None and (type(cache) is not DynamicCache or not getattr(cache, "is_croppable", True)):
+    if type(cache) is StaticCache:
+        check_static_cache(model, input_ids, config, cache)
+    elif cache is not None and (type(cache) is not DynamicCache or not getattr(cache, "is_croppable", True)):
         raise ValueError(
-            f"speculative= needs a DynamicCache it can roll back, got {type(cache).__name__} "
-            "(a static, compiled or quantized cache). Drop cache_implementation= / cache=."
+            f"speculative= needs a DynamicCache or a StaticCache it can roll back, got "
+            f"{type(cache).__name__} (a quantized or hybrid cache). Drop cache_implementation= / cache=, "
+            "or use cache_implementation='static'."
         )
     if streamer is not None and input_ids.shape[0] > 1:
         raise ValueError("A streamer takes one sequence: stream with batch size 1, or drop streamer=.")
@@ -55,3 +59,41 @@ def check_supported(
             "speculative= starts from an empty cache; pass the whole prompt without a filled cache=."
         )
     check_forwarded(input_ids, model_kwargs)
+
+
+def check_static_cache(
+    model: Any, input_ids: torch.Tensor, config: GenerationConfig, cache: StaticCache
+) -> None:
+    """What speculation over a StaticCache (`core/static_kv.py`) needs: full-attention layers, masks
+    it can pass, and room for the whole output, as plain static decoding."""
+    check_layers(model, cache)
+    if cache.offloading:
+        raise ValueError(
+            "speculative= does not support an offloaded static cache (offloading=True / "
+            "cache_implementation='offloaded_static'); use cache_implementation='static' or the default "
+            "cache."
+        )
+    attention = model.config.get_text_config(decoder=True)._attn_implementation
+    if attention not in ("sdpa", "eager"):
+        raise ValueError(
+            f"speculative= over a static cache needs attn_implementation='sdpa' or 'eager' (got "
+            f"{attention!r}: it masks rejected drafts with a 2D mask, which other attention unpads); load "
+            "the model with one of those, or drop cache_implementation='static'."
+        )
+    if config.return_dict_in_generate and (config.output_attentions or config.output_hidden_states):
+        raise ValueError(
+            "speculative= does not return attentions or hidden states over a static cache; drop "
+            "output_attentions= / output_hidden_states=, or cache_implementation='static'."
+        )
+    capacity = max(layer.max_cache_len for layer in cache.layers)
+    prompt = input_ids.shape[-1]
+    # The cache holds every token but the last (as plain static decoding's): drafts near the end are
+    # shortened to what fits, and a ragged batch's holes are compacted away, so no more is needed.
+    needed = max(config.max_length, prompt + 1) - 1
+    if capacity < needed:
+        raise ValueError(
+            f"The static cache holds {capacity} positions, and this call needs {needed}: the prompt "
+            f"({prompt}) + max_new_tokens ({needed + 1 - prompt}) - 1. Pass max_cache_len={needed} (or "
+            f"more) to generate or to your StaticCache"
+            + (f", or max_new_tokens={capacity + 1 - prompt}." if capacity >= prompt else ".")
+        )

@@ -27,3 +27,14 @@ def generate_cache(model_kwargs: dict[str, Any]) -> Any:
     """The cache a caller passed to `generate` under either name, else None."""
     cache = model_kwargs.get("cache")
     return cache if cache is not None else model_kwargs.get("past_key_values")
+
+
+def compiles_decoding(model: Any, generation_config: Any, model_kwargs: dict[str, Any]) -> bool:
+    """Whether transformers' own decoding loop would compile `model`'s forward for this call: its
+    private `_valid_auto_compile_criteria` (by default on cuda / xpu with a static cache, on CPU only
+    with `compile_config._compile_all_devices`, never with `disable_compile=True`); False where the
+    installed transformers has no such rule."""
+    criteria = getattr(model, "_valid_auto_compile_criteria", None)
+    if criteria is None:
+        return False
+    return bool(criteria({**model_kwargs, "cache": generate_cache(model_kwargs)}, generation_config))

@@ -39,6 +39,7 @@ class RaggedKV:
     """A `DynamicCache` plus which of its positions hold real tokens, row by row."""
 
     takes_tree_masks = True  # `forward(tree=...)`: the model takes the 4D masks built here
+    compiling = False  # never compiled: no forward's time is a compile's (see `StaticKV`)
 
     def __init__(
         self,
@@ -72,6 +73,10 @@ class RaggedKV:
     @property
     def width(self) -> int:
         return self.mask.shape[1]
+
+    def widest(self, wanted: int) -> int:
+        """How many tokens a row the next forward can take, of `wanted`: all, a dynamic cache grows."""
+        return wanted
 
     def forward(
         self,
@@ -225,6 +230,18 @@ class RaggedKV:
                 tail = states[:, :, -width:]
                 index = order[:, None, :, None].expand(-1, tail.shape[1], -1, tail.shape[3])
                 states[:, :, -width:] = tail.gather(2, index)
+
+    def release_rows(self, cached_rows: list[int], active: list[int]) -> list[int]:
+        """The rows of `cached_rows` (the user's rows, one per cache row) not in `active` have
+        finished; returns the user rows the cache holds after, in order.
+
+        They leave the batch only once half of it has finished: removing rows copies the whole cache,
+        and on CPU an odd batch of 15 runs slower than 16, so dropping rows one at a time costs more
+        than it saves. Until then the steps feed them holes (`forward_rows`)."""
+        if len(active) > len(cached_rows) // 2:
+            return cached_rows
+        self.select_rows(torch.tensor([cached_rows.index(r) for r in active], device=self.mask.device))
+        return active
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only `rows` (indices into the current batch), e.g. when others have finished."""

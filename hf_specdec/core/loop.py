@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+from transformers import GenerationConfig, LogitsProcessorList, StaticCache, StoppingCriteriaList
 
 from .compat import generate_cache
 from .draft import Draft, Drafter, DraftRequest
@@ -21,6 +21,7 @@ from .kv import RaggedKV, Slots
 from .output import OutputCollector, ReturnedStates, TokenOutputs
 from .policy import DraftLengthPolicy
 from .processing import ScoreProcessor
+from .static_kv import StaticKV
 from .stats import SpeculativeStats
 from .timing import clock
 from .verify import Verdict, accept
@@ -51,7 +52,7 @@ def speculative_decode(
     vocab = model.config.get_text_config().vocab_size
     processor = ScoreProcessor(logits_processor, vocab, batch)
     out = OutputCollector(input_ids, model_kwargs.get("attention_mask"), generation_config, streamer)
-    target = RaggedKV(model, generate_cache(model_kwargs), batch, device)
+    target = _target_cache(model, batch, device, generation_config, model_kwargs)
     features = DrafterFeatures(drafter.hidden_state_layers, batch, device)
     returned = ReturnedStates(out, target, bool(drafter.hidden_state_layers))
 
@@ -86,15 +87,13 @@ def speculative_decode(
     cached_rows = list(range(batch))  # rows of the user's batch in the target's cache, in order
     while out.active_rows:
         rows = out.active_rows
-        # Finished rows stop drafting at once but leave the target's batch only once half of it
-        # has finished: removing them copies the whole cache, and on CPU an odd batch of 15 runs
-        # slower than 16, so dropping rows one at a time costs more than it saves.
-        if len(rows) <= len(cached_rows) // 2:
-            target.select_rows(torch.tensor([cached_rows.index(r) for r in rows], device=device))
-            cached_rows = rows
+        # Finished rows stop drafting at once; the cache says when they leave its batch.
+        if len(rows) < len(cached_rows):
+            cached_rows = target.release_rows(cached_rows, rows)
         k = policy.draft_length(len(rows))
         if tree and max_tree_nodes is not None:
             k = min(k, max_tree_nodes)
+        k = max(min(k, target.widest(k + 1) - 1), 0)  # a static cache's room (0: its error comes next)
         stats.draft_lengths.append(k)
         asked = request(rows, k)
 
@@ -128,9 +127,9 @@ def speculative_decode(
         # Tree steps also tell the policy which nodes were accepted: what sizes the trees to come.
         paths = {} if verdict.paths is None else {"paths": verdict.paths}
         # The drafter's own time: the policy's cut is the loop's overhead, not a cost of drafting.
-        policy.update(
-            len(rows), draft, verdict.accepted, proposed_at - start, verified_at - drafted_at, **paths
-        )
+        # A compiled width's first forward is its compile, no verify cost: the policy is not told it.
+        verify_seconds = None if target.compiling else verified_at - drafted_at
+        policy.update(len(rows), draft, verdict.accepted, proposed_at - start, verify_seconds, **paths)
         stats.draft_seconds += drafted_at - start
         stats.verify_seconds += verified_at - drafted_at
         stats.verified_widths.append(1 + max(draft.lengths, default=0))
@@ -138,6 +137,22 @@ def speculative_decode(
 
     stats.emitted = out.emitted
     return out.finish(stats, target.finished_cache())
+
+
+def _target_cache(
+    model: Any,
+    batch: int,
+    device: torch.device,
+    generation_config: GenerationConfig,
+    model_kwargs: dict[str, Any],
+) -> RaggedKV | StaticKV:
+    """The target's cache as `generate` prepared it: a StaticCache (`cache_implementation="static"`
+    or one passed in) rolled back by its write position, compiled where transformers would compile it;
+    else a DynamicCache with holes."""
+    cache = generate_cache(model_kwargs)
+    if isinstance(cache, StaticCache):
+        return StaticKV.for_generate(model, cache, batch, device, generation_config, model_kwargs)
+    return RaggedKV(model, cache, batch, device)
 
 
 def _emit(

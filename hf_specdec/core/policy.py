@@ -66,11 +66,13 @@ class DraftLengthPolicy(Protocol):
         draft: Draft,
         accepted: list[int],
         draft_seconds: float,
-        verify_seconds: float,
+        verify_seconds: float | None,
         paths: list[list[int]] | None = None,
     ) -> None:
         """Learn from the step just taken: the verified draft, per-row acceptance and the two costs.
-        Tree steps (only they) also pass `paths`: each row's accepted nodes, root first."""
+        Tree steps (only they) also pass `paths`: each row's accepted nodes, root first.
+        `verify_seconds` is None when the forward's time is no verify cost (a compiled width's
+        first call, which compiled it)."""
         ...
 
     def expect_draft_cost(self, seconds_per_token: float) -> None:
@@ -570,7 +572,8 @@ class AdaptiveDraftLength:
 
     def update(self, batch_size, draft, accepted, draft_seconds, verify_seconds, paths=None) -> None:
         width = 1 + max(draft.lengths, default=0)
-        self.costs.add_verify(batch_size, width, verify_seconds)
+        if verify_seconds is not None:  # None: a compile, not a verify cost
+            self.costs.add_verify(batch_size, width, verify_seconds)
         if self._asked:
             self.costs.asks.add(max(draft_seconds - draft.catch_up_seconds, 0.0))
         if width == 1:

@@ -29,15 +29,21 @@ truncation. `widest` says how wide a forward fits now, so a caller can shorten i
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from transformers import PreTrainedModel, StaticCache
+from transformers import CompileConfig, GenerationConfig, PreTrainedModel, StaticCache
 from transformers.cache_utils import StaticLayer
 
-from .compat import cache_argument
+from .compat import cache_argument, compiles_decoding
+from .kv import Slots
+
+# The verify widths a compiled forward is padded to: one graph each (dynamo's recompile limit is 8),
+# so a draft is at most 15 tokens.
+COMPILED_WIDTHS = (1, 2, 4, 8, 16)
 
 
 class StaticKV:
@@ -57,12 +63,15 @@ class StaticKV:
         """`widths`: the forwards after the prompt's are padded to the next of these (none: fed as
         they come). `decode`: what runs those forwards, e.g. the model compiled; the prompt's
         forward, of a shape seen once, always runs the model itself, as `generate` does."""
-        _check_layers(model, cache)
+        check_layers(model, cache)
         if any(width < 1 for width in widths):
             raise ValueError(f"widths must be positive, got {widths}")
         self.model = model
         self.cache = cache
         self.decode = decode if decode is not None else model
+        self.compiled = decode is not None
+        self.fed_widths: set[int] = set()  # the padded widths `decode` has run
+        self.compiling = False  # whether the last forward was `decode`'s first at its width
         self.widths = tuple(sorted(set(widths)))
         self.capacity = max(layer.max_cache_len for layer in cache.layers)
         self.mask = torch.zeros(batch_size, self.capacity, dtype=torch.bool, device=device)  # real columns
@@ -76,6 +85,27 @@ class StaticKV:
         self.compactions = 0
         self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
 
+    @classmethod
+    def for_generate(
+        cls,
+        model: PreTrainedModel,
+        cache: StaticCache,
+        batch_size: int,
+        device: torch.device,
+        generation_config: GenerationConfig,
+        model_kwargs: dict[str, Any],
+    ) -> StaticKV:
+        """Over the cache `generate` prepared, its forwards after the prompt's compiled (padded to
+        `COMPILED_WIDTHS`) exactly where transformers' own decoding would compile them: opt-in on
+        CPU, by default on a GPU. `compile_config`'s `dynamic=None` becomes False: one graph per
+        width, where dynamo would otherwise recompile the second width with a dynamic length."""
+        if not compiles_decoding(model, generation_config, model_kwargs):
+            return cls(model, cache, batch_size, device)
+        config = generation_config.compile_config or CompileConfig()
+        if config.dynamic is None:
+            config = dataclasses.replace(config, dynamic=False)
+        return cls(model, cache, batch_size, device, COMPILED_WIDTHS, model.get_compiled_call(config))
+
     @property
     def width(self) -> int:
         return self.end
@@ -87,6 +117,8 @@ class StaticKV:
     def widest(self, wanted: int) -> int:
         """The most tokens, up to `wanted` (at most the widest of `widths`, if any), that the next
         forward can take padded, compacting first if that makes room; 0 if not even one fits."""
+        if self.widths:
+            wanted = min(wanted, self.widths[-1])
         if self.end + self.padded_width(wanted) > self.capacity and not self.all_real:
             self.compact()
         room = self.capacity - self.end
@@ -132,6 +164,9 @@ class StaticKV:
             positions = torch.cat([positions, positions[:, -1:] + after], dim=1)
         keep = 0 if logits_to_keep == 0 else logits_to_keep + padded - width
         call = self.model if first else self.decode
+        self.compiling = self.compiled and not first and padded not in self.fed_widths
+        if not first:
+            self.fed_widths.add(padded)
         out = call(
             input_ids=tokens,
             attention_mask=self.mask if self.needs_mask or not self.all_real else None,
@@ -147,6 +182,43 @@ class StaticKV:
         logits = out.logits if self.keeps_logits or not keep else out.logits[:, -keep:]
         out.logits = logits[:, : logits.shape[1] - (padded - width)]
         return out
+
+    def forward_rows(
+        self,
+        slots: Slots,
+        tokens: torch.Tensor,  # [B, T] for the rows at `slots`
+        valid: torch.Tensor | None,  # [B, T] which are real; None: all
+        parents: torch.Tensor | None = None,
+        **inputs: Any,
+    ) -> Any:
+        """`RaggedKV.forward_rows` for chains: every row not at `slots` is fed T holes. Returns the
+        model's output over the whole batch, logits of all T positions."""
+        if parents is not None:
+            raise ValueError("tree drafts over a static cache are not built; check_supported refuses them")
+        batch, width = self.mask.shape[0], tokens.shape[1]
+        if not slots.whole:
+            valid = tokens.new_ones(tokens.shape, dtype=torch.bool) if valid is None else valid
+            tokens = slots.scatter(tokens, tokens.new_zeros(batch, width))
+            valid = slots.scatter(valid, valid.new_zeros(batch, width))
+        return self.forward(tokens, valid, logits_to_keep=width, **inputs)
+
+    def roll_back(
+        self, slots: Slots, width: int, rejected: list[int], paths: list[list[int]] | None = None
+    ) -> None:
+        """Undo what the last forward rejected: the last `rejected[b]` real tokens of row `slots.rows[b]`."""
+        if any(rejected):
+            kept_lengths = self.lengths.clone()
+            kept_lengths[slots.index] -= torch.tensor(rejected, device=self.mask.device)
+            self.truncate(kept_lengths)
+
+    def release_rows(self, cached_rows: list[int], active: list[int]) -> list[int]:
+        """The rows of `cached_rows` (the user's rows, one per cache row) not in `active` have
+        finished: they are retired, not dropped (the batch is the compiled shape, and a StaticCache
+        cannot drop rows). Returns the user rows the cache holds, unchanged."""
+        finished = [i for i, row in enumerate(cached_rows) if row not in active]
+        if finished:
+            self.retire(torch.tensor(finished, device=self.mask.device))
+        return cached_rows
 
     def _next_positions(self, width: int, valid: torch.Tensor | None) -> torch.Tensor:
         """The positions of `width` tokens fed next, [B, width]: each row's numbering continued."""
@@ -213,7 +285,7 @@ class StaticKV:
             layer.cumulative_length.fill_(column)
 
 
-def _check_layers(model: PreTrainedModel, cache: StaticCache) -> None:
+def check_layers(model: PreTrainedModel, cache: StaticCache) -> None:
     """Refuse a cache whose layers cannot be rolled back by moving their write position."""
     for layer in cache.layers:
         if type(layer) is not StaticLayer:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, StaticCache
 from transformers.generation.streamers import BaseStreamer
 
 from hf_specdec import SpeculativeConfig
@@ -76,10 +76,26 @@ def _cases(target, small_vocab_draft):
             ValueError,
             r"`prompt_lookup_num_tokens` cannot be combined with `speculative=`",
         ),
-        "static_cache": (
-            dict(speculative=NGRAM, cache_implementation="static"),
+        "static_cache_too_small": (
+            dict(speculative=NGRAM, cache="static_small"),
             ValueError,
-            r"needs a DynamicCache.*Drop cache_implementation=",
+            r"The static cache holds 5 positions, and this call needs \d+: the prompt \(\d+\) \+ "
+            r"max_new_tokens \(4\) - 1\. Pass max_cache_len=\d+ \(or more\)",
+        ),
+        "static_cache_tree": (
+            dict(speculative=dict(method="ngram", tree=True), cache_implementation="static"),
+            ValueError,
+            r"Tree drafts over a static cache are not built yet; drop tree=True",
+        ),
+        "static_cache_hidden_states": (
+            dict(
+                speculative=NGRAM,
+                cache_implementation="static",
+                return_dict_in_generate=True,
+                output_hidden_states=True,
+            ),
+            ValueError,
+            r"does not return attentions or hidden states over a static cache; drop",
         ),
         "filled_cache": (
             dict(speculative=NGRAM, cache="filled"),
@@ -139,6 +155,8 @@ def test_clear_error(target, small_vocab_draft, name):
         with torch.no_grad():
             target(input_ids=input_ids, cache=cache, use_cache=True)
         kwargs["cache"] = cache
+    if kwargs.get("cache") == "static_small":
+        kwargs["cache"] = StaticCache(config=target.config, max_cache_len=5)
     with pytest.raises(error, match=message):
         target.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=4, **kwargs)
 

@@ -1,6 +1,6 @@
 """StaticKV: speculative decoding over transformers' StaticCache, rolled back by its write position.
 
-A small greedy loop here drives it (the decoding loop does not use it yet): drafts are the plain
+A small greedy loop here drives it (`generate` drives it in test_static_cache.py): drafts are the plain
 output with a wrong token at a scheduled place, so steps accept all, none or some of a draft, and
 the result must equal plain `generate(cache_implementation="static")`.
 """
