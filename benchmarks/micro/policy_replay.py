@@ -2,6 +2,7 @@
 
     python benchmarks/micro/policy_replay.py [--suite specbench-quick] [--limit 3] [--max-new-tokens 128]
         [--profiles flat,flat+oneoff,flat+oneoff-call,gpu-batch,linear] [--tree] [--host-ms 1.5]
+        [--batch-sizes 1,8,32]
 
 Fast (a minute) and deterministic in its acceptance: each prompt's plain greedy answer is generated
 once (`benchmarks/micro/ngram_rules.py`'s cache, SmolLM2-135M in its checkpoint's dtype), then the
@@ -62,8 +63,8 @@ def _tree_path(tokens: list[int], parents: list[int], n: int, answer: list[int],
 
 
 def replay(
-    prompt: list[int],
-    answer: list[int],
+    prompts: list[list[int]],
+    answers: list[list[int]],
     policy: DraftLengthPolicy,
     profile: CostProfile,
     host_seconds: float,
@@ -72,60 +73,74 @@ def replay(
     lookup: bool = False,
     seed: int = 0,
 ) -> dict[str, float]:
-    """One greedy call replayed: its emulated seconds, target forwards and speculative steps."""
+    """One greedy call over a batch of prompts replayed: its emulated seconds, target forwards and
+    the share of steps that verified a draft. Rows share each forward, hence its width (rows with a
+    shorter draft, or done, are holes); finished rows leave the forward's batch once half of it has
+    finished, as they leave the target's cache in the loop (`core/loop.py`)."""
     shapes = set() if profile.oneoff_scope == "call" else shapes
     rng = random.Random(seed)  # the profile's noise: every row of a prompt draws the same sequence
 
-    def forward_cost(width: int, past: int) -> float:
-        shape = (1, width)
+    def forward_cost(batch: int, width: int, past: int) -> float:
+        shape = (batch, width)
         first = shape not in shapes
         shapes.add(shape)
-        return profile.seconds(Forward(1, width, past), first, rng) + host_seconds
+        return profile.seconds(Forward(batch, width, past), first, rng) + host_seconds
 
     drafter = NgramDrafter(NgramConfig())
-    seconds = forward_cost(len(prompt), 0)  # the prefill gives the first token
-    done, forwards, speculative = 1, 1, 0
-    while done < len(answer):
-        room = len(answer) - done
-        k = min(policy.draft_length(1), room - 1)
-        context = prompt + answer[:done]
+    seconds = forward_cost(len(prompts), max(map(len, prompts)), 0)  # the prefill gives the first token
+    done = [1] * len(prompts)
+    forwards, speculative, cached = 1, 0, len(prompts)
+    while active := [b for b, answer in enumerate(answers) if done[b] < len(answer)]:
+        if len(active) <= cached // 2:
+            cached = len(active)
+        rooms = [len(answers[b]) - done[b] for b in active]
+        k = policy.draft_length(len(active))
+        contexts = [prompts[b] + answers[b][: done[b]] for b in active]
         started = host_clock()
         if k <= 0:
-            draft = Draft.empty(1, CPU)
-        elif lookup:
-            proposed = prompt_lookup(context, k)
+            draft = Draft.empty(len(active), CPU)
+        elif lookup:  # transformers' prompt lookup: batch 1 only, as in transformers
+            proposed = prompt_lookup(contexts[0], min(k, rooms[0] - 1))
             draft = Draft(torch.tensor([proposed]), [len(proposed)]) if proposed else Draft.empty(1, CPU)
         else:
-            ids = torch.tensor([context])
+            width = max(map(len, contexts))
+            ids = torch.tensor([c + [0] * (width - len(c)) for c in contexts])
             request = DraftRequest(
-                ids, torch.ones_like(ids), [len(context)], [k], False, None, [0], tree=tree
+                ids,
+                torch.ones_like(ids),
+                [len(c) for c in contexts],
+                [min(k, room - 1) for room in rooms],
+                False,
+                None,
+                active,
+                tree=tree,
             )
             draft = drafter.propose(request)
         draft_seconds = host_clock() - started
-        draft = policy.trim(draft, 1, [room])
-        n = draft.lengths[0]
-        paths = None
-        if draft.parents is not None and n:
-            path = _tree_path(draft.tokens[0].tolist(), draft.parents[0].tolist(), n, answer, done)
-            accepted, paths = len(path), [path]
-        else:
-            proposed = draft.tokens[0, :n].tolist()
-            accepted = 0
-            while (
-                accepted < n
-                and done + accepted < len(answer)
-                and proposed[accepted] == answer[done + accepted]
-            ):
-                accepted += 1
-        verify_seconds = forward_cost(1 + n, len(context) - 1)
-        policy.update(
-            1, draft, [accepted], draft_seconds, verify_seconds, **({"paths": paths} if paths else {})
-        )
-        drafter.observe(draft, [accepted])
+        draft = policy.trim(draft, len(active), rooms)
+        accepted, paths = [], []
+        for row, b in enumerate(active):
+            n, answer = draft.lengths[row], answers[b]
+            if draft.parents is not None and n:
+                path = _tree_path(draft.tokens[row].tolist(), draft.parents[row].tolist(), n, answer, done[b])
+                accepted.append(len(path))
+                paths.append(path)
+                continue
+            proposed, hits = draft.tokens[row, :n].tolist(), 0
+            while hits < n and done[b] + hits < len(answer) and proposed[hits] == answer[done[b] + hits]:
+                hits += 1
+            accepted.append(hits)
+            paths.append(list(range(hits)))
+        width = 1 + max(draft.lengths, default=0)
+        verify_seconds = forward_cost(cached, width, max(map(len, contexts)) - 1)
+        trees = {"paths": paths} if draft.parents is not None else {}
+        policy.update(len(active), draft, accepted, draft_seconds, verify_seconds, **trees)
+        drafter.observe(draft, accepted)
         seconds += draft_seconds + verify_seconds
-        done += accepted + 1
+        for row, b in enumerate(active):
+            done[b] += accepted[row] + 1
         forwards += 1
-        speculative += n > 0
+        speculative += width > 1
     return {"seconds": seconds, "forwards": forwards, "speculative": speculative / max(forwards - 1, 1)}
 
 
@@ -140,7 +155,7 @@ def evaluate(data: list[dict], profile: CostProfile, ks: list[int], tree: bool, 
         prompt, answer = row["prompt"], row["answer"]
 
         def run(policy: DraftLengthPolicy, **kwargs: Any) -> dict[str, float]:
-            return replay(prompt, answer, policy, profile, host_seconds, shapes, seed=seed, **kwargs)  # noqa: B023
+            return replay([prompt], [answer], policy, profile, host_seconds, shapes, seed=seed, **kwargs)  # noqa: B023
 
         plain = run(FixedDraftLength(0))["seconds"]
         auto = run(AdaptiveDraftLength(), tree=tree)
@@ -159,6 +174,56 @@ def evaluate(data: list[dict], profile: CostProfile, ks: list[int], tree: bool, 
         }
         for category, c in by_category.items()
     }
+
+
+def evaluate_batches(
+    data: list[dict], profile: CostProfile, ks: list[int], tree: bool, host_seconds: float, batch: int
+) -> dict[str, float]:
+    """Batches of `batch` prompts, categories interleaved (as a server's batch mixes requests); a
+    suite smaller than the batch is cycled to fill it. Speedups over plain batched decoding of
+    the same batch (geometric mean over batches); the oracle is each batch's best fixed k."""
+    per_category: dict[str, int] = defaultdict(int)
+    place = []
+    for row in data:
+        place.append(per_category[row["category"]])
+        per_category[row["category"]] += 1
+    order = sorted(range(len(data)), key=lambda i: place[i])
+    groups = [
+        [data[order[(g * batch + j) % len(order)]] for j in range(batch)]
+        for g in range(max(1, round(len(data) / batch)))
+    ]
+    shapes: set[tuple[int, int]] = set()
+    results: dict[str, list[float]] = defaultdict(list)
+    for seed, group in enumerate(groups):
+        prompts, answers_ = [r["prompt"] for r in group], [r["answer"] for r in group]
+
+        def run(policy: DraftLengthPolicy) -> dict[str, float]:
+            return replay(prompts, answers_, policy, profile, host_seconds, shapes, tree=tree, seed=seed)  # noqa: B023
+
+        plain = run(FixedDraftLength(0))["seconds"]
+        auto = run(AdaptiveDraftLength())
+        oracle = min(run(FixedDraftLength(k))["seconds"] for k in ks)
+        results["auto"].append(plain / auto["seconds"])
+        results["oracle"].append(plain / oracle)
+        results["regret"].append(oracle / auto["seconds"])
+        results["speculative"].append(auto["speculative"])
+    return {
+        name: statistics.mean(v) if name == "speculative" else _geomean(v) for name, v in results.items()
+    } | {"batches": len(groups)}
+
+
+def batch_markdown(results: dict[str, dict[int, dict]], tree: bool) -> str:
+    lines = [
+        "\n| profile | batch | batches | auto | oracle | auto / oracle | auto's speculative steps |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for profile, by_batch in results.items():
+        for batch, v in by_batch.items():
+            lines.append(
+                f"| {profile}{' (trees)' if tree else ''} | {batch} | {v['batches']} | {v['auto']:.2f}x"
+                f" | {v['oracle']:.2f}x | {v['regret']:.2f} | {v['speculative']:.0%} |"
+            )
+    return "\n".join(lines)
 
 
 def markdown(results: dict[str, dict], tree: bool) -> str:
@@ -200,16 +265,31 @@ def main() -> None:
     parser.add_argument("--tree", action="store_true", help="auto and the fixed k draft n-gram tries")
     parser.add_argument("--host-ms", type=float, default=1.5, help="loop work per step (default 1.5 ms)")
     parser.add_argument("--out", default="bench_out/ngram_rules", help="where the greedy answers are cached")
+    parser.add_argument(
+        "--batch-sizes",
+        default="1",
+        help="comma-separated; batches above 1 get their own table against plain batched decoding",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)  # drafting is timed on the CPU: keep other work from moving it
     data = answers(args)
     ks = [int(k) for k in args.ks.split(",")]
-    results = {
-        name: evaluate(data, PROFILES[name], ks, args.tree, args.host_ms / 1000)
-        for name in args.profiles.split(",")
-    }
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     print(f"{args.suite}: {len(data)} prompts, {args.max_new_tokens} greedy tokens, fixed k {ks}")
-    print(markdown(results, args.tree))
+    profiles = args.profiles.split(",")
+    if 1 in batch_sizes:
+        results = {
+            name: evaluate(data, PROFILES[name], ks, args.tree, args.host_ms / 1000) for name in profiles
+        }
+        print(markdown(results, args.tree))
+    if wide := [b for b in batch_sizes if b > 1]:
+        batched = {
+            name: {
+                b: evaluate_batches(data, PROFILES[name], ks, args.tree, args.host_ms / 1000, b) for b in wide
+            }
+            for name in profiles
+        }
+        print(batch_markdown(batched, args.tree))
 
 
 if __name__ == "__main__":

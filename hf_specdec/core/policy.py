@@ -144,6 +144,8 @@ class AdaptiveSettings:
             much faster than plain decoding at the measured costs (a probe that finds nothing costs
             about a step).
         max_k: the longest draft ever chosen.
+        realized_window: asks for a draft that cost something (not `FREE_DRAFT`) are held to what
+            the last this many actually gave: see `RealizedAsks`.
     """
 
     first_k: int = 4
@@ -152,6 +154,7 @@ class AdaptiveSettings:
     probe_every: int = 8
     min_probe_gain: float = 1.1
     max_k: int = MAX_DRAFT
+    realized_window: int = 16
 
 
 @dataclass
@@ -464,6 +467,32 @@ class ProbeSchedule:
         self.plain_run, self.backoff = 0, 1
 
 
+@dataclass
+class RealizedAsks:
+    """What the last few asks for a draft actually gave: the tokens the batch's critical row (the
+    one with the most left to generate, which sets when the batch is done) advanced and the seconds
+    the step took, drafting included, whether or not anything was left to verify after the cut.
+
+    The prediction behind an ask can be wrong in ways no estimate here sees: in a batch, α is
+    learnt over all rows while the batch waits for its slowest one, so most drafts get cut away
+    after they were paid for; a drafter's cost per request can be most of a step. Held against
+    plain decoding's rate, the realized one says whether asking pays, whatever the cause."""
+
+    window: int = 16
+    steps: list[tuple[float, float]] = field(default_factory=list)  # (tokens, seconds) per ask
+
+    def add(self, tokens: float, seconds: float) -> None:
+        self.steps = [*self.steps[-(self.window - 1) :], (tokens, seconds)]
+
+    def pays(self, plain_seconds: float) -> bool:
+        """Whether the last `window` asks advanced faster than plain steps would have (by
+        `PLAIN_MARGIN`); True until that many were seen."""
+        if len(self.steps) < self.window:
+            return True
+        tokens, seconds = map(sum, zip(*self.steps))
+        return seconds * PLAIN_MARGIN < tokens * plain_seconds
+
+
 class AdaptiveDraftLength:
     """Cost-aware draft length; its state lives in the object (one per `generate` call by default).
 
@@ -484,14 +513,18 @@ class AdaptiveDraftLength:
         self.trees = TreeAcceptance(s.max_k, s.prior_acceptance, s.prior_weight)
         self.costs = CostModel()
         self.probes = ProbeSchedule(s.probe_every)
+        self.realized = RealizedAsks(s.realized_window)
         self.drafting_trees = False  # the last verified draft was a tree: size trees, not chains
         self._asked = 0  # the draft length last asked for (0: no draft was asked for)
+        self._probing = False  # that ask was a probe after plain steps
+        self._critical = 0  # the row with the most left to generate, as the last cut saw it
         self._perfect: dict[tuple[int, int, bool], tuple[int, float]] = {}  # see `_perfect_gain`
 
     def __repr__(self) -> str:
         return f"AdaptiveDraftLength({self.settings!r})"
 
     def draft_length(self, batch_size: int) -> int:
+        self._probing = False
         self._asked = self._draft_length(batch_size)
         return self._asked
 
@@ -511,10 +544,11 @@ class AdaptiveDraftLength:
             return s.max_k if self._perfect_gain(batch_size, draft_cost, verify) >= s.min_probe_gain else 0
         levels = self.trees.levels() if self.drafting_trees else None
         best_k, _ = fastest_width([self._gains()], draft_cost, verify, levels=levels)
-        if best_k == 0:
+        if best_k == 0 or not self.realized.pays(verify(1)):
             if self._perfect_gain(batch_size, draft_cost, verify) < s.min_probe_gain:
                 return 0
-            return s.first_k if self.probes.plain_step_probes() else 0
+            self._probing = self.probes.plain_step_probes()
+            return s.first_k if self._probing else 0
         self.probes.reset()
         return best_k
 
@@ -568,6 +602,8 @@ class AdaptiveDraftLength:
         # Rows share one forward, so they share its width: pick the width that pays for the batch.
         width, _ = fastest_width(rows, 0.0, verify, remaining)  # drafting is already paid for
         lengths = [min(n, width) for n in draft.lengths]
+        if remaining:
+            self._critical = max(range(len(remaining)), key=remaining.__getitem__)
         return draft.truncated(lengths) if lengths != draft.lengths else draft
 
     def update(self, batch_size, draft, accepted, draft_seconds, verify_seconds, paths=None) -> None:
@@ -575,7 +611,9 @@ class AdaptiveDraftLength:
         if verify_seconds is not None:  # None: a compile, not a verify cost
             self.costs.add_verify(batch_size, width, verify_seconds)
         if self._asked:
-            self.costs.asks.add(max(draft_seconds - draft.catch_up_seconds, 0.0))
+            asking = max(draft_seconds - draft.catch_up_seconds, 0.0)  # a catch-up is no cost of asking
+            self.costs.asks.add(asking)
+            self._realize(accepted, asking, width)
         if width == 1:
             return  # a plain step says nothing about drafts
         # Per draft forward: a tree's level costs one forward whatever its width (a Medusa tree,
@@ -589,6 +627,21 @@ class AdaptiveDraftLength:
         self.drafting_trees = False
         confidence = draft.confidence.tolist() if draft.confidence is not None else None
         self.acceptance.observe(draft.depths(), accepted, confidence)
+
+    def _realize(self, accepted: list[int], draft_seconds: float, width: int) -> None:
+        """Hold the ask just verified to what it gave (`RealizedAsks`): its tokens as counted, its
+        verify at the cost model's figure for the width (one stall or a device's first call at a
+        new shape must not end drafting; `CostModel` already tells those apart). A probe that beat
+        plain decoding starts the record afresh: what held asks back may have changed."""
+        batch = len(accepted)
+        plain, verify = self.costs.verify(batch, 1), self.costs.verify(batch, width)
+        if not accepted or plain is None or verify is None:
+            return
+        tokens = 1 + accepted[min(self._critical, batch - 1)]
+        seconds = draft_seconds + verify
+        if self._probing and seconds * PLAIN_MARGIN < tokens * plain:
+            self.realized.steps.clear()
+        self.realized.add(tokens, seconds)
 
     def _gains(self) -> list[float]:
         """Expected gains of the coming draft's first k tokens (or nodes) for k up to `max_k`."""
@@ -607,6 +660,7 @@ __all__ = [
     "PRIOR_ACCEPTANCE",
     "PRIOR_WEIGHT",
     "ProbeSchedule",
+    "RealizedAsks",
     "TreeAcceptance",
     "best_width",
     "beta_mean",

@@ -18,6 +18,7 @@ from hf_specdec.core.policy import (
     CostModel,
     FixedDraftLength,
     ProbeSchedule,
+    RealizedAsks,
     TreeAcceptance,
     best_width,
     beta_mean,
@@ -536,3 +537,45 @@ def test_every_estimate_of_acceptance_starts_from_the_one_prior():
         AcceptanceEstimate().alpha(0) == TreeAcceptance().betas()[0] == _TrieOdds().alpha == PRIOR_ACCEPTANCE
     )
     assert beta_mean(1, 2) == (1 + 0.6 * 2) / (2 + 2)
+
+
+# --- what asks for a draft actually gave (RealizedAsks) ---
+
+
+def test_realized_asks_pay_until_the_window_says_otherwise():
+    asks = RealizedAsks(window=3)
+    asks.add(1.0, 1.2)
+    asks.add(1.0, 1.2)
+    assert asks.pays(plain_seconds=1.0)  # too few asks to judge
+    asks.add(1.0, 1.2)
+    assert not asks.pays(plain_seconds=1.0)  # 1.2 s a token against 1.0 plainly
+    for _ in range(3):
+        asks.add(3.0, 1.3)
+    assert asks.pays(plain_seconds=1.0)  # only the last `window` asks count
+
+
+def _run_batch_whose_slowest_row_never_drafts(settings: AdaptiveSettings, steps: int = 120) -> list[int]:
+    """Two rows under the `flat` profile: the first has the most left to generate and its drafter
+    never finds anything, the second copies (every token accepted), asking costs 30% of a step.
+    Learnt over both rows α looks high, yet the cut keeps nothing: the batch waits for row 0.
+    Returns the draft length asked for at each step."""
+    from hf_specdec.bench.regimes import PROFILES, Forward
+
+    profile, policy, asked = PROFILES["flat"], AdaptiveDraftLength(settings), []
+    for step in range(steps):
+        k = policy.draft_length(2)
+        asked.append(k)
+        draft = _draft([0, k], 0.9) if k else Draft.empty(2, torch.device("cpu"))
+        draft = policy.trim(draft, 2, [1000 - step, 500 - step])
+        n = max(draft.lengths)
+        seconds = profile.seconds(Forward(2, n + 1, 200))
+        policy.update(2, draft, [0, draft.lengths[1]], 0.3 * profile.step if k else 0.0, seconds)
+    return asked
+
+
+def test_asks_that_the_batch_cannot_use_stop():
+    asked = _run_batch_whose_slowest_row_never_drafts(AdaptiveSettings())
+    assert sum(k > 0 for k in asked[40:]) <= 8  # probes only, backing off
+    # The control: held to predictions alone, the policy asks (and pays) nearly every step.
+    asked = _run_batch_whose_slowest_row_never_drafts(AdaptiveSettings(realized_window=10**6))
+    assert sum(k > 0 for k in asked[40:]) >= 70
