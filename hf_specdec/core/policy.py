@@ -309,6 +309,9 @@ class CostModel:
     )  # seconds per draft forward (a chain's token, a tree's level)
     asks: _Recent = field(default_factory=_Recent)  # seconds per request for a draft, whatever came back
     verify_times: dict[tuple[int, int], _Recent] = field(default_factory=dict)  # (batch, width) -> seconds
+    # Seconds a width's first call cost above its second, where that was over twice the second (a
+    # device paying for a new shape in every call, not once a process); 0.0 where it was not.
+    first_calls: _Recent = field(default_factory=lambda: _Recent(keep=8))
     _predicted: dict[tuple[int, int], float | None] = field(default_factory=dict, repr=False, compare=False)
     _known: dict[int, dict[int, float]] = field(default_factory=dict, repr=False, compare=False)
 
@@ -320,9 +323,32 @@ class CostModel:
         self.draft.add(seconds_per_token)
 
     def add_verify(self, batch_size: int, width: int, seconds: float) -> None:
-        self.verify_times.setdefault((batch_size, width), _Recent()).add(seconds)
+        timings = self.verify_times.setdefault((batch_size, width), _Recent())
+        if len(timings.samples) == 1 and width > 1:
+            first = timings.samples[0]
+            self.first_calls.add(first - seconds if first > 2 * seconds else 0.0)
+        timings.add(seconds)
         self._predicted.clear()
         self._known.clear()
+
+    def first_call_seconds(self) -> float:
+        """What verifying at a width never verified before is expected to cost once, on top of its
+        steady cost: the median first-call excess, once two widths were timed twice (else 0)."""
+        return (self.first_calls.value or 0.0) if self.first_calls.confirmed else 0.0
+
+    def pricing(self, batch_size: int, uses: int = 8) -> Callable[[int], float | None]:
+        """Verify seconds per width for choosing a width: `verify`, plus, for a width never verified
+        at this batch size, its expected first-call cost spread over `uses` steps (a new width is
+        worth a one-off only if it will serve a while)."""
+        extra = self.first_call_seconds() / uses
+
+        def price(width: int) -> float | None:
+            seconds = self.verify(batch_size, width)
+            if seconds is None or not extra or (batch_size, width) in self.verify_times:
+                return seconds
+            return seconds + extra
+
+        return price
 
     def measured_wide(self) -> bool:
         """Whether any verify of a draft has been timed (at any batch size: the nearest stands in)."""
@@ -543,7 +569,7 @@ class AdaptiveDraftLength:
             # `trim` judge it by its own confidence, which says more than any prediction here.
             return s.max_k if self._perfect_gain(batch_size, draft_cost, verify) >= s.min_probe_gain else 0
         levels = self.trees.levels() if self.drafting_trees else None
-        best_k, _ = fastest_width([self._gains()], draft_cost, verify, levels=levels)
+        best_k, _ = fastest_width([self._gains()], draft_cost, self.costs.pricing(batch_size), levels=levels)
         if best_k == 0 or not self.realized.pays(verify(1)):
             if self._perfect_gain(batch_size, draft_cost, verify) < s.min_probe_gain:
                 return 0
@@ -600,7 +626,8 @@ class AdaptiveDraftLength:
                 for row, n in zip(draft.confidence.tolist(), draft.lengths)
             ]
         # Rows share one forward, so they share its width: pick the width that pays for the batch.
-        width, _ = fastest_width(rows, 0.0, verify, remaining)  # drafting is already paid for
+        # Drafting is already paid for.
+        width, _ = fastest_width(rows, 0.0, self.costs.pricing(batch_size), remaining)
         lengths = [min(n, width) for n in draft.lengths]
         if remaining:
             self._critical = max(range(len(remaining)), key=remaining.__getitem__)
