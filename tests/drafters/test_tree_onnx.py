@@ -12,8 +12,8 @@ from hf_specdec.drafters.decoder import DecoderDrafter
 from hf_specdec.ort.kv import OrtKV
 
 from ..conftest import assert_greedy_match, random_batch
-from ..properties.test_sampling import ALPHA, SETTINGS, chi2_pvalue, exact_distribution
-from ..properties.test_trees import BRANCHING_PROMPT, sample_trees
+from ..helpers.sampling import ALPHA, SETTINGS, chi2_pvalue, exact_distribution
+from ..helpers.trees import BRANCHING_PROMPT, sample_trees
 
 CASES = [  # (drafter, draft folder, batch size, max_tree_nodes)
     ("onnx", "good", 1, None),
