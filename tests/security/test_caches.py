@@ -73,17 +73,18 @@ def _restore(folder: Path, pristine: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def int8_copy(tmp_path_factory, target):
-    """A private cache holding the int8 copy of `target`, and a pristine copy of that folder."""
+def int8_copy(tmp_path_factory, target, target_int8):
+    """A private cache holding the int8 copy of `target` (found there whole: nothing is exported),
+    and the pristine copy it came from."""
     root = tmp_path_factory.mktemp("hf-specdec-cache")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_SPECDEC_CACHE", str(root))
+        shutil.copytree(target_int8, root / "onnx" / target_int8.name)
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
+            warnings.simplefilter("error", UserWarning)
             folder = quantized_copy(target)
-        pristine = tmp_path_factory.mktemp("pristine") / "int8"
-        shutil.copytree(folder, pristine)
-        yield folder, pristine
+        assert folder == root / "onnx" / target_int8.name
+        yield folder, target_int8
 
 
 @pytest.fixture
@@ -91,8 +92,8 @@ def exports(int8_copy, monkeypatch) -> list[Path]:
     """The folders `quantized_copy` exported into, the export replayed from the pristine copy.
 
     What a corrupt copy tests is the cache's part (the check, the warning, the staging folder, the
-    manifest, the swap), not the export, which tests/ort covers and `int8_copy` ran for real once:
-    each real export costs a minute on a busy 2-core machine. A replayed rebuild is still told apart
+    manifest, the swap), not the export, which tests/ort covers and `target_int8` ran for real once:
+    each real export costs up to a minute on a busy 2-core machine. A replayed rebuild is still told apart
     from none at all: it is counted, and the rebuilt files must be the pristine ones."""
     _, pristine = int8_copy
     made: list[Path] = []
