@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import hf_specdec
@@ -137,18 +139,56 @@ def assert_greedy_match(
     return checks
 
 
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
+    """The folder `build(folder)` fills, built once per test run: by the first xdist worker that asks,
+    while the others wait for it (an ONNX export costs up to a minute of a busy 2-core machine, and
+    every worker would otherwise pay it). Whoever uses the folder only reads it."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # this run's, shared by its workers
+    folder, done = root / "built-once" / name, root / "built-once" / f"{name}.done"
+    folder.parent.mkdir(exist_ok=True)
+    with FileLock(str(folder) + ".lock"):
+        if not done.exists():  # none yet, or one a failed build left half-written
+            shutil.rmtree(folder, ignore_errors=True)
+            build(folder)
+            done.touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def onnx_dirs(tmp_path_factory, good_draft, weak_draft):
     """Exported drafts: `good` through the CLI from a saved folder, `weak` by the API, also copied
     into the onnx-community layout (`onnx/model.onnx`, config beside the folder)."""
-    root = tmp_path_factory.mktemp("onnx")
-    good_draft.save_pretrained(root / "good-hf")
-    assert cli.main(["export-onnx", str(root / "good-hf"), str(root / "good"), "--quiet"]) == 0
-    export_onnx(weak_draft, root / "weak", progress=False)
-    (root / "weak-hub" / "onnx").mkdir(parents=True)
-    shutil.copy(root / "weak" / "model.onnx", root / "weak-hub" / "onnx" / "model.onnx")
-    shutil.copy(root / "weak" / "config.json", root / "weak-hub" / "config.json")
+
+    def export(root: Path) -> None:
+        good_draft.save_pretrained(root / "good-hf")
+        assert cli.main(["export-onnx", str(root / "good-hf"), str(root / "good"), "--quiet"]) == 0
+        export_onnx(weak_draft, root / "weak", progress=False)
+        (root / "weak-hub" / "onnx").mkdir(parents=True)
+        shutil.copy(root / "weak" / "model.onnx", root / "weak-hub" / "onnx" / "model.onnx")
+        shutil.copy(root / "weak" / "config.json", root / "weak-hub" / "config.json")
+
+    root = built_once(tmp_path_factory, "onnx", export)
     return {name: root / name for name in ("good", "good-hf", "weak", "weak-hub")}
+
+
+@pytest.fixture(scope="session")
+def target_int8(tmp_path_factory, target) -> Path:
+    """`quantized_copy(target)` as built in a cache of its own (manifest included): copied into a
+    private cache, `method="quantized"` finds it there and exports nothing."""
+    from hf_specdec.ort.cache import quantized_copy
+
+    def build(root: Path) -> None:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("HF_SPECDEC_CACHE", str(root / "cache"))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # "Building an int8 ONNX copy"
+                folder = quantized_copy(target)
+        shutil.copytree(folder, root / "copy" / folder.name)  # the name `quantized_copy` looks for
+
+    (folder,) = (built_once(tmp_path_factory, "target-int8", build) / "copy").iterdir()
+    return folder
 
 
 @pytest.fixture(scope="session")

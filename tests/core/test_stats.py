@@ -243,7 +243,7 @@ def test_real_call_counts_the_nodes_it_verified(target_no_eos, tree, monkeypatch
     cut), row by row; with trees the nodes outnumber the depth, with chains there are no tree steps."""
     import hf_specdec.core.loop
 
-    from ..properties.test_trees import _repetitive_batch
+    from ..helpers.trees import repetitive_batch
 
     nodes, depths, trees = 0, 0, 0
     accept = hf_specdec.core.loop.accept
@@ -257,7 +257,7 @@ def test_real_call_counts_the_nodes_it_verified(target_no_eos, tree, monkeypatch
         return accept(request, draft, logits)
 
     monkeypatch.setattr(hf_specdec.core.loop, "accept", spy)
-    input_ids, attention_mask = _repetitive_batch(1, 3)
+    input_ids, attention_mask = repetitive_batch(1, 3)
     spec = dict(method="ngram", tree=tree, num_draft_tokens=6, options=dict(min_ngram=1))
     out = target_no_eos.generate(
         input_ids=input_ids,

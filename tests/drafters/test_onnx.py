@@ -132,7 +132,7 @@ def test_bad_folders_say_what_is_wrong(target, tmp_path):
 
 
 def test_vocabulary_mismatch_is_refused(target, tmp_path):
-    export_onnx(tiny_llama(3, vocab_size=48), tmp_path / "small", progress=False)
+    export_onnx(tiny_llama(3, vocab_size=48, layers=1), tmp_path / "small", progress=False)
     ids, mask = random_batch(1, 1)
     with pytest.raises(ValueError, match=r"vocabulary has 48 entries but the target's has 64"):
         target.generate(

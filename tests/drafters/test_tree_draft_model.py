@@ -13,8 +13,8 @@ from hf_specdec.drafters.draft_model import DraftModelDrafter
 from hf_specdec.drafters.tree import grow_tree
 
 from ..conftest import assert_greedy_match, random_batch, tiny_llama
-from ..properties.test_sampling import ALPHA, SETTINGS, chi2_pvalue, exact_distribution
-from ..properties.test_trees import BRANCHING_PROMPT, sample_trees, walk_preferring_drafts
+from ..helpers.sampling import ALPHA, SETTINGS, chi2_pvalue, exact_distribution
+from ..helpers.trees import BRANCHING_PROMPT, sample_trees, walk_preferring_drafts
 
 
 def _spec(draft, tree=True, length=6, max_tree_nodes=None, **options):

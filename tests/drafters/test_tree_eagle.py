@@ -8,9 +8,9 @@ import torch
 from hf_specdec.drafters.eagle import EagleDrafter
 
 from ..conftest import assert_greedy_match, random_batch, tiny_llama
-from ..properties.test_sampling import ALPHA, SETTINGS, VOCAB, chi2_pvalue, exact_distribution
-from ..properties.test_trees import BRANCHING_PROMPT, sample_trees, walk_preferring_drafts
-from .test_heads import copied_layer_eagle
+from ..helpers.heads import copied_layer_eagle
+from ..helpers.sampling import ALPHA, SETTINGS, VOCAB, chi2_pvalue, exact_distribution
+from ..helpers.trees import BRANCHING_PROMPT, sample_trees, walk_preferring_drafts
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,9 @@ import torch
 from hf_specdec.drafters.medusa import MedusaDrafter, cartesian_tree
 
 from ..conftest import assert_greedy_match, random_batch, tiny_llama
-from ..properties.test_sampling import ALPHA, SETTINGS, VOCAB, chi2_pvalue, exact_distribution
-from ..properties.test_trees import BRANCHING_PROMPT, sample_trees, walk_preferring_drafts
-from .test_heads import identity_medusa
+from ..helpers.heads import identity_medusa
+from ..helpers.sampling import ALPHA, SETTINGS, VOCAB, chi2_pvalue, exact_distribution
+from ..helpers.trees import BRANCHING_PROMPT, sample_trees, walk_preferring_drafts
 
 
 def _probs(*heads: dict[int, float], vocab: int = 6) -> torch.Tensor:

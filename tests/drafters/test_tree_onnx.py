@@ -4,6 +4,8 @@ its own (`decoder.BranchRows`). Lossless for greedy, and the trees the PyTorch d
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
@@ -12,8 +14,8 @@ from hf_specdec.drafters.decoder import DecoderDrafter
 from hf_specdec.ort.kv import OrtKV
 
 from ..conftest import assert_greedy_match, random_batch
-from ..properties.test_sampling import ALPHA, SETTINGS, chi2_pvalue, exact_distribution
-from ..properties.test_trees import BRANCHING_PROMPT, sample_trees
+from ..helpers.sampling import ALPHA, SETTINGS, chi2_pvalue, exact_distribution
+from ..helpers.trees import BRANCHING_PROMPT, sample_trees
 
 CASES = [  # (drafter, draft folder, batch size, max_tree_nodes)
     ("onnx", "good", 1, None),
@@ -61,15 +63,17 @@ def _branched(steps: list[tuple]) -> bool:
 
 
 @pytest.fixture(scope="module")
-def private_cache(tmp_path_factory):
-    """A cache of this module's own, so `quantized` builds its copy here whatever ran before
-    (`test_quantized` expects to be the first to build into the shared one)."""
+def private_cache(tmp_path_factory, target_int8):
+    """A cache of this module's own holding `target`'s int8 copy, so `quantized` finds it whatever
+    ran before (`test_quantized` expects to be the first to build into the shared one)."""
+    root = tmp_path_factory.mktemp("cache")
+    shutil.copytree(target_int8, root / "onnx" / target_int8.name)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_SPECDEC_CACHE", str(tmp_path_factory.mktemp("cache")))
+        mp.setenv("HF_SPECDEC_CACHE", str(root))
         yield
 
 
-@pytest.mark.filterwarnings("ignore:Building an int8 ONNX copy")  # on first use
+@pytest.mark.filterwarnings("error:Building an int8 ONNX copy")  # `private_cache` holds it
 @pytest.mark.parametrize("way", WAYS)
 @pytest.mark.parametrize("method,name,batch,max_tree_nodes", CASES)
 def test_greedy_tree_matches_plain_greedy(
@@ -118,14 +122,15 @@ def test_branch_rows_on_a_pytorch_cache_match_its_tree_masks(target, good_draft,
 
 @pytest.fixture(scope="module")
 def sampling_onnx(tmp_path_factory):
-    """The vocabulary-8 pair of the draft-model tree sampling tests, its draft exported."""
+    """The vocabulary-8 pair of the draft-model tree sampling tests, its draft cut to one layer and
+    exported (exactness does not depend on the draft's depth; the export's cost does, about linearly)."""
     from hf_specdec.ort import export_onnx
 
     from ..conftest import tiny_llama
 
     target, draft = (
         tiny_llama(20, vocab_size=8, eos_token_id=None),
-        tiny_llama(21, vocab_size=8, eos_token_id=None),
+        tiny_llama(21, vocab_size=8, eos_token_id=None, layers=1),
     )
     folder = tmp_path_factory.mktemp("onnx-sampling")
     export_onnx(draft, folder, progress=False)

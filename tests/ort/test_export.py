@@ -8,8 +8,10 @@ from hf_specdec.ort import export_onnx_report
 from hf_specdec.ort.export import _load
 from hf_specdec.ort.session import OnnxDecoder
 
+from ..conftest import tiny_llama
 
-def test_export_writes_hub_layout_and_matches_pytorch(onnx_dirs, weak_draft, tmp_path):
+
+def test_export_writes_hub_layout_and_matches_pytorch(onnx_dirs, tmp_path):
     folder = onnx_dirs["good"]
     assert {"model.onnx", "config.json", "generation_config.json"} <= {p.name for p in folder.iterdir()}
     decoder = OnnxDecoder.load(folder)
@@ -18,7 +20,9 @@ def test_export_writes_hub_layout_and_matches_pytorch(onnx_dirs, weak_draft, tmp
     # Our optional inputs have defaults, so readers of the Hub layout need not feed them.
     optional = {i.name for i in decoder.session.get_overridable_initializers()}
     assert {"num_logits_to_keep", "tree_attention_mask"} <= optional and decoder.has_tree_mask
-    report = export_onnx_report(weak_draft, tmp_path / "again", progress=False)
+    # The report's figures, on a one-layer model (the two-layer exports above passed the same parity
+    # check to be written): what they say does not depend on the depth, an export's cost does.
+    report = export_onnx_report(tiny_llama(1, layers=1), tmp_path / "again", progress=False)
     assert report.max_abs_diff < report.tolerance <= 1e-2
 
 
@@ -45,9 +49,7 @@ def test_a_model_is_converted_tensor_by_tensor_never_duplicated_where_it_lives(w
 def test_eager_attention_exports_take_the_tree_mask_too(tmp_path):
     """The 4D mask the export builds is additive for eager attention, boolean for sdpa: both
     reproduce PyTorch with the tree mask left at its default."""
-    from ..conftest import tiny_llama
-
-    model = tiny_llama(1)
+    model = tiny_llama(1, layers=1)  # every layer takes the same mask: one shows it
     model.set_attn_implementation("eager")
     report = export_onnx_report(model, tmp_path / "eager", progress=False)
     assert report.max_abs_diff < report.tolerance
@@ -60,8 +62,6 @@ def test_sliding_window_models_get_no_tree_mask():
     from transformers import MistralConfig, MistralForCausalLM
 
     from hf_specdec.ort.export import takes_tree_mask
-
-    from ..conftest import tiny_llama
 
     small = dict(
         vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4

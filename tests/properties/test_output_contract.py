@@ -21,7 +21,7 @@ from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3Tex
 import hf_specdec
 from hf_specdec import SpeculativeConfig
 
-from .test_architectures import VOCAB, tiny
+from ..helpers.architectures import VOCAB, tiny
 
 ARCHITECTURES = [
     "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "gemma3_image", "phi3", "gpt2",
@@ -338,7 +338,7 @@ def test_every_output_like_plain_with_heads(method, tree):
     """EAGLE and Medusa heads read the target's hidden states as they draft; asking for them as outputs
     as well changes neither the drafts nor what is returned."""
     from ..conftest import random_batch, tiny_llama
-    from ..drafters.test_heads import copied_layer_eagle, identity_medusa
+    from ..helpers.heads import copied_layer_eagle, identity_medusa
 
     target = tiny_llama(30, layers=1, eos_token_id=None)  # every row runs to max_new_tokens
     target.set_attn_implementation("eager")

@@ -9,8 +9,9 @@ import hf_specdec
 from hf_specdec.core.verify import tree_verify
 from hf_specdec.drafters.ngram import _trie
 
-from ..conftest import assert_greedy_match, random_batch, tiny_llama
-from .test_sampling import ALPHA, NEW, ROWS, SETTINGS, chi2_pvalue, continuation_index, exact_distribution
+from ..conftest import assert_greedy_match, tiny_llama
+from ..helpers.sampling import ALPHA, SETTINGS, chi2_pvalue, exact_distribution
+from ..helpers.trees import BRANCHING_PROMPT, repetitive_batch, sample_trees, walk_preferring_drafts
 
 
 def test_trie_keeps_its_likeliest_nodes_first():
@@ -53,19 +54,10 @@ def test_tree_verify_greedy_follows_the_argmax_down_the_tree():
     assert tokens[0, :3].tolist() == [4, 5, 9]
 
 
-def _repetitive_batch(seed: int, batch: int):
-    input_ids, attention_mask = random_batch(seed, batch)
-    tail = input_ids[:, -5:]
-    input_ids = torch.cat([input_ids, tail, tail], dim=1)
-    extra = torch.ones(batch, 2 * tail.shape[1], dtype=attention_mask.dtype)  # the two tails are real tokens
-    attention_mask = torch.cat([attention_mask, extra], dim=1)
-    return input_ids, attention_mask
-
-
 @pytest.mark.parametrize("tree,max_tree_nodes", [(True, None), (True, 3), ("auto", None)])
 @pytest.mark.parametrize("batch,seed", [(1, 0), (3, 1), (3, 2)])
 def test_tree_greedy_identity(target, tree, max_tree_nodes, batch, seed):
-    input_ids, attention_mask = _repetitive_batch(seed, batch)
+    input_ids, attention_mask = repetitive_batch(seed, batch)
     plain = target.generate(input_ids, attention_mask=attention_mask, max_new_tokens=24, do_sample=False)
     config = hf_specdec.SpeculativeConfig(
         method="ngram", tree=tree, max_tree_nodes=max_tree_nodes, num_draft_tokens=6, options={"min_ngram": 1}
@@ -97,7 +89,7 @@ def test_adaptive_policy_learns_from_tree_paths(target, batch, seed, monkeypatch
         return update(self, batch_size, draft, accepted, draft_seconds, verify_seconds, paths)
 
     monkeypatch.setattr(AdaptiveDraftLength, "update", spy)
-    input_ids, attention_mask = _repetitive_batch(seed, batch)
+    input_ids, attention_mask = repetitive_batch(seed, batch)
     plain = target.generate(input_ids, attention_mask=attention_mask, max_new_tokens=32, do_sample=False)
     config = hf_specdec.SpeculativeConfig(method="ngram", tree=True, options={"min_ngram": 1})
     out = target.generate(
@@ -117,7 +109,7 @@ def test_adaptive_policy_learns_from_tree_paths(target, batch, seed, monkeypatch
 
 def test_tree_greedy_with_repetition_penalty_and_scores(target):
     """Context-dependent processors see each node's own path; output_scores follow the path."""
-    input_ids, attention_mask = _repetitive_batch(3, 1)
+    input_ids, attention_mask = repetitive_batch(3, 1)
     kwargs = dict(max_new_tokens=16, do_sample=False, repetition_penalty=1.2)
     plain = target.generate(
         input_ids, attention_mask=attention_mask, **kwargs, output_scores=True, return_dict_in_generate=True
@@ -139,7 +131,7 @@ def test_tree_greedy_with_repetition_penalty_and_scores(target):
 
 
 def test_tree_sliding_window_model_matches_plain():
-    from .test_architectures import tiny
+    from ..helpers.architectures import tiny
 
     model = tiny("gemma2", 0)
     prompt = torch.randint(3, 128, (1, 24), generator=torch.Generator().manual_seed(0))
@@ -184,53 +176,6 @@ def test_tree_setting_is_validated(value):
 @pytest.fixture(scope="module")
 def sampling_target():
     return tiny_llama(20, vocab_size=8, eos_token_id=None)
-
-
-# Every token of the vocabulary-8 target recurs here followed by different tokens: trees branch.
-BRANCHING_PROMPT = [3, 1, 4, 1, 5, 2, 6, 5, 3, 5, 0, 7, 2, 3, 4, 6, 2, 6, 4, 3, 3, 7, 1, 0, 2]
-
-
-def sample_trees(model, settings: dict, seed: int, monkeypatch, verifier=None, spec=None) -> torch.Tensor:
-    """ROWS speculative samples after BRANCHING_PROMPT (n-gram tries unless `spec` says otherwise),
-    checking that the trees really branched."""
-    import hf_specdec.core.verify
-
-    verify = verifier or hf_specdec.core.verify.tree_verify
-    branched = []
-
-    def spy(draft_tokens, draft_lengths, parents, scores, do_sample):
-        for row, n in zip(parents.tolist(), draft_lengths):  # two nodes with one parent: a branch
-            branched.append(len(set(row[:n])) < n)
-        return verify(draft_tokens, draft_lengths, parents, scores, do_sample)
-
-    monkeypatch.setattr(hf_specdec.core.verify, "tree_verify", spy)
-    input_ids = torch.tensor([BRANCHING_PROMPT]).repeat(ROWS, 1)
-    spec = spec or dict(method="ngram", num_draft_tokens=4, tree=True, options=dict(min_ngram=1))
-    torch.manual_seed(seed)
-    out = model.generate(
-        input_ids=input_ids,
-        attention_mask=torch.ones_like(input_ids),
-        max_new_tokens=NEW + 4,  # room for whole trees; the first NEW tokens' marginal must be exact
-        do_sample=True,
-        speculative=spec,
-        return_dict_in_generate=True,
-        **settings,
-    )
-    stats = out.speculative_stats
-    assert any(branched) and 0 < stats.accepted < stats.drafted
-    return continuation_index(out.sequences[:, : len(BRANCHING_PROMPT) + NEW], len(BRANCHING_PROMPT))
-
-
-def walk_preferring_drafts(draft_tokens, draft_lengths, parents, scores, do_sample):
-    """`tree_verify`, except that half of the times the target's pick is no root child it accepts
-    the first root child anyway: it favours drafted tokens, which the exactness tests must catch."""
-    paths, tokens = tree_verify(draft_tokens, draft_lengths, parents, scores, do_sample)
-    for b, path in enumerate(paths):
-        if not path and draft_lengths[b] > 0 and torch.rand(()) < 0.5:
-            path.append(0)
-            tokens[b, 0] = draft_tokens[b, 0]
-            tokens[b, 1] = torch.multinomial(scores[b, 1].softmax(-1), 1)[0]
-    return paths, tokens
 
 
 @pytest.mark.parametrize("setting", ["temp", "topk_topp", "rep_penalty"])

@@ -28,6 +28,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from hf_specdec import demo_model
 from hf_specdec.heads.eagle import EagleHeadConfig
 from hf_specdec.heads.io import CONFIG_NAME, WEIGHTS_NAME, build_head, save_head
+from hf_specdec.ort import cache as ort_cache
 from hf_specdec.ort.cache import quantized_copy
 from hf_specdec.store.manifest import MANIFEST_NAME, remove_stale_staging, staging_folder
 from hf_specdec.train.data import Sequence
@@ -72,17 +73,38 @@ def _restore(folder: Path, pristine: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def int8_copy(tmp_path_factory, target):
-    """A private cache holding the int8 copy of `target`, and a pristine copy of that folder."""
+def int8_copy(tmp_path_factory, target, target_int8):
+    """A private cache holding the int8 copy of `target` (found there whole: nothing is exported),
+    and the pristine copy it came from."""
     root = tmp_path_factory.mktemp("hf-specdec-cache")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_SPECDEC_CACHE", str(root))
+        shutil.copytree(target_int8, root / "onnx" / target_int8.name)
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
+            warnings.simplefilter("error", UserWarning)
             folder = quantized_copy(target)
-        pristine = tmp_path_factory.mktemp("pristine") / "int8"
-        shutil.copytree(folder, pristine)
-        yield folder, pristine
+        assert folder == root / "onnx" / target_int8.name
+        yield folder, target_int8
+
+
+@pytest.fixture
+def exports(int8_copy, monkeypatch) -> list[Path]:
+    """The folders `quantized_copy` exported into, the export replayed from the pristine copy.
+
+    What a corrupt copy tests is the cache's part (the check, the warning, the staging folder, the
+    manifest, the swap), not the export, which tests/ort covers and `target_int8` ran for real once:
+    each real export costs up to a minute on a busy 2-core machine. A replayed rebuild is still told apart
+    from none at all: it is counted, and the rebuilt files must be the pristine ones."""
+    _, pristine = int8_copy
+    made: list[Path] = []
+
+    def replay(model, out_dir, *args, **kwargs) -> Path:
+        made.append(Path(out_dir))
+        shutil.copytree(pristine, out_dir, ignore=shutil.ignore_patterns(MANIFEST_NAME))
+        return Path(out_dir) / "model.onnx"
+
+    monkeypatch.setattr(ort_cache, "export_onnx", replay)
+    return made
 
 
 @pytest.mark.filterwarnings("ignore:Building an int8 ONNX copy")
@@ -97,7 +119,7 @@ def int8_copy(tmp_path_factory, target):
         (MANIFEST_NAME, "deleted", r"it has no hf_specdec_manifest.json \(its writing did not finish"),
     ],
 )
-def test_a_corrupt_int8_copy_is_rebuilt(int8_copy, target, name, corruption, reason):
+def test_a_corrupt_int8_copy_is_rebuilt(int8_copy, exports, target, name, corruption, reason):
     folder, pristine = int8_copy
     _restore(folder, pristine)
     CORRUPTIONS[corruption](folder / name)
@@ -108,20 +130,24 @@ def test_a_corrupt_int8_copy_is_rebuilt(int8_copy, target, name, corruption, rea
         UserWarning, match=rf"Rebuilding the int8 ONNX copy in {re.escape(str(folder))}: {reason}"
     ):
         spec = target.generate(**kwargs, speculative=dict(method="quantized", num_draft_tokens=3))
+    assert len(exports) == 1 and exports[0].parent.parent == folder.parent  # rebuilt in a staging folder
+    for rebuilt in ("model.onnx", "config.json"):
+        assert (folder / rebuilt).read_bytes() == (pristine / rebuilt).read_bytes()
     assert_greedy_match(target, plain, spec, attention_mask)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # rebuilt whole: trusted from now on
         assert quantized_copy(target) == folder
+    assert len(exports) == 1
 
 
-def test_a_crashed_export_leaves_no_staging_folder_behind(tmp_path, target, monkeypatch):
+def test_a_crashed_export_leaves_no_staging_folder_behind(tmp_path, target, int8_copy, monkeypatch):
     """An export killed half-way (SIGKILL: no cleanup runs) leaves its staging folder; the next
     `quantized` call removes it, also when its own copy is cached and nothing is exported."""
     cache = tmp_path / "cache"
     monkeypatch.setenv("HF_SPECDEC_CACHE", str(cache))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        folder = quantized_copy(target)
+    built, pristine = int8_copy
+    folder = cache / "onnx" / built.name
+    shutil.copytree(pristine, folder)  # `target`'s copy, cached whole
     code = (
         "from tests.conftest import tiny_llama\n"
         "from hf_specdec.ort.cache import quantized_copy\n"

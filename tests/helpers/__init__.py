@@ -1,0 +1,1 @@
+"""Builders and checks that several test modules share (a test module imports no other)."""

@@ -1,0 +1,37 @@
+"""EAGLE and Medusa heads built by hand so that they really agree with their target part of the time.
+
+For a one-layer target, an EAGLE head whose fc passes the next token's embedding through and whose
+layer is a copy of the target's layer computes almost the target's own next hidden state (it only
+lacks the first token in its context); the target's final norm has unit weights, so the LM head
+ranks tokens the same. A Medusa head starts as the identity, i.e. it guesses that the next token
+repeats, which a small random model does now and then.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hf_specdec.heads.eagle import EagleHeadConfig
+from hf_specdec.heads.io import build_head
+from hf_specdec.heads.medusa import MedusaHeadConfig
+
+
+def copied_layer_eagle(target, draft_vocab: torch.Tensor | None = None):
+    hidden = target.config.hidden_size
+    size = 0 if draft_vocab is None else len(draft_vocab)
+    head = build_head(EagleHeadConfig.for_target(target, draft_vocab_size=size, input_norm=True), target)
+    with torch.no_grad():
+        head.fc.weight.zero_()
+        head.fc.weight[:, :hidden] = torch.eye(hidden)  # the layer reads the token embedding only
+        head.layer.load_state_dict(target.model.layers[0].state_dict())
+    if draft_vocab is not None:
+        head.set_draft_vocab(draft_vocab)
+    return head
+
+
+def identity_medusa(target, draft_vocab: torch.Tensor | None = None, heads: int = 3):
+    size = 0 if draft_vocab is None else len(draft_vocab)
+    head = build_head(MedusaHeadConfig.for_target(target, draft_vocab_size=size, num_heads=heads), target)
+    if draft_vocab is not None:
+        head.set_draft_vocab(draft_vocab)
+    return head
