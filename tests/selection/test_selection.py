@@ -122,7 +122,7 @@ def test_demo_model_folder_is_draft_free(monkeypatch: pytest.MonkeyPatch) -> Non
     folder = Path.home() / ".cache" / "hf-specdec" / "models" / DEMO_MODEL_NAME  # the default cache
     folder = folder if folder.exists() else cache_dir() / "models" / DEMO_MODEL_NAME
     if not (folder / "config.json").exists():
-        pytest.skip("the demo model has not been built on this machine")
+        pytest.skip(f"the demo model has not been built in {folder} (set HF_SPECDEC_CACHE to its cache)")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     choice = select_draft(folder)
     assert (choice.method, choice.draft) == ("ngram", None) and "smallest" in choice.reason
