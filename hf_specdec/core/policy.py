@@ -516,7 +516,12 @@ class RealizedAsks:
         if len(self.steps) < self.window:
             return True
         tokens, seconds = map(sum, zip(*self.steps))
-        return seconds * PLAIN_MARGIN < tokens * plain_seconds
+        return _beats_plain(tokens, seconds, plain_seconds)
+
+
+def _beats_plain(tokens: float, seconds: float, plain_seconds: float) -> bool:
+    """Whether `tokens` in `seconds` is faster than plain steps of `plain_seconds` by `PLAIN_MARGIN`."""
+    return seconds * PLAIN_MARGIN < tokens * plain_seconds
 
 
 class AdaptiveDraftLength:
@@ -664,9 +669,8 @@ class AdaptiveDraftLength:
         plain, verify = self.costs.verify(batch, 1), self.costs.verify(batch, width)
         if not accepted or plain is None or verify is None:
             return
-        tokens = 1 + accepted[min(self._critical, batch - 1)]
-        seconds = draft_seconds + verify
-        if self._probing and seconds * PLAIN_MARGIN < tokens * plain:
+        tokens, seconds = 1 + accepted[min(self._critical, batch - 1)], draft_seconds + verify
+        if self._probing and _beats_plain(tokens, seconds, plain):
             self.realized.steps.clear()
         self.realized.add(tokens, seconds)
 
