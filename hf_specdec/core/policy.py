@@ -611,8 +611,13 @@ class AdaptiveDraftLength:
 
     def trim(self, draft: Draft, batch_size: int, remaining: list[int] | None = None) -> Draft:
         verify = functools.partial(self.costs.verify, batch_size)
-        if verify(1) is None or not self.costs.measured_wide():
+        if verify(1) is None:
             return draft
+        if not self.costs.measured_wide():
+            # The first draft verified is the first look at what a wider forward costs: one token
+            # tells it (the rest of the curve is extrapolated from it) for at most one token's
+            # cost where each fed token costs about a step.
+            return draft.truncated([min(n, 1) for n in draft.lengths])
         if draft.parents is not None and self.trees.observed:
             # A tree is cut to its first nodes, its best tree of that size, by what trees gained.
             gains = self.trees.gains()

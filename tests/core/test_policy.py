@@ -70,6 +70,16 @@ def test_first_step_is_plain_then_explores():
     assert policy.draft_length(1) == 4
 
 
+def test_the_first_draft_verified_is_one_token_which_tells_what_a_wider_forward_costs():
+    """Where each fed token costs about a step, an exploratory draft of first_k rejected tokens
+    would cost first_k steps; one token tells the cost curve as well, for at most one token."""
+    policy = AdaptiveDraftLength(first_k=4)
+    policy.update(1, _draft([0]), [0], 0.0, 1.0)
+    assert policy.trim(_draft([4], 0.9), 1).lengths == [1]
+    policy.update(1, _draft([1], 0.9), [0], 0.0, 1.01)  # flat: a wide forward costs about a step
+    assert policy.trim(_draft([4], 0.9), 1).lengths == [4]
+
+
 def test_speculates_when_drafts_are_accepted():
     policy = AdaptiveDraftLength()
     _teach(policy, batch=1, verify=CPU_COSTS, accepted_of_4=4)
