@@ -80,6 +80,20 @@ def test_the_first_draft_verified_is_one_token_which_tells_what_a_wider_forward_
     assert policy.trim(_draft([4], 0.9), 1).lengths == [4]
 
 
+def test_a_copy_that_holds_at_later_positions_is_not_cut_by_its_pooled_calibration():
+    """Weak drafts (confidence 0.5) fail at their second token; strong ones (0.9) copy all 16. A
+    new weak draft's later tokens calibrate low, but tokens that got past position 1 were always
+    accepted: where verifying is flat, the draft is kept long."""
+    policy = AdaptiveDraftLength()
+    flat = {w: 1.0 + 0.01 * (w - 1) for w in range(1, 18)}
+    for _ in range(20):
+        policy.update(1, _draft([0]), [0], 0.0, flat[1])
+        policy.update(1, _draft([16], 0.5), [1], 0.0, flat[17])
+        policy.update(1, _draft([16], 0.9), [16], 0.0, flat[17])
+    assert policy.acceptance.calibrated(0.5, 1) < 0.1 and policy.acceptance.alpha(5) > 0.9
+    assert policy.trim(_draft([16], 0.5), 1).lengths[0] >= 12
+
+
 def test_speculates_when_drafts_are_accepted():
     policy = AdaptiveDraftLength()
     _teach(policy, batch=1, verify=CPU_COSTS, accepted_of_4=4)
