@@ -13,7 +13,9 @@ tokens per forward are counted, not timed, and deterministic. Rules:
   its latest occurrences);
 - `most_recent`: the longest suffix's most recent occurrence (what `ngram` did before the vote);
 - `prompt_lookup`: transformers' `PromptLookupCandidateGenerator` rule (suffixes of 2 then 1
-  tokens, the earliest occurrence with a continuation).
+  tokens, the earliest occurrence with a continuation);
+- `hindsight`: a bound, not a drafter: the continuation among every occurrence of every suffix
+  size that the answer keeps longest, chosen knowing the answer.
 
 The default suite is kept apart from Spec-Bench quick, which the benchmarks measure.
 """
@@ -78,10 +80,35 @@ def prompt_lookup(context: list[int], k: int, max_ngram: int = 2) -> list[int]:
     return []
 
 
-RULES: dict[str, Callable[[], Propose]] = {
-    "ours": ours,
-    "most_recent": lambda: most_recent,
-    "prompt_lookup": lambda: prompt_lookup,
+def hindsight(prompt: list[int], answer: list[int], sizes: range = range(1, 5)) -> Propose:
+    """Not a drafter, a bound: the continuation, among every occurrence of every suffix of 1 to 4
+    tokens, that the target's answer keeps longest, chosen knowing that answer. No rule that drafts
+    one chain from n-gram matches of the text can do better."""
+
+    def propose(context: list[int], k: int) -> list[int]:
+        done, best, kept = len(context) - len(prompt), [], -1
+        for n in sizes:
+            suffix = context[-n:]
+            for i in range(len(context) - n):  # occurrences with a continuation
+                if context[i : i + n] != suffix:
+                    continue
+                continuation = context[i + n : i + n + k]
+                hits = 0
+                while hits < len(continuation) and continuation[hits] == answer[done + hits]:
+                    hits += 1
+                if hits > kept:
+                    best, kept = continuation[: max(hits, 1)], hits
+        return best
+
+    return propose
+
+
+# Rule name -> a maker given the prompt and the target's answer (only `hindsight` reads it).
+RULES: dict[str, Callable[[list[int], list[int]], Propose]] = {
+    "ours": lambda prompt, answer: ours(),
+    "most_recent": lambda prompt, answer: most_recent,
+    "prompt_lookup": lambda prompt, answer: prompt_lookup,
+    "hindsight": hindsight,
 }
 
 
@@ -130,7 +157,7 @@ def main() -> None:
         for name, make in RULES.items():
             per = defaultdict(list)
             for r in rows:
-                per[r["category"]].append(replay(r["prompt"], r["answer"], make(), k))
+                per[r["category"]].append(replay(r["prompt"], r["answer"], make(r["prompt"], r["answer"]), k))
             means = [sum(per[c]) / len(per[c]) for c in categories]
             print(
                 f"| {name} | " + " | ".join(f"{m:.2f}" for m in means) + f" | {sum(means) / len(means):.2f} |"
