@@ -386,6 +386,8 @@ class CostModel:
     def _predict(self, batch_size: int, width: int) -> float | None:
         measured = self._measured(batch_size)
         known = {w: e.value for w, e in measured.items()}
+        if width > 1 and 1 in known and all(w == 1 for w in known):
+            return self._scaled_from_other_batch(batch_size, width, known[1])
         if width not in known or width == 1 or measured[width].confirmed:
             return _from_widths(known, width)
         # Timed once: trusted unless it is further above the curve of the widths timed more
@@ -398,6 +400,21 @@ class CostModel:
             return known[width]
         ceiling = 2 * guess if len(trusted) > 1 else width * known[1]
         return guess if known[width] > ceiling else known[width]
+
+
+    def _scaled_from_other_batch(self, batch_size: int, width: int, plain: float) -> float:
+        """A width at a batch size whose plain step alone was measured (rows finished, the batch
+        shrank): the curve of the nearest batch size where drafts were verified, scaled by the two
+        plain steps' ratio; the plain step itself (flat) where none was. Taking unmeasured widths
+        as flat there made a compute-bound batch verify wide drafts each time its size changed."""
+        sizes = sorted(
+            {b for b, w in self.verify_times if w > 1 and (b, 1) in self.verify_times},
+            key=lambda b: abs(b - batch_size),
+        )
+        if not sizes:
+            return plain
+        other = {w: e.value for (b, w), e in self.verify_times.items() if b == sizes[0]}
+        return (_from_widths(other, width) or other[1]) * plain / other[1]
 
 
 def _from_widths(known: dict[int, float], width: int) -> float | None:

@@ -310,7 +310,24 @@ def test_cost_model_interpolates_and_extrapolates_from_measurements_only():
     # Another batch size borrows the nearest measured one until it has its own.
     assert costs.verify(4, 3) == pytest.approx(3.0)
     costs.add_verify(4, 1, 5.0)
-    assert costs.verify(4, 3) == 5.0  # its own plain step only: flat again
+    # Its own plain step only: the nearest batch size's curve, scaled by the two plain steps (not
+    # flat, which let a compute-bound batch verify wide drafts each time rows finished).
+    assert costs.verify(4, 3) == pytest.approx(3.0 * 5.0 / 2.0)
+    costs.add_verify(4, 3, 6.0)
+    assert costs.verify(4, 3) == 6.0  # then its own figures
+
+
+def test_a_batch_that_shrank_keeps_what_wide_verifies_cost_at_the_size_measured():
+    """Rows finish and the batch shrinks: at the new size only a plain step is measured at first,
+    and where each fed token costs most of a step the wide widths must not look free there."""
+    policy = AdaptiveDraftLength()
+    linear = {w: 1.0 + 0.6 * (w - 1) for w in range(1, 18)}
+    for _ in range(3):
+        policy.update(8, _draft([0] * 8), [0] * 8, 0.0, linear[1] * 8)
+        policy.update(8, _draft([4] * 8), [1] * 8, 0.0, linear[5] * 8)
+    policy.update(6, _draft([0] * 6), [0] * 6, 0.0, linear[1] * 6)
+    assert policy.costs.verify(6, 5) == pytest.approx(linear[5] * 6)
+    assert policy.trim(_draft([16] * 6, 0.5), 6).lengths == [0] * 6  # a weak match is not worth it
 
 
 def test_cost_model_extrapolation_is_never_falling_nor_faster_than_linear():
