@@ -401,7 +401,6 @@ class CostModel:
         ceiling = 2 * guess if len(trusted) > 1 else width * known[1]
         return guess if known[width] > ceiling else known[width]
 
-
     def _scaled_from_other_batch(self, batch_size: int, width: int, plain: float) -> float:
         """A width at a batch size whose plain step alone was measured (rows finished, the batch
         shrank): the curve of the nearest batch size where drafts were verified, scaled by the two
