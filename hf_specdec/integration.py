@@ -12,6 +12,7 @@ policy chosen, so that `core` never reaches up into the drafters or the Hub.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 from transformers import GenerationConfig, StaticCache, StoppingCriteriaList
 from transformers.generation.stopping_criteria import StopStringCriteria
 from transformers.generation.utils import GenerationMixin
+from transformers.pipelines.text_generation import TextGenerationPipeline
 
 from .config import SpeculativeConfig
 from .core.checks import check_supported
@@ -39,12 +41,22 @@ _ORIGINAL_GENERATE = getattr(GenerationMixin, _KEPT_ORIGINAL)
 _GENERATE_SIGNATURE = inspect.signature(_ORIGINAL_GENERATE)
 
 
+# The statistics of the `generate` calls a text-generation pipeline's forward makes (None outside one).
+_PIPELINE_STATS: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
+    "hf_specdec_pipeline_stats", default=None
+)
+
+
 @functools.wraps(_ORIGINAL_GENERATE)
 def generate(self: Any, *args: Any, speculative: Any = None, **kwargs: Any) -> Any:
     config = SpeculativeConfig.from_user(speculative)
     if config is None:
         return _ORIGINAL_GENERATE(self, *args, **kwargs)
-    return _speculative_generate(self, _by_name(self, args, kwargs), config)
+    out = _speculative_generate(self, _by_name(self, args, kwargs), config)
+    seen = _PIPELINE_STATS.get()
+    if seen is not None and hasattr(out, "speculative_stats"):
+        seen.append(out.speculative_stats)
+    return out
 
 
 def _by_name(model: Any, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -144,11 +156,48 @@ def _take_stop_strings(model: Any, kwargs: dict[str, Any], tokenizer: Any) -> No
     kwargs["stopping_criteria"] = criteria
 
 
+# A text-generation pipeline keeps only the tensors of generate's dict output: with
+# `return_dict_in_generate=True` its records would lose `speculative_stats` without a word, so they
+# are carried from the pipeline's forward to each record it returns (a batch's records share the
+# statistics of the one call that generated them).
+_ORIGINAL_PIPELINE_FORWARD = TextGenerationPipeline._forward
+_ORIGINAL_PIPELINE_POSTPROCESS = TextGenerationPipeline.postprocess
+_STATS_KEY = "speculative_stats"
+
+
+@functools.wraps(_ORIGINAL_PIPELINE_FORWARD)
+def _pipeline_forward(self: Any, model_inputs: Any, **generate_kwargs: Any) -> Any:
+    seen: list[Any] = []
+    token = _PIPELINE_STATS.set(seen)
+    try:
+        model_outputs = _ORIGINAL_PIPELINE_FORWARD(self, model_inputs, **generate_kwargs)
+    finally:
+        _PIPELINE_STATS.reset(token)
+    if seen:  # one entry per row, as the pipeline unbatches its outputs row by row
+        model_outputs[_STATS_KEY] = [seen[-1]] * model_outputs["generated_sequence"].shape[0]
+    return model_outputs
+
+
+@functools.wraps(_ORIGINAL_PIPELINE_POSTPROCESS)
+def _pipeline_postprocess(self: Any, model_outputs: Any, *args: Any, **kwargs: Any) -> Any:
+    stats = model_outputs.pop(_STATS_KEY, None)
+    records = _ORIGINAL_PIPELINE_POSTPROCESS(self, model_outputs, *args, **kwargs)
+    if stats is not None:
+        for record in records:
+            record[_STATS_KEY] = stats[0] if isinstance(stats, list) else stats
+    return records
+
+
 def install() -> None:
-    """Add `speculative=` to every model's `generate` (done on `import hf_specdec`; idempotent)."""
+    """Add `speculative=` to every model's `generate` and carry its statistics through text-generation
+    pipelines (done on `import hf_specdec`; idempotent)."""
     GenerationMixin.generate = generate
+    TextGenerationPipeline._forward = _pipeline_forward
+    TextGenerationPipeline.postprocess = _pipeline_postprocess
 
 
 def uninstall() -> None:
-    """Restore transformers' own `generate`."""
+    """Restore transformers' own `generate` and pipelines."""
     GenerationMixin.generate = _ORIGINAL_GENERATE
+    TextGenerationPipeline._forward = _ORIGINAL_PIPELINE_FORWARD
+    TextGenerationPipeline.postprocess = _ORIGINAL_PIPELINE_POSTPROCESS

@@ -66,6 +66,24 @@ def test_pipeline_batched(smollm2):
     assert spec == plain
 
 
+def test_pipeline_returns_the_statistics_with_return_dict_in_generate(smollm2):
+    """A pipeline keeps only generate's tensors; the statistics reach each record all the same."""
+    model, tokenizer = smollm2
+    tokenizer.padding_side = "left"
+    pipe = pipeline("text-generation", model=model, tokenizer=tokenizer)
+    settings = dict(max_new_tokens=12, do_sample=False, return_dict_in_generate=True)
+    (record,) = pipe(MESSAGES, **settings, speculative="ngram")
+    assert record["speculative_stats"].method == "ngram" and record["speculative_stats"].emitted > 0
+    chats = [MESSAGES, [{"role": "user", "content": "Name a colour."}]]
+    batched = pipe(chats, **settings, speculative="ngram", batch_size=2)
+    stats = [records[0]["speculative_stats"] for records in batched]
+    # One call for the batch: both records share its statistics, which count both rows.
+    assert stats[0] is stats[1] and stats[0].emitted > record["speculative_stats"].emitted
+    # Nothing changes where no statistics were asked for, or no speculation ran.
+    assert "speculative_stats" not in pipe(MESSAGES, max_new_tokens=4, do_sample=False, speculative=True)[0]
+    assert "speculative_stats" not in pipe(MESSAGES, **settings)[0]
+
+
 def test_streamer_gets_every_token_once_in_order(smollm2):
     model, tokenizer = smollm2
     inputs = _inputs(tokenizer)
