@@ -92,16 +92,6 @@ class FixedDraftLength:
     def trim(self, draft: Draft, batch_size: int, remaining: list[int] | None = None) -> Draft:
         return draft
 
-    def _token_odds(self, confidence: float, position: int) -> float:
-        """A draft token's odds of acceptance, given the tokens before it were accepted: its
-        confidence as calibrated, and, past the first, at least how often tokens at its position
-        were accepted. The calibration pools every later position, while a copy that has held for
-        a while tends to go on (α_i is conditional on the earlier positions); without the second
-        figure long copies were cut after a few tokens (replay, flat: mt_bench 0.91 -> 0.95 of the
-        oracle fixed k)."""
-        calibrated = self.acceptance.calibrated(confidence, position)
-        return calibrated if position == 0 else max(calibrated, self.acceptance.alpha(position))
-
     def update(self, batch_size, draft, accepted, draft_seconds, verify_seconds, paths=None) -> None:
         pass
 
