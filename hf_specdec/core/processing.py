@@ -37,6 +37,10 @@ _CONTEXT_FREE = tuple(
 _SET_BASED = tuple(getattr(lp, name) for name in ("RepetitionPenaltyLogitsProcessor",) if hasattr(lp, name))
 
 
+# What context-free warpers are shown as the tokens: they never read them.
+_NO_TOKENS = torch.zeros(1, 0, dtype=torch.long)
+
+
 # Processor attributes that hold one entry per row of the user's batch (transformers builds the
 # repetition penalty with each row's left-padding length, so padding is never penalised).
 _PER_ROW_ATTRIBUTES = ("prompt_ignore_length",)
@@ -57,6 +61,11 @@ class ScoreProcessor:
             for p in self.processors
         )
         self._row_processors: dict[int, LogitsProcessorList] = {}
+
+    @property
+    def reads_context(self) -> bool:
+        """Whether any processor reads the tokens: callers pass each row's context only then."""
+        return not self.context_free
 
     def _rows_known(self, processor) -> bool:
         """Whether each per-row attribute of `processor` is a tensor of one entry per row of the
@@ -122,7 +131,8 @@ class ScoreProcessor:
     def __call__(
         self, contexts: list[torch.Tensor], row_ids: list[int], logits: torch.Tensor
     ) -> torch.Tensor:
-        """Process one position per row: row b's next-token logits given `contexts[b]` [1, L_b].
+        """Process one position per row: row b's next-token logits given `contexts[b]` [1, L_b]
+        (none needed unless `reads_context`).
 
         logits: [B, V]; returns [B, V].
         """
@@ -130,7 +140,7 @@ class ScoreProcessor:
         if not self.processors:
             return logits
         if self.context_free:
-            return self.processors(contexts[0], logits)
+            return self.processors(_NO_TOKENS, logits)
         if self.batched:
             ids = pad_sequence([ctx[0] for ctx in contexts], batch_first=True, padding_value=logits.shape[-1])
             return self.for_rows(torch.tensor(row_ids))(ids, logits)
@@ -161,9 +171,8 @@ class ScoreProcessor:
             return logits
         batch, width, vocab = logits.shape
         if self.context_free:
-            return self.processors(contexts[0], logits.reshape(batch * width, vocab)).reshape(
-                batch, width, vocab
-            )
+            flat = logits.reshape(batch * width, vocab)
+            return self.processors(_NO_TOKENS, flat).reshape(batch, width, vocab)
         if self.batched:
             return self._positions_batched(contexts, row_ids, draft_tokens, draft_lengths, logits, parents)
         return self.positions_row_by_row(contexts, row_ids, draft_tokens, draft_lengths, logits, parents)

@@ -185,7 +185,8 @@ class DecoderDrafter(Drafter):
             self.kv = self.decoder.new_cache(len(row_ids))
             self.cached = [torch.zeros(0, dtype=torch.long, device=self.device) for _ in row_ids]
         elif row_ids != self.row_ids:
-            where = [self.row_ids.index(r) for r in row_ids]
+            position = {r: i for i, r in enumerate(self.row_ids)}
+            where = [position[r] for r in row_ids]
             self.kv.select_rows(torch.tensor(where, device=self.decoder.device))
             self.cached = [self.cached[i] for i in where]
         self.row_ids = list(row_ids)
