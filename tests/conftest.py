@@ -187,6 +187,18 @@ def onnx_dirs(tmp_path_factory, good_draft, weak_draft):
 
 
 @pytest.fixture(scope="session")
+def onnx_vocab8_draft(tmp_path_factory) -> Path:
+    """The vocabulary-8 draft of the tree sampling tests (`tiny_llama(21, vocab_size=8)`) cut to one
+    layer and exported once per run (exactness does not depend on the draft's depth; the export's
+    cost does, about linearly). Its vocabulary is also one no other tiny model here has."""
+
+    def export(folder: Path) -> None:
+        export_onnx(tiny_llama(21, vocab_size=8, eos_token_id=None, layers=1), folder, progress=False)
+
+    return built_once(tmp_path_factory, "onnx-vocab-8", export)
+
+
+@pytest.fixture(scope="session")
 def target_int8(tmp_path_factory, target) -> Path:
     """`quantized_copy(target)` as built in a cache of its own (manifest included): copied into a
     private cache, `method="quantized"` finds it there and exports nothing."""
