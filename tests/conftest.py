@@ -17,7 +17,20 @@ import hf_specdec
 from hf_specdec import cli
 from hf_specdec.ort import export_onnx
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a Python process a test starts: the checkout's package first on the path,
+    and as many torch threads as a test worker's (`pytest_configure`): a child taking both cores of a
+    2-core machine thrashes against the other worker (an example ran in 18 s instead of 12)."""
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "OMP_NUM_THREADS": os.environ.get("HF_SPECDEC_TEST_THREADS", "1"),
+        **extra,
+    }
 
 
 def tiny_llama(
@@ -171,6 +184,18 @@ def onnx_dirs(tmp_path_factory, good_draft, weak_draft):
 
     root = built_once(tmp_path_factory, "onnx", export)
     return {name: root / name for name in ("good", "good-hf", "weak", "weak-hub")}
+
+
+@pytest.fixture(scope="session")
+def onnx_vocab8_draft(tmp_path_factory) -> Path:
+    """The vocabulary-8 draft of the tree sampling tests (`tiny_llama(21, vocab_size=8)`) cut to one
+    layer and exported once per run (exactness does not depend on the draft's depth; the export's
+    cost does, about linearly). Its vocabulary is also one no other tiny model here has."""
+
+    def export(folder: Path) -> None:
+        export_onnx(tiny_llama(21, vocab_size=8, eos_token_id=None, layers=1), folder, progress=False)
+
+    return built_once(tmp_path_factory, "onnx-vocab-8", export)
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import importlib
-import os
 import re
 import subprocess
 import sys
@@ -13,19 +12,20 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import child_env
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 PACKAGE = ROOT / "hf_specdec"
 
 
 def _run(script: str, *args: str) -> subprocess.CompletedProcess:
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     return subprocess.run(
         [sys.executable, str(EXAMPLES / script), *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": path},
+        env=child_env(),
         timeout=900,
     )
 

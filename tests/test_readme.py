@@ -4,7 +4,6 @@ somewhere, the commands, scripts, paths and names they cite exist."""
 from __future__ import annotations
 
 import importlib
-import os
 import re
 import subprocess
 import sys
@@ -13,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from hf_specdec import cli
+
+from .conftest import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", ROOT / "ARCHITECTURE.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -71,12 +72,7 @@ def test_the_readme_has_its_use_snippet():
 def test_python_snippet_runs_as_pasted(code, smollm2_path, tmp_path):
     """Each snippet in a fresh interpreter, against the offline demo model (built by the fixture,
     which skips only when it cannot be built); the checkout's package first on the path."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-        "HF_HUB_OFFLINE": "1",
-        "OMP_NUM_THREADS": os.environ.get("HF_SPECDEC_TEST_THREADS", "1"),
-    }
+    env = child_env(HF_HUB_OFFLINE="1")
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
     )

@@ -240,7 +240,7 @@ class RaggedKV:
         than it saves. Until then the steps feed them holes (`forward_rows`)."""
         if len(active) > len(cached_rows) // 2:
             return cached_rows
-        self.select_rows(torch.tensor([cached_rows.index(r) for r in active], device=self.mask.device))
+        self.select_rows(torch.tensor(positions(cached_rows, active), device=self.mask.device))
         return active
 
     def select_rows(self, rows: torch.Tensor) -> None:
@@ -259,6 +259,12 @@ class RaggedKV:
             self.cache.crop(-drop)
             self.mask = self.mask[:, : self.width - drop]
         self.all_real = bool(self.mask.all())
+
+
+def positions(held: list[int], rows: list[int]) -> list[int]:
+    """Where each of `rows` sits in `held` (a dict, not `list.index` per row: batches of thousands)."""
+    where = {r: i for i, r in enumerate(held)}
+    return [where[r] for r in rows]
 
 
 class Slots:

@@ -17,7 +17,7 @@ from .compat import generate_cache
 from .draft import Draft, Drafter, DraftRequest
 from .features import DrafterFeatures
 from .inputs import ModelInputs
-from .kv import RaggedKV, Slots
+from .kv import RaggedKV, Slots, positions
 from .output import OutputCollector, ReturnedStates, TokenOutputs
 from .policy import DraftLengthPolicy
 from .processing import ScoreProcessor
@@ -111,7 +111,7 @@ def speculative_decode(
         feed = torch.cat([last, draft.tokens], dim=1) if width > 1 else last  # [B, width]
         full = min(draft.lengths, default=0) == width - 1  # known on the host: no holes to mask
         valid = None if full else torch.arange(width, device=device)[None, :] <= lengths[1, :, None]
-        slots = Slots([cached_rows.index(r) for r in rows], len(cached_rows), device)
+        slots = Slots(positions(cached_rows, rows), len(cached_rows), device)
         switches = returned.switches | inputs.step(width, cached_rows)
         output = target.forward_rows(slots, feed, valid, draft.parents, **switches)
         verdict = accept(asked, draft, slots.gather(output.logits))

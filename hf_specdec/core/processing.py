@@ -5,12 +5,14 @@ from __future__ import annotations
 import copy
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 from transformers import LogitsProcessorList
 from transformers.generation import logits_process as lp
 
 # Warpers that read only the scores, never the tokens: these can process every row and position
-# in one batched call. Any other processor (repetition penalty, min length, no-repeat n-gram, ...)
-# sees the exact token sequence that plain `generate` would have shown it, one row at a time.
+# in one batched call. Set-based processors (below) batch too; any other processor (min length,
+# no-repeat n-gram, ...) sees the exact token sequence that plain `generate` would have shown it,
+# one row at a time.
 _CONTEXT_FREE = tuple(
     getattr(lp, name)
     for name in (
@@ -24,6 +26,19 @@ _CONTEXT_FREE = tuple(
     )
     if hasattr(lp, name)
 )
+
+
+# Processors that read the context only as the set of token ids in it (past their optional
+# `prompt_ignore_length`), and that ignore the id V of a V-token vocabulary (they clamp ids to V and
+# drop that column): many rows and positions can be processed in one call, each context
+# right-padded with V, and every row gets bit for bit what it would alone. Exact types only: a
+# subclass may read the context otherwise. Length-based processors (min length, n-gram bans) must
+# not see padding, and stay row by row.
+_SET_BASED = tuple(getattr(lp, name) for name in ("RepetitionPenaltyLogitsProcessor",) if hasattr(lp, name))
+
+
+# What context-free warpers are shown as the tokens: they never read them.
+_NO_TOKENS = torch.zeros(1, 0, dtype=torch.long)
 
 
 # Processor attributes that hold one entry per row of the user's batch (transformers builds the
@@ -41,7 +56,44 @@ class ScoreProcessor:
         self.vocab_size = vocab_size
         self.batch_size = batch_size
         self.context_free = all(isinstance(p, _CONTEXT_FREE) for p in self.processors)
+        self.batched = all(
+            isinstance(p, _CONTEXT_FREE) or (type(p) in _SET_BASED and self._rows_known(p))
+            for p in self.processors
+        )
         self._row_processors: dict[int, LogitsProcessorList] = {}
+
+    @property
+    def reads_context(self) -> bool:
+        """Whether any processor reads the tokens: callers pass each row's context only then."""
+        return not self.context_free
+
+    def _rows_known(self, processor) -> bool:
+        """Whether each per-row attribute of `processor` is a tensor of one entry per row of the
+        batch, or of one entry for all, or no tensor (anything else: row by row, as given)."""
+        return all(
+            not isinstance(value := getattr(processor, name, None), torch.Tensor)
+            or value.shape[:1] in ((self.batch_size,), (1,))
+            for name in _PER_ROW_ATTRIBUTES
+        )
+
+    def for_rows(self, row_ids: torch.Tensor) -> LogitsProcessorList:
+        """The processors as they apply to rows `row_ids` [N] of the user's batch (repeats allowed),
+        called with those rows as one batch; only for `batched` processors."""
+        rows = LogitsProcessorList()
+        for processor in self.processors:
+            spread = {}
+            for name in _PER_ROW_ATTRIBUTES:
+                value = getattr(processor, name, None)
+                if isinstance(value, torch.Tensor):
+                    if value.shape[0] == self.batch_size:
+                        spread[name] = value[row_ids.to(value.device)]
+                    else:  # one entry for every row
+                        spread[name] = value.expand(row_ids.shape[0])
+            if spread:
+                processor = copy.copy(processor)
+                processor.__dict__.update(spread)
+            rows.append(processor)
+        return rows
 
     def for_row(self, row_id: int) -> LogitsProcessorList:
         """The processors as they apply to one row of the user's batch, called with that row alone."""
@@ -79,7 +131,8 @@ class ScoreProcessor:
     def __call__(
         self, contexts: list[torch.Tensor], row_ids: list[int], logits: torch.Tensor
     ) -> torch.Tensor:
-        """Process one position per row: row b's next-token logits given `contexts[b]` [1, L_b].
+        """Process one position per row: row b's next-token logits given `contexts[b]` [1, L_b]
+        (none needed unless `reads_context`).
 
         logits: [B, V]; returns [B, V].
         """
@@ -87,7 +140,17 @@ class ScoreProcessor:
         if not self.processors:
             return logits
         if self.context_free:
-            return self.processors(contexts[0], logits)
+            return self.processors(_NO_TOKENS, logits)
+        if self.batched:
+            ids = pad_sequence([ctx[0] for ctx in contexts], batch_first=True, padding_value=logits.shape[-1])
+            return self.for_rows(torch.tensor(row_ids))(ids, logits)
+        return self.row_by_row(contexts, row_ids, logits)
+
+    def row_by_row(
+        self, contexts: list[torch.Tensor], row_ids: list[int], logits: torch.Tensor
+    ) -> torch.Tensor:
+        """`__call__` for any processors: each row alone, as plain `generate` would call them. [B, V]"""
+        logits = self.fit_vocab(logits)
         rows = zip(contexts, row_ids)
         return torch.cat([self.for_row(r)(ctx, logits[b : b + 1]) for b, (ctx, r) in enumerate(rows)], dim=0)
 
@@ -108,9 +171,35 @@ class ScoreProcessor:
             return logits
         batch, width, vocab = logits.shape
         if self.context_free:
-            return self.processors(contexts[0], logits.reshape(batch * width, vocab)).reshape(
-                batch, width, vocab
-            )
+            flat = logits.reshape(batch * width, vocab)
+            return self.processors(_NO_TOKENS, flat).reshape(batch, width, vocab)
+        if self.batched:
+            return self._positions_batched(contexts, row_ids, draft_tokens, draft_lengths, logits, parents)
+        return self.positions_row_by_row(contexts, row_ids, draft_tokens, draft_lengths, logits, parents)
+
+    def _positions_batched(self, contexts, row_ids, draft_tokens, draft_lengths, logits, parents):
+        """`positions` for `batched` processors: every (row, position) in one call."""
+        batch, width, vocab = logits.shape
+        lengths = torch.tensor(draft_lengths, device=logits.device)
+        processed = torch.arange(width, device=logits.device)[None] <= lengths[:, None]  # [B, k + 1]
+        ids = prefix_ids(contexts, draft_tokens, parents, filler=vocab)[processed]  # [N, W]
+        rows = torch.tensor(row_ids)[:, None].expand(batch, width)[processed.cpu()]  # [N]
+        scores = logits.clone()
+        scores[processed] = self.for_rows(rows)(ids, logits[processed])
+        return scores
+
+    def positions_row_by_row(
+        self,
+        contexts: list[torch.Tensor],
+        row_ids: list[int],
+        draft_tokens: torch.Tensor,
+        draft_lengths: list[int],
+        logits: torch.Tensor,
+        parents: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """`positions` for any processors: each row and position alone, with the sequence plain
+        `generate` would show them there. [B, k + 1, V]"""
+        logits = self.fit_vocab(logits)
         scores = logits.clone()
         for b, (ctx, row_id) in enumerate(zip(contexts, row_ids)):
             processors = self.for_row(row_id)
@@ -131,3 +220,39 @@ def path_tokens(tokens: torch.Tensor, parents: torch.Tensor, node: int) -> torch
         nodes.append(node)
         node = int(parents[node])
     return tokens[nodes[::-1]][None]
+
+
+def prefix_ids(
+    contexts: list[torch.Tensor],  # [1, L_b] per row
+    draft_tokens: torch.Tensor,  # [B, k]
+    parents: torch.Tensor | None,  # [B, k] for a tree draft, None for a chain
+    filler: int,
+) -> torch.Tensor:
+    """[B, k + 1, W]: at [b, i] the sequence `positions` shows at position i of row b, `contexts[b]`
+    then the draft's path down to node i - 1 (a chain: `draft_tokens[b, :i]`), each token at the
+    column it has in that sequence, right-padded with `filler`."""
+    batch, k = draft_tokens.shape
+    device = draft_tokens.device
+    context = pad_sequence([ctx[0] for ctx in contexts], batch_first=True, padding_value=filler)  # [B, L]
+    context_lengths = torch.tensor([ctx.shape[1] for ctx in contexts], device=device)
+    width = context.shape[1] + k
+    # on_path[b, n, j]: node j lies on the path from the root down to node n (n included)
+    if parents is None:  # a chain: nodes 0..n
+        on_path = torch.ones(k, k, dtype=torch.bool, device=device).tril().expand(batch, k, k)
+    else:  # parents come before their children, so k hops up reach the root from any node
+        parents = parents.to(device).clamp(-1, k - 1)  # past a row's length parents may be anything
+        on_path = torch.zeros(batch, k, k, dtype=torch.bool, device=device)
+        node = torch.arange(k, device=device).expand(batch, k)
+        for _ in range(k):
+            real = node >= 0
+            on_path |= torch.nn.functional.one_hot(node.clamp(min=0), k).bool() & real[..., None]
+            node = torch.where(real, parents.gather(1, node.clamp(min=0)), -1)
+    depth = on_path.sum(-1)  # [B, k] nodes on the path to each node, itself included
+    # [B, k + 1, k] what position i shows: the path to node i - 1 (none at position 0)
+    shown = torch.cat([on_path.new_zeros(batch, 1, k), on_path], dim=1)
+    column = (context_lengths[:, None] + depth - 1)[:, None, :].expand(batch, k + 1, k)
+    column = torch.where(shown, column, width)  # nodes off the path go to a spare column, dropped
+    ids = draft_tokens.new_full((batch, k + 1, width + 1), filler)
+    ids[:, :, : context.shape[1]] = context[:, None]
+    ids.scatter_(2, column, draft_tokens[:, None, :].expand(batch, k + 1, k))
+    return ids[..., :width]

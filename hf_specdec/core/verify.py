@@ -47,7 +47,8 @@ def accept(
     """Score each row's draft with the target's `logits` and accept what the target agrees with
     (greedy) or what rejection sampling keeps; a tree draft is walked down the target's choices."""
     # Only processors that read tokens need each row's sequence (plain greedy has none).
-    contexts = [request.row(b) for b in range(len(request.row_ids))] if request.processor.processors else []
+    reads = request.processor.reads_context
+    contexts = [request.row(b) for b in range(len(request.row_ids))] if reads else []
     scores = request.processor.positions(
         contexts, request.row_ids, draft.tokens, draft.lengths, logits, draft.parents
     )

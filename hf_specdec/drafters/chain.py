@@ -21,7 +21,7 @@ def next_tokens(
     `drafted` [B, i] holds the tokens drafted so far this step: processors that read the context
     (repetition penalty) must see them, exactly as the target's processing will.
     """
-    if request.processor.processors:
+    if request.processor.reads_context:
         contexts = [torch.cat([request.row(b), drafted[b : b + 1]], dim=1) for b in range(drafted.shape[0])]
     else:  # nothing reads the context: skip building it once per draft token
         contexts = []

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from ..core.kv import RaggedKV
+from ..core.kv import RaggedKV, positions
 from ..core.timing import clock
 from .base import Drafter, elapsed
 from .chain import chain, real_tokens, right_aligned
@@ -185,7 +185,7 @@ class DecoderDrafter(Drafter):
             self.kv = self.decoder.new_cache(len(row_ids))
             self.cached = [torch.zeros(0, dtype=torch.long, device=self.device) for _ in row_ids]
         elif row_ids != self.row_ids:
-            where = [self.row_ids.index(r) for r in row_ids]
+            where = positions(self.row_ids, row_ids)
             self.kv.select_rows(torch.tensor(where, device=self.decoder.device))
             self.cached = [self.cached[i] for i in where]
         self.row_ids = list(row_ids)
@@ -228,30 +228,38 @@ class BranchRows:
         before = level.visible.shape[2] - width  # tree columns fed by earlier levels
         valid = level.valid.tolist()
         parents = level.parent_columns.tolist()
+        level_tokens = level.tokens.tolist()
+        first = self._first_rows()
         sources, nodes = [], []  # per new cache row: the row it copies, and its node (b, i) or (b, -1)
         for b in range(batch):
             mine = [i for i in range(width) if valid[b][i]]
             for i in mine:
                 # A level's parents are the previous level's nodes; the first level's, the row's last token.
-                sources.append(self.owners.index(b) if parents[b][i] < 0 else self.row_of[b, parents[b][i]])
+                sources.append(first[b] if parents[b][i] < 0 else self.row_of[b, parents[b][i]])
                 nodes.append((b, i))
             if not mine:  # nothing to feed: one row keeps the row's sequence, fed a hole
-                sources.append(self.owners.index(b))
+                sources.append(first[b])
                 nodes.append((b, -1))
         self.kv.select_rows(torch.tensor(sources, device=self.cache_device))
         self.owners = [b for b, _ in nodes]
         self.row_of = {(b, before + i): row for row, (b, i) in enumerate(nodes) if i >= 0}
-        tokens = torch.tensor([[int(level.tokens[b, i]) if i >= 0 else 0] for b, i in nodes])
+        tokens = torch.tensor([[level_tokens[b][i] if i >= 0 else 0] for b, i in nodes])
         tokens = tokens.to(self.cache_device)  # [R, 1]
         fed = torch.tensor([[i >= 0] for _, i in nodes], device=self.cache_device)  # [R, 1]
         logits = self.kv.forward(tokens, fed, logits_to_keep=1).logits[:, -1].to(self.device)  # [R, V]
         out = logits.new_zeros(batch, width, logits.shape[-1])
-        for row, (b, i) in enumerate(nodes):
-            if i >= 0:
-                out[b, i] = logits[row]
+        rows = [row for row, (_, i) in enumerate(nodes) if i >= 0]
+        out[[nodes[row][0] for row in rows], [nodes[row][1] for row in rows]] = logits[rows]
         return out
+
+    def _first_rows(self) -> dict[int, int]:
+        """Per draft row, the first cache row holding its sequence."""
+        first: dict[int, int] = {}
+        for row, b in enumerate(self.owners):
+            first.setdefault(b, row)
+        return first
 
     def close(self) -> None:
         """Back to one cache row per draft row (each row's first copy)."""
-        first = [self.owners.index(b) for b in range(self.batch)]
-        self.kv.select_rows(torch.tensor(first, device=self.cache_device))
+        first = self._first_rows()
+        self.kv.select_rows(torch.tensor([first[b] for b in range(self.batch)], device=self.cache_device))

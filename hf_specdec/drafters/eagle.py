@@ -8,7 +8,7 @@ import torch
 from transformers import DynamicCache
 
 from ..core.draft import Draft, DraftRequest
-from ..core.kv import RaggedKV
+from ..core.kv import RaggedKV, positions
 from ..core.timing import clock
 from .base import elapsed
 from .chain import chain, real_tokens, right_aligned
@@ -112,7 +112,7 @@ class EagleDrafter(HeadDrafter):
             self.kv = RaggedKV(self.head, DynamicCache(), len(row_ids), self.device, boolean_masks=True)
             self.done = [0] * len(row_ids)
         elif row_ids != self.row_ids:
-            where = [self.row_ids.index(r) for r in row_ids]
+            where = positions(self.row_ids, row_ids)
             self.kv.select_rows(torch.tensor(where, device=self.device))
             self.done = [self.done[i] for i in where]
         self.row_ids = list(row_ids)

@@ -64,7 +64,11 @@ def _head_probs(request: DraftRequest, logits: list[torch.Tensor]) -> torch.Tens
     guesses = request.tokens.new_zeros(batch, 0)
     probs = []
     for head_logits in logits:
-        contexts = [torch.cat([request.row(b), guesses[b : b + 1]], dim=1) for b in range(batch)]
+        contexts = (
+            [torch.cat([request.row(b), guesses[b : b + 1]], dim=1) for b in range(batch)]
+            if request.processor.reads_context
+            else []
+        )
         dist = request.processor(contexts, request.row_ids, head_logits.float()).softmax(dim=-1)
         probs.append(dist)  # rows whose processors allow no draftable token give NaN: no nodes
         guesses = torch.cat([guesses, dist.nan_to_num(0.0).argmax(dim=-1, keepdim=True)], dim=1)

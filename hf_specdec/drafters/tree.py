@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import torch
 
 from ..core.draft import Draft, DraftRequest
-from ..core.processing import path_tokens
 
 
 @dataclass
@@ -86,9 +85,13 @@ def _add_children(
     where = [(b, i, node) for b, row in enumerate(frontier) for i, node in enumerate(row)]
     if not where:
         return
-    contexts = [torch.cat([request.row(b), _path(request, nodes[b], node)], dim=1) for b, _, node in where]
+    contexts = (
+        [torch.cat([request.row(b), _path(request, nodes[b], node)], dim=1) for b, _, node in where]
+        if request.processor.reads_context
+        else []
+    )
     row_ids = [request.row_ids[b] for b, _, _ in where]
-    raw = torch.stack([logits[b, i] for b, i, _ in where])
+    raw = logits[[b for b, _, _ in where], [i for _, i, _ in where]]
     probs = request.processor(contexts, row_ids, raw.float()).softmax(dim=-1)  # all -inf rows give NaN
     top = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
     for (b, _, node), values, tokens in zip(where, top.values.tolist(), top.indices.tolist()):
@@ -99,11 +102,12 @@ def _add_children(
 
 
 def _path(request: DraftRequest, row: list[_Node], node: int) -> torch.Tensor:
-    if node < 0:
-        return request.tokens.new_zeros(1, 0)
-    tokens = torch.tensor([n.token for n in row], device=request.tokens.device)
-    parents = torch.tensor([n.parent for n in row])
-    return path_tokens(tokens, parents, node)
+    """The tokens from the root down to `node` (none for -1), [1, depth]."""
+    tokens = []
+    while node >= 0:
+        tokens.append(row[node].token)
+        node = row[node].parent
+    return torch.tensor([tokens[::-1]], dtype=request.tokens.dtype, device=request.tokens.device)
 
 
 def _worth_expanding(row: list[_Node], depth: int, top_k: int, budget: int) -> list[int]:
@@ -127,24 +131,34 @@ def _depth(row: list[_Node], i: int) -> int:
 def _level(nodes: list[list[_Node]], frontier: list[list[int]], before: int, device: torch.device) -> Level:
     """Lay out the frontier as one forward's columns, after the `before` tree columns fed earlier."""
     batch, width = len(nodes), max(len(f) for f in frontier)
-    tokens = torch.zeros(batch, width, dtype=torch.long)
-    valid = torch.zeros(batch, width, dtype=torch.bool)
-    visible = torch.zeros(batch, width, before + width, dtype=torch.bool)
-    depths = torch.zeros(batch, width, dtype=torch.long)
-    parent_columns = torch.full((batch, width), -1, dtype=torch.long)
+    # Filled on the host as lists (a tensor written element by element costs more than the rest).
+    tokens = [[0] * width for _ in range(batch)]
+    valid = [[False] * width for _ in range(batch)]
+    depths = [[0] * width for _ in range(batch)]
+    parent_columns = [[-1] * width for _ in range(batch)]
+    seen: tuple[list[int], list[int], list[int]] = ([], [], [])  # (b, i, column) of each visible column
     for b, row in enumerate(frontier):
         real_fed = sum(n.column >= 0 for n in nodes[b])  # counted in the row's length already
         for i, node in enumerate(row):
             nodes[b][node].column = before + i
-            tokens[b, i], valid[b, i] = nodes[b][node].token, True
+            tokens[b][i], valid[b][i] = nodes[b][node].token, True
             ancestor = node
             while ancestor >= 0:
-                visible[b, i, nodes[b][ancestor].column] = True
+                for axis, value in zip(seen, (b, i, nodes[b][ancestor].column)):
+                    axis.append(value)
                 ancestor = nodes[b][ancestor].parent
-            depths[b, i] = _depth(nodes[b], node) - 1 - real_fed
+            depths[b][i] = _depth(nodes[b], node) - 1 - real_fed
             if nodes[b][node].parent >= 0:
-                parent_columns[b, i] = nodes[b][nodes[b][node].parent].column
-    return Level(*(t.to(device) for t in (tokens, valid, visible, parent_columns, depths)))
+                parent_columns[b][i] = nodes[b][nodes[b][node].parent].column
+    visible = torch.zeros(batch, width, before + width, dtype=torch.bool)
+    visible[seen] = True
+    return Level(
+        torch.tensor(tokens, dtype=torch.long, device=device),
+        torch.tensor(valid, dtype=torch.bool, device=device),
+        visible.to(device),
+        torch.tensor(parent_columns, dtype=torch.long, device=device),
+        torch.tensor(depths, dtype=torch.long, device=device),
+    )
 
 
 def _best(nodes: list[list[_Node]], budgets: list[int], device: torch.device) -> Draft:
@@ -156,14 +170,19 @@ def _best(nodes: list[list[_Node]], budgets: list[int], device: torch.device) ->
     for row, budget in zip(nodes, budgets):
         kept.append(sorted(range(len(row)), key=lambda i: (-row[i].cumulative, i))[:budget])
     width = max((len(k) for k in kept), default=0)
-    tokens = torch.zeros(len(nodes), width, dtype=torch.long)
-    parents = torch.full((len(nodes), width), -1, dtype=torch.long)
-    confidence = torch.zeros(len(nodes), width)
+    tokens = [[0] * width for _ in nodes]
+    parents = [[-1] * width for _ in nodes]
+    confidence = [[0.0] * width for _ in nodes]
     for b, (row, keep) in enumerate(zip(nodes, kept)):
         renumber = {old: new for new, old in enumerate(keep)}
         for new, old in enumerate(keep):
-            tokens[b, new] = row[old].token
-            parents[b, new] = renumber[row[old].parent] if row[old].parent >= 0 else -1
-            confidence[b, new] = row[old].probability
-    lengths = [len(k) for k in kept]
-    return Draft(tokens.to(device), lengths, None, confidence.to(device), parents=parents.to(device))
+            tokens[b][new] = row[old].token
+            parents[b][new] = renumber[row[old].parent] if row[old].parent >= 0 else -1
+            confidence[b][new] = row[old].probability
+    return Draft(
+        torch.tensor(tokens, dtype=torch.long, device=device).reshape(len(nodes), width),
+        [len(k) for k in kept],
+        None,
+        torch.tensor(confidence, dtype=torch.float32, device=device).reshape(len(nodes), width),
+        parents=torch.tensor(parents, dtype=torch.long, device=device).reshape(len(nodes), width),
+    )

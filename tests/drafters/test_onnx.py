@@ -7,9 +7,9 @@ import sys
 import pytest
 import torch
 
-from hf_specdec.ort import export_onnx, session
+from hf_specdec.ort import session
 
-from ..conftest import assert_greedy_match, random_batch, tiny_llama
+from ..conftest import assert_greedy_match, random_batch
 
 GREEDY_CASES = [  # (draft folder, batch size, draft length)
     ("good", 1, 4),
@@ -131,15 +131,14 @@ def test_bad_folders_say_what_is_wrong(target, tmp_path):
         target.generate(input_ids=ids, max_new_tokens=4, speculative="onnx")
 
 
-def test_vocabulary_mismatch_is_refused(target, tmp_path):
-    export_onnx(tiny_llama(3, vocab_size=48, layers=1), tmp_path / "small", progress=False)
+def test_vocabulary_mismatch_is_refused(target, onnx_vocab8_draft):
     ids, mask = random_batch(1, 1)
-    with pytest.raises(ValueError, match=r"vocabulary has 48 entries but the target's has 64"):
+    with pytest.raises(ValueError, match=r"vocabulary has 8 entries but the target's has 64"):
         target.generate(
             input_ids=ids,
             attention_mask=mask,
             max_new_tokens=4,
-            speculative=dict(method="onnx", draft=str(tmp_path / "small")),
+            speculative=dict(method="onnx", draft=str(onnx_vocab8_draft)),
         )
 
 

@@ -121,20 +121,12 @@ def test_branch_rows_on_a_pytorch_cache_match_its_tree_masks(target, good_draft,
 
 
 @pytest.fixture(scope="module")
-def sampling_onnx(tmp_path_factory):
+def sampling_onnx(onnx_vocab8_draft):
     """The vocabulary-8 pair of the draft-model tree sampling tests, its draft cut to one layer and
-    exported (exactness does not depend on the draft's depth; the export's cost does, about linearly)."""
-    from hf_specdec.ort import export_onnx
-
+    exported (`onnx_vocab8_draft`)."""
     from ..conftest import tiny_llama
 
-    target, draft = (
-        tiny_llama(20, vocab_size=8, eos_token_id=None),
-        tiny_llama(21, vocab_size=8, eos_token_id=None, layers=1),
-    )
-    folder = tmp_path_factory.mktemp("onnx-sampling")
-    export_onnx(draft, folder, progress=False)
-    return target, folder
+    return tiny_llama(20, vocab_size=8, eos_token_id=None), onnx_vocab8_draft
 
 
 @pytest.mark.parametrize("way", WAYS)

@@ -9,6 +9,8 @@ repeats, which a small random model does now and then.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from hf_specdec.heads.eagle import EagleHeadConfig
@@ -35,3 +37,18 @@ def identity_medusa(target, draft_vocab: torch.Tensor | None = None, heads: int 
     if draft_vocab is not None:
         head.set_draft_vocab(draft_vocab)
     return head
+
+
+ROOT = Path(__file__).resolve().parents[2]
+# How much of the project's own docs heads train on in the tests: about 3,100 SmolLM2 tokens, over
+# `train.data.MIN_TOKENS` (2,000) with room, and fixed, so that the README's length does not set the
+# cost of the target's features (linear in the tokens: most of a short training run on a CPU).
+CORPUS_CHARS = 10_000
+
+
+def training_corpus(folder: Path) -> Path:
+    """A text file of the first CORPUS_CHARS characters of the README and docs/, in `folder`."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    corpus = folder / "corpus.txt"
+    corpus.write_text("\n\n".join(page.read_text() for page in pages)[:CORPUS_CHARS])
+    return corpus

@@ -35,7 +35,7 @@ from hf_specdec.train.data import Sequence
 from hf_specdec.train.features import cached_target_features
 from hf_specdec.train.trainer import CHECKPOINT_DIR, STATE_NAME, TrainConfig, train_head
 
-from ..conftest import assert_greedy_match, random_batch, tiny_llama
+from ..conftest import assert_greedy_match, child_env, random_batch, tiny_llama
 from .tiny_gguf import write_tiny_llama_gguf
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -153,7 +153,7 @@ def test_a_crashed_export_leaves_no_staging_folder_behind(tmp_path, target, int8
         "from hf_specdec.ort.cache import quantized_copy\n"
         "quantized_copy(tiny_llama(5, layers=1))\n"
     )
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    env = child_env(PYTHONWARNINGS="ignore")
     export = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while not list(cache.glob("onnx/tmp*/model")) and export.poll() is None and time.monotonic() < deadline:

@@ -19,7 +19,7 @@ import hf_specdec
 import hf_specdec.integration
 from hf_specdec.integration import _ORIGINAL_GENERATE
 
-from ..conftest import random_batch, tiny_llama
+from ..conftest import child_env, random_batch, tiny_llama
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -91,7 +91,9 @@ def _reload_in_a_fresh_process(modules: list[str]) -> subprocess.CompletedProces
         print("ok")
         """
     )
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120
+    )
 
 
 def test_reloading_a_drafter_module_keeps_its_drafter_registered():

@@ -107,14 +107,12 @@ def test_empty_and_short_data_are_refused(target, tmp_path):
 
 def test_train_draft_command_on_the_real_demo_model(smollm2_path, tmp_path, capsys):
     """The CLI end to end on SmolLM2 with its real tokenizer: read a corpus, train, save, report."""
-    from pathlib import Path
-
     from hf_specdec.cli import main
 
-    # A fixed share of the README (~5k tokens, over MIN_TOKENS): the target's features cost grows with it.
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()[:10_000]
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(readme + "\n\n" + readme)
+    from ..helpers.heads import training_corpus
+
+    # A fixed share of the docs, over MIN_TOKENS: the target's features cost grows with it.
+    corpus = training_corpus(tmp_path)
     out = tmp_path / "head"
     args = ["train-draft", "--target", str(smollm2_path), "--method", "medusa", "--out", str(out)]
     code = main([*args, "--data", str(corpus), "--minutes", "0.1", "--draft-vocab", "1024"])

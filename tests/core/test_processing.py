@@ -1,0 +1,140 @@
+"""`ScoreProcessor`: the batched path for set-based processors (repetition penalty) gives, bit for
+bit, what each row and position gets alone, as plain `generate` would process it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (
+    LogitsProcessorList,
+    MinLengthLogitsProcessor,
+    NoRepeatNGramLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from hf_specdec.core.processing import ScoreProcessor, path_tokens, prefix_ids
+
+VOCAB, BATCH, K = 16, 3, 5
+
+
+def _penalty(penalty=1.3, ignore=None):
+    return RepetitionPenaltyLogitsProcessor(penalty, prompt_ignore_length=ignore)
+
+
+CASES = {
+    "penalty": lambda: [_penalty()],
+    "reward": lambda: [_penalty(0.7)],
+    "penalty_then_warpers": lambda: [
+        _penalty(),
+        TemperatureLogitsWarper(0.9),
+        TopKLogitsWarper(6),
+        TopPLogitsWarper(0.9),
+    ],
+    "two_penalties": lambda: [_penalty(1.2), TemperatureLogitsWarper(0.7), _penalty(1.5)],
+    # generate's own: each row's left-padding length, one entry per row of the user's batch
+    "ignore_per_row": lambda: [_penalty(ignore=torch.tensor([0, 3, 7]))],
+    "ignore_one_for_all": lambda: [_penalty(ignore=torch.tensor([4]))],
+    # longer than some contexts: the cut reaches into the draft's path
+    "ignore_int": lambda: [_penalty(ignore=9)],
+}
+
+
+def _contexts(seed: int, row_ids: list[int]) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 12, (len(row_ids),), generator=g).tolist()
+    lengths[0] = 12  # longer than any prompt_ignore_length above: something is penalised
+    return [torch.randint(0, VOCAB, (1, n), generator=g) for n in lengths]
+
+
+def _logits(seed: int, *shape: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(*shape, generator=g) * 3  # both signs: the penalty divides or multiplies
+    logits[torch.rand(*shape, generator=g) < 0.1] = float("-inf")
+    return logits
+
+
+def _tree(seed: int, batch: int) -> tuple[torch.Tensor, list[int]]:
+    """Random parents, each before its child; past a row's length, rubbish."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, K + 1, (batch,), generator=g).tolist()
+    parents = torch.randint(-3, K + 2, (batch, K), generator=g)
+    for b, n in enumerate(lengths):
+        for i in range(n):
+            parents[b, i] = int(torch.randint(-1, i, (1,), generator=g))
+    return parents, lengths
+
+
+@pytest.mark.parametrize("tree", [False, True])
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("seed", range(4))
+def test_batched_positions_equal_row_by_row(case, tree, seed):
+    row_ids = [[0, 1, 2], [2, 0], [1]][seed % 3]
+    processor = ScoreProcessor(LogitsProcessorList(CASES[case]()), VOCAB, BATCH)
+    assert processor.batched and not processor.context_free
+    contexts = _contexts(seed, row_ids)
+    g = torch.Generator().manual_seed(100 + seed)
+    # a draft with a larger vocabulary: ids the target cannot emit; rubbish past each row's length
+    draft_tokens = torch.randint(0, VOCAB + 4, (len(row_ids), K), generator=g)
+    if tree:
+        parents, lengths = _tree(seed, len(row_ids))
+    else:
+        parents, lengths = None, torch.randint(0, K + 1, (len(row_ids),), generator=g).tolist()
+    for b, n in enumerate(lengths):
+        draft_tokens[b, n:] = -1
+    logits = _logits(seed, len(row_ids), K + 1, VOCAB + 2 * (seed % 2))  # and a padded vocabulary
+    args = (contexts, row_ids, draft_tokens, lengths, logits, parents)
+    batched = processor.positions(*args)
+    assert torch.equal(batched, processor.positions_row_by_row(*args))
+    assert not torch.equal(batched, processor.fit_vocab(logits))  # something was processed
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_batched_call_equals_row_by_row(case):
+    processor = ScoreProcessor(LogitsProcessorList(CASES[case]()), VOCAB, BATCH)
+    row_ids = [2, 0, 1, 1]  # a tree's frontier: one row of the user's batch at several nodes
+    contexts = _contexts(7, row_ids)
+    logits = _logits(7, len(row_ids), VOCAB)
+    assert torch.equal(processor(contexts, row_ids, logits), processor.row_by_row(contexts, row_ids, logits))
+
+
+def test_prefix_ids_lay_each_path_after_its_context():
+    contexts = [torch.tensor([[7, 8, 9]]), torch.tensor([[5]])]
+    tokens = torch.tensor([[1, 2, 3], [4, 6, 10]])
+    parents = torch.tensor([[-1, -1, 1], [-1, 0, 1]])
+    ids = prefix_ids(contexts, tokens, parents, filler=99)
+    assert ids.shape == (2, 4, 6)
+    assert ids[0].tolist() == [
+        [7, 8, 9, 99, 99, 99],
+        [7, 8, 9, 1, 99, 99],
+        [7, 8, 9, 2, 99, 99],  # node 1 is a root child too
+        [7, 8, 9, 2, 3, 99],
+    ]
+    assert ids[1].tolist() == [
+        [5, 99, 99, 99, 99, 99],
+        [5, 4, 99, 99, 99, 99],
+        [5, 4, 6, 99, 99, 99],
+        [5, 4, 6, 10, 99, 99],
+    ]
+    for b in range(2):
+        for node in range(3):
+            sequence = contexts[b][0].tolist() + path_tokens(tokens[b], parents[b], node)[0].tolist()
+            assert ids[b, node + 1, : len(sequence)].tolist() == sequence
+    chain = prefix_ids(contexts, tokens, None, filler=99)
+    assert chain[0, 3].tolist() == [7, 8, 9, 1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    "processors",
+    [
+        [MinLengthLogitsProcessor(5, eos_token_id=2)],  # reads the length: padding would change it
+        [NoRepeatNGramLogitsProcessor(2)],  # reads the order
+        [_penalty(), MinLengthLogitsProcessor(5, eos_token_id=2)],
+        [type("MyPenalty", (RepetitionPenaltyLogitsProcessor,), {})(1.3)],  # a subclass may read more
+        [_penalty(ignore=torch.tensor([1, 2]))],  # neither one entry per row nor one for all
+    ],
+)
+def test_other_processors_stay_row_by_row(processors):
+    assert not ScoreProcessor(LogitsProcessorList(processors), VOCAB, BATCH).batched
