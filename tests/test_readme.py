@@ -113,6 +113,30 @@ def test_hf_specdec_subcommand_exists(sub, capsys):
     assert exit_.value.code == 0, f"`hf-specdec {sub}` (cited in {SUBCOMMANDS[sub]}) is not a command"
 
 
+def _cited_options() -> dict[tuple[str, str], str]:
+    """(subcommand, --option) for each option written after `hf-specdec SUB` on the same command line
+    (backslash continuations joined), with the first page citing it."""
+    found: dict[tuple[str, str], str] = {}
+    for page in PAGES:
+        code = _code(page.read_text()).replace("\\\n", " ")
+        for sub, rest in re.findall(r"\bhf-specdec ([a-z][a-z-]*)([^\n]*)", code):
+            for option in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", rest.split("#")[0]):
+                found.setdefault((sub, option), str(page.relative_to(ROOT)))
+    return found
+
+
+OPTIONS = _cited_options()
+
+
+@pytest.mark.parametrize("sub,option", sorted(OPTIONS))
+def test_cited_hf_specdec_options_exist(sub, option, capsys):
+    with pytest.raises(SystemExit):
+        cli.main([sub, "--help"])
+    assert re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", capsys.readouterr().out), (
+        f"`hf-specdec {sub} {option}` (cited in {OPTIONS[(sub, option)]}) is not an option of {sub}"
+    )
+
+
 def test_cited_paths_exist():
     """Scripts run with python/bash and files named by their path in the repository."""
     paths = _cited(r"(?:^|[\s(])((?:bench|examples|configs|tests|hf_specdec)/[\w./*-]*\w)")
