@@ -11,17 +11,16 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, LogitsProcessorList, StaticCache, StoppingCriteriaList
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
-from .compat import generate_cache
 from .draft import Draft, Drafter, DraftRequest
 from .features import DrafterFeatures
 from .inputs import ModelInputs
-from .kv import RaggedKV, Slots, positions
+from .kv import Slots, positions
 from .output import OutputCollector, ReturnedStates, TokenOutputs
 from .policy import DraftLengthPolicy
 from .processing import ScoreProcessor
-from .static_kv import StaticKV
+from .static_kv import target_cache
 from .stats import SpeculativeStats
 from .timing import clock
 from .verify import Verdict, accept
@@ -52,7 +51,7 @@ def speculative_decode(
     vocab = model.config.get_text_config().vocab_size
     processor = ScoreProcessor(logits_processor, vocab, batch)
     out = OutputCollector(input_ids, model_kwargs.get("attention_mask"), generation_config, streamer)
-    target = _target_cache(model, batch, device, generation_config, model_kwargs)
+    target = target_cache(model, batch, device, generation_config, model_kwargs)
     features = DrafterFeatures(drafter.hidden_state_layers, batch, device)
     returned = ReturnedStates(out, target, bool(drafter.hidden_state_layers))
 
@@ -74,9 +73,7 @@ def speculative_decode(
         rows = out.active_rows
         no_draft = Draft.empty(len(rows), device)
         first = accept(request(rows, 0), no_draft, prefill.logits[rows])
-        stats.draft_lengths.append(0)
-        stats.verified_widths.append(1)
-        stats.verify_times.append(None)
+        stats.record_forward(0, 1)
         _emit(out, stats, rows, no_draft, first, returned.prompt(prefill, rows), stopping_criteria)
 
     seconds = drafter.probe_seconds(len(out.active_rows)) if out.active_rows else None
@@ -94,7 +91,6 @@ def speculative_decode(
         if tree and max_tree_nodes is not None:
             k = min(k, max_tree_nodes)
         k = max(min(k, target.widest(k + 1) - 1), 0)  # a static cache's room (0: its error comes next)
-        stats.draft_lengths.append(k)
         asked = request(rows, k)
 
         start = clock(device)  # every clock read waits for the device: the policy learns from these
@@ -130,29 +126,12 @@ def speculative_decode(
         # A compiled width's first forward is its compile, no verify cost: the policy is not told it.
         verify_seconds = None if target.compiling else verified_at - drafted_at
         policy.update(len(rows), draft, verdict.accepted, proposed_at - start, verify_seconds, **paths)
-        stats.draft_seconds += drafted_at - start
-        stats.verify_seconds += verified_at - drafted_at
-        stats.verified_widths.append(1 + max(draft.lengths, default=0))
-        stats.verify_times.append(verified_at - drafted_at)
+        stats.record_forward(
+            k, 1 + max(draft.lengths, default=0), drafted_at - start, verified_at - drafted_at
+        )
 
     stats.emitted = out.emitted
     return out.finish(stats, target.finished_cache())
-
-
-def _target_cache(
-    model: Any,
-    batch: int,
-    device: torch.device,
-    generation_config: GenerationConfig,
-    model_kwargs: dict[str, Any],
-) -> RaggedKV | StaticKV:
-    """The target's cache as `generate` prepared it: a StaticCache (`cache_implementation="static"`
-    or one passed in) rolled back by its write position, compiled where transformers would compile it;
-    else a DynamicCache with holes."""
-    cache = generate_cache(model_kwargs)
-    if isinstance(cache, StaticCache):
-        return StaticKV.for_generate(model, cache, batch, device, generation_config, model_kwargs)
-    return RaggedKV(model, cache, batch, device)
 
 
 def _emit(

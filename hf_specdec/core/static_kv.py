@@ -38,8 +38,8 @@ import torch
 from transformers import CompileConfig, GenerationConfig, PreTrainedModel, StaticCache
 from transformers.cache_utils import StaticLayer
 
-from .compat import cache_argument, compiles_decoding
-from .kv import Slots
+from .compat import cache_argument, compiles_decoding, generate_cache
+from .kv import RaggedKV, Slots
 
 # The verify widths a compiled forward is padded to: one graph each (dynamo's recompile limit is 8),
 # so a draft is at most 15 tokens.
@@ -295,3 +295,19 @@ def check_layers(model: PreTrainedModel, cache: StaticCache) -> None:
                 "(a sliding window kept as a ring buffer, whose overwritten positions cannot be restored). "
                 "Use the default dynamic cache (drop cache_implementation='static')."
             )
+
+
+def target_cache(
+    model: Any,
+    batch: int,
+    device: torch.device,
+    generation_config: GenerationConfig,
+    model_kwargs: dict[str, Any],
+) -> RaggedKV | StaticKV:
+    """The target's cache as `generate` prepared it: a StaticCache (`cache_implementation="static"`
+    or one passed in) rolled back by its write position, compiled where transformers would compile it;
+    else a DynamicCache with holes."""
+    cache = generate_cache(model_kwargs)
+    if isinstance(cache, StaticCache):
+        return StaticKV.for_generate(model, cache, batch, device, generation_config, model_kwargs)
+    return RaggedKV(model, cache, batch, device)

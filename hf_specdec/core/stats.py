@@ -53,6 +53,17 @@ class SpeculativeStats:
     verified_widths: list[int] = field(default_factory=list)
     verify_times: list[float | None] = field(default_factory=list)
 
+    def record_forward(
+        self, asked: int, width: int, draft_seconds: float = 0.0, verify_seconds: float | None = None
+    ) -> None:
+        """Note one target forward: the draft length the policy asked for, the width it verified,
+        and the seconds spent drafting and verifying (None for the prefill, which is not timed)."""
+        self.draft_lengths.append(asked)
+        self.verified_widths.append(width)
+        self.verify_times.append(verify_seconds)
+        self.draft_seconds += draft_seconds
+        self.verify_seconds += verify_seconds or 0.0
+
     def record_step(self, drafted: int, accepted: int, tree_depth: int | None = None) -> None:
         """Count one verification step that checked `drafted` tokens (a tree's nodes) and kept
         `accepted` of them; `tree_depth` is given for a tree draft, None for a chain."""
