@@ -136,7 +136,7 @@ def _level(nodes: list[list[_Node]], frontier: list[list[int]], before: int, dev
     valid = [[False] * width for _ in range(batch)]
     depths = [[0] * width for _ in range(batch)]
     parent_columns = [[-1] * width for _ in range(batch)]
-    seen: tuple[list[int], list[int], list[int]] = ([], [], [])  # (b, i, column) of each visible column
+    seen_rows, seen_nodes, seen_columns = [], [], []  # where `visible` is True: node i of row b sees a column
     for b, row in enumerate(frontier):
         real_fed = sum(n.column >= 0 for n in nodes[b])  # counted in the row's length already
         for i, node in enumerate(row):
@@ -144,14 +144,15 @@ def _level(nodes: list[list[_Node]], frontier: list[list[int]], before: int, dev
             tokens[b][i], valid[b][i] = nodes[b][node].token, True
             ancestor = node
             while ancestor >= 0:
-                for axis, value in zip(seen, (b, i, nodes[b][ancestor].column)):
-                    axis.append(value)
+                seen_rows.append(b)
+                seen_nodes.append(i)
+                seen_columns.append(nodes[b][ancestor].column)
                 ancestor = nodes[b][ancestor].parent
             depths[b][i] = _depth(nodes[b], node) - 1 - real_fed
             if nodes[b][node].parent >= 0:
                 parent_columns[b][i] = nodes[b][nodes[b][node].parent].column
     visible = torch.zeros(batch, width, before + width, dtype=torch.bool)
-    visible[seen] = True
+    visible[seen_rows, seen_nodes, seen_columns] = True
     return Level(
         torch.tensor(tokens, dtype=torch.long, device=device),
         torch.tensor(valid, dtype=torch.bool, device=device),
