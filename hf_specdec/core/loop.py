@@ -96,8 +96,9 @@ def speculative_decode(
         start = clock(device)  # every clock read waits for the device: the policy learns from these
         draft = drafter.propose(asked) if k > 0 else Draft.empty(len(rows), device)
         proposed_at = clock(device)
-        draft = policy.trim(draft, len(rows), [out.room(r) for r in rows])
+        # Checked as proposed: a bad id must not pass because the policy happened to cut it off.
         draft.check_token_ids(vocab, f"{type(drafter).__name__} (method={drafter.name!r})")
+        draft = policy.trim(draft, len(rows), [out.room(r) for r in rows])
         drafted_at = clock(device)
 
         # Verify: one target forward over [last token, draft...] a row, finished rows fed holes.
