@@ -171,6 +171,7 @@ def _header(result: BenchResult) -> list[str]:
         f"- Software: torch {s['torch']}, transformers {s['transformers']}, Python {s['python']}; "
         f"date {s['date']}",
         *_runtime(s.get("runtime")),
+        *_cache(s),
         "- Rows: " + ", ".join(f"`{r}`" for r in s["rows"]) + _missing_rows(s),
         "- Speedup = the row's median tokens/s over plain `generate`'s, per category; rows run "
         "interleaved prompt by prompt in one process, order rotated per prompt, after one warm-up"
@@ -186,6 +187,23 @@ def _header(result: BenchResult) -> list[str]:
     if result.interrupted:
         lines += ["**Interrupted: partial results.**", ""]
     return lines
+
+
+def _cache(settings: dict[str, Any]) -> list[str]:
+    """The cache line, for runs on transformers' static cache (older results have no such keys)."""
+    if settings.get("cache_implementation", "dynamic") == "dynamic":
+        return []
+    skipped = (
+        "; transformers' prompt lookup and assisted rows not run (on a static cache its assisted "
+        "generation writes past the cache's end)"
+    )
+    if not settings.get("compiled"):
+        return ["- Cache: static (`cache_implementation=\"static\"`), every row" + skipped]
+    return [
+        "- Cache: static, decode step compiled (`compile_config`), every row; the verify widths "
+        f"compiled before timing, {settings.get('graphs_compiled_while_timing', '?')} graphs compiled "
+        "while timing" + skipped
+    ]
 
 
 def _missing_rows(settings: dict[str, Any]) -> str:

@@ -8,6 +8,7 @@ classified against plain `generate`'s: identical, a rounding tie, or a mismatch 
 
 from __future__ import annotations
 
+import copy
 import datetime
 import os
 import statistics
@@ -18,7 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import CompileConfig
 
+from ..config import SpeculativeConfig
+from ..core.static_kv import COMPILED_WIDTHS
 from ..core.timing import clock
 from ..drafters import DRAFTERS
 from ..drafters.draft_model import load_draft
@@ -72,6 +76,8 @@ def run_bench(
     num_draft_tokens: int | str = "auto",
     transformers_baselines: bool = True,
     repeats: int = 1,
+    static_cache: bool = False,
+    compile: bool | CompileConfig = False,
     progress: bool = True,
 ) -> BenchResult:
     """Benchmark speculative methods against plain `generate` and transformers' assisted generation.
@@ -92,10 +98,18 @@ def run_bench(
         categories: only the prompts of these categories.
         chat_template: None applies the tokenizer's chat template when it has one; True requires one.
         transformers_baselines: also time `prompt_lookup_num_tokens=10` and, with a draft,
-            `assistant_model=` (batch size 1 only).
+            `assistant_model=` (batch size 1 and a dynamic cache only: on a static cache
+            transformers 5.24's assisted generation writes past the cache's end, an IndexError).
         repeats: time each row this many times per prompt (all rows once, then again, each round
             in the same rotated order) and keep the median: on a shared machine one call's time
             scatters by more than the differences between methods.
+        static_cache: every row, plain `generate` included, on transformers' static cache
+            (`cache_implementation="static"`), which transformers compiles by default on a GPU.
+        compile: `static_cache` with the decode step compiled on any device (True: transformers'
+            default `CompileConfig`, inductor; or a `CompileConfig` of yours), told to compile on a
+            CPU too: transformers' fast path, against which speculation must still pay. Every width a speculative row verifies at is compiled
+            before timing (`_compile_widths`), and the graphs compiled while timing are counted
+            in `settings["graphs_compiled_while_timing"]`.
 
     Ctrl-C stops the run and returns what was measured so far, with `interrupted=True`.
     """
@@ -112,7 +126,9 @@ def run_bench(
     model_name = str(model.name_or_path or type(model).__name__)
     chat = use_chat_template(tokenizer, chat_template)
     draft_model, draft_tokenizer = _load_draft(draft, model)
-    rows = _rows(methods, draft_model, draft_tokenizer, heads, num_draft_tokens, transformers_baselines)
+    static = bool(static_cache or compile)
+    baselines = transformers_baselines and not static
+    rows = _rows(methods, draft_model, draft_tokenizer, heads, num_draft_tokens, baselines)
     settings = _settings(
         model_name, draft, methods, rows, suite if prompts is None else str(prompts), chosen,
         batch_sizes, max_new_tokens, sample, chat, num_draft_tokens,
@@ -123,6 +139,9 @@ def run_bench(
     result = BenchResult(settings)
     generation = dict(max_new_tokens=max_new_tokens, do_sample=sample, return_dict_in_generate=True)
     generation["pad_token_id"] = pad_token_id(tokenizer, model)
+    generation.update(fast_path(static_cache, compile))
+    result.settings["cache_implementation"] = generation.get("cache_implementation", "dynamic")
+    result.settings["compiled"] = bool(compile)
     try:
         _measure(model, tokenizer, rows, chosen, batch_sizes, chat, generation, result, progress, repeats)
     except KeyboardInterrupt:
@@ -151,8 +170,13 @@ def _measure(
     try:
         for batch_size, items, batch_rows in plan:
             inputs = encode_prompts(tokenizer, items[0], chat, generation["pad_token_id"], model.device)
+            if "cache_implementation" in generation:
+                inputs = _size_static_cache(model, tokenizer, items, chat, generation)
             for row in batch_rows:  # warm-up: first calls pay for allocations and lazy imports
                 _time_row(model, row, inputs, {**generation, "max_new_tokens": WARMUP_TOKENS}, 0)
+            if "compile_config" in generation:
+                _compile_widths(model, inputs, generation)
+            graphs = _graphs_compiled()
             for i, item in enumerate(items):
                 inputs = encode_prompts(tokenizer, item, chat, generation["pad_token_id"], model.device)
                 outputs: dict[str, Any] = {}
@@ -177,8 +201,54 @@ def _measure(
                             result.measurements.append(measurement)
                 if not generation["do_sample"]:
                     _check_lossless(model, result.measurements[-len(batch_rows) :], outputs, inputs)
+            if "compile_config" in generation:  # each a compile inside some row's timed call
+                settings = result.settings
+                settings["graphs_compiled_while_timing"] = (
+                    settings.get("graphs_compiled_while_timing", 0) + _graphs_compiled() - graphs
+                )
     finally:
         bar.close()
+
+
+def fast_path(static_cache: bool, compile: bool | CompileConfig) -> dict[str, Any]:
+    """`generate`'s arguments for transformers' static-cache path, its decode step compiled with
+    `compile` (True: transformers' default config), on a CPU too: transformers compiles there
+    only when told so."""
+    if not (static_cache or compile):
+        return {}
+    if not compile:
+        return {"cache_implementation": "static"}
+    # A copy: the flag below must not change the caller's config.
+    config = copy.copy(compile) if isinstance(compile, CompileConfig) else CompileConfig()
+    config._compile_all_devices = True
+    return {"cache_implementation": "static", "compile_config": config}
+
+
+def _size_static_cache(
+    model: Any, tokenizer: Any, items: list[list[Prompt]], chat: bool, generation: dict[str, Any]
+) -> dict[str, torch.Tensor]:
+    """One plain call on the longest batch, so that every later call of this batch size gets a static
+    cache of the same length: transformers sizes it to the longest call so far, and each new length
+    is a new shape for compiled graphs. Returns that batch's inputs."""
+    encoded = [encode_prompts(tokenizer, item, chat, generation["pad_token_id"], model.device) for item in items]
+    longest = max(encoded, key=lambda inputs: inputs["input_ids"].shape[1])
+    model.generate(**longest, **generation)
+    return longest
+
+
+def _compile_widths(model: Any, inputs: dict[str, torch.Tensor], generation: dict[str, Any]) -> None:
+    """Compile the target's forward at every padded verify width a call can reach before anything
+    is timed: the model as its own draft, at a fixed length per width, drafts exactly that many."""
+    for width in COMPILED_WIDTHS[1:]:
+        if width >= generation["max_new_tokens"]:  # a draft never outruns the tokens left
+            break
+        spec = SpeculativeConfig(method="draft_model", draft=model, num_draft_tokens=width - 1)
+        model.generate(**inputs, **generation, speculative=spec)
+
+
+def _graphs_compiled() -> int:
+    """Graphs dynamo compiled so far in this process."""
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
 
 
 def _time_row(

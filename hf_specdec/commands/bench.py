@@ -56,6 +56,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--categories", default=None, help="comma-separated categories to keep")
     parser.add_argument("--batch-sizes", default="1", help="comma-separated batch sizes (default: 1)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    cache = parser.add_mutually_exclusive_group()
+    cache.add_argument(
+        "--static-cache",
+        action="store_true",
+        help="every row on transformers' static cache (cache_implementation='static'; compiled by "
+        "default on a GPU, as transformers does)",
+    )
+    cache.add_argument(
+        "--compile",
+        action="store_true",
+        help="every row on the static cache with the decode step compiled, on a CPU too (transformers' "
+        "fast path; the verify widths are compiled before timing)",
+    )
     parser.add_argument("--sample", action="store_true", help="sample (do_sample=True) instead of greedy")
     parser.add_argument("--num-draft-tokens", default="auto", help='an integer, or "auto" (default)')
     template = parser.add_mutually_exclusive_group()
@@ -88,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
             data_dir=args.data_dir,
             limit=args.limit,
             repeats=args.repeats,
+            static_cache=args.static_cache,
+            compile=args.compile,
             categories=_split(args.categories) or None,
             batch_sizes=[_positive_int(b, "--batch-sizes") for b in _split(args.batch_sizes)],
             max_new_tokens=args.max_new_tokens,

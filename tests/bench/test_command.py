@@ -314,3 +314,38 @@ def test_repeats_time_every_row_again_and_keep_the_median(tiny_folder, monkeypat
     assert "median of 3 interleaved runs" in to_markdown(result)
     with pytest.raises(ValueError, match="repeats must be at least 1"):
         run_bench(tiny_folder, prompts=prompts, repeats=0, progress=False)
+
+
+def test_compile_runs_every_row_on_the_compiled_static_cache(tiny_folder):
+    """`compile=`: plain generate and ours on a static cache, the decode step compiled (dynamo traces
+    the graphs and runs them eagerly: inductor takes minutes on a small CPU); every verify width is
+    compiled before timing, so no graph is compiled inside a timed call, and the outputs stay plain's."""
+    from transformers import CompileConfig
+
+    traced: list[int] = []
+
+    def backend(graph, example_inputs):
+        traced.append(1)
+        return graph.forward
+
+    config = CompileConfig(backend=backend, fullgraph=True, mode=None)
+    # The second prompt is the longer: its cache too, unless the first call sized it for both.
+    prompts = [Prompt("a", "qa", "Cats?"), Prompt("b", "qa", "Say something about dogs and their owners.")]
+    result = run_bench(tiny_folder, prompts=prompts, max_new_tokens=MAX_NEW, compile=config, progress=False)
+    assert result.settings["cache_implementation"] == "static" and result.settings["compiled"]
+    assert not getattr(config, "_compile_all_devices", None)  # the caller's config is left as it was
+    assert len(traced) >= 3  # plain's step and our widths 2 and 4 at least (6 new tokens: no wider)
+    assert result.settings["graphs_compiled_while_timing"] == 0
+    assert all(m.error is None for m in result.measurements)
+    ours = [m for m in result.measurements if m.row == "ngram"]
+    assert all(m.lossless == {"identical": 1, "tie": 0, "mismatch": 0} for m in ours)
+    assert "decode step compiled" in to_markdown(result)
+
+
+def test_static_cache_runs_every_row_on_it(tiny_folder):
+    prompts = [Prompt("a", "qa", "Say something about cats.")]
+    result = run_bench(tiny_folder, prompts=prompts, max_new_tokens=MAX_NEW, static_cache=True, progress=False)
+    assert result.settings["cache_implementation"] == "static" and not result.settings["compiled"]
+    assert "graphs_compiled_while_timing" not in result.settings
+    assert all(m.error is None for m in result.measurements)
+    assert "Cache: static" in to_markdown(result)
