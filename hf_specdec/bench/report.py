@@ -198,7 +198,7 @@ def _cache(settings: dict[str, Any]) -> list[str]:
         "generation writes past the cache's end)"
     )
     if not settings.get("compiled"):
-        return ["- Cache: static (`cache_implementation=\"static\"`), every row" + skipped]
+        return ['- Cache: static (`cache_implementation="static"`), every row' + skipped]
     return [
         "- Cache: static, decode step compiled (`compile_config`), every row; the verify widths "
         f"compiled before timing, {settings.get('graphs_compiled_while_timing', '?')} graphs compiled "

@@ -107,9 +107,10 @@ def run_bench(
             (`cache_implementation="static"`), which transformers compiles by default on a GPU.
         compile: `static_cache` with the decode step compiled on any device (True: transformers'
             default `CompileConfig`, inductor; or a `CompileConfig` of yours), told to compile on a
-            CPU too: transformers' fast path, against which speculation must still pay. Every width a speculative row verifies at is compiled
-            before timing (`_compile_widths`), and the graphs compiled while timing are counted
-            in `settings["graphs_compiled_while_timing"]`.
+            CPU too: transformers' fast path, against which speculation must still pay. Every
+            width a speculative row verifies at is compiled before timing (`_compile_widths`),
+            and the graphs compiled while timing are counted in
+            `settings["graphs_compiled_while_timing"]`.
 
     Ctrl-C stops the run and returns what was measured so far, with `interrupted=True`.
     """
@@ -230,7 +231,9 @@ def _size_static_cache(
     """One plain call on the longest batch, so that every later call of this batch size gets a static
     cache of the same length: transformers sizes it to the longest call so far, and each new length
     is a new shape for compiled graphs. Returns that batch's inputs."""
-    encoded = [encode_prompts(tokenizer, item, chat, generation["pad_token_id"], model.device) for item in items]
+    encoded = [
+        encode_prompts(tokenizer, item, chat, generation["pad_token_id"], model.device) for item in items
+    ]
     longest = max(encoded, key=lambda inputs: inputs["input_ids"].shape[1])
     model.generate(**longest, **generation)
     return longest

@@ -344,7 +344,9 @@ def test_compile_runs_every_row_on_the_compiled_static_cache(tiny_folder):
 
 def test_static_cache_runs_every_row_on_it(tiny_folder):
     prompts = [Prompt("a", "qa", "Say something about cats.")]
-    result = run_bench(tiny_folder, prompts=prompts, max_new_tokens=MAX_NEW, static_cache=True, progress=False)
+    result = run_bench(
+        tiny_folder, prompts=prompts, max_new_tokens=MAX_NEW, static_cache=True, progress=False
+    )
     assert result.settings["cache_implementation"] == "static" and not result.settings["compiled"]
     assert "graphs_compiled_while_timing" not in result.settings
     assert all(m.error is None for m in result.measurements)
