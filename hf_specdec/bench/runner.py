@@ -13,6 +13,7 @@ import datetime
 import os
 import statistics
 import sys
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -246,7 +247,9 @@ def _compile_widths(model: Any, inputs: dict[str, torch.Tensor], generation: dic
         if width >= generation["max_new_tokens"]:  # a draft never outruns the tokens left
             break
         spec = SpeculativeConfig(method="draft_model", draft=model, num_draft_tokens=width - 1)
-        model.generate(**inputs, **generation, speculative=spec)
+        with warnings.catch_warnings():  # that the draft is the target: meant, here
+            warnings.simplefilter("ignore")
+            model.generate(**inputs, **generation, speculative=spec)
 
 
 def _graphs_compiled() -> int:

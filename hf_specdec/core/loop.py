@@ -76,6 +76,9 @@ def speculative_decode(
         stats.record_forward(0, 1)
         _emit(out, stats, rows, no_draft, first, returned.prompt(prefill, rows), stopping_criteria)
 
+    # Optional in the protocol: a policy written before it has no such method.
+    if (pad_widths := getattr(policy, "pad_widths", None)) is not None:
+        pad_widths(target.widths)  # a compiled static cache pads each forward: what its width costs
     seconds = drafter.probe_seconds(len(out.active_rows)) if out.active_rows else None
     if seconds is not None:
         policy.expect_draft_cost(seconds)  # a draft too slow to ever pay is then never explored

@@ -79,6 +79,12 @@ class DraftLengthPolicy(Protocol):
         """A first figure for what a draft token costs, timed by the drafter before any drafting
         (`Drafter.probe_seconds`). Policies that do not weigh draft costs ignore it (the default)."""
 
+    def pad_widths(self, widths: tuple[int, ...]) -> None:
+        """The target feeds each verify forward padded up to the next of these widths (a compiled
+        static cache: one graph per width), so a width costs what its padded width costs. Told at
+        the start of each call, `()` where nothing is padded. Optional (the loop calls it where a
+        policy has it); policies that do not price widths ignore it (the default)."""
+
 
 @dataclass
 class FixedDraftLength:
@@ -309,6 +315,9 @@ class CostModel:
     )  # seconds per draft forward (a chain's token, a tree's level)
     asks: _Recent = field(default_factory=_Recent)  # seconds per request for a draft, whatever came back
     verify_times: dict[tuple[int, int], _Recent] = field(default_factory=dict)  # (batch, width) -> seconds
+    # The widths each verify forward is padded up to (`DraftLengthPolicy.pad_widths`; () for none):
+    # a width is timed and priced as its padded width, so the tokens up to it cost nothing more.
+    padded_widths: tuple[int, ...] = ()
     # Seconds a width's first call cost above its second, where that was over twice the second (a
     # device paying for a new shape in every call, not once a process); 0.0 where it was not.
     first_calls: _Recent = field(default_factory=lambda: _Recent(keep=8))
@@ -322,7 +331,12 @@ class CostModel:
     def add_draft(self, seconds_per_token: float) -> None:
         self.draft.add(seconds_per_token)
 
+    def padded(self, width: int) -> int:
+        """The width a forward of `width` tokens per row is fed at."""
+        return next((w for w in self.padded_widths if w >= width), width)
+
     def add_verify(self, batch_size: int, width: int, seconds: float) -> None:
+        width = self.padded(width)
         timings = self.verify_times.setdefault((batch_size, width), _Recent())
         if len(timings.samples) == 1 and width > 1:
             first = timings.samples[0]
@@ -344,7 +358,7 @@ class CostModel:
 
         def price(width: int) -> float | None:
             seconds = self.verify(batch_size, width)
-            if seconds is None or not extra or (batch_size, width) in self.verify_times:
+            if seconds is None or not extra or (batch_size, self.padded(width)) in self.verify_times:
                 return seconds
             return seconds + extra
 
@@ -359,9 +373,9 @@ class CostModel:
         plain step was measured (at this batch size, or the nearest one measured)."""
         # The policy asks for every width several times a step; predictions change only with a
         # new measurement.
-        key = (batch_size, width)
+        key = (batch_size, self.padded(width))
         if key not in self._predicted:
-            self._predicted[key] = self._predict(batch_size, width)
+            self._predicted[key] = self._predict(*key)
         return self._predicted[key]
 
     def _measured(self, batch_size: int) -> dict[int, _Recent]:
@@ -624,6 +638,11 @@ class AdaptiveDraftLength:
         drafts have been measured (a policy kept across calls)."""
         if self.costs.draft_per_token is None:
             self.costs.add_draft(seconds_per_token)
+
+    def pad_widths(self, widths: tuple[int, ...]) -> None:
+        """Price each width as the padded width it is fed at (see `CostModel.padded_widths`)."""
+        self.costs.padded_widths = tuple(sorted(widths))
+        self.costs._predicted.clear()
 
     def trim(self, draft: Draft, batch_size: int, remaining: list[int] | None = None) -> Draft:
         verify = functools.partial(self.costs.verify, batch_size)

@@ -261,11 +261,24 @@ def test_incomplete_policy_is_refused_up_front(policy, missing):
 
 
 def test_policy_methods_checked_are_the_protocols():
-    from hf_specdec.config import POLICY_METHODS
+    from hf_specdec.config import OPTIONAL_POLICY_METHODS, POLICY_METHODS
     from hf_specdec.core.policy import DraftLengthPolicy
 
     declared = {name for name in vars(DraftLengthPolicy) if not name.startswith("_")}
-    assert set(POLICY_METHODS) == declared
+    assert set(POLICY_METHODS) | set(OPTIONAL_POLICY_METHODS) == declared
+
+
+class _Fixed(_NoTrim):
+    def trim(self, draft, batch_size, remaining=None):
+        return draft
+
+
+def test_a_policy_without_the_optional_methods_generates(target):
+    """A policy written before `pad_widths` existed (the four required methods only) still runs."""
+    input_ids, attention_mask = random_batch(2, 2)
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=8, do_sample=False)
+    out = target.generate(**kwargs, speculative=SpeculativeConfig(method="ngram", policy=_Fixed()))
+    assert torch.equal(out, _ORIGINAL_GENERATE(target, **kwargs))
 
 
 def test_empty_prompt(target):

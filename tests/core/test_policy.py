@@ -317,6 +317,33 @@ def test_cost_model_interpolates_and_extrapolates_from_measurements_only():
     assert costs.verify(4, 3) == 6.0  # then its own figures
 
 
+def test_padded_widths_are_timed_and_priced_as_the_width_fed():
+    """A compiled static cache feeds a 5-token draft (width 6) at width 8: that timing is width 8's,
+    and widths 5 to 8 all cost what width 8 costs."""
+    costs = CostModel(padded_widths=(1, 2, 4, 8, 16))
+    costs.add_verify(1, 1, 1.0)
+    costs.add_verify(1, 6, 2.0)
+    assert set(costs.verify_times) == {(1, 1), (1, 8)}
+    assert [costs.verify(1, w) for w in (5, 6, 7, 8)] == [2.0] * 4
+    assert costs.verify(1, 3) == costs.verify(1, 4) < 2.0  # interpolated at width 4, not 3
+
+
+def test_a_padded_draft_is_kept_up_to_its_padded_width():
+    """Where each fed token costs 20% of a step, a 7-token draft of middling confidence loses its
+    last token; fed at width 8 anyway (a compiled static cache), that token costs nothing more."""
+    linear = {w: 1.0 + 0.2 * (w - 1) for w in (1, 2, 4, 8, 16)}
+    kept = {}
+    for padded in ((), (1, 2, 4, 8, 16)):
+        policy = AdaptiveDraftLength()
+        policy.pad_widths(padded)
+        for _ in range(30):
+            policy.update(1, _draft([0]), [0], 0.0, linear[1])
+            for k in (1, 3, 7):
+                policy.update(1, _draft([k], 0.8), [k - 1], 0.0, linear[k + 1])
+        kept[padded] = policy.trim(_draft([7], 0.8), 1).lengths[0]
+    assert kept == {(): 6, (1, 2, 4, 8, 16): 7}
+
+
 def test_a_batch_that_shrank_keeps_what_wide_verifies_cost_at_the_size_measured():
     """Rows finish and the batch shrinks: at the new size only a plain step is measured at first,
     and where each fed token costs most of a step the wide widths must not look free there."""
