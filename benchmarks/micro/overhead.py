@@ -2,6 +2,7 @@
 
     python benchmarks/micro/overhead.py [--new-tokens 200] [--repeats 5] [--threads 1] [--device cpu]
     python benchmarks/micro/overhead.py --compiled [--repeats 5] # issue 23: a compiled static cache
+    python benchmarks/micro/overhead.py --compiled --model demo # the same on SmolLM2, its own dtype
 
 A tiny Llama (2 layers, hidden 64, vocabulary 49152 as SmolLM2's) makes the model almost
 free, so what remains is each loop's overhead: the per-step work a GPU user pays on top of an
@@ -29,6 +30,15 @@ no match (`ngram`); the perfect draft (the model as its own draft, k=3, 4 and 7:
 The targets: no match <= 1.05x compiled plain's ms/token, the perfect draft <= 0.5x. Also the
 compile cost: each padded width's first call, cold (a fresh TORCHINDUCTOR_CACHE_DIR, unless one
 is given) and warm (a second process over the same folder).
+
+`--compiled --model demo [--dtype float32]` runs that on SmolLM2-135M (the offline demo model) in
+its checkpoint's dtype (bf16; fp32 on a CPU without native bf16) or the one given, a chat prompt,
+where a verify forward's cost is the real model's: plain static eager and compiled, our `ngram`
+compiled, and a free perfect draft (`ReplayDrafter`: plain static greedy's own answer, no forward)
+at k = 4 (width 5, padded to 8), 7 and 15. In bf16 a compiled graph rounds differently from eager:
+where the output leaves the replayed answer at a rounding tie, the rest of its drafts are rejected
+(see the τ column). The model as its own draft is left out there: each of its eager draft forwards
+costs a whole step.
 """
 
 from __future__ import annotations
@@ -50,7 +60,16 @@ import hf_specdec  # noqa: E402
 from hf_specdec.core.static_kv import COMPILED_WIDTHS  # noqa: E402
 from hf_specdec.core.timing import clock  # noqa: E402
 from hf_specdec.drafters import Draft, Drafter, DraftRequest, register_drafter  # noqa: E402
-from hf_specdec.loading import describe_runtime, runtime_line  # noqa: E402
+from hf_specdec.loading import (  # noqa: E402
+    describe_runtime,
+    encode_prompts,
+    load_model,
+    pad_token_id,
+    runtime_line,
+)
+from hf_specdec.lossless import check_greedy  # noqa: E402
+
+DEMO_PROMPT = "Explain in a few paragraphs how a hash map works and when to use one."
 
 
 def tiny_llama(device: str) -> LlamaForCausalLM:
@@ -119,13 +138,49 @@ class CountingDrafter(Drafter):
         return Draft(tokens.to(request.tokens.device), list(request.max_tokens))
 
 
-def compiled_rows(model) -> dict[str, dict]:
+@register_drafter
+class ReplayDrafter(Drafter):
+    """A known answer's next tokens without a forward (`answer`: a row's whole sequence, prompt
+    first): for a real model, a perfect draft that costs nothing, as `CountingDrafter` is for the
+    counting one. Where the output left the answer (a rounding tie), its drafts are rejected."""
+
+    name = "replay"
+    answer: list[int] = []
+
+    @classmethod
+    def from_config(cls, config, target, tokenizer):
+        return cls()
+
+    def propose(self, request: DraftRequest) -> Draft:
+        k = max(request.max_tokens, default=0)
+        rows = []
+        for n in request.lengths:
+            following = self.answer[n : n + k]
+            rows.append(following + [0] * (k - len(following)))
+        lengths = [min(len(self.answer) - n, m) for n, m in zip(request.lengths, request.max_tokens)]
+        return Draft(torch.tensor(rows, device=request.tokens.device), [max(0, n) for n in lengths])
+
+
+def compiled_rows(model, demo: bool = False) -> dict[str, dict]:
     """Issue 23's rows: plain static-cache generate, eager and compiled, and ours with the same
     arguments plus `speculative=`."""
     config = CompileConfig()  # transformers' default: inductor, mode "reduce-overhead", dynamic=None
     config._compile_all_devices = True  # transformers compiles on CPU only when told so
     static = {"cache_implementation": "static"}
     compiled = {**static, "compile_config": config}
+    if demo:
+
+        def replay(k: int) -> dict:
+            return {"speculative": hf_specdec.SpeculativeConfig(method="replay", num_draft_tokens=k)}
+
+        return {
+            "plain static, eager": static,
+            "plain static, compiled": compiled,
+            "ours ngram, compiled": {**compiled, "speculative": "ngram"},
+            "ours replay, free perfect draft k=4, compiled": {**compiled, **replay(4)},
+            "ours replay, free perfect draft k=7, compiled": {**compiled, **replay(7)},
+            "ours replay, free perfect draft k=15, compiled": {**compiled, **replay(15)},
+        }
 
     def perfect(k: int) -> dict:  # the model as its own draft
         config = hf_specdec.SpeculativeConfig(method="draft_model", draft=model, num_draft_tokens=k)
@@ -196,14 +251,28 @@ def first_calls(model, prompt: torch.Tensor, cases: dict[str, dict], common: dic
 def warm_first_calls(args) -> dict[str, dict]:
     """`first_calls` in a new process over the same inductor cache folder: the warm compiles."""
     command = [sys.executable, __file__, "--compiled", "--first-calls-only", "--threads", str(args.threads)]
-    command += ["--new-tokens", str(args.new_tokens), "--device", args.device]
+    command += ["--new-tokens", str(args.new_tokens), "--device", args.device, "--model", args.model]
+    command += ["--dtype", args.dtype]
     done = subprocess.run(command, capture_output=True, text=True, check=True, env=os.environ.copy())
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _same(model, prompt: torch.Tensor, sequences: list, reference: list) -> str:
+    """ "True" where the output is plain static greedy's; else where it first differs: at a rounding
+    tie of the target's top two scores (bf16 rounds differently in a compiled graph), or not."""
+    if sequences == reference:
+        return "True"
+    ours, plain = torch.tensor(sequences, device=prompt.device), torch.tensor(reference, device=prompt.device)
+    return check_greedy(model, prompt, plain, ours)[0].kind
+
+
 def main_compiled(args, model, prompt: torch.Tensor) -> None:
-    cases = compiled_rows(model)
+    demo = args.model == "demo"
+    cases = compiled_rows(model, demo)
     common = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False)
+    if demo:  # the answer the free perfect draft replays: plain static greedy's, eager
+        answer = model.generate(prompt, **common, cache_implementation="static")
+        ReplayDrafter.answer = answer[0].tolist()
     cold = first_calls(model, prompt, cases, common)
     if args.first_calls_only:
         figures = {name: {k: v for k, v in row.items() if k != "sequences"} for name, row in cold.items()}
@@ -211,7 +280,7 @@ def main_compiled(args, model, prompt: torch.Tensor) -> None:
         return
     reference = cold["plain static, eager"]["sequences"]
     counted = torch.tensor(reference[0][prompt.shape[1] - 1 :]).diff()
-    if not bool((counted == 1).all()):
+    if not demo and not bool((counted == 1).all()):
         raise SystemExit("The tiny model did not count up: the no-match rows would not measure a miss.")
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     times: dict[str, list[float]] = {name: [] for name in cases}
@@ -238,7 +307,7 @@ def main_compiled(args, model, prompt: torch.Tensor) -> None:
     for name in cases:
         ms = statistics.median(times[name])
         ratio = statistics.median(t / p for t, p in zip(times[name], plain))
-        same = cold[name]["sequences"] == reference
+        same = _same(model, prompt, cold[name]["sequences"], reference)
         tau = "" if cold[name]["tau"] is None else f"{cold[name]['tau']:.2f}"
         print(
             f"| {name} | {ms:.3f} | {ratio:.2f}x | {tau} | {same} | "
@@ -278,8 +347,19 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
     parser.add_argument("--compiled", action="store_true", help="issue 23's rows: a compiled static cache")
     parser.add_argument("--first-calls-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--model", default="tiny", choices=["tiny", "demo"], help="demo: SmolLM2-135M (with --compiled)"
+    )
+    parser.add_argument("--dtype", default="auto", help="with --model demo (default: its checkpoint's)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.model == "demo":
+        if not args.compiled:
+            parser.error("--model demo goes with --compiled")
+        model, tokenizer = load_model(None, dtype=args.dtype, device=args.device)  # the demo model
+        prompt = encode_prompts(tokenizer, [DEMO_PROMPT], True, pad_token_id(tokenizer, model), model.device)
+        main_compiled(args, model, prompt["input_ids"])
+        return
     model = tiny_llama(args.device)
     # Distinct token ids below 20010, then 30000: the model continues 30001, 30002, ... so no
     # n-gram of the prompt or of the output ever recurs.

@@ -331,6 +331,11 @@ class CostModel:
     def add_draft(self, seconds_per_token: float) -> None:
         self.draft.add(seconds_per_token)
 
+    def pad_widths(self, widths: tuple[int, ...]) -> None:
+        """From now on each verify forward is padded up to the next of `widths` (() for none)."""
+        self.padded_widths = tuple(sorted(widths))
+        self._predicted.clear()
+
     def padded(self, width: int) -> int:
         """The width a forward of `width` tokens per row is fed at."""
         return next((w for w in self.padded_widths if w >= width), width)
@@ -641,8 +646,7 @@ class AdaptiveDraftLength:
 
     def pad_widths(self, widths: tuple[int, ...]) -> None:
         """Price each width as the padded width it is fed at (see `CostModel.padded_widths`)."""
-        self.costs.padded_widths = tuple(sorted(widths))
-        self.costs._predicted.clear()
+        self.costs.pad_widths(widths)
 
     def trim(self, draft: Draft, batch_size: int, remaining: list[int] | None = None) -> Draft:
         verify = functools.partial(self.costs.verify, batch_size)
