@@ -106,6 +106,16 @@ def smollm2(smollm2_path):
     return model, tokenizer
 
 
+@pytest.fixture
+def fresh_dynamo():
+    """Dynamo's compiled graphs forgotten before and after the test: its recompile limit (8) counts
+    graphs per code object, and every model's `__call__` goes through one transformers wrapper,
+    so compiling tests that share a worker would otherwise add up past it."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
 @pytest.fixture(autouse=True)
 def _quiet_draft_warnings():
     with warnings.catch_warnings():

@@ -316,7 +316,7 @@ def test_repeats_time_every_row_again_and_keep_the_median(tiny_folder, monkeypat
         run_bench(tiny_folder, prompts=prompts, repeats=0, progress=False)
 
 
-def test_compile_runs_every_row_on_the_compiled_static_cache(tiny_folder):
+def test_compile_runs_every_row_on_the_compiled_static_cache(tiny_folder, fresh_dynamo):
     """`compile=`: plain generate and ours on a static cache, the decode step compiled (dynamo traces
     the graphs and runs them eagerly: inductor takes minutes on a small CPU); every verify width is
     compiled before timing, so no graph is compiled inside a timed call, and the outputs stay plain's."""

@@ -99,7 +99,7 @@ def test_ragged_batch_equals_plain_static_generate(model):
 
 
 @pytest.mark.parametrize("rows", [1, 3])
-def test_compiled_forwards_take_one_graph_per_width(model, rows):
+def test_compiled_forwards_take_one_graph_per_width(model, rows, fresh_dynamo):
     """Traced by dynamo (whole graphs, no breaks) and run without inductor, which would take
     minutes per width on a small CPU: the probe `benchmarks/micro/static_cache_probe.py` runs inductor."""
     input_ids, attention_mask = random_batch(5, rows)

@@ -157,7 +157,7 @@ class _Recorder(AdaptiveDraftLength):
         super().update(batch_size, draft, accepted, draft_seconds, verify_seconds, paths)
 
 
-def test_compile_config_compiles_one_graph_per_padded_width(good_draft):
+def test_compile_config_compiles_one_graph_per_padded_width(good_draft, fresh_dynamo):
     """`compile_config` (on CPU with `_compile_all_devices`, as transformers asks): the forwards after
     the prompt's are compiled, one graph per padded width, the output still plain static generate's,
     and each width's first (compiling) call is not told to the policy as a verify cost. Dynamo
@@ -231,7 +231,7 @@ def test_smollm2_greedy_equals_plain_static_generate(smollm2, case):
     os.environ.get("HF_SPECDEC_INDUCTOR_TESTS") != "1",
     reason="inductor compiles take minutes per width on a small CPU: set HF_SPECDEC_INDUCTOR_TESTS=1",
 )
-def test_inductor_compiled_speculation_equals_plain_static_generate(good_draft):
+def test_inductor_compiled_speculation_equals_plain_static_generate(good_draft, fresh_dynamo):
     """transformers' default CompileConfig (inductor), on CPU with `_compile_all_devices`: a one-token
     draft, so the verify forwards are compiled at widths 2 and 1 (near the end) only."""
     model = tiny_llama(0, eos_token_id=None)
