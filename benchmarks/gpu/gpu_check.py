@@ -15,9 +15,15 @@ SmolLM2-135M-Instruct (the offline demo model, built from PyPI on first use) in 
 4. policy ("why plain?"): ngram with `num_draft_tokens="auto"` on each grounded prompt at batch 1,
    with what the policy saw and chose (`SpeculativeStats`: tokens asked for, widths verified and
    their seconds per step), next to a sweep of fixed draft lengths, so one run shows whether `auto`
-   stays near the best fixed k and, where it does not, which timings made it decode plainly.
+   stays near the best fixed k and, where it does not, which timings made it decode plainly;
+5. compiled (issue 23, `--sections compiled`): plain and ngram, eager (dynamic cache) and on
+   transformers' fast path (static cache, decode step compiled with its default `CompileConfig`:
+   inductor, "reduce-overhead", CUDA graphs on a GPU), each grounded prompt at batch 1,
+   interleaved, after every verify width was compiled; tokens/s per row, the two speedups, the
+   compile seconds and the graphs compiled while timing (0 expected).
 
 Each section is timed and bounded (`--budget` seconds in all); what did not run says why.
+`--sections` picks some (default: the first four).
 """
 
 from __future__ import annotations
@@ -30,8 +36,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import CompileConfig
 
 import hf_specdec
+from hf_specdec.bench.runner import compile_widths, fast_path
 from hf_specdec.bench.suites import load_suite
 from hf_specdec.core.timing import clock
 from hf_specdec.loading import describe_runtime, encode_prompts, load_model, pad_token_id
@@ -130,6 +138,48 @@ def speed(model, tokenizer, prompts, cases, device, new_tokens: int, repeats: in
 FIXED_KS = (2, 4, 8, 12, 16)
 
 
+def compiled(
+    model, tokenizer, prompts, device, new_tokens: int, repeats: int, backend: str, checkpoint
+) -> dict[str, Any]:
+    """`checkpoint(report)` after each prompt: what ran survives a timeout."""
+    config = CompileConfig(backend=backend)  # transformers' default but for the backend
+    # Each prompt's static cache has its own length, a new shape for plain's graph and our five
+    # widths: past dynamo's default 8 graphs per function it would run them eagerly.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    fast = fast_path(static_cache=False, compile=config)
+    rows = {
+        "plain eager": {},
+        "plain compiled": fast,
+        "ngram eager": {"speculative": "ngram"},
+        "ngram compiled": {**fast, "speculative": "ngram"},
+    }
+    settings = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+    report: dict[str, Any] = {}
+    for prompt in [p for p in prompts if p.category in GROUNDED] or prompts[:2]:
+        inputs = batch_of(tokenizer, model, [prompt], 1, device)
+        started = clock(device)
+        for extra in rows.values():  # warm-up: plain's graph and ours at the widths it reaches
+            timed(model, inputs, **settings, **extra)
+        compile_widths(model, inputs, {**settings, **fast})
+        warm_up_s = clock(device) - started
+        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        seconds: dict[str, list[float]] = {name: [] for name in rows}
+        for _ in range(repeats):  # interleaved: drift in load cancels out of the ratios
+            for name, extra in rows.items():
+                seconds[name].append(timed(model, inputs, **settings, **extra)[0])
+        median = {name: statistics.median(s) for name, s in seconds.items()}
+        report[f"{prompt.category} {prompt.id}"] = {
+            "tokens_per_s": {name: round(new_tokens / s, 2) for name, s in median.items()},
+            "ngram_over_plain_eager": round(median["plain eager"] / median["ngram eager"], 3),
+            "ngram_over_plain_compiled": round(median["plain compiled"] / median["ngram compiled"], 3),
+            "plain_compiled_over_eager": round(median["plain eager"] / median["plain compiled"], 3),
+            "warm_up_and_compile_s": round(warm_up_s, 1),
+            "graphs_compiled_while_timing": torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs,
+        }
+        checkpoint(report)
+    return report
+
+
 def policy_trace(model, tokenizer, prompts, device, new_tokens: int) -> dict[str, Any]:
     report: dict[str, Any] = {}
     settings = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
@@ -169,7 +219,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a few tokens and one repeat: a smoke test")
     parser.add_argument("--budget", type=float, default=420.0, help="seconds for all sections together")
     parser.add_argument("--out", default="gpu_check.json")
+    parser.add_argument(
+        "--sections", default="lossless,sampling,speed,policy", help="comma-separated (also: compiled)"
+    )
+    parser.add_argument(
+        "--backend", default="inductor", help="torch.compile backend of `compiled` (eager: a smoke test)"
+    )
     args = parser.parse_args()
+    chosen = args.sections.split(",")
     started = clock("cpu")
     device = torch.device(args.device)
     new_tokens, repeats = (8, 1) if args.quick else (96, 3)
@@ -178,17 +235,18 @@ def main() -> None:
     report: dict[str, Any] = {"runtime": describe_runtime(model), "sections": {}}
 
     onnx_folder = None
-    try:
-        from hf_specdec.ort import export_onnx
-        from hf_specdec.store.paths import cache_dir
+    if any(name in chosen for name in ("lossless", "sampling", "speed")):  # the sections with onnx rows
+        try:
+            from hf_specdec.ort import export_onnx
+            from hf_specdec.store.paths import cache_dir
 
-        onnx_dtype = "fp16" if device.type == "cuda" else "fp32"
-        folder = cache_dir() / "onnx" / f"SmolLM2-135M-Instruct-{onnx_dtype}"
-        if not (folder / "model.onnx").exists():
-            export_onnx(hf_specdec.demo_model_path(), folder, dtype=onnx_dtype)
-        onnx_folder = str(folder)
-    except Exception as err:
-        report["onnx_export"] = f"{type(err).__name__}: {err}"
+            onnx_dtype = "fp16" if device.type == "cuda" else "fp32"
+            folder = cache_dir() / "onnx" / f"SmolLM2-135M-Instruct-{onnx_dtype}"
+            if not (folder / "model.onnx").exists():
+                export_onnx(hf_specdec.demo_model_path(), folder, dtype=onnx_dtype)
+            onnx_folder = str(folder)
+        except Exception as err:
+            report["onnx_export"] = f"{type(err).__name__}: {err}"
     cases = methods(model, device, onnx_folder)
 
     sections = [
@@ -196,8 +254,25 @@ def main() -> None:
         ("sampling", lambda: sampling(model, tokenizer, prompts, cases, device, new_tokens)),
         ("speed", lambda: speed(model, tokenizer, prompts, cases, device, new_tokens, repeats)),
         ("policy", lambda: policy_trace(model, tokenizer, prompts, device, new_tokens)),
+        (
+            "compiled",
+            lambda: compiled(
+                model, tokenizer, prompts, device, new_tokens, repeats, args.backend, partial("compiled")
+            ),
+        ),
     ]
-    for name, run in sections:
+
+    def partial(section: str):
+        def save(results: dict[str, Any]) -> None:
+            report["sections"][section] = {**results, "partial": True}
+            Path(args.out).write_text(json.dumps(report, indent=2))
+
+        return save
+
+    unknown = set(chosen) - {name for name, _ in sections}
+    if unknown:
+        parser.error(f"unknown sections {sorted(unknown)}")
+    for name, run in [(name, run) for name, run in sections if name in chosen]:
         if clock("cpu") - started > args.budget:
             report["sections"][name] = {"skipped": f"past the {args.budget:.0f} s budget"}
             continue

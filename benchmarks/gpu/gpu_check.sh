@@ -4,6 +4,7 @@
 # and 8 for ngram (chain and tree), draft_model (the model as its own draft), onnx on the CUDA
 # provider and quantized. See benchmarks/gpu/gpu_check.py.
 #   benchmarks/gpu/gpu_check.sh [OUT_JSON]        (default: gpu_check.json; $OUT/gpu_check.json on the device tool)
+# Then issue 23's compiled rows (gpu_compiled.json beside it), in the time left of ~9.5 minutes.
 # Then, with time left, the serving checks of issue 15 (benchmarks/engines/vllm_check.sh, benchmarks/engines/sglang_flags.py).
 # Installs what it needs first (torch's CUDA build is expected to be there already; onnxruntime-gpu
 # replaces the CPU onnxruntime for the onnx rows).
@@ -14,6 +15,19 @@ pip install -q -e . 2>/dev/null || true
 pip install -q onnx onnxscript "onnxruntime-gpu>=1.22" 2>/dev/null || echo "onnxruntime-gpu not installed: onnx rows will report it"
 out="${1:-${OUT:-.}/gpu_check.json}"
 timeout 480 python benchmarks/gpu/gpu_check.py --device cuda --dtype bfloat16 --out "$out"
+# Issue 23's GPU rows (eager / compiled plain and ngram, CUDA graphs), in their own JSON beside it;
+# GPU_CHECK_COMPILED=0 skips them.
+# Bounded so that the whole script stays under the device tool's 10 minutes a command.
+if [ "${GPU_CHECK_COMPILED:-1}" = 1 ]; then
+    left=$((570 - SECONDS))
+    if [ "$left" -gt 120 ]; then
+        timeout "$left" python benchmarks/gpu/gpu_check.py --device cuda --dtype bfloat16 --sections compiled \
+            --budget $((left - 30)) --out "$(dirname "$out")/gpu_compiled.json" \
+            || echo "compiled rows: failed or out of time ($(dirname "$out")/gpu_compiled.json if it got that far)"
+    else
+        echo "compiled rows skipped: ${left}s left; run: python benchmarks/gpu/gpu_check.py --sections compiled"
+    fi
+fi
 
 # Issue 15's serving checks, after the main JSON and only with time left (the device tool allows
 # 10 minutes a command; GPU_CHECK_SERVING=0 skips them): a real vLLM serving our exports

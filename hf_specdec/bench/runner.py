@@ -109,7 +109,7 @@ def run_bench(
         compile: `static_cache` with the decode step compiled on any device (True: transformers'
             default `CompileConfig`, inductor; or a `CompileConfig` of yours), told to compile on a
             CPU too: transformers' fast path, against which speculation must still pay. Every
-            width a speculative row verifies at is compiled before timing (`_compile_widths`),
+            width a speculative row verifies at is compiled before timing (`compile_widths`),
             and the graphs compiled while timing are counted in
             `settings["graphs_compiled_while_timing"]`.
 
@@ -177,7 +177,7 @@ def _measure(
             for row in batch_rows:  # warm-up: first calls pay for allocations and lazy imports
                 _time_row(model, row, inputs, {**generation, "max_new_tokens": WARMUP_TOKENS}, 0)
             if "compile_config" in generation:
-                _compile_widths(model, inputs, generation)
+                compile_widths(model, inputs, generation)
             graphs = _graphs_compiled()
             for i, item in enumerate(items):
                 inputs = encode_prompts(tokenizer, item, chat, generation["pad_token_id"], model.device)
@@ -240,7 +240,7 @@ def _size_static_cache(
     return longest
 
 
-def _compile_widths(model: Any, inputs: dict[str, torch.Tensor], generation: dict[str, Any]) -> None:
+def compile_widths(model: Any, inputs: dict[str, torch.Tensor], generation: dict[str, Any]) -> None:
     """Compile the target's forward at every padded verify width a call can reach before anything
     is timed: the model as its own draft, at a fixed length per width, drafts exactly that many."""
     for width in COMPILED_WIDTHS[1:]:
