@@ -46,7 +46,9 @@ def _order(key: Key, groups: dict[Key, Any], rank: dict[str, int]) -> tuple[int,
 def overall(
     measurements: list[Measurement], summary: list[dict[str, Any]] | None = None
 ) -> list[dict[str, Any]]:
-    """Per (batch size, row): geometric mean over categories of the speedup, and statistics merged
+    """Per (batch size, row): geometric mean over categories of the speedup; geometric mean over
+    prompts of each prompt's own speedup (`paired_geomean_speedup`: each ratio taken within one
+    prompt, so drift between prompts and their different lengths cancel); and statistics merged
     over every prompt (acceptance rate, both mean accepted lengths, acceptance by draft position).
     `summary` is `summarize(measurements)`, computed when not given."""
     summary = summarize(measurements) if summary is None else summary
@@ -59,6 +61,8 @@ def overall(
         ]
         entry = {"batch_size": batch_size, "row": row, "categories": len(speedups)}
         entry["geomean_speedup"] = _geomean(speedups)
+        plain = [m for m in measurements if m.batch_size == batch_size and m.row == PLAIN]
+        entry["paired_geomean_speedup"] = _geomean(_paired(group, plain))
         entry["errors"] = sum(m.error is not None for m in group)
         entries.append({**entry, **_stats_figures(group)})
     return entries
@@ -69,10 +73,7 @@ def _figures(group: list[Measurement], plain: list[Measurement]) -> dict[str, An
     plain_ok = [m for m in plain if m.error is None]
     tokens_per_s = _median(m.tokens_per_s for m in ok)
     plain_tokens_per_s = _median(m.tokens_per_s for m in plain_ok)
-    by_prompts = {tuple(m.prompt_ids): m.tokens_per_s for m in plain_ok}
-    paired = [
-        m.tokens_per_s / by_prompts[tuple(m.prompt_ids)] for m in ok if by_prompts.get(tuple(m.prompt_ids))
-    ]
+    paired = _paired(ok, plain_ok)
     checked = [m.lossless for m in ok if m.lossless is not None]
     return {
         "runs": len(group),
@@ -87,6 +88,16 @@ def _figures(group: list[Measurement], plain: list[Measurement]) -> dict[str, An
         **{kind: sum(c[kind] for c in checked) if checked else None for kind in KINDS},
         **_stats_figures(ok),
     }
+
+
+def _paired(group: list[Measurement], plain: list[Measurement]) -> list[float]:
+    """Each prompt's (or batch's) tokens/s over plain's on the same prompts."""
+    by_prompts = {tuple(m.prompt_ids): m.tokens_per_s for m in plain if m.error is None}
+    return [
+        m.tokens_per_s / by_prompts[tuple(m.prompt_ids)]
+        for m in group
+        if m.error is None and m.tokens_per_s and by_prompts.get(tuple(m.prompt_ids))
+    ]
 
 
 def _stats_figures(group: list[Measurement]) -> dict[str, Any]:
@@ -173,7 +184,9 @@ def _header(result: BenchResult) -> list[str]:
         *_runtime(s.get("runtime")),
         *_cache(s),
         "- Rows: " + ", ".join(f"`{r}`" for r in s["rows"]) + _missing_rows(s),
-        "- Speedup = the row's median tokens/s over plain `generate`'s, per category; rows run "
+        "- Speedup = the row's median tokens/s over plain `generate`'s, per category (the paired "
+        "line: the geometric mean over prompts of each prompt's own ratio, which drift between "
+        "prompts and their lengths do not sway); rows run "
         "interleaved prompt by prompt in one process, order rotated per prompt, after one warm-up"
         + _repeats(s.get("repeats", 1))
         + ". "
@@ -234,6 +247,10 @@ def _overview(batch_size: int, entries: list[dict], totals: list[dict]) -> list[
     geomeans = {t["row"]: t["geomean_speedup"] for t in totals}
     lines.append(
         "| **geometric mean** | | | " + " | ".join(f"**{_x(geomeans.get(r))}**" for r in rows) + " |"
+    )
+    paired = {t["row"]: t["paired_geomean_speedup"] for t in totals}
+    lines.append(
+        "| geometric mean over prompts, paired | | | " + " | ".join(_x(paired.get(r)) for r in rows) + " |"
     )
     return [*lines, ""]
 

@@ -88,6 +88,27 @@ def test_summary_figures_are_consistent(result):
     assert tau == 0.0 or tau >= ngram["mean_accepted_length"]  # 0.0: nothing was drafted
 
 
+def test_the_paired_mean_takes_each_prompt_against_its_own_plain_run(result):
+    """Two prompts of one category, one short and fast, one long and slow: the medians of tokens/s
+    mix the prompts, the paired figure does not (2x and 1.5x on their own prompts: sqrt(3))."""
+    from hf_specdec.bench.result import Measurement
+
+    def run(prompt: str, row: str, tokens: int, seconds: float) -> Measurement:
+        return Measurement(1, "qa", [prompt], row, seconds=seconds, new_tokens=tokens)
+
+    measurements = [
+        run("a", "plain", 100, 10.0),  # 10 tok/s
+        run("a", "ngram", 100, 5.0),  # 20 tok/s: 2x
+        run("b", "plain", 40, 2.0),  # 20 tok/s
+        run("b", "ngram", 60, 2.0),  # 30 tok/s: 1.5x
+    ]
+    ngram = next(t for t in overall(measurements) if t["row"] == "ngram")
+    assert ngram["geomean_speedup"] == pytest.approx(25 / 15)  # medians: (20 + 30) / 2 over (10 + 20) / 2
+    assert ngram["paired_geomean_speedup"] == pytest.approx(math.sqrt(3.0))
+    report = hf_specdec.bench.BenchResult({**result.settings, "batch_sizes": [1]}, measurements)
+    assert "| geometric mean over prompts, paired | | | 1.73x |" in to_markdown(report)
+
+
 def test_save_writes_json_markdown_and_plots(result, tmp_path):
     pytest.importorskip("matplotlib")
     written = save(result, tmp_path)
