@@ -25,8 +25,9 @@ ms/token <= transformers' assisted generation's.
 "static")` with its decode step compiled by inductor (transformers' default `CompileConfig`, on CPU
 only with `_compile_all_devices`), plain against ours with the same arguments plus `speculative=`:
 no match (`ngram`); the perfect draft (the model as its own draft, k=3, 4 and 7: verify widths 4,
-5 padded to 8, and 8; the draft model's own forwards are not compiled); and a free perfect draft
-(`CountingDrafter`: the known answer, no forward), the loop's and the verify forward's cost alone.
+5 padded to 8, and 8; the draft's own forwards compiled alike, and at k=4 also left eager); and a
+free perfect draft (`CountingDrafter`: the known answer, no forward), the loop's and the verify
+forward's cost alone.
 The targets: no match <= 1.05x compiled plain's ms/token, the perfect draft <= 0.5x. Also the
 compile cost: each padded width's first call, cold (a fresh TORCHINDUCTOR_CACHE_DIR, unless one
 is given) and warm (a second process over the same folder).
@@ -60,6 +61,7 @@ import hf_specdec  # noqa: E402
 from hf_specdec.core.static_kv import COMPILED_WIDTHS  # noqa: E402
 from hf_specdec.core.timing import clock  # noqa: E402
 from hf_specdec.drafters import Draft, Drafter, DraftRequest, register_drafter  # noqa: E402
+from hf_specdec.drafters.decoder import DecoderDrafter  # noqa: E402
 from hf_specdec.loading import (  # noqa: E402
     describe_runtime,
     encode_prompts,
@@ -193,9 +195,31 @@ def compiled_rows(model, demo: bool = False) -> dict[str, dict]:
         "ours ngram, no match, compiled": {**compiled, "speculative": "ngram"},
         "ours draft_model, perfect draft k=3, compiled": {**compiled, **perfect(3)},
         "ours draft_model, perfect draft k=4, compiled": {**compiled, **perfect(4)},
+        "ours draft_model, perfect draft k=4, compiled, draft eager": {
+            **compiled,
+            **perfect(4),
+            EAGER_DRAFT: True,
+        },
         "ours draft_model, perfect draft k=7, compiled": {**compiled, **perfect(7)},
         "ours counting, free perfect draft k=4, compiled": {**compiled, "speculative": counting},
     }
+
+
+EAGER_DRAFT = "_eager_draft"  # a row's flag, not a generate argument: its draft model left uncompiled
+
+
+def generate(model, prompt: torch.Tensor, common: dict, extra: dict, **more):
+    """`model.generate` for a row; one flagged `EAGER_DRAFT` runs as if drafters compiled nothing
+    (`Drafter.compile_forwards`' default), for the compiled draft's A/B."""
+    extra = dict(extra)
+    if not extra.pop(EAGER_DRAFT, False):
+        return model.generate(prompt, **common, **extra, **more)
+    compiled = DecoderDrafter.compile_forwards
+    DecoderDrafter.compile_forwards = Drafter.compile_forwards
+    try:
+        return model.generate(prompt, **common, **extra, **more)
+    finally:
+        DecoderDrafter.compile_forwards = compiled
 
 
 class StepClock:
@@ -223,7 +247,7 @@ def first_calls(model, prompt: torch.Tensor, cases: dict[str, dict], common: dic
         ours = "speculative" in extra
         streamer = None if ours else StepClock(prompt.device)
         start = clock(prompt.device)
-        out = model.generate(prompt, **common, **extra, streamer=streamer, return_dict_in_generate=True)
+        out = generate(model, prompt, common, extra, streamer=streamer, return_dict_in_generate=True)
         seconds = clock(prompt.device) - start
         stats = getattr(out, "speculative_stats", None)
         widths: dict[int, float] = {}
@@ -287,7 +311,7 @@ def main_compiled(args, model, prompt: torch.Tensor) -> None:
     for _ in range(args.repeats):  # rows interleaved; each row's ratio to plain taken within a round
         for name, extra in cases.items():
             start = clock(prompt.device)
-            model.generate(prompt, **common, **extra)
+            generate(model, prompt, common, extra)
             times[name].append((clock(prompt.device) - start) / args.new_tokens * 1e3)
     recompiled = torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs
     warm = warm_first_calls(args)

@@ -162,6 +162,12 @@ class Drafter:
         """Learn that row b of `draft` (as verified, possibly cut shorter than proposed) had its
         first `accepted[b]` tokens accepted. By default nothing is learnt."""
 
+    def compile_forwards(self, config: Any, capacity: int, widths: tuple[int, ...], batch_size: int) -> None:
+        """The target's forwards after the prompt's are compiled (a compiled static cache, by
+        `config`, a `CompileConfig`, padded to `widths`, over `capacity` positions): compile the
+        drafter's own per-token forwards alike where it runs any, before anything is timed. Called
+        once, after the prompt's forward and before `probe_seconds`. By default nothing is compiled."""
+
     def probe_seconds(self, batch_size: int) -> float | None:
         """The seconds one draft token costs for `batch_size` rows, timed without touching the
         drafter's state, so that a draft too slow to ever pay is never explored (exploring also pays

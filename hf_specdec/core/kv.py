@@ -41,6 +41,7 @@ class RaggedKV:
     takes_tree_masks = True  # `forward(tree=...)`: the model takes the 4D masks built here
     compiling = False  # never compiled: no forward's time is a compile's (see `StaticKV`)
     widths: tuple[int, ...] = ()  # forwards are fed as they come, never padded (see `StaticKV`)
+    compiled = False
 
     def __init__(
         self,

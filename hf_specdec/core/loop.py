@@ -79,6 +79,8 @@ def speculative_decode(
     # Optional in the protocol: a policy written before it has no such method.
     if (pad_widths := getattr(policy, "pad_widths", None)) is not None:
         pad_widths(target.widths)  # a compiled static cache pads each forward: what its width costs
+    if target.compiled:  # the draft's own forwards compiled alike, before any forward is timed
+        drafter.compile_forwards(target.compile_config, target.capacity, target.widths, batch)
     seconds = drafter.probe_seconds(len(out.active_rows)) if out.active_rows else None
     if seconds is not None:
         policy.expect_draft_cost(seconds)  # a draft too slow to ever pay is then never explored

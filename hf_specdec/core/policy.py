@@ -143,7 +143,8 @@ class AdaptiveSettings:
     """Settings of `AdaptiveDraftLength`; what it learns lives apart, in its parts.
 
     Args:
-        first_k: draft length of the first speculative steps, before anything is measured.
+        first_k: draft length of the first speculative steps, before anything is measured (and of
+            the probes after plain steps); at most `max_k`, whatever is given.
         prior_acceptance, prior_weight: the prior on each α_i, worth `prior_weight` drafts.
         probe_every: plain steps before the first re-probe once plain decoding was chosen.
         min_probe_gain: re-probe only while drafts that are always accepted would be at least this
@@ -580,6 +581,9 @@ class AdaptiveDraftLength:
         self.costs = CostModel()
         self.probes = ProbeSchedule(s.probe_every)
         self.realized = RealizedAsks(s.realized_window)
+        # Every estimate is sized to max_k: a longer first draft (AdaptiveDraftLength(max_k=3) keeps
+        # the default first_k of 4) would be judged at positions nothing is known of.
+        self._first_k = min(s.first_k, s.max_k)
         self.drafting_trees = False  # the last verified draft was a tree: size trees, not chains
         self._asked = 0  # the draft length last asked for (0: no draft was asked for)
         self._probing = False  # that ask was a probe after plain steps
@@ -603,7 +607,9 @@ class AdaptiveDraftLength:
         if not self.costs.measured_wide():
             # Nothing verified wider than a plain step yet: explore, unless the drafter's up-front
             # timing (`expect_draft_cost`) already says drafting cannot pay.
-            return s.first_k if self._perfect_gain(batch_size, draft_cost, verify) >= s.min_probe_gain else 0
+            return (
+                self._first_k if self._perfect_gain(batch_size, draft_cost, verify) >= s.min_probe_gain else 0
+            )
         if self._drafts_are_free(verify):
             # Asking costs next to nothing (prompt lookup): take the longest draft on offer and let
             # `trim` judge it by its own confidence, which says more than any prediction here.
@@ -614,7 +620,7 @@ class AdaptiveDraftLength:
             if self._perfect_gain(batch_size, draft_cost, verify) < s.min_probe_gain:
                 return 0
             self._probing = self.probes.plain_step_probes()
-            return s.first_k if self._probing else 0
+            return self._first_k if self._probing else 0
         self.probes.reset()
         return best_k
 

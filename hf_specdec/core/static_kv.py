@@ -59,10 +59,13 @@ class StaticKV:
         device: torch.device,
         widths: tuple[int, ...] = (),
         decode: Callable[..., Any] | None = None,
+        compile_config: CompileConfig | None = None,
     ):
         """`widths`: the forwards after the prompt's are padded to the next of these (none: fed as
-        they come). `decode`: what runs those forwards, e.g. the model compiled; the prompt's
-        forward, of a shape seen once, always runs the model itself, as `generate` does."""
+        they come). `decode`: what runs those forwards, e.g. the model compiled (`compile_config`
+        says how, for a drafter to compile its own model alike); the prompt's forward, and any
+        wider than the widest of `widths` (a draft's catch-up after plain steps), always run the
+        model itself, as `generate` runs the prompt's: a shape seen once."""
         check_layers(model, cache)
         if any(width < 1 for width in widths):
             raise ValueError(f"widths must be positive, got {widths}")
@@ -70,6 +73,7 @@ class StaticKV:
         self.cache = cache
         self.decode = decode if decode is not None else model
         self.compiled = decode is not None
+        self.compile_config = compile_config
         self.fed_widths: set[int] = set()  # the padded widths `decode` has run
         self.compiling = False  # whether the last forward was `decode`'s first at its width
         self.widths = tuple(sorted(set(widths)))
@@ -104,7 +108,7 @@ class StaticKV:
         config = generation_config.compile_config or CompileConfig()
         if config.dynamic is None:
             config = dataclasses.replace(config, dynamic=False)
-        return cls(model, cache, batch_size, device, COMPILED_WIDTHS, model.get_compiled_call(config))
+        return cls(model, cache, batch_size, device, COMPILED_WIDTHS, model.get_compiled_call(config), config)
 
     @property
     def width(self) -> int:
@@ -143,7 +147,8 @@ class StaticKV:
         last `logits_to_keep` of the T positions (all if 0), padding cut off.
         """
         width = tokens.shape[1]
-        first = self.end == 0
+        # The prompt's forward, or one wider than any compiled width: run as it comes, eagerly.
+        first = self.end == 0 or (bool(self.widths) and width > self.widths[-1])
         padded = width if first else self.padded_width(width)
         self._make_room(padded)
         given = positions is not None
@@ -163,6 +168,8 @@ class StaticKV:
             after = torch.arange(1, extra + 1, device=positions.device)
             positions = torch.cat([positions, positions[:, -1:] + after], dim=1)
         keep = 0 if logits_to_keep == 0 else logits_to_keep + padded - width
+        if self.compiled and not first and keep:
+            keep = padded  # one value per padded width: a compiled graph specializes on it
         call = self.model if first else self.decode
         self.compiling = self.compiled and not first and padded not in self.fed_widths
         if not first:
@@ -180,7 +187,8 @@ class StaticKV:
         if padded > width:  # the model advanced its write position past the padding
             self._set_write_position(self.end)
         logits = out.logits if self.keeps_logits or not keep else out.logits[:, -keep:]
-        out.logits = logits[:, : logits.shape[1] - (padded - width)]
+        logits = logits[:, : logits.shape[1] - (padded - width)]
+        out.logits = logits[:, -logits_to_keep:] if logits_to_keep else logits
         return out
 
     def forward_rows(
@@ -210,6 +218,15 @@ class StaticKV:
             kept_lengths = self.lengths.clone()
             kept_lengths[slots.index] -= torch.tensor(rejected, device=self.mask.device)
             self.truncate(kept_lengths)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """`DecoderCache.select_rows` for a draft's cache: a static cache keeps its rows (its batch is
+        the compiled shape), so only the rows as they are can be selected."""
+        if rows.tolist() != list(range(self.mask.shape[0])):
+            raise ValueError(
+                f"A static draft cache keeps its {self.mask.shape[0]} rows; selecting rows {rows.tolist()} "
+                "needs the dynamic one (drafts are compiled at batch size 1 only)."
+            )
 
     def release_rows(self, cached_rows: list[int], active: list[int]) -> list[int]:
         """The rows of `cached_rows` (the user's rows, one per cache row) not in `active` have

@@ -7,8 +7,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+from transformers import StaticCache
 
 from ..core.kv import RaggedKV, positions
+from ..core.static_kv import StaticKV
 from ..core.timing import clock
 from .base import Drafter, elapsed
 from .chain import chain, real_tokens, right_aligned
@@ -70,18 +72,35 @@ class DraftDecoder(Protocol):
 
 
 class TorchDecoder:
-    """A PyTorch causal LM as a `DraftDecoder`."""
+    """A PyTorch causal LM as a `DraftDecoder`; once `compile`d, its caches are static ones whose
+    forwards after the first run compiled, as a compiled target's do (`StaticKV`)."""
 
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model.eval()
         self.config = model.config
+        self.compiled: tuple[Any, int, tuple[int, ...]] | None = None  # (CompileConfig, capacity, widths)
+
+    def compile(self, config: Any, capacity: int, widths: tuple[int, ...]) -> None:
+        """From now on `new_cache` gives static caches of `capacity` positions, forwards padded to
+        `widths` and compiled by `config`. Dynamo counts graphs per function, not per model, and
+        every model's forward goes through one transformers wrapper: its limit (8 by default) is
+        raised to hold the draft's widths beside the target's, or they would run eagerly."""
+        import torch._dynamo
+
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 8 + 2 * len(widths))
+        self.compiled = (config, capacity, widths)
 
     @property
     def device(self) -> torch.device:
         return self.model.device
 
-    def new_cache(self, batch_size: int) -> RaggedKV:
-        return RaggedKV(self.model, None, batch_size, self.model.device)
+    def new_cache(self, batch_size: int) -> RaggedKV | StaticKV:
+        if self.compiled is None:
+            return RaggedKV(self.model, None, batch_size, self.model.device)
+        config, capacity, widths = self.compiled
+        cache = StaticCache(config=self.model.config, max_cache_len=capacity)
+        decode = self.model.get_compiled_call(config)
+        return StaticKV(self.model, cache, batch_size, self.model.device, widths, decode, config)
 
 
 class DecoderDrafter(Drafter):
@@ -166,25 +185,49 @@ class DecoderDrafter(Drafter):
         output = self.kv.forward(level.tokens.to(draft_device), level.valid.to(draft_device), tree=tree)
         return output.logits.to(self.device)
 
+    def compile_forwards(self, config: Any, capacity: int, widths: tuple[int, ...], batch_size: int) -> None:
+        """A PyTorch draft at batch size 1 gets a static cache whose forwards are compiled at every
+        width now, as a compiled target's (a batch's finished rows could not leave a static cache:
+        batches draft eagerly). Each width's first call is its compile: made here, it is no cost
+        the policy could take for drafting's. The cache is kept for the call's drafts."""
+        if batch_size != 1 or not isinstance(self.decoder, TorchDecoder):
+            return
+        self.decoder.compile(config, capacity + max(widths), widths)
+        kv = self.decoder.new_cache(1)
+        device = self.decoder.device
+        kv.forward(torch.zeros(1, 1, dtype=torch.long, device=device), None, logits_to_keep=1)  # eager
+        for width in widths:  # fed as drafting feeds them (contiguous: a graph is specialized on strides)
+            tokens = torch.zeros(1, width, dtype=torch.long, device=device)
+            kv.forward(tokens, torch.ones_like(tokens, dtype=torch.bool), logits_to_keep=1)
+            kv.truncate(torch.ones(1, dtype=torch.long, device=device))
+        kv.truncate(torch.zeros(1, dtype=torch.long, device=self.decoder.device))
+        self.kv = kv
+        self.cached = [torch.zeros(0, dtype=torch.long, device=self.device)]
+
     def probe_seconds(self, batch_size: int) -> float | None:
-        """One draft forward of one token per row on an empty cache of its own: what a draft token
-        costs at least, known before the catch-up over the prompt is paid. Best of two runs, since
-        a fresh model's or ONNX session's first run is slow."""
-        kv = self.decoder.new_cache(batch_size)
+        """One draft forward of one token per row on an empty cache: what a draft token costs at
+        least, known before the catch-up over the prompt is paid. Best of two runs, since a fresh
+        model's or ONNX session's first run is slow. On a cache of its own; a compiled draft's
+        (`compile_forwards`), whose forwards are the ones drafting will run, is emptied again."""
+        kv = self.kv if self.kv is not None else self.decoder.new_cache(batch_size)
         tokens = torch.zeros(batch_size, 1, dtype=torch.long, device=self.decoder.device)
         valid = torch.ones(batch_size, 1, dtype=torch.bool, device=self.decoder.device)
+        if kv is self.kv:  # an empty static cache's first forward runs eagerly: feed past it
+            kv.forward(tokens, valid, logits_to_keep=1)
         best = float("inf")
         for _ in range(2):
             start = clock(self.decoder.device)
             kv.forward(tokens, valid, logits_to_keep=1)
             best = min(best, clock(self.decoder.device) - start)
+        if kv is self.kv:
+            kv.truncate(torch.zeros(batch_size, dtype=torch.long, device=self.decoder.device))
         return best
 
     def _follow_rows(self, row_ids: list[int]) -> None:
         if self.kv is None:
             self.kv = self.decoder.new_cache(len(row_ids))
             self.cached = [torch.zeros(0, dtype=torch.long, device=self.device) for _ in row_ids]
-        elif row_ids != self.row_ids:
+        elif self.row_ids and row_ids != self.row_ids:
             where = positions(self.row_ids, row_ids)
             self.kv.select_rows(torch.tensor(where, device=self.decoder.device))
             self.cached = [self.cached[i] for i in where]

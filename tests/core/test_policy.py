@@ -80,6 +80,18 @@ def test_the_first_draft_verified_is_one_token_which_tells_what_a_wider_forward_
     assert policy.trim(_draft([4], 0.9), 1).lengths == [4]
 
 
+def test_drafts_never_ask_for_more_than_max_k_not_even_first_or_probing():
+    """`AdaptiveDraftLength(max_k=3)` keeps the default first_k of 4: its explorations and probes
+    used to ask for 4 tokens, and trimming such a draft read an estimate at position 3 (IndexError)."""
+    policy = AdaptiveDraftLength(max_k=3, min_probe_gain=0.0)
+    policy.update(1, _draft([0]), [0], 0.0, 1.0)
+    assert policy.draft_length(1) == 3
+    policy.update(1, _draft([1], 0.5), [0], 0.0, 1.5)  # rejected, and dear: plain from now on
+    asked = [policy.draft_length(1) for _ in range(40)]
+    assert max(asked) == 3  # the probes after plain steps
+    policy.trim(_draft([3], 0.5), 1)
+
+
 def test_a_copy_that_holds_at_later_positions_is_not_cut_by_its_pooled_calibration():
     """Weak drafts (confidence 0.5) fail at their second token; strong ones (0.9) copy all 16. A
     new weak draft's later tokens calibrate low, but tokens that got past position 1 were always

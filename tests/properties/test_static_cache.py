@@ -151,9 +151,17 @@ class _Recorder(AdaptiveDraftLength):
     def __init__(self) -> None:
         super().__init__(min_probe_gain=0.0, max_k=3)  # widths 1 to 4: at most 3 graphs to trace
         self.told: list[tuple[int, float | None]] = []
+        self.drafted: list[int] = []
+        self.draft_seconds: list[float] = []
+
+    def expect_draft_cost(self, seconds_per_token: float) -> None:
+        self.draft_seconds.append(seconds_per_token)
+        super().expect_draft_cost(seconds_per_token)
 
     def update(self, batch_size, draft, accepted, draft_seconds, verify_seconds, paths=None) -> None:
         self.told.append((1 + max(draft.lengths, default=0), verify_seconds))
+        self.drafted.append(max(draft.lengths, default=0))
+        self.draft_seconds.append(draft_seconds)
         super().update(batch_size, draft, accepted, draft_seconds, verify_seconds, paths)
 
 
@@ -190,6 +198,41 @@ def test_compile_config_compiles_one_graph_per_padded_width(good_draft, fresh_dy
     # The policy was told the widths, and timed each forward at the width it was fed at.
     assert policy.costs.padded_widths == COMPILED_WIDTHS
     assert {width for _, width in policy.costs.verify_times} <= set(COMPILED_WIDTHS)
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_a_draft_model_is_compiled_alike_at_batch_size_one(good_draft, fresh_dynamo, monkeypatch, rows):
+    """With the target compiled, a draft model's forwards after its first run compiled too, over a
+    static cache of its own, at the target's padded widths (all compiled before drafting starts);
+    a batch drafts eagerly (a static cache cannot drop finished rows). Output: plain's."""
+    from hf_specdec.drafters.decoder import TorchDecoder
+
+    caches = []
+    new_cache = TorchDecoder.new_cache
+
+    def recording(self, batch_size):
+        caches.append(new_cache(self, batch_size))
+        return caches[-1]
+
+    monkeypatch.setattr(TorchDecoder, "new_cache", recording)
+    model = tiny_llama(0, eos_token_id=None)
+    config = CompileConfig(backend=lambda graph, example_inputs: graph.forward, fullgraph=True, mode=None)
+    config._compile_all_devices = True
+    input_ids, attention_mask = random_batch(4, rows)
+    plain = static_generate(model, input_ids, attention_mask)
+    policy = _Recorder()
+    spec = speculative("draft_model", good_draft, policy=policy)
+    out = static_generate(model, input_ids, attention_mask, spec, compile_config=config)
+    assert out.tolist() == plain.tolist()
+    if rows > 1:
+        assert caches and not any(isinstance(kv, StaticKV) for kv in caches)
+        return
+    (kv,) = caches  # one cache, compiled at every width up front, probed and drafted on
+    assert isinstance(kv, StaticKV) and kv.compiled and kv.fed_widths == set(COMPILED_WIDTHS)
+    assert kv.model is good_draft and any(n > 0 for n in policy.drafted)
+    # The draft's compiles were made before the first timed step: the probe's figure and every
+    # draft's stay far below a compile (each is timed on an already compiled graph).
+    assert max(policy.draft_seconds) < 0.5
 
 
 SMOLLM2_CASES = {  # (method, rows)
