@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from transformers import StaticCache
+from transformers.cache_utils import StaticLayer
 
 from ..core.kv import RaggedKV, positions
 from ..core.static_kv import StaticKV
@@ -93,6 +94,14 @@ class TorchDecoder:
     @property
     def device(self) -> torch.device:
         return self.model.device
+
+    def can_compile(self) -> bool:
+        """Whether a static cache serves this model as a target's (`core.checks.check_static_cache`):
+        full-attention layers only (a sliding window's ring buffer cannot be rolled back), and an
+        attention that takes the 2D mask of real columns."""
+        attention = self.model.config.get_text_config(decoder=True)._attn_implementation
+        layers = StaticCache(config=self.model.config, max_cache_len=1).layers  # allocated lazily
+        return attention in ("sdpa", "eager") and all(type(layer) is StaticLayer for layer in layers)
 
     def new_cache(self, batch_size: int) -> RaggedKV | StaticKV:
         if self.compiled is None:
@@ -188,9 +197,10 @@ class DecoderDrafter(Drafter):
     def compile_forwards(self, config: Any, capacity: int, widths: tuple[int, ...], batch_size: int) -> None:
         """A PyTorch draft at batch size 1 gets a static cache whose forwards are compiled at every
         width now, as a compiled target's (a batch's finished rows could not leave a static cache:
-        batches draft eagerly). Each width's first call is its compile: made here, it is no cost
-        the policy could take for drafting's. The cache is kept for the call's drafts."""
-        if batch_size != 1 or not isinstance(self.decoder, TorchDecoder):
+        batches draft eagerly, as do drafts a static cache cannot serve: `can_compile`). Each
+        width's first call is its compile: made here, it is no cost the policy could take for
+        drafting's. The cache is kept for the call's drafts."""
+        if batch_size != 1 or not isinstance(self.decoder, TorchDecoder) or not self.decoder.can_compile():
             return
         self.decoder.compile(config, capacity + max(widths), widths)
         kv = self.decoder.new_cache(1)

@@ -235,6 +235,24 @@ def test_a_draft_model_is_compiled_alike_at_batch_size_one(good_draft, fresh_dyn
     assert max(policy.draft_seconds) < 0.5
 
 
+def test_a_draft_a_static_cache_cannot_serve_drafts_eagerly(fresh_dynamo):
+    """A sliding-window draft (its static layers are ring buffers) beside a compiled target: the
+    draft stays on its dynamic cache, and the output is plain's."""
+    config = MistralConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, sliding_window=4,
+    )  # fmt: skip
+    draft = MistralForCausalLM(config).eval()
+    model = tiny_llama(0, eos_token_id=None)
+    compile_config = CompileConfig(backend=lambda graph, example_inputs: graph.forward, mode=None)
+    compile_config._compile_all_devices = True
+    input_ids, attention_mask = random_batch(4, 1)
+    plain = static_generate(model, input_ids, attention_mask)
+    spec = speculative("draft_model", draft, num_draft_tokens=3)
+    out = static_generate(model, input_ids, attention_mask, spec, compile_config=compile_config)
+    assert out.tolist() == plain.tolist()
+
+
 SMOLLM2_CASES = {  # (method, rows)
     "ngram-1": ("ngram", 1),
     "ngram-2": ("ngram", 2),
