@@ -246,7 +246,12 @@ def compile_widths(model: Any, inputs: dict[str, torch.Tensor], generation: dict
     for width in COMPILED_WIDTHS[1:]:
         if width >= generation["max_new_tokens"]:  # a draft never outruns the tokens left
             break
-        spec = SpeculativeConfig(method="draft_model", draft=model, num_draft_tokens=width - 1)
+        spec = SpeculativeConfig(
+            method="draft_model",
+            draft=model,
+            num_draft_tokens=width - 1,
+            options={"compile_with_target": False},  # the target's graphs only: no draft of its own
+        )
         with warnings.catch_warnings():  # that the draft is the target: meant, here
             warnings.simplefilter("ignore")
             model.generate(**inputs, **generation, speculative=spec)

@@ -76,9 +76,10 @@ class TorchDecoder:
     """A PyTorch causal LM as a `DraftDecoder`; once `compile`d, its caches are static ones whose
     forwards after the first run compiled, as a compiled target's do (`StaticKV`)."""
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, compile_with_target: bool = True) -> None:
         self.model = model.eval()
         self.config = model.config
+        self.compile_with_target = compile_with_target  # see `DraftModelConfig`
         self.compiled: tuple[Any, int, tuple[int, ...]] | None = None  # (CompileConfig, capacity, widths)
 
     def compile(self, config: Any, capacity: int, widths: tuple[int, ...]) -> None:
@@ -96,9 +97,12 @@ class TorchDecoder:
         return self.model.device
 
     def can_compile(self) -> bool:
-        """Whether a static cache serves this model as a target's (`core.checks.check_static_cache`):
-        full-attention layers only (a sliding window's ring buffer cannot be rolled back), and an
-        attention that takes the 2D mask of real columns."""
+        """Whether to compile it alike with a compiled target: asked to (`compile_with_target`), and
+        a static cache serves it as a target's (`core.checks.check_static_cache`): full-attention
+        layers only (a sliding window's ring buffer cannot be rolled back), and an attention that
+        takes the 2D mask of real columns."""
+        if not self.compile_with_target:
+            return False
         attention = self.model.config.get_text_config(decoder=True)._attn_implementation
         layers = StaticCache(config=self.model.config, max_cache_len=1).layers  # allocated lazily
         return attention in ("sdpa", "eager") and all(type(layer) is StaticLayer for layer in layers)

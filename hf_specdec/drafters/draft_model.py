@@ -38,11 +38,15 @@ class DraftModelConfig:
             selection, which compared them), so no vocabulary-size check is needed.
         tree_top_k: with `SpeculativeConfig(tree=...)`, the children drafted per expanded node and
             the nodes expanded per level (EAGLE-2's top-k).
+        compile_with_target: where the target decodes on a compiled static cache (`compile_config`),
+            compile the draft's forwards alike at batch size 1 (`Drafter.compile_forwards`); False
+            keeps them eager (a draft dynamo cannot trace as one graph, or to spare its compiles).
     """
 
     min_confidence: float = 0.0
     tokenizer_verified: bool = False
     tree_top_k: int = 4
+    compile_with_target: bool = True
 
     def __post_init__(self) -> None:
         check_fields(self, ranges={"min_confidence": (0, 1), "tree_top_k": (1, None)})
@@ -150,7 +154,8 @@ class DraftModelDrafter(DecoderDrafter):
             if tokenizer is None and draft_tokenizer is not None:
                 tokenizer = _local_tokenizer(target)
             check_compatible(target, tokenizer, draft, draft_tokenizer)
-        return cls(TorchDecoder(draft), options.min_confidence, execution_device(target), options.tree_top_k)
+        decoder = TorchDecoder(draft, compile_with_target=options.compile_with_target)
+        return cls(decoder, options.min_confidence, execution_device(target), options.tree_top_k)
 
 
 def _load_named_draft(

@@ -235,6 +235,32 @@ def test_a_draft_model_is_compiled_alike_at_batch_size_one(good_draft, fresh_dyn
     assert max(policy.draft_seconds) < 0.5
 
 
+def test_a_draft_asked_not_to_compile_drafts_eagerly(good_draft, fresh_dynamo, monkeypatch):
+    """`options={"compile_with_target": False}`: the draft keeps its dynamic cache beside a compiled
+    target."""
+    from hf_specdec.drafters.decoder import TorchDecoder
+
+    caches = []
+    new_cache = TorchDecoder.new_cache
+
+    def recording(self, batch_size):
+        caches.append(new_cache(self, batch_size))
+        return caches[-1]
+
+    monkeypatch.setattr(TorchDecoder, "new_cache", recording)
+    model = tiny_llama(0, eos_token_id=None)
+    config = CompileConfig(backend=lambda graph, example_inputs: graph.forward, mode=None)
+    config._compile_all_devices = True
+    input_ids, attention_mask = random_batch(4, 1)
+    plain = static_generate(model, input_ids, attention_mask)
+    spec = SpeculativeConfig(
+        method="draft_model", draft=good_draft, num_draft_tokens=3, options={"compile_with_target": False}
+    )
+    out = static_generate(model, input_ids, attention_mask, spec, compile_config=config)
+    assert out.tolist() == plain.tolist()
+    assert caches and not any(isinstance(kv, StaticKV) for kv in caches)
+
+
 def test_a_draft_a_static_cache_cannot_serve_drafts_eagerly(fresh_dynamo):
     """A sliding-window draft (its static layers are ring buffers) beside a compiled target: the
     draft stays on its dynamic cache, and the output is plain's."""
