@@ -200,11 +200,8 @@ def test_compile_config_compiles_one_graph_per_padded_width(good_draft, fresh_dy
     assert {width for _, width in policy.costs.verify_times} <= set(COMPILED_WIDTHS)
 
 
-@pytest.mark.parametrize("rows", [1, 2])
-def test_a_draft_model_is_compiled_alike_at_batch_size_one(good_draft, fresh_dynamo, monkeypatch, rows):
-    """With the target compiled, a draft model's forwards after its first run compiled too, over a
-    static cache of its own, at the target's padded widths (all compiled before drafting starts);
-    a batch drafts eagerly (a static cache cannot drop finished rows). Output: plain's."""
+def _draft_caches(monkeypatch) -> list:
+    """Every cache a PyTorch draft makes from now on, in order (the list fills as they are made)."""
     from hf_specdec.drafters.decoder import TorchDecoder
 
     caches = []
@@ -215,6 +212,15 @@ def test_a_draft_model_is_compiled_alike_at_batch_size_one(good_draft, fresh_dyn
         return caches[-1]
 
     monkeypatch.setattr(TorchDecoder, "new_cache", recording)
+    return caches
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_a_draft_model_is_compiled_alike_at_batch_size_one(good_draft, fresh_dynamo, monkeypatch, rows):
+    """With the target compiled, a draft model's forwards after its first run compiled too, over a
+    static cache of its own, at the target's padded widths (all compiled before drafting starts);
+    a batch drafts eagerly (a static cache cannot drop finished rows). Output: plain's."""
+    caches = _draft_caches(monkeypatch)
     model = tiny_llama(0, eos_token_id=None)
     config = CompileConfig(backend=lambda graph, example_inputs: graph.forward, fullgraph=True, mode=None)
     config._compile_all_devices = True
@@ -238,16 +244,7 @@ def test_a_draft_model_is_compiled_alike_at_batch_size_one(good_draft, fresh_dyn
 def test_a_draft_asked_not_to_compile_drafts_eagerly(good_draft, fresh_dynamo, monkeypatch):
     """`options={"compile_with_target": False}`: the draft keeps its dynamic cache beside a compiled
     target."""
-    from hf_specdec.drafters.decoder import TorchDecoder
-
-    caches = []
-    new_cache = TorchDecoder.new_cache
-
-    def recording(self, batch_size):
-        caches.append(new_cache(self, batch_size))
-        return caches[-1]
-
-    monkeypatch.setattr(TorchDecoder, "new_cache", recording)
+    caches = _draft_caches(monkeypatch)
     model = tiny_llama(0, eos_token_id=None)
     config = CompileConfig(backend=lambda graph, example_inputs: graph.forward, mode=None)
     config._compile_all_devices = True
