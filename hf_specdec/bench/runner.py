@@ -121,6 +121,13 @@ def run_bench(
     methods = list(methods)
     _check_methods(methods, draft, heads)
     _check_batch_sizes(batch_sizes)
+    if compile and len(batch_sizes) > 1:
+        raise ValueError(
+            f"--compile times one batch size per process (got {list(batch_sizes)}): dynamo keeps 8 graphs "
+            "per function by default, plain's step and our five verify widths per batch size (a draft "
+            "model's five more), so a second batch size would run eagerly while reported as compiled. "
+            "Run once per batch size."
+        )
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}.")
     chosen = _select_prompts(suite, prompts, data_dir, limit, categories)

@@ -363,6 +363,12 @@ def test_compile_runs_every_row_on_the_compiled_static_cache(tiny_folder, fresh_
     assert "decode step compiled" in to_markdown(result)
 
 
+def test_compile_refuses_several_batch_sizes(tiny_folder):
+    """Their graphs would pass dynamo's limit and run eagerly while the report says compiled."""
+    with pytest.raises(ValueError, match=r"--compile times one batch size per process \(got \[1, 2\]\)"):
+        run_bench(tiny_folder, batch_sizes=[1, 2], compile=True, progress=False)
+
+
 def test_static_cache_runs_every_row_on_it(tiny_folder):
     prompts = [Prompt("a", "qa", "Say something about cats.")]
     result = run_bench(
