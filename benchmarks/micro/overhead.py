@@ -61,7 +61,6 @@ import hf_specdec  # noqa: E402
 from hf_specdec.core.static_kv import COMPILED_WIDTHS  # noqa: E402
 from hf_specdec.core.timing import clock  # noqa: E402
 from hf_specdec.drafters import Draft, Drafter, DraftRequest, register_drafter  # noqa: E402
-from hf_specdec.drafters.decoder import DecoderDrafter  # noqa: E402
 from hf_specdec.loading import (  # noqa: E402
     describe_runtime,
     encode_prompts,
@@ -184,8 +183,13 @@ def compiled_rows(model, demo: bool = False) -> dict[str, dict]:
             "ours replay, free perfect draft k=15, compiled": {**compiled, **replay(15)},
         }
 
-    def perfect(k: int) -> dict:  # the model as its own draft
-        config = hf_specdec.SpeculativeConfig(method="draft_model", draft=model, num_draft_tokens=k)
+    def perfect(k: int, compile_draft: bool = True) -> dict:  # the model as its own draft
+        config = hf_specdec.SpeculativeConfig(
+            method="draft_model",
+            draft=model,
+            num_draft_tokens=k,
+            options={"compile_with_target": compile_draft},
+        )
         return {"speculative": config}
 
     counting = hf_specdec.SpeculativeConfig(method="counting", num_draft_tokens=4)
@@ -195,31 +199,10 @@ def compiled_rows(model, demo: bool = False) -> dict[str, dict]:
         "ours ngram, no match, compiled": {**compiled, "speculative": "ngram"},
         "ours draft_model, perfect draft k=3, compiled": {**compiled, **perfect(3)},
         "ours draft_model, perfect draft k=4, compiled": {**compiled, **perfect(4)},
-        "ours draft_model, perfect draft k=4, compiled, draft eager": {
-            **compiled,
-            **perfect(4),
-            EAGER_DRAFT: True,
-        },
+        "ours draft_model, perfect draft k=4, compiled, draft eager": {**compiled, **perfect(4, False)},
         "ours draft_model, perfect draft k=7, compiled": {**compiled, **perfect(7)},
         "ours counting, free perfect draft k=4, compiled": {**compiled, "speculative": counting},
     }
-
-
-EAGER_DRAFT = "_eager_draft"  # a row's flag, not a generate argument: its draft model left uncompiled
-
-
-def generate(model, prompt: torch.Tensor, common: dict, extra: dict, **more):
-    """`model.generate` for a row; one flagged `EAGER_DRAFT` runs as if drafters compiled nothing
-    (`Drafter.compile_forwards`' default), for the compiled draft's A/B."""
-    extra = dict(extra)
-    if not extra.pop(EAGER_DRAFT, False):
-        return model.generate(prompt, **common, **extra, **more)
-    compiled = DecoderDrafter.compile_forwards
-    DecoderDrafter.compile_forwards = Drafter.compile_forwards
-    try:
-        return model.generate(prompt, **common, **extra, **more)
-    finally:
-        DecoderDrafter.compile_forwards = compiled
 
 
 class StepClock:
@@ -247,7 +230,7 @@ def first_calls(model, prompt: torch.Tensor, cases: dict[str, dict], common: dic
         ours = "speculative" in extra
         streamer = None if ours else StepClock(prompt.device)
         start = clock(prompt.device)
-        out = generate(model, prompt, common, extra, streamer=streamer, return_dict_in_generate=True)
+        out = model.generate(prompt, **common, **extra, streamer=streamer, return_dict_in_generate=True)
         seconds = clock(prompt.device) - start
         stats = getattr(out, "speculative_stats", None)
         widths: dict[int, float] = {}
@@ -311,7 +294,7 @@ def main_compiled(args, model, prompt: torch.Tensor) -> None:
     for _ in range(args.repeats):  # rows interleaved; each row's ratio to plain taken within a round
         for name, extra in cases.items():
             start = clock(prompt.device)
-            generate(model, prompt, common, extra)
+            model.generate(prompt, **common, **extra)
             times[name].append((clock(prompt.device) - start) / args.new_tokens * 1e3)
     recompiled = torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs
     warm = warm_first_calls(args)

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .draft import Draft
+from .static_kv import padded_width
 
 MAX_DRAFT = 16
 # Drafting must look this much faster than plain decoding to be chosen: noise in the figures must
@@ -339,7 +340,7 @@ class CostModel:
 
     def padded(self, width: int) -> int:
         """The width a forward of `width` tokens per row is fed at."""
-        return next((w for w in self.padded_widths if w >= width), width)
+        return padded_width(self.padded_widths, width)
 
     def add_verify(self, batch_size: int, width: int, seconds: float) -> None:
         width = self.padded(width)

@@ -46,6 +46,12 @@ from .kv import RaggedKV, Slots
 COMPILED_WIDTHS = (1, 2, 4, 8, 16)
 
 
+def padded_width(widths: tuple[int, ...], width: int) -> int:
+    """The width a forward of `width` tokens is padded to: the next of the sorted `widths`, or
+    `width` itself past them (or without any)."""
+    return next((w for w in widths if w >= width), width)
+
+
 class StaticKV:
     """A `StaticCache` plus which of its columns hold real tokens, row by row."""
 
@@ -116,7 +122,7 @@ class StaticKV:
 
     def padded_width(self, width: int) -> int:
         """The width a forward of `width` tokens after the prompt's is fed at."""
-        return next((w for w in self.widths if w >= width), width)
+        return padded_width(self.widths, width)
 
     def widest(self, wanted: int) -> int:
         """The most tokens, up to `wanted` (at most the widest of `widths`, if any), that the next

@@ -214,27 +214,24 @@ class DecoderDrafter(Drafter):
             tokens = torch.zeros(1, width, dtype=torch.long, device=device)
             kv.forward(tokens, torch.ones_like(tokens, dtype=torch.bool), logits_to_keep=1)
             kv.truncate(torch.ones(1, dtype=torch.long, device=device))
-        kv.truncate(torch.zeros(1, dtype=torch.long, device=self.decoder.device))
+        # It holds the one dummy token, which the first draft truncates away: nothing is cached.
         self.kv = kv
         self.cached = [torch.zeros(0, dtype=torch.long, device=self.device)]
 
     def probe_seconds(self, batch_size: int) -> float | None:
-        """One draft forward of one token per row on an empty cache: what a draft token costs at
-        least, known before the catch-up over the prompt is paid. Best of two runs, since a fresh
-        model's or ONNX session's first run is slow. On a cache of its own; a compiled draft's
-        (`compile_forwards`), whose forwards are the ones drafting will run, is emptied again."""
+        """One draft forward of one token per row on a nearly empty cache: what a draft token costs
+        at least, known before the catch-up over the prompt is paid. Best of two runs, since a fresh
+        model's or ONNX session's first run is slow. On a cache of its own, or on a compiled draft's
+        (`compile_forwards`), whose compiled forwards are the ones drafting will run: what the probe
+        feeds there is truncated away by the first draft, as nothing of it is in `cached`."""
         kv = self.kv if self.kv is not None else self.decoder.new_cache(batch_size)
         tokens = torch.zeros(batch_size, 1, dtype=torch.long, device=self.decoder.device)
         valid = torch.ones(batch_size, 1, dtype=torch.bool, device=self.decoder.device)
-        if kv is self.kv:  # an empty static cache's first forward runs eagerly: feed past it
-            kv.forward(tokens, valid, logits_to_keep=1)
         best = float("inf")
         for _ in range(2):
             start = clock(self.decoder.device)
             kv.forward(tokens, valid, logits_to_keep=1)
             best = min(best, clock(self.decoder.device) - start)
-        if kv is self.kv:
-            kv.truncate(torch.zeros(batch_size, dtype=torch.long, device=self.decoder.device))
         return best
 
     def _follow_rows(self, row_ids: list[int]) -> None:
