@@ -27,7 +27,7 @@ from .core.checks import check_supported
 from .core.compat import generate_cache
 from .core.draft import Drafter
 from .core.loop import speculative_decode
-from .core.policy import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
+from .core.policy import DEVICE_COSTS, DraftLengthPolicy, FixedDraftLength
 from .drafters import DRAFTERS, build_drafter
 from .selection.method import resolve_method
 
@@ -102,7 +102,7 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
             stopping_criteria,
             generation_config,
             drafter=drafter,
-            policy=_policy(resolved),
+            policy=_policy(resolved, model),
             tree=_drafts_trees(resolved, drafter, isinstance(generate_cache(model_kwargs), StaticCache)),
             max_tree_nodes=resolved.max_tree_nodes,
             streamer=streamer,
@@ -131,11 +131,13 @@ def _drafts_trees(config: SpeculativeConfig, drafter: Drafter, static_cache: boo
     return config.tree
 
 
-def _policy(config: SpeculativeConfig) -> DraftLengthPolicy:
+def _policy(config: SpeculativeConfig, model: Any) -> DraftLengthPolicy:
     if config.policy is not None:
         return config.policy  # the user's own policy object, kept across their calls
     if config.num_draft_tokens == "auto":
-        return AdaptiveDraftLength()  # a fresh one per call: nothing learnt leaks into the next
+        # A fresh one per call: what was accepted never leaks into the next; what verifying costs
+        # on this model and device is carried (`DEVICE_COSTS`).
+        return DEVICE_COSTS.policy(model)
     return FixedDraftLength(config.num_draft_tokens)
 
 

@@ -15,10 +15,19 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import hf_specdec
 from hf_specdec import cli
+from hf_specdec.core.policy import DEVICE_COSTS
 from hf_specdec.ort import export_onnx
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_device_costs():
+    """Each test's `auto` calls start from nothing: generate carries what verifying cost on a model
+    from call to call (`DEVICE_COSTS`), and the session's models are shared, so without this a test
+    would depend on the ones that ran before it."""
+    DEVICE_COSTS.clear()
 
 
 def child_env(**extra: str) -> dict[str, str]:

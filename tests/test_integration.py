@@ -135,3 +135,16 @@ def test_stop_strings_and_scores(smollm2):
     for ours, theirs in zip(spec.scores, plain.scores):
         assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
         torch.testing.assert_close(ours, theirs, atol=1e-3, rtol=1e-4)
+
+
+def test_auto_calls_on_one_model_start_from_what_verifying_cost_before_and_stay_lossless(target):
+    """Each `auto` call starts from the verify costs the calls before measured on the model
+    (`DEVICE_COSTS`); that changes how much is drafted, never what is generated."""
+    from hf_specdec.core.policy import DEVICE_COSTS
+
+    prompts = [torch.tensor([[6, 7, 8, 9] * 4]), torch.tensor([[10, 11, 12] * 5]), torch.tensor([[6, 7] * 6])]
+    for ids in prompts * 2:
+        plain = target.generate(input_ids=ids, max_new_tokens=24, do_sample=False)
+        out = target.generate(input_ids=ids, max_new_tokens=24, do_sample=False, speculative="ngram")
+        assert torch.equal(out, plain)
+    assert DEVICE_COSTS.policy(target).costs.measured_wide()  # carried: the next call needs no first look

@@ -7,6 +7,7 @@ import weakref
 import torch
 
 import hf_specdec
+from hf_specdec.core.policy import DEVICE_COSTS
 from hf_specdec.drafters import draft_model
 from hf_specdec.ort import session
 
@@ -56,3 +57,11 @@ def test_cuda_memory_goes_back_only_once_cuda_is_in_use(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     hf_specdec.clear_cache()
     assert emptied == [True]
+
+
+def test_what_verifying_cost_on_a_model_is_forgotten(target):
+    ids = torch.tensor([[6, 7, 8, 9] * 4])  # repeats: n-gram drafts, verified wider than a step
+    target.generate(input_ids=ids, max_new_tokens=12, speculative="ngram")
+    assert DEVICE_COSTS.policy(target).costs.carried
+    hf_specdec.clear_cache()
+    assert not DEVICE_COSTS.policy(target).costs.carried

@@ -2,7 +2,7 @@
 
     python benchmarks/micro/policy_replay.py [--suite specbench-quick] [--limit 3] [--max-new-tokens 128]
         [--profiles flat,flat+oneoff,flat+oneoff-call,gpu-batch,linear] [--tree] [--host-ms 1.5]
-        [--batch-sizes 1,8,32]
+        [--batch-sizes 1,8,32] [--no-carry]
 
 Fast (a minute) and deterministic in its acceptance: each prompt's plain greedy answer is generated
 once (`benchmarks/micro/ngram_rules.py`'s cache, SmolLM2-135M in its checkpoint's dtype), then the
@@ -14,7 +14,8 @@ exactly as greedy verification does (rounding ties aside: `hf_specdec.lossless`)
 emulated: each target forward costs what the profile says (`hf_specdec.bench.regimes`, a 20 ms
 plain step), drafting costs its real CPU time, and each step adds `--host-ms` of loop work (the
 loop's own cost per step, `benchmarks/micro/overhead.py`). The policy learns from that clock as it does in
-`generate`.
+`generate`, and, as there, each prompt's `auto` starts from what verifying cost in the calls before
+it under the same profile (`CostModel.carry`; `--no-carry`: every call from nothing).
 
 Rows per prompt: plain decoding, transformers' prompt lookup (its rule and its fixed 10 tokens),
 `auto`, and every fixed k of `--ks`; a prompt's fastest fixed k in hindsight is the oracle.
@@ -148,9 +149,12 @@ def _geomean(values: list[float]) -> float:
     return math.exp(sum(map(math.log, values)) / len(values))
 
 
-def evaluate(data: list[dict], profile: CostProfile, ks: list[int], tree: bool, host_seconds: float) -> dict:
+def evaluate(
+    data: list[dict], profile: CostProfile, ks: list[int], tree: bool, host_seconds: float, carry: bool = True
+) -> dict:
     by_category: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     shapes: set[tuple[int, int]] = set()  # per process: the one-offs already paid
+    device_costs = None  # what auto measured in the calls before (`carry`), as generate keeps it
     for seed, row in enumerate(data):
         prompt, answer = row["prompt"], row["answer"]
 
@@ -158,7 +162,9 @@ def evaluate(data: list[dict], profile: CostProfile, ks: list[int], tree: bool, 
             return replay([prompt], [answer], policy, profile, host_seconds, shapes, seed=seed, **kwargs)  # noqa: B023
 
         plain = run(FixedDraftLength(0))["seconds"]
-        auto = run(AdaptiveDraftLength(), tree=tree)
+        policy = AdaptiveDraftLength(device_costs=device_costs)
+        auto = run(policy, tree=tree)
+        device_costs = policy.costs if carry else None
         oracle = min(run(FixedDraftLength(k), tree=tree)["seconds"] for k in ks)
         lookup = run(FixedDraftLength(LOOKUP_TOKENS), lookup=True)["seconds"]
         c = by_category[row["category"]]
@@ -177,7 +183,13 @@ def evaluate(data: list[dict], profile: CostProfile, ks: list[int], tree: bool, 
 
 
 def evaluate_batches(
-    data: list[dict], profile: CostProfile, ks: list[int], tree: bool, host_seconds: float, batch: int
+    data: list[dict],
+    profile: CostProfile,
+    ks: list[int],
+    tree: bool,
+    host_seconds: float,
+    batch: int,
+    carry: bool = True,
 ) -> dict[str, float]:
     """Batches of `batch` prompts, categories interleaved (as a server's batch mixes requests); a
     suite smaller than the batch is cycled to fill it. Speedups over plain batched decoding of
@@ -193,6 +205,7 @@ def evaluate_batches(
         for g in range(max(1, round(len(data) / batch)))
     ]
     shapes: set[tuple[int, int]] = set()
+    device_costs = None
     results: dict[str, list[float]] = defaultdict(list)
     for seed, group in enumerate(groups):
         prompts, answers_ = [r["prompt"] for r in group], [r["answer"] for r in group]
@@ -201,7 +214,9 @@ def evaluate_batches(
             return replay(prompts, answers_, policy, profile, host_seconds, shapes, tree=tree, seed=seed)  # noqa: B023
 
         plain = run(FixedDraftLength(0))["seconds"]
-        auto = run(AdaptiveDraftLength())
+        policy = AdaptiveDraftLength(device_costs=device_costs)
+        auto = run(policy)
+        device_costs = policy.costs if carry else None
         oracle = min(run(FixedDraftLength(k))["seconds"] for k in ks)
         results["auto"].append(plain / auto["seconds"])
         results["oracle"].append(plain / oracle)
@@ -264,6 +279,11 @@ def main() -> None:
     parser.add_argument("--ks", default="2,4,6,8,10,12,16")
     parser.add_argument("--tree", action="store_true", help="auto and the fixed k draft n-gram tries")
     parser.add_argument("--host-ms", type=float, default=1.5, help="loop work per step (default 1.5 ms)")
+    parser.add_argument(
+        "--no-carry",
+        action="store_true",
+        help="each call's policy starts from nothing (generate carries verify costs from call to call)",
+    )
     parser.add_argument("--out", default="bench_out/ngram_rules", help="where the greedy answers are cached")
     parser.add_argument(
         "--batch-sizes",
@@ -279,13 +299,17 @@ def main() -> None:
     profiles = args.profiles.split(",")
     if 1 in batch_sizes:
         results = {
-            name: evaluate(data, PROFILES[name], ks, args.tree, args.host_ms / 1000) for name in profiles
+            name: evaluate(data, PROFILES[name], ks, args.tree, args.host_ms / 1000, not args.no_carry)
+            for name in profiles
         }
         print(markdown(results, args.tree))
     if wide := [b for b in batch_sizes if b > 1]:
         batched = {
             name: {
-                b: evaluate_batches(data, PROFILES[name], ks, args.tree, args.host_ms / 1000, b) for b in wide
+                b: evaluate_batches(
+                    data, PROFILES[name], ks, args.tree, args.host_ms / 1000, b, not args.no_carry
+                )
+                for b in wide
             }
             for name in profiles
         }

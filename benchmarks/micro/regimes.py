@@ -10,8 +10,10 @@ Rows, per prompt: plain `generate`, transformers' prompt lookup (its default 10 
 only), ours with the adaptive policy (`auto`, chain and tree) and ours with every fixed k of
 `--ks` (chain and tree). Rows whose decisions never read the clock (plain, prompt lookup, fixed k)
 run once per round and are priced under every profile from their recorded forwards; the adaptive
-rows run once per profile per round. Each prompt's best fixed k in hindsight is the oracle the
-policy is held against. Rounds interleave every row; `--repeats` keeps each row's median.
+rows run once per profile per round, each starting from what verifying cost in its earlier calls
+under the same profile, as `generate` carries it (`CostModel.carry`). Each prompt's best fixed k in
+hindsight is the oracle the policy is held against. Rounds interleave every row; `--repeats` keeps
+each row's median.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 
 from hf_specdec.bench.regimes import PROFILES, REAL, emulate, host_clock, priced
 from hf_specdec.bench.runner import PROMPT_LOOKUP_TOKENS, _new_tokens, _select_prompts
+from hf_specdec.core.policy import DeviceCosts
 from hf_specdec.core.timing import clock
 from hf_specdec.loading import (
     describe_runtime,
@@ -90,6 +93,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     }
     # The shapes each emulated device has paid its one-off cost for, in the order calls ran.
     shapes: dict[str, set[tuple[int, int]]] = {p.name: set() for p in profiles}
+    device_costs: dict[tuple[str, str], DeviceCosts] = defaultdict(DeviceCosts)  # (profile, row)
 
     def encode(batch: list) -> dict[str, torch.Tensor]:
         return encode_prompts(tokenizer, batch, chat, generation["pad_token_id"], model.device)
@@ -126,8 +130,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 kwargs, adaptive = table[name]
                 if adaptive:  # its decisions read the clock: run under each profile
                     for p in profiles:
+                        # What verifying costs is carried from call to call, as generate does, but
+                        # per emulated device (generate's own store would mix the profiles).
+                        carried = {"policy": device_costs[(p.name, name)].policy(model)}
+                        spec = {"speculative": {**kwargs["speculative"], **carried}}
                         seconds, _, _, forwards, out = run_once(
-                            model, inputs, generation, kwargs, p, shapes[p.name]
+                            model, inputs, generation, spec, p, shapes[p.name]
                         )
                         note(p.name, name, seconds, out, forwards)
                 else:  # run once, priced under each profile

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import math
 import random
 import time
@@ -51,7 +52,9 @@ class CostProfile:
 
     A forward that feeds `n = batch * width` tokens costs `step * (1 + per_token * (n - 1))` while
     `n <= knee` (memory- or launch-bound: the weights are read once whatever the tokens), and grows
-    in proportion to `n` beyond the knee (compute-bound). A prefill (nothing cached yet) is priced
+    in proportion to `n` beyond the knee (compute-bound); or, where `curve` is given, `step` times
+    the cost it lists for `n` tokens (interpolated between its points, beyond the last one along
+    its last segment): a measured curve of any shape. A prefill (nothing cached yet) is priced
     by the same rule over the prompt's tokens, with its own `prefill_per_token` (GPUs run a
     prompt's tokens as one large, efficient matmul). `oneoff` steps are added the first time a call
     feeds a (batch, width) shape: what a GPU's first call at a new shape can pay (kernel selection,
@@ -71,6 +74,8 @@ class CostProfile:
     # A shared machine's jitter: each decoding forward's cost times exp(noise * z), z ~ N(0, 1) drawn
     # from the caller's seeded generator (median 1; at 0.3 one forward in six is 35% dearer or more).
     noise: float = 0.0
+    # (tokens, cost in steps) points, tokens increasing from (1, 1.0): replaces per_token and knee.
+    curve: tuple[tuple[int, float], ...] = ()
     description: str = ""
 
     @property
@@ -83,7 +88,10 @@ class CostProfile:
         n = forward.batch * forward.width
         if forward.past == 0 and forward.width > 1:  # a prefill: its shape is new with every prompt
             return self.step * (1 + self.prefill_per_token * (n - 1))
-        cost = self.step * (1 + self.per_token * (min(n, self.knee) - 1)) * max(1.0, n / self.knee)
+        if self.curve:
+            cost = self.step * _along(self.curve, n)
+        else:
+            cost = self.step * (1 + self.per_token * (min(n, self.knee) - 1)) * max(1.0, n / self.knee)
         if self.noise and rng is not None:
             cost *= math.exp(self.noise * rng.gauss(0.0, 1.0))
         return cost + (self.step * self.oneoff if first_of_shape else 0.0)
@@ -91,6 +99,27 @@ class CostProfile:
     def with_step(self, step: float) -> CostProfile:
         return CostProfile(**{**self.__dict__, "step": step})
 
+
+def _along(curve: tuple[tuple[int, float], ...], n: int) -> float:
+    """The cost `curve` lists for `n` tokens: interpolated between its points, extrapolated along
+    its last segment beyond them."""
+    (n0, c0), (n1, c1) = curve[0], curve[1]
+    for (a, ca), (b, cb) in itertools.pairwise(curve):
+        (n0, c0), (n1, c1) = (a, ca), (b, cb)
+        if n <= b:
+            break
+    return c0 + (c1 - c0) * (n - n0) / (n1 - n0)
+
+
+# fp32 SmolLM2-135M at batch 1 on a 2-core AMD EPYC with AVX2 only (no native bf16), torch 2.13's
+# MKL, ~100-400 cached tokens: cost of a forward of n tokens in plain steps, from
+# `python benchmarks/micro/batch_costs.py --dtype float32 --batch 1 --widths ...` (two runs,
+# open and grounded prompts, averaged and rounded). A few rows run far less efficiently than one,
+# so the first extra token costs about half a step and each later one less.
+SMALL_GEMM_CURVE = (
+    (1, 1.0), (2, 1.47), (3, 1.73), (4, 1.95), (5, 2.05),
+    (8, 2.4), (11, 2.5), (16, 2.8), (24, 3.3), (32, 3.8),
+)  # fmt: skip
 
 PROFILES: dict[str, CostProfile] = {
     profile.name: profile
@@ -143,6 +172,23 @@ PROFILES: dict[str, CostProfile] = {
             prefill_per_token=0.6 / 24,
             noise=0.3,
             description="linear on a shared, noisy machine: each forward x a log-normal jitter (σ 0.3)",
+        ),
+        CostProfile(
+            "concave",
+            curve=SMALL_GEMM_CURVE,
+            prefill_per_token=0.6 / 24,
+            description=(
+                "a CPU whose matrix products run a few rows far less efficiently than one (fp32 "
+                "SmolLM2 on an AVX2-only EPYC, measured): a second token costs half a step, each "
+                "later one less (16 tokens 2.8 steps)"
+            ),
+        ),
+        CostProfile(
+            "concave+noise",
+            curve=SMALL_GEMM_CURVE,
+            prefill_per_token=0.6 / 24,
+            noise=0.3,
+            description="concave on a shared, noisy machine: each forward x a log-normal jitter (σ 0.3)",
         ),
         CostProfile("real", description="the machine as it is: the real clock, nothing emulated"),
     )

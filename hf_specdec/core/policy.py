@@ -30,9 +30,11 @@ and verify costs, and no figure about any device), `ProbeSchedule` (when to try 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -44,6 +46,10 @@ MAX_DRAFT = 16
 # Drafting must look this much faster than plain decoding to be chosen: noise in the figures must
 # not flip a step into a loss. Between draft lengths the faster one is taken as it is.
 PLAIN_MARGIN = 1.02
+# Earlier calls' figures a call starts from (`CostModel.carry`): each width's ratio to a plain step,
+# the median of its last this many timings in the calls that verified it.
+CARRIED_TIMINGS = 16
+CARRIED_MIN = 3  # timings a carried width needs to count: one of two may be a stall
 FREE_DRAFT = 0.05  # asking for a draft costs less than this share of a plain step: ask every step
 _BUCKETS = 10
 # The prior on an acceptance rate before anything is measured (`beta_mean`): its mean, and what it
@@ -129,6 +135,10 @@ class _Recent:
     def confirmed(self) -> bool:
         """Timed more than once: a single timing may have been a stall."""
         return len(self.samples) > 1
+
+
+def _copy(recent: _Recent) -> _Recent:
+    return dataclasses.replace(recent, samples=list(recent.samples))
 
 
 def beta_mean(
@@ -310,6 +320,13 @@ class CostModel:
     widths timed more than once predict, so it gets tried again rather than written off for the
     call, and a second timing says what it costs (of two, the smaller counts). Widths never
     measured are predicted from every measured width as it stands.
+
+    What verifying costs belongs to the model and its device, not to a prompt, so a call starts
+    from what earlier calls measured (`carry`): per batch size and width, the ratio of a verify to
+    a plain step, which this call's own plain step turns into seconds (a machine's speed drifts
+    from one call to the next; the shape of its curve much less) until the call times that width
+    itself. Without it every call would pay again for its first look at wider widths, and decide
+    from a sample or two where earlier calls had many.
     """
 
     draft: _Recent = field(
@@ -323,6 +340,9 @@ class CostModel:
     # Seconds a width's first call cost above its second, where that was over twice the second (a
     # device paying for a new shape in every call, not once a process); 0.0 where it was not.
     first_calls: _Recent = field(default_factory=lambda: _Recent(keep=8))
+    # From earlier calls (`carry`): (padded widths, batch size, width) -> verify / plain seconds at
+    # that batch size, one figure per call that verified the width.
+    carried: dict[tuple[tuple[int, ...], int, int], _Recent] = field(default_factory=dict)
     _predicted: dict[tuple[int, int], float | None] = field(default_factory=dict, repr=False, compare=False)
     _known: dict[int, dict[int, float]] = field(default_factory=dict, repr=False, compare=False)
 
@@ -352,6 +372,28 @@ class CostModel:
         self._predicted.clear()
         self._known.clear()
 
+    def carry(self, earlier: CostModel | None) -> None:
+        """Start from what the calls before measured on the same model and device (`earlier`: the
+        last one's costs, holding what the ones before it carried): per width, its ratio to the plain
+        step over its last `CARRIED_TIMINGS` timings in the calls before, and what a first call at a new
+        width cost. Draft costs belong to the drafter and are not carried."""
+        if earlier is None:
+            return
+        self.carried = {key: _copy(ratios) for key, ratios in list(earlier.carried.items())}
+        for (batch, width), timings in list(earlier.verify_times.items()):
+            plain = earlier.verify(batch, 1)
+            if width > 1 and plain:
+                # Each timing as it was (not the call's estimate, which takes the smaller of two:
+                # a median of such minima would carry a low guess), so the median is of many.
+                ratios = self.carried.setdefault(
+                    (earlier.padded_widths, batch, width), _Recent(keep=CARRIED_TIMINGS)
+                )
+                for seconds in timings.samples:
+                    ratios.add(seconds / plain)
+        self.first_calls = _copy(earlier.first_calls)
+        self._predicted.clear()
+        self._known.clear()
+
     def first_call_seconds(self) -> float:
         """What verifying at a width never verified before is expected to cost once, on top of its
         steady cost: the median first-call excess, once two widths were timed twice (else 0)."""
@@ -372,8 +414,12 @@ class CostModel:
         return price
 
     def measured_wide(self) -> bool:
-        """Whether any verify of a draft has been timed (at any batch size: the nearest stands in)."""
-        return any(w > 1 for (_, w) in self.verify_times)
+        """Whether any verify of a draft has been timed (at any batch size: the nearest stands in),
+        in this call or, at the widths this call pads to, in the calls it carries."""
+        return any(w > 1 for (_, w) in self.verify_times) or any(
+            pads == self.padded_widths and len(ratios.samples) >= CARRIED_MIN
+            for (pads, _, _), ratios in self.carried.items()
+        )
 
     def verify(self, batch_size: int, width: int) -> float | None:
         """Predicted verify seconds at this width, from the nearest measured widths; None until a
@@ -397,20 +443,32 @@ class CostModel:
     def _predict(self, batch_size: int, width: int) -> float | None:
         measured = self._measured(batch_size)
         known = {w: e.value for w, e in measured.items()}
-        if width > 1 and 1 in known and all(w == 1 for w in known):
+        carried = self._carried(batch_size, known.get(1))
+        if width > 1 and 1 in known and all(w == 1 for w in known) and not carried:
             return self._scaled_from_other_batch(batch_size, width, known[1])
-        if width not in known or width == 1 or measured[width].confirmed:
+        known = carried | known  # this call's own timings first
+        if width not in measured or width == 1 or measured[width].confirmed:
             return _from_widths(known, width)
         # Timed once: trusted unless it is further above the curve of the widths timed more
-        # than once than steady costs can be (more than `width` plain steps, the most feeding
-        # `width` tokens costs where every token is computed in full; or, once a wider draft
-        # was confirmed, over twice that curve): then a stall, to be timed again.
-        trusted = {w: known[w] for w, e in measured.items() if e.confirmed or w == 1}
+        # than once (or carried) than steady costs can be (more than `width` plain steps, the most
+        # feeding `width` tokens costs where every token is computed in full; or, once a wider
+        # draft was confirmed, over twice that curve): then a stall, to be timed again.
+        trusted = {w: known[w] for w in known if w not in measured or measured[w].confirmed or w == 1}
         guess = _from_widths(trusted, width)
         if guess is None:
             return known[width]
         ceiling = 2 * guess if len(trusted) > 1 else width * known[1]
         return guess if known[width] > ceiling else known[width]
+
+    def _carried(self, batch_size: int, plain: float | None) -> dict[int, float]:
+        """Width -> seconds at this batch size from the carried ratios, at this call's plain step."""
+        if not plain:
+            return {}
+        return {
+            w: ratios.value * plain
+            for (pads, b, w), ratios in self.carried.items()
+            if b == batch_size and pads == self.padded_widths and len(ratios.samples) >= CARRIED_MIN
+        }
 
     def _scaled_from_other_batch(self, batch_size: int, width: int, plain: float) -> float:
         """A width at a batch size whose plain step alone was measured (rows finished, the batch
@@ -572,7 +630,15 @@ class AdaptiveDraftLength:
     a tree it learns from the drafts it is shown: the kind of the last one verified.
     """
 
-    def __init__(self, settings: AdaptiveSettings | None = None, **fields: Any) -> None:
+    def __init__(
+        self,
+        settings: AdaptiveSettings | None = None,
+        *,
+        device_costs: CostModel | None = None,
+        **fields: Any,
+    ) -> None:
+        """`device_costs`: what an earlier call's policy measured of the same model on the same
+        device (its `costs`), to start from (`CostModel.carry`); what is accepted is never carried."""
         if settings is not None and fields:
             raise TypeError("Pass either `settings` or its fields as keywords, not both.")
         self.settings = settings if settings is not None else AdaptiveSettings(**fields)
@@ -580,6 +646,7 @@ class AdaptiveDraftLength:
         self.acceptance = AcceptanceEstimate(s.max_k, s.prior_acceptance, s.prior_weight)
         self.trees = TreeAcceptance(s.max_k, s.prior_acceptance, s.prior_weight)
         self.costs = CostModel()
+        self.costs.carry(device_costs)
         self.probes = ProbeSchedule(s.probe_every)
         self.realized = RealizedAsks(s.realized_window)
         # Every estimate is sized to max_k: a longer first draft (AdaptiveDraftLength(max_k=3) keeps
@@ -742,11 +809,40 @@ class AdaptiveDraftLength:
         return expected_gains(self.acceptance.alphas())
 
 
+class DeviceCosts:
+    """What verifying cost on each target model in this process's earlier `auto` calls, for the
+    next call's policy to start from (`CostModel.carry`): a call then needs no first look at wider
+    widths, and decides from many timings where it has a few of its own. Keyed by the model
+    object, held weakly (a model deleted takes its figures with it), and by its device and dtype;
+    what is accepted is never carried. `hf_specdec.clear_cache()` forgets it all."""
+
+    def __init__(self) -> None:
+        self._by_model: weakref.WeakKeyDictionary[Any, tuple[Any, Any, CostModel]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def policy(self, model: Any) -> AdaptiveDraftLength:
+        """A fresh `AdaptiveDraftLength` for a call on `model`, starting from the costs the last one
+        measured (on the same device, in the same dtype); what it measures is kept for the next."""
+        device, dtype, earlier = self._by_model.get(model, (None, None, None))
+        here = (model.device, model.dtype)
+        policy = AdaptiveDraftLength(device_costs=earlier if (device, dtype) == here else None)
+        self._by_model[model] = (*here, policy.costs)  # filled in as the call goes
+        return policy
+
+    def clear(self) -> None:
+        self._by_model.clear()
+
+
+DEVICE_COSTS = DeviceCosts()
+
 __all__ = [
     "AcceptanceEstimate",
     "AdaptiveDraftLength",
     "AdaptiveSettings",
     "CostModel",
+    "DEVICE_COSTS",
+    "DeviceCosts",
     "DraftLengthPolicy",
     "FixedDraftLength",
     "PRIOR_ACCEPTANCE",

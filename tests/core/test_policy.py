@@ -692,3 +692,110 @@ def test_where_every_new_width_costs_a_oneoff_the_policy_keeps_to_widths_it_paid
     control_widths, control_per_token = _oneoff_per_call_run()
     assert len(set(widths)) < len(set(control_widths))
     assert per_token < 0.92 * control_per_token  # deterministic: 12 widths against 16, 11% less time
+
+
+# --- what verifying cost, carried from call to call (CostModel.carry, DeviceCosts) ---
+
+
+def _measured(costs: dict[int, float], times: int = 3) -> CostModel:
+    model = CostModel()
+    for _ in range(times):
+        for width, seconds in costs.items():
+            model.add_verify(1, width, seconds)
+    return model
+
+
+def test_a_call_starts_from_the_ratios_earlier_calls_measured_at_its_own_plain_step():
+    earlier = _measured({1: 1.0, 5: 2.0, 9: 2.5})
+    costs = CostModel()
+    costs.carry(earlier)
+    assert costs.measured_wide()  # no first look needed
+    assert costs.verify(1, 5) is None  # nothing before this call's own plain step
+    costs.add_verify(1, 1, 3.0)  # this machine runs 3x slower now: the shape is carried, not the level
+    assert costs.verify(1, 5) == pytest.approx(6.0)
+    assert costs.verify(1, 7) == pytest.approx(6.75)  # interpolated between carried widths
+    costs.add_verify(1, 5, 4.0)
+    assert costs.verify(1, 5) == 4.0  # its own timing wins
+
+
+def test_a_width_carried_from_fewer_than_three_timings_does_not_count():
+    """One of two timings may have been a stall or a first call: too few to start a call from;
+    two calls of two timings each are enough."""
+    twice = {1: 1.0, 5: 2.0}
+    costs = CostModel()
+    costs.carry(_measured(twice, times=2))
+    costs.add_verify(1, 1, 1.0)
+    assert not costs.measured_wide() and costs.verify(1, 5) == 1.0  # as if nothing was carried
+    later = CostModel()
+    later.carry(_chain(_measured(twice, times=2), _measured(twice, times=2)))
+    later.add_verify(1, 1, 1.0)
+    assert later.measured_wide() and later.verify(1, 5) == pytest.approx(2.0)
+
+
+def _chain(*calls: CostModel) -> CostModel:
+    """The costs of the last of these calls, each having started from the one before."""
+    last = None
+    for measured in calls:
+        fresh = CostModel()
+        fresh.carry(last)
+        for (batch, width), timings in measured.verify_times.items():
+            for seconds in timings.samples:
+                fresh.add_verify(batch, width, seconds)
+        last = fresh
+    return last
+
+
+def test_carried_widths_keep_to_their_batch_size_and_padding():
+    earlier = _measured({1: 1.0, 5: 2.0})
+    padded = CostModel(padded_widths=(1, 2, 4, 8, 16))
+    padded.carry(earlier)
+    assert not padded.measured_wide()  # measured unpadded: another curve
+    costs = CostModel()
+    costs.carry(earlier)
+    costs.add_verify(4, 1, 3.0)
+    assert costs.verify(4, 5) == 3.0  # batch 4 has its own curve (only its plain step: flat)
+
+
+def test_a_carried_policy_drafts_long_from_its_first_draft_where_verifying_is_flat():
+    from hf_specdec.bench.regimes import PROFILES
+
+    first = AdaptiveDraftLength()
+    _drive(first, PROFILES["flat"], steps=40)
+    carried = AdaptiveDraftLength(device_costs=first.costs)
+    carried.update(1, _draft([0]), [0], 0.0, PROFILES["flat"].step)  # the call's plain step
+    assert carried.trim(_draft([16], 0.8), 1).lengths == [16]  # no one-token first look
+    fresh = AdaptiveDraftLength()
+    fresh.update(1, _draft([0]), [0], 0.0, PROFILES["flat"].step)
+    assert fresh.trim(_draft([16], 0.8), 1).lengths == [1]  # control: a call from nothing looks first
+
+
+def _drive(policy: AdaptiveDraftLength, profile, steps: int) -> None:
+    from hf_specdec.bench.regimes import Forward
+
+    for step in range(steps):
+        k = policy.draft_length(1)
+        draft = policy.trim(_draft([k], 0.8) if k else Draft.empty(1, torch.device("cpu")), 1)
+        n = draft.lengths[0]
+        seconds = profile.seconds(Forward(1, n + 1, 200))
+        policy.update(1, draft, [n if step % 2 else 0], 0.0, seconds)
+
+
+def test_device_costs_start_each_call_from_the_last_on_the_same_model_device_and_dtype():
+    from hf_specdec.core.policy import DeviceCosts
+
+    store, model, other = DeviceCosts(), _Model(), _Model()
+    first = store.policy(model)
+    for _ in range(3):
+        first.costs.add_verify(1, 1, 1.0)
+        first.costs.add_verify(1, 5, 2.0)
+    second = store.policy(model)
+    assert second is not first and second.costs.carried  # measured as the first call went
+    assert not store.policy(other).costs.carried  # another model: its own
+    model.dtype = torch.bfloat16
+    assert not store.policy(model).costs.carried  # another dtype: another curve
+    store.clear()
+    assert not store.policy(model).costs.carried
+
+
+class _Model:
+    device, dtype = torch.device("cpu"), torch.float32
