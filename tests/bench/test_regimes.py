@@ -24,6 +24,9 @@ STEP = PROFILES["flat"].step
         ("gpu-batch", Forward(8, 16, 10), 1 + 0.004 * 127),  # 128 tokens: at the knee
         ("gpu-batch", Forward(16, 16, 10), (1 + 0.004 * 127) * 2),  # past it: in proportion
         ("flat", Forward(1, 257, 0), 2.0),  # a prefill: 1/256 of a step per prompt token
+        ("concave", Forward(1, 3, 10), 1.73),  # a point of its measured curve
+        ("concave", Forward(1, 6, 10), 2.05 + (2.4 - 2.05) / 3),  # between points
+        ("concave", Forward(1, 40, 10), 3.8 + (3.8 - 3.3) / 8 * 8),  # past the last: its last slope
     ],
 )
 def test_each_profile_prices_a_forward_by_its_rule(profile, forward, steps):
