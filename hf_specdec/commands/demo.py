@@ -18,21 +18,19 @@ from ..loading import (
 from ..lossless import MISMATCH, bound_formula, check_greedy, count_kinds
 from .options import add_runtime_options
 
-# Prompts written for the demo: two that copy from their input (where lookup drafting shines)
-# and one open question (where it must not cost anything).
+# Prompts written for the demo: two whose answers copy from their input (where lookup drafting
+# shines) and one open question (where it must not cost anything). SmolLM2-135M does copy these two
+# (a prompt asking it to rewrite a Python function got a 37-token answer that was not the function).
 DEMO_PROMPTS = [
     "Summarize the following text in two sentences, reusing its wording.\n\n"
     "The city council met on Tuesday to discuss the new bicycle lanes on Main Street. "
     "The council members agreed that the bicycle lanes on Main Street will be built next spring, "
     "and that the parking spaces on Main Street will be moved to Oak Avenue. "
     "Residents who live on Main Street said they were happy with the plan for the bicycle lanes.",
-    "Here is a Python function:\n\n"
-    "def total_price(items):\n"
-    "    total = 0\n"
-    "    for item in items:\n"
-    "        total = total + item.price * item.quantity\n"
-    "    return total\n\n"
-    "Rewrite the function with a docstring and type hints, keeping the same logic.",
+    "Correct any mistakes in this email and return the full email.\n\n"
+    "Hi Sam,\n\nThanks for sending the report on Monday. I read the report and I think the numbers "
+    "in the second table are correct. Please send the final version of the report to the whole team "
+    "by Friday, and add the numbers from the second table to the summary.\n\nBest,\nAlex",
     "What are three good habits for staying healthy?",
 ]
 
