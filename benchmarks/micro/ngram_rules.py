@@ -17,6 +17,10 @@ tokens per forward are counted, not timed, and deterministic. Rules:
 - `hindsight`: a bound, not a drafter: the continuation among every occurrence of every suffix
   size that the answer keeps longest, chosen knowing the answer.
 
+It also prints how often `ours`' proposals held, by the size of the match they came from: the
+first token of a draft, and a later one once the tokens before it held (the odds the shipped
+drafter reports as its confidences, `ngram.FIRST_TOKEN_ODDS` / `LATER_TOKEN_ODDS`).
+
 The default suite is kept apart from Spec-Bench quick, which the benchmarks measure.
 """
 
@@ -32,7 +36,7 @@ import torch
 
 from hf_specdec.bench.runner import _select_prompts
 from hf_specdec.core.draft import DraftRequest
-from hf_specdec.drafters.ngram import NgramConfig, NgramDrafter
+from hf_specdec.drafters.ngram import NgramConfig, NgramDrafter, _RowIndex
 from hf_specdec.loading import encode_prompts, load_model, pad_token_id, use_chat_template
 
 Propose = Callable[[list[int], int], list[int]]
@@ -103,6 +107,27 @@ def hindsight(prompt: list[int], answer: list[int], sizes: range = range(1, 5)) 
     return propose
 
 
+def match_odds(rows: list[dict], max_ngram: int = 4) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """Per match size: [held, proposed] for a draft's first token, and for its later tokens (each
+    counted only while the tokens before it held), drafting `ours`' voted continuation of up to 16
+    tokens at every position of each answer."""
+    first: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+    later: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+    for r in rows:
+        index, answer = _RowIndex(range(1, max_ngram + 1), 16), r["answer"]
+        index.extend(r["prompt"])
+        for at in range(len(answer)):
+            chain, size = index.lookup(16)
+            for j, token in enumerate(chain[: len(answer) - at]):
+                counts = first[size] if j == 0 else later[size]
+                counts[1] += 1
+                counts[0] += token == answer[at + j]
+                if token != answer[at + j]:
+                    break
+            index.extend([answer[at]])
+    return first, later
+
+
 # Rule name -> a maker given the prompt and the target's answer (only `hindsight` reads it).
 RULES: dict[str, Callable[[list[int], list[int]], Propose]] = {
     "ours": lambda prompt, answer: ours(),
@@ -162,6 +187,13 @@ def main() -> None:
             print(
                 f"| {name} | " + " | ".join(f"{m:.2f}" for m in means) + f" | {sum(means) / len(means):.2f} |"
             )
+    first, later = match_odds(rows)
+    print("\nHow often `ours`' proposals held, by the size of the match (held / proposed):\n")
+    print("| match size | first token | later tokens |")
+    print("|---:|---:|---:|")
+    for size in sorted(first):
+        (a, n), (b, m) = first[size], later[size]
+        print(f"| {size} | {a / n:.2f} ({a} / {n}) | {b / max(m, 1):.2f} ({b} / {m}) |")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ few dictionary probes (microseconds), so a miss costs nothing but a plain decodi
 
 The longest matching suffix wins (down to single tokens: where verifying is cheap even a weak
 match is worth a try, and where it is dear the draft-length policy cuts such drafts, having
-learnt per match size how often they are accepted). Among that suffix's occurrences the
+learnt per match size how often they are accepted, from odds measured beforehand:
+`FIRST_TOKEN_ODDS`). Among that suffix's occurrences the
 continuation is voted token by token: each next token is the one most of the still-agreeing
 occurrences continue with (the most recent among equals), as a suffix tree's counts would say.
 Replayed on SmolLM2's greedy answers to 24 Spec-Bench prompts kept apart from the benchmark's
@@ -116,6 +117,22 @@ class _RowIndex:
             for start in reversed(self.tables[n].get(tuple(toks[-n:]), [])):
                 found.append((toks[start : start + max_tokens], n))
         return found
+
+
+# What a draft token's odds of acceptance are, by the size of the match it continues: how often
+# SmolLM2-135M's greedy answers (fp32, the 24 Spec-Bench train-split prompts, 128 tokens) went on as
+# the voted continuation said, for a draft's first token and for a later one once those before it
+# held (`python benchmarks/micro/ngram_rules.py`, its last table). They are the drafter's
+# confidences, so the draft-length policy's calibration starts near them rather than at a raw
+# score (a single token matched looked 55% likely to it, and held 27% of the time); it then learns
+# each call's own rates. Larger matches take the largest size listed.
+FIRST_TOKEN_ODDS = {1: 0.27, 2: 0.54, 3: 0.61, 4: 0.80}
+LATER_TOKEN_ODDS = {1: 0.70, 2: 0.73, 3: 0.79, 4: 0.89}
+
+
+def _odds(size: int, first: bool) -> float:
+    table = FIRST_TOKEN_ODDS if first else LATER_TOKEN_ODDS
+    return table[min(size, max(table))]
 
 
 # γ of `_trie` before anything is seen: another match rarely has the token the best one missed.
@@ -266,9 +283,11 @@ class NgramDrafter(Drafter):
 
         tokens = torch.tensor(padded([p[0] for p in proposals], 0), dtype=torch.long)
         parents = torch.tensor(padded([p[1] for p in proposals], 0), dtype=torch.long)
-        # A raw score, not a probability: longer matches are likelier to continue. The
-        # draft-length policy learns what each score is worth in accepted tokens.
-        confidence = torch.tensor(padded([[n / (n + 1) for n in p[2]] for p in proposals], 0.0))
+        # Odds by match size (`FIRST_TOKEN_ODDS`): a node right after the last token is a draft's
+        # first token, any deeper one a later token. The policy learns what each is worth in the call.
+        confidence = torch.tensor(
+            padded([[_odds(n, parent < 0) for n, parent in zip(p[2], p[1])] for p in proposals], 0.0)
+        )
         return Draft(
             tokens.to(device),
             lengths,
