@@ -48,16 +48,21 @@ PLAIN, LOOKUP = "plain", "prompt_lookup"
 _wall = time.perf_counter  # the machine's clock, whatever an emulation makes of time.perf_counter
 
 
-def rows(ks: list[int], options: dict[str, Any], batch_size: int) -> dict[str, tuple[dict[str, Any], bool]]:
-    """Row name -> (generate's extra keywords, whether its decisions read the clock)."""
+def rows(
+    ks: list[int], options: dict[str, Any], batch_size: int, trees: str = "all"
+) -> dict[str, tuple[dict[str, Any], bool]]:
+    """Row name -> (generate's extra keywords, whether its decisions read the clock). `trees`: tree
+    rows for auto and every fixed k ("all"), for auto alone ("auto"), or none."""
     out: dict[str, tuple[dict[str, Any], bool]] = {PLAIN: ({}, False)}
     if batch_size == 1:
         out[LOOKUP] = ({"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS}, False)
     for tree in (False, True):
+        if tree and trees == "none":
+            continue
         suffix = "+tree" if tree else ""
         spec = {"method": "ngram", "options": options, "tree": tree}
         out["auto" + suffix] = ({"speculative": {**spec, "num_draft_tokens": "auto"}}, True)
-        for k in ks:
+        for k in ks if not tree or trees == "all" else ():
             out[f"k{k}{suffix}"] = ({"speculative": {**spec, "num_draft_tokens": k}}, False)
     return out
 
@@ -84,7 +89,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     generation = dict(max_new_tokens=args.max_new_tokens, do_sample=False, return_dict_in_generate=True)
     generation["pad_token_id"] = pad_token_id(tokenizer, model)
     eos = eos_token_ids(model)
-    table = rows(args.ks, json.loads(args.options), args.batch_size)
+    table = rows(args.ks, json.loads(args.options), args.batch_size, args.trees)
     batches = [prompts[i : i + args.batch_size] for i in range(0, len(prompts), args.batch_size)]
     report: dict[str, Any] = {
         "settings": {**vars(args), "runtime": describe_runtime(model)},
@@ -209,10 +214,14 @@ def _profile_table(report: dict[str, Any], profile: str, ks: list[int]) -> list[
     by_category: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for entry in report["prompts"]:
         by_category[entry["category"]].append(entry["rows"][profile])
-    have_lookup = any(LOOKUP in r for rs in by_category.values() for r in rs)
-    head = ["category", "n", "plain tok/s", "auto", "auto+tree"]
-    head += [LOOKUP] if have_lookup else []
-    head += ["oracle k (chain)", "auto/oracle", "oracle (tree)", "auto+tree/oracle"]
+    every = [r for rs in by_category.values() for r in rs]
+    have_lookup = any(LOOKUP in r for r in every)
+    auto_tree = any("auto+tree" in r for r in every)  # `--trees`: which tree rows were run
+    k_trees = any(f"k{ks[0]}+tree" in r for r in every)
+    head = ["category", "n", "plain tok/s", "auto"] + (["auto+tree"] if auto_tree else [])
+    head += [LOOKUP, "auto/PL"] if have_lookup else []
+    head += ["oracle k (chain)", "auto/oracle"]
+    head += ["oracle (tree)", "auto+tree/oracle"] if auto_tree and k_trees else []
     head += ["auto tok/fwd", "k10 tok/fwd"] + (["PL tok/fwd"] if have_lookup else [])
     head += ["auto spec steps", "auto mean k", "mismatches"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -225,13 +234,16 @@ def _profile_table(report: dict[str, Any], profile: str, ks: list[int]) -> list[
             for name, record in rows.items():
                 ratio[name].append(_speed(record) / plain)
             chain = max(ks, key=lambda k: _speed(rows[f"k{k}"]))
-            tree = max(ks, key=lambda k: _speed(rows[f"k{k}+tree"]))
             best_k_chain.append(chain)
-            best_k_tree.append(tree)
             ratio["oracle"].append(_speed(rows[f"k{chain}"]) / plain)
-            ratio["oracle+tree"].append(_speed(rows[f"k{tree}+tree"]) / plain)
             ratio["auto/oracle"].append(_speed(rows["auto"]) / _speed(rows[f"k{chain}"]))
-            ratio["auto+tree/oracle"].append(_speed(rows["auto+tree"]) / _speed(rows[f"k{tree}+tree"]))
+            if have_lookup:
+                ratio["auto/PL"].append(_speed(rows["auto"]) / _speed(rows[LOOKUP]))
+            if auto_tree and k_trees:
+                tree = max(ks, key=lambda k: _speed(rows[f"k{k}+tree"]))
+                best_k_tree.append(tree)
+                ratio["oracle+tree"].append(_speed(rows[f"k{tree}+tree"]) / plain)
+                ratio["auto+tree/oracle"].append(_speed(rows["auto+tree"]) / _speed(rows[f"k{tree}+tree"]))
 
         def g(name: str, ratio=ratio, category=category) -> str:
             value = _geomean(ratio[name])
@@ -252,30 +264,24 @@ def _profile_table(report: dict[str, Any], profile: str, ks: list[int]) -> list[
             kind == MISMATCH for r in entries for rec in r.values() for kind in rec.get("lossless", [])
         )
         plain_speed = statistics.median(_speed(r[PLAIN]) for r in entries)
-        cells = [category, str(len(entries)), f"{plain_speed:.1f}", g("auto"), g("auto+tree")]
-        cells += [g(LOOKUP)] if have_lookup else []
+        cells = [category, str(len(entries)), f"{plain_speed:.1f}", g("auto")]
+        cells += [g("auto+tree")] if auto_tree else []
+        cells += [g(LOOKUP), g("auto/PL")] if have_lookup else []
         cells += [f"{g('oracle')} (k {statistics.median(best_k_chain):g})", g("auto/oracle")]
-        cells += [f"{g('oracle+tree')} (k {statistics.median(best_k_tree):g})", g("auto+tree/oracle")]
+        if auto_tree and k_trees:
+            cells += [f"{g('oracle+tree')} (k {statistics.median(best_k_tree):g})", g("auto+tree/oracle")]
         cells += [per_forward("auto"), per_forward("k10") if 10 in ks else "–"]
         cells += [per_forward(LOOKUP)] if have_lookup else []
         cells += [f"{spec:.0%}", f"{statistics.mean(lengths):.1f}" if lengths else "–", str(mismatches)]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
-    sweep = [
-        "| category | "
-        + " | ".join(f"k{k}" for k in ks)
-        + " | "
-        + " | ".join(f"k{k}+tree" for k in ks)
-        + " |"
-    ]
-    sweep.append("|" + "---|" * (1 + 2 * len(ks)))
+    suffixes = ("", "+tree") if k_trees else ("",)
+    names = [f"k{k}{suffix}" for suffix in suffixes for k in ks]
+    sweep = ["| category | " + " | ".join(names) + " |", "|" + "---|" * (1 + len(names))]
     for category, entries in by_category.items():
         cells = [category]
-        for suffix in ("", "+tree"):
-            for k in ks:
-                cells.append(
-                    f"{_geomean([_speed(r[f'k{k}{suffix}']) / _speed(r[PLAIN]) for r in entries]):.2f}x"
-                )
+        for name in names:
+            cells.append(f"{_geomean([_speed(r[name]) / _speed(r[PLAIN]) for r in entries]):.2f}x")
         sweep.append("| " + " | ".join(cells) + " |")
     return lines + ["Fixed k, speedup over plain:", ""] + sweep + [""]
 
@@ -296,6 +302,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ks", default="2,4,6,8,10,12,16")
     parser.add_argument("--options", default="{}", help="ngram options as JSON, e.g. '{\"min_ngram\": 1}'")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument(
+        "--trees", choices=["all", "auto", "none"], default="all", help="tree rows: every one, auto's, none"
+    )
     parser.add_argument(
         "--threads",
         type=int,
