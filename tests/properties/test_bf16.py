@@ -141,8 +141,12 @@ def assert_no_mismatch(model, x, plain, out):
     assert not bad, "; ".join(bad)
     assert out.speculative_stats.drafted > 0  # verification of several tokens really ran
     for c in checks:
-        if c.kind == TIE:  # a tie is what bf16 rounding does, and is reported as such
-            assert c.gap <= c.bound and c.speculative_token in c.top_two
+        # A tie is what bf16 rounding does, and is reported as such: plain's and speculation's
+        # tokens both within the rounding bound of the best recomputed score. Usually they are
+        # the top two; where three score within rounding (seen on an AVX2-only CPU, where bf16 is
+        # emulated: a third token 0.125 below the best, bound 0.5), speculation may take the third.
+        if c.kind == TIE:
+            assert c.gap <= c.bound
     return count_kinds(checks)
 
 
