@@ -153,20 +153,22 @@ def evaluate(
     data: list[dict], profile: CostProfile, ks: list[int], tree: bool, host_seconds: float, carry: bool = True
 ) -> dict:
     by_category: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    shapes: set[tuple[int, int]] = set()  # per process: the one-offs already paid
+    # The one-offs already paid, per row: each row runs as a process of its own, so none pays for
+    # the shapes another row's calls fed first.
+    shapes: dict[Any, set[tuple[int, int]]] = defaultdict(set)
     device_costs = None  # what auto measured in the calls before (`carry`), as generate keeps it
     for seed, row in enumerate(data):
-        prompt, answer = row["prompt"], row["answer"]
 
-        def run(policy: DraftLengthPolicy, **kwargs: Any) -> dict[str, float]:
-            return replay([prompt], [answer], policy, profile, host_seconds, shapes, seed=seed, **kwargs)  # noqa: B023
+        def run(name: Any, policy: DraftLengthPolicy, row=row, seed=seed, **kwargs: Any) -> dict[str, float]:
+            prompts, answers_ = [row["prompt"]], [row["answer"]]
+            return replay(prompts, answers_, policy, profile, host_seconds, shapes[name], seed=seed, **kwargs)
 
-        plain = run(FixedDraftLength(0))["seconds"]
+        plain = run("plain", FixedDraftLength(0))["seconds"]
         policy = AdaptiveDraftLength(device_costs=device_costs)
-        auto = run(policy, tree=tree)
+        auto = run("auto", policy, tree=tree)
         device_costs = policy.costs if carry else None
-        oracle = min(run(FixedDraftLength(k), tree=tree)["seconds"] for k in ks)
-        lookup = run(FixedDraftLength(LOOKUP_TOKENS), lookup=True)["seconds"]
+        oracle = min(run(k, FixedDraftLength(k), tree=tree)["seconds"] for k in ks)
+        lookup = run("lookup", FixedDraftLength(LOOKUP_TOKENS), lookup=True)["seconds"]
         c = by_category[row["category"]]
         c["auto"].append(plain / auto["seconds"])
         c["oracle"].append(plain / oracle)
@@ -204,20 +206,22 @@ def evaluate_batches(
         [data[order[(g * batch + j) % len(order)]] for j in range(batch)]
         for g in range(max(1, round(len(data) / batch)))
     ]
-    shapes: set[tuple[int, int]] = set()
+    shapes: dict[Any, set[tuple[int, int]]] = defaultdict(set)  # per row, as in `evaluate`
     device_costs = None
     results: dict[str, list[float]] = defaultdict(list)
     for seed, group in enumerate(groups):
-        prompts, answers_ = [r["prompt"] for r in group], [r["answer"] for r in group]
 
-        def run(policy: DraftLengthPolicy) -> dict[str, float]:
-            return replay(prompts, answers_, policy, profile, host_seconds, shapes, tree=tree, seed=seed)  # noqa: B023
+        def run(name: Any, policy: DraftLengthPolicy, group=group, seed=seed) -> dict[str, float]:
+            prompts, answers_ = [r["prompt"] for r in group], [r["answer"] for r in group]
+            return replay(
+                prompts, answers_, policy, profile, host_seconds, shapes[name], tree=tree, seed=seed
+            )
 
-        plain = run(FixedDraftLength(0))["seconds"]
+        plain = run("plain", FixedDraftLength(0))["seconds"]
         policy = AdaptiveDraftLength(device_costs=device_costs)
-        auto = run(policy)
+        auto = run("auto", policy)
         device_costs = policy.costs if carry else None
-        oracle = min(run(FixedDraftLength(k))["seconds"] for k in ks)
+        oracle = min(run(k, FixedDraftLength(k))["seconds"] for k in ks)
         results["auto"].append(plain / auto["seconds"])
         results["oracle"].append(plain / oracle)
         results["regret"].append(oracle / auto["seconds"])

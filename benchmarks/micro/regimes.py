@@ -96,18 +96,19 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "profiles": {p.name: {**p.__dict__} for p in profiles},
         "prompts": [],
     }
-    # The shapes each emulated device has paid its one-off cost for, in the order calls ran.
-    shapes: dict[str, set[tuple[int, int]]] = {p.name: set() for p in profiles}
+    # The shapes each emulated device has paid its one-off cost for, per row: each row runs as a
+    # process of its own, so none pays for the shapes another row's calls fed first.
+    shapes: dict[tuple[str, str], set[tuple[int, int]]] = defaultdict(set)  # (profile, row)
     device_costs: dict[tuple[str, str], DeviceCosts] = defaultdict(DeviceCosts)  # (profile, row)
 
     def encode(batch: list) -> dict[str, torch.Tensor]:
         return encode_prompts(tokenizer, batch, chat, generation["pad_token_id"], model.device)
 
     warm = encode(batches[0])
-    for kwargs, _ in table.values():  # first calls pay for allocations and lazy imports
+    for name, (kwargs, _) in table.items():  # first calls pay for allocations and lazy imports
         _, _, _, forwards, _ = run_once(model, warm, {**generation, "max_new_tokens": 8}, kwargs, REAL)
         for p in profiles:
-            priced(0.0, 0.0, forwards, p, shapes[p.name])
+            priced(0.0, 0.0, forwards, p, shapes[(p.name, name)])
 
     for i, batch in enumerate(batches):
         inputs = encode(batch)
@@ -140,13 +141,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                         carried = {"policy": device_costs[(p.name, name)].policy(model)}
                         spec = {"speculative": {**kwargs["speculative"], **carried}}
                         seconds, _, _, forwards, out = run_once(
-                            model, inputs, generation, spec, p, shapes[p.name]
+                            model, inputs, generation, spec, p, shapes[(p.name, name)]
                         )
                         note(p.name, name, seconds, out, forwards)
                 else:  # run once, priced under each profile
                     _, wall, host, forwards, out = run_once(model, inputs, generation, kwargs, REAL)
                     for p in profiles:
-                        note(p.name, name, priced(wall, host, forwards, p, shapes[p.name]), out, forwards)
+                        seconds = priced(wall, host, forwards, p, shapes[(p.name, name)])
+                        note(p.name, name, seconds, out, forwards)
         plain_out = first[(profiles[0].name, PLAIN)]["sequences"]
         entry = {"ids": [p.id for p in batch], "category": batch[0].category, "rows": {}}
         for (profile_name, name), record in first.items():
