@@ -337,9 +337,12 @@ class CostModel:
     # The widths each verify forward is padded up to (`DraftLengthPolicy.pad_widths`; () for none):
     # a width is timed and priced as its padded width, so the tokens up to it cost nothing more.
     padded_widths: tuple[int, ...] = ()
-    # Seconds a width's first call cost above its second, where that was over twice the second (a
-    # device paying for a new shape in every call, not once a process); 0.0 where it was not.
+    # Seconds a width's first call in a call cost above its second, where that was over twice the
+    # second (0.0 where it was not): at shapes no earlier call had verified (`first_calls`: a
+    # device paying once a process for a new shape, as kernel selection or graph capture do), and
+    # at shapes earlier calls had verified (`repeat_first_calls`: a cost paid again in every call).
     first_calls: _Recent = field(default_factory=lambda: _Recent(keep=8))
+    repeat_first_calls: _Recent = field(default_factory=lambda: _Recent(keep=8))
     # From earlier calls (`carry`): (padded widths, batch size, width) -> verify / plain seconds at
     # that batch size, one figure per call that verified the width.
     carried: dict[tuple[tuple[int, ...], int, int], _Recent] = field(default_factory=dict)
@@ -367,7 +370,9 @@ class CostModel:
         timings = self.verify_times.setdefault((batch_size, width), _Recent())
         if len(timings.samples) == 1 and width > 1:
             first = timings.samples[0]
-            self.first_calls.add(first - seconds if first > 2 * seconds else 0.0)
+            seen = (batch_size, width) in self._verified_before()
+            excess = self.repeat_first_calls if seen else self.first_calls
+            excess.add(first - seconds if first > 2 * seconds else 0.0)
         timings.add(seconds)
         self._predicted.clear()
         self._known.clear()
@@ -391,25 +396,38 @@ class CostModel:
                 for seconds in timings.samples:
                     ratios.add(seconds / plain)
         self.first_calls = _copy(earlier.first_calls)
+        self.repeat_first_calls = _copy(earlier.repeat_first_calls)
         self._predicted.clear()
         self._known.clear()
 
-    def first_call_seconds(self) -> float:
-        """What verifying at a width never verified before is expected to cost once, on top of its
-        steady cost: the median first-call excess, once two widths were timed twice (else 0)."""
-        return (self.first_calls.value or 0.0) if self.first_calls.confirmed else 0.0
+    def _verified_before(self) -> set[tuple[int, int]]:
+        """(batch size, width) shapes the calls this one carries verified, at this call's padding."""
+        return {(b, w) for (pads, b, w) in self.carried if pads == self.padded_widths}
+
+    def first_call_seconds(self, batch_size: int, width: int) -> float:
+        """What verifying at this width in this call is expected to cost once, on top of its steady
+        cost: nothing once this call verified it; else the median first-call excess measured at
+        shapes like it (new to the process, or verified by an earlier call), once two widths were
+        timed twice (else 0: a width is tried rather than guessed dear)."""
+        key = (batch_size, self.padded(width))
+        if key in self.verify_times:
+            return 0.0
+        excess = self.repeat_first_calls if key in self._verified_before() else self.first_calls
+        return (excess.value or 0.0) if excess.confirmed else 0.0
 
     def pricing(self, batch_size: int, uses: int = 8) -> Callable[[int], float | None]:
-        """Verify seconds per width for choosing a width: `verify`, plus, for a width never verified
-        at this batch size, its expected first-call cost spread over `uses` steps (a new width is
-        worth a one-off only if it will serve a while)."""
-        extra = self.first_call_seconds() / uses
+        """Verify seconds per width for choosing a width: `verify`, plus its expected first-call cost
+        in this call (`first_call_seconds`) spread over `uses` steps (a new width is worth a one-off
+        only if it will serve a while). Where a device pays for a shape once a process, the widths
+        earlier calls verified come at their steady cost and the others with the one-off, so calls
+        keep to the widths already paid for; where it pays in every call, all widths not yet
+        verified in this one carry it."""
+        if not self.first_calls.confirmed and not self.repeat_first_calls.confirmed:
+            return functools.partial(self.verify, batch_size)  # no one-off seen: the steady costs
 
         def price(width: int) -> float | None:
             seconds = self.verify(batch_size, width)
-            if seconds is None or not extra or (batch_size, self.padded(width)) in self.verify_times:
-                return seconds
-            return seconds + extra
+            return None if seconds is None else seconds + self.first_call_seconds(batch_size, width) / uses
 
         return price
 

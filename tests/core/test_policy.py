@@ -661,16 +661,24 @@ def test_asks_that_the_batch_cannot_use_stop():
     assert sum(k > 0 for k in asked[40:]) >= 70
 
 
-def _oneoff_per_call_run(steps: int = 80) -> tuple[list[int], float]:
-    """One row under `flat+oneoff-call` (six steps the first time the call feeds each width), its
-    drafter offering 1-16 tokens a step (as n-gram matches come), every token accepted. Returns
-    the widths verified and the seconds per token generated."""
+def _oneoff_run(
+    profile_name: str = "flat+oneoff-call",
+    steps: int = 80,
+    policy: AdaptiveDraftLength | None = None,
+    shapes: set | None = None,
+    seed: int = 0,
+) -> tuple[list[int], float]:
+    """One call of one row under `profile_name` (six steps the first time the call, or the
+    process: `shapes`, feeds each width), its drafter offering 1-16 tokens a step (as n-gram
+    matches come), every token accepted. Returns the widths verified and the seconds per token."""
     import random
 
     from hf_specdec.bench.regimes import PROFILES, Forward
 
-    rng, profile = random.Random(0), PROFILES["flat+oneoff-call"]
-    policy, shapes, widths, seconds = AdaptiveDraftLength(), set(), [], 0.0
+    rng, profile = random.Random(seed), PROFILES[profile_name]
+    policy = policy or AdaptiveDraftLength()
+    shapes = set() if shapes is None else shapes
+    widths, seconds = [], 0.0
     for _ in range(steps):
         k = policy.draft_length(1)
         draft = _draft([min(k, rng.randint(1, 16))], 0.8) if k else Draft.empty(1, torch.device("cpu"))
@@ -685,13 +693,40 @@ def _oneoff_per_call_run(steps: int = 80) -> tuple[list[int], float]:
 
 
 def test_where_every_new_width_costs_a_oneoff_the_policy_keeps_to_widths_it_paid_for(monkeypatch):
-    widths, per_token = _oneoff_per_call_run()
+    widths, per_token = _oneoff_run()
     assert sum(w > 1 for w in widths[20:]) >= 0.9 * len(widths[20:])  # still drafting
     # The control: without the first-call price every length the drafter offers gets its one-off.
-    monkeypatch.setattr(CostModel, "first_call_seconds", lambda self: 0.0)
-    control_widths, control_per_token = _oneoff_per_call_run()
+    monkeypatch.setattr(CostModel, "first_call_seconds", lambda self, batch_size, width: 0.0)
+    control_widths, control_per_token = _oneoff_run()
     assert len(set(widths)) < len(set(control_widths))
     assert per_token < 0.92 * control_per_token  # deterministic: 12 widths against 16, 11% less time
+
+
+def _calls_in_one_process(calls: int = 5) -> tuple[set[int], float]:
+    """`calls` calls under `flat+oneoff` (six steps the first time the process feeds a width), each
+    policy starting from the last one's costs as `generate` does: the widths paid for, and the
+    seconds per token over all calls."""
+    shapes: set = set()
+    earlier, per_token = None, []
+    for call in range(calls):
+        policy = AdaptiveDraftLength(device_costs=earlier)
+        _, seconds = _oneoff_run("flat+oneoff", 40, policy, shapes, seed=call)
+        earlier = policy.costs
+        per_token.append(seconds)
+    return {w for _, w in shapes}, sum(per_token) / calls
+
+
+def test_where_a_new_width_costs_a_oneoff_once_a_process_later_calls_keep_to_those_paid_for(monkeypatch):
+    """Later calls verify the widths earlier calls paid for at their steady cost, and new ones
+    only where they pay back their one-off; a policy blind to first calls pays for every width."""
+    paid, per_token = _calls_in_one_process()
+    policy = AdaptiveDraftLength()
+    _oneoff_run("flat+oneoff", 40, policy)
+    assert policy.costs.first_calls.confirmed  # what a new shape cost was learnt in the first call
+    monkeypatch.setattr(CostModel, "first_call_seconds", lambda self, batch_size, width: 0.0)
+    control_paid, control_per_token = _calls_in_one_process()
+    assert len(paid) <= len(control_paid) - 4
+    assert per_token < 0.95 * control_per_token
 
 
 # --- what verifying cost, carried from call to call (CostModel.carry, DeviceCosts) ---
