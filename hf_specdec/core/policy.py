@@ -511,14 +511,19 @@ def _from_widths(known: dict[int, float], width: int) -> float | None:
         return known[width]
     if width == 1 or 1 not in known:
         return None
-    # Interpolate between measured widths (a plain step included). Guessing low is safe: the
-    # width then gets tried and measured; guessing high would keep it from ever being tried.
+    # Between measured widths (a plain step included): along the power law through the two
+    # nearest, as beyond them. Verify cost bends down where a few rows run less efficiently than
+    # one (a CPU's small matrix products: the second token costs half a step, the tenth a tenth),
+    # and there a straight chord guessed low: weak drafts were verified at widths that cost
+    # twice a step, each rejection a step lost. Where cost bends up (flat, then linear: a GPU)
+    # the power law guesses a little high, on a curve so flat that it changes little.
     below = [w for w in known if w < width]
     above = [w for w in known if w > width]
     if below and above:
         lo, hi = max(below), min(above)
-        t = (width - lo) / (hi - lo)
-        return known[lo] * (1 - t) + known[hi] * t
+        if known[lo] <= 0 or known[hi] <= 0:
+            return known[lo] + (known[hi] - known[lo]) * (width - lo) / (hi - lo)
+        return known[lo] * (width / lo) ** (math.log(known[hi] / known[lo]) / math.log(hi / lo))
     # Beyond what was measured: follow the power law width^p through the plain step and the
     # widest measurement, with 0 <= p <= 1 (flat when only plain steps were measured; at most
     # in proportion to the tokens fed, as on a compute-bound device). Verify cost is flat and

@@ -139,7 +139,7 @@ def test_large_batches_where_verify_is_expensive_go_plain():
 def test_verify_cost_is_interpolated_from_plain_and_measured_widths():
     policy = AdaptiveDraftLength()
     _teach(policy, batch=1, verify={1: 1.0, 5: 2.0}, accepted_of_4=2, steps=1)
-    assert policy.costs.verify(1, 3) == 1.5
+    assert policy.costs.verify(1, 3) == pytest.approx(_power_law(3, (1, 1.0), (5, 2.0)))
     assert policy.costs.verify(1, 7) > 2.0  # beyond the widest measurement: grows, optimistically
 
 
@@ -304,6 +304,27 @@ def test_trim_keeps_a_long_copy_once_its_first_token_may_be_right():
     assert width < 8
 
 
+def _power_law(width: int, lo: tuple[int, float], hi: tuple[int, float]) -> float:
+    """The cost at `width` on the power law through two (width, seconds) points."""
+    (a, ca), (b, cb) = lo, hi
+    return ca * (width / a) ** (math.log(cb / ca) / math.log(b / a))
+
+
+def test_between_measured_widths_a_curve_that_bends_down_is_not_guessed_low():
+    """A CPU whose matrix products run a few rows far less efficiently than one (fp32 SmolLM2 on an
+    AVX2-only EPYC: the `concave` profile): with plain steps and width 11 measured, width 3 is
+    guessed within 15% of what it costs (1.52 steps for 1.73); a straight chord put it at 1.30,
+    and weak drafts were verified there at a loss."""
+    from hf_specdec.bench.regimes import PROFILES, Forward
+
+    profile = PROFILES["concave"]
+    cost = {w: profile.seconds(Forward(1, w, 200)) / profile.step for w in (1, 3, 11)}
+    costs = _measured({1: cost[1], 11: cost[11]})
+    assert costs.verify(1, 3) == pytest.approx(cost[3], rel=0.15)
+    chord = cost[1] + (cost[11] - cost[1]) * 2 / 10
+    assert chord < 0.8 * cost[3]
+
+
 def test_cost_model_interpolates_and_extrapolates_from_measurements_only():
     costs = CostModel()
     assert costs.verify(1, 1) is None and not costs.measured_wide()
@@ -311,7 +332,8 @@ def test_cost_model_interpolates_and_extrapolates_from_measurements_only():
     assert costs.verify(1, 5) == 2.0  # only plain steps measured: assume flat, the low guess
     costs.add_verify(1, 5, 4.0)
     assert costs.measured_wide()
-    assert costs.verify(1, 3) == pytest.approx(3.0)
+    between = _power_law(3, (1, 2.0), (5, 4.0))  # 3.21: between the two, along their power law
+    assert costs.verify(1, 3) == pytest.approx(between)
     # Beyond the widest measurement: the power law through (1, 2 s) and (5, 4 s).
     assert costs.verify(1, 25) == pytest.approx(4.0 * 5 ** (math.log(2) / math.log(5)))
     # Scale-free: the same shape in other units gives the same prediction in those units.
@@ -320,11 +342,11 @@ def test_cost_model_interpolates_and_extrapolates_from_measurements_only():
     scaled.add_verify(1, 5, 4000.0)
     assert scaled.verify(1, 25) == pytest.approx(1000 * costs.verify(1, 25))
     # Another batch size borrows the nearest measured one until it has its own.
-    assert costs.verify(4, 3) == pytest.approx(3.0)
+    assert costs.verify(4, 3) == pytest.approx(between)
     costs.add_verify(4, 1, 5.0)
     # Its own plain step only: the nearest batch size's curve, scaled by the two plain steps (not
     # flat, which let a compute-bound batch verify wide drafts each time rows finished).
-    assert costs.verify(4, 3) == pytest.approx(3.0 * 5.0 / 2.0)
+    assert costs.verify(4, 3) == pytest.approx(between * 5.0 / 2.0)
     costs.add_verify(4, 3, 6.0)
     assert costs.verify(4, 3) == 6.0  # then its own figures
 
@@ -343,14 +365,14 @@ def test_padded_widths_are_timed_and_priced_as_the_width_fed():
 def test_a_padded_draft_is_kept_up_to_its_padded_width():
     """Where each fed token costs 20% of a step, a 7-token draft of middling confidence loses its
     last token; fed at width 8 anyway (a compiled static cache), that token costs nothing more."""
-    linear = {w: 1.0 + 0.2 * (w - 1) for w in (1, 2, 4, 8, 16)}
+    linear = {w: 1.0 + 0.2 * (w - 1) for w in (1, 2, 4, 7, 8, 16)}
     kept = {}
     for padded in ((), (1, 2, 4, 8, 16)):
         policy = AdaptiveDraftLength()
         policy.pad_widths(padded)
         for _ in range(30):
             policy.update(1, _draft([0]), [0], 0.0, linear[1])
-            for k in (1, 3, 7):
+            for k in (1, 3, 6, 7):
                 policy.update(1, _draft([k], 0.8), [k - 1], 0.0, linear[k + 1])
         kept[padded] = policy.trim(_draft([7], 0.8), 1).lengths[0]
     assert kept == {(): 6, (1, 2, 4, 8, 16): 7}
@@ -484,6 +506,9 @@ def test_tree_size_follows_the_verify_cost():
     cheap, dear = AdaptiveDraftLength(), AdaptiveDraftLength()
     _teach_trees(cheap, {1: 1.0, 9: 1.08})
     _teach_trees(dear, {1: 1.0, 9: 5.0})
+    for policy, per_token in ((cheap, 0.01), (dear, 0.5)):  # small trees' widths measured too
+        for width in (2, 3, 2, 3):
+            policy.costs.add_verify(1, width, 1.0 + per_token * (width - 1))
     assert cheap.draft_length(1) >= 8
     assert 1 <= dear.draft_length(1) <= 2
     # The cut: a whole tree verified where it is cheap, its first node or two where it is dear.
@@ -748,7 +773,7 @@ def test_a_call_starts_from_the_ratios_earlier_calls_measured_at_its_own_plain_s
     assert costs.verify(1, 5) is None  # nothing before this call's own plain step
     costs.add_verify(1, 1, 3.0)  # this machine runs 3x slower now: the shape is carried, not the level
     assert costs.verify(1, 5) == pytest.approx(6.0)
-    assert costs.verify(1, 7) == pytest.approx(6.75)  # interpolated between carried widths
+    assert costs.verify(1, 7) == pytest.approx(_power_law(7, (5, 6.0), (9, 7.5)))  # between carried widths
     costs.add_verify(1, 5, 4.0)
     assert costs.verify(1, 5) == 4.0  # its own timing wins
 
