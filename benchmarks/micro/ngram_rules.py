@@ -107,19 +107,20 @@ def hindsight(prompt: list[int], answer: list[int], sizes: range = range(1, 5)) 
     return propose
 
 
-def match_odds(rows: list[dict], max_ngram: int = 4) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
-    """Per match size: [held, proposed] for a draft's first token, and for its later tokens (each
-    counted only while the tokens before it held), drafting `ours`' voted continuation of up to 16
-    tokens at every position of each answer."""
-    first: dict[int, list[int]] = defaultdict(lambda: [0, 0])
-    later: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+def match_odds(rows: list[dict], max_ngram: int = 4) -> tuple[dict[tuple, list[int]], dict[tuple, list[int]]]:
+    """Per (match size, agreement): [held, proposed] for a draft's first token, and for its later
+    tokens (each counted only while the tokens before it held), drafting `ours`' voted
+    continuation of up to 16 tokens at every position of each answer. Agreement is how the
+    suffix's occurrences backed the token (`ngram.ONE`, `ALL`, `SPLIT`)."""
+    first: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
+    later: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
     for r in rows:
         index, answer = _RowIndex(range(1, max_ngram + 1), 16), r["answer"]
         index.extend(r["prompt"])
         for at in range(len(answer)):
-            chain, size = index.lookup(16)
-            for j, token in enumerate(chain[: len(answer) - at]):
-                counts = first[size] if j == 0 else later[size]
+            chain, size, agreement = index.lookup(16)
+            for j, (token, agreed) in enumerate(zip(chain[: len(answer) - at], agreement)):
+                counts = (first if j == 0 else later)[(size, agreed)]
                 counts[1] += 1
                 counts[0] += token == answer[at + j]
                 if token != answer[at + j]:
@@ -188,12 +189,15 @@ def main() -> None:
                 f"| {name} | " + " | ".join(f"{m:.2f}" for m in means) + f" | {sum(means) / len(means):.2f} |"
             )
     first, later = match_odds(rows)
-    print("\nHow often `ours`' proposals held, by the size of the match (held / proposed):\n")
-    print("| match size | first token | later tokens |")
-    print("|---:|---:|---:|")
-    for size in sorted(first):
-        (a, n), (b, m) = first[size], later[size]
-        print(f"| {size} | {a / n:.2f} ({a} / {n}) | {b / max(m, 1):.2f} ({b} / {m}) |")
+    print(
+        "\nHow often `ours`' proposals held, by the size of the match and how its occurrences "
+        "backed the token (held / proposed):\n"
+    )
+    print("| match size | agreement | first token | later tokens |")
+    print("|---:|---|---:|---:|")
+    for size, agreed in sorted(set(first) | set(later)):
+        (a, n), (b, m) = first[(size, agreed)], later[(size, agreed)]
+        print(f"| {size} | {agreed} | {a / max(n, 1):.2f} ({a} / {n}) | {b / max(m, 1):.2f} ({b} / {m}) |")
 
 
 if __name__ == "__main__":

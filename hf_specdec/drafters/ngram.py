@@ -60,6 +60,11 @@ class NgramConfig:
             )
 
 
+# How a draft token's match backs it: one remembered occurrence of the suffix continues with it,
+# several do and all agree, or several disagree and it won their vote.
+ONE, ALL, SPLIT = "one", "all", "split"
+
+
 class _RowIndex:
     """N-gram → positions after its latest occurrences (most recent last), for one row's tokens."""
 
@@ -85,15 +90,17 @@ class _RowIndex:
                         del starts[0]
         self.indexed = max(self.indexed, len(toks))
 
-    def lookup(self, max_tokens: int) -> tuple[list[int], int]:
+    def lookup(self, max_tokens: int) -> tuple[list[int], int, list[str]]:
         """The continuation voted among the occurrences of the longest matching suffix (module
-        docstring), and that suffix's size."""
+        docstring), that suffix's size, and how the occurrences agreed on each token (`ONE`,
+        `ALL`, `SPLIT`)."""
         toks = self.tokens
         for n in reversed(self.sizes):
             starts = self.tables[n].get(tuple(toks[-n:])) if len(toks) > n else None
             if not starts:
                 continue
             continuation: list[int] = []
+            agreement: list[str] = []
             while len(continuation) < max_tokens:
                 votes: dict[int, list[int]] = {}  # next token -> its occurrences, oldest first
                 for start in starts:
@@ -103,9 +110,11 @@ class _RowIndex:
                     break
                 token = max(votes, key=lambda t: (len(votes[t]), votes[t][-1]))
                 continuation.append(token)
+                voters = sum(map(len, votes.values()))
+                agreement.append(ONE if voters == 1 else ALL if len(votes) == 1 else SPLIT)
                 starts = [start + 1 for start in votes[token]]
-            return continuation, n
-        return [], 0
+            return continuation, n, agreement
+        return [], 0, []
 
     def matches(self, max_tokens: int) -> list[tuple[list[int], int]]:
         """Continuations of every remembered match of the current suffix, longest suffix first,
@@ -119,20 +128,34 @@ class _RowIndex:
         return found
 
 
-# What a draft token's odds of acceptance are, by the size of the match it continues: how often
-# SmolLM2-135M's greedy answers (fp32, the 24 Spec-Bench train-split prompts, 128 tokens) went on as
-# the voted continuation said, for a draft's first token and for a later one once those before it
-# held (`python benchmarks/micro/ngram_rules.py`, its last table). They are the drafter's
-# confidences, so the draft-length policy's calibration starts near them rather than at a raw
-# score (a single token matched looked 55% likely to it, and held 27% of the time); it then learns
-# each call's own rates. Larger matches take the largest size listed.
-FIRST_TOKEN_ODDS = {1: 0.27, 2: 0.54, 3: 0.61, 4: 0.80}
-LATER_TOKEN_ODDS = {1: 0.70, 2: 0.73, 3: 0.79, 4: 0.89}
+# What a draft token's odds of acceptance are, by the size of the match it continues and how that
+# suffix's occurrences backed it (`ONE`, `ALL`, `SPLIT`): how often SmolLM2-135M's greedy answers
+# (fp32, the 24 Spec-Bench train-split prompts, 128 tokens) went on as the voted continuation
+# said, for a draft's first token and for a later one once those before it held (`python
+# benchmarks/micro/ngram_rules.py`, its last table). They are the drafter's confidences, so the
+# draft-length policy's calibration starts near them rather than at a raw score (a single token
+# matched looked 55% likely to it, and held 27% of the time); it then learns each call's own
+# rates. Where occurrences disagree the vote is a guess: a four-token match held 94% of the time
+# where its occurrences agreed and 39% where they did not (80% for a single occurrence), and an
+# open answer's lists and headings repeat their openings often with other words after them.
+# Larger matches take the largest size listed.
+FIRST_TOKEN_ODDS = {
+    1: {ONE: 0.36, ALL: 0.57, SPLIT: 0.20},
+    2: {ONE: 0.56, ALL: 0.92, SPLIT: 0.21},
+    3: {ONE: 0.63, ALL: 0.68, SPLIT: 0.33},
+    4: {ONE: 0.80, ALL: 0.94, SPLIT: 0.39},
+}
+LATER_TOKEN_ODDS = {
+    1: {ONE: 0.75, ALL: 0.84, SPLIT: 0.23},
+    2: {ONE: 0.75, ALL: 0.77, SPLIT: 0.37},
+    3: {ONE: 0.80, ALL: 0.85, SPLIT: 0.43},
+    4: {ONE: 0.85, ALL: 0.98, SPLIT: 0.63},
+}
 
 
-def _odds(size: int, first: bool) -> float:
+def _odds(size: int, agreement: str, first: bool) -> float:
     table = FIRST_TOKEN_ODDS if first else LATER_TOKEN_ODDS
-    return table[min(size, max(table))]
+    return table[min(size, max(table))][agreement]
 
 
 # γ of `_trie` before anything is seen: another match rarely has the token the best one missed.
@@ -245,7 +268,8 @@ class NgramDrafter(Drafter):
         return cls(options_to_config(NgramConfig, config.options))
 
     def propose(self, request: DraftRequest) -> Draft:
-        proposals: list[tuple[list[int], list[int], list[int]]] = []  # tokens, parents, match sizes
+        # Tokens, parents, and each token's (match size, agreement): what its odds are looked up by.
+        proposals: list[tuple[list[int], list[int], list[tuple[int, str]]]] = []
         sizes = range(self.config.min_ngram, self.config.max_ngram + 1)
         for b, row_id in enumerate(request.row_ids):
             index = self.rows.get(row_id)
@@ -266,12 +290,16 @@ class NgramDrafter(Drafter):
             elif request.tree:
                 odds = self.trie_odds
                 # The voted continuation leads, so it is the trie's best path.
-                trie = _trie([index.lookup(budget), *index.matches(budget)], budget, odds.alpha, odds.gamma)
+                chain, size, _ = index.lookup(budget)
+                trie = _trie([(chain, size), *index.matches(budget)], budget, odds.alpha, odds.gamma)
                 index.last_trie = (trie[0], trie[1])
-                proposals.append(trie)
+                # A trie mixes occurrences: each node is taken as backed by one (the policy sizes
+                # trees by what trees gained, not by these).
+                proposals.append((trie[0], trie[1], [(n, ONE) for n in trie[2]]))
             else:
-                chain, size = index.lookup(budget)
-                proposals.append((chain, list(range(-1, len(chain) - 1)), [size] * len(chain)))
+                chain, size, agreement = index.lookup(budget)
+                keys = [(size, agreed) for agreed in agreement]
+                proposals.append((chain, list(range(-1, len(chain) - 1)), keys))
         lengths = [len(tokens) for tokens, _, _ in proposals]
         width = max(lengths, default=0)
         device = request.tokens.device
@@ -283,10 +311,11 @@ class NgramDrafter(Drafter):
 
         tokens = torch.tensor(padded([p[0] for p in proposals], 0), dtype=torch.long)
         parents = torch.tensor(padded([p[1] for p in proposals], 0), dtype=torch.long)
-        # Odds by match size (`FIRST_TOKEN_ODDS`): a node right after the last token is a draft's
-        # first token, any deeper one a later token. The policy learns what each is worth in the call.
+        # Odds by match size and agreement (`FIRST_TOKEN_ODDS`): a node right after the last token is
+        # a draft's first token, any deeper one a later token. The policy learns what each is worth
+        # in the call.
         confidence = torch.tensor(
-            padded([[_odds(n, parent < 0) for n, parent in zip(p[2], p[1])] for p in proposals], 0.0)
+            padded([[_odds(*key, parent < 0) for key, parent in zip(p[2], p[1])] for p in proposals], 0.0)
         )
         return Draft(
             tokens.to(device),

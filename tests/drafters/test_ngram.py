@@ -6,7 +6,15 @@ import pytest
 import torch
 
 from hf_specdec.core.draft import DraftRequest
-from hf_specdec.drafters.ngram import FIRST_TOKEN_ODDS, LATER_TOKEN_ODDS, NgramConfig, NgramDrafter
+from hf_specdec.drafters.ngram import (
+    ALL,
+    FIRST_TOKEN_ODDS,
+    LATER_TOKEN_ODDS,
+    ONE,
+    SPLIT,
+    NgramConfig,
+    NgramDrafter,
+)
 
 
 def _propose(context: list[int], k: int, tree: bool = False, **options):
@@ -24,18 +32,32 @@ def _propose(context: list[int], k: int, tree: bool = False, **options):
 )
 def test_confidences_are_the_measured_odds_of_the_match_size(context, size):
     """A draft's first token is as likely as a first token of such a match was seen to be, and its
-    later ones as a later token's: not a raw score the policy would take for a probability."""
+    later ones as a later token's: not a raw score the policy would take for a probability. Here
+    the suffix occurred once before."""
     draft = _propose(context, 3)
     assert draft.lengths == [3] and draft.tokens[0].tolist() == [14, 15, 16]
     assert draft.confidence[0].tolist() == pytest.approx(
-        [FIRST_TOKEN_ODDS[size], LATER_TOKEN_ODDS[size], LATER_TOKEN_ODDS[size]]
+        [FIRST_TOKEN_ODDS[size][ONE], LATER_TOKEN_ODDS[size][ONE], LATER_TOKEN_ODDS[size][ONE]]
     )
 
 
 def test_a_match_longer_than_the_table_takes_its_largest_size():
     context = [10, 11, 12, 13, 14, 15, 16, 9, 10, 11, 12, 13]
     draft = _propose(context, 2, max_ngram=6)
-    assert draft.confidence[0].tolist() == pytest.approx([FIRST_TOKEN_ODDS[4], LATER_TOKEN_ODDS[4]])
+    assert draft.confidence[0].tolist() == pytest.approx([FIRST_TOKEN_ODDS[4][ONE], LATER_TOKEN_ODDS[4][ONE]])
+
+
+def test_a_token_its_occurrences_disagree_on_is_less_likely_than_one_they_agree_on():
+    """"7 8" came three times: twice going on with 9 (then 5, 5), once with 6. The vote drafts 9,
+    against a dissenting occurrence (`SPLIT`); after "7 8 9" both occurrences say 5 (`ALL`)."""
+    context = [7, 8, 9, 5, 5, 1, 7, 8, 6, 2, 7, 8, 9, 5, 5, 3, 7, 8]
+    draft = _propose(context, 3, max_ngram=2)
+    assert draft.tokens[0].tolist() == [9, 5, 5]
+    assert draft.confidence[0].tolist() == pytest.approx(
+        [FIRST_TOKEN_ODDS[2][SPLIT], LATER_TOKEN_ODDS[2][ALL], LATER_TOKEN_ODDS[2][ALL]]
+    )
+    for table in (FIRST_TOKEN_ODDS, LATER_TOKEN_ODDS):  # as measured: a split vote is the weakest
+        assert all(odds[SPLIT] < odds[ONE] <= odds[ALL] for odds in table.values())
 
 
 def test_a_tries_first_nodes_carry_first_token_odds_and_deeper_ones_later_odds():
@@ -46,4 +68,4 @@ def test_a_tries_first_nodes_carry_first_token_odds_and_deeper_ones_later_odds()
     assert parents.count(-1) == 2 and any(p >= 0 for p in parents)  # two branches, and depth
     for parent, odds in zip(parents, confidence):
         table = FIRST_TOKEN_ODDS if parent < 0 else LATER_TOKEN_ODDS
-        assert any(odds == pytest.approx(v) for v in table.values())
+        assert any(odds == pytest.approx(v[ONE]) for v in table.values())
