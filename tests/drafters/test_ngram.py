@@ -48,7 +48,7 @@ def test_a_match_longer_than_the_table_takes_its_largest_size():
 
 
 def test_a_token_its_occurrences_disagree_on_is_less_likely_than_one_they_agree_on():
-    """"7 8" came three times: twice going on with 9 (then 5, 5), once with 6. The vote drafts 9,
+    """ "7 8" came three times: twice going on with 9 (then 5, 5), once with 6. The vote drafts 9,
     against a dissenting occurrence (`SPLIT`); after "7 8 9" both occurrences say 5 (`ALL`)."""
     context = [7, 8, 9, 5, 5, 1, 7, 8, 6, 2, 7, 8, 9, 5, 5, 3, 7, 8]
     draft = _propose(context, 3, max_ngram=2)
