@@ -224,13 +224,19 @@ class AcceptanceEstimate:
         For a tree, `lengths[b]` is its depth: the positions a path through it could reach."""
         for b, (d, a) in enumerate(zip(lengths, accepted)):
             # Position i was tested only if every earlier draft token was accepted.
-            for i in range(min(d, a + 1, self.max_k)):
+            tested = min(d, a + 1, self.max_k)
+            for i in range(tested):
                 self.drafted[i] += 1
                 self.accepted[i] += i < a
                 if confidence is not None:
+                    # A draft's later tokens hold or fail together (a copy goes on, or the text
+                    # moves on), so together they count as one trial of their buckets, not as
+                    # many: one 4-token copy that held made later tokens look 92% likely for
+                    # the rest of an open answer, where they held 70% of the time.
+                    weight = 1.0 if i == 0 else 1.0 / (tested - 1)
                     bucket = _bucket(confidence[b][i], i)
-                    self.bucket_drafted[bucket] += 1
-                    self.bucket_accepted[bucket] += i < a
+                    self.bucket_drafted[bucket] += weight
+                    self.bucket_accepted[bucket] += weight * (i < a)
 
 
 def _bucket(confidence: float, position: int) -> int:
