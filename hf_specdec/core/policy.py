@@ -440,10 +440,14 @@ class CostModel:
     def measured_wide(self) -> bool:
         """Whether any verify of a draft has been timed (at any batch size: the nearest stands in),
         in this call or, at the widths this call pads to, in the calls it carries."""
-        return any(w > 1 for (_, w) in self.verify_times) or any(
+        return self.verified_here() or any(
             pads == self.padded_widths and len(ratios.samples) >= CARRIED_MIN
             for (pads, _, _), ratios in self.carried.items()
         )
+
+    def verified_here(self) -> bool:
+        """Whether this call verified a draft (at any width above a plain step)."""
+        return any(w > 1 for (_, w) in self.verify_times)
 
     def verify(self, batch_size: int, width: int) -> float | None:
         """Predicted verify seconds at this width, from the nearest measured widths; None until a
@@ -684,6 +688,8 @@ class AdaptiveDraftLength:
         self.drafting_trees = False  # the last verified draft was a tree: size trees, not chains
         self._asked = 0  # the draft length last asked for (0: no draft was asked for)
         self._probing = False  # that ask was a probe after plain steps
+        self._looking = False  # that ask was a one-token look at carried costs (`_recheck`)
+        self._rechecked = False  # the call took that look
         self._critical = 0  # the row with the most left to generate, as the last cut saw it
         self._perfect: dict[tuple[int, int, bool], tuple[int, float]] = {}  # see `_perfect_gain`
 
@@ -691,7 +697,7 @@ class AdaptiveDraftLength:
         return f"AdaptiveDraftLength({self.settings!r})"
 
     def draft_length(self, batch_size: int) -> int:
-        self._probing = False
+        self._probing = self._looking = False
         self._asked = self._draft_length(batch_size)
         return self._asked
 
@@ -710,16 +716,28 @@ class AdaptiveDraftLength:
         if self._drafts_are_free(verify):
             # Asking costs next to nothing (prompt lookup): take the longest draft on offer and let
             # `trim` judge it by its own confidence, which says more than any prediction here.
-            return s.max_k if self._perfect_gain(batch_size, draft_cost, verify) >= s.min_probe_gain else 0
+            if self._perfect_gain(batch_size, draft_cost, verify) < s.min_probe_gain:
+                return self._recheck()
+            return s.max_k
         levels = self.trees.levels() if self.drafting_trees else None
         best_k, _ = fastest_width([self._gains()], draft_cost, self.costs.pricing(batch_size), levels=levels)
         if best_k == 0 or not self.realized.pays(verify(1)):
             if self._perfect_gain(batch_size, draft_cost, verify) < s.min_probe_gain:
-                return 0
+                return self._recheck()
             self._probing = self.probes.plain_step_probes()
             return self._first_k if self._probing else 0
         self.probes.reset()
         return best_k
+
+    def _recheck(self) -> int:
+        """Drafting cannot pay at the verify costs carried from earlier calls: look once in this
+        call, one token (`trim` keeps it), before believing them. Only a draft verified at a width
+        measures it, so a first call's few noisy timings (two tokens timed at twice a plain step
+        where they cost 1.4) otherwise ended drafting for every later call of the process."""
+        if self._rechecked or self.costs.verified_here():
+            return 0
+        self._rechecked = self._looking = True
+        return 1
 
     def _drafts_are_free(self, verify: Callable[[int], float]) -> bool:
         """Whether asking for a draft has cost under `FREE_DRAFT` of a plain step (prompt lookup's
@@ -755,7 +773,7 @@ class AdaptiveDraftLength:
         verify = functools.partial(self.costs.verify, batch_size)
         if verify(1) is None:
             return draft
-        if not self.costs.measured_wide():
+        if not self.costs.measured_wide() or self._looking:
             # The first draft verified is the first look at what a wider forward costs: one token
             # tells it (the rest of the curve is extrapolated from it) for at most one token's
             # cost where each fed token costs about a step.

@@ -842,6 +842,33 @@ def test_a_carried_policy_drafts_long_from_its_first_draft_where_verifying_is_fl
     assert fresh.trim(_draft([16], 0.8), 1).lengths == [1]  # control: a call from nothing looks first
 
 
+def _call_after(earlier: CostModel, wide_costs: float, steps: int = 40) -> list[int]:
+    """A call starting from `earlier`'s costs where verifying two tokens really costs `wide_costs`
+    plain steps (and every wider width 1% more per token): the draft lengths it verified."""
+    policy = AdaptiveDraftLength(device_costs=earlier)
+    verified = []
+    for _ in range(steps):
+        k = policy.draft_length(1)
+        draft = policy.trim(_draft([k], 0.9) if k else Draft.empty(1, torch.device("cpu")), 1)
+        n = draft.lengths[0]
+        verified.append(n)
+        policy.update(1, draft, [n], 0.0, 1.0 if n == 0 else wide_costs + 0.01 * (n - 1))
+    return verified
+
+
+def test_carried_costs_that_say_drafting_cannot_pay_are_looked_at_once_a_call():
+    """A first call's few timings of two tokens came out at twice a plain step (noise: they cost
+    1.01). Carried, they priced every width as dear as its tokens, so no later call drafted, and
+    only a draft verified at a width measures it: speculation ended for the process. Each call
+    now verifies one token before believing them, and drafts where that look says it pays."""
+    noisy = _measured({1: 1.0, 2: 2.0})
+    verified = _call_after(noisy, wide_costs=1.01)
+    assert verified[:2] == [0, 1]  # its plain step, then the one-token look
+    assert sum(n > 1 for n in verified) > 30 and max(verified) == 16
+    confirmed = _call_after(noisy, wide_costs=2.0)  # the look says the same: one look, then plain
+    assert confirmed.count(1) == 1 and max(confirmed) == 1
+
+
 def _drive(policy: AdaptiveDraftLength, profile, steps: int) -> None:
     from hf_specdec.bench.regimes import Forward
 
