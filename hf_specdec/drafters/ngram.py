@@ -102,6 +102,12 @@ class _RowIndex:
             continuation: list[int] = []
             agreement: list[str] = []
             while len(continuation) < max_tokens:
+                if len(starts) == 1:  # one occurrence left: the rest is a copy, nothing to vote on
+                    start = starts[0]
+                    copied = toks[start : start + max_tokens - len(continuation)]
+                    continuation += copied
+                    agreement += [ONE] * len(copied)
+                    break
                 votes: dict[int, list[int]] = {}  # next token -> its occurrences, oldest first
                 for start in starts:
                     if start < len(toks):
@@ -156,6 +162,14 @@ LATER_TOKEN_ODDS = {
 def _odds(size: int, agreement: str, first: bool) -> float:
     table = FIRST_TOKEN_ODDS if first else LATER_TOKEN_ODDS
     return table[min(size, max(table))][agreement]
+
+
+def _chain_odds(size: int, agreement: list[str]) -> list[float]:
+    """`_odds` of each token of a chain continuing a match of `size` tokens (none if none)."""
+    if not agreement:
+        return []
+    first, later = (table[min(size, max(table))] for table in (FIRST_TOKEN_ODDS, LATER_TOKEN_ODDS))
+    return [first[agreement[0]], *(later[agreed] for agreed in agreement[1:])]
 
 
 # γ of `_trie` before anything is seen: another match rarely has the token the best one missed.
@@ -268,8 +282,8 @@ class NgramDrafter(Drafter):
         return cls(options_to_config(NgramConfig, config.options))
 
     def propose(self, request: DraftRequest) -> Draft:
-        # Tokens, parents, and each token's (match size, agreement): what its odds are looked up by.
-        proposals: list[tuple[list[int], list[int], list[tuple[int, str]]]] = []
+        # Per row: tokens, parents (None for a chain) and each token's odds (`FIRST_TOKEN_ODDS`).
+        proposals: list[tuple[list[int], list[int] | None, list[float]]] = []
         sizes = range(self.config.min_ngram, self.config.max_ngram + 1)
         for b, row_id in enumerate(request.row_ids):
             index = self.rows.get(row_id)
@@ -286,20 +300,23 @@ class NgramDrafter(Drafter):
             index.last_trie = None
             budget = request.max_tokens[b]
             if budget <= 0:
-                proposals.append(([], [], []))
+                proposals.append(([], None, []))
             elif request.tree:
                 odds = self.trie_odds
                 # The voted continuation leads, so it is the trie's best path.
                 chain, size, _ = index.lookup(budget)
-                trie = _trie([(chain, size), *index.matches(budget)], budget, odds.alpha, odds.gamma)
-                index.last_trie = (trie[0], trie[1])
+                tokens, parents, match_sizes = _trie(
+                    [(chain, size), *index.matches(budget)], budget, odds.alpha, odds.gamma
+                )
+                index.last_trie = (tokens, parents)
                 # A trie mixes occurrences: each node is taken as backed by one (the policy sizes
-                # trees by what trees gained, not by these).
-                proposals.append((trie[0], trie[1], [(n, ONE) for n in trie[2]]))
+                # trees by what trees gained, not by these). A node right after the last token is
+                # a draft's first token, any deeper one a later token.
+                confidence = [_odds(n, ONE, parent < 0) for n, parent in zip(match_sizes, parents)]
+                proposals.append((tokens, parents, confidence))
             else:
                 chain, size, agreement = index.lookup(budget)
-                keys = [(size, agreed) for agreed in agreement]
-                proposals.append((chain, list(range(-1, len(chain) - 1)), keys))
+                proposals.append((chain, None, _chain_odds(size, agreement)))
         lengths = [len(tokens) for tokens, _, _ in proposals]
         width = max(lengths, default=0)
         device = request.tokens.device
@@ -310,16 +327,9 @@ class NgramDrafter(Drafter):
             return [row + [fill] * (width - len(row)) for row in rows]
 
         tokens = torch.tensor(padded([p[0] for p in proposals], 0), dtype=torch.long)
-        parents = torch.tensor(padded([p[1] for p in proposals], 0), dtype=torch.long)
-        # Odds by match size and agreement (`FIRST_TOKEN_ODDS`): a node right after the last token is
-        # a draft's first token, any deeper one a later token. The policy learns what each is worth
-        # in the call.
-        confidence = torch.tensor(
-            padded([[_odds(*key, parent < 0) for key, parent in zip(p[2], p[1])] for p in proposals], 0.0)
-        )
-        return Draft(
-            tokens.to(device),
-            lengths,
-            confidence=confidence.to(device),
-            parents=parents.to(device) if request.tree else None,
-        )
+        # The odds by match size and agreement: the policy learns what each is worth in the call.
+        confidence = torch.tensor(padded([p[2] for p in proposals], 0.0))
+        parents = None
+        if request.tree:
+            parents = torch.tensor(padded([p[1] or [] for p in proposals], 0), dtype=torch.long).to(device)
+        return Draft(tokens.to(device), lengths, confidence=confidence.to(device), parents=parents)
