@@ -37,7 +37,7 @@ import torch
 from hf_specdec.bench.runner import _select_prompts
 from hf_specdec.core.draft import DraftRequest
 from hf_specdec.drafters.ngram import NgramConfig, NgramDrafter, _RowIndex
-from hf_specdec.loading import encode_prompts, load_model, pad_token_id, use_chat_template
+from hf_specdec.loading import encode_prompts, load_model, native_bf16, pad_token_id, use_chat_template
 
 Propose = Callable[[list[int], int], list[int]]
 
@@ -139,7 +139,10 @@ RULES: dict[str, Callable[[list[int], list[int]], Propose]] = {
 
 
 def answers(args: argparse.Namespace) -> list[dict]:
-    cache = Path(args.out) / f"{args.suite}-{args.limit}-{args.max_new_tokens}.json"
+    # Answers differ by model and dtype; "auto" is bf16 on a CPU with native bf16, else fp32.
+    dtype = args.dtype if args.dtype != "auto" else f"auto-{'native' if native_bf16() else 'no'}-bf16"
+    model = f"{Path(args.model).name}-" if args.model else ""
+    cache = Path(args.out) / f"{model}{args.suite}-{args.limit}-{args.max_new_tokens}-{dtype}.json"
     if cache.exists():
         return json.loads(cache.read_text())
     model, tokenizer = load_model(args.model, dtype=args.dtype)
