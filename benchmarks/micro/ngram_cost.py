@@ -25,7 +25,7 @@ from hf_specdec.core.timing import clock
 from hf_specdec.drafters.ngram import NgramConfig, NgramDrafter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ngram_rules import answers  # noqa: E402
+from ngram_rules import add_answer_arguments, answers  # noqa: E402
 
 
 def step_seconds(prompt: list[int], answer: list[int], k: int, repeats: int) -> float:
@@ -48,14 +48,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", default=None)
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--suite", default="specbench-quick")
-    parser.add_argument("--limit", type=int, default=3)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    add_answer_arguments(parser, "specbench-quick", 3)
     parser.add_argument("--k", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", default="bench_out/ngram_rules", help="where the greedy answers are cached")
     args = parser.parse_args()
     torch.set_num_threads(1)
     rows = answers(args)

@@ -138,6 +138,16 @@ RULES: dict[str, Callable[[list[int], list[int]], Propose]] = {
 }
 
 
+def add_answer_arguments(parser: argparse.ArgumentParser, suite: str, limit: int) -> None:
+    """The options that say which cached greedy answers a script replays (`answers`)."""
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--suite", default=suite)
+    parser.add_argument("--limit", type=int, default=limit)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--out", default="bench_out/ngram_rules", help="where the greedy answers are cached")
+
+
 def answers(args: argparse.Namespace) -> list[dict]:
     # Answers differ by model and dtype; "auto" is bf16 on a CPU with native bf16, else fp32.
     dtype = args.dtype if args.dtype != "auto" else f"auto-{'native' if native_bf16() else 'no'}-bf16"
@@ -169,13 +179,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", default=None)
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--suite", default="specbench-train")
-    parser.add_argument("--limit", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    add_answer_arguments(parser, "specbench-train", 4)
     parser.add_argument("--ks", default="4,10,16")
-    parser.add_argument("--out", default="bench_out/ngram_rules")
     args = parser.parse_args()
     rows = answers(args)
     categories = list(dict.fromkeys(r["category"] for r in rows))

@@ -44,7 +44,7 @@ from hf_specdec.core.policy import AdaptiveDraftLength, DraftLengthPolicy, Fixed
 from hf_specdec.drafters.ngram import NgramConfig, NgramDrafter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ngram_rules import answers, prompt_lookup  # noqa: E402
+from ngram_rules import add_answer_arguments, answers, prompt_lookup  # noqa: E402
 
 CPU = torch.device("cpu")
 LOOKUP_TOKENS = 10  # transformers' prompt_lookup_num_tokens default
@@ -278,11 +278,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", default=None)
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--suite", default="specbench-quick")
-    parser.add_argument("--limit", type=int, default=3)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    add_answer_arguments(parser, "specbench-quick", 3)
     parser.add_argument("--profiles", default="flat,flat+oneoff,flat+oneoff-call,gpu-batch,linear")
     parser.add_argument("--ks", default="2,4,6,8,10,12,16")
     parser.add_argument("--tree", action="store_true", help="auto and the fixed k draft n-gram tries")
@@ -292,7 +288,6 @@ def main() -> None:
         action="store_true",
         help="each call's policy starts from nothing (generate carries verify costs from call to call)",
     )
-    parser.add_argument("--out", default="bench_out/ngram_rules", help="where the greedy answers are cached")
     parser.add_argument(
         "--batch-sizes",
         default="1",
