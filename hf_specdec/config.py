@@ -16,7 +16,7 @@ from torch import nn
 # The methods of `policy.DraftLengthPolicy`, every one of which the loop calls each step.
 POLICY_METHODS = ("draft_length", "trim", "update", "expect_draft_cost")
 # Its methods the loop calls only where a policy has them (added after policies were written).
-OPTIONAL_POLICY_METHODS = ("pad_widths",)
+OPTIONAL_POLICY_METHODS = ("pad_widths", "keeps_batch_shape")
 
 
 @dataclass

@@ -77,7 +77,8 @@ def replay(
     """One greedy call over a batch of prompts replayed: its emulated seconds, target forwards and
     the share of steps that verified a draft. Rows share each forward, hence its width (rows with a
     shorter draft, or done, are holes); finished rows leave the forward's batch once half of it has
-    finished, as they leave the target's cache in the loop (`core/loop.py`)."""
+    finished, unless the policy keeps its shape, as they leave the target's cache in the loop
+    (`core/loop.py`)."""
     shapes = set() if profile.oneoff_scope == "call" else shapes
     rng = random.Random(seed)  # the profile's noise: every row of a prompt draws the same sequence
 
@@ -91,8 +92,9 @@ def replay(
     seconds = forward_cost(len(prompts), max(map(len, prompts)), 0)  # the prefill gives the first token
     done = [1] * len(prompts)
     forwards, speculative, cached = 1, 0, len(prompts)
+    keeps_shape = getattr(policy, "keeps_batch_shape", None)
     while active := [b for b, answer in enumerate(answers) if done[b] < len(answer)]:
-        if len(active) <= cached // 2:
+        if len(active) <= cached // 2 and not (keeps_shape is not None and keeps_shape()):
             cached = len(active)
         rooms = [len(answers[b]) - done[b] for b in active]
         k = policy.draft_length(len(active))

@@ -87,11 +87,14 @@ def speculative_decode(
         stats.draft_seconds += seconds
 
     cached_rows = list(range(batch))  # rows of the user's batch in the target's cache, in order
+    keeps_shape = getattr(policy, "keeps_batch_shape", None)
     while out.active_rows:
         rows = out.active_rows
-        # Finished rows stop drafting at once; the cache says when they leave its batch.
+        # Finished rows stop drafting at once; the cache says when they leave its batch, unless
+        # the policy keeps the forward's shape (a device that pays a one-off per new shape).
         if len(rows) < len(cached_rows):
-            cached_rows = target.release_rows(cached_rows, rows)
+            keep = keeps_shape is not None and keeps_shape()
+            cached_rows = target.release_rows(cached_rows, rows, keep_shape=keep)
         k = policy.draft_length(len(rows))
         if tree and max_tree_nodes is not None:
             k = min(k, max_tree_nodes)

@@ -92,6 +92,13 @@ class DraftLengthPolicy(Protocol):
         the start of each call, `()` where nothing is padded. Optional (the loop calls it where a
         policy has it); policies that do not price widths ignore it (the default)."""
 
+    def keeps_batch_shape(self) -> bool:
+        """Whether rows that finished should stay in the target's forward as holes rather than
+        leave it (which the cache does once half the batch finished, to spare their compute): a
+        batch of another size is a new shape for every width, and a device may pay a one-off for
+        each. Optional; without it (or False, the default) finished rows leave."""
+        return False
+
 
 @dataclass
 class FixedDraftLength:
@@ -445,6 +452,14 @@ class CostModel:
             for (pads, _, _), ratios in self.carried.items()
         )
 
+    def new_shapes_are_dear(self) -> bool:
+        """Whether first calls at new widths were seen to cost a one-off (`first_calls`, or
+        `repeat_first_calls` for widths earlier calls verified): a new shape is likely to, too."""
+        return any(
+            excess.confirmed and (excess.value or 0.0) > 0.0
+            for excess in (self.first_calls, self.repeat_first_calls)
+        )
+
     def verified_here(self) -> bool:
         """Whether this call verified a draft (at any width above a plain step)."""
         return any(w > 1 for (_, w) in self.verify_times)
@@ -768,6 +783,13 @@ class AdaptiveDraftLength:
     def pad_widths(self, widths: tuple[int, ...]) -> None:
         """Price each width as the padded width it is fed at (see `CostModel.padded_widths`)."""
         self.costs.pad_widths(widths)
+
+    def keeps_batch_shape(self) -> bool:
+        """Where first calls at new shapes cost a one-off, finished rows stay in the forward: each
+        new batch size would be a new shape at every width, a plain step's included, while plain
+        batched decoding never changes shape (replay, flat+oneoff, batches of 8: the batch went
+        8 -> 5 -> 4 -> 3 -> 2 -> 1 rows, 0.86x plain)."""
+        return self.costs.new_shapes_are_dear()
 
     def trim(self, draft: Draft, batch_size: int, remaining: list[int] | None = None) -> Draft:
         verify = functools.partial(self.costs.verify, batch_size)

@@ -234,10 +234,10 @@ class StaticKV:
                 "needs the dynamic one (drafts are compiled at batch size 1 only)."
             )
 
-    def release_rows(self, cached_rows: list[int], active: list[int]) -> list[int]:
+    def release_rows(self, cached_rows: list[int], active: list[int], keep_shape: bool = False) -> list[int]:
         """The rows of `cached_rows` (the user's rows, one per cache row) not in `active` have
         finished: they are retired, not dropped (the batch is the compiled shape, and a StaticCache
-        cannot drop rows). Returns the user rows the cache holds, unchanged."""
+        cannot drop rows: its shape is always kept). Returns the user rows the cache holds, unchanged."""
         finished = [i for i, row in enumerate(cached_rows) if row not in active]
         if finished:
             self.retire(torch.tensor(finished, device=self.mask.device))

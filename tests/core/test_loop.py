@@ -8,10 +8,13 @@ from typing import ClassVar
 import pytest
 import torch
 
-from hf_specdec import register_drafter
+from hf_specdec import SpeculativeConfig, register_drafter
 from hf_specdec.core.draft import Draft, DraftRequest
+from hf_specdec.core.kv import RaggedKV
+from hf_specdec.core.policy import FixedDraftLength
 from hf_specdec.core.processing import ScoreProcessor
 from hf_specdec.drafters import DRAFTERS, Drafter
+from hf_specdec.integration import _ORIGINAL_GENERATE
 
 from ..conftest import random_batch
 
@@ -118,3 +121,31 @@ def test_the_loop_and_the_drafters_read_the_processor_by_its_name(target):
                 do_sample=False,
                 speculative=dict(method="draft_model", draft=target, num_draft_tokens=2, tree=tree),
             )
+
+
+class _KeepsShape(FixedDraftLength):
+    """A fixed draft length that keeps the target's batch shape (a device paying per new shape)."""
+
+    def keeps_batch_shape(self) -> bool:
+        return True
+
+
+def test_finished_rows_leave_the_forward_unless_the_policy_keeps_its_shape(target, monkeypatch):
+    """Rows that finished leave the target's batch once half of it has (their compute spared); a
+    policy that keeps the batch's shape keeps them as holes, since a batch of another size is a
+    new shape at every width. The output is plain greedy's either way."""
+    dropped: list[int] = []
+    select_rows = RaggedKV.select_rows
+    monkeypatch.setattr(
+        RaggedKV, "select_rows", lambda kv, rows: (dropped.append(len(rows)), select_rows(kv, rows))[1]
+    )
+    input_ids, attention_mask = random_batch(3, 8)
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=40, do_sample=False)
+    plain = _ORIGINAL_GENERATE(target, **kwargs)
+    leaving = target.generate(
+        **kwargs, speculative=SpeculativeConfig(method="ngram", policy=FixedDraftLength(3))
+    )
+    assert torch.equal(leaving, plain) and dropped  # rows finished early (EOS) and left
+    dropped.clear()
+    kept = target.generate(**kwargs, speculative=SpeculativeConfig(method="ngram", policy=_KeepsShape(3)))
+    assert torch.equal(kept, plain) and not dropped

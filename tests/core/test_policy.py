@@ -740,6 +740,17 @@ def test_where_every_new_width_costs_a_oneoff_the_policy_keeps_to_widths_it_paid
     assert per_token < 0.92 * control_per_token  # deterministic: 12 widths against 16, 11% less time
 
 
+def test_where_new_shapes_cost_a_oneoff_finished_rows_keep_the_batch_shape():
+    """A batch whose finished rows leave the forward feeds a new shape at every width, a plain
+    step's included; where first calls at new widths were seen to cost a one-off, the policy asks
+    the loop to keep them as holes. Where they cost nothing extra, rows leave as before."""
+    oneoff, flat = AdaptiveDraftLength(), AdaptiveDraftLength()
+    assert not oneoff.keeps_batch_shape()  # nothing seen yet
+    _oneoff_run("flat+oneoff-call", 40, oneoff)
+    _oneoff_run("flat", 40, flat)
+    assert oneoff.keeps_batch_shape() and not flat.keeps_batch_shape()
+
+
 def _calls_in_one_process(calls: int = 5) -> tuple[set[int], float]:
     """`calls` calls under `flat+oneoff` (six steps the first time the process feeds a width), each
     policy starting from the last one's costs as `generate` does: the widths paid for, and the
