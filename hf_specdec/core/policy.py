@@ -50,6 +50,9 @@ PLAIN_MARGIN = 1.02
 # the median of its last this many timings in the calls that verified it.
 CARRIED_TIMINGS = 16
 CARRIED_MIN = 3  # timings a carried width needs to count: one of two may be a stall
+# One-token looks a call verifies at most where carried costs say drafting cannot pay
+# (`AdaptiveDraftLength._recheck`): a compiled width's first forward is its compile, the next is timed.
+MAX_LOOKS = 2
 FREE_DRAFT = 0.05  # asking for a draft costs less than this share of a plain step: ask every step
 _BUCKETS = 10
 # The prior on an acceptance rate before anything is measured (`beta_mean`): its mean, and what it
@@ -704,7 +707,7 @@ class AdaptiveDraftLength:
         self._asked = 0  # the draft length last asked for (0: no draft was asked for)
         self._probing = False  # that ask was a probe after plain steps
         self._looking = False  # that ask was a one-token look at carried costs (`_recheck`)
-        self._rechecked = False  # the call took that look
+        self._looks = 0  # such looks verified in this call (a draft was left to verify)
         self._critical = 0  # the row with the most left to generate, as the last cut saw it
         self._perfect: dict[tuple[int, int, bool], tuple[int, float]] = {}  # see `_perfect_gain`
 
@@ -745,13 +748,15 @@ class AdaptiveDraftLength:
         return best_k
 
     def _recheck(self) -> int:
-        """Drafting cannot pay at the verify costs carried from earlier calls: look once in this
-        call, one token (`trim` keeps it), before believing them. Only a draft verified at a width
+        """Drafting cannot pay at the verify costs carried from earlier calls: look in this call,
+        one token (`trim` keeps it), before believing them. Only a draft verified at a width
         measures it, so a first call's few noisy timings (two tokens timed at twice a plain step
-        where they cost 1.4) otherwise ended drafting for every later call of the process."""
-        if self._rechecked or self.costs.verified_here():
+        where they cost 1.4) otherwise ended drafting for every later call of the process. Asked
+        until a look is timed: one that drew no draft measured nothing, and on a compiled static
+        cache the first forward at a width is its compile, not timed (so up to `MAX_LOOKS`)."""
+        if self._looks >= MAX_LOOKS or self.costs.verified_here():
             return 0
-        self._rechecked = self._looking = True
+        self._looking = True
         return 1
 
     def _drafts_are_free(self, verify: Callable[[int], float]) -> bool:
@@ -839,6 +844,8 @@ class AdaptiveDraftLength:
         width = 1 + max(draft.lengths, default=0)
         if verify_seconds is not None:  # None: a compile, not a verify cost
             self.costs.add_verify(batch_size, width, verify_seconds)
+        if self._looking and width > 1:
+            self._looks += 1
         if self._asked:
             asking = max(draft_seconds - draft.catch_up_seconds, 0.0)  # a catch-up is no cost of asking
             self.costs.asks.add(asking)

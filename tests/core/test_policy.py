@@ -853,17 +853,25 @@ def test_a_carried_policy_drafts_long_from_its_first_draft_where_verifying_is_fl
     assert fresh.trim(_draft([16], 0.8), 1).lengths == [1]  # control: a call from nothing looks first
 
 
-def _call_after(earlier: CostModel, wide_costs: float, steps: int = 40) -> list[int]:
+def _call_after(
+    earlier: CostModel, wide_costs: float, steps: int = 40, compiles: bool = False, misses: int = 0
+) -> list[int]:
     """A call starting from `earlier`'s costs where verifying two tokens really costs `wide_costs`
-    plain steps (and every wider width 1% more per token): the draft lengths it verified."""
+    plain steps (and every wider width 1% more per token): the draft lengths it verified.
+    `compiles`: a width's first forward is a compile, not timed (a compiled static cache);
+    `misses`: the first asks draw no draft (prompt lookup finding no match)."""
     policy = AdaptiveDraftLength(device_costs=earlier)
-    verified = []
+    verified, fed = [], set()
     for _ in range(steps):
         k = policy.draft_length(1)
-        draft = policy.trim(_draft([k], 0.9) if k else Draft.empty(1, torch.device("cpu")), 1)
+        drew = k if misses <= 0 else 0
+        misses -= k > 0
+        draft = policy.trim(_draft([drew], 0.9) if drew else Draft.empty(1, torch.device("cpu")), 1)
         n = draft.lengths[0]
         verified.append(n)
-        policy.update(1, draft, [n], 0.0, 1.0 if n == 0 else wide_costs + 0.01 * (n - 1))
+        seconds = 1.0 if n == 0 else wide_costs + 0.01 * (n - 1)
+        policy.update(1, draft, [n], 0.0, None if compiles and n + 1 not in fed else seconds)
+        fed.add(n + 1)
     return verified
 
 
@@ -878,6 +886,15 @@ def test_carried_costs_that_say_drafting_cannot_pay_are_looked_at_once_a_call():
     assert sum(n > 1 for n in verified) > 30 and max(verified) == 16
     confirmed = _call_after(noisy, wide_costs=2.0)  # the look says the same: one look, then plain
     assert confirmed.count(1) == 1 and max(confirmed) == 1
+    # On a compiled static cache the first look is a compile, untimed: the next one measures.
+    compiled = _call_after(noisy, wide_costs=1.01, compiles=True)
+    assert compiled[:4] == [0, 0, 1, 1] and max(compiled) == 16  # a plain step compiles first too
+    # A look that drew no draft measured nothing: asked again until one is verified.
+    missed = _call_after(noisy, wide_costs=1.01, misses=3)
+    assert missed[:5] == [0, 0, 0, 0, 1] and max(missed) == 16
+    # A look that confirms the carried figure, compiled: two looks at most, then plain.
+    both = _call_after(noisy, wide_costs=2.0, compiles=True)
+    assert both.count(1) == 2 and max(both) == 1
 
 
 def _drive(policy: AdaptiveDraftLength, profile, steps: int) -> None:
