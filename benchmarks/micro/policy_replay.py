@@ -99,16 +99,7 @@ def replay(
         rooms = [len(answers[b]) - done[b] for b in active]
         k = policy.draft_length(len(active))
         contexts = [prompts[b] + answers[b][: done[b]] for b in active]
-        # Only the ask is timed: the loop holds the sequence as a tensor already (building this one
-        # from lists, up to a thousand tokens a row, cost more than the ask itself).
-        if k <= 0:
-            started = host_clock()
-            draft = Draft.empty(len(active), CPU)
-        elif lookup:  # transformers' prompt lookup: batch 1 only, as in transformers
-            started = host_clock()
-            proposed = prompt_lookup(contexts[0], min(k, rooms[0] - 1))
-            draft = Draft(torch.tensor([proposed]), [len(proposed)]) if proposed else Draft.empty(1, CPU)
-        else:
+        if k > 0 and not lookup:
             width = max(map(len, contexts))
             ids = torch.tensor([c + [0] * (width - len(c)) for c in contexts])
             request = DraftRequest(
@@ -121,7 +112,15 @@ def replay(
                 active,
                 tree=tree,
             )
-            started = host_clock()
+        # Only the ask is timed: the loop holds the sequence as a tensor already (building this one
+        # from lists, up to a thousand tokens a row, cost more than the ask itself).
+        started = host_clock()
+        if k <= 0:
+            draft = Draft.empty(len(active), CPU)
+        elif lookup:  # transformers' prompt lookup: batch 1 only, as in transformers
+            proposed = prompt_lookup(contexts[0], min(k, rooms[0] - 1))
+            draft = Draft(torch.tensor([proposed]), [len(proposed)]) if proposed else Draft.empty(1, CPU)
+        else:
             draft = drafter.propose(request)
         draft_seconds = host_clock() - started
         draft = policy.trim(draft, len(active), rooms)

@@ -147,6 +147,12 @@ class _Recent:
         return len(self.samples) > 1
 
 
+def _learnt_excess(excess: _Recent) -> float:
+    """A first call's excess over steady costs as learnt (`CostModel.first_calls`): its median once
+    two widths were timed twice, else 0 (a width is tried rather than guessed dear)."""
+    return (excess.value or 0.0) if excess.confirmed else 0.0
+
+
 def _copy(recent: _Recent) -> _Recent:
     return dataclasses.replace(recent, samples=list(recent.samples))
 
@@ -428,8 +434,7 @@ class CostModel:
         key = (batch_size, self.padded(width))
         if key in self.verify_times:
             return 0.0
-        excess = self.repeat_first_calls if key in self._verified_before() else self.first_calls
-        return (excess.value or 0.0) if excess.confirmed else 0.0
+        return _learnt_excess(self.repeat_first_calls if key in self._verified_before() else self.first_calls)
 
     def pricing(self, batch_size: int, uses: int = 8) -> Callable[[int], float | None]:
         """Verify seconds per width for choosing a width: `verify`, plus its expected first-call cost
@@ -458,10 +463,7 @@ class CostModel:
     def new_shapes_are_dear(self) -> bool:
         """Whether first calls at new widths were seen to cost a one-off (`first_calls`, or
         `repeat_first_calls` for widths earlier calls verified): a new shape is likely to, too."""
-        return any(
-            excess.confirmed and (excess.value or 0.0) > 0.0
-            for excess in (self.first_calls, self.repeat_first_calls)
-        )
+        return any(_learnt_excess(excess) > 0.0 for excess in (self.first_calls, self.repeat_first_calls))
 
     def verified_here(self) -> bool:
         """Whether this call verified a draft (at any width above a plain step)."""

@@ -159,16 +159,21 @@ LATER_TOKEN_ODDS = {
 }
 
 
+def _by_size(table: dict[int, dict[str, float]], size: int) -> dict[str, float]:
+    """The table's row for a match of `size` tokens (larger matches take the largest size listed)."""
+    return table[min(size, max(table))]
+
+
 def _odds(size: int, agreement: str, first: bool) -> float:
-    table = FIRST_TOKEN_ODDS if first else LATER_TOKEN_ODDS
-    return table[min(size, max(table))][agreement]
+    return _by_size(FIRST_TOKEN_ODDS if first else LATER_TOKEN_ODDS, size)[agreement]
 
 
 def _chain_odds(size: int, agreement: list[str]) -> list[float]:
-    """`_odds` of each token of a chain continuing a match of `size` tokens (none if none)."""
+    """`_odds` of each token of a chain continuing a match of `size` tokens (none if none), each
+    table's row looked up once: this runs every step."""
     if not agreement:
         return []
-    first, later = (table[min(size, max(table))] for table in (FIRST_TOKEN_ODDS, LATER_TOKEN_ODDS))
+    first, later = _by_size(FIRST_TOKEN_ODDS, size), _by_size(LATER_TOKEN_ODDS, size)
     return [first[agreement[0]], *(later[agreed] for agreed in agreement[1:])]
 
 
