@@ -149,8 +149,10 @@ class StaticKV:
         """Run the model on `tokens` [B, T] (only `valid` [B, T] ones are real; None: all) and cache them.
 
         `positions` [B, T], for the first forward only: the prompt's own positions (generate's),
-        which each row's later tokens continue. Returns the model output with `.logits` of the
-        last `logits_to_keep` of the T positions (all if 0), padding cut off.
+        which each row's later tokens continue. `inputs`: more arguments of the model's forward;
+        a tensor [B, T, ...] of them is per position (an EAGLE head's `features`) and padded alike.
+        Returns the model output with `.logits` of the last `logits_to_keep` of the T positions
+        (all if 0) and `.hidden_states` of the T positions, padding cut off.
         """
         width = tokens.shape[1]
         # The prompt's forward, or one wider than any compiled width: run as it comes, eagerly.
@@ -168,11 +170,15 @@ class StaticKV:
         if first and given:
             offsets = positions[:, -1] + 1 - self.lengths  # generate continues from the last position
             self.offsets = offsets if bool(offsets.any()) else None
-        if padded > width:  # masked positions: any token, positions continuing the row's
+        if padded > width:  # masked positions: any input (the last one's), positions continuing the row's
             extra = padded - width
-            tokens = torch.cat([tokens, tokens[:, -1:].expand(-1, extra)], dim=1)
+            tokens = _pad_positions(tokens, extra)
             after = torch.arange(1, extra + 1, device=positions.device)
             positions = torch.cat([positions, positions[:, -1:] + after], dim=1)
+            inputs = {
+                name: _pad_positions(value, extra) if _per_position(value, tokens.shape[0], width) else value
+                for name, value in inputs.items()
+            }
         keep = 0 if logits_to_keep == 0 else logits_to_keep + padded - width
         if self.compiled and not first and keep:
             keep = padded  # one value per padded width: a compiled graph specializes on it
@@ -195,6 +201,11 @@ class StaticKV:
         logits = out.logits if self.keeps_logits or not keep else out.logits[:, -keep:]
         logits = logits[:, : logits.shape[1] - (padded - width)]
         out.logits = logits[:, -logits_to_keep:] if logits_to_keep else logits
+        hidden = out.get("hidden_states")
+        if padded > width and hidden is not None:  # a tuple per layer (a target's) or one tensor (a head's)
+            out.hidden_states = (
+                hidden[:, :width] if torch.is_tensor(hidden) else tuple(h[:, :width] for h in hidden)
+            )
         return out
 
     def forward_rows(
@@ -306,6 +317,16 @@ class StaticKV:
         """Where every layer writes next; in place, so compiled graphs keep reading the same tensor."""
         for layer in self.cache.layers:
             layer.cumulative_length.fill_(column)
+
+
+def _pad_positions(values: torch.Tensor, extra: int) -> torch.Tensor:
+    """`values` [B, T, ...] followed by `extra` copies of its last position (contiguous: a compiled
+    graph is specialized on strides)."""
+    return torch.cat([values, values[:, -1:].expand(-1, extra, *values.shape[2:])], dim=1)
+
+
+def _per_position(value: Any, batch: int, width: int) -> bool:
+    return torch.is_tensor(value) and value.dim() >= 2 and tuple(value.shape[:2]) == (batch, width)
 
 
 def check_layers(model: PreTrainedModel, cache: StaticCache) -> None:

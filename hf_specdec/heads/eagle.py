@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import LlamaConfig
+from transformers import LlamaConfig, StaticCache
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from transformers.utils import ModelOutput
@@ -110,6 +110,18 @@ def rotary_embedding(config: EagleHeadConfig) -> LlamaRotaryEmbedding:
     )
 
 
+def static_cache(config: EagleHeadConfig, max_cache_len: int) -> StaticCache:
+    """A StaticCache for a head's one attention layer (its shape is taken at the first write)."""
+    layer = LlamaConfig(
+        hidden_size=config.hidden_size,
+        num_hidden_layers=1,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+    )
+    return StaticCache(config=layer, max_cache_len=max_cache_len)
+
+
 @dataclass
 class HeadOutput(ModelOutput):
     logits: torch.Tensor | None = None  # [B, T', draft_vocab] over `EagleHead.draft_vocab`
@@ -179,7 +191,7 @@ class EagleHead(nn.Module):
         self,
         input_ids: torch.Tensor,  # [B, T] x_{t+1}
         features: torch.Tensor,  # [B, T, H] f_t (real, or the head's own earlier prediction)
-        attention_mask: torch.Tensor | None = None,  # [B, past + T], 1 on real positions; or see _causal_mask
+        attention_mask: torch.Tensor | None = None,  # [B, past + T], 1 on real positions; or see causal_mask
         position_ids: torch.Tensor | None = None,
         cache: Any = None,
         use_cache: bool = True,
@@ -187,15 +199,12 @@ class EagleHead(nn.Module):
         **_: Any,
     ) -> HeadOutput:
         x = self.inputs(input_ids, features)
-        length = x.shape[1]
-        if position_ids is None:
-            past = cache.get_seq_length() if cache is not None else 0
-            position_ids = torch.arange(past, past + length, device=x.device)[None]
+        queries, position_ids = query_columns(x.shape[1], cache, use_cache, position_ids, x.device)
         cos, sin = self.rotary(x, position_ids)
         q, k, v = self.layer.qkv(x, cos, sin)
         if cache is not None and use_cache:
             k, v = cache.update(k, v, 0)
-        mask = _causal_mask(length, k.shape[2], attention_mask, x.device)
+        mask = causal_mask(queries, k.shape[2], attention_mask)
         hidden = self.layer.finish(x, self.layer.self_attn.attend(q, k, v, mask))
         kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
         return HeadOutput(logits=self.logits(kept), hidden_states=hidden)
@@ -231,15 +240,29 @@ class EagleHead(nn.Module):
         return predicted
 
 
-def _causal_mask(length: int, total: int, attention_mask: torch.Tensor | None, device: torch.device):
-    """[B or 1, length, total]: query t (at column total - length + t) sees earlier real keys and itself.
+def query_columns(
+    length: int, cache: Any, use_cache: bool, position_ids: torch.Tensor | None, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cache columns `length` queries are written to, and their positions (`position_ids` if given).
+
+    Read before `cache.update`: a dynamic cache writes after its last column, a static one at its
+    write position (which `StaticKV` moves back on a rollback, so its columns after the queries
+    hold stale keys the mask must hide: queries are not simply the last columns there)."""
+    past = cache.get_seq_length() if cache is not None else 0  # a 0-dim tensor for a static cache
+    offsets = torch.arange(length, device=device)
+    queries = offsets + past if use_cache else offsets  # a new tensor: `update` moves `past` in place
+    return queries, (offsets + past)[None] if position_ids is None else position_ids
+
+
+def causal_mask(queries: torch.Tensor, total: int, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """[B or 1, len(queries), total]: the query at column `queries[t]` sees earlier real keys and itself.
 
     A boolean `attention_mask` [B, 1, length, total] is a mask built whole (`RaggedKV`'s, for a
     tree draft: each node sees the cache, its ancestors and itself) and is used as it is."""
     if attention_mask is not None and attention_mask.dim() == 4:
         return attention_mask[:, 0]
-    query_at = torch.arange(total - length, total, device=device)[:, None]
-    key_at = torch.arange(total, device=device)[None, :]
+    query_at = queries[:, None]
+    key_at = torch.arange(total, device=queries.device)[None, :]
     mask = key_at <= query_at
     if attention_mask is not None:
         mask = mask[None] & attention_mask[:, None, :total].bool()

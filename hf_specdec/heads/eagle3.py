@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .eagle import EagleHeadConfig, HeadOutput, _causal_mask, rotary_embedding
+from .eagle import EagleHeadConfig, HeadOutput, causal_mask, query_columns, rotary_embedding
 from .layers import MLP, Attention, RMSNorm
 
 
@@ -100,15 +100,13 @@ class Eagle3Head(nn.Module):
         dtype = self.fc.weight.dtype
         embeds = self.embed(input_ids).to(dtype)
         features = features.to(dtype)
-        length = features.shape[1]
-        if position_ids is None:
-            past = cache.get_seq_length() if cache is not None else 0
-            position_ids = torch.arange(past, past + length, device=features.device)[None]
+        length, device = features.shape[1], features.device
+        queries, position_ids = query_columns(length, cache, use_cache, position_ids, device)
         cos, sin = self.rotary(features, position_ids)
         q, k, v = self.midlayer.qkv(embeds, features, cos, sin)
         if cache is not None and use_cache:
             k, v = cache.update(k, v, 0)
-        mask = _causal_mask(length, k.shape[2], attention_mask, features.device)
+        mask = causal_mask(queries, k.shape[2], attention_mask)
         hidden = self.midlayer.finish(features, self.midlayer.self_attn.attend(q, k, v, mask))
         kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
         return HeadOutput(logits=self.lm_head(self.norm(kept)), hidden_states=hidden)
