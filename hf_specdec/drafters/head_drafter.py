@@ -30,10 +30,15 @@ class HeadDrafterConfig:
         tree_top_k: with `SpeculativeConfig(tree=...)`: for `eagle`, the children drafted per
             expanded node and the nodes expanded per level (EAGLE-2's top-k); for `medusa`, the
             guesses per head whose combinations make the tree (Medusa's top-k per head).
+        compile_with_target: for `eagle`, where the target decodes on a compiled static cache
+            (`compile_config`), compile the head's per-token forwards alike at batch size 1
+            (`Drafter.compile_forwards`); False keeps them eager. Medusa's heads run once per
+            step on the target's features, with nothing per token to compile.
     """
 
     min_confidence: float = 0.0
     tree_top_k: int = 4
+    compile_with_target: bool = True
 
     def __post_init__(self) -> None:
         check_fields(self, ranges={"min_confidence": (0, 1), "tree_top_k": (1, None)})

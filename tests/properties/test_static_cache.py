@@ -13,7 +13,7 @@ import torch
 from transformers import CompileConfig, MistralConfig, MistralForCausalLM, StaticCache
 
 from hf_specdec import SpeculativeConfig
-from hf_specdec.core.policy import AdaptiveDraftLength
+from hf_specdec.core.policy import AdaptiveDraftLength, FixedDraftLength
 from hf_specdec.core.static_kv import COMPILED_WIDTHS, StaticKV
 
 from ..conftest import random_batch, tiny_llama
@@ -239,6 +239,57 @@ def test_a_draft_model_is_compiled_alike_at_batch_size_one(good_draft, fresh_dyn
     # The draft's compiles were made before the first timed step: the probe's figure and every
     # draft's stay far below a compile (each is timed on an already compiled graph).
     assert max(policy.draft_seconds) < 0.5
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_an_eagle_head_is_compiled_alike_at_batch_size_one(fresh_dynamo, monkeypatch, rows):
+    """With the target compiled, the head's forwards after its first compiled at the target's padded
+    widths (each one graph: `fullgraph`), all before drafting starts, over a static cache of its
+    own; it drafts what the eager head drafts (`compile_with_target=False`), and the output is
+    plain's. A batch drafts eagerly."""
+    from ..drafters.test_heads import copied_layer_eagle
+
+    caches = []
+    init = StaticKV.__init__
+    monkeypatch.setattr(StaticKV, "__init__", lambda kv, *a, **k: init(kv, *a, **k) or caches.append(kv))
+    model = tiny_llama(30, layers=1)
+    head = copied_layer_eagle(model, torch.arange(4, 64))
+    config = CompileConfig(backend=lambda graph, example_inputs: graph.forward, fullgraph=True, mode=None)
+    config._compile_all_devices = True
+    input_ids, attention_mask = random_batch(rows * 7 + 1, rows)
+    plain = static_generate(model, input_ids, attention_mask)
+    runs = {}
+    for compiled in (False, True):
+        policy = _FixedRecorder(4)  # a length no timing changes: both runs draft alike
+        spec = SpeculativeConfig(
+            method="eagle", draft=head, policy=policy, options={"compile_with_target": compiled}
+        )
+        out = static_generate(
+            model, input_ids, attention_mask, spec, compile_config=config, return_dict_in_generate=True
+        )
+        assert out.sequences.tolist() == plain.tolist()
+        runs[compiled] = (out.speculative_stats, policy)
+    (eager, _), (stats, policy) = runs[False], runs[True]
+    assert (stats.drafted, stats.accepted) == (eager.drafted, eager.accepted) and 0 < stats.accepted
+    heads = [kv for kv in caches if kv.model is head]
+    if rows > 1:
+        assert not heads
+        return
+    (kv,) = heads
+    assert kv.compiled and kv.fed_widths == set(COMPILED_WIDTHS)
+    assert max(policy.draft_seconds) < 0.5  # every draft timed on compiled graphs
+
+
+class _FixedRecorder(FixedDraftLength):
+    """A fixed draft length, recording the seconds each draft took."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__(k)
+        self.draft_seconds: list[float] = []
+
+    def update(self, batch_size, draft, accepted, draft_seconds, verify_seconds, paths=None) -> None:
+        self.draft_seconds.append(draft_seconds)
+        super().update(batch_size, draft, accepted, draft_seconds, verify_seconds, paths)
 
 
 def test_a_draft_asked_not_to_compile_drafts_eagerly(good_draft, fresh_dynamo, monkeypatch):
