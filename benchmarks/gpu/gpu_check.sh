@@ -5,6 +5,8 @@
 # provider and quantized. See benchmarks/gpu/gpu_check.py.
 #   benchmarks/gpu/gpu_check.sh [OUT_JSON]        (default: gpu_check.json; $OUT/gpu_check.json on the device tool)
 # Then issue 23's compiled rows (gpu_compiled.json beside it), in the time left of ~9.5 minutes.
+# Not run here (a 10-minute command holds no more): an EAGLE head compiled beside the compiled
+# target, CUDA graphs, as a second command: python benchmarks/micro/eagle_compiled.py --device cuda
 # Then, with time left, the serving checks of issue 15 (benchmarks/engines/vllm_check.sh, benchmarks/engines/sglang_flags.py).
 # Installs what it needs first (torch's CUDA build is expected to be there already; onnxruntime-gpu
 # replaces the CPU onnxruntime for the onnx rows).

@@ -2,6 +2,7 @@
 head left eager.
 
     python benchmarks/micro/eagle_compiled.py [--ks 4,8] [--new-tokens 128] [--repeats 3] [--dtype auto]
+    python benchmarks/micro/eagle_compiled.py --device cuda   # a GPU: CUDA graphs ("reduce-overhead")
 
 SmolLM2-135M (the offline demo model) in its checkpoint's dtype (bf16; `--dtype float32` on a CPU
 without native bf16) on transformers' compiled static-cache path (`cache_implementation="static"`,
@@ -46,9 +47,10 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--draft-vocab", type=int, default=8192, help="tokens the head scores (0: all)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default=None, help="default: the CPU")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    model, tokenizer = load_model(None, dtype=args.dtype)
+    model, tokenizer = load_model(None, dtype=args.dtype, device=args.device)
     prompt = encode_prompts(tokenizer, [PROMPT], True, pad_token_id(tokenizer, model), model.device)
     input_ids = prompt["input_ids"]
     torch.manual_seed(0)
