@@ -236,15 +236,6 @@ class StaticKV:
             kept_lengths[slots.index] -= torch.tensor(rejected, device=self.mask.device)
             self.truncate(kept_lengths)
 
-    def select_rows(self, rows: torch.Tensor) -> None:
-        """`DecoderCache.select_rows` for a draft's cache: a static cache keeps its rows (its batch is
-        the compiled shape), so only the rows as they are can be selected."""
-        if rows.tolist() != list(range(self.mask.shape[0])):
-            raise ValueError(
-                f"A static draft cache keeps its {self.mask.shape[0]} rows; selecting rows {rows.tolist()} "
-                "needs the dynamic one (drafts are compiled at batch size 1 only)."
-            )
-
     def release_rows(self, cached_rows: list[int], active: list[int], keep_shape: bool = False) -> list[int]:
         """The rows of `cached_rows` (the user's rows, one per cache row) not in `active` have
         finished: they are retired, not dropped (the batch is the compiled shape, and a StaticCache
@@ -317,6 +308,59 @@ class StaticKV:
         """Where every layer writes next; in place, so compiled graphs keep reading the same tensor."""
         for layer in self.cache.layers:
             layer.cumulative_length.fill_(column)
+
+
+class DraftRows:
+    """A drafter's static cache (`StaticKV`) seen as a `drafters.decoder.DecoderCache` over the rows
+    its requests hold. The batch is the compiled shape, so a row that finished is not dropped, as a
+    dynamic cache drops it (`select_rows`), but retired: fed holes from then on, its columns free
+    for `compact` to reuse. Only a request's rows are fed, taken and returned, in its order."""
+
+    takes_tree_masks = False  # as StaticKV: trees are not drafted over a static cache
+
+    def __init__(self, kv: StaticKV) -> None:
+        self.kv = kv
+        self.batch_size = kv.mask.shape[0]
+        self.slots = Slots(list(range(self.batch_size)), self.batch_size, kv.mask.device)
+
+    def forward(
+        self, tokens: torch.Tensor, valid: torch.Tensor | None, logits_to_keep: int = 0, **inputs: Any
+    ):
+        """`DecoderCache.forward` for the request's rows; the others are fed holes. Per-position
+        tensors of `inputs` ([B, T, ...], an EAGLE head's features) are placed alike."""
+        if self.slots.whole:
+            return self.kv.forward(tokens, valid, logits_to_keep, **inputs)
+        rows, width = tokens.shape
+        valid = torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid
+
+        def place(value: torch.Tensor) -> torch.Tensor:
+            return self.slots.scatter(value, value.new_zeros(self.batch_size, *value.shape[1:]))
+
+        inputs = {
+            name: place(value) if _per_position(value, rows, width) else value
+            for name, value in inputs.items()
+        }
+        out = self.kv.forward(place(tokens), place(valid), logits_to_keep, **inputs)
+        out.logits = self.slots.gather(out.logits)
+        hidden = out.get("hidden_states")
+        if torch.is_tensor(hidden):
+            out.hidden_states = self.slots.gather(hidden)
+        return out
+
+    def truncate(self, lengths: torch.Tensor) -> None:
+        """Keep the first `lengths[b]` real tokens of the request's row b; the others keep theirs."""
+        self.kv.truncate(self.slots.scatter(lengths, self.kv.lengths.clone()))
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep the request's `rows`, in that order; the rows left out have finished and are
+        retired. A row cannot be copied (its columns are its own in the compiled batch)."""
+        chosen = [self.slots.rows[i] for i in rows.tolist()]
+        if len(set(chosen)) < len(chosen):
+            raise ValueError(f"A static draft cache cannot copy rows (asked for {rows.tolist()}).")
+        left = sorted(set(self.slots.rows) - set(chosen))
+        if left:
+            self.kv.retire(torch.tensor(left, device=self.kv.mask.device))
+        self.slots = Slots(chosen, self.batch_size, self.kv.mask.device)
 
 
 def _pad_positions(values: torch.Tensor, extra: int) -> torch.Tensor:

@@ -11,7 +11,7 @@ from transformers import StaticCache
 from transformers.cache_utils import StaticLayer
 
 from ..core.kv import RaggedKV, positions
-from ..core.static_kv import StaticKV
+from ..core.static_kv import DraftRows, StaticKV
 from ..core.timing import clock
 from .base import Drafter, elapsed
 from .chain import chain, real_tokens, right_aligned
@@ -199,24 +199,26 @@ class DecoderDrafter(Drafter):
         return output.logits.to(self.device)
 
     def compile_forwards(self, config: Any, capacity: int, widths: tuple[int, ...], batch_size: int) -> None:
-        """A PyTorch draft at batch size 1 gets a static cache whose forwards are compiled at every
-        width now, as a compiled target's (a batch's finished rows could not leave a static cache:
-        batches draft eagerly, as do drafts a static cache cannot serve: `can_compile`). Each
-        width's first call is its compile: made here, it is no cost the policy could take for
-        drafting's. The cache is kept for the call's drafts."""
-        if batch_size != 1 or not isinstance(self.decoder, TorchDecoder) or not self.decoder.can_compile():
+        """A PyTorch draft gets a static cache of the call's batch size whose forwards are compiled
+        at every width now, as a compiled target's (drafts a static cache cannot serve draft
+        eagerly: `can_compile`). Each width's first call is its compile: made here, it is no cost
+        the policy could take for drafting's. The cache is kept for the call's drafts; rows that
+        finish stay in its batch, retired (`DraftRows`)."""
+        if not isinstance(self.decoder, TorchDecoder) or not self.decoder.can_compile():
             return
-        self.decoder.compile(config, capacity + max(widths), widths)
-        kv = self.decoder.new_cache(1)
+        # Room for what the target holds, a padded catch-up and a chain beyond it (a batch's rows
+        # advance unevenly: `compact` gives back the holes, never the room a row's own tokens need).
+        self.decoder.compile(config, capacity + 2 * max(widths), widths)
+        kv = self.decoder.new_cache(batch_size)
         device = self.decoder.device
-        kv.forward(torch.zeros(1, 1, dtype=torch.long, device=device), None, logits_to_keep=1)  # eager
-        for width in widths:  # fed as drafting feeds them (contiguous: a graph is specialized on strides)
-            tokens = torch.zeros(1, width, dtype=torch.long, device=device)
+        for width in (1, *widths):  # the first, a cache's first forward, runs eagerly; then each width
+            tokens = torch.zeros(batch_size, width, dtype=torch.long, device=device)  # contiguous, as fed
             kv.forward(tokens, torch.ones_like(tokens, dtype=torch.bool), logits_to_keep=1)
-            kv.truncate(torch.ones(1, dtype=torch.long, device=device))
-        # It holds the one dummy token, which the first draft truncates away: nothing is cached.
-        self.kv = kv
-        self.cached = [torch.zeros(0, dtype=torch.long, device=self.device)]
+            kv.truncate(torch.ones(batch_size, dtype=torch.long, device=device))
+        # It holds one dummy token a row, which the first draft truncates away: nothing is cached.
+        self.kv = DraftRows(kv)
+        self.cached = [torch.zeros(0, dtype=torch.long, device=self.device) for _ in range(batch_size)]
+        self.row_ids = list(range(batch_size))  # the loop's rows: the user's batch, in order
 
     def probe_seconds(self, batch_size: int) -> float | None:
         """One draft forward of one token per row on a nearly empty cache: what a draft token costs
@@ -225,6 +227,8 @@ class DecoderDrafter(Drafter):
         (`compile_forwards`), whose compiled forwards are the ones drafting will run: what the probe
         feeds there is truncated away by the first draft, as nothing of it is in `cached`."""
         kv = self.kv if self.kv is not None else self.decoder.new_cache(batch_size)
+        if isinstance(kv, DraftRows):  # a compiled batch: every forward is the whole batch's shape
+            batch_size = len(kv.slots.rows)
         tokens = torch.zeros(batch_size, 1, dtype=torch.long, device=self.decoder.device)
         valid = torch.ones(batch_size, 1, dtype=torch.bool, device=self.decoder.device)
         best = float("inf")

@@ -39,7 +39,7 @@ class DraftModelConfig:
         tree_top_k: with `SpeculativeConfig(tree=...)`, the children drafted per expanded node and
             the nodes expanded per level (EAGLE-2's top-k).
         compile_with_target: where the target decodes on a compiled static cache (`compile_config`),
-            compile the draft's forwards alike at batch size 1 (`Drafter.compile_forwards`); False
+            compile the draft's forwards alike (`Drafter.compile_forwards`); False
             keeps them eager (a draft dynamo cannot trace as one graph, or to spare its compiles).
     """
 

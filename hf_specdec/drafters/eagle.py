@@ -9,7 +9,7 @@ from transformers import DynamicCache
 
 from ..core.draft import Draft, DraftRequest
 from ..core.kv import RaggedKV, positions
-from ..core.static_kv import StaticKV
+from ..core.static_kv import DraftRows, StaticKV
 from ..core.timing import clock
 from ..heads.eagle import static_cache
 from .base import elapsed
@@ -37,7 +37,7 @@ class EagleDrafter(HeadDrafter):
     def __init__(self, head: Any, config: HeadDrafterConfig, vocab_size: int, device: torch.device) -> None:
         super().__init__(head, config, vocab_size, device)
         self.feature_dtype = next(head.parameters()).dtype
-        self.kv: RaggedKV | StaticKV | None = None
+        self.kv: RaggedKV | DraftRows | None = None
         self.done: list[int] = []  # per row: positions the head has read real features for
         self.row_ids: list[int] = []
 
@@ -89,28 +89,30 @@ class EagleDrafter(HeadDrafter):
         return draft
 
     def compile_forwards(self, config: Any, capacity: int, widths: tuple[int, ...], batch_size: int) -> None:
-        """At batch size 1 the head gets a static cache whose forwards after the first are padded to
-        the target's `widths` and compiled by `config` (the catch-up over the target's newly cached
-        tokens, and each chained token at width 1), every width compiled now: no compile is timed
-        as drafting. A batch drafts eagerly (a static cache cannot drop finished rows), as do trees
-        (not drafted on a static target)."""
-        if batch_size != 1 or not self.config.compile_with_target:
+        """The head gets a static cache of the call's batch size whose forwards after the first are
+        padded to the target's `widths` and compiled by `config` (the catch-up over the target's
+        newly cached tokens, and each chained token at width 1), every width compiled now: no
+        compile is timed as drafting. Rows that finish stay in its batch, retired (`DraftRows`).
+        Trees are not drafted on a static target."""
+        if not self.config.compile_with_target:
             return
         import torch._dynamo
 
         # One graph per width, beside the target's (dynamo's limit counts graphs per function).
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 8 + 2 * len(widths))
-        cache = static_cache(self.head.config, capacity + max(widths))
+        cache = static_cache(self.head.config, capacity + 2 * max(widths))  # as `DecoderDrafter`'s
         decode = torch.compile(self.head.forward, **config.to_dict())
-        kv = StaticKV(self.head, cache, 1, self.device, widths, decode, config)
+        kv = StaticKV(self.head, cache, batch_size, self.device, widths, decode, config)
         size = self.head.config.hidden_size
         for width in (1, *widths):  # the first, a cache's first forward, runs eagerly; then each width
-            tokens = torch.zeros(1, width, dtype=torch.long, device=self.device)
-            features = torch.zeros(1, width, size, dtype=self.feature_dtype, device=self.device)
+            tokens = torch.zeros(batch_size, width, dtype=torch.long, device=self.device)
+            features = torch.zeros(batch_size, width, size, dtype=self.feature_dtype, device=self.device)
             kv.forward(tokens, torch.ones_like(tokens, dtype=torch.bool), logits_to_keep=1, features=features)
-            kv.truncate(torch.ones(1, dtype=torch.long, device=self.device))
-        # It holds one dummy position, which the first draft truncates away (nothing is `done`).
-        self.kv, self.done, self.row_ids = kv, [0], [0]
+            kv.truncate(torch.ones(batch_size, dtype=torch.long, device=self.device))
+        # It holds one dummy position a row, which the first draft truncates away (nothing is `done`).
+        self.kv = DraftRows(kv)
+        self.done = [0] * batch_size
+        self.row_ids = list(range(batch_size))  # the loop's rows: the user's batch, in order
 
     def _tree(self, request: DraftRequest, max_tokens: list[int], output: Any) -> Draft:
         """EAGLE-2's dynamic tree after the catch-up `output`; its nodes leave the cache at the next

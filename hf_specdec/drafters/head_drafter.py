@@ -31,7 +31,7 @@ class HeadDrafterConfig:
             expanded node and the nodes expanded per level (EAGLE-2's top-k); for `medusa`, the
             guesses per head whose combinations make the tree (Medusa's top-k per head).
         compile_with_target: for `eagle`, where the target decodes on a compiled static cache
-            (`compile_config`), compile the head's per-token forwards alike at batch size 1
+            (`compile_config`), compile the head's per-token forwards alike
             (`Drafter.compile_forwards`); False keeps them eager. Medusa's heads run once per
             step on the target's features, with nothing per token to compile.
     """

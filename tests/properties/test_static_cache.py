@@ -186,7 +186,8 @@ def test_compile_config_compiles_one_graph_per_padded_width(good_draft, fresh_dy
         model,
         input_ids,
         attention_mask,
-        speculative("draft_model", good_draft, policy=policy),
+        # The draft eager: the graphs counted are the target's.
+        speculative("draft_model", good_draft, policy=policy, options={"compile_with_target": False}),
         compile_config=config,
         return_dict_in_generate=True,
     )
@@ -216,10 +217,10 @@ def _draft_caches(monkeypatch) -> list:
 
 
 @pytest.mark.parametrize("rows", [1, 2])
-def test_a_draft_model_is_compiled_alike_at_batch_size_one(good_draft, fresh_dynamo, monkeypatch, rows):
+def test_a_draft_model_is_compiled_alike(good_draft, fresh_dynamo, monkeypatch, rows):
     """With the target compiled, a draft model's forwards after its first run compiled too, over a
-    static cache of its own, at the target's padded widths (all compiled before drafting starts);
-    a batch drafts eagerly (a static cache cannot drop finished rows). Output: plain's."""
+    static cache of its own of the call's batch size, at the target's padded widths (all compiled
+    before drafting starts). Output: plain's."""
     caches = _draft_caches(monkeypatch)
     model = tiny_llama(0, eos_token_id=None)
     config = CompileConfig(backend=lambda graph, example_inputs: graph.forward, fullgraph=True, mode=None)
@@ -230,23 +231,48 @@ def test_a_draft_model_is_compiled_alike_at_batch_size_one(good_draft, fresh_dyn
     spec = speculative("draft_model", good_draft, policy=policy)
     out = static_generate(model, input_ids, attention_mask, spec, compile_config=config)
     assert out.tolist() == plain.tolist()
-    if rows > 1:
-        assert caches and not any(isinstance(kv, StaticKV) for kv in caches)
-        return
     (kv,) = caches  # one cache, compiled at every width up front, probed and drafted on
     assert isinstance(kv, StaticKV) and kv.compiled and kv.fed_widths == set(COMPILED_WIDTHS)
-    assert kv.model is good_draft and any(n > 0 for n in policy.drafted)
+    assert kv.model is good_draft and kv.mask.shape[0] == rows and any(n > 0 for n in policy.drafted)
     # The draft's compiles were made before the first timed step: the probe's figure and every
     # draft's stay far below a compile (each is timed on an already compiled graph).
     assert max(policy.draft_seconds) < 0.5
 
 
+@pytest.mark.parametrize("method", ["draft_model", "eagle"])
+def test_a_compiled_draft_retires_the_rows_that_finish(target, good_draft, fresh_dynamo, monkeypatch, method):
+    """A batch whose rows stop at EOS at different steps: the draft's static cache keeps its batch
+    (the compiled shape), the finished rows retired and fed holes, the others drafting on; no row
+    is copied or dropped, and the output is plain's."""
+    from ..drafters.test_heads import copied_layer_eagle
+
+    caches = []
+    init = StaticKV.__init__
+    monkeypatch.setattr(StaticKV, "__init__", lambda kv, *a, **k: init(kv, *a, **k) or caches.append(kv))
+    model = target if method == "draft_model" else tiny_llama(30, layers=1)
+    draft = good_draft if method == "draft_model" else copied_layer_eagle(model, torch.arange(4, 64))
+    config = CompileConfig(backend=lambda graph, example_inputs: graph.forward, fullgraph=True, mode=None)
+    config._compile_all_devices = True
+    input_ids, attention_mask = random_batch(7, 4)
+    plain = static_generate(model, input_ids, attention_mask, max_new_tokens=40)
+    spec = SpeculativeConfig(method=method, draft=draft, num_draft_tokens=3)
+    out = static_generate(
+        model, input_ids, attention_mask, spec, max_new_tokens=40, compile_config=config,
+        return_dict_in_generate=True,
+    )  # fmt: skip
+    assert out.sequences.tolist() == plain.tolist()
+    (kv,) = [kv for kv in caches if kv.model is draft]
+    assert kv.compiled and kv.fed_widths == set(COMPILED_WIDTHS) and kv.mask.shape[0] == 4
+    assert 0 < int((~kv.active).sum()) < 4  # rows that finished early were retired, the last one not
+    assert out.speculative_stats.accepted > 0
+
+
 @pytest.mark.parametrize("rows", [1, 2])
-def test_an_eagle_head_is_compiled_alike_at_batch_size_one(fresh_dynamo, monkeypatch, rows):
+def test_an_eagle_head_is_compiled_alike(fresh_dynamo, monkeypatch, rows):
     """With the target compiled, the head's forwards after its first compiled at the target's padded
     widths (each one graph: `fullgraph`), all before drafting starts, over a static cache of its
-    own; it drafts what the eager head drafts (`compile_with_target=False`), and the output is
-    plain's. A batch drafts eagerly."""
+    own of the call's batch size; it drafts what the eager head drafts (`compile_with_target=False`),
+    and the output is plain's."""
     from ..drafters.test_heads import copied_layer_eagle
 
     caches = []
@@ -271,12 +297,8 @@ def test_an_eagle_head_is_compiled_alike_at_batch_size_one(fresh_dynamo, monkeyp
         runs[compiled] = (out.speculative_stats, policy)
     (eager, _), (stats, policy) = runs[False], runs[True]
     assert (stats.drafted, stats.accepted) == (eager.drafted, eager.accepted) and stats.accepted > 0
-    heads = [kv for kv in caches if kv.model is head]
-    if rows > 1:
-        assert not heads
-        return
-    (kv,) = heads
-    assert kv.compiled and kv.fed_widths == set(COMPILED_WIDTHS)
+    (kv,) = [kv for kv in caches if kv.model is head]
+    assert kv.compiled and kv.fed_widths == set(COMPILED_WIDTHS) and kv.mask.shape[0] == rows
     assert max(policy.draft_seconds) < 0.5  # every draft timed on compiled graphs
 
 
