@@ -13,7 +13,8 @@ run once per round and are priced under every profile from their recorded forwar
 rows run once per profile per round, each starting from what verifying cost in its earlier calls
 under the same profile, as `generate` carries it (`CostModel.carry`). Each prompt's best fixed k in
 hindsight is the oracle the policy is held against. Rounds interleave every row; `--repeats` keeps
-each row's median.
+each row's median time per generated token (each run's own: texts can differ from a rounding tie
+on); the other figures (forwards, widths, the text checked against plain) are the first run's.
 """
 
 from __future__ import annotations
@@ -127,7 +128,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             first=first,
             inputs=inputs,
         ) -> None:
-            times[(profile, name)].append(seconds)
+            # Per token of this run's own text: an adaptive row's text can leave another run's at a
+            # rounding tie (bf16), so runs of one row may generate different numbers of tokens.
+            tokens = sum(len(t) for t in _new_tokens(out.sequences, inputs, eos))
+            times[(profile, name)].append(seconds / max(tokens, 1))
             if (profile, name) not in first:
                 first[(profile, name)] = _record(out, forwards, inputs, eos)
 
@@ -154,7 +158,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         for (profile_name, name), record in first.items():
             record = dict(record)
             sequences = record.pop("sequences")
-            record["seconds"] = statistics.median(times[(profile_name, name)])
+            record["seconds"] = statistics.median(times[(profile_name, name)]) * record["new_tokens"]
             if name != PLAIN:
                 checks = check_greedy(
                     model, inputs["input_ids"], plain_out, sequences, inputs["attention_mask"]
