@@ -200,6 +200,10 @@ class StaticKV:
             self._set_write_position(self.end)
         logits = out.logits if self.keeps_logits or not keep else out.logits[:, -keep:]
         logits = logits[:, : logits.shape[1] - (padded - width)]
+        if self.compiled and not first and logits.is_cuda:
+            # A CUDA graph's outputs are overwritten by its next replay: logits a caller keeps (fp32
+            # ones returned as logits or scores, which `.float()` does not copy) must be their own.
+            logits = logits.clone()
         out.logits = logits[:, -logits_to_keep:] if logits_to_keep else logits
         hidden = out.get("hidden_states")
         if padded > width and hidden is not None:  # a tuple per layer (a target's) or one tensor (a head's)
