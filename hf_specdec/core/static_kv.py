@@ -45,6 +45,25 @@ from .kv import RaggedKV, Slots
 # so a draft is at most 15 tokens.
 COMPILED_WIDTHS = (1, 2, 4, 8, 16)
 
+# Dynamo compiles at most `recompile_limit` graphs per function (8 by default; it counts per code
+# object, and every transformers model's forward goes through one wrapper), then runs new shapes
+# eagerly, or fails under `fullgraph=True`. A static-cache shape here is compiled at every padded
+# width, so the limit is raised by that many graphs the first time each shape is compiled, up to:
+MAX_RECOMPILE_LIMIT = 64
+_SHAPES_COMPILED: set[tuple[Any, ...]] = set()
+
+
+def allow_graphs(shape: tuple[Any, ...], graphs: int) -> None:
+    """Make room in dynamo's recompile limit for the `graphs` a new compiled `shape` (its forward's
+    owner, batch size and cache length) takes, once per shape and up to MAX_RECOMPILE_LIMIT."""
+    import torch._dynamo
+
+    if shape in _SHAPES_COMPILED:
+        return
+    _SHAPES_COMPILED.add(shape)
+    limit = torch._dynamo.config.recompile_limit
+    torch._dynamo.config.recompile_limit = max(limit, min(limit + graphs, MAX_RECOMPILE_LIMIT))
+
 
 def padded_width(widths: tuple[int, ...], width: int) -> int:
     """The width a forward of `width` tokens is padded to: the next of the sorted `widths`, or
@@ -114,6 +133,8 @@ class StaticKV:
         config = generation_config.compile_config or CompileConfig()
         if config.dynamic is None:
             config = dataclasses.replace(config, dynamic=False)
+        capacity = max(layer.max_cache_len for layer in cache.layers)
+        allow_graphs((id(model), batch_size, capacity), len(COMPILED_WIDTHS))
         return cls(model, cache, batch_size, device, COMPILED_WIDTHS, model.get_compiled_call(config), config)
 
     @property

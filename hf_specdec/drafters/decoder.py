@@ -11,7 +11,7 @@ from transformers import StaticCache
 from transformers.cache_utils import StaticLayer
 
 from ..core.kv import RaggedKV, positions
-from ..core.static_kv import DraftRows, StaticKV
+from ..core.static_kv import DraftRows, StaticKV, allow_graphs
 from ..core.timing import clock
 from .base import Drafter, elapsed
 from .chain import chain, real_tokens, right_aligned
@@ -84,12 +84,7 @@ class TorchDecoder:
 
     def compile(self, config: Any, capacity: int, widths: tuple[int, ...]) -> None:
         """From now on `new_cache` gives static caches of `capacity` positions, forwards padded to
-        `widths` and compiled by `config`. Dynamo counts graphs per function, not per model, and
-        every model's forward goes through one transformers wrapper: its limit (8 by default) is
-        raised to hold the draft's widths beside the target's, or they would run eagerly."""
-        import torch._dynamo
-
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 8 + 2 * len(widths))
+        `widths` and compiled by `config`."""
         self.compiled = (config, capacity, widths)
 
     @property
@@ -208,7 +203,9 @@ class DecoderDrafter(Drafter):
             return
         # Room for what the target holds, a padded catch-up and a chain beyond it (a batch's rows
         # advance unevenly: `compact` gives back the holes, never the room a row's own tokens need).
-        self.decoder.compile(config, capacity + 2 * max(widths), widths)
+        room = capacity + 2 * max(widths)
+        self.decoder.compile(config, room, widths)
+        allow_graphs((id(self.decoder.model), batch_size, room), len(widths))  # beside the target's
         kv = self.decoder.new_cache(batch_size)
         device = self.decoder.device
         for width in (1, *widths):  # the first, a cache's first forward, runs eagerly; then each width

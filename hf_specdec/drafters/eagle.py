@@ -9,7 +9,7 @@ from transformers import DynamicCache
 
 from ..core.draft import Draft, DraftRequest
 from ..core.kv import RaggedKV, positions
-from ..core.static_kv import DraftRows, StaticKV
+from ..core.static_kv import DraftRows, StaticKV, allow_graphs
 from ..core.timing import clock
 from ..heads.eagle import static_cache
 from .base import elapsed
@@ -96,11 +96,9 @@ class EagleDrafter(HeadDrafter):
         Trees are not drafted on a static target."""
         if not self.config.compile_with_target:
             return
-        import torch._dynamo
-
-        # One graph per width, beside the target's (dynamo's limit counts graphs per function).
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 8 + 2 * len(widths))
-        cache = static_cache(self.head.config, capacity + 2 * max(widths))  # as `DecoderDrafter`'s
+        room = capacity + 2 * max(widths)  # as `DecoderDrafter`'s
+        allow_graphs((id(self.head), batch_size, room), len(widths))
+        cache = static_cache(self.head.config, room)
         decode = torch.compile(self.head.forward, **config.to_dict())
         kv = StaticKV(self.head, cache, batch_size, self.device, widths, decode, config)
         size = self.head.config.hidden_size
