@@ -103,6 +103,8 @@ class StaticKV:
         self.compiling = False  # whether the last forward was `decode`'s first at its width
         self.widths = tuple(sorted(set(widths)))
         self.capacity = max(layer.max_cache_len for layer in cache.layers)
+        if self.compiled:  # a new shape for each width, beside any other model's (a target's, a draft's)
+            allow_graphs((id(model), batch_size, self.capacity), len(self.widths))
         self.mask = torch.zeros(batch_size, self.capacity, dtype=torch.bool, device=device)  # real columns
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # real tokens per row
         self.active = torch.ones(batch_size, dtype=torch.bool, device=device)  # rows still decoding
@@ -133,8 +135,6 @@ class StaticKV:
         config = generation_config.compile_config or CompileConfig()
         if config.dynamic is None:
             config = dataclasses.replace(config, dynamic=False)
-        capacity = max(layer.max_cache_len for layer in cache.layers)
-        allow_graphs((id(model), batch_size, capacity), len(COMPILED_WIDTHS))
         return cls(model, cache, batch_size, device, COMPILED_WIDTHS, model.get_compiled_call(config), config)
 
     @property
@@ -347,6 +347,29 @@ class DraftRows:
         self.kv = kv
         self.batch_size = kv.mask.shape[0]
         self.slots = Slots(list(range(self.batch_size)), self.batch_size, kv.mask.device)
+
+    @staticmethod
+    def room(capacity: int, widths: tuple[int, ...]) -> int:
+        """The positions a draft's static cache needs beside a target's of `capacity`: what the
+        target holds, a padded catch-up and a chain beyond it (a batch's rows advance unevenly:
+        `compact` gives back the holes, never the room a row's own tokens need)."""
+        return capacity + 2 * max(widths)
+
+    @classmethod
+    def compiled(
+        cls, kv: StaticKV, inputs: Callable[[int], dict[str, torch.Tensor]] = lambda width: {}
+    ) -> DraftRows:
+        """`kv`, a draft's compiled static cache, with every width compiled now: its first forward
+        runs eagerly, then one at each width, fed as drafting feeds them (contiguous: a graph is
+        specialized on strides), with `inputs(width)` beside the tokens. Each width's first call
+        is its compile: made here, it is no cost the policy could take for drafting's. The cache
+        holds one dummy token a row, which the first draft truncates away."""
+        batch_size, device = kv.mask.shape[0], kv.mask.device
+        for width in (1, *kv.widths):
+            tokens = torch.zeros(batch_size, width, dtype=torch.long, device=device)
+            kv.forward(tokens, torch.ones_like(tokens, dtype=torch.bool), logits_to_keep=1, **inputs(width))
+            kv.truncate(torch.ones(batch_size, dtype=torch.long, device=device))
+        return cls(kv)
 
     def forward(
         self, tokens: torch.Tensor, valid: torch.Tensor | None, logits_to_keep: int = 0, **inputs: Any

@@ -11,7 +11,7 @@ from transformers import StaticCache
 from transformers.cache_utils import StaticLayer
 
 from ..core.kv import RaggedKV, positions
-from ..core.static_kv import DraftRows, StaticKV, allow_graphs
+from ..core.static_kv import DraftRows, StaticKV
 from ..core.timing import clock
 from .base import Drafter, elapsed
 from .chain import chain, real_tokens, right_aligned
@@ -195,25 +195,13 @@ class DecoderDrafter(Drafter):
 
     def compile_forwards(self, config: Any, capacity: int, widths: tuple[int, ...], batch_size: int) -> None:
         """A PyTorch draft gets a static cache of the call's batch size whose forwards are compiled
-        at every width now, as a compiled target's (drafts a static cache cannot serve draft
-        eagerly: `can_compile`). Each width's first call is its compile: made here, it is no cost
-        the policy could take for drafting's. The cache is kept for the call's drafts; rows that
-        finish stay in its batch, retired (`DraftRows`)."""
+        at every width now, as a compiled target's (`DraftRows.compiled`; drafts a static cache
+        cannot serve draft eagerly: `can_compile`). The cache is kept for the call's drafts; rows
+        that finish stay in its batch, retired."""
         if not isinstance(self.decoder, TorchDecoder) or not self.decoder.can_compile():
             return
-        # Room for what the target holds, a padded catch-up and a chain beyond it (a batch's rows
-        # advance unevenly: `compact` gives back the holes, never the room a row's own tokens need).
-        room = capacity + 2 * max(widths)
-        self.decoder.compile(config, room, widths)
-        allow_graphs((id(self.decoder.model), batch_size, room), len(widths))  # beside the target's
-        kv = self.decoder.new_cache(batch_size)
-        device = self.decoder.device
-        for width in (1, *widths):  # the first, a cache's first forward, runs eagerly; then each width
-            tokens = torch.zeros(batch_size, width, dtype=torch.long, device=device)  # contiguous, as fed
-            kv.forward(tokens, torch.ones_like(tokens, dtype=torch.bool), logits_to_keep=1)
-            kv.truncate(torch.ones(batch_size, dtype=torch.long, device=device))
-        # It holds one dummy token a row, which the first draft truncates away: nothing is cached.
-        self.kv = DraftRows(kv)
+        self.decoder.compile(config, DraftRows.room(capacity, widths), widths)
+        self.kv = DraftRows.compiled(self.decoder.new_cache(batch_size))
         self.cached = [torch.zeros(0, dtype=torch.long, device=self.device) for _ in range(batch_size)]
         self.row_ids = list(range(batch_size))  # the loop's rows: the user's batch, in order
 

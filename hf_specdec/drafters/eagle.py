@@ -9,7 +9,7 @@ from transformers import DynamicCache
 
 from ..core.draft import Draft, DraftRequest
 from ..core.kv import RaggedKV, positions
-from ..core.static_kv import DraftRows, StaticKV, allow_graphs
+from ..core.static_kv import DraftRows, StaticKV
 from ..core.timing import clock
 from ..heads.eagle import static_cache
 from .base import elapsed
@@ -91,24 +91,20 @@ class EagleDrafter(HeadDrafter):
     def compile_forwards(self, config: Any, capacity: int, widths: tuple[int, ...], batch_size: int) -> None:
         """The head gets a static cache of the call's batch size whose forwards after the first are
         padded to the target's `widths` and compiled by `config` (the catch-up over the target's
-        newly cached tokens, and each chained token at width 1), every width compiled now: no
-        compile is timed as drafting. Rows that finish stay in its batch, retired (`DraftRows`).
+        newly cached tokens, and each chained token at width 1), every width compiled now
+        (`DraftRows.compiled`). Rows that finish stay in its batch, retired.
         Trees are not drafted on a static target."""
         if not self.config.compile_with_target:
             return
-        room = capacity + 2 * max(widths)  # as `DecoderDrafter`'s
-        allow_graphs((id(self.head), batch_size, room), len(widths))
-        cache = static_cache(self.head.config, room)
+        cache = static_cache(self.head.config, DraftRows.room(capacity, widths))
         decode = torch.compile(self.head.forward, **config.to_dict())
         kv = StaticKV(self.head, cache, batch_size, self.device, widths, decode, config)
-        size = self.head.config.hidden_size
-        for width in (1, *widths):  # the first, a cache's first forward, runs eagerly; then each width
-            tokens = torch.zeros(batch_size, width, dtype=torch.long, device=self.device)
-            features = torch.zeros(batch_size, width, size, dtype=self.feature_dtype, device=self.device)
-            kv.forward(tokens, torch.ones_like(tokens, dtype=torch.bool), logits_to_keep=1, features=features)
-            kv.truncate(torch.ones(batch_size, dtype=torch.long, device=self.device))
-        # It holds one dummy position a row, which the first draft truncates away (nothing is `done`).
-        self.kv = DraftRows(kv)
+        size, dtype = self.head.config.hidden_size, self.feature_dtype
+
+        def features(width: int) -> dict[str, torch.Tensor]:
+            return {"features": torch.zeros(batch_size, width, size, dtype=dtype, device=self.device)}
+
+        self.kv = DraftRows.compiled(kv, features)
         self.done = [0] * batch_size
         self.row_ids = list(range(batch_size))  # the loop's rows: the user's batch, in order
 
