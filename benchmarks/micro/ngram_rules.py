@@ -1,7 +1,7 @@
 """N-gram matching rules replayed on the target's own greedy answers: tokens per target forward.
 
     python benchmarks/micro/ngram_rules.py [--suite specbench-train] [--limit 4] [--max-new-tokens 128] \
-        [--ks 4,10,16]
+        [--ks 4,10,16] [--trees]
 
 Generates each prompt's plain greedy answer once (SmolLM2-135M, the checkpoint's dtype; cached in
 `bench_out/ngram_rules/`), then replays drafting at a fixed k against it: a step proposes up to k
@@ -15,7 +15,9 @@ tokens per forward are counted, not timed, and deterministic. Rules:
 - `prompt_lookup`: transformers' `PromptLookupCandidateGenerator` rule (suffixes of 2 then 1
   tokens, the earliest occurrence with a continuation);
 - `hindsight`: a bound, not a drafter: the continuation among every occurrence of every suffix
-  size that the answer keeps longest, chosen knowing the answer.
+  size that the answer keeps longest, chosen knowing the answer;
+- with `--trees`, `ours`' tries of k nodes (`tree=True`; a trie's paths are prefixes of such
+  continuations, so `hindsight` bounds them too).
 
 It also prints how often `ours`' proposals held, by the size of the match they came from: the
 first token of a draft, and a later one once the tokens before it held (the odds the shipped
@@ -51,6 +53,37 @@ def replay(prompt: list[int], answer: list[int], propose: Propose, k: int) -> fl
         while accepted < len(draft) and draft[accepted] == answer[done + accepted]:
             accepted += 1
         done, forwards = done + accepted + 1, forwards + 1
+    return len(answer) / forwards
+
+
+def tree_path(tokens: list[int], parents: list[int], n: int, answer: list[int], at: int) -> list[int]:
+    """The accepted path through a tree's first n nodes: children that carry the answer's next token."""
+    node, path = -1, []
+    while at + len(path) < len(answer):
+        want = answer[at + len(path)]
+        child = next((i for i in range(n) if parents[i] == node and tokens[i] == want), None)
+        if child is None:
+            break
+        node = child
+        path.append(node)
+    return path
+
+
+def trie_replay(prompt: list[int], answer: list[int], nodes: int) -> float:
+    """Tokens per target forward of the shipped `ngram` drafter's tries of `nodes` nodes (`replay`
+    for trees: the target keeps the path its answer follows plus one token of its own)."""
+    drafter = NgramDrafter(NgramConfig())
+    done, forwards = 1, 1
+    while done < len(answer):
+        context = prompt + answer[:done]
+        ids = torch.tensor([context])
+        budget = [min(nodes, len(answer) - done - 1)]
+        draft = drafter.propose(
+            DraftRequest(ids, torch.ones_like(ids), [len(context)], budget, False, None, [0], tree=True)
+        )
+        n = draft.lengths[0]
+        path = tree_path(draft.tokens[0].tolist(), draft.parents[0].tolist(), n, answer, done) if n else []
+        done, forwards = done + len(path) + 1, forwards + 1
     return len(answer) / forwards
 
 
@@ -181,6 +214,7 @@ def main() -> None:
     )
     add_answer_arguments(parser, "specbench-train", 4)
     parser.add_argument("--ks", default="4,10,16")
+    parser.add_argument("--trees", action="store_true", help="also the shipped drafter's tries of k nodes")
     args = parser.parse_args()
     rows = answers(args)
     categories = list(dict.fromkeys(r["category"] for r in rows))
@@ -188,10 +222,18 @@ def main() -> None:
         print(f"\nk = {k}: tokens per target forward (mean over each category's prompts)\n")
         print("| rule | " + " | ".join(categories) + " | mean |")
         print("|---|" + "---:|" * (len(categories) + 1))
-        for name, make in RULES.items():
+        rules: dict[str, Callable[[dict], float]] = {
+            name: lambda r, make=make, k=k: replay(
+                r["prompt"], r["answer"], make(r["prompt"], r["answer"]), k
+            )
+            for name, make in RULES.items()
+        }
+        if args.trees:
+            rules[f"ours, trie of {k} nodes"] = lambda r, k=k: trie_replay(r["prompt"], r["answer"], k)
+        for name, rule in rules.items():
             per = defaultdict(list)
             for r in rows:
-                per[r["category"]].append(replay(r["prompt"], r["answer"], make(r["prompt"], r["answer"]), k))
+                per[r["category"]].append(rule(r))
             means = [sum(per[c]) / len(per[c]) for c in categories]
             print(
                 f"| {name} | " + " | ".join(f"{m:.2f}" for m in means) + f" | {sum(means) / len(means):.2f} |"

@@ -20,7 +20,10 @@ it under the same profile (`CostModel.carry`; `--no-carry`: every call from noth
 Rows per prompt: plain decoding, transformers' prompt lookup (its rule and its fixed 10 tokens),
 `auto`, and every fixed k of `--ks`; a prompt's fastest fixed k in hindsight is the oracle.
 Printed per profile and category: speedup over plain (geometric mean), the oracle's, auto / oracle
-(the regret), auto / prompt lookup, and the share of steps that verified a draft.
+(the regret), auto / prompt lookup, the share of steps that verified a draft, and a bound no n-gram
+draft can beat whatever its length or policy (`bound_seconds`: drafts chosen knowing the answer,
+verify forwards as cheap as a plain step). In a batch the bound is the slowest row's: a static
+batch of mixed prompts gains little from any draft where one of its rows finds few matches.
 For what the real loop does end to end on a real model, see `benchmarks/micro/regimes.py` (slow) and
 `hf-specdec bench`.
 """
@@ -44,23 +47,10 @@ from hf_specdec.core.policy import AdaptiveDraftLength, DraftLengthPolicy, Fixed
 from hf_specdec.drafters.ngram import NgramConfig, NgramDrafter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ngram_rules import add_answer_arguments, answers, prompt_lookup  # noqa: E402
+from ngram_rules import add_answer_arguments, answers, hindsight, prompt_lookup, tree_path  # noqa: E402
 
 CPU = torch.device("cpu")
 LOOKUP_TOKENS = 10  # transformers' prompt_lookup_num_tokens default
-
-
-def _tree_path(tokens: list[int], parents: list[int], n: int, answer: list[int], at: int) -> list[int]:
-    """The accepted path through a tree's first n nodes: children that carry the answer's next token."""
-    node, path = -1, []
-    while at + len(path) < len(answer):
-        want = answer[at + len(path)]
-        child = next((i for i in range(n) if parents[i] == node and tokens[i] == want), None)
-        if child is None:
-            break
-        node = child
-        path.append(node)
-    return path
 
 
 def replay(
@@ -128,7 +118,7 @@ def replay(
         for row, b in enumerate(active):
             n, answer = draft.lengths[row], answers[b]
             if draft.parents is not None and n:
-                path = _tree_path(draft.tokens[row].tolist(), draft.parents[row].tolist(), n, answer, done[b])
+                path = tree_path(draft.tokens[row].tolist(), draft.parents[row].tolist(), n, answer, done[b])
                 accepted.append(len(path))
                 paths.append(path)
                 continue
@@ -148,6 +138,29 @@ def replay(
         forwards += 1
         speculative += width > 1
     return {"seconds": seconds, "forwards": forwards, "speculative": speculative / max(forwards - 1, 1)}
+
+
+def bound_seconds(
+    prompts: list[list[int]], answers: list[list[int]], profile: CostProfile, host_seconds: float
+) -> float:
+    """Emulated seconds no n-gram draft of the text can beat, whatever its length and the policy:
+    every row drafts, knowing its answer, the continuation of any earlier occurrence of any 1- to
+    4-token suffix that the answer keeps longest (`ngram_rules.hindsight`; a trie's paths are
+    prefixes of such continuations, so it bounds n-gram trees too), and every verify forward costs
+    a plain batch-1 step. A batch calls as many forwards as its slowest row needs: `generate`
+    returns a batch when its last row is done."""
+    decoding = 0
+    for prompt, answer in zip(prompts, answers):
+        propose, done, forwards = hindsight(prompt, answer), 1, 0
+        while done < len(answer):
+            draft = propose(prompt + answer[:done], len(answer) - done - 1)
+            hits = 0
+            while hits < len(draft) and draft[hits] == answer[done + hits]:
+                hits += 1
+            done, forwards = done + hits + 1, forwards + 1
+        decoding = max(decoding, forwards)
+    prefill = profile.seconds(Forward(len(prompts), max(map(len, prompts)), 0))
+    return prefill + host_seconds + decoding * (profile.seconds(Forward(1, 1, 1)) + host_seconds)
 
 
 def _geomean(values: list[float]) -> float:
@@ -174,7 +187,10 @@ def evaluate(
         device_costs = policy.costs if carry else None
         oracle = min(run(k, FixedDraftLength(k), tree=tree)["seconds"] for k in ks)
         lookup = run("lookup", FixedDraftLength(LOOKUP_TOKENS), lookup=True)["seconds"]
+        bound = bound_seconds([row["prompt"]], [row["answer"]], profile, host_seconds)
         c = by_category[row["category"]]
+        c["bound"].append(plain / bound)
+        c["bound_vs_lookup"].append(lookup / bound)
         c["auto"].append(plain / auto["seconds"])
         c["oracle"].append(plain / oracle)
         c["regret"].append(oracle / auto["seconds"])
@@ -227,6 +243,8 @@ def evaluate_batches(
         auto = run("auto", policy)
         device_costs = policy.costs if carry else None
         oracle = min(run(k, FixedDraftLength(k))["seconds"] for k in ks)
+        prompts, answers_ = [r["prompt"] for r in group], [r["answer"] for r in group]
+        results["bound"].append(plain / bound_seconds(prompts, answers_, profile, host_seconds))
         results["auto"].append(plain / auto["seconds"])
         results["oracle"].append(plain / oracle)
         results["regret"].append(oracle / auto["seconds"])
@@ -238,14 +256,14 @@ def evaluate_batches(
 
 def batch_markdown(results: dict[str, dict[int, dict]], tree: bool) -> str:
     lines = [
-        "\n| profile | batch | batches | auto | oracle | auto / oracle | auto's speculative steps |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "\n| profile | batch | batches | auto | oracle | auto / oracle | bound | auto's speculative steps |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for profile, by_batch in results.items():
         for batch, v in by_batch.items():
             lines.append(
                 f"| {profile}{' (trees)' if tree else ''} | {batch} | {v['batches']} | {v['auto']:.2f}x"
-                f" | {v['oracle']:.2f}x | {v['regret']:.2f} | {v['speculative']:.0%} |"
+                f" | {v['oracle']:.2f}x | {v['regret']:.2f} | {v['bound']:.2f}x | {v['speculative']:.0%} |"
             )
     return "\n".join(lines)
 
@@ -256,21 +274,23 @@ def markdown(results: dict[str, dict], tree: bool) -> str:
         lines += [
             f"\n{profile} ({PROFILES[profile].description}){', trees' if tree else ''}\n",
             "| category | auto | oracle | auto / oracle | prompt lookup | auto / prompt lookup"
-            " | auto's speculative steps |",
-            "|---|---:|---:|---:|---:|---:|---:|",
+            " | bound | bound / prompt lookup | auto's speculative steps |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for category, v in by_category.items():
             lines.append(
                 f"| {category} | {v['auto']:.2f}x | {v['oracle']:.2f}x | {v['regret']:.2f}"
-                f" | {v['lookup']:.2f}x | {v['vs_lookup']:.2f} | {v['speculative']:.0%} |"
+                f" | {v['lookup']:.2f}x | {v['vs_lookup']:.2f} | {v['bound']:.2f}x"
+                f" | {v['bound_vs_lookup']:.2f} | {v['speculative']:.0%} |"
             )
         mean = {
             name: _geomean([v[name] for v in by_category.values()])
-            for name in ("auto", "oracle", "regret", "lookup", "vs_lookup")
+            for name in ("auto", "oracle", "regret", "lookup", "vs_lookup", "bound", "bound_vs_lookup")
         }
         lines.append(
             f"| **geometric mean** | **{mean['auto']:.2f}x** | {mean['oracle']:.2f}x | {mean['regret']:.2f}"
-            f" | {mean['lookup']:.2f}x | {mean['vs_lookup']:.2f} | |"
+            f" | {mean['lookup']:.2f}x | {mean['vs_lookup']:.2f} | {mean['bound']:.2f}x"
+            f" | {mean['bound_vs_lookup']:.2f} | |"
         )
     return "\n".join(lines)
 
