@@ -44,16 +44,21 @@ from hf_specdec.loading import encode_prompts, load_model, native_bf16, pad_toke
 Propose = Callable[[list[int], int], list[int]]
 
 
-def replay(prompt: list[int], answer: list[int], propose: Propose, k: int) -> float:
-    """Tokens per target forward when drafting with `propose` against the target's `answer`."""
-    done, forwards = 1, 1  # the prefill's forward gives the first token
+def count_forwards(prompt: list[int], answer: list[int], propose: Propose, k: int) -> int:
+    """Target forwards, the prefill's included, to generate `answer` drafting with `propose`."""
+    done, count = 1, 1  # the prefill's forward gives the first token
     while done < len(answer):
         draft = propose(prompt + answer[:done], min(k, len(answer) - done - 1))
         accepted = 0
         while accepted < len(draft) and draft[accepted] == answer[done + accepted]:
             accepted += 1
-        done, forwards = done + accepted + 1, forwards + 1
-    return len(answer) / forwards
+        done, count = done + accepted + 1, count + 1
+    return count
+
+
+def replay(prompt: list[int], answer: list[int], propose: Propose, k: int) -> float:
+    """Tokens per target forward when drafting with `propose` against the target's `answer`."""
+    return len(answer) / count_forwards(prompt, answer, propose, k)
 
 
 def tree_path(tokens: list[int], parents: list[int], n: int, answer: list[int], at: int) -> list[int]:
@@ -69,22 +74,22 @@ def tree_path(tokens: list[int], parents: list[int], n: int, answer: list[int], 
     return path
 
 
-def trie_replay(prompt: list[int], answer: list[int], nodes: int) -> float:
-    """Tokens per target forward of the shipped `ngram` drafter's tries of `nodes` nodes (`replay`
-    for trees: the target keeps the path its answer follows plus one token of its own)."""
+def trie(prompt: list[int], answer: list[int]) -> Propose:
+    """The shipped `ngram` drafter's tries of k nodes, each given as the path through it that the
+    target's `answer` follows (what tree verification keeps), so `replay` counts them as chains."""
     drafter = NgramDrafter(NgramConfig())
-    done, forwards = 1, 1
-    while done < len(answer):
-        context = prompt + answer[:done]
+
+    def propose(context: list[int], k: int) -> list[int]:
         ids = torch.tensor([context])
-        budget = [min(nodes, len(answer) - done - 1)]
-        draft = drafter.propose(
-            DraftRequest(ids, torch.ones_like(ids), [len(context)], budget, False, None, [0], tree=True)
-        )
-        n = draft.lengths[0]
-        path = tree_path(draft.tokens[0].tolist(), draft.parents[0].tolist(), n, answer, done) if n else []
-        done, forwards = done + len(path) + 1, forwards + 1
-    return len(answer) / forwards
+        request = DraftRequest(ids, torch.ones_like(ids), [len(context)], [k], False, None, [0], tree=True)
+        draft = drafter.propose(request)
+        n, tokens = draft.lengths[0], draft.tokens[0].tolist()
+        if not n:
+            return []
+        path = tree_path(tokens, draft.parents[0].tolist(), n, answer, len(context) - len(prompt))
+        return [tokens[node] for node in path]
+
+    return propose
 
 
 def ours(**options) -> Propose:
@@ -229,7 +234,9 @@ def main() -> None:
             for name, make in RULES.items()
         }
         if args.trees:
-            rules[f"ours, trie of {k} nodes"] = lambda r, k=k: trie_replay(r["prompt"], r["answer"], k)
+            rules[f"ours, trie of {k} nodes"] = lambda r, k=k: replay(
+                r["prompt"], r["answer"], trie(r["prompt"], r["answer"]), k
+            )
         for name, rule in rules.items():
             per = defaultdict(list)
             for r in rows:

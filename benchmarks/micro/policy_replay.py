@@ -47,7 +47,14 @@ from hf_specdec.core.policy import AdaptiveDraftLength, DraftLengthPolicy, Fixed
 from hf_specdec.drafters.ngram import NgramConfig, NgramDrafter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ngram_rules import add_answer_arguments, answers, hindsight, prompt_lookup, tree_path  # noqa: E402
+from ngram_rules import (  # noqa: E402
+    add_answer_arguments,
+    answers,
+    count_forwards,
+    hindsight,
+    prompt_lookup,
+    tree_path,
+)
 
 CPU = torch.device("cpu")
 LOOKUP_TOKENS = 10  # transformers' prompt_lookup_num_tokens default
@@ -149,16 +156,8 @@ def bound_seconds(
     prefixes of such continuations, so it bounds n-gram trees too), and every verify forward costs
     a plain batch-1 step. A batch calls as many forwards as its slowest row needs: `generate`
     returns a batch when its last row is done."""
-    decoding = 0
-    for prompt, answer in zip(prompts, answers):
-        propose, done, forwards = hindsight(prompt, answer), 1, 0
-        while done < len(answer):
-            draft = propose(prompt + answer[:done], len(answer) - done - 1)
-            hits = 0
-            while hits < len(draft) and draft[hits] == answer[done + hits]:
-                hits += 1
-            done, forwards = done + hits + 1, forwards + 1
-        decoding = max(decoding, forwards)
+    # Forwards after the prefill, of the row that needs the most.
+    decoding = max(count_forwards(p, a, hindsight(p, a), len(a)) - 1 for p, a in zip(prompts, answers))
     prefill = profile.seconds(Forward(len(prompts), max(map(len, prompts)), 0))
     return prefill + host_seconds + decoding * (profile.seconds(Forward(1, 1, 1)) + host_seconds)
 
