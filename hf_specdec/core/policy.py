@@ -436,19 +436,28 @@ class CostModel:
             return 0.0
         return _learnt_excess(self.repeat_first_calls if key in self._verified_before() else self.first_calls)
 
-    def pricing(self, batch_size: int, uses: int = 8) -> Callable[[int], float | None]:
+    def pricing(
+        self, batch_size: int, uses: int = 8, tokens_left: int | None = None
+    ) -> Callable[[int], float | None]:
         """Verify seconds per width for choosing a width: `verify`, plus its expected first-call cost
-        in this call (`first_call_seconds`) spread over `uses` steps (a new width is worth a one-off
-        only if it will serve a while). Where a device pays for a shape once a process, the widths
-        earlier calls verified come at their steady cost and the others with the one-off, so calls
-        keep to the widths already paid for; where it pays in every call, all widths not yet
-        verified in this one carry it."""
+        in this call (`first_call_seconds`) spread over the steps it can serve (a new width is
+        worth a one-off only if it will serve a while): `uses`, and where the call has
+        `tokens_left` to generate, no more than the steps those take at that width if every draft
+        holds. Near a call's end, or in a short call, a new width serves a step or two: spread over
+        eight, its one-off looked cheap, and a call of twenty-odd steps paid six steps' worth for a
+        width it verified once or twice (a 6-token draft with 7 tokens to go). Where a device pays
+        for a shape once a process, the widths earlier calls verified come at their steady cost and
+        the others with the one-off, so calls keep to the widths already paid for; where it pays in
+        every call, all widths not yet verified in this one carry it."""
         if not self.first_calls.confirmed and not self.repeat_first_calls.confirmed:
             return functools.partial(self.verify, batch_size)  # no one-off seen: the steady costs
 
         def price(width: int) -> float | None:
             seconds = self.verify(batch_size, width)
-            return None if seconds is None else seconds + self.first_call_seconds(batch_size, width) / uses
+            if seconds is None:
+                return None
+            serves = uses if tokens_left is None else max(1, min(uses, tokens_left // width))
+            return seconds + self.first_call_seconds(batch_size, width) / serves
 
         return price
 
@@ -826,7 +835,8 @@ class AdaptiveDraftLength:
             ]
         # Rows share one forward, so they share its width: pick the width that pays for the batch.
         # Drafting is already paid for.
-        width, _ = fastest_width(rows, 0.0, self.costs.pricing(batch_size), remaining)
+        pricing = self.costs.pricing(batch_size, tokens_left=max(remaining) if remaining else None)
+        width, _ = fastest_width(rows, 0.0, pricing, remaining)
         lengths = [min(n, width) for n in draft.lengths]
         if remaining:
             self._critical = max(range(len(remaining)), key=remaining.__getitem__)

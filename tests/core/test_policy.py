@@ -751,6 +751,34 @@ def test_where_new_shapes_cost_a_oneoff_finished_rows_keep_the_batch_shape():
     assert oneoff.keeps_batch_shape() and not flat.keeps_batch_shape()
 
 
+def test_near_a_calls_end_a_new_widths_oneoff_is_priced_over_the_steps_left():
+    """A one-off is spread over at most eight steps, and no more than the call has left at that
+    width: with 7 tokens to go a new width serves one step, and a confident 6-token draft is cut
+    to the widest width already paid for (2: one token); with 200 to go it is verified whole."""
+
+    def policy_with_paid_widths() -> AdaptiveDraftLength:
+        policy = AdaptiveDraftLength()
+        for width in (1, 2, 17):  # each width's first timing pays six steps, the next ones do not
+            steady = 1.0 + 0.01 * (width - 1)  # flat: 1% of a step per extra token
+            for seconds in (steady + 6.0, steady, steady):
+                policy.costs.add_verify(1, width, seconds)
+        for _ in range(10):  # 16-token drafts that hold
+            policy.update(1, _draft([16], 0.95), [16], 0.0, 1.15)
+        return policy
+
+    costs = policy_with_paid_widths().costs
+    assert costs.first_calls.confirmed and costs.first_call_seconds(1, 7) == pytest.approx(6.0)
+    steady = costs.verify(1, 7)
+    assert costs.pricing(1)(7) == pytest.approx(steady + 6.0 / 8)
+    assert costs.pricing(1, tokens_left=200)(7) == pytest.approx(steady + 6.0 / 8)
+    assert costs.pricing(1, tokens_left=21)(7) == pytest.approx(steady + 6.0 / 3)
+    assert costs.pricing(1, tokens_left=7)(7) == pytest.approx(steady + 6.0)
+    assert costs.pricing(1, tokens_left=7)(2) == costs.verify(1, 2)  # paid for: its steady cost
+
+    assert policy_with_paid_widths().trim(_draft([6], 0.95), 1, [7]).lengths == [1]
+    assert policy_with_paid_widths().trim(_draft([6], 0.95), 1, [200]).lengths == [6]
+
+
 def _calls_in_one_process(calls: int = 5) -> tuple[set[int], float]:
     """`calls` calls under `flat+oneoff` (six steps the first time the process feeds a width), each
     policy starting from the last one's costs as `generate` does: the widths paid for, and the
