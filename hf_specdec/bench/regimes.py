@@ -121,6 +121,15 @@ SMALL_GEMM_CURVE = (
     (8, 2.4), (11, 2.5), (16, 2.8), (24, 3.3), (32, 3.8),
 )  # fmt: skip
 
+# bf16 SmolLM2-135M at batch 1 on a 2-core AMD EPYC with native bf16 (avx512_bf16, no amx), torch
+# 2.13: `python benchmarks/micro/batch_costs.py --kind open|grounded --batch 1 --rounds 15 --widths
+# 1,2,3,4,5,8,11,16,24,32` (40 and 367 cached tokens), the two runs averaged and rounded. Nearly
+# flat up to 4 tokens, then in steps (the matrix kernels' blocks), a third of a step dearer at 16.
+BF16_CPU_CURVE = (
+    (1, 1.0), (2, 1.0), (3, 1.03), (4, 1.03), (5, 1.15),
+    (8, 1.16), (11, 1.28), (16, 1.33), (24, 1.55), (32, 1.69),
+)  # fmt: skip
+
 PROFILES: dict[str, CostProfile] = {
     profile.name: profile
     for profile in (
@@ -189,6 +198,16 @@ PROFILES: dict[str, CostProfile] = {
             prefill_per_token=0.6 / 24,
             noise=0.3,
             description="concave on a shared, noisy machine: each forward x a log-normal jitter (σ 0.3)",
+        ),
+        CostProfile(
+            "bf16-cpu",
+            curve=BF16_CPU_CURVE,
+            step=0.065,  # its plain step (60-71 ms), as the drafting and host time are real
+            prefill_per_token=0.016,  # measured alike: 40 tokens 1.6 steps, 367 tokens 6.9
+            description=(
+                "bf16 SmolLM2 on a CPU with native bf16 (a 2-core EPYC with avx512_bf16, measured): "
+                "nearly flat to 4 tokens, 16 tokens 1.33 steps; the real clock's costs without its noise"
+            ),
         ),
         CostProfile("real", description="the machine as it is: the real clock, nothing emulated"),
     )

@@ -33,6 +33,14 @@ def test_each_profile_prices_a_forward_by_its_rule(profile, forward, steps):
     assert PROFILES[profile].seconds(forward) == pytest.approx(steps * STEP)
 
 
+def test_the_bf16_cpu_profile_prices_by_its_own_step_and_measured_curve():
+    profile = PROFILES["bf16-cpu"]
+    assert profile.step == 0.065  # its machine's plain step, not the emulated GPU's 20 ms
+    assert profile.seconds(Forward(1, 1, 10)) == pytest.approx(0.065)
+    assert profile.seconds(Forward(1, 16, 10)) == pytest.approx(1.33 * 0.065)  # a measured point
+    assert profile.seconds(Forward(1, 41, 0)) == pytest.approx((1 + 0.016 * 40) * 0.065)  # a prefill
+
+
 def test_one_off_costs_come_once_per_shape_and_never_for_a_prefill():
     profile = PROFILES["flat+oneoff"]
     step = Forward(1, 5, 10)
