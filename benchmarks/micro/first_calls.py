@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 from transformers import DynamicCache
 
+from hf_specdec.core.timing import clock
 from hf_specdec.loading import describe_runtime, load_model, runtime_line
 
 PROMPT = "Explain how a hash map works and when to use one. " * 8
@@ -44,9 +44,9 @@ def main() -> None:
 
         def forward_ms(width: int) -> float:
             tokens = torch.randint(100, 1000, (1, width), device=model.device)
-            started = time.perf_counter()
+            started = clock(model.device)
             model(tokens, cache=cache, use_cache=True)
-            elapsed = time.perf_counter() - started
+            elapsed = clock(model.device) - started
             cache.crop(-width)  # back to the prompt: every forward sees the same cached length
             return elapsed * 1000
 
