@@ -61,6 +61,12 @@ def replay(prompt: list[int], answer: list[int], propose: Propose, k: int) -> fl
     return len(answer) / count_forwards(prompt, answer, propose, k)
 
 
+def _request(context: list[int], k: int, tree: bool = False) -> DraftRequest:
+    """A greedy request for up to k draft tokens (tree nodes) after one row's `context`."""
+    ids = torch.tensor([context])
+    return DraftRequest(ids, torch.ones_like(ids), [len(context)], [k], False, None, [0], tree=tree)
+
+
 def tree_path(tokens: list[int], parents: list[int], n: int, answer: list[int], at: int) -> list[int]:
     """The accepted path through a tree's first n nodes: children that carry the answer's next token."""
     node, path = -1, []
@@ -80,9 +86,7 @@ def trie(prompt: list[int], answer: list[int]) -> Propose:
     drafter = NgramDrafter(NgramConfig())
 
     def propose(context: list[int], k: int) -> list[int]:
-        ids = torch.tensor([context])
-        request = DraftRequest(ids, torch.ones_like(ids), [len(context)], [k], False, None, [0], tree=True)
-        draft = drafter.propose(request)
+        draft = drafter.propose(_request(context, k, tree=True))
         n, tokens = draft.lengths[0], draft.tokens[0].tolist()
         if not n:
             return []
@@ -96,9 +100,7 @@ def ours(**options) -> Propose:
     drafter = NgramDrafter(NgramConfig(**options))
 
     def propose(context: list[int], k: int) -> list[int]:
-        ids = torch.tensor([context])
-        request = DraftRequest(ids, torch.ones_like(ids), [len(context)], [k], False, None, [0])
-        draft = drafter.propose(request)
+        draft = drafter.propose(_request(context, k))
         return draft.tokens[0, : draft.lengths[0]].tolist()
 
     return propose
