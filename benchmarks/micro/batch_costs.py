@@ -8,7 +8,9 @@ prefill time, and the time of one target forward over the cached prompt at each 
 row: 1 = a plain step, k + 1 = a verify of k draft tokens), interleaved over rounds, medians. From
 these it prints how much faster the decoding part would have to get for the whole call to reach a
 given speedup, and the mean accepted tokens per row and step (τ) a draft of each width would need
-to break even and to reach it.
+to break even and to reach it. The first round's forwards are the process's first at each width:
+beside the medians it prints what each cost over the later rounds' median (a device's one-off per
+new shape, which the draft-length policy learns where it is over twice a step: `CostModel.first_calls`).
 """
 
 from __future__ import annotations
@@ -85,15 +87,23 @@ def main() -> None:
     wanted = (p + decode) / args.target_speedup - p
     print(f"for {args.target_speedup}x on the whole call, decoding must get {decode / wanted:.2f}x faster")
     print()
-    print(f"| width (k + 1) | step ms | cost vs plain | τ to break even | τ for {args.target_speedup}x |")
-    print("|---|---|---|---|---|")
+    print(
+        f"| width (k + 1) | step ms | cost vs plain | τ to break even | τ for {args.target_speedup}x "
+        "| first call ms | first - later ms |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    extra = {w: (step[w][0] - statistics.median(step[w][1:])) * 1000 for w in widths if len(step[w]) > 1}
     for w in widths:
         cost = statistics.median(step[w]) / plain
         print(
             f"| {w} | {statistics.median(step[w]) * 1000:.1f} | {cost:.2f} | {cost:.2f} | "
-            f"{cost * decode / wanted:.2f} |"
+            f"{cost * decode / wanted:.2f} | {step[w][0] * 1000:.1f} | "
+            + (f"{extra[w]:+.1f} |" if w in extra else "|")
         )
     print("\nτ: tokens each row gains per step (accepted drafts + 1), before any drafting cost.")
+    if extra:
+        total = sum(extra.values())
+        print(f"First calls' extra over the later rounds' median, every width together: {total:+.0f} ms.")
 
 
 if __name__ == "__main__":
