@@ -106,6 +106,24 @@ def test_a_copy_that_holds_at_later_positions_is_not_cut_by_its_pooled_calibrati
     assert policy.trim(_draft([16], 0.5), 1).lengths[0] >= 12
 
 
+def test_positions_no_draft_reached_yet_start_from_the_drafters_own_odds():
+    """Half the 4-token drafts fail at their second token, half hold to the end: their later tokens
+    calibrate at 0.5 and nothing is known past position 3. Where verifying is flat, a new draft of
+    16 tokens the drafter rates 0.85 each is kept whole: positions never reached start from its
+    odds, not the flat prior (0.6), which had cut it at about nine tokens."""
+    policy = AdaptiveDraftLength()
+    flat = {w: 1.0 + 0.01 * (w - 1) for w in range(1, 18)}
+    for _ in range(20):
+        policy.update(1, _draft([0]), [0], 0.0, flat[1])
+        policy.update(1, _draft([4], 0.85), [1], 0.0, flat[5])
+        policy.update(1, _draft([4], 0.85), [4], 0.0, flat[5])
+    assert policy.acceptance.calibrated(0.85, 1) == pytest.approx(0.5, abs=0.05)
+    assert policy.acceptance.drafted[4] == 0
+    assert policy.trim(_draft([16], 0.85), 1).lengths == [16]
+    # What the call has seen still counts: a position where copies failed is not taken on trust.
+    assert policy.acceptance.alpha(1, prior=0.85) < 0.55
+
+
 def test_speculates_when_drafts_are_accepted():
     policy = AdaptiveDraftLength()
     _teach(policy, batch=1, verify=CPU_COSTS, accepted_of_4=4)
