@@ -61,6 +61,8 @@ def _teach(
 
 
 CPU_COSTS = {1: 1.0, 5: 1.55}  # verify of 5 tokens ~1.55x one token, as measured on SmolLM2 / CPU
+# Memory-bound verifying (a GPU at batch 1): each extra token fed costs 1% of a step.
+FLAT_COSTS = {w: 1.0 + 0.01 * (w - 1) for w in range(1, 18)}
 
 
 def test_first_step_is_plain_then_explores():
@@ -97,11 +99,10 @@ def test_a_copy_that_holds_at_later_positions_is_not_cut_by_its_pooled_calibrati
     new weak draft's later tokens calibrate low, but tokens that got past position 1 were always
     accepted: where verifying is flat, the draft is kept long."""
     policy = AdaptiveDraftLength()
-    flat = {w: 1.0 + 0.01 * (w - 1) for w in range(1, 18)}
     for _ in range(20):
-        policy.update(1, _draft([0]), [0], 0.0, flat[1])
-        policy.update(1, _draft([16], 0.5), [1], 0.0, flat[17])
-        policy.update(1, _draft([16], 0.9), [16], 0.0, flat[17])
+        policy.update(1, _draft([0]), [0], 0.0, FLAT_COSTS[1])
+        policy.update(1, _draft([16], 0.5), [1], 0.0, FLAT_COSTS[17])
+        policy.update(1, _draft([16], 0.9), [16], 0.0, FLAT_COSTS[17])
     assert policy.acceptance.calibrated(0.5, 1) < 0.1 and policy.acceptance.alpha(5) > 0.9
     assert policy.trim(_draft([16], 0.5), 1).lengths[0] >= 12
 
@@ -112,11 +113,10 @@ def test_positions_no_draft_reached_yet_start_from_the_drafters_own_odds():
     16 tokens the drafter rates 0.85 each is kept whole: positions never reached start from its
     odds, not the flat prior (0.6), which had cut it at about nine tokens."""
     policy = AdaptiveDraftLength()
-    flat = {w: 1.0 + 0.01 * (w - 1) for w in range(1, 18)}
     for _ in range(20):
-        policy.update(1, _draft([0]), [0], 0.0, flat[1])
-        policy.update(1, _draft([4], 0.85), [1], 0.0, flat[5])
-        policy.update(1, _draft([4], 0.85), [4], 0.0, flat[5])
+        policy.update(1, _draft([0]), [0], 0.0, FLAT_COSTS[1])
+        policy.update(1, _draft([4], 0.85), [1], 0.0, FLAT_COSTS[5])
+        policy.update(1, _draft([4], 0.85), [4], 0.0, FLAT_COSTS[5])
     assert policy.acceptance.calibrated(0.85, 1) == pytest.approx(0.5, abs=0.05)
     assert policy.acceptance.drafted[4] == 0
     assert policy.trim(_draft([16], 0.85), 1).lengths == [16]
