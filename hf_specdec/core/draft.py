@@ -129,6 +129,20 @@ class Draft:
                 "padding past each row's length included (pad with 0)."
             )
 
+    def check_confidence(self, drafter: str) -> None:
+        """Refuse confidences that are no probability: the policy takes them as the odds of each
+        token (`AdaptiveDraftLength.trim`), so one above 1 would keep any draft whole. One read of
+        their min and max to the host, as `check_token_ids`."""
+        if self.confidence is None or self.confidence.numel() == 0:
+            return
+        low, high = torch.stack(torch.aminmax(self.confidence.float())).tolist()
+        if not 0.0 <= low <= high <= 1.0:  # NaN fails every comparison
+            raise ValueError(
+                f"The drafter {drafter} returned Draft.confidence from {low} to {high}; each is its "
+                "estimate that a token is accepted given the ones before it were, a probability from "
+                "0 to 1 (pad with 0), or leave Draft.confidence None."
+            )
+
 
 class Drafter:
     """A draft source: subclass it, one per module in `hf_specdec/drafters/`, and register it by name.

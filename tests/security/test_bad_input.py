@@ -64,12 +64,25 @@ class _NegativePadding(_OutOfVocabulary):
         return Draft(torch.tensor([[7, -1]]), [1])
 
 
+class _ConfidenceAboveOne(_OutOfVocabulary):
+    """Valid ids, but confidences that are no probability: the policy would read 1.5 as odds."""
+
+    name: ClassVar[str] = "_confidence_above_one"
+
+    def propose(self, request):
+        rows = len(request.row_ids)
+        return Draft(torch.full((rows, 2), 7), [2] * rows, confidence=torch.full((rows, 2), 1.5))
+
+
+_CUSTOM_DRAFTERS = (_OutOfVocabulary, _FloatTokens, _NegativePadding, _ConfidenceAboveOne)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def custom_drafters():
-    for cls in (_OutOfVocabulary, _FloatTokens, _NegativePadding):
+    for cls in _CUSTOM_DRAFTERS:
         register_drafter(cls)
     yield
-    for cls in (_OutOfVocabulary, _FloatTokens, _NegativePadding):
+    for cls in _CUSTOM_DRAFTERS:
         DRAFTERS.pop(cls.name)
 
 
@@ -271,6 +284,11 @@ CASES: dict[str, tuple[Callable[..., None], type[Exception], str]] = {
         _generate(method="_negative_padding"),
         ValueError,
         r"_NegativePadding .*proposed token id -1.*padding past each row's length included \(pad with 0\)",
+    ),
+    "custom_drafter_confidence_above_one": (
+        _generate(method="_confidence_above_one"),
+        ValueError,
+        r"_ConfidenceAboveOne .*returned Draft.confidence from 1.5 to 1.5; .*a probability from 0 to 1",
     ),
     "custom_drafter_float_ids": (
         _generate(method="_float_tokens"),
