@@ -172,7 +172,9 @@ class AdaptiveSettings:
     Args:
         first_k: draft length of the first speculative steps, before anything is measured (and of
             the probes after plain steps); at most `max_k`, whatever is given.
-        prior_acceptance, prior_weight: the prior on each α_i, worth `prior_weight` drafts.
+        prior_acceptance, prior_weight: the prior on each α_i, worth `prior_weight` drafts
+            (where `trim` cuts a greedy chain by its tokens' confidences, a token's own confidence
+            stands in for `prior_acceptance`).
         probe_every: plain steps before the first re-probe once plain decoding was chosen.
         min_probe_gain: re-probe only while drafts that are always accepted would be at least this
             much faster than plain decoding at the measured costs (a probe that finds nothing costs

@@ -111,7 +111,7 @@ def test_positions_no_draft_reached_yet_start_from_the_drafters_own_odds():
     """Half the 4-token drafts fail at their second token, half hold to the end: their later tokens
     calibrate at 0.5 and nothing is known past position 3. Where verifying is flat, a new draft of
     16 tokens the drafter rates 0.85 each is kept whole: positions never reached start from its
-    odds, not the flat prior (0.6), which had cut it at about nine tokens."""
+    odds, not the flat prior (0.6), which cut it to eleven tokens."""
     policy = AdaptiveDraftLength()
     for _ in range(20):
         policy.update(1, _draft([0]), [0], 0.0, FLAT_COSTS[1])
@@ -777,7 +777,7 @@ def test_near_a_calls_end_a_new_widths_oneoff_is_priced_over_the_steps_left():
     def policy_with_paid_widths() -> AdaptiveDraftLength:
         policy = AdaptiveDraftLength()
         for width in (1, 2, 17):  # each width's first timing pays six steps, the next ones do not
-            steady = 1.0 + 0.01 * (width - 1)  # flat: 1% of a step per extra token
+            steady = FLAT_COSTS[width]
             for seconds in (steady + 6.0, steady, steady):
                 policy.costs.add_verify(1, width, seconds)
         for _ in range(10):  # 16-token drafts that hold
