@@ -73,7 +73,8 @@ def _by_name(model: Any, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _speculative_generate(model: Any, kwargs: dict[str, Any], config: SpeculativeConfig) -> Any:
-    for conflicting in ("assistant_model", "prompt_lookup_num_tokens", "custom_generate"):
+    # Arguments of generate only; those a generation config holds are checked with it (`check_supported`).
+    for conflicting in ("assistant_model", "custom_generate"):
         if kwargs.get(conflicting) is not None:
             raise ValueError(
                 f"`{conflicting}` cannot be combined with `speculative=`: both choose how to draft. "

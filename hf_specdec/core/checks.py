@@ -43,6 +43,30 @@ def check_supported(
         )
     if not config.use_cache:
         raise ValueError("speculative= needs the KV cache; remove use_cache=False.")
+    if config.guidance_scale is not None and config.guidance_scale != 1:
+        # Its logits processor runs an unconditional forward of its own, with a cache of its own, at
+        # every position it scores: a verify scores drafts that may be rejected, and that cache
+        # would go on from them (the output differed from plain's after the first rejection).
+        raise ValueError(
+            f"speculative= cannot be combined with classifier-free guidance (guidance_scale="
+            f"{config.guidance_scale}): its second, unconditional forward keeps a cache that a rejected "
+            "draft would leave advanced. Drop guidance_scale= (and negative_prompt_ids=), or speculative=."
+        )
+    # Set in the generation config, these choose transformers' own assisted decoding, which
+    # speculative= replaces: refused by name rather than dropped without a word.
+    if config.prompt_lookup_num_tokens is not None:
+        raise ValueError(
+            f"`prompt_lookup_num_tokens` cannot be combined with `speculative=` (it is "
+            f"{config.prompt_lookup_num_tokens}, in generate's arguments or the generation config): both "
+            "choose how to draft. speculative='ngram' drafts by prompt lookup (num_draft_tokens=<n> for a "
+            "fixed length); or drop speculative=."
+        )
+    if getattr(config, "assistant_early_exit", None) is not None:
+        raise ValueError(
+            f"`assistant_early_exit` cannot be combined with `speculative=` (it is "
+            f"{config.assistant_early_exit}, in generate's arguments or the generation config): both "
+            "choose how to draft. Drop one of them."
+        )
     cache = generate_cache(model_kwargs)
     if type(cache) is StaticCache:
         check_static_cache(model, input_ids, config, cache)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import DynamicCache, StaticCache
+from transformers import DynamicCache, GenerationConfig, StaticCache
 from transformers.generation.streamers import BaseStreamer
 
 from hf_specdec import SpeculativeConfig
@@ -74,7 +74,22 @@ def _cases(target, small_vocab_draft):
         "prompt_lookup": (
             dict(speculative=NGRAM, prompt_lookup_num_tokens=3),
             ValueError,
-            r"`prompt_lookup_num_tokens` cannot be combined with `speculative=`",
+            r"`prompt_lookup_num_tokens` cannot be combined with `speculative=`.*speculative='ngram'",
+        ),
+        "prompt_lookup_in_a_generation_config": (  # ran ngram instead without a word
+            dict(speculative=NGRAM, generation_config=GenerationConfig(prompt_lookup_num_tokens=5)),
+            ValueError,
+            r"`prompt_lookup_num_tokens` cannot be combined with `speculative=` \(it is 5, in generate's",
+        ),
+        "assistant_early_exit": (
+            dict(speculative=NGRAM, assistant_early_exit=1),
+            ValueError,
+            r"`assistant_early_exit` cannot be combined with `speculative=`",
+        ),
+        "classifier_free_guidance": (  # its unconditional cache went on from rejected drafts: wrong text
+            dict(speculative=NGRAM, guidance_scale=2.0),
+            ValueError,
+            r"cannot be combined with classifier-free guidance \(guidance_scale=2.0\).*Drop guidance_scale=",
         ),
         "static_cache_too_small": (
             dict(speculative=NGRAM, cache="static_small"),
