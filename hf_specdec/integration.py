@@ -23,7 +23,7 @@ from transformers.generation.utils import GenerationMixin
 from transformers.pipelines.text_generation import TextGenerationPipeline
 
 from .config import SpeculativeConfig
-from .core.checks import check_supported
+from .core.checks import check_processors, check_supported
 from .core.compat import generate_cache
 from .core.draft import Drafter
 from .core.loop import speculative_decode
@@ -90,6 +90,7 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
         model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs
     ):
         check_supported(model, input_ids, generation_config, model_kwargs, streamer)
+        check_processors(logits_processor)
         resolved = resolve_method(config, model)
         drafter = build_drafter(resolved, model, tokenizer)
         if generation_config.do_sample and not drafter.supports_sampling:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import DynamicCache, GenerationConfig, StaticCache
+from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, StaticCache
+from transformers.generation import logits_process
 
 from .compat import generate_cache
 from .inputs import check_forwarded
@@ -43,15 +44,6 @@ def check_supported(
         )
     if not config.use_cache:
         raise ValueError("speculative= needs the KV cache; remove use_cache=False.")
-    if config.guidance_scale is not None and config.guidance_scale != 1:
-        # Its logits processor runs an unconditional forward of its own, with a cache of its own, at
-        # every position it scores: a verify scores drafts that may be rejected, and that cache
-        # would go on from them (the output differed from plain's after the first rejection).
-        raise ValueError(
-            f"speculative= cannot be combined with classifier-free guidance (guidance_scale="
-            f"{config.guidance_scale}): its second, unconditional forward keeps a cache that a rejected "
-            "draft would leave advanced. Drop guidance_scale= (and negative_prompt_ids=), or speculative=."
-        )
     # Set in the generation config, these choose transformers' own assisted decoding, which
     # speculative= replaces: refused by name rather than dropped without a word.
     if config.prompt_lookup_num_tokens is not None:
@@ -83,6 +75,29 @@ def check_supported(
             "speculative= starts from an empty cache; pass the whole prompt without a filled cache=."
         )
     check_forwarded(input_ids, model_kwargs)
+
+
+# Logits processors that keep state of their own from one call to the next: a verify scores drafts
+# that may be rejected, and the state would go on from them. Classifier-free guidance runs an
+# unconditional forward with a cache of its own (the greedy text left plain's after the first
+# rejection); a SynthID watermark keeps the last tokens it was shown as its context.
+_STATEFUL_PROCESSORS = {
+    "UnbatchedClassifierFreeGuidanceLogitsProcessor": "classifier-free guidance: drop guidance_scale= "
+    "(and negative_prompt_ids=)",
+    "SynthIDTextWatermarkLogitsProcessor": "a SynthID watermark: drop watermarking_config=",
+}
+
+
+def check_processors(processors: LogitsProcessorList) -> None:
+    """Refuse logits processors whose own state a rejected draft would leave advanced."""
+    for processor in processors:
+        for name, fix in _STATEFUL_PROCESSORS.items():
+            if isinstance(processor, getattr(logits_process, name, ())):
+                raise ValueError(
+                    f"speculative= cannot be combined with {type(processor).__name__}, which keeps state "
+                    f"of its own from one scored position to the next that rejected drafts would leave "
+                    f"advanced. For {fix}, or drop speculative=."
+                )
 
 
 def check_static_cache(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import DynamicCache, GenerationConfig, StaticCache
+from transformers import DynamicCache, GenerationConfig, StaticCache, SynthIDTextWatermarkingConfig
 from transformers.generation.streamers import BaseStreamer
 
 from hf_specdec import SpeculativeConfig
@@ -89,7 +89,16 @@ def _cases(target, small_vocab_draft):
         "classifier_free_guidance": (  # its unconditional cache went on from rejected drafts: wrong text
             dict(speculative=NGRAM, guidance_scale=2.0),
             ValueError,
-            r"cannot be combined with classifier-free guidance \(guidance_scale=2.0\).*Drop guidance_scale=",
+            r"cannot be combined with UnbatchedClassifierFreeGuidanceLogitsProcessor, which keeps state.*"
+            r"drop guidance_scale=",
+        ),
+        "synthid_watermark": (  # keeps the last tokens it was shown: rejected drafts among them
+            dict(
+                speculative=NGRAM,
+                watermarking_config=SynthIDTextWatermarkingConfig(keys=[654, 400, 836], ngram_len=2),
+            ),
+            ValueError,
+            r"cannot be combined with SynthIDTextWatermarkLogitsProcessor.*drop watermarking_config=",
         ),
         "static_cache_too_small": (
             dict(speculative=NGRAM, cache="static_small"),
