@@ -147,6 +147,9 @@ class SpeculativeStats:
             "mean_nodes_verified": self.mean_nodes_verified,
             "mean_tree_depth": self.mean_tree_depth,
             "per_position_acceptance": self.per_position_acceptance,
+            # The counts behind it: what `hf-specdec export-serving --from-bench` reads back.
+            "position_drafted": list(self.position_drafted),
+            "position_accepted": list(self.position_accepted),
         }
 
     def __str__(self) -> str:

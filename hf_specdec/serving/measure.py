@@ -112,6 +112,12 @@ def _bench_counts(path: Path, method: str) -> tuple[int, list[int]]:
         seen.add(stats.get("method") or measurement.get("row"))
         if stats.get("method") != method:
             continue
+        if int(stats.get("speculative_steps", 0)) and "position_drafted" not in stats:
+            # Without them every median came out as 1: bench once wrote only the derived rates.
+            raise ValueError(
+                f"The benchmark {path} holds no per-position draft counts (`position_drafted`; written "
+                "by an older hf-specdec): run `hf-specdec bench` again, or pass --num-draft-tokens N."
+            )
         steps += int(stats.get("speculative_steps", 0))
         for i, count in enumerate(stats.get("position_drafted", [])):
             if i == len(drafted):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hf_specdec.core.stats import SpeculativeStats
 from hf_specdec.heads.eagle import EagleHeadConfig
 from hf_specdec.heads.io import build_head, save_head
 from hf_specdec.serving import ServingExportError, export_serving, median_draft_length
@@ -47,6 +48,26 @@ def test_auto_length_from_bench_results(models, tmp_path):
     assert any("median draft length" in c and str(bench) in c for c in result["caveats"])
     with pytest.raises(ValueError, match="has no draft_model measurements \\(it has: ngram, plain\\)"):
         export_serving(str(models / "target"), "vllm", draft=str(models / "draft"), from_bench=bench)
+
+
+def test_from_bench_reads_the_counts_bench_writes(models, tmp_path):
+    """Bench writes each call's `SpeculativeStats.to_dict()`; export-serving read counts it lacked,
+    and every bench file gave a length of 1 (a hand-written file in the test above hid it)."""
+    stats = SpeculativeStats(method="ngram")
+    for _ in range(3):  # three drafts of 6 tokens, one of 2
+        stats.record_step(6, 6)
+    stats.record_step(2, 0)
+    path = tmp_path / "results.json"
+    row = {"row": "ngram", "stats": json.loads(json.dumps(stats.to_dict()))}
+    path.write_text(json.dumps({"settings": {}, "measurements": [row]}))
+    result = export_serving(
+        str(models / "target"), "vllm", method="ngram", from_bench=path, out=tmp_path / "o"
+    )
+    assert result["num_draft_tokens"] == 6
+    del row["stats"]["position_drafted"]  # a file bench wrote before it kept the counts
+    path.write_text(json.dumps({"settings": {}, "measurements": [row]}))
+    with pytest.raises(ValueError, match="no per-position draft counts.*run `hf-specdec bench` again"):
+        export_serving(str(models / "target"), "vllm", method="ngram", from_bench=path)
 
 
 @pytest.mark.parametrize("method", ["draft_model", "eagle3-head"])
