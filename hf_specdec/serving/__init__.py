@@ -24,6 +24,7 @@ from .base import ENGINES, SGLANG_VERSION, VLLM_VERSION, ServingExportError, Ser
 from .engines import RENDERERS
 from .measure import draft_length, measure_draft_length, median_draft_length
 from .plans import plan_for
+from .sources import check_target
 
 SERVING_FILE = "serving.json"
 
@@ -74,6 +75,12 @@ def export_serving(
     """
     if engine not in ENGINES:
         raise ValueError(f"Unknown engine {engine!r}; expected one of: {', '.join(ENGINES)}.")
+    if from_bench is not None and num_draft_tokens != "auto":
+        raise ValueError(
+            f"num_draft_tokens={num_draft_tokens} and from_bench both set the draft length: pass one of "
+            "them (--num-draft-tokens N, or --from-bench FILE for the length measured there)."
+        )
+    check_target(str(model))
     options = dict(options or {})
     method, draft, reason = _resolve_method(model, method, draft, head)
     plan = plan_for(method, model, draft, head, options)

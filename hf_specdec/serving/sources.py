@@ -16,6 +16,15 @@ from .base import ServingExportError
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
+def check_target(model: str) -> None:
+    """Refuse a target the engine could not load: neither a local folder nor a Hub repo id."""
+    if not Path(model).is_dir() and not _REPO_ID.match(model):
+        raise ValueError(
+            f"{model!r} is neither a local folder nor a Hub repo id (owner/name): the engine would not "
+            "find it. Pass the folder or repo id the engine should load."
+        )
+
+
 def load_target(model: str) -> Any:
     # The checkpoint's dtype, as vLLM serves it; a model needing its repo's code is refused, not run.
     return AutoModelForCausalLM.from_pretrained(model, trust_remote_code=False).eval()

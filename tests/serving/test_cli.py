@@ -52,3 +52,27 @@ def test_cli_prints_each_refusal_as_the_error(models, tmp_path, capsys, method):
     )
     assert code == 1
     assert capsys.readouterr().err == f"error: {REFUSALS[method]}\n"
+
+
+@pytest.mark.parametrize(
+    "model, extra, message",
+    [
+        (
+            "{target}",
+            ["--num-draft-tokens", "3", "--from-bench", "results.json"],
+            "both set the draft length",
+        ),
+        ("/no/such/model", ["--num-draft-tokens", "3"], "'/no/such/model' is neither a local folder nor"),
+    ],
+)
+def test_cli_refuses_what_it_used_to_take_without_a_word(models, tmp_path, capsys, model, extra, message):
+    """--from-bench beside --num-draft-tokens was ignored; a target path that does not exist was
+    written into the serve command (with --method given)."""
+    code = main(
+        ["export-serving", model.format(target=models / "target"), "--engine", "vllm", "--method", "ngram"]
+        + extra
+        + ["--out", str(tmp_path)]
+    )
+    assert code == 1
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "serving.json").exists()
