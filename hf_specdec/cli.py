@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # Each module in hf_specdec/commands/ defines `register(subparsers)` that adds one sub-command
@@ -29,7 +30,15 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, TypeError, OSError) as err:
+        # What the library raises for bad input says what to do: print it, not a traceback.
+        if os.environ.get("HF_SPECDEC_TRACEBACK"):
+            raise
+        print(f"hf-specdec {args.command}: error: {err}", file=sys.stderr)
+        print("(HF_SPECDEC_TRACEBACK=1 shows where it was raised)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -156,6 +156,12 @@ def load_model(
 
         name_or_path = demo_model_path()
     name = str(name_or_path)
+    if not Path(name).exists() and (name.startswith((".", "/", "~")) or name.count("/") > 1):
+        # huggingface_hub would call it a malformed repo id; say what it is.
+        raise FileNotFoundError(
+            f"{name!r} is neither a model folder that exists nor a Hub repo id (owner/name): pass a "
+            "folder holding config.json and the weights, or a repo id."
+        )
     device = torch.device(device) if device is not None else default_device()
     declared = None
     if dtype == "auto":

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+import torch
+
 from ..loading import DTYPE_CHOICES
 
 
@@ -17,5 +19,27 @@ def add_runtime_options(parser: argparse.ArgumentParser) -> None:
         "CPU without native bf16)",
     )
     parser.add_argument(
-        "--device", default=None, help="torch device, e.g. cpu, cuda, cuda:1 (default: cuda if available)"
+        "--device",
+        default=None,
+        type=device,
+        help="torch device, e.g. cpu, cuda, cuda:1 (default: cuda if available)",
     )
+
+
+def device(value: str) -> str:
+    """An argparse type: a device torch knows and this machine has (refused before a model loads)."""
+    try:
+        parsed = torch.device(value)
+    except RuntimeError as err:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a torch device: {err}") from None
+    if parsed.type in ("cpu", "meta"):
+        return value
+    backend = getattr(torch, parsed.type, None)
+    available = getattr(backend, "is_available", lambda: False)()
+    count = getattr(backend, "device_count", lambda: 1)() if available else 0
+    if not available or (parsed.index is not None and parsed.index >= count):
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: this machine's torch ({torch.__version__}) has {count} {parsed.type} device(s); "
+            "pass --device cpu, or leave --device out"
+        )
+    return value
