@@ -119,6 +119,12 @@ def _fallback_message(checkpoint_dtype: torch.dtype) -> str:
     )
 
 
+def is_missing_path(name: str) -> bool:
+    """Whether `name` is a local path that does not exist, not a Hub repo id (owner/name, or a bare
+    name): it starts with '.', '/' or '~', or has more than one '/'."""
+    return not Path(name).exists() and (name.startswith((".", "/", "~")) or name.count("/") > 1)
+
+
 def load_model(
     name_or_path: str | Path | Any = None,
     *,
@@ -156,8 +162,7 @@ def load_model(
 
         name_or_path = demo_model_path()
     name = str(name_or_path)
-    if not Path(name).exists() and (name.startswith((".", "/", "~")) or name.count("/") > 1):
-        # huggingface_hub would call it a malformed repo id; say what it is.
+    if is_missing_path(name):  # huggingface_hub would call it a malformed repo id; say what it is
         raise FileNotFoundError(
             f"{name!r} is neither a model folder that exists nor a Hub repo id (owner/name): pass a "
             "folder holding config.json and the weights, or a repo id."

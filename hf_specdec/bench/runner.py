@@ -33,6 +33,7 @@ from ..loading import (
     describe_runtime,
     encode_prompts,
     eos_token_ids,
+    is_missing_path,
     load_model,
     pad_token_id,
     use_chat_template,
@@ -130,6 +131,8 @@ def run_bench(
         )
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}.")
+    if max_new_tokens < 1:  # else every row fails alone after the model loads
+        raise ValueError(f"--max-new-tokens must be at least 1, got {max_new_tokens}.")
     chosen = _select_prompts(suite, prompts, data_dir, limit, categories)
     model, tokenizer = load_model(model, dtype=dtype, device=device, tokenizer=tokenizer)
     model_name = str(model.name_or_path or type(model).__name__)
@@ -380,6 +383,9 @@ def _check_methods(labels: list[str], draft: Any, heads: dict[str, Any]) -> None
     unused = sorted(set(heads) - set(methods))
     if unused:
         raise ValueError(f"Heads given for {', '.join(unused)}, which is not among the methods benchmarked.")
+    for method, folder in heads.items():
+        if isinstance(folder, (str, Path)) and is_missing_path(str(folder)):
+            raise ValueError(f"--head {method}={folder}: no such folder (nor a Hub repo id, owner/name).")
 
 
 def _check_batch_sizes(batch_sizes: Sequence[int]) -> None:

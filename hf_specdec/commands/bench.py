@@ -89,6 +89,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        _check_outputs(args.out, args.markdown)  # before the run, not after it: its figures would be lost
         result = run_bench(
             args.model,
             dtype=args.dtype,
@@ -128,6 +129,18 @@ def run(args: argparse.Namespace) -> int:
         print("Interrupted: the files hold the results measured so far.", file=sys.stderr)
         return 130
     return 0
+
+
+def _check_outputs(out: Path, markdown: Path | None) -> None:
+    """The output folder can be made and the markdown file's folder exists."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; pass a folder for the results.")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"--out {out}: cannot make that folder ({err.strerror}).") from None
+    if markdown is not None and (markdown.is_dir() or not markdown.parent.is_dir()):
+        raise ValueError(f"--markdown {markdown}: pass a file in a folder that exists.")
 
 
 def _split(text: str | None) -> list[str]:

@@ -195,6 +195,14 @@ def test_cli_writes_files(tiny_folder, tmp_path, capsys):
         (["--methods", "draft_model"], "needs a draft model"),
         (["--chat-template"], "has no chat template"),
         (["--batch-sizes", "0"], "positive integers"),
+        # Refused before the model loads: every row failed alone, or the run was lost at the end.
+        (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1, got 0"),
+        (
+            ["--methods", "eagle", "--head", "eagle=/no/such/head"],
+            "--head eagle=/no/such/head: no such folder",
+        ),
+        (["--out", "{file}"], "is a file; pass a folder for the results"),
+        (["--markdown", "/no/such/folder/report.md"], "--markdown /no/such/folder/report.md: pass a file"),
     ],
 )
 def test_cli_errors(tiny_folder, tmp_path, capsys, argv, message):
@@ -210,8 +218,11 @@ def test_cli_errors(tiny_folder, tmp_path, capsys, argv, message):
         argv = [*argv, "--model", str(folder)]
     else:
         argv = [*argv, "--model", str(tiny_folder)]
+    (tmp_path / "a-file").write_text("")
+    argv = [a.replace("{file}", str(tmp_path / "a-file")) for a in argv]
+    out = [] if "--out" in argv else ["--out", str(tmp_path / "o")]
     try:
-        code = cli.main(["bench", *argv, "--quiet", "--out", str(tmp_path / "o")])
+        code = cli.main(["bench", *argv, "--quiet", *out])
     except SystemExit as exit_:
         code = exit_.code
     assert code != 0
