@@ -41,6 +41,9 @@ def train_draft(
     Returns the training log.
     """
     config = config or TrainConfig()
+    for name, value in (("max_new_tokens", max_new_tokens), ("answers_per_prompt", answers_per_prompt)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}.")
     out = Path(out)
     model, tokenizer = load_model(target, dtype=dtype, device=device, tokenizer=tokenizer)
     name = str(model.name_or_path or type(model).__name__)

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from ..core.fields import check_fields
 from ..core.timing import clock
 from ..heads import HEAD_METHODS
 from ..heads.eagle import EagleHeadConfig
@@ -50,6 +51,25 @@ class TrainConfig:
     eval_every_minutes: float = 3.0
     save_every_minutes: float = 5.0
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        # Checked when made, before minutes of answer generation, not when training starts.
+        check_fields(
+            self,
+            ranges={
+                "max_steps": (0, None),
+                "unrolled_steps": (1, None),
+                "medusa_heads": (1, None),
+                "draft_vocab_size": (0, None),
+                "batch_tokens": (1, None),
+                "max_length": (2, None),
+                "holdout": (0, 1),
+            },
+            choices={"method": HEAD_METHODS},
+        )
+        for name in ("minutes", "learning_rate", "eval_every_minutes", "save_every_minutes"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"`{name}` of TrainConfig must be above 0, got {getattr(self, name)!r}.")
 
 
 def _progress(state: dict[str, Any], budget: float, max_steps: int) -> float:

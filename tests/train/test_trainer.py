@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from hf_specdec.heads.checkpoint import load_head
+from hf_specdec.train import train_draft
 from hf_specdec.train.data import MIN_TOKENS, Sequence, build_sequences, load_prompts
 from hf_specdec.train.features import target_features
 from hf_specdec.train.trainer import TrainConfig, _index_of, _loss, _new_head, train_head
@@ -184,3 +185,19 @@ def test_sampled_answers_add_sequences_after_the_greedy_ones(smollm2_path, tmp_p
     assert any(not torch.equal(g.ids, s.ids) for g, s in zip(greedy, sampled))
     with pytest.raises(ValueError, match="at least 1"):
         build_sequences(model, tokenizer, source, tmp_path / "none.pt", answers_per_prompt=0)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"minutes": 0}, r"`minutes` of TrainConfig must be above 0, got 0"),
+        ({"medusa_heads": 0}, r"`medusa_heads` of TrainConfig must be an integer >= 1, got 0"),
+        ({"method": "lookahead"}, r"`method` of TrainConfig must be one of 'eagle', 'medusa'"),
+    ],
+)
+def test_train_settings_are_checked_before_any_work(fields, message, tmp_path):
+    """`train-draft --minutes 0` (or --heads 0) generated answers for minutes before failing."""
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**fields)
+    with pytest.raises(ValueError, match="max_new_tokens must be a positive integer, got 0"):
+        train_draft("/no/model/needed", tmp_path, max_new_tokens=0)  # refused before loading it
