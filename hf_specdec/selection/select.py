@@ -38,7 +38,15 @@ from huggingface_hub.utils import validate_repo_id
 
 from ..drafters import draft_model
 from ..hub.config_check import checkpoint_problem, weights_problem
-from ..hub.download import HubFileError, download_model, hub_offline, is_commit, local_snapshot
+from ..hub.download import (
+    HubFileError,
+    HubUnreachable,
+    download_model,
+    hub_endpoint,
+    hub_offline,
+    is_commit,
+    local_snapshot,
+)
 from ..hub.tokenizer_check import tokenizer_fingerprint
 from ..store.paths import cache_dir
 from .choice import (
@@ -326,7 +334,14 @@ def _cached_or_searched(
             "for; speculating from n-grams of the text instead."
         )
         return DraftChoice(DRAFT_FREE_METHOD, None, reason, target=repo_id, source="offline")
-    choice = search_draft(repo_id, token=token, revision=revision, trust_remote_code=trust_remote_code)
+    try:
+        choice = search_draft(repo_id, token=token, revision=revision, trust_remote_code=trust_remote_code)
+    except HubUnreachable as err:  # as offline, but not cached: the next call searches again
+        reason = (
+            f"{repo_id} is not in the registry and the Hub ({hub_endpoint()}) could not be reached "
+            f"({err}), so no draft could be searched for; speculating from n-grams of the text instead."
+        )
+        return DraftChoice(DRAFT_FREE_METHOD, None, reason, target=repo_id, source="offline")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(choice.to_dict(), indent=2))

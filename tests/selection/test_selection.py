@@ -152,6 +152,19 @@ def test_unknown_target_offline_is_draft_free(monkeypatch: pytest.MonkeyPatch) -
     assert "HF_HUB_OFFLINE" in choice.reason
 
 
+def test_an_unreachable_hub_is_draft_free_and_not_cached(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Without HF_HUB_OFFLINE, a Hub that cannot be reached raised the HTTP client's ConnectError
+    out of `select_draft`, so `speculative=True` and `hf-specdec select` crashed on such machines."""
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: connection refused
+    monkeypatch.setenv("HF_SPECDEC_CACHE", str(tmp_path))
+    choice = select_draft("nobody/Unknown-7B")
+    assert (choice.method, choice.source) == ("ngram", "offline")
+    assert "could not be reached" in choice.reason
+    assert not list(tmp_path.rglob("*.json"))  # the next call searches again
+
+
 # --- Hub search -----------------------------------------------------------------------------------
 
 
