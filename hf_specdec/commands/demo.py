@@ -101,8 +101,7 @@ def run(args: argparse.Namespace) -> int:
             f"\nPrompt {i}: {prompt.splitlines()[0][:70]}\n"
             f"  plain       {2 * new_plain / t_plain:6.1f} tokens/s\n"
             f"  speculative {2 * new_spec / t_spec:6.1f} tokens/s  ({s.method}, "
-            f"{t_plain / t_spec:.2f}x, acceptance {s.acceptance_rate:.0%}, "
-            f"τ {s.mean_accepted_length_speculative:.2f})\n"
+            f"{t_plain / t_spec:.2f}x, {_acceptance(s)})\n"
             f"  vs plain greedy: {check.describe() if check.kind != MISMATCH else check.describe().upper()}"
         )
     plain_rate, spec_rate = plain_tokens / plain_seconds, spec_tokens / spec_seconds
@@ -119,6 +118,13 @@ def run(args: argparse.Namespace) -> int:
         f"{counts['mismatch']} mismatches"
     )
     return 1 if counts["mismatch"] else 0
+
+
+def _acceptance(stats: hf_specdec.SpeculativeStats) -> str:
+    """Acceptance and τ, or that nothing was drafted (τ, tokens per speculative step, has none then)."""
+    if not stats.speculative_steps:
+        return "no draft verified: plain decoding throughout"
+    return f"acceptance {stats.acceptance_rate:.0%}, τ {stats.mean_accepted_length_speculative:.2f}"
 
 
 def _encode(tokenizer, model, prompt: str):
