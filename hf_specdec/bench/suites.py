@@ -59,6 +59,8 @@ def load_prompt_file(path: Path | str) -> list[Prompt]:
     """Prompts from a JSONL file: one object a line with a `prompt` string (or a `turns` list, whose
     first turn is used), and optionally `category`, `id` and `raw` (true: no chat template)."""
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"Prompt file {path} is a folder: pass a JSONL file, one JSON object a line.")
     if not path.is_file():
         raise ValueError(f"Prompt file {path} does not exist.")
     prompts = [_parse_line(line, path, number) for number, line in _numbered_lines(path) if line.strip()]
@@ -93,7 +95,10 @@ def _parse_line(line: str, path: Path, number: int) -> Prompt:
     try:
         record = json.loads(line)
     except json.JSONDecodeError as err:
-        raise ValueError(f"{where}: not valid JSON ({err.msg}).") from None
+        raise ValueError(
+            f"{where}: not valid JSON ({err.msg}); a prompt file is JSONL, one object a line such as "
+            '{"prompt": "..."}.'
+        ) from None
     if not isinstance(record, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}.")
     text = record.get("prompt")

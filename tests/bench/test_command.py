@@ -245,6 +245,7 @@ def test_unknown_suite_lists_the_valid_ones(capsys):
         ("", "is empty"),
         ("\n  \n", "is empty"),
         ('{"prompt": "ok"}\n{"prompt": "ok", \n', "line 2: not valid JSON"),
+        ("Summarize this.\n", r"line 1: not valid JSON .*; a prompt file is JSONL"),  # a .txt of prompts
         ('{"prompt": "ok"}\n\n["a list"]\n', "line 3: expected a JSON object"),
         ('{"category": "qa"}\n', "line 1: needs a non-empty 'prompt'"),
         ('{"turns": []}\n', "line 1: needs a non-empty 'prompt'"),
@@ -255,6 +256,11 @@ def test_prompt_file_errors_name_the_line(tmp_path, content, message):
     path.write_text(content)
     with pytest.raises(ValueError, match=message):
         load_prompt_file(path)
+
+
+def test_a_prompt_folder_is_named_a_folder(tmp_path):
+    with pytest.raises(ValueError, match="is a folder: pass a JSONL file"):
+        load_prompt_file(tmp_path)
 
 
 def test_prompt_file_fields(tmp_path):
