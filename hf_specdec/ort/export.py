@@ -177,13 +177,15 @@ def export_onnx_report(
     for module in ("onnxruntime", "onnx", "onnxscript"):
         require(module)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} is a file; pass a folder for the ONNX export.")
     path = out / "model.onnx"
 
     steps = ["load", "export", "check"] + (["quantize"] if quantize else []) + ["save config"]
     with Progress(steps, enabled=progress) as bar:
         bar.step("loading the model")
         model, tokenizer = _load(model_or_path, tokenizer, DTYPES[dtype])
+        out.mkdir(parents=True, exist_ok=True)  # once the model loaded: a bad name leaves no folder
         bar.step("exporting with torch.onnx (dynamo)")
         fp_path = out / "model_fp.onnx" if quantize else path
         _export(model, fp_path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from hf_specdec.ort import export_onnx_report
@@ -68,3 +69,15 @@ def test_sliding_window_models_get_no_tree_mask():
     )
     assert takes_tree_mask(tiny_llama(0))
     assert not takes_tree_mask(MistralForCausalLM(MistralConfig(**small, sliding_window=8)))
+
+
+def test_a_failed_export_leaves_no_folder_and_a_file_is_refused(tmp_path):
+    """A model that does not load left an empty output folder behind; a file as the output was
+    found only after loading (FileExistsError)."""
+    out = tmp_path / "never-made"
+    with pytest.raises(OSError):
+        export_onnx_report("/no/such/model", out, progress=False)
+    assert not out.exists()
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(ValueError, match="a-file is a file; pass a folder for the ONNX export"):
+        export_onnx_report("/no/such/model", tmp_path / "a-file", progress=False)
