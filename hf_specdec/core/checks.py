@@ -12,6 +12,13 @@ from .compat import generate_cache
 from .inputs import check_forwarded
 from .static_kv import check_layers
 
+# Generation-config fields that select transformers' assisted decoding, and what to do instead.
+_ASSISTED_DECODING = {
+    "prompt_lookup_num_tokens": "speculative='ngram' drafts by prompt lookup (num_draft_tokens=<n> for a "
+    "fixed length); or drop speculative=.",
+    "assistant_early_exit": "Drop one of them.",
+}
+
 
 def check_supported(
     model: Any, input_ids: torch.Tensor, config: GenerationConfig, model_kwargs: dict[str, Any], streamer: Any
@@ -46,19 +53,12 @@ def check_supported(
         raise ValueError("speculative= needs the KV cache; remove use_cache=False.")
     # Set in the generation config, these choose transformers' own assisted decoding, which
     # speculative= replaces: refused by name rather than dropped without a word.
-    if config.prompt_lookup_num_tokens is not None:
-        raise ValueError(
-            f"`prompt_lookup_num_tokens` cannot be combined with `speculative=` (it is "
-            f"{config.prompt_lookup_num_tokens}, in generate's arguments or the generation config): both "
-            "choose how to draft. speculative='ngram' drafts by prompt lookup (num_draft_tokens=<n> for a "
-            "fixed length); or drop speculative=."
-        )
-    if getattr(config, "assistant_early_exit", None) is not None:
-        raise ValueError(
-            f"`assistant_early_exit` cannot be combined with `speculative=` (it is "
-            f"{config.assistant_early_exit}, in generate's arguments or the generation config): both "
-            "choose how to draft. Drop one of them."
-        )
+    for name, instead in _ASSISTED_DECODING.items():
+        if (value := getattr(config, name, None)) is not None:
+            raise ValueError(
+                f"`{name}` cannot be combined with `speculative=` (it is {value}, in generate's arguments "
+                f"or the generation config): both choose how to draft. {instead}"
+            )
     cache = generate_cache(model_kwargs)
     if type(cache) is StaticCache:
         check_static_cache(model, input_ids, config, cache)

@@ -108,11 +108,15 @@ class Draft:
             out.append(max(depth, default=0))
         return out
 
-    def check_token_ids(self, vocab_size: int, drafter: str) -> None:
-        """Refuse ids the target cannot embed: every column of `tokens` is fed to it, padding too.
+    def check(self, vocab_size: int, drafter: str) -> None:
+        """Refuse what the target cannot take or the policy cannot read: ids the target cannot
+        embed (every column of `tokens` is fed to it, padding too), and confidences that are no
+        probability (the policy takes them as each token's odds, `AdaptiveDraftLength.trim`, so one
+        above 1 would keep any draft whole).
 
-        One read of the ids' min and max to the host; the loop calls it right before its clock read,
-        which waits for the device anyway, so it adds a copy of two numbers but no stall.
+        One read of the ids' and confidences' min and max to the host; the loop calls it right
+        before its clock read, which waits for the device anyway, so it adds a copy of four numbers
+        but no stall. As float32, ids are exact up to 2**24, beyond any vocabulary.
         """
         if self.tokens.dtype not in (torch.long, torch.int):
             raise TypeError(
@@ -121,24 +125,21 @@ class Draft:
             )
         if self.tokens.numel() == 0:
             return
-        low, high = torch.stack(torch.aminmax(self.tokens)).tolist()
+        extremes = [*torch.aminmax(self.tokens)]
+        scored = self.confidence is not None and self.confidence.numel() > 0
+        if scored:
+            extremes += torch.aminmax(self.confidence.to(self.tokens.device))
+        read = torch.stack([x.float() for x in extremes]).tolist()
+        low, high = int(read[0]), int(read[1])
         if low < 0 or high >= vocab_size:
             raise ValueError(
                 f"The drafter {drafter} proposed token id {low if low < 0 else high}, outside the target's "
                 f"vocabulary (ids 0..{vocab_size - 1}). Draft.tokens must hold the target's token ids, "
                 "padding past each row's length included (pad with 0)."
             )
-
-    def check_confidence(self, drafter: str) -> None:
-        """Refuse confidences that are no probability: the policy takes them as the odds of each
-        token (`AdaptiveDraftLength.trim`), so one above 1 would keep any draft whole. One read of
-        their min and max to the host, as `check_token_ids`."""
-        if self.confidence is None or self.confidence.numel() == 0:
-            return
-        low, high = torch.stack(torch.aminmax(self.confidence.float())).tolist()
-        if not 0.0 <= low <= high <= 1.0:  # NaN fails every comparison
+        if scored and not 0.0 <= read[2] <= read[3] <= 1.0:  # NaN fails every comparison
             raise ValueError(
-                f"The drafter {drafter} returned Draft.confidence from {low} to {high}; each is its "
+                f"The drafter {drafter} returned Draft.confidence from {read[2]} to {read[3]}; each is its "
                 "estimate that a token is accepted given the ones before it were, a probability from "
                 "0 to 1 (pad with 0), or leave Draft.confidence None."
             )

@@ -105,9 +105,7 @@ def speculative_decode(
         draft = drafter.propose(asked) if k > 0 else Draft.empty(len(rows), device)
         proposed_at = clock(device)
         # Checked as proposed: a bad id must not pass because the policy happened to cut it off.
-        named = f"{type(drafter).__name__} (method={drafter.name!r})"
-        draft.check_token_ids(vocab, named)
-        draft.check_confidence(named)
+        draft.check(vocab, f"{type(drafter).__name__} (method={drafter.name!r})")
         draft = policy.trim(draft, len(rows), [out.room(r) for r in rows])
         drafted_at = clock(device)
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from ..loading import is_missing_path
 from ..selection.select import registry_heads
 from .base import ServingExportError
 
@@ -17,8 +18,8 @@ _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def check_target(model: str) -> None:
-    """Refuse a target the engine could not load: neither a local folder nor a Hub repo id."""
-    if not Path(model).is_dir() and not _REPO_ID.match(model):
+    """Refuse a target the engine could not load: a local path that does not exist."""
+    if is_missing_path(model):
         raise ValueError(
             f"{model!r} is neither a local folder nor a Hub repo id (owner/name): the engine would not "
             "find it. Pass the folder or repo id the engine should load."
