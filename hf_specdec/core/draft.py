@@ -5,6 +5,7 @@ never loads the drafters."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -94,6 +95,25 @@ class Draft:
             None if self.confidence is None else self.confidence[:, :width],
             self.catch_up_seconds,
             None if self.parents is None else self.parents[:, :width],
+        )
+
+    def widened(self, width: int) -> Draft:
+        """The same chain draft fed `width` columns a row: the columns past each row's tokens are
+        holes (id 0, confidence 0, no distribution), which the loop feeds masked and verifies
+        nothing at; for feeding at a width the device has already paid for (`CostModel.feeding`)."""
+        extra = width - self.tokens.shape[1]
+        if extra <= 0:
+            return self
+        if self.parents is not None:
+            raise ValueError("Only a chain draft is widened: a tree's nodes after its own are not holes.")
+
+        def pad(values: torch.Tensor | None) -> torch.Tensor | None:
+            if values is None:
+                return None
+            return torch.cat([values, values.new_zeros(values.shape[0], extra, *values.shape[2:])], dim=1)
+
+        return dataclasses.replace(
+            self, tokens=pad(self.tokens), probs=pad(self.probs), confidence=pad(self.confidence)
         )
 
     def depths(self) -> list[int]:

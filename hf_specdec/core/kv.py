@@ -180,6 +180,10 @@ class RaggedKV:
             kept_lengths = self.lengths.clone()
             kept_lengths[slots.index] -= torch.tensor(rejected, device=device)
             self.truncate(kept_lengths)
+        elif not self.all_real:
+            # Holes fed past whole drafts (`Draft.widened`) leave the cache too: trailing holes
+            # kept would make every later forward take an attention mask.
+            self._crop_unused_tail()
 
     def _next_positions(
         self, width: int, valid: torch.Tensor | None, tree: tuple[torch.Tensor, torch.Tensor] | None

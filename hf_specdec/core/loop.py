@@ -107,6 +107,9 @@ def speculative_decode(
         # Checked as proposed: a bad id must not pass because the policy happened to cut it off.
         draft.check(vocab, f"{type(drafter).__name__} (method={drafter.name!r})")
         draft = policy.trim(draft, len(rows), [out.room(r) for r in rows])
+        fed = draft.tokens.shape[1]
+        if fed > k and target.widest(fed + 1) <= fed:  # holes the policy added past a static cache's room
+            draft = draft.truncated(draft.lengths)
         drafted_at = clock(device)
 
         # Verify: one target forward over [last token, draft...] a row, finished rows fed holes.

@@ -94,6 +94,24 @@ def test_rows_fed_with_holes_and_rolled_back_hold_a_plain_forwards_cache(target)
     _decodes_on(kv, target, sequences)
 
 
+def test_holes_fed_past_a_whole_draft_leave_the_cache_when_it_is_kept(target):
+    """One row feeds 3 real tokens and 3 holes (a draft widened to a width already paid for) and
+    keeps every real one: nothing is rejected, yet the holes leave the cache, so later forwards
+    need no attention mask again (`all_real`)."""
+    kv = RaggedKV(target, None, 1, CPU)
+    sequences = _prompts(kv, 1, 1)
+    feed = torch.tensor([[11, 12, 13, 0, 0, 0]])
+    valid = torch.tensor([[True, True, True, False, False, False]])
+    with torch.no_grad():
+        kv.forward_rows(Slots([0], 1, CPU), feed, valid)
+    assert not kv.all_real
+    kv.roll_back(Slots([0], 1, CPU), 6, rejected=[0])
+    sequences[0] = torch.cat([sequences[0], feed[0, :3]])
+    assert kv.all_real and kv.width == len(sequences[0])
+    _assert_holds(kv, 0, target, sequences[0])
+    _decodes_on(kv, target, sequences)
+
+
 def test_a_tree_fed_beside_a_hole_and_rolled_back_to_its_path_holds_a_plain_forwards_cache(target):
     """Row 1 feeds a token and a tree of four nodes below it (row 0 is a hole); it keeps the path
     node 0 -> node 2, which `roll_back` moves to the front before dropping the rest."""

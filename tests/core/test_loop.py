@@ -149,3 +149,61 @@ def test_finished_rows_leave_the_forward_unless_the_policy_keeps_its_shape(targe
     dropped.clear()
     kept = target.generate(**kwargs, speculative=SpeculativeConfig(method="ngram", policy=_KeepsShape(3)))
     assert torch.equal(kept, plain) and not dropped
+
+
+class _Widens(FixedDraftLength):
+    """A fixed draft length whose drafts are fed four columns wider, the rest holes (`Draft.widened`),
+    as the adaptive policy feeds a draft at a wider width the device has already paid for."""
+
+    def trim(self, draft: Draft, batch_size: int, remaining: list[int] | None = None) -> Draft:
+        return draft.widened(draft.tokens.shape[1] + 4) if any(draft.lengths) else draft
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_drafts_fed_with_holes_past_them_give_plain_greedy_output(target, batch):
+    """Holes after a row's draft are masked and verified at no position: the tokens are plain
+    greedy's, in one row (where the holes are the whole forward's tail and leave the cache after
+    a whole draft is kept) and in a batch, and so are the scores and logits (compared in one row:
+    in a batch a finished row's are -inf, docs/limitations.md)."""
+    input_ids, attention_mask = random_batch(5, batch, min_len=6)
+    kwargs = dict(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=24,
+        do_sample=False,
+        return_dict_in_generate=True,
+        output_scores=True,
+        output_logits=True,
+    )
+    plain = _ORIGINAL_GENERATE(target, **kwargs)
+    fed: list[int] = []
+    forward = RaggedKV.forward_rows
+
+    def recording(kv, slots, tokens, valid, *args, **kw):
+        fed.append(tokens.shape[1] - (0 if valid is None else int(valid.sum(dim=1).max())))
+        return forward(kv, slots, tokens, valid, *args, **kw)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(RaggedKV, "forward_rows", recording)
+        spec = target.generate(**kwargs, speculative=SpeculativeConfig(method="ngram", policy=_Widens(3)))
+    assert max(fed) >= 4  # holes were fed
+    assert torch.equal(spec.sequences, plain.sequences)
+    if batch == 1:
+        for ours, theirs in zip(spec.scores + spec.logits, plain.scores + plain.logits, strict=True):
+            torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
+def test_holes_past_a_static_caches_room_are_not_fed(target):
+    """A static cache holds the prompt and max_new_tokens: near the end a draft widened past the
+    room left is fed without its holes (fed with them, the call would stop with the cache's error)."""
+    input_ids, attention_mask = random_batch(5, 1, min_len=6)
+    kwargs = dict(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=24,
+        do_sample=False,
+        cache_implementation="static",
+    )
+    plain = _ORIGINAL_GENERATE(target, **kwargs)
+    spec = target.generate(**kwargs, speculative=SpeculativeConfig(method="ngram", policy=_Widens(3)))
+    assert torch.equal(spec, plain)
