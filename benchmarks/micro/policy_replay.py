@@ -134,7 +134,7 @@ def replay(
                 hits += 1
             accepted.append(hits)
             paths.append(list(range(hits)))
-        width = 1 + max(draft.lengths, default=0)
+        width = 1 + draft.tokens.shape[1]  # as the loop feeds it: holes past the drafts included
         verify_seconds = forward_cost(cached, width, max(map(len, contexts)) - 1)
         trees = {"paths": paths} if draft.parents is not None else {}
         policy.update(len(active), draft, accepted, draft_seconds, verify_seconds, **trees)

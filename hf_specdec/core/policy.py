@@ -441,27 +441,53 @@ class CostModel:
     def pricing(
         self, batch_size: int, uses: int = 8, tokens_left: int | None = None
     ) -> Callable[[int], float | None]:
-        """Verify seconds per width for choosing a width: `verify`, plus its expected first-call cost
-        in this call (`first_call_seconds`) spread over the steps it can serve (a new width is
-        worth a one-off only if it will serve a while): `uses`, and where the call has
-        `tokens_left` to generate, no more than the steps those take at that width if every draft
-        holds. Near a call's end, or in a short call, a new width serves a step or two: spread over
-        eight, its one-off looked cheap, and a call of twenty-odd steps paid six steps' worth for a
-        width it verified once or twice (a 6-token draft with 7 tokens to go). Where a device pays
-        for a shape once a process, the widths earlier calls verified come at their steady cost and
-        the others with the one-off, so calls keep to the widths already paid for; where it pays in
-        every call, all widths not yet verified in this one carry it."""
-        if not self.first_calls.confirmed and not self.repeat_first_calls.confirmed:
-            return functools.partial(self.verify, batch_size)  # no one-off seen: the steady costs
+        """Verify seconds per width for choosing a width: what feeding it costs at `feeding`'s
+        choice of the width to feed it at."""
+        feed = self.feeding(batch_size, uses, tokens_left)
+        return lambda width: feed(width)[1]
 
-        def price(width: int) -> float | None:
+    def feeding(
+        self, batch_size: int, uses: int = 8, tokens_left: int | None = None
+    ) -> Callable[[int], tuple[int, float | None]]:
+        """Per width, the width to feed a forward of that many tokens a row at and what it costs:
+        `verify`, plus its expected first-call cost in this call (`first_call_seconds`) spread over
+        the steps it can serve (a new width is worth a one-off only if it will serve a while):
+        `uses`, and where the call has `tokens_left` to generate, no more than the steps those
+        take at that width if every draft holds. Near a call's end, or in a short call, a new
+        width serves a step or two: spread over eight, its one-off looked cheap, and a call of
+        twenty-odd steps paid six steps' worth for a width it verified once or twice (a 6-token
+        draft with 7 tokens to go). Where a device pays for a shape once a process, the widths
+        earlier calls verified come at their steady cost and the others with the one-off, so calls
+        keep to the widths already paid for; where it pays in every call, all widths not yet
+        verified in this one carry it.
+
+        A width that would pay a one-off is fed instead at the next wider width already paid for,
+        its columns past the draft holes, where that costs less: a draft that found fewer tokens
+        than the widths paid for was otherwise cut to a paid width below it, down to plain steps
+        (replay, flat+oneoff: mt_bench 0.89 of the figure without one-offs). Each width is fed
+        as it is where no one-off was seen."""
+        if not self.first_calls.confirmed and not self.repeat_first_calls.confirmed:
+            return lambda width: (width, self.verify(batch_size, width))  # no one-off seen
+
+        # The widths that cost no one-off now: verified in this call, or by the calls it carries
+        # where what those cost again in a call was learnt to be nothing (as `first_call_seconds`).
+        paid = {w for b, w in self.verify_times if b == batch_size}
+        if not _learnt_excess(self.repeat_first_calls):
+            paid |= {w for b, w in self._verified_before() if b == batch_size}
+        widths = tuple(sorted(paid))
+
+        def feed(width: int) -> tuple[int, float | None]:
             seconds = self.verify(batch_size, width)
             if seconds is None:
-                return None
+                return width, None
             serves = uses if tokens_left is None else max(1, min(uses, tokens_left // width))
-            return seconds + self.first_call_seconds(batch_size, width) / serves
+            seconds += self.first_call_seconds(batch_size, width) / serves
+            wider = padded_width(widths, width)
+            if wider > width and (padded := self.verify(batch_size, wider)) is not None and padded < seconds:
+                return wider, padded
+            return width, seconds
 
-        return price
+        return feed
 
     def measured_wide(self) -> bool:
         """Whether any verify of a draft has been timed (at any batch size: the nearest stands in),
@@ -837,12 +863,14 @@ class AdaptiveDraftLength:
             ]
         # Rows share one forward, so they share its width: pick the width that pays for the batch.
         # Drafting is already paid for.
-        pricing = self.costs.pricing(batch_size, tokens_left=max(remaining) if remaining else None)
-        width, _ = fastest_width(rows, 0.0, pricing, remaining)
-        lengths = [min(n, width) for n in draft.lengths]
+        feeding = self.costs.feeding(batch_size, tokens_left=max(remaining) if remaining else None)
+        k, _ = fastest_width(rows, 0.0, lambda width: feeding(width)[1], remaining)
+        lengths = [min(n, k) for n in draft.lengths]
         if remaining:
             self._critical = max(range(len(remaining)), key=remaining.__getitem__)
-        return draft.truncated(lengths) if lengths != draft.lengths else draft
+        draft = draft.truncated(lengths) if lengths != draft.lengths else draft
+        fed = feeding(k + 1)[0] if k and draft.parents is None else 0
+        return draft.widened(fed - 1) if fed > k + 1 else draft
 
     def _token_odds(self, confidence: float, position: int) -> float:
         """A draft token's odds of acceptance, given the tokens before it were accepted: its
@@ -860,16 +888,17 @@ class AdaptiveDraftLength:
         return max(calibrated, self.acceptance.alpha(position, prior=confidence))
 
     def update(self, batch_size, draft, accepted, draft_seconds, verify_seconds, paths=None) -> None:
-        width = 1 + max(draft.lengths, default=0)
+        width = 1 + draft.tokens.shape[1]  # as fed: holes past the drafts cost what tokens do
         if verify_seconds is not None:  # None: a compile, not a verify cost
             self.costs.add_verify(batch_size, width, verify_seconds)
-        if self._looking and width > 1:
+        drafted = any(draft.lengths)
+        if self._looking and drafted:
             self._looks += 1
         if self._asked:
             asking = max(draft_seconds - draft.catch_up_seconds, 0.0)  # a catch-up is no cost of asking
             self.costs.asks.add(asking)
             self._realize(accepted, asking, width)
-        if width == 1:
+        if not drafted:
             return  # a plain step says nothing about drafts
         # Per draft forward: a tree's level costs one forward whatever its width (a Medusa tree,
         # one pass of its heads, is still priced by its depth: that errs towards small trees).
