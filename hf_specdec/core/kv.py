@@ -42,6 +42,7 @@ class RaggedKV:
     compiling = False  # never compiled: no forward's time is a compile's (see `StaticKV`)
     widths: tuple[int, ...] = ()  # forwards are fed as they come, never padded (see `StaticKV`)
     compiled = False
+    feeds_widened = True  # holes past a draft (`Draft.widened`) are fed, and leave with `roll_back`
 
     def __init__(
         self,
@@ -164,12 +165,18 @@ class RaggedKV:
         return self.forward(tokens, valid, logits_to_keep=width, tree=tree, **inputs)
 
     def roll_back(
-        self, slots: Slots, width: int, rejected: list[int], paths: list[list[int]] | None = None
+        self,
+        slots: Slots,
+        width: int,
+        rejected: list[int],
+        paths: list[list[int]] | None = None,
+        widened: bool = False,
     ) -> None:
         """Undo what the last forward of `width` tokens a row fed and the step rejected: the last
         `rejected[b]` real tokens of row `slots.rows[b]`. For a tree, the accepted path `paths[b]`
         (nodes after the first fed token, root first) moves to the front of the fed columns first,
-        so that what is rejected comes last."""
+        so that what is rejected comes last. `widened`: holes were fed past every row's draft
+        (`Draft.widened`); they leave the cache too."""
         device = self.mask.device
         if paths is not None:
             order = torch.arange(width, device=device).repeat(self.mask.shape[0], 1)
@@ -180,9 +187,7 @@ class RaggedKV:
             kept_lengths = self.lengths.clone()
             kept_lengths[slots.index] -= torch.tensor(rejected, device=device)
             self.truncate(kept_lengths)
-        elif not self.all_real:
-            # Holes fed past whole drafts (`Draft.widened`) leave the cache too: trailing holes
-            # kept would make every later forward take an attention mask.
+        elif widened:  # trailing holes kept would make every later forward take an attention mask
             self._crop_unused_tail()
 
     def _next_positions(

@@ -107,9 +107,8 @@ def speculative_decode(
         # Checked as proposed: a bad id must not pass because the policy happened to cut it off.
         draft.check(vocab, f"{type(drafter).__name__} (method={drafter.name!r})")
         draft = policy.trim(draft, len(rows), [out.room(r) for r in rows])
-        fed = draft.tokens.shape[1]
-        if fed > k and target.widest(fed + 1) <= fed:  # holes the policy added past a static cache's room
-            draft = draft.truncated(draft.lengths)
+        if not target.feeds_widened and draft.tokens.shape[1] > max(draft.lengths, default=0):
+            draft = draft.truncated(draft.lengths)  # a static cache pads widths its own way
         drafted_at = clock(device)
 
         # Verify: one target forward over [last token, draft...] a row, finished rows fed holes.
@@ -126,7 +125,7 @@ def speculative_decode(
         extras = returned.step(output, slots.rows, verdict, width)  # before the cache is rolled back
         # Keep the fed last token and the accepted drafts; the row's new token is not in the cache yet.
         rejected = [n - a for n, a in zip(draft.lengths, verdict.accepted)]
-        target.roll_back(slots, width, rejected, verdict.paths)
+        target.roll_back(slots, width, rejected, verdict.paths, widened=width - 1 > max(draft.lengths))
         features.add_accepted(output, verdict.accepted, rows, slots.index)
         verified_at = clock(device)
 
@@ -138,9 +137,7 @@ def speculative_decode(
         # A compiled width's first forward is its compile, no verify cost: the policy is not told it.
         verify_seconds = None if target.compiling else verified_at - drafted_at
         policy.update(len(rows), draft, verdict.accepted, proposed_at - start, verify_seconds, **paths)
-        stats.record_forward(
-            k, 1 + max(draft.lengths, default=0), drafted_at - start, verified_at - drafted_at
-        )
+        stats.record_forward(k, width, drafted_at - start, verified_at - drafted_at)
 
     stats.emitted = out.emitted
     return out.finish(stats, target.finished_cache())

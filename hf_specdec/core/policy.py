@@ -439,15 +439,15 @@ class CostModel:
         return _learnt_excess(self.repeat_first_calls if key in self._verified_before() else self.first_calls)
 
     def pricing(
-        self, batch_size: int, uses: int = 8, tokens_left: int | None = None
+        self, batch_size: int, uses: int = 8, tokens_left: int | None = None, widen: bool = True
     ) -> Callable[[int], float | None]:
         """Verify seconds per width for choosing a width: what feeding it costs at `feeding`'s
         choice of the width to feed it at."""
-        feed = self.feeding(batch_size, uses, tokens_left)
+        feed = self.feeding(batch_size, uses, tokens_left, widen)
         return lambda width: feed(width)[1]
 
     def feeding(
-        self, batch_size: int, uses: int = 8, tokens_left: int | None = None
+        self, batch_size: int, uses: int = 8, tokens_left: int | None = None, widen: bool = True
     ) -> Callable[[int], tuple[int, float | None]]:
         """Per width, the width to feed a forward of that many tokens a row at and what it costs:
         `verify`, plus its expected first-call cost in this call (`first_call_seconds`) spread over
@@ -465,7 +465,8 @@ class CostModel:
         its columns past the draft holes, where that costs less: a draft that found fewer tokens
         than the widths paid for was otherwise cut to a paid width below it, down to plain steps
         (replay, flat+oneoff: mt_bench 0.89 of the figure without one-offs). Each width is fed
-        as it is where no one-off was seen."""
+        as it is where no one-off was seen, and where it cannot be widened (`widen` False: a
+        tree, whose nodes past its own are not holes)."""
         if not self.first_calls.confirmed and not self.repeat_first_calls.confirmed:
             return lambda width: (width, self.verify(batch_size, width))  # no one-off seen
 
@@ -482,7 +483,7 @@ class CostModel:
                 return width, None
             serves = uses if tokens_left is None else max(1, min(uses, tokens_left // width))
             seconds += self.first_call_seconds(batch_size, width) / serves
-            wider = padded_width(widths, width)
+            wider = padded_width(widths, width) if widen else width
             if wider > width and (padded := self.verify(batch_size, wider)) is not None and padded < seconds:
                 return wider, padded
             return width, seconds
@@ -777,7 +778,8 @@ class AdaptiveDraftLength:
                 return self._recheck()
             return s.max_k
         levels = self.trees.levels() if self.drafting_trees else None
-        best_k, _ = fastest_width([self._gains()], draft_cost, self.costs.pricing(batch_size), levels=levels)
+        pricing = self.costs.pricing(batch_size, widen=not self.drafting_trees)
+        best_k, _ = fastest_width([self._gains()], draft_cost, pricing, levels=levels)
         if best_k == 0 or not self.realized.pays(verify(1)):
             if self._perfect_gain(batch_size, draft_cost, verify) < s.min_probe_gain:
                 return self._recheck()
@@ -863,13 +865,16 @@ class AdaptiveDraftLength:
             ]
         # Rows share one forward, so they share its width: pick the width that pays for the batch.
         # Drafting is already paid for.
-        feeding = self.costs.feeding(batch_size, tokens_left=max(remaining) if remaining else None)
+        chain = draft.parents is None
+        feeding = self.costs.feeding(
+            batch_size, tokens_left=max(remaining) if remaining else None, widen=chain
+        )
         k, _ = fastest_width(rows, 0.0, lambda width: feeding(width)[1], remaining)
         lengths = [min(n, k) for n in draft.lengths]
         if remaining:
             self._critical = max(range(len(remaining)), key=remaining.__getitem__)
         draft = draft.truncated(lengths) if lengths != draft.lengths else draft
-        fed = feeding(k + 1)[0] if k and draft.parents is None else 0
+        fed = feeding(k + 1)[0] if k else 0
         return draft.widened(fed - 1) if fed > k + 1 else draft
 
     def _token_odds(self, confidence: float, position: int) -> float:

@@ -75,6 +75,9 @@ class StaticKV:
     """A `StaticCache` plus which of its columns hold real tokens, row by row."""
 
     takes_tree_masks = False  # tree drafts need 4D masks, not built here yet
+    # Holes past a draft (`Draft.widened`) are not fed: widths are padded here (`widths`), and a
+    # mask over a batch of one would be a new compiled graph at every width.
+    feeds_widened = False
 
     def __init__(
         self,
@@ -253,9 +256,15 @@ class StaticKV:
         return self.forward(tokens, valid, logits_to_keep=width, **inputs)
 
     def roll_back(
-        self, slots: Slots, width: int, rejected: list[int], paths: list[list[int]] | None = None
+        self,
+        slots: Slots,
+        width: int,
+        rejected: list[int],
+        paths: list[list[int]] | None = None,
+        widened: bool = False,
     ) -> None:
-        """Undo what the last forward rejected: the last `rejected[b]` real tokens of row `slots.rows[b]`."""
+        """Undo what the last forward rejected: the last `rejected[b]` real tokens of row
+        `slots.rows[b]` (`widened` never holds here: see `feeds_widened`)."""
         if any(rejected):
             kept_lengths = self.lengths.clone()
             kept_lengths[slots.index] -= torch.tensor(rejected, device=self.mask.device)

@@ -105,7 +105,7 @@ def test_holes_fed_past_a_whole_draft_leave_the_cache_when_it_is_kept(target):
     with torch.no_grad():
         kv.forward_rows(Slots([0], 1, CPU), feed, valid)
     assert not kv.all_real
-    kv.roll_back(Slots([0], 1, CPU), 6, rejected=[0])
+    kv.roll_back(Slots([0], 1, CPU), 6, rejected=[0], widened=True)
     sequences[0] = torch.cat([sequences[0], feed[0, :3]])
     assert kv.all_real and kv.width == len(sequences[0])
     _assert_holds(kv, 0, target, sequences[0])

@@ -193,9 +193,13 @@ def test_drafts_fed_with_holes_past_them_give_plain_greedy_output(target, batch)
             torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
 
 
-def test_holes_past_a_static_caches_room_are_not_fed(target):
-    """A static cache holds the prompt and max_new_tokens: near the end a draft widened past the
-    room left is fed without its holes (fed with them, the call would stop with the cache's error)."""
+def test_a_static_cache_is_fed_no_holes_past_a_draft(target):
+    """A static cache pads its widths itself (a compiled one, to a few fixed widths), and a mask
+    at batch 1 would be a new compiled graph at every width: the loop feeds it each draft without
+    the holes a policy widened it with. Fed with them, near its end the forward passed the cache's
+    room (the call stopped with its error), and holes kept after whole drafts cost compactions."""
+    from hf_specdec.core.static_kv import StaticKV
+
     input_ids, attention_mask = random_batch(5, 1, min_len=6)
     kwargs = dict(
         input_ids=input_ids,
@@ -205,5 +209,15 @@ def test_holes_past_a_static_caches_room_are_not_fed(target):
         cache_implementation="static",
     )
     plain = _ORIGINAL_GENERATE(target, **kwargs)
-    spec = target.generate(**kwargs, speculative=SpeculativeConfig(method="ngram", policy=_Widens(3)))
+    masked: list[bool] = []
+    forward = StaticKV.forward_rows
+
+    def recording(kv, slots, tokens, valid, *args, **kw):
+        masked.append(valid is not None and not bool(valid.all()))
+        return forward(kv, slots, tokens, valid, *args, **kw)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(StaticKV, "forward_rows", recording)
+        spec = target.generate(**kwargs, speculative=SpeculativeConfig(method="ngram", policy=_Widens(3)))
     assert torch.equal(spec, plain)
+    assert masked and not any(masked)

@@ -823,6 +823,25 @@ def test_a_draft_shorter_than_a_width_paid_for_is_fed_at_that_width_not_cut():
     assert draft.lengths == [6] and draft.tokens.shape == (1, 6)
 
 
+def test_a_tree_is_not_priced_as_if_widened():
+    """A tree's nodes past its own are not holes, so a tree is never widened (`Draft.widened`):
+    where new widths cost a one-off, its widths are priced with it, and a tree is cut to a width
+    already paid for (from a review: priced as widened, a 6-node tree was fed at the new width 7
+    for a steady cost of 1.16 steps where it paid 1.85)."""
+    policy = AdaptiveDraftLength()
+    for width in (1, 2, 17):  # each width's first timing paid six steps more
+        for seconds in (FLAT_COSTS[width] + 6.0, FLAT_COSTS[width], FLAT_COSTS[width]):
+            policy.costs.add_verify(1, width, seconds)
+    parents = [p if i < 8 else (p + 8 if p >= 0 else -1) for i, p in enumerate(TREE_PARENTS * 2)]
+    for _ in range(3):
+        for path in TREE_PATHS:  # trees of 16 nodes at the paid width 17
+            policy.update(1, _tree([16], parents), [len(path)], 0.0, FLAT_COSTS[17], paths=[path])
+    assert policy.costs.first_calls.confirmed and policy.drafting_trees
+    tree = policy.trim(_tree([6]), 1, [200])
+    assert 1 + tree.tokens.shape[1] in {w for _, w in policy.costs.verify_times}
+    assert tree.tokens.shape[1] == max(tree.lengths)  # no holes
+
+
 def _calls_in_one_process(calls: int = 5) -> tuple[set[int], float]:
     """`calls` calls under `flat+oneoff` (six steps the first time the process feeds a width), each
     policy starting from the last one's costs as `generate` does: the widths paid for, and the
