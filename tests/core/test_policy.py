@@ -717,6 +717,26 @@ def test_asks_that_the_batch_cannot_use_stop():
     assert sum(k > 0 for k in asked[40:]) >= 70
 
 
+def test_plain_steps_timed_in_a_stall_do_not_make_drafts_that_never_hold_look_cheap():
+    """The plain steps of the call's first 20 are timed while another process holds the CPU
+    (three times their cost), which leaves as drafting is tried; not one draft token ever holds.
+    A one-token draft's step, timed after the stall, looked cheaper than the plain steps timed in
+    it, and plain steps were never timed again while it went on: the policy drafted every step
+    for the rest of the call (a loaded CPU, a draft model whose tokens never held: 17-23 of 60
+    steps). A forward feeding two tokens costs no less than one feeding one, so the plain figure
+    is held to the narrowest wider width's."""
+    policy, drafted = AdaptiveDraftLength(), []
+    for step in range(80):
+        k = policy.draft_length(1)
+        draft = _draft([k]) if k else Draft.empty(1, torch.device("cpu"))
+        draft = policy.trim(draft, 1)
+        width = draft.tokens.shape[1] + 1
+        seconds = FLAT_COSTS[width] * (3.0 if width == 1 and step < 20 else 1.0)
+        policy.update(1, draft, [0], 0.2 * draft.lengths[0], seconds)
+        drafted.append(draft.lengths[0])
+    assert sum(n > 0 for n in drafted[30:]) <= 6, drafted  # probes only
+
+
 def _oneoff_run(
     profile_name: str = "flat+oneoff-call",
     steps: int = 80,
