@@ -566,16 +566,28 @@ class CostModel:
     def _scaled_from_other_batch(self, batch_size: int, width: int, plain: float) -> float:
         """A width at a batch size whose plain step alone was measured (rows finished, the batch
         shrank): the curve of the nearest batch size where drafts were verified, scaled by the two
-        plain steps' ratio; the plain step itself (flat) where none was. Taking unmeasured widths
-        as flat there made a compute-bound batch verify wide drafts each time its size changed."""
+        plain steps' ratio; else the ratios earlier calls carried at the nearest batch size; the
+        plain step itself (flat) where there are none. Taking unmeasured widths as flat there made a
+        compute-bound batch verify wide drafts each time its size changed, and, where only another
+        batch size's ratios were carried, a batch of 8 verify 16-token drafts under `linear` costs
+        (replay, linear+noise: twenty plain steps' worth for one forward)."""
         sizes = sorted(
             {b for b, w in self.verify_times if w > 1 and (b, 1) in self.verify_times},
             key=lambda b: abs(b - batch_size),
         )
-        if not sizes:
+        if sizes:
+            other = {w: e.value for (b, w), e in self.verify_times.items() if b == sizes[0]}
+            return (_from_widths(other, width) or other[1]) * plain / other[1]
+        carried = {
+            (b, w): ratios.value
+            for (pads, b, w), ratios in self.carried.items()
+            if pads == self.padded_widths and len(ratios.samples) >= CARRIED_MIN
+        }
+        if not carried:
             return plain
-        other = {w: e.value for (b, w), e in self.verify_times.items() if b == sizes[0]}
-        return (_from_widths(other, width) or other[1]) * plain / other[1]
+        nearest = min({b for b, _ in carried}, key=lambda b: abs(b - batch_size))
+        ratios = {1: 1.0} | {w: ratio for (b, w), ratio in carried.items() if b == nearest}
+        return (_from_widths(ratios, width) or 1.0) * plain
 
 
 def _from_widths(known: dict[int, float], width: int) -> float | None:

@@ -913,6 +913,24 @@ def test_a_call_starts_from_the_ratios_earlier_calls_measured_at_its_own_plain_s
     assert costs.verify(1, 5) == 4.0  # its own timing wins
 
 
+def test_widths_carried_only_at_another_batch_size_scale_this_batchs_plain_step():
+    """Earlier calls verified drafts only in a batch of 7 (a width of 3 cost 4.35 plain steps
+    there: compute-bound); this call, a batch of 8, has timed its plain step alone. Its wider
+    widths follow the carried curve at its own plain step, not the plain step itself: taken as
+    flat, a batch of 8 verified 16-token drafts at twenty plain steps' worth (replay,
+    linear+noise, batches of 8: 0.92x -> 0.99x plain)."""
+    earlier = CostModel()
+    for _ in range(3):
+        earlier.add_verify(7, 1, 1.0)
+        earlier.add_verify(7, 3, 4.35)
+    costs = CostModel()
+    costs.carry(earlier)
+    costs.add_verify(8, 1, 2.0)
+    assert costs.verify(8, 3) == pytest.approx(2.0 * 4.35)
+    assert costs.verify(8, 17) > 2.0 * 4.35 * 5
+    assert AdaptiveDraftLength(device_costs=earlier).costs.verify(8, 17) is None  # no plain step yet
+
+
 def test_a_width_carried_from_fewer_than_three_timings_does_not_count():
     """One of two timings may have been a stall or a first call: too few to start a call from;
     two calls of two timings each are enough."""
@@ -948,7 +966,8 @@ def test_carried_widths_keep_to_their_batch_size_and_padding():
     costs = CostModel()
     costs.carry(earlier)
     costs.add_verify(4, 1, 3.0)
-    assert costs.verify(4, 5) == 3.0  # batch 4 has its own curve (only its plain step: flat)
+    # Batch 4 timed only its plain step: the nearest batch size's carried curve, at that step.
+    assert costs.verify(4, 5) == pytest.approx(6.0)
 
 
 def test_a_carried_policy_drafts_long_from_its_first_draft_where_verifying_is_flat():
