@@ -769,6 +769,10 @@ class AdaptiveDraftLength:
         self._looks = 0  # such looks verified in this call (a draft was left to verify)
         self._critical = 0  # the row with the most left to generate, as the last cut saw it
         self._perfect: dict[tuple[int, int, bool], tuple[int, float]] = {}  # see `_perfect_gain`
+        # Whether the loop feeds drafts widened by `trim` (`Draft.widened`): a static cache feeds
+        # each draft without its holes, and a width is then priced as what it is fed at.
+        self._widens = True
+        self._widened_to = 0  # the width the last cut widened its draft to (0: not widened)
 
     def __repr__(self) -> str:
         return f"AdaptiveDraftLength({self.settings!r})"
@@ -797,7 +801,7 @@ class AdaptiveDraftLength:
                 return self._recheck()
             return s.max_k
         levels = self.trees.levels() if self.drafting_trees else None
-        pricing = self.costs.pricing(batch_size, widen=not self.drafting_trees)
+        pricing = self.costs.pricing(batch_size, widen=self._widens and not self.drafting_trees)
         best_k, _ = fastest_width([self._gains()], draft_cost, pricing, levels=levels)
         if best_k == 0 or not self.realized.pays(verify(1)):
             if self._perfect_gain(batch_size, draft_cost, verify) < s.min_probe_gain:
@@ -857,6 +861,7 @@ class AdaptiveDraftLength:
         return self.costs.new_shapes_are_dear()
 
     def trim(self, draft: Draft, batch_size: int, remaining: list[int] | None = None) -> Draft:
+        self._widened_to = 0
         verify = functools.partial(self.costs.verify, batch_size)
         if verify(1) is None:
             return draft
@@ -884,9 +889,9 @@ class AdaptiveDraftLength:
             ]
         # Rows share one forward, so they share its width: pick the width that pays for the batch.
         # Drafting is already paid for.
-        chain = draft.parents is None
+        widen = self._widens and draft.parents is None
         feeding = self.costs.feeding(
-            batch_size, tokens_left=max(remaining) if remaining else None, widen=chain
+            batch_size, tokens_left=max(remaining) if remaining else None, widen=widen
         )
         k, _ = fastest_width(rows, 0.0, lambda width: feeding(width)[1], remaining)
         lengths = [min(n, k) for n in draft.lengths]
@@ -894,7 +899,8 @@ class AdaptiveDraftLength:
             self._critical = max(range(len(remaining)), key=remaining.__getitem__)
         draft = draft.truncated(lengths) if lengths != draft.lengths else draft
         fed = feeding(k + 1)[0] if k else 0
-        return draft.widened(fed - 1) if fed > k + 1 else draft
+        self._widened_to = fed if fed > k + 1 else 0
+        return draft.widened(fed - 1) if self._widened_to else draft
 
     def _token_odds(self, confidence: float, position: int) -> float:
         """A draft token's odds of acceptance, given the tokens before it were accepted: its
@@ -913,6 +919,8 @@ class AdaptiveDraftLength:
 
     def update(self, batch_size, draft, accepted, draft_seconds, verify_seconds, paths=None) -> None:
         width = 1 + draft.tokens.shape[1]  # as fed: holes past the drafts cost what tokens do
+        if self._widened_to and width < self._widened_to:
+            self._widens = False  # the loop fed the draft without the holes the cut added
         if verify_seconds is not None:  # None: a compile, not a verify cost
             self.costs.add_verify(batch_size, width, verify_seconds)
         drafted = any(draft.lengths)

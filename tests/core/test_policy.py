@@ -843,6 +843,25 @@ def test_a_draft_shorter_than_a_width_paid_for_is_fed_at_that_width_not_cut():
     assert draft.lengths == [6] and draft.tokens.shape == (1, 6)
 
 
+def test_where_the_loop_feeds_no_holes_widths_are_priced_as_fed():
+    """A static cache is fed each draft without the holes the cut widened it with: once the policy
+    sees a draft it widened verified narrower, it widens no more and prices each width as what it
+    is fed at, one-off included."""
+    policy = _policy_with_paid_widths(1, 2, 17)
+    draft = policy.trim(_draft([6], 0.95), 1, [200])
+    assert draft.tokens.shape == (1, 16)
+    fed = draft.truncated(draft.lengths)  # what the loop feeds a static cache
+    policy.update(1, fed, [6], 0.0, FLAT_COSTS[7])
+    shorter = policy.trim(_draft([5], 0.95), 1, [200])  # paid widths now 1, 2, 7, 17
+    assert shorter.tokens.shape[1] == max(shorter.lengths)  # no holes: priced as fed
+    # A look or a plain step after a widened cut says nothing about it.
+    widening = _policy_with_paid_widths(1, 2, 17)
+    assert widening.trim(_draft([6], 0.95), 1, [200]).tokens.shape == (1, 16)
+    widening.trim(Draft.empty(1, torch.device("cpu")), 1, [200])
+    widening.update(1, Draft.empty(1, torch.device("cpu")), [0], 0.0, FLAT_COSTS[1])
+    assert widening.trim(_draft([6], 0.95), 1, [200]).tokens.shape == (1, 16)
+
+
 def test_a_tree_is_not_priced_as_if_widened():
     """A tree's nodes past its own are not holes, so a tree is never widened (`Draft.widened`):
     where new widths cost a one-off, its widths are priced with it, and a tree is cut to a width
