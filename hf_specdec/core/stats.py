@@ -48,8 +48,8 @@ class SpeculativeStats:
     # prefill's first token counts as a step with nothing drafted): `draft_lengths` the tokens it
     # asked the drafter for, `verified_widths` the tokens each row fed the forward (1 + the longest
     # draft left after its cut, and any holes fed after it: `Draft.widened`; 1 is a plain step),
-    # `verify_times` that forward's seconds (None for
-    # the prefill). Enough to answer "why plain?" on a new machine.
+    # `verify_times` that forward's seconds (None for the prefill). Enough to answer "why plain?"
+    # on a new machine.
     draft_lengths: list[int] = field(default_factory=list)
     verified_widths: list[int] = field(default_factory=list)
     verify_times: list[float | None] = field(default_factory=list)
