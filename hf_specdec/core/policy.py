@@ -465,8 +465,10 @@ class CostModel:
         its columns past the draft holes, where that costs less: a draft that found fewer tokens
         than the widths paid for was otherwise cut to a paid width below it, down to plain steps
         (replay, flat+oneoff: mt_bench 0.89 of the figure without one-offs). Each width is fed
-        as it is where no one-off was seen, and where it cannot be widened (`widen` False: a
-        tree, whose nodes past its own are not holes)."""
+        as it is until first calls were timed at two widths, and where it cannot be widened
+        (`widen` False: a tree, whose nodes past its own are not holes). Once they were, and no
+        one-off was learnt, a width is still fed at a wider one already timed where that was
+        timed cheaper (noisy timings of a flat curve: feeding more tokens never costs less)."""
         if not self.first_calls.confirmed and not self.repeat_first_calls.confirmed:
             return lambda width: (width, self.verify(batch_size, width))  # no one-off seen
 
