@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import random
 import statistics
 import sys
 from collections import defaultdict
@@ -41,7 +40,7 @@ from typing import Any
 
 import torch
 
-from hf_specdec.bench.regimes import PROFILES, CostProfile, Forward, host_clock
+from hf_specdec.bench.regimes import PROFILES, CostProfile, Forward, Jitter, host_clock
 from hf_specdec.core.draft import Draft, DraftRequest
 from hf_specdec.core.policy import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
 from hf_specdec.drafters.ngram import NgramConfig, NgramDrafter
@@ -77,7 +76,7 @@ def replay(
     finished, unless the policy keeps its shape, as they leave the target's cache in the loop
     (`core/loop.py`)."""
     shapes = set() if profile.oneoff_scope == "call" else shapes
-    rng = random.Random(seed)  # the profile's noise: every row of a prompt draws the same sequence
+    rng = Jitter(seed)  # the profile's noise: every row of a prompt draws the same sequence
 
     def forward_cost(batch: int, width: int, past: int) -> float:
         shape = (batch, width)

@@ -74,6 +74,11 @@ class CostProfile:
     # A shared machine's jitter: each decoding forward's cost times exp(noise * z), z ~ N(0, 1) drawn
     # from the caller's seeded generator (median 1; at 0.3 one forward in six is 35% dearer or more).
     noise: float = 0.0
+    # A machine whose speed wanders (another process starting and stopping): each decoding forward's
+    # cost times exp(drift * level), where the level drifts from forward to forward (`Jitter.drift`:
+    # a random walk pulled back to 0, correlated over about 50 forwards, standard deviation 1), so
+    # forwards timed a second apart may differ by half and those timed together hardly at all.
+    drift: float = 0.0
     # (tokens, cost in steps) points, tokens increasing from (1, 1.0): replaces per_token and knee.
     curve: tuple[tuple[int, float], ...] = ()
     description: str = ""
@@ -82,9 +87,7 @@ class CostProfile:
     def emulated(self) -> bool:
         return self.name != "real"
 
-    def seconds(
-        self, forward: Forward, first_of_shape: bool = False, rng: random.Random | None = None
-    ) -> float:
+    def seconds(self, forward: Forward, first_of_shape: bool = False, rng: Jitter | None = None) -> float:
         n = forward.batch * forward.width
         if forward.past == 0 and forward.width > 1:  # a prefill: its shape is new with every prompt
             return self.step * (1 + self.prefill_per_token * (n - 1))
@@ -94,10 +97,28 @@ class CostProfile:
             cost = self.step * (1 + self.per_token * (min(n, self.knee) - 1)) * max(1.0, n / self.knee)
         if self.noise and rng is not None:
             cost *= math.exp(self.noise * rng.gauss(0.0, 1.0))
+        if self.drift and rng is not None:
+            cost *= math.exp(self.drift * rng.drift())
         return cost + (self.step * self.oneoff if first_of_shape else 0.0)
 
     def with_step(self, step: float) -> CostProfile:
         return CostProfile(**{**self.__dict__, "step": step})
+
+
+class Jitter(random.Random):
+    """The seeded source of a profile's noise, holding the level its drift has reached."""
+
+    PERSISTENCE = 0.98  # per forward: the level's correlation decays over ~1 / (1 - 0.98) = 50 forwards
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__(seed)
+        self.level = 0.0
+
+    def drift(self) -> float:
+        """The level at the next forward: an AR(1) walk whose stationary deviation is 1."""
+        p = self.PERSISTENCE
+        self.level = p * self.level + math.sqrt(1 - p * p) * self.gauss(0.0, 1.0)
+        return self.level
 
 
 def _along(curve: tuple[tuple[int, float], ...], n: int) -> float:
@@ -209,6 +230,20 @@ PROFILES: dict[str, CostProfile] = {
                 "nearly flat to 4 tokens, 16 tokens 1.33 steps; the real clock's costs without its noise"
             ),
         ),
+        CostProfile(
+            "flat+drift",
+            per_token=0.01,
+            drift=0.3,
+            description="flat on a machine whose speed wanders: x a level drifting over ~50 forwards (σ 0.3)",
+        ),
+        CostProfile(
+            "bf16-cpu+drift",
+            curve=BF16_CPU_CURVE,
+            step=0.065,
+            prefill_per_token=0.016,
+            drift=0.3,
+            description="bf16-cpu on a machine whose speed wanders (σ 0.3, over ~50 forwards)",
+        ),
         CostProfile("real", description="the machine as it is: the real clock, nothing emulated"),
     )
 }
@@ -224,7 +259,7 @@ class Emulation:
     offset: float = 0.0
     forwards: list[Forward] = field(default_factory=list)
     shapes: set[tuple[int, int]] = field(default_factory=set)
-    rng: random.Random = field(default_factory=lambda: random.Random(0))  # the profile's noise, seeded
+    rng: Jitter = field(default_factory=Jitter)  # the profile's noise, seeded
 
     def new_call(self) -> None:
         """Start a `generate` call: forget its forwards (and, per call, the shapes seen)."""
@@ -239,7 +274,7 @@ class Emulation:
 
 
 def _cost(
-    profile: CostProfile, forward: Forward, shapes: set[tuple[int, int]], rng: random.Random | None = None
+    profile: CostProfile, forward: Forward, shapes: set[tuple[int, int]], rng: Jitter | None = None
 ) -> float:
     shape = (forward.batch, forward.width)
     first = shape not in shapes
@@ -299,8 +334,18 @@ def priced(
         return wall_seconds
     if shapes is None or profile.oneoff_scope == "call":
         shapes = set()
-    rng = random.Random(0)
+    rng = Jitter(0)
     return host_seconds + sum(_cost(profile, f, shapes, rng) - f.host_seconds for f in forwards)
 
 
-__all__ = ["PROFILES", "REAL", "CostProfile", "Emulation", "Forward", "emulate", "host_clock", "priced"]
+__all__ = [
+    "PROFILES",
+    "REAL",
+    "CostProfile",
+    "Emulation",
+    "Forward",
+    "Jitter",
+    "emulate",
+    "host_clock",
+    "priced",
+]

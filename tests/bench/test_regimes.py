@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import inspect
+import math
+import statistics
 import time
 
 import pytest
 import torch
 
-from hf_specdec.bench.regimes import PROFILES, REAL, Forward, emulate, priced
+from hf_specdec.bench.regimes import PROFILES, REAL, Forward, Jitter, emulate, priced
 
 from ..conftest import tiny_llama
 
@@ -50,6 +52,25 @@ def test_one_off_costs_come_once_per_shape_and_never_for_a_prefill():
     assert once == pytest.approx((3 * 1.04 + 6) * STEP)
     per_call = priced(0.0, 0.0, [step], PROFILES["flat+oneoff-call"], shapes={(1, 5)})
     assert per_call == pytest.approx((1.04 + 6) * STEP)  # a per-call profile forgets the shapes paid
+
+
+def test_drift_moves_the_cost_slowly_where_noise_moves_each_forward_apart():
+    """A drifting machine (another process coming and going) prices neighbouring forwards alike
+    and distant ones apart; a jittery one prices each forward on its own."""
+
+    def log_costs(name: str) -> list[float]:
+        profile, jitter = PROFILES[name], Jitter(0)
+        return [math.log(profile.seconds(Forward(1, 1, 10), rng=jitter) / STEP) for _ in range(5000)]
+
+    def neighbours(logs: list[float]) -> float:
+        return statistics.correlation(logs[:-1], logs[1:])
+
+    drift, noise = log_costs("flat+drift"), log_costs("flat+noise")
+    assert statistics.pstdev(drift) == pytest.approx(0.3, rel=0.25)  # the level's deviation, scaled
+    assert statistics.pstdev(noise) == pytest.approx(0.3, rel=0.1)
+    assert neighbours(drift) > 0.9 and abs(neighbours(noise)) < 0.1
+    assert abs(statistics.correlation(drift[:-200], drift[200:])) < 0.3  # 200 forwards apart: forgotten
+    assert PROFILES["flat+drift"].seconds(Forward(1, 1, 10)) == STEP  # no generator, no drift
 
 
 def test_the_emulated_clock_moves_by_the_profile_not_the_forward():
