@@ -23,7 +23,7 @@ from transformers.generation.utils import GenerationMixin
 from transformers.pipelines.text_generation import TextGenerationPipeline
 
 from .config import SpeculativeConfig
-from .core.checks import check_processors, check_supported
+from .core.checks import check_drafter_continues, check_processors, check_supported
 from .core.compat import generate_cache
 from .core.draft import Drafter
 from .core.loop import speculative_decode
@@ -93,6 +93,7 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
         check_processors(logits_processor)
         resolved = resolve_method(config, model)
         drafter = build_drafter(resolved, model, tokenizer)
+        check_drafter_continues(drafter, resolved.method, model_kwargs)
         if generation_config.do_sample and not drafter.supports_sampling:
             raise ValueError(
                 f"method={resolved.method!r} supports greedy decoding only; pass do_sample=False."

@@ -6,10 +6,12 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, StaticCache
+from transformers.cache_utils import DynamicLayer
 from transformers.generation import logits_process
 
 from .compat import generate_cache
-from .inputs import check_forwarded
+from .inputs import cached_columns, check_forwarded
+from .kv import holds_holes
 from .static_kv import check_layers
 
 # Generation-config fields that select transformers' assisted decoding, and what to do instead.
@@ -71,10 +73,47 @@ def check_supported(
     if streamer is not None and input_ids.shape[0] > 1:
         raise ValueError("A streamer takes one sequence: stream with batch size 1, or drop streamer=.")
     if cache is not None and cache.get_seq_length() > 0:
-        raise ValueError(
-            "speculative= starts from an empty cache; pass the whole prompt without a filled cache=."
-        )
+        check_continued(input_ids, cache)
     check_forwarded(input_ids, model_kwargs)
+
+
+def check_continued(input_ids: torch.Tensor, cache: Any) -> None:
+    """A filled cache continues a conversation, as with plain `generate`: `input_ids` holds what the
+    cache holds, then the new tokens. Refused where its layout cannot be continued."""
+    cached, given = cache.get_seq_length(), input_ids.shape[-1]
+    if type(cache) is StaticCache:
+        raise ValueError(
+            "speculative= continues a filled DynamicCache, not a filled StaticCache: pass the whole "
+            "conversation without cache=, or continue a DynamicCache."
+        )
+    if holds_holes(cache):
+        raise ValueError(
+            "This cache was handed back by a speculative batch whose rows accepted different numbers of "
+            "drafts: its rows hold holes of rejected drafts, or are missing (rows that finished early), "
+            "so it cannot be continued. Pass the whole conversation without cache=."
+        )
+    if any(type(layer) is not DynamicLayer for layer in cache.layers):
+        raise ValueError(
+            "speculative= cannot continue a cache with sliding-window layers (they keep only their "
+            "window and cannot be rolled back after a rejected draft): pass the whole conversation "
+            "without cache=."
+        )
+    if cached >= given:
+        raise ValueError(
+            f"The cache holds {cached} positions and input_ids {given}: to continue a conversation, pass "
+            "input_ids holding the cached tokens followed by at least one new token."
+        )
+
+
+def check_drafter_continues(drafter: Any, method: str, model_kwargs: dict[str, Any]) -> None:
+    """A drafter that reads the target's hidden states needs them for the whole context, which a
+    filled cache's earlier call did not keep."""
+    if drafter.hidden_state_layers and cached_columns(model_kwargs):
+        raise ValueError(
+            f"method={method!r} drafts from the target's hidden states of the whole context, which a "
+            "filled cache= does not hold: pass the whole conversation without cache=, or continue it "
+            "with method='ngram' or 'draft_model'."
+        )
 
 
 # Logits processors that keep state of their own from one call to the next: a verify scores drafts

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from .compat import generate_cache
+
 # Read by the loop itself: the prompt's mask and positions, the cache, and output switches.
 _CONSUMED = (
     "attention_mask",
@@ -40,8 +42,14 @@ def check_forwarded(input_ids: torch.Tensor, model_kwargs: dict[str, Any]) -> No
     """Refuse a model input speculative decoding would not pass on: nothing is silently dropped."""
     given = {key: value for key, value in model_kwargs.items() if value is not None}
     unknown = sorted(key for key in given if key not in _CONSUMED and key not in FORWARDED)
-    if "cache_position" in unknown and _is_default_cache_position(given["cache_position"], input_ids):
-        unknown.remove("cache_position")  # what older 5.x `generate` derives for an empty cache
+    cached = cached_columns(model_kwargs)
+    if "cache_position" in unknown and _is_default_cache_position(given["cache_position"], input_ids, cached):
+        unknown.remove("cache_position")  # what older 5.x `generate` derives from the cache's length
+    if cached and (extras := sorted(key for key in given if key in FORWARDED)):
+        raise ValueError(
+            f"speculative= continues a filled cache= with a text prompt only, without {', '.join(extras)}: "
+            "pass the whole prompt without cache=, or use plain generate."
+        )
     if unknown:
         raise ValueError(
             f"speculative= would not pass {', '.join(map(repr, unknown))} to the model: drop "
@@ -51,13 +59,23 @@ def check_forwarded(input_ids: torch.Tensor, model_kwargs: dict[str, Any]) -> No
         )
 
 
+def cached_columns(model_kwargs: dict[str, Any]) -> int:
+    """How many of the prompt's columns a cache handed in already holds (a conversation continued):
+    0 for none or an empty one."""
+    cache = generate_cache(model_kwargs)
+    return 0 if cache is None else cache.get_seq_length()
+
+
 class ModelInputs:
     """What each target forward of a call gets besides its tokens, mask, positions and cache."""
 
     def __init__(self, model: Any, input_ids: torch.Tensor, model_kwargs: dict[str, Any]) -> None:
         """`model_kwargs` as `check_forwarded` accepted them."""
         given = {key: value for key, value in model_kwargs.items() if value is not None}
-        self.prompt_positions = _prompt_positions(given.get("position_ids"), input_ids)
+        # The prompt's forward feeds its columns a filled cache does not hold yet.
+        self.uncached = slice(cached_columns(model_kwargs), None)
+        positions = _prompt_positions(given.get("position_ids"), input_ids)
+        self.prompt_positions = None if positions is None else positions[:, self.uncached]
         extras = {key: given[key] for key in FORWARDED if key in given}
         self._prefill = _passed_by_generate(model, input_ids, extras, first=True)
         self._step = _passed_by_generate(model, input_ids, extras, first=False)
@@ -104,8 +122,8 @@ def _prompt_positions(position_ids: torch.Tensor | None, input_ids: torch.Tensor
     return position_ids.expand(input_ids.shape[0], -1).to(input_ids.device)
 
 
-def _is_default_cache_position(cache_position: Any, input_ids: torch.Tensor) -> bool:
-    expected = torch.arange(input_ids.shape[-1], device=input_ids.device)
+def _is_default_cache_position(cache_position: Any, input_ids: torch.Tensor, cached: int) -> bool:
+    expected = torch.arange(cached, input_ids.shape[-1], device=input_ids.device)
     return isinstance(cache_position, torch.Tensor) and torch.equal(cache_position.to(expected), expected)
 
 

@@ -21,11 +21,18 @@ sliding layers at its end where its rows hold no holes.
 
 The prompt's forward (the first) has no holes before it, so the model builds its own masks there,
 as in plain decoding's prefill, and its positions are `generate`'s own, which later tokens continue.
+A cache handed in filled (a conversation continued, as plain `generate` continues one) holds the
+prompt's first columns already: the first forward feeds the rest, after them.
+
+A batch whose rows accepted different numbers of drafts ends with holes in its cache, and rows that
+finished early gone from it; such a cache is handed back as it is (its layout is not plain
+decoding's), and remembered (`holds_holes`) so that a call given it to continue from refuses it.
 """
 
 from __future__ import annotations
 
 import inspect
+import weakref
 from typing import Any
 
 import torch
@@ -51,9 +58,11 @@ class RaggedKV:
         batch_size: int,
         device: torch.device,
         boolean_masks: bool = False,
+        attention_mask: torch.Tensor | None = None,
     ):
         """`boolean_masks`: the model is one of our draft heads, which takes a boolean 4D mask
-        whatever its config says (tree drafts need one)."""
+        whatever its config says (tree drafts need one). `attention_mask`: the prompt's, whose
+        first columns say which of a filled `cache`'s columns hold real tokens (all, without it)."""
         self.model = model
         self.boolean_masks = boolean_masks
         self.batch_size = batch_size
@@ -64,13 +73,17 @@ class RaggedKV:
         self.layer_windows = _layer_windows(model, self.cache)
         self.window_masks = _Masks.for_sliding_window(model, self.cache)
         self.tree_masks = self.window_masks  # built on the first tree draft for other models
-        self.mask = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)  # [B, cache_len]
-        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # real tokens per row
+        cached = self.cache.get_seq_length()  # a conversation continued: the prompt's first columns
+        if attention_mask is not None:
+            self.mask = attention_mask[:, :cached].to(device=device, dtype=torch.bool)  # [B, cache_len]
+        else:
+            self.mask = torch.ones(batch_size, cached, dtype=torch.bool, device=device)
+        self.lengths = self.mask.sum(dim=1)  # real tokens per row
         # Per row, the position of its next token minus `lengths`: None (0) unless the prompt was fed
         # with positions of its own (generate's, which after right padding do not count real tokens).
         self.offsets: torch.Tensor | None = None
-        self.prompt_width = 0  # columns of the first forward: the prompt, padding included
-        self.all_real = True  # whether `mask` has no hole: the model then needs no attention mask
+        self.prompt_width = 0  # columns of the prompt once fed, padding included
+        self.all_real = bool(self.mask.all())  # no hole: the model then needs no attention mask
         self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     @property
@@ -98,7 +111,8 @@ class RaggedKV:
         (a draft head's features, a model's extra inputs, output switches).
         """
         width = tokens.shape[1]
-        first = self.width == 0
+        # The prompt's forward (after a filled cache's columns), or one into a cache emptied since.
+        first = self.width == 0 or self.prompt_width == 0
         given = positions is not None
         if not given:
             positions = self._next_positions(width, valid, tree)
@@ -110,7 +124,7 @@ class RaggedKV:
             self.lengths = self.lengths + valid.sum(dim=1)
             self.all_real = self.all_real and bool(valid.all())
         if first:
-            self.prompt_width = width
+            self.prompt_width = self.width
         if first and given:
             offsets = positions[:, -1] + 1 - self.lengths  # generate continues from the last position
             self.offsets = offsets if bool(offsets.any()) else None
@@ -207,6 +221,8 @@ class RaggedKV:
         holes, no row dropped), sliding-window layers go back to transformers' own, cut to their
         window as plain decoding leaves them; a ragged cache keeps its full layers."""
         whole = self.mask.shape[0] == self.batch_size and bool(self.mask[:, self.prompt_width :].all())
+        if not whole:
+            _HOLDING_HOLES.add(self.cache)
         if whole:
             for i, window in enumerate(self.layer_windows):
                 layer = self.cache.layers[i]
@@ -271,6 +287,15 @@ class RaggedKV:
             self.cache.crop(-drop)
             self.mask = self.mask[:, : self.width - drop]
         self.all_real = bool(self.mask.all())
+
+
+_HOLDING_HOLES: weakref.WeakSet[DynamicCache] = weakref.WeakSet()  # caches handed back ragged
+
+
+def holds_holes(cache: Any) -> bool:
+    """Whether `cache` was handed back by a call whose rows ended ragged (`RaggedKV.finished_cache`):
+    holes of rejected drafts inside its rows, or rows missing."""
+    return cache in _HOLDING_HOLES
 
 
 def positions(held: list[int], rows: list[int]) -> list[int]:

@@ -59,14 +59,15 @@ def speculative_decode(
         hidden_states = features.take(rows) if k > 0 else None  # kept for the next draft
         return out.draft_request(rows, k, generation_config.do_sample, processor, hidden_states, tree)
 
-    # The prefill is plain decoding's first step: the whole prompt, whose last logits give each
-    # row's first token. From then on the target's cache holds every token of a row but its last:
-    # each step feeds that last token followed by the draft, so output position i scores draft
-    # token i.
-    prompt_mask = out.attention_mask.bool()
+    # The prefill is plain decoding's first step: the whole prompt (what a filled cache does not
+    # hold of it yet), whose last logits give each row's first token. From then on the target's
+    # cache holds every token of a row but its last: each step feeds that last token followed by
+    # the draft, so output position i scores draft token i.
+    prompt_mask = out.attention_mask.bool()[:, inputs.uncached]
     switches = returned.switches | inputs.prefill()
+    new_tokens = input_ids[:, inputs.uncached]
     prefill = target.forward(
-        input_ids, prompt_mask, logits_to_keep=1, positions=inputs.prompt_positions, **switches
+        new_tokens, prompt_mask, logits_to_keep=1, positions=inputs.prompt_positions, **switches
     )
     features.add(prefill, prompt_mask, list(range(batch)), slice(None))
     if out.active_rows:  # none when the prompt already fills max_length

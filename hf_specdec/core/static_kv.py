@@ -458,4 +458,4 @@ def target_cache(
     cache = generate_cache(model_kwargs)
     if isinstance(cache, StaticCache):
         return StaticKV.for_generate(model, cache, batch, device, generation_config, model_kwargs)
-    return RaggedKV(model, cache, batch, device)
+    return RaggedKV(model, cache, batch, device, attention_mask=model_kwargs.get("attention_mask"))

@@ -121,10 +121,10 @@ def _cases(target, small_vocab_draft):
             ValueError,
             r"does not return attentions or hidden states over a static cache; drop",
         ),
-        "filled_cache": (
+        "filled_cache_without_new_tokens": (
             dict(speculative=NGRAM, cache="filled"),
             ValueError,
-            r"starts from an empty cache",
+            r"to continue a conversation, pass input_ids holding the cached tokens followed by at least one",
         ),
         "streamer_batch": (
             dict(speculative=NGRAM, streamer="batch"),

@@ -1,0 +1,182 @@
+"""A conversation continued from a filled cache, as plain `generate` continues one: `input_ids`
+holds what the cache holds and then the new turn, and only the new tokens are fed. The output is
+plain generate's over the same cache; caches whose layout cannot be continued are refused."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import DynamicCache, StaticCache
+
+from hf_specdec import SpeculativeConfig
+from hf_specdec.core.kv import holds_holes
+
+from ..conftest import assert_greedy_match, random_batch, tiny_llama
+from ..helpers.heads import copied_layer_eagle
+
+NEW_TURN = [7, 9, 3]
+
+
+def _first_turn(model, input_ids, attention_mask, **kwargs):
+    """Turn one's output, and turn two's prompt and mask: its sequences, then `NEW_TURN`."""
+    out = model.generate(
+        input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=8,
+        do_sample=False,
+        return_dict_in_generate=True,
+        **kwargs,
+    )
+    batch = input_ids.shape[0]
+    turn = torch.cat([out.sequences, torch.tensor([NEW_TURN] * batch)], dim=1)
+    mask = torch.cat(
+        [attention_mask, torch.ones(batch, turn.shape[1] - attention_mask.shape[1], dtype=torch.long)], 1
+    )
+    return out, turn, mask
+
+
+def _cache(out):
+    return out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+
+
+ROWS = {
+    "one row": (torch.tensor([[1, 7, 9, 11, 7, 9]]), torch.ones(1, 6, dtype=torch.long)),
+    "left-padded rows": (
+        torch.tensor([[1, 7, 9, 11, 7, 9], [0, 0, 1, 7, 9, 4]]),
+        torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]]),
+    ),
+}
+
+
+@pytest.mark.parametrize("rows", list(ROWS))
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_a_conversation_continued_from_plain_generates_cache_is_plains_continuation(
+    target, good_draft, rows, method
+):
+    input_ids, attention_mask = ROWS[rows]
+    first, turn, mask = _first_turn(target, input_ids, attention_mask, eos_token_id=None)
+    options = dict(
+        attention_mask=mask,
+        max_new_tokens=24,
+        do_sample=False,
+        eos_token_id=None,
+        return_dict_in_generate=True,
+        output_scores=True,
+        output_hidden_states=True,
+    )
+    plain = target.generate(turn, cache=copy.deepcopy(_cache(first)), **options)
+    draft = good_draft if method == "draft_model" else None
+    speculative = SpeculativeConfig(method=method, draft=draft, num_draft_tokens=4)
+    ours = target.generate(turn, cache=copy.deepcopy(_cache(first)), speculative=speculative, **options)
+
+    stats = ours.speculative_stats  # drafts verified, rejected and rolled back over the continued cache
+    assert stats.speculative_steps > 0 and stats.drafted > stats.accepted
+    assert stats.accepted > 0 or method == "ngram"  # the random model's n-grams seldom hold
+    assert torch.equal(ours.sequences, plain.sequences)
+    for a, b in zip(ours.scores, plain.scores, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    # The first step's hidden states are of the tokens the cache did not hold alone, as plain's: turn
+    # one's last token (generated, never fed) and the new turn.
+    uncached = 1 + len(NEW_TURN)
+    assert ours.hidden_states[0][0].shape == plain.hidden_states[0][0].shape == (len(turn), uncached, 32)
+    for a, b in zip(ours.hidden_states[0], plain.hidden_states[0], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    whole = target.generate(turn, **options)  # the same as feeding the whole conversation again
+    assert torch.equal(whole.sequences, plain.sequences)
+
+
+def test_a_speculative_turn_continues_a_speculative_turns_cache(target):
+    """One row: the cache a speculative call hands back holds just its sequence, so the next turn
+    continues it, speculative or plain."""
+    input_ids, attention_mask = ROWS["one row"]
+    first, turn, mask = _first_turn(target, input_ids, attention_mask, eos_token_id=None, speculative="ngram")
+    assert _cache(first).get_seq_length() == first.sequences.shape[1] - 1
+    options = dict(attention_mask=mask, max_new_tokens=24, do_sample=False, eos_token_id=None)
+    plain = target.generate(turn, cache=copy.deepcopy(_cache(first)), **options)
+    ours = target.generate(turn, cache=copy.deepcopy(_cache(first)), speculative="ngram", **options)
+    assert torch.equal(ours, plain)
+
+
+def test_a_chat_continued_on_smollm2_is_plains(smollm2):
+    """Two chat turns on the real SmolLM2 with its tokenizer's chat template, the second continuing
+    the first's cache."""
+    model, tokenizer = smollm2
+    chat = [{"role": "user", "content": "Name three primary colours, one per line."}]
+    ids = tokenizer.apply_chat_template(
+        chat, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
+    first = model.generate(**ids, max_new_tokens=24, do_sample=False, return_dict_in_generate=True)
+    reply = tokenizer.decode(first.sequences[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
+    chat += [
+        {"role": "assistant", "content": reply},
+        {"role": "user", "content": "Now repeat them in reverse order."},
+    ]
+    turn = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt")
+    if not isinstance(turn, torch.Tensor):
+        turn = turn["input_ids"]
+    # The template re-renders turn one; continue from the columns it shares with the cache.
+    cache = _cache(first)
+    shared = int(
+        (turn[0, : first.sequences.shape[1]] == first.sequences[0, : turn.shape[1]]).cumprod(0).sum()
+    )
+    assert shared > ids["input_ids"].shape[1]  # turn one's prompt and some of its reply are reused
+    if shared < cache.get_seq_length():
+        cache.crop(shared - cache.get_seq_length())
+    options = dict(max_new_tokens=32, do_sample=False)
+    plain = model.generate(turn, cache=copy.deepcopy(cache), **options)
+    ours = model.generate(turn, cache=copy.deepcopy(cache), speculative="ngram", **options)
+    assert_greedy_match(model, plain, ours, input_ids=turn)
+
+
+def _ragged_cache(target):
+    """A speculative batch's cache whose rows accepted different numbers of drafts."""
+    input_ids, attention_mask = random_batch(4, 4)
+    out = target.generate(
+        input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=24,
+        do_sample=False,
+        speculative=SpeculativeConfig(method="ngram", num_draft_tokens=4),
+        return_dict_in_generate=True,
+    )
+    cache = _cache(out)
+    assert holds_holes(cache)  # the case under test: a cache that plain decoding's layout is not
+    return out, cache
+
+
+def test_a_ragged_batch_cache_is_refused_with_what_to_do(target):
+    out, cache = _ragged_cache(target)
+    turn = torch.cat([out.sequences, torch.tensor([NEW_TURN] * len(out.sequences))], dim=1)
+    with pytest.raises(ValueError, match=r"cannot be continued\. Pass the whole conversation without cache="):
+        target.generate(turn, cache=cache, max_new_tokens=4, speculative="ngram")
+
+
+def test_continuing_is_refused_where_the_layout_cannot_be_continued(target):
+    input_ids, attention_mask = ROWS["one row"]
+    turn = torch.cat([input_ids, torch.tensor([NEW_TURN])], dim=1)
+
+    def filled(cache):
+        with torch.no_grad():
+            target(input_ids=input_ids, cache=cache, use_cache=True)
+        return cache
+
+    static = filled(StaticCache(config=target.config, max_cache_len=64))
+    with pytest.raises(ValueError, match=r"not a filled StaticCache: pass the whole conversation"):
+        target.generate(turn, cache=static, max_new_tokens=4, speculative="ngram")
+    eagle = SpeculativeConfig(method="eagle", draft=copied_layer_eagle(target))
+    with pytest.raises(ValueError, match=r"method='eagle' drafts from the target's hidden states"):
+        target.generate(
+            turn, cache=filled(DynamicCache(config=target.config)), max_new_tokens=4, speculative=eagle
+        )
+
+
+def test_a_sliding_window_cache_is_refused():
+    model = tiny_llama(0)
+    model.config.sliding_window = 4
+    model.config.layer_types = ["sliding_attention"] * model.config.num_hidden_layers
+    input_ids, attention_mask = ROWS["one row"]
+    first, turn, mask = _first_turn(model, input_ids, attention_mask, eos_token_id=None)
+    with pytest.raises(ValueError, match=r"cannot continue a cache with sliding-window layers"):
+        model.generate(turn, attention_mask=mask, cache=_cache(first), max_new_tokens=4, speculative="ngram")
