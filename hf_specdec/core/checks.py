@@ -73,14 +73,29 @@ def check_supported(
     if streamer is not None and input_ids.shape[0] > 1:
         raise ValueError("A streamer takes one sequence: stream with batch size 1, or drop streamer=.")
     if cache is not None and cache.get_seq_length() > 0:
-        check_continued(input_ids, cache)
+        check_continued(input_ids, cache, _mask_length(config, model_kwargs))
     check_forwarded(input_ids, model_kwargs)
 
 
-def check_continued(input_ids: torch.Tensor, cache: Any) -> None:
+def _mask_length(config: GenerationConfig, model_kwargs: dict[str, Any]) -> int | None:
+    """The width of the attention mask the caller gave: `generate` drops a mask of all ones and
+    keeps its width in the config."""
+    mask = model_kwargs.get("attention_mask")
+    return mask.shape[-1] if mask is not None else getattr(config, "_mask_length", None)
+
+
+def check_continued(input_ids: torch.Tensor, cache: Any, mask_length: int | None = None) -> None:
     """A filled cache continues a conversation, as with plain `generate`: `input_ids` holds what the
     cache holds, then the new tokens. Refused where its layout cannot be continued."""
     cached, given = cache.get_seq_length(), input_ids.shape[-1]
+    if mask_length is not None and mask_length > given:
+        # transformers' other form: input_ids holds the new tokens alone, the mask the whole
+        # conversation. Taken for the whole conversation, the first tokens would be dropped.
+        raise ValueError(
+            f"speculative= continues a filled cache= from input_ids holding the whole conversation (the "
+            f"{cached} cached tokens, then the new ones), as long as attention_mask ({mask_length}); got "
+            f"{given} input_ids: pass torch.cat([cached_ids, new_ids], dim=1)."
+        )
     if type(cache) is StaticCache:
         raise ValueError(
             "speculative= continues a filled DynamicCache, not a filled StaticCache: pass the whole "

@@ -32,7 +32,6 @@ decoding's), and remembered (`holds_holes`) so that a call given it to continue 
 from __future__ import annotations
 
 import inspect
-import weakref
 from typing import Any
 
 import torch
@@ -222,7 +221,7 @@ class RaggedKV:
         window as plain decoding leaves them; a ragged cache keeps its full layers."""
         whole = self.mask.shape[0] == self.batch_size and bool(self.mask[:, self.prompt_width :].all())
         if not whole:
-            _HOLDING_HOLES.add(self.cache)
+            setattr(self.cache, _HOLES_MARK, True)
         if whole:
             for i, window in enumerate(self.layer_windows):
                 layer = self.cache.layers[i]
@@ -289,13 +288,15 @@ class RaggedKV:
         self.all_real = bool(self.mask.all())
 
 
-_HOLDING_HOLES: weakref.WeakSet[DynamicCache] = weakref.WeakSet()  # caches handed back ragged
+# Set on a cache handed back ragged; an attribute of the cache itself, so that its copies
+# (`copy.deepcopy`, to branch a conversation) carry it too.
+_HOLES_MARK = "_hf_specdec_holds_holes"
 
 
 def holds_holes(cache: Any) -> bool:
     """Whether `cache` was handed back by a call whose rows ended ragged (`RaggedKV.finished_cache`):
     holes of rejected drafts inside its rows, or rows missing."""
-    return cache in _HOLDING_HOLES
+    return bool(getattr(cache, _HOLES_MARK, False))
 
 
 def positions(held: list[int], rows: list[int]) -> list[int]:
@@ -322,6 +323,17 @@ class Slots:
     def scatter(self, rows: torch.Tensor, batched: torch.Tensor) -> torch.Tensor:
         """`batched` [batch_size, ...] with the step's rows replaced by `rows` [B, ...], in place."""
         return rows if self.whole else batched.index_copy_(0, self.index, rows)
+
+
+def _slides_by_config(model: PreTrainedModel) -> bool:
+    """Whether `model`'s config gives any of its layers a sliding window (our draft heads' configs
+    are not transformers' and give none)."""
+    text_config = getattr(model.config, "get_text_config", None)
+    if text_config is None:
+        return False
+    config = text_config(decoder=True)
+    layer_types = getattr(config, "layer_types", None) or ["sliding_attention"]
+    return getattr(config, "sliding_window", None) is not None and "sliding_attention" in layer_types
 
 
 def _layer_windows(model: PreTrainedModel, cache: DynamicCache) -> list[int | None]:
@@ -377,7 +389,10 @@ class _Masks:
     def for_sliding_window(cls, model: PreTrainedModel, cache: DynamicCache) -> _Masks | None:
         """Masks for `model` if it has sliding-window layers (their cache layers become full ones)."""
         sliding = [isinstance(layer, DynamicSlidingWindowLayer) for layer in cache.layers]
-        if not any(sliding):
+        # The model attends in a window as its config says, whatever the cache's layers: a cache
+        # built without the config (`DynamicCache()`) has full layers only, yet holes in them
+        # would still be counted in the model's own window.
+        if not any(sliding) and not _slides_by_config(model):
             return None
         config = model.config.get_text_config(decoder=True)
         if getattr(config, "sliding_window", None) is None:  # transformers caches chunks the same way

@@ -141,6 +141,10 @@ def speculative_decode(
         stats.record_forward(k, width, drafted_at - start, verified_at - drafted_at)
 
     stats.emitted = out.emitted
+    # A row that stopped inside its accepted drafts (an EOS, a stop string, max_length) has drafts
+    # past its end cached: the cache handed back holds each row's sequence but its last token, as
+    # plain decoding's does, so that a next turn can continue it.
+    target.truncate(out.cached_lengths(cached_rows))
     return out.finish(stats, target.finished_cache())
 
 

@@ -154,6 +154,13 @@ class OutputCollector:
         logits = verdict.logits[b, at] if self.keep_logits else None
         self.emit(row, verdict.tokens[b, :n], scores, logits, stopping_criteria, extras)
 
+    def cached_lengths(self, rows: list[int]) -> torch.Tensor:
+        """Per row of `rows`, the real tokens plain decoding's cache holds at the end of the call:
+        the prompt's (padding left out) and every generated token but the last (never fed)."""
+        prompt = self.attention_mask.sum(dim=1)[rows]
+        fed = [max(self.lengths[row] - self.prompt_len - 1, 0) for row in rows]
+        return prompt + torch.tensor(fed, device=prompt.device)
+
     def finish(self, stats: SpeculativeStats, cache: Any) -> Any:
         """Build what `generate` returns: padded sequences, or the output dataclass."""
         if self.streamer is not None:

@@ -8,7 +8,7 @@ import copy
 
 import pytest
 import torch
-from transformers import DynamicCache, StaticCache
+from transformers import DynamicCache, MistralConfig, MistralForCausalLM, StaticCache
 
 from hf_specdec import SpeculativeConfig
 from hf_specdec.core.kv import holds_holes
@@ -99,6 +99,23 @@ def test_a_speculative_turn_continues_a_speculative_turns_cache(target):
     assert torch.equal(ours, plain)
 
 
+def test_a_row_stopped_inside_its_accepted_drafts_hands_back_just_its_sequence(target):
+    """An EOS met inside a step's accepted drafts ends the row there: the drafts after it were
+    accepted and cached, and must leave the cache, or a next turn would read them as its own."""
+    input_ids = torch.tensor([[1, 42, 47, 23, 60, 61, 41]])  # its 4th token is the EOS, inside a draft
+    perfect = SpeculativeConfig(method="draft_model", draft=target, num_draft_tokens=6)
+    options = dict(max_new_tokens=20, do_sample=False, eos_token_id=6, return_dict_in_generate=True)
+    ours = target.generate(input_ids, speculative=perfect, **options)
+    plain = target.generate(input_ids, **options)
+    assert torch.equal(ours.sequences, plain.sequences)
+    assert ours.sequences[0, -1] == 6 and ours.sequences.shape[1] < input_ids.shape[1] + 20  # stopped
+    assert _cache(ours).get_seq_length() == _cache(plain).get_seq_length() == ours.sequences.shape[1] - 1
+    turn = torch.cat([ours.sequences, torch.tensor([NEW_TURN])], dim=1)
+    later = dict(max_new_tokens=8, do_sample=False, eos_token_id=None)
+    continued = target.generate(turn, cache=_cache(ours), speculative="ngram", **later)
+    assert torch.equal(continued, target.generate(turn, cache=_cache(plain), **later))
+
+
 def test_a_chat_continued_on_smollm2_is_plains(smollm2):
     """Two chat turns on the real SmolLM2 with its tokenizer's chat template, the second continuing
     the first's cache."""
@@ -149,8 +166,11 @@ def _ragged_cache(target):
 def test_a_ragged_batch_cache_is_refused_with_what_to_do(target):
     out, cache = _ragged_cache(target)
     turn = torch.cat([out.sequences, torch.tensor([NEW_TURN] * len(out.sequences))], dim=1)
-    with pytest.raises(ValueError, match=r"cannot be continued\. Pass the whole conversation without cache="):
-        target.generate(turn, cache=cache, max_new_tokens=4, speculative="ngram")
+    for given in (cache, copy.deepcopy(cache)):  # a copy (a conversation branched) is refused too
+        with pytest.raises(
+            ValueError, match=r"cannot be continued\. Pass the whole conversation without cache="
+        ):
+            target.generate(turn, cache=given, max_new_tokens=4, speculative="ngram")
 
 
 def test_continuing_is_refused_where_the_layout_cannot_be_continued(target):
@@ -180,3 +200,51 @@ def test_a_sliding_window_cache_is_refused():
     first, turn, mask = _first_turn(model, input_ids, attention_mask, eos_token_id=None)
     with pytest.raises(ValueError, match=r"cannot continue a cache with sliding-window layers"):
         model.generate(turn, attention_mask=mask, cache=_cache(first), max_new_tokens=4, speculative="ngram")
+
+
+def test_input_ids_of_the_new_tokens_alone_are_refused(target):
+    """transformers also takes input_ids holding only the new tokens, with an attention mask over
+    the whole conversation; continued as if they were the whole, the first ones would be dropped."""
+    input_ids, attention_mask = ROWS["one row"]
+    first, turn, mask = _first_turn(target, input_ids, attention_mask, eos_token_id=None)
+    new_only = turn[:, _cache(first).get_seq_length() :]
+    with pytest.raises(ValueError, match=r"from input_ids holding the whole conversation .* pass torch\.cat"):
+        target.generate(
+            new_only, attention_mask=mask, cache=_cache(first), max_new_tokens=4, speculative="ngram"
+        )
+
+
+@pytest.mark.parametrize("filled", [False, True])
+def test_a_sliding_window_model_over_a_cache_built_without_its_config(filled):
+    """`DynamicCache()` without the model's config has full layers, but the model still attends in
+    its window: a batch whose rows accept differently has holes, which must not count in it."""
+    config = MistralConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        initializer_range=0.4,
+        pad_token_id=0,
+        sliding_window=4,
+    )
+    torch.manual_seed(0)
+    model = MistralForCausalLM(config).eval()
+    input_ids, attention_mask = random_batch(3, 3)
+    cache = DynamicCache()
+    if filled:
+        first = model.generate(
+            input_ids, attention_mask=attention_mask, max_new_tokens=6, do_sample=False, cache=cache
+        )
+        input_ids = torch.cat([first, torch.tensor([NEW_TURN] * 3)], dim=1)
+        attention_mask = torch.cat([attention_mask, torch.ones(3, 9, dtype=torch.long)], dim=1)
+    assert all(type(layer).__name__ == "DynamicLayer" for layer in cache.layers)
+    options = dict(attention_mask=attention_mask, max_new_tokens=16, do_sample=False, eos_token_id=None)
+    plain = model.generate(input_ids, cache=copy.deepcopy(cache), **options)
+    fixed = SpeculativeConfig(method="ngram", num_draft_tokens=4)
+    ours = model.generate(
+        input_ids, cache=copy.deepcopy(cache), speculative=fixed, return_dict_in_generate=True, **options
+    )
+    assert torch.equal(ours.sequences, plain)
+    assert ours.speculative_stats.speculative_steps > 0
