@@ -221,14 +221,14 @@ class RaggedKV:
         window as plain decoding leaves them; a ragged cache keeps its full layers."""
         whole = self.mask.shape[0] == self.batch_size and bool(self.mask[:, self.prompt_width :].all())
         if not whole:
-            setattr(self.cache, _HOLES_MARK, True)
-        if whole:
-            for i, window in enumerate(self.layer_windows):
-                layer = self.cache.layers[i]
-                if window is not None and type(layer) is DynamicLayer and layer.is_initialized:
-                    sliding = DynamicSlidingWindowLayer(sliding_window=window)
-                    sliding.update(layer.keys, layer.values)  # keeps the last window - 1 columns
-                    self.cache.layers[i] = sliding
+            setattr(self.cache, _HOLES_MARK, True)  # no call can continue it (`holds_holes`)
+            return self.cache
+        for i, window in enumerate(self.layer_windows):
+            layer = self.cache.layers[i]
+            if window is not None and type(layer) is DynamicLayer and layer.is_initialized:
+                sliding = DynamicSlidingWindowLayer(sliding_window=window)
+                sliding.update(layer.keys, layer.values)  # keeps the last window - 1 columns
+                self.cache.layers[i] = sliding
         return self.cache
 
     def sequence_columns(self, row: int, end: int) -> torch.Tensor:
@@ -403,7 +403,8 @@ class _Masks:
         layer_types = getattr(config, "layer_types", None) or ["sliding_attention"]
         layer_types = [t for t in layer_types if t in ("full_attention", "sliding_attention")]
         masks = cls(model, config.sliding_window, layer_types)
-        for i, is_sliding in enumerate(sliding):  # empty: check_supported refuses a filled cache
+        # Empty, where any is sliding: `check_continued` refuses a filled cache with sliding layers.
+        for i, is_sliding in enumerate(sliding):
             if is_sliding:
                 cache.layers[i] = DynamicLayer()
         return masks
