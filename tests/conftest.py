@@ -116,12 +116,19 @@ def smollm2(smollm2_path):
 
 
 @pytest.fixture
-def fresh_dynamo():
-    """Dynamo's compiled graphs forgotten before and after the test: its recompile limit (8) counts
-    graphs per code object, and every model's `__call__` goes through one transformers wrapper,
-    so compiling tests that share a worker would otherwise add up past it."""
+def fresh_dynamo(monkeypatch):
+    """Dynamo as a fresh process has it: no compiled graphs, and its recompile limit at its default
+    (8 graphs per code object; every model's `__call__` goes through one transformers wrapper, so
+    compiling tests that share a worker would otherwise add up past it), with no shape counted by
+    `static_kv.allow_graphs` yet.
+
+    The limit is set through dynamo's own `config.patch`, which restores it by assignment: pytest's
+    monkeypatch (since 9.2) undoes a setattr on a torch config module with a `del`, which hides the
+    entry for the rest of the worker."""
     torch._dynamo.reset()
-    yield
+    monkeypatch.setattr("hf_specdec.core.static_kv._SHAPES_COMPILED", set())
+    with torch._dynamo.config.patch(recompile_limit=8):
+        yield
     torch._dynamo.reset()
 
 

@@ -62,7 +62,9 @@ def allow_graphs(shape: tuple[Any, ...], graphs: int) -> None:
     if shape in _SHAPES_COMPILED:
         return
     _SHAPES_COMPILED.add(shape)
-    limit = torch._dynamo.config.recompile_limit
+    # Read from a copy of dynamo's settings, not as an attribute: a `del` on the config module (as
+    # pytest's monkeypatch undoes a setattr since 9.2) hides the attribute but not its value.
+    limit = torch._dynamo.config.get_config_copy()["recompile_limit"]
     torch._dynamo.config.recompile_limit = max(limit, min(limit + graphs, MAX_RECOMPILE_LIMIT))
 
 

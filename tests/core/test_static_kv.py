@@ -12,7 +12,7 @@ import torch
 from torch._dynamo.testing import CompileCounter
 from transformers import MistralConfig, MistralForCausalLM, StaticCache
 
-from hf_specdec.core.static_kv import StaticKV
+from hf_specdec.core.static_kv import StaticKV, allow_graphs
 
 from ..conftest import random_batch, tiny_llama
 
@@ -166,3 +166,11 @@ def test_sliding_window_static_layers_are_refused():
     model = MistralForCausalLM(config).eval()
     with pytest.raises(ValueError, match="StaticSlidingWindowLayer"):
         StaticKV(model, StaticCache(config=config, max_cache_len=16), 1, torch.device("cpu"))
+
+
+def test_allow_graphs_raises_a_limit_whose_attribute_was_hidden(fresh_dynamo):
+    """A `del` on dynamo's config module (how pytest 9.2's monkeypatch undoes a setattr there) hides
+    the attribute; the limit is still read and raised, and reading it works again after."""
+    del torch._dynamo.config.recompile_limit
+    allow_graphs(("a model", 1, 64), 5)
+    assert torch._dynamo.config.recompile_limit == 13

@@ -315,14 +315,12 @@ class _FixedRecorder(FixedDraftLength):
 
 
 @pytest.mark.parametrize("method", ["draft_model", "eagle"])
-def test_calls_of_new_batch_sizes_keep_compiling(good_draft, fresh_dynamo, monkeypatch, method):
+def test_calls_of_new_batch_sizes_keep_compiling(good_draft, fresh_dynamo, method):
     """Each batch size is a new shape for the target's five widths and the draft's: dynamo's limit
     of graphs per function (8 by default, a hard failure under `fullgraph=True`) is raised for each
     new shape, so five batch sizes in one process all compile, and every output is plain's."""
     from ..drafters.test_heads import copied_layer_eagle
 
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)  # as a fresh process has it
-    monkeypatch.setattr("hf_specdec.core.static_kv._SHAPES_COMPILED", set())
     model = tiny_llama(30, layers=1) if method == "eagle" else tiny_llama(0, eos_token_id=None)
     draft = copied_layer_eagle(model, torch.arange(4, 64)) if method == "eagle" else good_draft
     config = CompileConfig(backend=lambda graph, example_inputs: graph.forward, fullgraph=True, mode=None)
