@@ -6,6 +6,7 @@ never loads the drafters."""
 from __future__ import annotations
 
 import dataclasses
+import enum
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -165,6 +166,15 @@ class Draft:
             )
 
 
+class DraftCost(enum.Enum):
+    """How the seconds a drafter spends on one draft grow with its length: what a draft-length policy
+    prices a draft of k tokens (or a tree of depth d) at."""
+
+    FREE = "free"  # a look-up (n-gram, suffix): next to nothing whatever the length
+    PER_TOKEN = "per_token"  # one draft forward per token of a chain; a tree's cost grows per level
+    PER_BLOCK = "per_block"  # one forward for a whole block whatever its length (DFlash, DSpark)
+
+
 class Drafter:
     """A draft source: subclass it, one per module in `hf_specdec/drafters/`, and register it by name.
 
@@ -183,6 +193,8 @@ class Drafter:
     # Whether `propose` can answer `DraftRequest.tree` with a tree of candidates (`Draft.parents`);
     # `SpeculativeConfig(tree=True)` is refused for drafters that only draft chains.
     supports_tree: ClassVar[bool] = False
+    # How a draft's cost grows with its length; a tree drafted PER_TOKEN costs a forward per level.
+    draft_cost: ClassVar[DraftCost] = DraftCost.PER_TOKEN
 
     @classmethod
     def from_config(cls, config: SpeculativeConfig, target: PreTrainedModel, tokenizer: Any) -> Drafter:
