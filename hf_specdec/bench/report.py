@@ -12,6 +12,7 @@ from typing import Any
 
 from ..core.stats import SpeculativeStats
 from ..lossless import KINDS, bound_formula
+from .machine import busy_note
 from .plots import MissingMatplotlib, plot_acceptance, plot_speedup
 from .result import PLAIN, BenchResult, Measurement
 
@@ -173,12 +174,14 @@ def _header(result: BenchResult) -> list[str]:
         lines += ["Reproduce with:", "", f"    {s['command']}", ""]
     lines += [
         f"- Model: `{s['model']}`" + (f", draft `{s['draft']}`" if s["draft"] else ", no draft model"),
-        f"- Suite: {s['suite']}, {s['prompts']} prompts in {len(s['categories'])} categories; "
+        f"- Suite: {s['suite']}, {_count(s['prompts'], 'prompt')} in "
+        f"{_count(len(s['categories']), 'category', 'categories')}; "
         f"batch sizes {', '.join(map(str, s['batch_sizes']))}; {mode}; max_new_tokens {s['max_new_tokens']}; "
         f"chat template {'on' if s['chat_template'] else 'off'}; num_draft_tokens {s['num_draft_tokens']}",
         f"- Machine: {s['machine']}, {s['cpu_cores']} cores, {s['torch_threads']} torch threads; "
         f"load average (1/5/15 min) {_load(s.get('load_average_start'))} at start, "
-        f"{_load(s.get('load_average_end'))} at end",
+        f"{_load(s.get('load_average_end'))} at end" + _others(s.get("cpu_taken_by_others")),
+        *[f"- **{note}**" for note in [busy_note(s.get("cpu_taken_by_others"))] if note],
         f"- Software: torch {s['torch']}, transformers {s['transformers']}, Python {s['python']}; "
         f"date {s['date']}",
         *_runtime(s.get("runtime")),
@@ -327,6 +330,14 @@ def _x(value: float | None) -> str:
 
 def _pct(value: float | None) -> str:
     return "–" if value is None else f"{value:.0%}"
+
+
+def _others(share: float | None) -> str:
+    return "" if share is None else f"; other processes took {share:.0%} of its CPU time during the run"
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else many or one + 's'}"
 
 
 def _load(values: list[float] | None) -> str:

@@ -40,6 +40,7 @@ from ..loading import (
 )
 from ..lossless import IDENTICAL, check_greedy, count_kinds
 from ..ort.layout import is_onnx_folder
+from .machine import OtherProcesses, load_average
 from .result import PLAIN, BenchResult, Measurement
 from .suites import Prompt, load_prompt_file, load_suite, take_per_category
 
@@ -93,8 +94,8 @@ def run_bench(
             transformers' `assistant_model=` row.
         heads: trained heads by method, e.g. `{"eagle": "my-eagle-head"}` (folders or repo ids).
         methods: our methods to time (`hf_specdec.DRAFTERS` or "auto", each optionally followed by
-            "+tree" for `SpeculativeConfig(tree=True)`, e.g. "ngram+tree"); default `ngram`, plus
-            `draft_model` when a draft is given and the methods of `heads`.
+            "+tree" for `SpeculativeConfig(tree=True)`, e.g. "ngram+tree"); default `auto` (what
+            `speculative=True` does; with a draft, it drafts with that draft) and the methods of `heads`.
         suite / prompts: a suite name (see `SUITES`), or a JSONL file or list of `Prompt` instead.
         limit: at most this many prompts per category.
         categories: only the prompts of these categories.
@@ -118,7 +119,7 @@ def run_bench(
     """
     heads = dict(heads or {})
     if not methods:
-        methods = ["ngram"] + (["draft_model"] if draft is not None else []) + list(heads)
+        methods = ["auto", *heads]
     methods = list(methods)
     _check_methods(methods, draft, heads)
     _check_batch_sizes(batch_sizes)
@@ -154,11 +155,13 @@ def run_bench(
     generation.update(fast_path(static_cache, compile))
     result.settings["cache_implementation"] = generation.get("cache_implementation", "dynamic")
     result.settings["compiled"] = bool(compile)
+    others = OtherProcesses()
     try:
         _measure(model, tokenizer, rows, chosen, batch_sizes, chat, generation, result, progress, repeats)
     except KeyboardInterrupt:
         result.interrupted = True
-    result.settings["load_average_end"] = _load_average()
+    result.settings["load_average_end"] = load_average()
+    result.settings["cpu_taken_by_others"] = others.share()
     return result
 
 
@@ -475,12 +478,5 @@ def _settings(
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "load_average_start": _load_average(),
+        "load_average_start": load_average(),
     }
-
-
-def _load_average() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except (AttributeError, OSError):
-        return None
