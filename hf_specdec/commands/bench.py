@@ -35,8 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--methods",
         default=None,
-        help="comma-separated methods (default: ngram, plus draft_model with --draft); a method followed by "
-        "+tree (e.g. ngram+tree) drafts trees",
+        help="comma-separated methods (default: auto, what speculative=True does, drafting with --draft "
+        "when given, plus the methods of --head); a method followed by +tree (e.g. ngram+tree) drafts trees",
     )
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
@@ -55,7 +55,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--categories", default=None, help="comma-separated categories to keep")
     parser.add_argument("--batch-sizes", default="1", help="comma-separated batch sizes (default: 1)")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=128, help="tokens to generate per prompt (default 128)"
+    )
     cache = parser.add_mutually_exclusive_group()
     cache.add_argument(
         "--static-cache",

@@ -54,7 +54,7 @@ def result(tiny_folder):
 
 
 def test_every_row_runs_on_every_prompt(result):
-    rows = ["plain", "ngram", "transformers_prompt_lookup"]
+    rows = ["plain", "auto", "transformers_prompt_lookup"]  # by default what speculative=True does
     assert result.settings["rows"] == rows
     assert not result.interrupted
     categories = result.settings["categories"]
@@ -65,7 +65,7 @@ def test_every_row_runs_on_every_prompt(result):
         assert 0 < m.new_tokens <= MAX_NEW and m.seconds > 0
         # greedy, fp32: every row reproduces plain generate
         assert m.lossless == {"identical": 1, "tie": 0, "mismatch": 0} and m.differences == []
-        assert (m.stats is not None) == (m.row == "ngram")
+        assert (m.stats is not None) == (m.row == "auto")
 
 
 def test_summary_figures_are_consistent(result):
@@ -82,10 +82,10 @@ def test_summary_figures_are_consistent(result):
         speedups = [e["speedup"] for e in summary if e["row"] == total["row"]]
         geomean = math.exp(sum(map(math.log, speedups)) / len(speedups))
         assert total["geomean_speedup"] == pytest.approx(geomean)
-    ngram = next(t for t in overall(result.measurements) if t["row"] == "ngram")
-    assert 0.0 <= ngram["acceptance_rate"] <= 1.0 and ngram["mean_accepted_length"] >= 1.0
-    tau = ngram["mean_accepted_length_speculative"]
-    assert tau == 0.0 or tau >= ngram["mean_accepted_length"]  # 0.0: nothing was drafted
+    ours = next(t for t in overall(result.measurements) if t["row"] == "auto")
+    assert 0.0 <= ours["acceptance_rate"] <= 1.0 and ours["mean_accepted_length"] >= 1.0
+    tau = ours["mean_accepted_length_speculative"]
+    assert tau == 0.0 or tau >= ours["mean_accepted_length"]  # 0.0: nothing was drafted
 
 
 def test_the_paired_mean_takes_each_prompt_against_its_own_plain_run(result):
@@ -130,11 +130,19 @@ def test_save_writes_json_markdown_and_plots(result, tmp_path):
     assert data["summary"][0]["mismatch"] == 0
 
 
+def test_the_header_counts_in_words(tiny_folder, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "Count to 3.", "category": "c"}))
+    result = run_bench(tiny_folder, prompts=prompts, max_new_tokens=2, progress=False)
+    assert "1 prompt in 1 category;" in to_markdown(result)
+    assert 0.0 <= result.settings["cpu_taken_by_others"] <= 1.0
+
+
 def test_batched_rows_skip_transformers_baselines(tiny_folder, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": f"Count to {n}.", "category": "c"}) for n in (3, 7)))
     result = run_bench(tiny_folder, prompts=prompts, batch_sizes=[2], max_new_tokens=MAX_NEW, progress=False)
-    assert [m.row for m in result.measurements] == ["plain", "ngram"]
+    assert [m.row for m in result.measurements] == ["plain", "auto"]
     assert all(m.batch_size == 2 and m.lossless["identical"] == 2 for m in result.measurements)
     assert all(m.error is None for m in result.measurements)
 
@@ -146,8 +154,8 @@ def test_a_failing_row_is_reported_and_the_others_kept(tiny_folder, monkeypatch,
     monkeypatch.setattr(NgramDrafter, "propose", boom)
     result = run_bench(tiny_folder, limit=1, max_new_tokens=MAX_NEW, progress=False)
     errors = [m for m in result.measurements if m.error]
-    assert errors and all(m.row == "ngram" and "drafter exploded" in m.error for m in errors)
-    assert all(m.error is None for m in result.measurements if m.row != "ngram")
+    assert errors and all(m.row == "auto" and "drafter exploded" in m.error for m in errors)
+    assert all(m.error is None for m in result.measurements if m.row != "auto")
     markdown = to_markdown(result)
     assert "| error |" in markdown.split("###")[0]  # the overview marks the failed row per category
     assert "RuntimeError: drafter exploded" in markdown
@@ -346,7 +354,7 @@ def test_repeats_time_every_row_again_and_keep_the_median(tiny_folder, monkeypat
     result = run_bench(tiny_folder, prompts=prompts, max_new_tokens=MAX_NEW, repeats=3, progress=False)
     assert result.settings["repeats"] == 3
     assert len(result.measurements) == 3 * 2  # plain, ngram, prompt lookup; two prompts
-    assert sorted(calls) == sorted(["plain", "ngram", "transformers_prompt_lookup"] * 6)
+    assert sorted(calls) == sorted(["plain", "auto", "transformers_prompt_lookup"] * 6)
     assert all(m.seconds == 2.0 and m.error is None for m in result.measurements)
     assert all(m.lossless == {"identical": 1, "tie": 0, "mismatch": 0} for m in result.measurements)
     assert "median of 3 interleaved runs" in to_markdown(result)
@@ -375,7 +383,7 @@ def test_compile_runs_every_row_on_the_compiled_static_cache(tiny_folder, fresh_
     assert len(traced) >= 3  # plain's step and our widths 2 and 4 at least (6 new tokens: no wider)
     assert result.settings["graphs_compiled_while_timing"] == 0
     assert all(m.error is None for m in result.measurements)
-    ours = [m for m in result.measurements if m.row == "ngram"]
+    ours = [m for m in result.measurements if m.row == "auto"]
     assert all(m.lossless == {"identical": 1, "tie": 0, "mismatch": 0} for m in ours)
     assert "decode step compiled" in to_markdown(result)
 
