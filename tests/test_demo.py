@@ -16,6 +16,7 @@ def test_demo_runs_and_reports_no_mismatch(smollm2_path, capsys):
     dtype = "bfloat16" if native_bf16() else "float32"  # the checkpoint's, or fp32 where bf16 is emulated
     assert f"Running in dtype {dtype}, device cpu" in out
     assert "0 mismatches" in out and "native bf16" in out
+    assert "Prompt 3/3:" in out and "τ: the tokens one speculative step adds" in out
 
 
 def test_cli_without_command_prints_help(capsys):

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 import hf_specdec  # the package: importing it adds `speculative=` to generate()
 
+from ..bench.machine import OtherProcesses, busy_note
 from ..core.timing import clock
 from ..loading import (
     describe_runtime,
@@ -75,11 +77,15 @@ def run(args: argparse.Namespace) -> int:
     plain_seconds = spec_seconds = 0.0
     stats = hf_specdec.SpeculativeStats()
     checks = []
+    others = OtherProcesses()
     for i, prompt in enumerate(DEMO_PROMPTS, 1):
         inputs = _encode(tokenizer, model, prompt)
+        print(f"\nPrompt {i}/{len(DEMO_PROMPTS)}: {prompt.splitlines()[0][:70]}", flush=True)
         # plain, speculative, speculative, plain: drift in machine load cancels out of the ratio.
         t_plain = t_spec = 0.0
-        for order in ("plain", "spec", "spec", "plain"):
+        for n, order in enumerate(("plain", "speculative", "speculative", "plain"), 1):
+            # On a slow machine a run takes tens of seconds: say which one (on stderr, then erased).
+            print(f"  running {order} generate ({n}/4) ...", end="\r", file=sys.stderr, flush=True)
             start = clock(model.device)
             if order == "plain":
                 plain = model.generate(**inputs, **settings)
@@ -89,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
                     **inputs, **settings, speculative=speculative, return_dict_in_generate=True
                 )
                 t_spec += clock(model.device) - start
+        print(" " * 40, end="\r", file=sys.stderr, flush=True)
         new_plain = plain.shape[1] - inputs["input_ids"].shape[1]
         new_spec = spec.sequences.shape[1] - inputs["input_ids"].shape[1]
         check = check_greedy(model, inputs["input_ids"], plain, spec.sequences, inputs["attention_mask"])[0]
@@ -98,7 +105,6 @@ def run(args: argparse.Namespace) -> int:
         stats.merge(spec.speculative_stats)
         s = spec.speculative_stats
         print(
-            f"\nPrompt {i}: {prompt.splitlines()[0][:70]}\n"
             f"  plain       {2 * new_plain / t_plain:6.1f} tokens/s\n"
             f"  speculative {2 * new_spec / t_spec:6.1f} tokens/s  ({s.method}, "
             f"{t_plain / t_spec:.2f}x, {_acceptance(s)})\n"
@@ -115,8 +121,12 @@ def run(args: argparse.Namespace) -> int:
         f"{stats.speculative_steps} speculative and {stats.plain_steps} plain steps\n"
         f"Outputs vs plain greedy generate in {dtype}: {counts['identical']} identical, "
         f"{counts['tie']} first differing at a rounding tie (top two within {bound_formula(model.dtype)}), "
-        f"{counts['mismatch']} mismatches"
+        f"{counts['mismatch']} mismatches\n"
+        "(acceptance: the share of drafted tokens the model accepted; τ: the tokens one speculative "
+        "step adds, its accepted drafts plus the model's own next token, where plain decoding adds 1)"
     )
+    if note := busy_note(others.share()):
+        print(note)
     return 1 if counts["mismatch"] else 0
 
 
