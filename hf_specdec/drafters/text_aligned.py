@@ -109,6 +109,10 @@ class TextAlignedDrafter(DecoderDrafter):
         draft.catch_up_seconds = catch_up_seconds
         return draft
 
+    def compile_forwards(self, config: Any, capacity: int, widths: tuple[int, ...], batch_size: int) -> None:
+        """Drafts eagerly: its sequences are in its own tokens, which the target's capacity does not
+        bound."""
+
     def _draft_sequence(self, row: int, real: torch.Tensor) -> torch.Tensor:
         """Row `row`'s text in the draft's tokens, after its start tokens: the text since the last
         sync point `LOOKBEHIND` target tokens back or more is tokenized again with what came since."""

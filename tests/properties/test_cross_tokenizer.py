@@ -206,3 +206,21 @@ def test_control_the_draft_alone_over_the_shared_tokens_is_rejected(word_pair):
     to_target[tli.draft_index] = tli.target_index
     samples = torch.cat([torch.tensor(PROMPT).repeat(ROWS, 1), to_target[drafted]], dim=1)
     assert chi2_pvalue(continuation_index(samples), exact_distribution(target, settings)) < ALPHA
+
+
+@pytest.mark.parametrize("translation", ["intersection", "text"])
+def test_a_draft_of_another_tokenizer_drafts_eagerly_beside_a_compiled_target(pairs, translation):
+    """Its sequences are not the target's lengths, so the target's capacity cannot size a static
+    cache for it: it keeps its own dynamic cache (`compile_forwards` leaves it alone)."""
+    from transformers import CompileConfig
+
+    from hf_specdec import SpeculativeConfig
+    from hf_specdec.drafters.draft_model import DraftModelDrafter
+
+    target, target_tok, draft, draft_tok = pairs["byte<-meta"]
+    config = SpeculativeConfig(
+        method="draft_model", draft=draft, draft_tokenizer=draft_tok, options=dict(translation=translation)
+    )
+    drafter = DraftModelDrafter.from_config(config, target, target_tok)
+    drafter.compile_forwards(CompileConfig(), 64, (1, 5), 1)
+    assert drafter.kv is None and drafter.decoder.compiled is None
