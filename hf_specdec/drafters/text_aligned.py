@@ -96,12 +96,12 @@ class TextAlignedDrafter(DecoderDrafter):
         self.cached = [
             torch.cat([seq, drafted.tokens[b, : fed[b]].to(seq.device)]) for b, seq in enumerate(sequences)
         ]
-        proposals = [
-            self._target_tokens(real[b], drafted.tokens[b, : drafted.lengths[b]].tolist())[
-                : request.max_tokens[b]
-            ]
-            for b in rows
-        ]
+        vocab = request.processor.vocab_size  # the target's head: a tokenizer may list more ids
+        proposals = []
+        for b in rows:
+            proposal = self._target_tokens(real[b], drafted.tokens[b, : drafted.lengths[b]].tolist())
+            beyond = next((i for i, t in enumerate(proposal) if t >= vocab), len(proposal))
+            proposals.append(proposal[: min(beyond, request.max_tokens[b])])
         tokens = torch.zeros(len(proposals), max(map(len, proposals)), dtype=torch.long)
         for b, proposal in enumerate(proposals):
             tokens[b, : len(proposal)] = torch.tensor(proposal, dtype=torch.long)

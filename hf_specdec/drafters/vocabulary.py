@@ -120,10 +120,6 @@ class TokenIntersection:
         self.draft_tokenizer = draft_tokenizer
         self._spelled: dict[int, torch.Tensor] = {}  # target id outside the intersection -> draft ids
 
-    @property
-    def shared(self) -> int:
-        return self.draft_index.numel()
-
     def draft_sequence(self, target_ids: torch.Tensor) -> torch.Tensor:
         """The draft's start tokens (its BOS), then each target token's draft id where it is shared,
         else the draft's tokenization of its text; special tokens without a counterpart (the target's
