@@ -132,7 +132,8 @@ def check_compatible(
         raise ValueError(
             f"The draft's vocabulary has {draft_vocab} entries but the target's has {target_vocab}, and no "
             "tokenizers were given to compare. Pass `draft_tokenizer=` in the SpeculativeConfig and "
-            "`tokenizer=` to generate() so the vocabularies can be compared token by token."
+            "`tokenizer=` to generate() so the vocabularies can be compared token by token (a draft of "
+            "another tokenizer then drafts through a translation of its tokens)."
         )
     warnings.warn(
         "Draft compatibility was judged by vocabulary size only. Pass the draft's tokenizer "

@@ -224,3 +224,12 @@ def test_a_draft_of_another_tokenizer_drafts_eagerly_beside_a_compiled_target(pa
     drafter = DraftModelDrafter.from_config(config, target, target_tok)
     drafter.compile_forwards(CompileConfig(), 64, (1, 5), 1)
     assert drafter.kv is None and drafter.decoder.compiled is None
+
+
+def test_a_draft_of_another_vocabulary_without_tokenizers_is_refused_with_what_to_pass(pairs):
+    """Without both tokenizers nothing says which of the draft's tokens are the target's."""
+    target, target_tok, draft, draft_tok = pairs["byte<-meta"]
+    inputs = target_tok(PROMPTS[0], return_tensors="pt")
+    for spec in (dict(draft=draft), dict(draft=draft, draft_tokenizer=draft_tok)):  # no target tokenizer
+        with pytest.raises(ValueError, match="no tokenizers were given.*draft_tokenizer=.*tokenizer="):
+            target.generate(**inputs, max_new_tokens=2, speculative=dict(method="draft_model", **spec))
