@@ -83,3 +83,17 @@ def test_draft_logits_land_on_the_shared_tokens_target_ids(tokenizers):
     torch.testing.assert_close(mapped.softmax(-1)[..., tli.target_index], restricted)
     drafted = tli.target_index[:5]
     assert torch.equal(tli.draft_ids(drafted), tli.draft_index[:5])
+
+
+def test_the_intersection_holds_every_pair_transformers_own_translator_finds(tokenizers):
+    """transformers' `AssistantToTargetTranslator` (its TLI) pairs tokens by their strings, the
+    draft's leading space sign swapped for the target's; ours pairs the bytes tokens spell, which
+    finds each of its pairs and more (`Ċ` is `\\n`, whatever the space sign)."""
+    from transformers.generation.candidate_generator import AssistantToTargetTranslator
+
+    target, draft = tokenizers["byte"], tokenizers["meta"]
+    theirs = AssistantToTargetTranslator(target, draft, len(target))._assistant_to_target_input_ids.tolist()
+    theirs = {d: t for d, t in enumerate(theirs) if t >= 0}
+    ours = shared_token_pairs(target, draft)
+    assert len(theirs) > 100 and all(ours.get(d) == t for d, t in theirs.items())
+    assert len(ours) > len(theirs)
