@@ -142,7 +142,7 @@ def test_sampling_with_a_draft_only_text_can_translate_is_refused_with_the_way_o
     with pytest.raises(
         ValueError, match=r"greedy decoding only with this draft: text re-tokenization \(UAD\)"
     ):
-        target.generate(**inputs, do_sample=True, tokenizer=target_tok, speculative=spec)
+        target.generate(**inputs, do_sample=True, max_new_tokens=2, tokenizer=target_tok, speculative=spec)
     forced = dict(spec, options=dict(translation="intersection"))  # exact, if slow
     out = target.generate(
         **inputs, do_sample=True, max_new_tokens=4, tokenizer=target_tok, speculative=forced
