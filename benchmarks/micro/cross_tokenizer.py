@@ -25,14 +25,11 @@ al.'s speedup for the measured acceptance at other draft costs: what would pay.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import statistics
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +37,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf_specdec import demo_model_path
-from hf_specdec.bench.regimes import PROFILES, REAL, Forward, emulate, host_clock, priced
+from hf_specdec.bench.regimes import PROFILES, REAL, emulate, host_clock, priced
 from hf_specdec.bench.suites import load_suite, take_per_category
 from hf_specdec.demo_model import gemma_model_path
 from hf_specdec.loading import describe_runtime, runtime_line
@@ -49,29 +46,6 @@ from hf_specdec.lossless import IDENTICAL, MISMATCH, TIE, check_greedy
 FLAT = PROFILES["flat"]
 ROWS = ("plain", "tli", "uad", "transformers_uad")
 _wall = time.perf_counter
-
-
-@contextmanager
-def recorded(model: Any) -> Iterator[list[Forward]]:
-    """Record the forwards of a draft model (batch, width, cached positions, wall and host seconds)."""
-    forwards: list[Forward] = []
-    original = model.forward
-
-    @functools.wraps(original)
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        cache = kwargs.get("cache", kwargs.get("past_key_values"))
-        past = cache.get_seq_length() if cache is not None and hasattr(cache, "get_seq_length") else 0
-        wall, host = _wall(), host_clock()
-        out = original(*args, **kwargs)
-        forwards.append(Forward(ids.shape[0], ids.shape[1], past, _wall() - wall, host_clock() - host))
-        return out
-
-    model.forward = forward
-    try:
-        yield forwards
-    finally:
-        del model.forward
 
 
 def run_row(
@@ -90,13 +64,15 @@ def run_row(
         generation.update(tokenizer=target_tok, speculative=spec, return_dict_in_generate=True)
     elif row == "transformers_uad":
         generation.update(assistant_model=draft, tokenizer=target_tok, assistant_tokenizer=draft_tok)
-    with emulate(target, REAL) as state, recorded(draft) as drafted:
+    # Both on the real clock: their forwards are recorded, and priced under `flat` afterwards.
+    with emulate(target, REAL) as state, emulate(draft, REAL) as draft_state:
         wall, host = _wall(), host_clock()
         try:
             out = target.generate(**generation)
         except Exception as err:  # noqa: BLE001 - a reference that fails is a result to report
             return {"error": f"{type(err).__name__}: {str(err)[:200]}"}
         wall, host = _wall() - wall, host_clock() - host
+    drafted = draft_state.forwards
     sequences = out.sequences if hasattr(out, "sequences") else out
     stats = getattr(out, "speculative_stats", None)
     draft_steps = args.draft_cost * sum(FLAT.seconds(f) for f in drafted)
