@@ -96,7 +96,8 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
         check_drafter_continues(drafter, resolved.method, model_kwargs)
         if generation_config.do_sample and not drafter.supports_sampling:
             raise ValueError(
-                f"method={resolved.method!r} supports greedy decoding only; pass do_sample=False."
+                f"method={resolved.method!r} supports greedy decoding only{_with_this_draft(drafter)}; "
+                "pass do_sample=False."
             )
         return speculative_decode(
             model,
@@ -128,10 +129,16 @@ def _drafts_trees(config: SpeculativeConfig, drafter: Drafter, static_cache: boo
     if config.tree and not drafter.supports_tree:
         growers = ", ".join(repr(name) for name, cls in DRAFTERS.items() if cls.supports_tree)
         raise ValueError(
-            f"method={config.method!r} drafts chains only; tree=True needs a drafter that grows "
-            f"trees (method={growers}), or drop tree=."
+            f"method={config.method!r} drafts chains only{_with_this_draft(drafter)}; tree=True needs "
+            f"a drafter that grows trees (method={growers}), or drop tree=."
         )
     return config.tree
+
+
+def _with_this_draft(drafter: Drafter) -> str:
+    """Why a drafter of a method that can do more cannot here: its translation (a draft model of
+    another tokenizer drafting through text), for a refusal's message."""
+    return f" with this draft: {drafter.translation}" if drafter.translation else ""
 
 
 def _policy(config: SpeculativeConfig, model: Any) -> DraftLengthPolicy:

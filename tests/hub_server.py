@@ -313,10 +313,10 @@ def tiny_tokenizer(order: str) -> PreTrainedTokenizerFast:
 
 
 def build_tiny_repo(
-    folder: Path, hidden: int, layers: int, vocab: int, tok: str, extra: dict[str, Any] | None = None
+    folder: Path, hidden: int, layers: int, vocab: int, tok: Any, extra: dict[str, Any] | None = None
 ) -> Path:
-    """A random tiny Llama (seed 0) with `tiny_tokenizer(tok)`, saved in `folder`; `extra` is merged
-    into its config.json."""
+    """A random tiny Llama (seed 0) with `tiny_tokenizer(tok)` (or `tok` itself, a tokenizer), saved
+    in `folder`; `extra` is merged into its config.json."""
     torch.manual_seed(0)
     heads = max(1, hidden // 16)
     config = LlamaConfig(
@@ -330,7 +330,7 @@ def build_tiny_repo(
         max_position_embeddings=64,
     )
     LlamaForCausalLM(config).save_pretrained(folder)
-    tiny_tokenizer(tok).save_pretrained(folder)
+    (tiny_tokenizer(tok) if isinstance(tok, str) else tok).save_pretrained(folder)
     if extra:
         path = folder / "config.json"
         path.write_text(json.dumps({**json.loads(path.read_text()), **extra}))

@@ -54,6 +54,8 @@ def _describe(choice: DraftChoice) -> str:
         lines.append(f"size:      1/{1 / choice.size_ratio:.1f} of the target")
     if choice.tokenizer_check:
         lines.append(f"tokenizer: {choice.tokenizer_check}")
+    if choice.translation:
+        lines.append(f"drafts:    across tokenizers ({choice.translation}: over the tokens both share)")
     lines += [f"rejected:  {item}" for item in choice.rejected]
     for head in choice.heads:  # published heads for this target, from the registry
         layout = f"{head['layout']} layout; " if head.get("layout") else ""

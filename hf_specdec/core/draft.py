@@ -195,6 +195,10 @@ class Drafter:
     supports_tree: ClassVar[bool] = False
     # How a draft's cost grows with its length; a tree drafted PER_TOKEN costs a forward per level.
     draft_cost: ClassVar[DraftCost] = DraftCost.PER_TOKEN
+    # How the drafter's tokens become the target's where they are not the same ids (a draft model
+    # of another tokenizer), in one sentence that says which translation and why; "" where they are.
+    # The loop reports it as `SpeculativeStats.translation`. Set on the instance.
+    translation: str = ""
 
     @classmethod
     def from_config(cls, config: SpeculativeConfig, target: PreTrainedModel, tokenizer: Any) -> Drafter:

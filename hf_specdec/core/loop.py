@@ -46,7 +46,7 @@ def speculative_decode(
     draft-length `policy`; `tree`: draft trees (the drafter grows them), of at most `max_tree_nodes`.
     """
     inputs = ModelInputs(model, input_ids, model_kwargs)
-    stats = SpeculativeStats(method=drafter.name)
+    stats = SpeculativeStats(method=drafter.name, translation=drafter.translation)
     batch, device = input_ids.shape[0], input_ids.device
     vocab = model.config.get_text_config().vocab_size
     processor = ScoreProcessor(logits_processor, vocab, batch)

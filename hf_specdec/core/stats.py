@@ -31,6 +31,9 @@ class SpeculativeStats:
     """
 
     method: str = ""
+    # How the drafter's tokens became the target's, where it drafts in another vocabulary (a draft
+    # model of another tokenizer: `Drafter.translation`); "" where drafts are the target's own ids.
+    translation: str = ""
     target_forwards: int = 0
     steps: int = 0
     speculative_steps: int = 0
@@ -136,11 +139,13 @@ class SpeculativeStats:
             for i, count in enumerate(theirs):
                 mine[i] += count
         self.method = self.method or other.method
+        self.translation = self.translation or other.translation
 
     def to_dict(self) -> dict:
         """Counters and derived figures, for JSON reports."""
         return {
             "method": self.method,
+            "translation": self.translation,
             **{name: getattr(self, name) for name in _SUMMED},
             "acceptance_rate": self.acceptance_rate,
             "mean_accepted_length": self.mean_accepted_length,
@@ -160,8 +165,9 @@ class SpeculativeStats:
             if self.tree_steps
             else ""
         )
+        translation = f" ({self.translation})" if self.translation else ""
         return (
-            f"{self.method}: {self.steps} steps ({self.speculative_steps} speculative), "
+            f"{self.method}{translation}: {self.steps} steps ({self.speculative_steps} speculative), "
             f"{self.accepted}/{self.drafted} drafted tokens accepted ({self.acceptance_rate:.0%}), "
             f"mean accepted length {self.mean_accepted_length:.2f} per step, "
             f"{self.mean_accepted_length_speculative:.2f} per speculative step{trees}"

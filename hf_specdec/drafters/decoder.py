@@ -4,6 +4,8 @@ they load their decoder; drafting is this module's, token for token."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -16,6 +18,7 @@ from ..core.timing import clock
 from .base import Drafter, elapsed
 from .chain import chain, real_tokens, right_aligned
 from .tree import Level, grow_tree
+from .vocabulary import DraftVocabulary, SharedVocabulary
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -117,6 +120,10 @@ class DecoderDrafter(Drafter):
     Each row's cache is rolled back to what it still shares with the row's sequence (which also
     survives EOS and restarts), then fed the rest; `observe` has nothing to learn.
 
+    A draft of another tokenizer reads and answers through its `vocabulary`
+    (`vocabulary.TokenIntersection`): the rows' sequences, the cache and `cached` are then in the
+    draft's own ids, the logits drafted from in the target's.
+
     Asked for a tree (`DraftRequest.tree`, where the subclass `supports_tree`), it grows one with
     `tree.grow_tree`, feeding one level of nodes per forward, `tree_top_k` children per expanded
     node: as one row's tokens under a tree mask where the cache `takes_tree_masks`, else each node
@@ -125,66 +132,88 @@ class DecoderDrafter(Drafter):
     """
 
     def __init__(
-        self, decoder: DraftDecoder, min_confidence: float, device: torch.device, tree_top_k: int = 4
+        self,
+        decoder: DraftDecoder,
+        min_confidence: float,
+        device: torch.device,
+        tree_top_k: int = 4,
+        vocabulary: DraftVocabulary | None = None,
     ) -> None:
         self.decoder = decoder
         self.min_confidence = min_confidence
         self.tree_top_k = tree_top_k
         self.device = device  # the target's: tokens come in and go out there
+        self.vocabulary = vocabulary or SharedVocabulary()
         self.kv: DecoderCache | None = None
-        self.cached: list[torch.Tensor] = []  # per row: the real tokens the draft cache holds
+        self.cached: list[torch.Tensor] = []  # per row: the real tokens the draft cache holds, its ids
         self.row_ids: list[int] = []
 
     def propose(self, request: DraftRequest) -> Draft:
         self._follow_rows(request.row_ids)
-        draft_device = self.decoder.device
-        real = [real_tokens(request, b) for b in range(len(request.row_ids))]
-
-        # Roll the cache back to what each row still shares with its sequence, then feed the rest.
-        keep = [self._shared_prefix(self.cached[b], seq) for b, seq in enumerate(real)]
-        self.kv.truncate(torch.tensor(keep, device=draft_device))
-        pending = [seq[n:] for seq, n in zip(real, keep)]
-        start = clock(draft_device)
-        first = self.kv.forward(*right_aligned(pending, draft_device), logits_to_keep=1).logits[:, -1]
-        fed = max(len(p) for p in pending)
-        catch_up_seconds = elapsed(start, first) if request.is_catch_up(fed) else 0.0
-
-        def logits_at(i: int, previous: torch.Tensor | None, active: list[bool]) -> torch.Tensor:
-            if i == 0:
-                return first.to(self.device)
-            fed = torch.tensor(active, device=draft_device)[:, None]
-            return (
-                self.kv.forward(previous[:, None].to(draft_device), fed, logits_to_keep=1)
-                .logits[:, -1]
-                .to(self.device)
-            )
+        vocabulary = self.vocabulary
+        sequences = [vocabulary.draft_sequence(real_tokens(request, b)) for b in range(len(request.row_ids))]
+        first, catch_up_seconds = self._catch_up(sequences, request)
+        first = vocabulary.target_logits(first)
 
         if request.tree:
             branches = (
                 None
                 if self.kv.takes_tree_masks
-                else BranchRows(self.kv, len(real), draft_device, self.device)
+                else BranchRows(self.kv, len(sequences), self.decoder.device, self.device)
             )
+            feed = self._feed if branches is None else branches.feed
             draft = grow_tree(
                 request,
                 request.max_tokens,
                 self.tree_top_k,
                 self.min_confidence,
-                first.to(self.device),
-                self._feed if branches is None else branches.feed,
+                first,
+                lambda level: vocabulary.target_logits(
+                    feed(dataclasses.replace(level, tokens=vocabulary.draft_ids(level.tokens)))
+                ),
             )
             if branches is not None:
                 branches.close()
-            draft.catch_up_seconds = catch_up_seconds
-            self.cached = real  # what the tree fed is truncated away by the next draft
-            return draft
-        draft = chain(request, request.max_tokens, self.min_confidence, logits_at)
+            self.cached = sequences  # what the tree fed is truncated away by the next draft
+        else:
+            draft = chain(request, request.max_tokens, self.min_confidence, self._logits_after(first))
+            fed = [max(n - 1, 0) for n in draft.lengths]  # a row's last draft token is never fed
+            self.cached = [
+                torch.cat([seq, vocabulary.draft_ids(draft.tokens[b, : fed[b]]).to(seq.device)])
+                for b, seq in enumerate(sequences)
+            ]
         draft.catch_up_seconds = catch_up_seconds
-        fed = [max(n - 1, 0) for n in draft.lengths]  # a row's last draft token is never fed
-        self.cached = [
-            torch.cat([seq, draft.tokens[b, : fed[b]].to(seq.device)]) for b, seq in enumerate(real)
-        ]
         return draft
+
+    def _catch_up(self, sequences: list[torch.Tensor], request: DraftRequest) -> tuple[torch.Tensor, float]:
+        """Roll each row's cache back to what it still shares with its sequence `sequences[b]` (the
+        draft's ids), then feed the rest. Returns the draft's logits after each row's last token
+        [B, V_draft] on the target's device, and the seconds that took if it was a catch-up (see
+        `DraftRequest.is_catch_up`), else 0."""
+        draft_device = self.decoder.device
+        keep = [self._shared_prefix(self.cached[b], seq) for b, seq in enumerate(sequences)]
+        self.kv.truncate(torch.tensor(keep, device=draft_device))
+        pending = [seq[n:] for seq, n in zip(sequences, keep)]
+        start = clock(draft_device)
+        first = self.kv.forward(*right_aligned(pending, draft_device), logits_to_keep=1).logits[:, -1]
+        fed = max(len(p) for p in pending)
+        return first.to(self.device), elapsed(start, first) if request.is_catch_up(fed) else 0.0
+
+    def _logits_after(
+        self, first: torch.Tensor
+    ) -> Callable[[int, torch.Tensor | None, list[bool]], torch.Tensor]:
+        """`chain`'s `logits_at`: `first` at position 0, then the draft fed each active row's token."""
+        draft_device = self.decoder.device
+
+        def logits_at(i: int, previous: torch.Tensor | None, active: list[bool]) -> torch.Tensor:
+            if i == 0:
+                return first
+            fed = torch.tensor(active, device=draft_device)[:, None]
+            tokens = self.vocabulary.draft_ids(previous)[:, None].to(draft_device)
+            logits = self.kv.forward(tokens, fed, logits_to_keep=1).logits[:, -1]
+            return self.vocabulary.target_logits(logits.to(self.device))
+
+        return logits_at
 
     def _feed(self, level: Level) -> torch.Tensor:
         """One level of a tree through the draft, seeing only its ancestors: logits [B, W, V]."""
@@ -196,9 +225,12 @@ class DecoderDrafter(Drafter):
     def compile_forwards(self, config: Any, capacity: int, widths: tuple[int, ...], batch_size: int) -> None:
         """A PyTorch draft gets a static cache of the call's batch size whose forwards are compiled
         at every width now, as a compiled target's (`DraftRows.compiled`; drafts a static cache
-        cannot serve draft eagerly: `can_compile`). The cache is kept for the call's drafts; rows
-        that finish stay in its batch, retired."""
+        cannot serve draft eagerly: `can_compile`, and so do drafts of another tokenizer, whose
+        sequences the target's capacity does not bound). The cache is kept for the call's drafts;
+        rows that finish stay in its batch, retired."""
         if not isinstance(self.decoder, TorchDecoder) or not self.decoder.can_compile():
+            return
+        if not self.vocabulary.keeps_length:
             return
         self.decoder.compile(config, DraftRows.room(capacity, widths), widths)
         self.kv = DraftRows.compiled(self.decoder.new_cache(batch_size))

@@ -1,5 +1,8 @@
-"""A separate, smaller PyTorch causal LM that shares the target's tokenizer drafts autoregressively
-(drafting itself is `decoder.DecoderDrafter`'s)."""
+"""A separate, smaller PyTorch causal LM drafts autoregressively (drafting itself is
+`decoder.DecoderDrafter`'s). A draft of another tokenizer drafts through a translation of its tokens
+into the target's, chosen from the two tokenizers (`vocabulary.choose_translation`): over the tokens
+both vocabularies share (token-level intersection, in `DecoderDrafter`), or through text
+(`text_aligned.TextAlignedDrafter`, greedy only)."""
 
 from __future__ import annotations
 
@@ -20,6 +23,8 @@ from ..hub.tokenizer_check import compare_tokenizers_once
 from .base import Drafter, options_to_config
 from .decoder import DecoderDrafter, TorchDecoder
 from .registry import register_drafter
+from .text_aligned import TextAlignedDrafter
+from .vocabulary import SHARED, TRANSLATIONS, Translation, choose_translation, clear_translations
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -41,15 +46,25 @@ class DraftModelConfig:
         compile_with_target: where the target decodes on a compiled static cache (`compile_config`),
             compile the draft's forwards alike (`Drafter.compile_forwards`); False
             keeps them eager (a draft dynamo cannot trace as one graph, or to spare its compiles).
+        translation: for a draft whose tokenizer differs from the target's, how its drafts become
+            the target's tokens: "auto" chooses from the two tokenizers (`choose_translation`),
+            "intersection" drafts over the tokens both vocabularies share (token-level intersection,
+            TLI: exact for sampling too), "text" re-tokenizes the draft's text (universal assisted
+            decoding, UAD: greedy only). Needs both tokenizers; unused where they agree.
     """
 
     min_confidence: float = 0.0
     tokenizer_verified: bool = False
     tree_top_k: int = 4
     compile_with_target: bool = True
+    translation: str = "auto"
 
     def __post_init__(self) -> None:
-        check_fields(self, ranges={"min_confidence": (0, 1), "tree_top_k": (1, None)})
+        check_fields(
+            self,
+            ranges={"min_confidence": (0, 1), "tree_top_k": (1, None)},
+            choices={"translation": TRANSLATIONS},
+        )
 
 
 # Loaded drafts by (name, dtype, device, trust_remote_code): loading takes seconds, a generate call
@@ -91,9 +106,11 @@ def load_draft(
 
 
 def clear_loaded() -> None:
-    """Forget the draft `load_draft` keeps loaded and the tokenizers read from targets' folders."""
+    """Forget the draft `load_draft` keeps loaded, the tokenizers read from targets' folders and
+    the translations chosen between tokenizers."""
     _LOADED.clear()
     _load_tokenizer.cache_clear()
+    clear_translations()
 
 
 def check_compatible(
@@ -104,8 +121,9 @@ def check_compatible(
         check = compare_tokenizers_once(target_tokenizer, draft_tokenizer)
         if not check.compatible:
             raise ValueError(
-                f"The draft model cannot draft for this target: its {check.explain()}. "
-                "Use a draft from the same model family, or method='ngram'."
+                f"The draft model cannot draft for this target: its {check.explain()}. Use a draft "
+                "from the same model family, the PyTorch draft with method='draft_model' (which "
+                "drafts across tokenizers), or method='ngram'."
             )
         return
     target_vocab = target.config.get_text_config().vocab_size
@@ -114,7 +132,8 @@ def check_compatible(
         raise ValueError(
             f"The draft's vocabulary has {draft_vocab} entries but the target's has {target_vocab}, and no "
             "tokenizers were given to compare. Pass `draft_tokenizer=` in the SpeculativeConfig and "
-            "`tokenizer=` to generate() so the vocabularies can be compared token by token."
+            "`tokenizer=` to generate() so the vocabularies can be compared token by token (a draft of "
+            "another tokenizer then drafts through a translation of its tokens)."
         )
     warnings.warn(
         "Draft compatibility was judged by vocabulary size only. Pass the draft's tokenizer "
@@ -150,12 +169,44 @@ class DraftModelDrafter(DecoderDrafter):
                 "The draft is the target itself: every draft is accepted but nothing is gained.", stacklevel=4
             )
         options = options_to_config(DraftModelConfig, config.options)
-        if not options.tokenizer_verified:
-            if tokenizer is None and draft_tokenizer is not None:
-                tokenizer = _local_tokenizer(target)
-            check_compatible(target, tokenizer, draft, draft_tokenizer)
+        if tokenizer is None and draft_tokenizer is not None and not options.tokenizer_verified:
+            tokenizer = _local_tokenizer(target)
+        translation = (
+            SHARED
+            if options.tokenizer_verified
+            else _translation(target, tokenizer, draft, draft_tokenizer, options.translation)
+        )
         decoder = TorchDecoder(draft, compile_with_target=options.compile_with_target)
-        return cls(decoder, options.min_confidence, execution_device(target), options.tree_top_k)
+        device = execution_device(target)
+        if translation.vocabulary is None:  # through text
+            return TextAlignedDrafter(
+                decoder, options.min_confidence, device, tokenizer, draft_tokenizer, translation.statement
+            )
+        drafter = cls(decoder, options.min_confidence, device, options.tree_top_k, translation.vocabulary)
+        drafter.translation = translation.statement
+        return drafter
+
+
+def _translation(
+    target: PreTrainedModel, tokenizer: Any, draft: PreTrainedModel, draft_tokenizer: Any, requested: str
+) -> Translation:
+    """How the draft's tokens become the target's: as they are where the tokenizers agree, else as
+    `choose_translation` says. Without both tokenizers only the vocabulary sizes can be compared
+    (`check_compatible`): a draft of another size is refused, one of the same size taken as sharing
+    the target's tokenizer, with a warning."""
+    if tokenizer is None or draft_tokenizer is None:
+        check_compatible(target, tokenizer, draft, draft_tokenizer)
+        return SHARED
+    if compare_tokenizers_once(tokenizer, draft_tokenizer).compatible:
+        return SHARED
+    return choose_translation(
+        tokenizer,
+        draft_tokenizer,
+        requested,
+        target.config.get_text_config().vocab_size,
+        draft.config.get_text_config().vocab_size,
+        execution_device(target),
+    )
 
 
 def _load_named_draft(
@@ -179,18 +230,23 @@ def _load_named_draft(
 
 
 def _local_tokenizer(model: PreTrainedModel) -> Any:
-    """The target's tokenizer when it was loaded from a local folder that has one, else None."""
-    folder = Path(getattr(model, "name_or_path", "") or "")
+    """The target's tokenizer, read without downloading anything: from the local folder it was
+    loaded from, or from the Hub cache for a model loaded by repo id; None where there is none."""
+    name = getattr(model, "name_or_path", "") or ""
+    folder = Path(name)
+    if not name or not folder.is_dir():
+        # A repo id: what the Hub cache holds of it (files of another commit are not looked for).
+        return _load_tokenizer(name, ()) if name.count("/") == 1 and not folder.exists() else None
     files = [folder / f for f in ("tokenizer.json", "tokenizer_config.json") if (folder / f).exists()]
-    if not folder.is_dir() or not files:
+    if not files:
         return None
     # Loading takes ~150 ms and happens on every generate call: keep it while the files are unchanged.
     return _load_tokenizer(str(folder.resolve()), tuple(f.stat().st_mtime_ns for f in files))
 
 
 @functools.lru_cache(maxsize=4)
-def _load_tokenizer(folder: str, mtimes: tuple[int, ...]) -> Any:
-    try:  # the target's own folder, but a tokenizer the user did not ask for: no code of its runs
-        return AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+def _load_tokenizer(name: str, mtimes: tuple[int, ...]) -> Any:
+    try:  # the target's own tokenizer, but one the user did not ask for: no code of its runs
+        return AutoTokenizer.from_pretrained(name, trust_remote_code=False, local_files_only=True)
     except (OSError, ValueError):
         return None

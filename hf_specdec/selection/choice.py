@@ -52,6 +52,9 @@ class DraftChoice:
         heads: published draft heads trained on the target (registry `[[head]]` entries), each a dict
             with `method` ("eagle" or "medusa"), `head` (its Hub repo), `layout` and `source`; use one
             with `speculative=dict(method=h["method"], draft=h["head"])`.
+        translation: None for a draft that shares the target's tokenizer; "intersection" for one of
+            another tokenizer, chosen only where none shares it, which drafts over the tokens both
+            vocabularies share (`DraftModelConfig.translation`).
     """
 
     method: str
@@ -65,6 +68,7 @@ class DraftChoice:
     heads: list[dict[str, str]] = field(default_factory=list)
     revision: str | None = None
     tokenizer_fingerprint: str | None = None
+    translation: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

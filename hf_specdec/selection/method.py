@@ -27,8 +27,11 @@ def _choose_method(config: SpeculativeConfig, model: Any) -> SpeculativeConfig:
     choice, draft, draft_tokenizer = speculative_draft(model, trust_remote_code=config.trust_remote_code)
     if draft is None:
         return dataclasses.replace(config, method=choice.method)
-    # The selection compared the tokenizers already (or the registry pair was reviewed).
-    options = {**config.options, "tokenizer_verified": True}
+    if choice.translation is None:
+        # The selection compared the tokenizers already (or the registry pair was reviewed).
+        options = {**config.options, "tokenizer_verified": True}
+    else:  # a draft of another tokenizer, chosen for how it translates to the target's
+        options = {**config.options, "translation": choice.translation}
     return dataclasses.replace(
         config, method=choice.method, draft=draft, draft_tokenizer=draft_tokenizer, options=options
     )

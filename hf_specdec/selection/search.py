@@ -5,11 +5,19 @@ fine-tune), with sizes from the Hub's safetensors metadata and architectures fro
 They are ranked by expected speedup: same instruct/base variant first, then the smallest whose
 size is between 1/100 and 1/4 of the target's. The first whose downloaded tokenizer maps every
 token to the same id as the target's (`compare_tokenizers`) wins, and is pinned to the commit
-whose files were checked (`DraftChoice.revision`). No code from a repo is run unless the caller
-passes `trust_remote_code=True`: a candidate whose config.json or tokenizer_config.json needs it
-(`auto_map`) is skipped, by the config the Hub's API reports and again by the config.json
-downloaded from the commit checked (the API's summary can leave keys out); so is one without
-safetensors weights (`config_check`). Tokenizers load with `trust_remote_code` passed explicitly.
+whose files were checked (`DraftChoice.revision`).
+
+Only where none shares the target's tokenizer, a draft of another tokenizer may be proposed: from
+the family's candidates whose tokenizer differs, then from the small general drafts the caller
+names (the registry's `[[cross_tokenizer_draft]]`), ranked and checked alike, the first whose
+vocabulary shares enough with the target's for token-level intersection (`choose_translation`'s
+rule, so that it samples exactly too) wins, and the choice says so (`DraftChoice.translation`).
+
+No code from a repo is run unless the caller passes `trust_remote_code=True`: a candidate whose
+config.json or tokenizer_config.json needs it (`auto_map`) is skipped, by the config the Hub's API
+reports and again by the config.json downloaded from the commit checked (the API's summary can
+leave keys out); so is one without safetensors weights (`config_check`). Tokenizers load with
+`trust_remote_code` passed explicitly.
 
 The endpoint (`HF_ENDPOINT`) and cache (`HF_HUB_CACHE`) are read when called, not at import.
 """
@@ -31,6 +39,7 @@ from huggingface_hub.errors import (
 )
 from transformers import AutoTokenizer
 
+from ..drafters.vocabulary import MIN_SHARED_COVERAGE
 from ..hub.config_check import NO_PICKLES, draft_config_problem, hub_config_problem, tokenizer_problem
 from ..hub.download import (
     SAFETENSORS_INDEX,
@@ -40,7 +49,12 @@ from ..hub.download import (
     hub_endpoint,
     is_commit,
 )
-from ..hub.tokenizer_check import compare_tokenizers, tokenizer_fingerprint
+from ..hub.tokenizer_check import (
+    VocabularyOverlap,
+    compare_tokenizers,
+    tokenizer_fingerprint,
+    vocabulary_overlap,
+)
 from .choice import DRAFT_FREE_METHOD, DraftChoice, DraftSelectionError, params_from_name
 
 MIN_RATIO = 1 / 100  # a smaller draft agrees too rarely with the target to pay
@@ -60,12 +74,21 @@ class _Candidate:
     info: Any  # huggingface_hub.ModelInfo
     tokenizer_note: str | None = None
     tokenizer_fingerprint: str | None = None
+    tokenizer: Any = None  # its tokenizer, where it was compared with the target's
+    of_family: bool = True  # of the target's family, not one of the caller's other drafts
 
 
 def search_draft(
-    repo_id: str, *, token: str | None = None, revision: str | None = None, trust_remote_code: bool = False
+    repo_id: str,
+    *,
+    token: str | None = None,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+    cross_tokenizer_drafts: tuple[str, ...] = (),
 ) -> DraftChoice:
-    """Search the Hub for the best draft for `repo_id`; a draft-free choice when none fits."""
+    """Search the Hub for the best draft for `repo_id`; a draft-free choice when none fits.
+    `cross_tokenizer_drafts`: repos of other families to consider, with the family's candidates of
+    another tokenizer, where no draft shares the target's tokenizer."""
     api = HfApi(endpoint=hub_endpoint(), token=token)
     info = _target_info(api, repo_id, revision)
     target_params = _params(info)
@@ -76,24 +99,55 @@ def search_draft(
     if target_tok is None:
         return _draft_free(repo_id, why_not)
     rejected: list[str] = []
-    candidates = _candidates(api, repo_id, family_repo, token)
-    for cand in _rank(candidates, target_params, _is_instruct(repo_id), rejected):
+    instruct = _is_instruct(repo_id)
+    candidates = _rank(_candidates(api, repo_id, family_repo, token), target_params, instruct, rejected)
+    others = _rank(_infos(api, cross_tokenizer_drafts, token, rejected), target_params, instruct, rejected)
+    for cand in others:
+        cand.of_family = False
+    other_tokenizer: list[_Candidate] = []  # checked, but of another tokenizer
+    for cand in candidates + others:
         verdict = _check_candidate(cand, target_tok, token=token, trust_remote_code=trust_remote_code)
         if verdict is None:
             return _chosen(repo_id, cand, target_params, family_repo, rejected)
         rejected.append(f"{cand.repo_id}: {verdict}")
+        if cand.tokenizer is not None:
+            other_tokenizer.append(cand)
+    for cand in other_tokenizer:
+        overlap = vocabulary_overlap(target_tok, cand.tokenizer)
+        if min(overlap.target_coverage, overlap.draft_coverage) >= MIN_SHARED_COVERAGE:
+            return _chosen(repo_id, cand, target_params, family_repo, rejected, across=overlap)
+        rejected.append(
+            f"{cand.repo_id}: {_coverage(overlap)}, under the {MIN_SHARED_COVERAGE:.0%} each "
+            "that drafting across tokenizers (token-level intersection) needs"
+        )
     why = f"no model of the {family_repo} family on the Hub is 1/100 to 1/4 of its size and has its tokenizer"
+    if cross_tokenizer_drafts or other_tokenizer:
+        why += ", and no draft of another tokenizer shares enough of its tokens"
     return _draft_free(repo_id, why, rejected)
 
 
 def _chosen(
-    repo_id: str, cand: _Candidate, target_params: float, family_repo: str, rejected: list[str]
+    repo_id: str,
+    cand: _Candidate,
+    target_params: float,
+    family_repo: str,
+    rejected: list[str],
+    across: VocabularyOverlap | None = None,
 ) -> DraftChoice:
+    """The choice of `cand`: a draft of the target's tokenizer, or, with `across` (what the two
+    vocabularies share), one of another tokenizer that drafts over the shared tokens."""
     ratio = round(cand.params / target_params, 4)
-    reason = (
-        f"{cand.repo_id} is the smallest model of the {family_repo} family on the Hub that shares "
-        f"the target's tokenizer, at 1/{1 / ratio:.0f} of its size."
-    )
+    size = f"at 1/{1 / ratio:.0f} of its size"
+    which = f"the smallest model of the {family_repo} family" if cand.of_family else "a small general draft"
+    reason = f"{cand.repo_id} is {which} on the Hub that shares the target's tokenizer, {size}."
+    tokenizer_check = cand.tokenizer_note
+    if across is not None:
+        reason = (
+            f"No model of the {family_repo} family on the Hub is 1/100 to 1/4 of its size and shares its "
+            f"tokenizer; {cand.repo_id}, {size}, has another tokenizer and drafts over the {across.shared} "
+            f"tokens both vocabularies spell alike (token-level intersection: {_coverage(across)})."
+        )
+        tokenizer_check = f"{tokenizer_check}; {_coverage(across)}"
     return DraftChoice(
         method="draft_model",
         draft=cand.repo_id,
@@ -101,10 +155,18 @@ def _chosen(
         target=repo_id,
         source="hub",
         size_ratio=ratio,
-        tokenizer_check=cand.tokenizer_note,
+        tokenizer_check=tokenizer_check,
         rejected=rejected,
         revision=cand.info.sha,
         tokenizer_fingerprint=cand.tokenizer_fingerprint,
+        translation=None if across is None else "intersection",
+    )
+
+
+def _coverage(overlap: VocabularyOverlap) -> str:
+    return (
+        f"{overlap.target_coverage:.0%} of the target's tokens and {overlap.draft_coverage:.0%} of the "
+        "draft's on a probe text are shared"
     )
 
 
@@ -182,6 +244,17 @@ def _candidates(api: Any, repo_id: str, family_repo: str, token: str | None) -> 
     return [m for m in models if m.id != repo_id and _family(m.id).lower() == family.lower()]
 
 
+def _infos(api: Any, repo_ids: tuple[str, ...], token: str | None, rejected: list[str]) -> list[Any]:
+    """The Hub's info on each of `repo_ids` that it has (the others are noted in `rejected`)."""
+    infos = []
+    for draft in repo_ids:
+        try:
+            infos.append(api.model_info(draft, expand=_EXPAND, token=token))
+        except (RepositoryNotFoundError, GatedRepoError, HfHubHTTPError) as err:
+            rejected.append(f"{draft}: not available on the Hub ({type(err).__name__})")
+    return infos
+
+
 def _rank(infos: list[Any], target_params: float, instruct: bool, rejected: list[str]) -> list[_Candidate]:
     """Keep candidates of a useful size, best expected speedup first."""
     kept = []
@@ -232,6 +305,7 @@ def _check_candidate(
     check = compare_tokenizers(target_tok, draft_tok)
     cand.tokenizer_note = check.explain()
     cand.tokenizer_fingerprint = tokenizer_fingerprint(draft_tok)
+    cand.tokenizer = draft_tok
     return None if check.compatible else check.explain()
 
 

@@ -1,10 +1,12 @@
-"""Choose how to speculate for a target model: a draft model that shares its tokenizer, or none.
+"""Choose how to speculate for a target model: a draft model that shares its tokenizer, one of
+another tokenizer where none does (drafting over the tokens both share), or none.
 
 `select_draft(target)` answers from, in order:
 
 1. the reviewed registry `configs/draft_pairs.toml` (works offline);
 2. an earlier decision cached under `cache_dir() / "selections"` (works offline);
-3. a search of the Hub (see `hf_specdec.selection.search`), whose decision is then cached.
+3. a search of the Hub (see `hf_specdec.selection.search`; the registry's `[[cross_tokenizer_draft]]`
+   entries are the drafts of other families it may propose), whose decision is then cached.
 
 With `HF_HUB_OFFLINE=1` only the first two are used. When nothing fits, the answer is a
 draft-free method (`"ngram"`) with the reason. Published draft heads (EAGLE, Medusa) the registry
@@ -272,6 +274,14 @@ def registry_heads() -> list[dict[str, Any]]:
     return list(_registry_data().get("head", []))
 
 
+def registry_cross_tokenizer_drafts() -> tuple[str, ...]:
+    """The small general drafts of the registry's `[[cross_tokenizer_draft]]` entries, in order: what
+    the Hub search may propose, across tokenizers, for a target no draft shares a tokenizer with."""
+    return tuple(
+        draft for entry in _registry_data().get("cross_tokenizer_draft", []) for draft in entry["drafts"]
+    )
+
+
 def known_heads(repo_id: str, method: str | None = None) -> list[dict[str, str]]:
     """Published draft heads the registry lists for `repo_id` (of `method` only, when given), in
     registry order; each is {"method", "head", "layout", "source"}."""
@@ -335,7 +345,13 @@ def _cached_or_searched(
         )
         return DraftChoice(DRAFT_FREE_METHOD, None, reason, target=repo_id, source="offline")
     try:
-        choice = search_draft(repo_id, token=token, revision=revision, trust_remote_code=trust_remote_code)
+        choice = search_draft(
+            repo_id,
+            token=token,
+            revision=revision,
+            trust_remote_code=trust_remote_code,
+            cross_tokenizer_drafts=registry_cross_tokenizer_drafts(),
+        )
     except HubUnreachable as err:  # as offline, but not cached: the next call searches again
         reason = (
             f"{repo_id} is not in the registry and the Hub ({hub_endpoint()}) could not be reached "

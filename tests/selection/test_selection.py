@@ -12,7 +12,11 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from hf_specdec.hub.tokenizer_check import PROBE_TEXT
+from hf_specdec.selection import select as select_module
 from hf_specdec.selection.select import DraftSelectionError, load_draft, registry_lookup, select_draft
+
+from ..helpers.tokenizers import CORPUS, byte_level_bpe, metaspace_bpe
 
 try:  # `python -m pytest` from the repo root, or --import-mode=importlib
     from tests.hub_server import TOKEN, HubServer, build_tiny_repo
@@ -21,6 +25,8 @@ except ImportError:  # plain `pytest`: the tests folder itself is on sys.path
 
 TARGET = "acme/Tiny-160M-Instruct"
 GOOD_DRAFT = "acme/Tiny-7M-Instruct"
+ALONE = "solo/Alone-160M-Instruct"
+CROSS_DRAFT = "general/Mini-6M-Instruct"
 
 # repo id -> (hidden size, layers, config vocab_size, tokenizer, extra config, server options).
 # Target ~170k parameters; the ratio window 1/100..1/4 keeps the ~6-7k drafts and drops the rest.
@@ -38,7 +44,22 @@ REPOS = {
     "someone/Tiny-160M-Instruct-Pirate": (64, 4, 128, "A", {}, {"card_data": {"base_model": TARGET}}),
     "lonely/Solo-160M": (64, 4, 128, "A", {}, {}),
     "acme/Secret-160M-Instruct": (64, 4, 128, "A", {}, {"gated": True}),
+    # A target no draft shares a tokenizer with, and small drafts of other tokenizers (`CROSS`).
+    ALONE: (64, 4, 400, "byte-level", {}, {}),
+    "general/Chars-5M-Instruct": (16, 1, 90, "characters", {}, {}),  # shares too little of ALONE's
+    CROSS_DRAFT: (16, 1, 200, "metaspace", {}, {}),
 }
+CROSS = ("general/Chars-5M-Instruct", CROSS_DRAFT, "general/Gone-5M-Instruct")  # the last is not served
+
+
+def _trained_tokenizer(name: str):
+    """The tokenizers of the cross-tokenizer repos, trained on the tests' text and the probe text."""
+    corpus = CORPUS + PROBE_TEXT
+    return {
+        "byte-level": lambda: byte_level_bpe(400, corpus),
+        "metaspace": lambda: metaspace_bpe(200, corpus, bos=False),
+        "characters": lambda: metaspace_bpe(90, corpus),
+    }[name]()
 
 
 @pytest.fixture(scope="session")
@@ -47,6 +68,7 @@ def hub(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("hub")
     server = HubServer()
     for repo_id, (hidden, layers, vocab, tok, extra, options) in REPOS.items():
+        tok = tok if tok in ("A", "B") else _trained_tokenizer(tok)
         folder = build_tiny_repo(root / repo_id.replace("/", "--"), hidden, layers, vocab, tok, extra)
         server.add(repo_id, folder, **options)
     server.start()
@@ -334,6 +356,53 @@ def test_speculative_true_uses_the_selected_draft(hub: HubServer, tmp_path: Path
     assert out.speculative_stats.method == "draft_model"
     assert out.speculative_stats.drafted > 0
     assert torch.equal(out.sequences, plain)
+
+
+# --- drafts of another tokenizer -------------------------------------------------------------------
+
+
+@pytest.fixture
+def cross_drafts(monkeypatch: pytest.MonkeyPatch) -> tuple[str, ...]:
+    """The registry's `[[cross_tokenizer_draft]]` list, as the tests' repos."""
+    monkeypatch.setattr(select_module, "registry_cross_tokenizer_drafts", lambda: CROSS)
+    return CROSS
+
+
+def test_a_draft_of_another_tokenizer_only_where_none_shares_the_targets(
+    hub: HubServer, cross_drafts
+) -> None:
+    choice = select_draft(ALONE)
+    assert (choice.method, choice.draft, choice.translation) == ("draft_model", CROSS_DRAFT, "intersection")
+    assert f"No model of the {ALONE} family" in choice.reason and "has another tokenizer" in choice.reason
+    assert "token-level intersection" in choice.reason and "tokenizers differ" in choice.tokenizer_check
+    rejected = "\n".join(choice.rejected)
+    assert "general/Chars-5M-Instruct: " in rejected and "under the 90% each" in rejected
+    assert "general/Gone-5M-Instruct: not available on the Hub" in rejected
+    # A target with a draft of its own tokenizer keeps it: drafts of others are not proposed then.
+    assert (select_draft(TARGET).draft, select_draft(TARGET).translation) == (GOOD_DRAFT, None)
+
+
+def test_speculative_true_drafts_across_tokenizers_where_that_was_chosen(
+    hub: HubServer, cross_drafts, tmp_path: Path
+) -> None:
+    """The choice is cached with its translation, and `speculative=True` drafts through it: greedy
+    identical to plain, the translation stated in the statistics."""
+    folder = tmp_path / "alone"
+    folder.mkdir()
+    for name, blob in hub.repos[ALONE].files.items():
+        (folder / name).write_bytes(blob)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "_name_or_path": ALONE}))
+    target = LlamaForCausalLM.from_pretrained(folder).eval()
+    prompt = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    plain = target.generate(prompt, max_new_tokens=8, do_sample=False)
+    out = target.generate(
+        prompt, max_new_tokens=8, do_sample=False, speculative=True, return_dict_in_generate=True
+    )
+    assert out.speculative_stats.translation.startswith("token-level intersection (TLI)")
+    assert out.speculative_stats.drafted > 0 and torch.equal(out.sequences, plain)
+    cached = [json.loads(p.read_text()) for p in (tmp_path / "specdec" / "selections").glob("*.json")]
+    assert [c["translation"] for c in cached] == ["intersection"]
 
 
 def test_select_draft_is_public_api() -> None:

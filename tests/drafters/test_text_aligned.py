@@ -1,0 +1,59 @@
+"""Universal assisted decoding's two re-tokenizations, aligned on a lookbehind: the row's text into
+the draft's tokens, and the draft's text into the target's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_specdec.drafters.decoder import TorchDecoder
+from hf_specdec.drafters.text_aligned import LOOKBEHIND, TextAlignedDrafter
+from hf_specdec.drafters.vocabulary import encode
+from hf_specdec.hub.tokenizer_check import PROBE_TEXT, token_spellings
+
+from ..conftest import tiny_llama
+from ..helpers.tokenizers import CORPUS, byte_level_bpe, metaspace_bpe
+
+TEXT = "The fox and the rabbit walked along the river together, talking about the forest and the trees."
+
+
+@pytest.fixture(scope="module")
+def drafter():
+    target_tok, draft_tok = byte_level_bpe(400, CORPUS + PROBE_TEXT), metaspace_bpe(200, CORPUS + PROBE_TEXT)
+    decoder = TorchDecoder(tiny_llama(0, len(draft_tok)))
+    return TextAlignedDrafter(decoder, 0.0, torch.device("cpu"), target_tok, draft_tok, "text")
+
+
+def _spelled(spellings, ids) -> bytes:
+    return b"".join(spellings[i] or b"" for i in ids)
+
+
+def test_the_draft_reads_its_own_tokenization_of_the_rows_text_step_by_step(drafter):
+    """Fed a few target tokens at a time, cut inside words, the draft's tokens spell the text and,
+    LOOKBEHIND tokens back, are its own tokenizer's; each step re-tokenizes a bounded tail."""
+    target_ids = torch.tensor(encode(drafter.target_tokenizer, TEXT))
+    draft_spellings = token_spellings(drafter.draft_tokenizer)
+    for n in range(1, len(target_ids) + 1, 3):
+        sequence = drafter._draft_sequence(0, target_ids[:n]).tolist()
+        assert sequence[0] == drafter.draft_tokenizer.bos_token_id  # its own start, first
+        text = _spelled(drafter.target_spellings, target_ids[:n].tolist())
+        assert _spelled(draft_spellings, sequence[1:]) == text
+        row = drafter.texts[0]
+        assert n - row.syncs[0][0] <= 2 * LOOKBEHIND + 3  # the re-tokenized tail stays short
+    own = encode(drafter.draft_tokenizer, TEXT)
+    settled = row.syncs[0][1]
+    assert sequence[1 : 1 + settled] == own[:settled] and settled > len(own) // 2
+
+
+def test_the_drafts_text_becomes_the_targets_tokens_after_the_rows(drafter):
+    target, draft = drafter.target_tokenizer, drafter.draft_tokenizer
+    row = torch.tensor(encode(target, "the fox walked to the"))
+    drafted = encode(draft, " river and")
+    assert drafter._target_tokens(row, drafted) == encode(target, " river and")
+    # The draft's text continues the row's last word: the target's tokens of the rest of it.
+    cut = torch.tensor(encode(target, "the fox walked to the riv"))
+    continued = drafter._target_tokens(cut, encode(draft, "er and"))
+    assert _spelled(drafter.target_spellings, continued) == b"er and"
+    # The draft ends the text: the target's EOS ends the draft, and nothing after it counts.
+    ended = drafter._target_tokens(row, [*encode(draft, " river"), draft.eos_token_id, *encode(draft, " x")])
+    assert ended == [*encode(target, " river"), target.eos_token_id]
