@@ -192,7 +192,8 @@ LAYERS: dict[str, set[str]] = {
     "lossless": {"loading"},
     "bench": {"config", "core", "drafters", "heads", "loading", "lossless", "ort"},
     "train": {"bench", "core", "heads", "loading"},
-    "serving": {"bench", "core", "drafters", "heads", "loading", "selection", "version"},  # vLLM, SGLang
+    # vLLM, SGLang
+    "serving": {"bench", "core", "drafters", "heads", "hub", "loading", "selection", "version"},
     "__init__": {"config", "core", "demo_model", "drafters", "integration", "memory", "selection", "version"},
     "commands": {
         "__init__",

@@ -8,8 +8,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from ..hub.tokenizer_check import compare_tokenizers
 from ..loading import is_missing_path
 from ..selection.select import registry_heads
 from .base import ServingExportError
@@ -46,6 +47,28 @@ def check_vocab(model: str, draft: str) -> None:
             f"target's, but {draft} has {draft_vocab} and {model} has {target_vocab} (padded sizes count, "
             "even with a shared tokenizer). Use a draft with the same vocab_size, or --method ngram."
         )
+    # Equal sizes are not one tokenizer: the engines feed the draft the target's ids and verify the
+    # draft's ids as the target's, so a draft of another tokenizer would draft nonsense (our
+    # generate translates between the two; neither engine's draft_model does).
+    target_tokenizer, draft_tokenizer = _tokenizer(model), _tokenizer(str(draft))
+    if target_tokenizer is None or draft_tokenizer is None:
+        return  # a folder without one: the engine runs the draft on the target's tokenizer
+    check = compare_tokenizers(target_tokenizer, draft_tokenizer)
+    if not check.compatible:
+        raise ServingExportError(
+            f"vLLM's draft_model (and SGLang's STANDALONE) read the draft's token ids as the target's, "
+            f"but {draft}'s tokenizer is not {model}'s ({check.explain()}). speculative='draft_model' "
+            "drafts across tokenizers in generate; to serve, use a draft with the target's tokenizer, "
+            "or --method ngram."
+        )
+
+
+def _tokenizer(name: str) -> Any:
+    """The tokenizer saved with a model, or None where there is none."""
+    try:
+        return AutoTokenizer.from_pretrained(name, trust_remote_code=False)
+    except (OSError, ValueError):
+        return None
 
 
 def onnx_source(folder: Path) -> str | None:

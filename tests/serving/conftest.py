@@ -15,6 +15,7 @@ from hf_specdec.heads.medusa import MedusaHeadConfig
 from hf_specdec.serving import export_serving
 
 from ..conftest import tiny_llama
+from ..helpers.tokenizers import word_level
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +25,12 @@ def models(tmp_path_factory) -> Path:
     tiny_llama(0).save_pretrained(root / "target")
     tiny_llama(1).save_pretrained(root / "draft")
     tiny_llama(2, vocab_size=96).save_pretrained(root / "draft-vocab96")
+    # Two tokenizers of the same size whose ids mean other words: a pair only generate can draft with.
+    words = [f"w{i}" for i in range(64)]
+    tiny_llama(0).save_pretrained(root / "target-words")
+    word_level(words).save_pretrained(root / "target-words")
+    tiny_llama(1).save_pretrained(root / "draft-other-words")
+    word_level(words[:1] + words[:0:-1]).save_pretrained(root / "draft-other-words")
     target8 = tiny_llama(0, layers=8)
     target8.save_pretrained(root / "target8")
     torch.manual_seed(5)

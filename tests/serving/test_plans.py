@@ -50,6 +50,10 @@ REFUSALS_BY_CASE = {
         lambda m: dict(method="draft_model", draft=m / "draft-vocab96"),
         "need the draft's vocab_size to equal the target's, but .* has 96 and .* has 64",
     ),
+    "tokenizers-differ": (
+        lambda m: dict(model=m / "target-words", method="draft_model", draft=m / "draft-other-words"),
+        "read the draft's token ids as the target's, but .*draft-other-words's tokenizer is not",
+    ),
     "our-eagle1-style-head": (
         lambda m: dict(method="eagle", head=m / "head-ours"),
         "EAGLE-1-style head .* would draft differently",
@@ -71,9 +75,10 @@ def test_refusals_say_what_to_use_instead(models, tmp_path, engine, case):
         (bare / "config.json").write_text((models / "draft" / "config.json").read_text())
     arguments, message = REFUSALS_BY_CASE[case]
     kwargs = {key: str(v) for key, v in arguments(models).items() if key != "method"}
+    target = kwargs.pop("model", str(models / "target"))
     with pytest.raises(ServingExportError, match=message):
         export_serving(
-            str(models / "target"),
+            target,
             engine,
             method=arguments(models).get("method"),
             num_draft_tokens=3,
