@@ -43,6 +43,7 @@ import torch
 from hf_specdec.bench.regimes import PROFILES, CostProfile, Forward, Jitter, host_clock
 from hf_specdec.core.draft import Draft, DraftRequest
 from hf_specdec.core.policy import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
+from hf_specdec.core.verify_shape import VerifyShape
 from hf_specdec.drafters.ngram import NgramConfig, NgramDrafter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -88,12 +89,12 @@ def replay(
     seconds = forward_cost(len(prompts), max(map(len, prompts)), 0)  # the prefill gives the first token
     done = [1] * len(prompts)
     forwards, speculative, cached = 1, 0, len(prompts)
-    keeps_shape = getattr(policy, "keeps_batch_shape", None)
+    policy.begin_call(VerifyShape(), drafter.draft_cost, max(map(len, prompts)))
     while active := [b for b, answer in enumerate(answers) if done[b] < len(answer)]:
-        if len(active) <= cached // 2 and not (keeps_shape is not None and keeps_shape()):
+        if len(active) <= cached // 2 and not policy.keeps_batch_shape():
             cached = len(active)
         rooms = [len(answers[b]) - done[b] for b in active]
-        k = policy.draft_length(len(active))
+        k = policy.draft_length(cached)
         contexts = [prompts[b] + answers[b][: done[b]] for b in active]
         if k > 0 and not lookup:
             width = max(map(len, contexts))
@@ -119,7 +120,7 @@ def replay(
         else:
             draft = drafter.propose(request)
         draft_seconds = host_clock() - started
-        draft = policy.trim(draft, len(active), rooms)
+        draft = policy.trim(draft, cached, rooms)
         accepted, paths = [], []
         for row, b in enumerate(active):
             n, answer = draft.lengths[row], answers[b]
@@ -135,8 +136,8 @@ def replay(
             paths.append(list(range(hits)))
         width = 1 + draft.tokens.shape[1]  # as the loop feeds it: holes past the drafts included
         verify_seconds = forward_cost(cached, width, max(map(len, contexts)) - 1)
-        trees = {"paths": paths} if draft.parents is not None else {}
-        policy.update(len(active), draft, accepted, draft_seconds, verify_seconds, **trees)
+        trees = paths if draft.parents is not None else None
+        policy.update(cached, draft, accepted, draft_seconds, verify_seconds, trees)
         drafter.observe(draft, accepted)
         seconds += draft_seconds + verify_seconds
         for row, b in enumerate(active):
@@ -203,6 +204,21 @@ def evaluate(
     }
 
 
+def batches(data: list[dict], batch: int) -> list[list[dict]]:
+    """`data` in batches of `batch` prompts, categories interleaved (as a server's batch mixes
+    requests); a suite smaller than the batch is cycled to fill it."""
+    per_category: dict[str, int] = defaultdict(int)
+    place = []
+    for row in data:
+        place.append(per_category[row["category"]])
+        per_category[row["category"]] += 1
+    order = sorted(range(len(data)), key=lambda i: place[i])
+    return [
+        [data[order[(g * batch + j) % len(order)]] for j in range(batch)]
+        for g in range(max(1, round(len(data) / batch)))
+    ]
+
+
 def evaluate_batches(
     data: list[dict],
     profile: CostProfile,
@@ -212,19 +228,9 @@ def evaluate_batches(
     batch: int,
     carry: bool = True,
 ) -> dict[str, float]:
-    """Batches of `batch` prompts, categories interleaved (as a server's batch mixes requests); a
-    suite smaller than the batch is cycled to fill it. Speedups over plain batched decoding of
-    the same batch (geometric mean over batches); the oracle is each batch's best fixed k."""
-    per_category: dict[str, int] = defaultdict(int)
-    place = []
-    for row in data:
-        place.append(per_category[row["category"]])
-        per_category[row["category"]] += 1
-    order = sorted(range(len(data)), key=lambda i: place[i])
-    groups = [
-        [data[order[(g * batch + j) % len(order)]] for j in range(batch)]
-        for g in range(max(1, round(len(data) / batch)))
-    ]
+    """Batches of `batch` prompts (`batches`). Speedups over plain batched decoding of the same
+    batch (geometric mean over batches); the oracle is each batch's best fixed k."""
+    groups = batches(data, batch)
     shapes: dict[Any, set[tuple[int, int]]] = defaultdict(set)  # per row, as in `evaluate`
     device_costs = None
     results: dict[str, list[float]] = defaultdict(list)

@@ -4,12 +4,13 @@ they load their decoder; drafting is this module's, token for token."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 from transformers import StaticCache
 from transformers.cache_utils import StaticLayer
 
+from ..core.draft import DraftCost
 from ..core.kv import RaggedKV, positions
 from ..core.static_kv import DraftRows, StaticKV
 from ..core.timing import clock
@@ -123,6 +124,9 @@ class DecoderDrafter(Drafter):
     in a batch row of its own (`BranchRows`). The tree's nodes then leave the cache: the next draft
     feeds the accepted path with the target's token, in one forward.
     """
+
+    # A forward per token of a chain, per level of a tree (draft_model, onnx, quantized alike).
+    draft_cost: ClassVar[DraftCost] = DraftCost.PER_TOKEN
 
     def __init__(
         self, decoder: DraftDecoder, min_confidence: float, device: torch.device, tree_top_k: int = 4

@@ -195,9 +195,10 @@ def test_drafts_fed_with_holes_past_them_give_plain_greedy_output(target, batch)
 
 def test_a_static_cache_is_fed_no_holes_past_a_draft(target):
     """A static cache pads its widths itself (a compiled one, to a few fixed widths), and a mask
-    at batch 1 would be a new compiled graph at every width: the loop feeds it each draft without
-    the holes a policy widened it with. Fed with them, near its end the forward passed the cache's
-    room (the call stopped with its error), and holes kept after whole drafts cost compactions."""
+    at batch 1 would be a new compiled graph at every width: it declares that it feeds no holes
+    (`VerifyShape.feeds_holes`), the adaptive policy widens no draft there, and a policy that
+    widens one anyway is refused with what to do (fed with them, near its end the forward passed
+    the cache's room, and holes kept after whole drafts cost compactions)."""
     from hf_specdec.core.static_kv import StaticKV
 
     input_ids, attention_mask = random_batch(5, 1, min_len=6)
@@ -218,6 +219,20 @@ def test_a_static_cache_is_fed_no_holes_past_a_draft(target):
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(StaticKV, "forward_rows", recording)
-        spec = target.generate(**kwargs, speculative=SpeculativeConfig(method="ngram", policy=_Widens(3)))
+        spec = target.generate(
+            **kwargs, speculative=SpeculativeConfig(method="ngram", policy=_WidensWhereFed(3))
+        )
     assert torch.equal(spec, plain)
     assert masked and not any(masked)
+    with pytest.raises(ValueError, match=r"_Widens widened a draft .*feeds_holes is False.*no wider than"):
+        target.generate(**kwargs, speculative=SpeculativeConfig(method="ngram", policy=_Widens(3)))
+
+
+class _WidensWhereFed(_Widens):
+    """`_Widens` where the cache declares it feeds holes, as the adaptive policy does."""
+
+    def begin_call(self, shape, draft_cost, context) -> None:
+        self.feeds_holes = shape.feeds_holes
+
+    def trim(self, draft: Draft, batch_size: int, remaining: list[int] | None = None) -> Draft:
+        return super().trim(draft, batch_size, remaining) if self.feeds_holes else draft

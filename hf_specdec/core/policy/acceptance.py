@@ -1,0 +1,131 @@
+"""Acceptance estimates, each the mean of a Beta posterior from one prior: α per draft position
+and per bucket of a drafter's confidence (chains), β per node (trees)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+MAX_DRAFT = 16
+PRIOR_ACCEPTANCE, PRIOR_WEIGHT = 0.6, 2.0  # the prior's mean, and what it weighs in drafts
+_BUCKETS = 10
+
+
+def beta_mean(
+    hits: float, trials: float, prior: float = PRIOR_ACCEPTANCE, weight: float = PRIOR_WEIGHT
+) -> float:
+    """The one estimate of an acceptance rate, here and in the drafters: `hits` in `trials` from a
+    prior of mean `prior` worth `weight` trials."""
+    return (hits + prior * weight) / (trials + weight)
+
+
+def _zeros(n: int) -> list[float]:
+    return [0.0] * n
+
+
+@dataclass
+class AcceptanceEstimate:
+    """α_i per draft position (given the ones before held) and, per bucket of the drafter's
+    confidence, how often such tokens held, a draft's first token apart from its later ones: one
+    n-gram score means "often wrong" for a first token and "rarely wrong" once a copy started."""
+
+    max_k: int = MAX_DRAFT
+    prior_acceptance: float = PRIOR_ACCEPTANCE
+    prior_weight: float = PRIOR_WEIGHT
+    drafted: list[float] = field(default_factory=list)  # per position
+    accepted: list[float] = field(default_factory=list)
+    bucket_drafted: list[float] = field(default_factory=lambda: _zeros(2 * _BUCKETS))  # `_bucket`
+    bucket_accepted: list[float] = field(default_factory=lambda: _zeros(2 * _BUCKETS))
+
+    def __post_init__(self) -> None:
+        for counts in (self.drafted, self.accepted):
+            counts.extend(_zeros(self.max_k - len(counts)))
+
+    def alpha(self, position: int, prior: float | None = None) -> float:
+        """α at a 0-based position; `prior`: what it is before that position was seen."""
+        prior = self.prior_acceptance if prior is None else prior
+        return beta_mean(self.accepted[position], self.drafted[position], prior, self.prior_weight)
+
+    def alphas(self) -> list[float]:
+        return [self.alpha(i) for i in range(self.max_k)]
+
+    def calibrated(self, confidence: float, position: int = 0) -> float:
+        bucket = _bucket(confidence, position)
+        prior = (bucket % _BUCKETS + 0.5) / _BUCKETS
+        return beta_mean(self.bucket_accepted[bucket], self.bucket_drafted[bucket], prior, self.prior_weight)
+
+    def observe(
+        self, lengths: list[int], accepted: list[int], confidence: list[list[float]] | None = None
+    ) -> None:
+        """Row b drafted `lengths[b]` tokens (a tree: its depth) and had `accepted[b]` accepted."""
+        for b, (d, a) in enumerate(zip(lengths, accepted)):
+            tested = min(d, a + 1, self.max_k)  # position i is tested only if those before held
+            for i in range(tested):
+                self.drafted[i] += 1
+                self.accepted[i] += i < a
+                if confidence is not None:
+                    # Later tokens hold or fail together: one trial of their buckets, not many.
+                    weight = 1.0 if i == 0 else 1.0 / (tested - 1)
+                    bucket = _bucket(confidence[b][i], i)
+                    self.bucket_drafted[bucket] += weight
+                    self.bucket_accepted[bucket] += weight * (i < a)
+
+
+def _bucket(confidence: float, position: int) -> int:
+    return min(int(confidence * _BUCKETS), _BUCKETS - 1) + (_BUCKETS if position > 0 else 0)
+
+
+@dataclass
+class TreeAcceptance:
+    """β_i: how often node i (best first) lies on the accepted path. A tree's first n nodes are a
+    tree that accepts the path's nodes below n, so they add Σ_{i<n} β_i tokens (`gains`); a node
+    never drafted is guessed as likely as the one before it. `levels`: how deep the first n nodes
+    reach, what they cost where a drafter grows a tree one forward a level."""
+
+    max_k: int = MAX_DRAFT
+    prior_acceptance: float = PRIOR_ACCEPTANCE
+    prior_weight: float = PRIOR_WEIGHT
+    drafted: list[float] = field(default_factory=list)  # per node index
+    on_path: list[float] = field(default_factory=list)
+    depth_sums: list[float] = field(default_factory=list)  # per n - 1: summed depth of the first n nodes
+
+    def __post_init__(self) -> None:
+        for counts in (self.drafted, self.on_path, self.depth_sums):
+            counts.extend(_zeros(self.max_k - len(counts)))
+
+    @property
+    def observed(self) -> bool:
+        return self.drafted[0] > 0
+
+    def betas(self) -> list[float]:
+        betas, prior = [], self.prior_acceptance
+        for hits, trials in zip(self.on_path, self.drafted):
+            prior = beta_mean(hits, trials, prior, self.prior_weight)
+            betas.append(prior)
+        return betas
+
+    def gains(self) -> list[float]:
+        return list(itertools.accumulate(self.betas()))
+
+    def levels(self) -> list[float]:
+        """levels[n - 1]: the first n nodes' depth; a size never drafted as the largest one drafted."""
+        out, last = [], 1.0
+        for depth, trials in zip(self.depth_sums, self.drafted):
+            last = depth / trials if trials else last
+            out.append(last)
+        return out
+
+    def observe(
+        self, lengths: list[int], paths: list[list[int]], parents: list[list[int]] | None = None
+    ) -> None:
+        """Row b verified `lengths[b]` nodes (parents per node, -1 at the root; None: a chain) and
+        accepted the nodes `paths[b]`."""
+        for b, (n, path) in enumerate(zip(lengths, paths)):
+            depth, deepest = [], 0
+            for i in range(min(n, self.max_k)):
+                self.drafted[i] += 1
+                parent = parents[b][i] if parents is not None else i - 1
+                depth.append(1 if parent < 0 else depth[parent] + 1)
+                deepest = max(deepest, depth[-1])
+                self.depth_sums[i] += deepest
+            self.on_path = [c + (i in path) for i, c in enumerate(self.on_path)]

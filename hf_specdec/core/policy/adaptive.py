@@ -1,0 +1,251 @@
+"""The adaptive policy: the acceptance estimates and the cost model put to the decision rule,
+before drafting (how long a draft to ask for) and after (where to cut each row's draft)."""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..draft import Draft, DraftCost
+from ..verify_shape import VerifyShape
+from .acceptance import MAX_DRAFT, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, AcceptanceEstimate, TreeAcceptance
+from .costs import CostModel
+from .decision import PLAIN_MARGIN, drafting_seconds, expected_gains, fastest_width
+from .protocol import DraftLengthPolicy
+
+FREE_DRAFT = 0.05  # an ask costing under this share of a plain step is free: ask every step
+# One-token looks a call verifies at most where the prior says drafting cannot pay (only a draft
+# verified at a width measures it; on a compiled static cache a width's first forward is untimed).
+MAX_LOOKS = 2
+
+
+@dataclass(frozen=True)
+class AdaptiveSettings:
+    """`first_k`: the draft asked for before anything is measured, and by probes; the prior on
+    each α_i (`prior_acceptance`, worth `prior_weight` drafts); `probe_every` plain steps before a
+    probe; probes only while drafts always accepted would be `min_probe_gain` times faster than
+    plain; `max_k`: the longest draft; asks that cost something are held to what the last
+    `realized_window` gave."""
+
+    first_k: int = 4
+    prior_acceptance: float = PRIOR_ACCEPTANCE
+    prior_weight: float = PRIOR_WEIGHT
+    probe_every: int = 8
+    min_probe_gain: float = 1.1
+    max_k: int = MAX_DRAFT
+    realized_window: int = 16
+
+
+@dataclass
+class ProbeSchedule:
+    """After `every` plain steps probe, then wait twice as long after each probe (up to 64x)."""
+
+    every: int = 8
+    plain_run: int = 0
+    backoff: int = 1
+
+    def plain_step_probes(self) -> bool:
+        self.plain_run += 1
+        if self.plain_run < self.every * self.backoff:
+            return False
+        self.plain_run, self.backoff = 0, min(self.backoff * 2, 64)
+        return True
+
+    def reset(self) -> None:
+        self.plain_run, self.backoff = 0, 1
+
+
+@dataclass
+class RealizedAsks:
+    """(tokens the critical row advanced, seconds) of the last asks, held against plain decoding:
+    it catches what no estimate sees (a batch waiting for a row whose drafts the cut drops)."""
+
+    window: int = 16
+    steps: list[tuple[float, float]] = field(default_factory=list)
+
+    def add(self, tokens: float, seconds: float) -> None:
+        self.steps = [*self.steps[-(self.window - 1) :], (tokens, seconds)]
+
+    def pays(self, plain_seconds: float) -> bool:
+        return len(self.steps) < self.window or _beats_plain(*map(sum, zip(*self.steps)), plain_seconds)
+
+
+def _beats_plain(tokens: float, seconds: float, plain_seconds: float) -> bool:
+    return seconds * PLAIN_MARGIN < tokens * plain_seconds
+
+
+class AdaptiveDraftLength(DraftLengthPolicy):
+    """Cost-aware draft length (`AdaptiveSettings` or its fields as keywords; `device_costs`: an
+    earlier call's `costs` on the same model and device, to start from). What it learns lives in
+    `acceptance`, `trees`, `costs`, `probes` and `realized`; one per call by default."""
+
+    def __init__(
+        self, settings: AdaptiveSettings | None = None, *, device_costs: CostModel | None = None, **fields
+    ):
+        if settings is not None and fields:
+            raise TypeError("Pass either `settings` or its fields as keywords, not both.")
+        self.settings = s = settings if settings is not None else AdaptiveSettings(**fields)
+        self.acceptance = AcceptanceEstimate(s.max_k, s.prior_acceptance, s.prior_weight)
+        self.trees = TreeAcceptance(s.max_k, s.prior_acceptance, s.prior_weight)
+        self.costs, self.probes, self.realized = (
+            CostModel(),
+            ProbeSchedule(s.probe_every),
+            RealizedAsks(s.realized_window),
+        )
+        self.costs.carry(device_costs)
+        self.draft_cost, self.drafting_trees = (
+            DraftCost.PER_TOKEN,
+            False,
+        )  # trees: the last draft verified was one
+        self._first_k = min(s.first_k, s.max_k)
+        self._asked, self._probing, self._looking, self._looks, self._critical = 0, False, False, 0, 0
+        self._perfect: tuple[Any, int, float] = (None, 0, 0.0)
+
+    def begin_call(self, shape: VerifyShape, draft_cost: DraftCost, context: int) -> None:
+        self.draft_cost = draft_cost
+        self.costs.begin(shape, context)
+
+    def keeps_batch_shape(self) -> bool:
+        return self.costs.new_shapes_are_dear()  # a batch of another size is a new shape at every width
+
+    def expect_draft_cost(self, seconds_per_token: float) -> None:
+        if self.costs.draft.value is None:
+            self.costs.draft.add(seconds_per_token)
+
+    def draft_length(self, batch_size: int) -> int:
+        self._probing = self._looking = False
+        self._asked = self._choose(batch_size)
+        return self._asked
+
+    def _choose(self, batch: int) -> int:
+        s, plain = self.settings, self.costs.verify(batch, 1)
+        if plain is None:
+            return 0  # time a plain step first
+        pays = self._perfect_gain(batch) >= s.min_probe_gain
+        if not self.costs.measured_wide():
+            return self._first_k if pays else 0  # a first look (`trim` keeps a token)
+        if not pays:
+            return self._look()
+        asked = self.costs.asks.value
+        if self.draft_cost is DraftCost.FREE if asked is None else asked < FREE_DRAFT * plain:
+            return s.max_k  # free: the draft's own confidences, read by `trim`, say more
+        feeding = self.costs.feeding(batch, widen=not self.drafting_trees)
+        k, _ = fastest_width([self._gains()], self._drafting, lambda w: feeding(w)[1])
+        if k == 0 or not self.realized.pays(plain):
+            self._probing = self.probes.plain_step_probes()
+            return self._first_k if self._probing else 0
+        self.probes.reset()
+        return k if self.draft_cost is DraftCost.PER_TOKEN else s.max_k  # a block costs one forward
+
+    def _look(self) -> int:
+        if self._looks >= MAX_LOOKS or self.costs.verified_here():
+            return 0
+        self._looking = True
+        return 1
+
+    def _drafting(self, k: int) -> float:
+        per_ask = self.draft_cost is not DraftCost.PER_TOKEN and self.costs.asks.value is not None
+        seconds = (self.costs.asks if per_ask else self.costs.draft).value or 0.0
+        return drafting_seconds(
+            self.draft_cost, seconds, k, self.trees.levels() if self.drafting_trees else None
+        )
+
+    def _perfect_gain(self, batch: int) -> float:
+        """How much faster than plain drafts always accepted would be; every 16 asks or new timing."""
+        key, asks, gain = self._perfect
+        if key != (batch, self.costs.version) or asks >= 16:
+            perfect = [list(range(1, self.settings.max_k + 1))]
+            gain = fastest_width(perfect, self._drafting, lambda w: self.costs.verify(batch, w))[1]
+            key, asks = (batch, self.costs.version), 0
+        self._perfect = (key, asks + 1, gain)
+        return gain
+
+    def trim(self, draft: Draft, batch_size: int, remaining: list[int] | None = None) -> Draft:
+        if self.costs.verify(batch_size, 1) is None or not any(draft.lengths):
+            return draft
+        if not self.costs.measured_wide() or self._looking:
+            return draft.truncated([min(n, 1) for n in draft.lengths])  # one token tells a width's cost
+        feeding = self.costs.feeding(batch_size, max(remaining or [0]) or None, widen=draft.parents is None)
+        k, _ = fastest_width(self._row_gains(draft), lambda k: 0.0, lambda w: feeding(w)[1], remaining)
+        if remaining:
+            self._critical = max(range(len(remaining)), key=remaining.__getitem__)
+        lengths = [min(n, k) for n in draft.lengths]
+        draft = draft.truncated(lengths) if lengths != draft.lengths else draft
+        fed = feeding(k + 1)[0] if k else 1  # a wider width paid for: holes past the draft
+        return draft.widened(fed - 1) if fed > k + 1 else draft
+
+    def _row_gains(self, draft: Draft) -> list[list[float]]:
+        """A tree's by what trees gained; a sampled draft's by position alone (cut by its own tokens
+        it would no longer follow the target's distribution); a greedy chain's by its tokens' odds."""
+        if draft.parents is not None and self.trees.observed:
+            return [self.trees.gains()[:n] for n in draft.lengths]
+        if draft.probs is not None or draft.confidence is None or draft.parents is not None:
+            return [expected_gains(self.acceptance.alphas())[:n] for n in draft.lengths]
+        rows = zip(draft.confidence.tolist(), draft.lengths)
+        return [expected_gains([self._token_odds(c, i) for i, c in enumerate(row[:n])]) for row, n in rows]
+
+    def _token_odds(self, confidence: float, position: int) -> float:
+        """Its confidence as calibrated; past the first token at least how often its position held
+        (a copy that held tends to go on), from the drafter's odds where no draft reached it yet."""
+        calibrated = self.acceptance.calibrated(confidence, position)
+        return (
+            calibrated
+            if position == 0
+            else max(calibrated, self.acceptance.alpha(position, prior=confidence))
+        )
+
+    def update(self, batch_size, draft, accepted, draft_seconds, verify_seconds, paths=None) -> None:
+        width = 1 + draft.tokens.shape[1]  # as fed: holes past the drafts cost what tokens do
+        if verify_seconds is not None:
+            self.costs.add_verify(batch_size, width, verify_seconds)
+        drafted = any(draft.lengths)
+        self._looks += self._looking and drafted
+        asking = max(draft_seconds - draft.catch_up_seconds, 0.0)  # a catch-up is no cost of asking
+        if self._asked:
+            self.costs.asks.add(asking)
+            self._realize(batch_size, accepted, asking, width)
+        if not drafted:
+            return
+        self.costs.draft.add(asking / max(draft.depths()))  # per forward: a tree's per level
+        self.drafting_trees = draft.parents is not None and paths is not None
+        if self.drafting_trees:
+            self.trees.observe(draft.lengths, paths, draft.parents.tolist())
+        else:
+            confidence = None if draft.confidence is None else draft.confidence.tolist()
+            self.acceptance.observe(draft.depths(), accepted, confidence)
+
+    def _realize(self, batch: int, accepted: list[int], draft_seconds: float, width: int) -> None:
+        """Verify at the cost model's figure (a stall must not end drafting); a probe that beat
+        plain starts the record afresh."""
+        plain, verify = self.costs.verify(batch, 1), self.costs.verify(batch, width)
+        if not accepted or plain is None or verify is None:
+            return
+        tokens, seconds = 1 + accepted[min(self._critical, len(accepted) - 1)], draft_seconds + verify
+        if self._probing and _beats_plain(tokens, seconds, plain):
+            self.realized.steps.clear()
+        self.realized.add(tokens, seconds)
+
+    def _gains(self) -> list[float]:
+        return self.trees.gains() if self.drafting_trees else expected_gains(self.acceptance.alphas())
+
+
+class DeviceCosts:
+    """Per target model (held weakly), the last `auto` call's costs on its device and dtype, which
+    the next call's policy starts from; `hf_specdec.clear_cache()` forgets them."""
+
+    def __init__(self) -> None:
+        self._by_model: weakref.WeakKeyDictionary[Any, tuple[Any, CostModel]] = weakref.WeakKeyDictionary()
+
+    def policy(self, model: Any) -> AdaptiveDraftLength:
+        where, earlier = self._by_model.get(model, (None, None))
+        here = (model.device, model.dtype)
+        policy = AdaptiveDraftLength(device_costs=earlier if where == here else None)
+        self._by_model[model] = (here, policy.costs)  # filled in as the call goes
+        return policy
+
+    def clear(self) -> None:
+        self._by_model.clear()
+
+
+DEVICE_COSTS = DeviceCosts()

@@ -1,0 +1,262 @@
+"""The cost model: what drafting and verifying cost, as this call times them, over a prior carried
+from earlier calls on the same model and device; and what a width's first call costs once. It holds
+no figure about any device: a width never timed is read off those that were."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..verify_shape import VerifyShape, padded_width
+
+CARRIED_TIMINGS, CARRIED_MIN = 16, 3  # a carried width: the median of its last 16 timings, once 3
+# A timing this far from what the prior expects (a log ratio: 1.5x) is out of line: one is a stall,
+# REGIME_TIMINGS in a row on one side a regime change (another job on the device, a grown batch).
+OUT_OF_LINE, REGIME_TIMINGS = math.log(1.5), 3
+Curve = dict[int, float]  # width -> verify seconds over a plain step's
+
+
+@dataclass
+class _Recent:
+    """The median of the last `keep` timings, or the smaller of the first two: a stall only adds."""
+
+    samples: list[float] = field(default_factory=list)
+    keep: int = 5
+    value: float | None = None
+
+    def add(self, x: float) -> None:
+        self.samples = [*self.samples[-(self.keep - 1) :], x]
+        self.value = min(self.samples) if len(self.samples) <= 2 else statistics.median(self.samples)
+
+    @property
+    def confirmed(self) -> bool:
+        return len(self.samples) > 1
+
+
+def _copy(recent: _Recent) -> _Recent:
+    return dataclasses.replace(recent, samples=list(recent.samples))
+
+
+def _learnt(excess: _Recent) -> float:
+    return (excess.value or 0.0) if excess.confirmed else 0.0  # a width is tried, not feared
+
+
+def context_bucket(tokens: int) -> int:
+    """Contexts within one power of four (from 512 tokens) share a carried curve."""
+    return max(0, (tokens.bit_length() - 8) // 2)
+
+
+def _from_widths(known: Curve, width: int) -> float | None:
+    """Cost at `width` along the power law through the two nearest widths of `known` (a chord
+    guessed low where cost bends down: a CPU's small matrix products), or beyond the widest through
+    it and the plain step, its exponent from 0 (flat) to 1 (in proportion to the tokens fed)."""
+    if width in known or 1 not in known:
+        return known.get(width)
+    below, above = [w for w in known if w < width], [w for w in known if w > width]
+    if above:
+        lo, hi = max(below), min(above)
+        if known[lo] <= 0 or known[hi] <= 0:
+            return known[lo] + (known[hi] - known[lo]) * (width - lo) / (hi - lo)
+        return known[lo] * (width / lo) ** (math.log(known[hi] / known[lo]) / math.log(hi / lo))
+    edge = max(below)
+    plain, widest = known[1], known[edge]
+    if edge == 1 or plain <= 0 or widest <= plain:
+        return widest
+    return widest * (width / edge) ** min(math.log(widest / plain) / math.log(edge), 1.0)
+
+
+@dataclass
+class CostModel:
+    """Seconds per draft forward and per ask, and verify seconds per (batch size, width fed).
+
+    The prior (`carry`): each width's ratio to a plain step in earlier calls, keyed by padding,
+    context bucket and batch size, turned into seconds by this call's plain step until the call
+    times the width. Timings that keep disagreeing with it end its use for the call; while one does,
+    the call prices from its own alone. A width timed once far above the others' curve (twice it, or
+    more than its tokens in plain steps) is a stall, to be timed again."""
+
+    draft: _Recent = field(default_factory=_Recent)  # seconds per draft forward (a token, a tree level)
+    asks: _Recent = field(default_factory=_Recent)  # seconds per ask for a draft, whatever came back
+    times: dict[tuple[int, int], _Recent] = field(default_factory=dict)  # (batch, width fed) -> seconds
+    # A width's first call in a call above its second, where over twice it (else 0): at shapes new
+    # to the process, and at shapes earlier calls verified (a one-off paid in every call).
+    first_calls: _Recent = field(default_factory=lambda: _Recent(keep=8))
+    repeat_first_calls: _Recent = field(default_factory=lambda: _Recent(keep=8))
+    prior: dict[tuple[tuple[int, ...], int, int], dict[int, _Recent]] = field(default_factory=dict)
+    shape: VerifyShape = field(default_factory=VerifyShape)
+    bucket: int = 0  # `context_bucket` of the call's prompt
+    trusts_prior: bool = True
+    streak: list[float] = field(default_factory=list)  # log ratios out of line with the prior, in a row
+    version: int = 0  # counts what changes a prediction
+    _cache: dict[tuple[int, int], float | None] = field(default_factory=dict, repr=False)
+
+    def begin(self, shape: VerifyShape, context: int) -> None:
+        self.shape, self.bucket = shape, context_bucket(context)
+        self._changed()
+
+    def _changed(self) -> None:
+        self.version += 1
+        self._cache.clear()
+
+    def add_verify(self, batch: int, width: int, seconds: float) -> None:
+        width = self.shape.padded(width)
+        if width > 1:
+            self._judge(batch, width, seconds)
+        timings = self.times.setdefault((batch, width), _Recent())
+        if len(timings.samples) == 1 and width > 1:
+            first = timings.samples[0]
+            excess = (
+                self.repeat_first_calls if (batch, width) in self._verified_before() else self.first_calls
+            )
+            excess.add(first - seconds if first > 2 * seconds else 0.0)
+        timings.add(seconds)
+        self._changed()
+
+    def _judge(self, batch: int, width: int, seconds: float) -> None:
+        """Count the timings in a row out of line with the prior, on one side, one-offs expected."""
+        prior, plain = self._carried(batch, exact=False), self._plain(batch)
+        if not self.trusts_prior or not prior or not plain or seconds <= 0:
+            return
+        expected = plain * _from_widths({1: 1.0} | prior, width) + self.first_call_seconds(batch, width)
+        error = math.log(seconds / expected)
+        if abs(error) < OUT_OF_LINE:
+            self.streak = []
+        elif self.streak and (error > 0) != (self.streak[-1] > 0):
+            self.streak = [error]
+        else:
+            self.streak.append(error)
+        if len(self.streak) >= REGIME_TIMINGS:
+            self.trusts_prior, self.streak = False, []
+
+    def verify(self, batch: int, width: int) -> float | None:
+        """Predicted seconds; None until a plain step was timed (at `batch`, or the nearest timed)."""
+        key = (batch, self.shape.padded(width))
+        if key not in self._cache:
+            self._cache[key] = self._predict(*key)
+        return self._cache[key]
+
+    def _predict(self, batch: int, width: int) -> float | None:
+        plain = self._plain(batch)
+        if plain is None:
+            return None
+        steady, once = self._curve(batch, plain)
+        if width not in once:
+            return plain * (_from_widths(steady | once, width) or 1.0)
+        guess = _from_widths(steady, width) or 1.0
+        return plain * (guess if once[width] > (2 * guess if len(steady) > 1 else width) else once[width])
+
+    def _plain(self, batch: int) -> float | None:
+        """No more than the narrowest wider width timed: plain steps are not timed while drafting
+        goes on, and ones timed in a stall made drafts that never held look cheap."""
+        at = min({b for b, _ in self.times}, key=lambda b: abs(b - batch), default=None)
+        if at is None or (at, 1) not in self.times:
+            return None
+        wider = [w for b, w in self.times if b == at and w > 1]
+        plain = self.times[at, 1].value
+        return min(plain, self.times[at, min(wider)].value) if wider else plain
+
+    def _curve(self, batch: int, plain: float) -> tuple[Curve, Curve]:
+        """(steady, timed once) ratios: this call's over the prior's while in use; where this batch
+        size verified nothing, the nearest one's that did, else the prior's at the nearest."""
+        in_use = self.trusts_prior and not self.streak
+        own = {w: t for (b, w), t in self.times.items() if b == batch and w > 1}
+        steady = {1: 1.0} | (self._carried(batch, exact=True) if in_use else {})
+        steady |= {w: t.value / plain for w, t in own.items() if t.confirmed}
+        once = {w: t.value / plain for w, t in own.items() if not t.confirmed}
+        if len(steady) > 1 or once:
+            return steady, once
+        others = [b for b, w in self.times if w > 1 and (b, 1) in self.times]
+        if others:
+            nearest = min(others, key=lambda b: abs(b - batch))
+            steady, once = self._curve(nearest, self._plain(nearest))
+            return steady | once, {}
+        return {1: 1.0} | (self._carried(batch, exact=False) if in_use else {}), {}
+
+    def _carried(self, batch: int, exact: bool) -> Curve:
+        """The prior at this padding, at `batch` (or the nearest) and this context bucket (or the nearest)."""
+        keys = [
+            key
+            for key, curve in self.prior.items()
+            if key[0] == self.shape.widths and (key[2] == batch or not exact)
+            if any(len(r.samples) >= CARRIED_MIN for r in curve.values())
+        ]
+        if not keys:
+            return {}
+        key = min(keys, key=lambda k: (abs(k[2] - batch), abs(k[1] - self.bucket)))
+        return {w: r.value for w, r in self.prior[key].items() if len(r.samples) >= CARRIED_MIN}
+
+    def _verified_before(self) -> set[tuple[int, int]]:
+        return {
+            (b, w) for (pads, _, b), curve in self.prior.items() if pads == self.shape.widths for w in curve
+        }
+
+    def first_call_seconds(self, batch: int, width: int) -> float:
+        """The one-off a width not yet verified in this call is expected to cost (as learnt)."""
+        key = (batch, self.shape.padded(width))
+        if key in self.times:
+            return 0.0
+        return _learnt(self.repeat_first_calls if key in self._verified_before() else self.first_calls)
+
+    def feeding(
+        self, batch: int, tokens_left: int | None = None, widen: bool = True, uses: int = 8
+    ) -> Callable[[int], tuple[int, float | None]]:
+        """Per width, the width to feed it at and the cost: `verify`, plus its one-off spread over the
+        steps it can serve (`uses`, fewer with few `tokens_left`); or, where the cache feeds holes past
+        a draft, the next wider width already paid for, if cheaper. Widths as they are until a
+        one-off was timed at two widths."""
+        if not self.first_calls.confirmed and not self.repeat_first_calls.confirmed:
+            return lambda width: (width, self.verify(batch, width))
+        paid = {w for b, w in self.times if b == batch}
+        if not _learnt(self.repeat_first_calls):  # paid once a process: earlier calls' widths too
+            paid |= {w for b, w in self._verified_before() if b == batch}
+        widths, widen = tuple(sorted(paid)), widen and self.shape.feeds_holes
+
+        def feed(width: int) -> tuple[int, float | None]:
+            seconds = self.verify(batch, width)
+            if seconds is None:
+                return width, None
+            serves = uses if tokens_left is None else max(1, min(uses, tokens_left // width))
+            seconds += self.first_call_seconds(batch, width) / serves
+            wider = padded_width(widths, width) if widen else width
+            if wider > width and (fed := self.verify(batch, wider)) is not None and fed < seconds:
+                return wider, fed
+            return width, seconds
+
+        return feed
+
+    def measured_wide(self) -> bool:
+        """Whether a wide verify was timed here, or enough by earlier calls at this padding."""
+        return self.verified_here() or any(
+            key[0] == self.shape.widths and len(r.samples) >= CARRIED_MIN
+            for key, curve in self.prior.items()
+            for r in curve.values()
+        )
+
+    def verified_here(self) -> bool:
+        return any(w > 1 for _, w in self.times)
+
+    def new_shapes_are_dear(self) -> bool:
+        return _learnt(self.first_calls) > 0.0 or _learnt(self.repeat_first_calls) > 0.0
+
+    def carry(self, earlier: CostModel | None) -> None:
+        """Start from `earlier` (the last call's costs, holding what it carried): its timings as
+        ratios to its plain step, and its one-offs. Where it found its prior wrong, its own replace it."""
+        if earlier is None:
+            return
+        pads = earlier.shape.widths
+        kept = {key: curve for key, curve in earlier.prior.items() if earlier.trusts_prior or key[0] != pads}
+        self.prior = {key: {w: _copy(r) for w, r in curve.items()} for key, curve in kept.items()}
+        for (batch, width), timings in earlier.times.items():
+            if width > 1 and (plain := earlier.verify(batch, 1)):
+                curve = self.prior.setdefault((pads, earlier.bucket, batch), {})
+                ratios = curve.setdefault(width, _Recent(keep=CARRIED_TIMINGS))
+                for seconds in timings.samples:  # each as timed: a median of minima would guess low
+                    ratios.add(seconds / plain)
+        self.first_calls, self.repeat_first_calls = (
+            _copy(earlier.first_calls),
+            _copy(earlier.repeat_first_calls),
+        )
+        self._changed()

@@ -1,0 +1,79 @@
+"""The decision: expected tokens per second for each draft width, from what each draft position
+(or tree node) adds and what drafting and verifying that width cost (Leviathan et al. 2023, §3:
+E(k) = 1 + Σ_{j≤k} Π_{i≤j} α_i tokens per step); pure functions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..draft import DraftCost
+
+# A width must look this much faster than plain decoding to be chosen: noise in the figures must
+# not flip a step into a loss. Between draft widths the faster one is taken as it is.
+PLAIN_MARGIN = 1.02
+
+
+def expected_gains(alphas: list[float]) -> list[float]:
+    """gains[k - 1]: tokens the first k draft tokens add in expectation, Σ_{j≤k} Π_{i≤j} α_i."""
+    survive, total, gains = 1.0, 0.0, []
+    for alpha in alphas:
+        survive *= alpha
+        total += survive
+        gains.append(total)
+    return gains
+
+
+def drafting_seconds(cost: DraftCost, seconds: float, k: int, levels: list[float] | None = None) -> float:
+    """What drafting k tokens (tree nodes) costs: nothing for a look-up, `seconds` for a block of
+    any length (one forward), `seconds` a forward for a chain (k of them) or a tree (one a level,
+    `levels[k - 1]`)."""
+    if k == 0 or cost is DraftCost.FREE:
+        return 0.0
+    if cost is DraftCost.PER_BLOCK:
+        return seconds
+    return seconds * (levels[min(k, len(levels)) - 1] if levels else k)
+
+
+def speedups(
+    gains: list[list[float]],
+    drafting: Callable[[int], float],
+    verify: Callable[[int], float],
+    remaining: list[int] | None = None,
+) -> list[float]:
+    """speedups[k]: how much sooner the batch ends drafting k tokens a step than decoding plainly.
+
+    Row b's step adds 1 + gains[b][k - 1] tokens in expectation (a row with fewer on offer drafts
+    them all), and each step costs `drafting(k)` plus `verify(k + 1)`, a forward feeding each row
+    k + 1 tokens. The batch ends with its row that needs the most steps for its `remaining` tokens:
+    drafting pays only where it speeds up the rows with the most left to do."""
+    remaining = remaining or [1] * len(gains)
+    plain = max(remaining) * verify(1)
+    out = [1.0]
+    for k in range(1, max((len(g) for g in gains), default=0) + 1):
+        steps = max(r / (1.0 + (g[min(k, len(g)) - 1] if g else 0.0)) for r, g in zip(remaining, gains))
+        out.append(plain / (steps * (drafting(k) + verify(k + 1))))
+    return out
+
+
+def fastest_width(
+    gains: list[list[float]],
+    drafting: Callable[[int], float],
+    verify: Callable[[int], float],
+    remaining: list[int] | None = None,
+) -> tuple[int, float]:
+    """The draft width of the highest speedup and that speedup: (0, 1.0), plain decoding, unless
+    some width beats it by `PLAIN_MARGIN`."""
+    rates = speedups(gains, drafting, verify, remaining)
+    k = max(range(len(rates)), key=rates.__getitem__)
+    return (k, rates[k]) if k and rates[k] > PLAIN_MARGIN else (0, 1.0)
+
+
+def best_width(
+    rows: list[list[float]],
+    draft_cost: float,
+    verify: Callable[[int], float],
+    remaining: list[int] | None = None,
+) -> tuple[int, float]:
+    """`fastest_width` from each row's α list, drafting a chain at `draft_cost` seconds a token."""
+    drafting = lambda k: drafting_seconds(DraftCost.PER_TOKEN, draft_cost, k)  # noqa: E731
+    return fastest_width([expected_gains(alphas) for alphas in rows], drafting, verify, remaining)
