@@ -70,12 +70,13 @@ def replay(
     tree: bool = False,
     lookup: bool = False,
     seed: int = 0,
+    ask_seconds: float | None = None,
 ) -> dict[str, float]:
     """One greedy call over a batch of prompts replayed: its emulated seconds, target forwards and
     the share of steps that verified a draft. Rows share each forward, hence its width (rows with a
     shorter draft, or done, are holes); finished rows leave the forward's batch once half of it has
     finished, unless the policy keeps its shape, as they leave the target's cache in the loop
-    (`core/loop.py`)."""
+    (`core/loop.py`). `ask_seconds`: drafting costs this much a row instead of its host time."""
     shapes = set() if profile.oneoff_scope == "call" else shapes
     rng = Jitter(seed)  # the profile's noise: every row of a prompt draws the same sequence
 
@@ -120,6 +121,8 @@ def replay(
         else:
             draft = drafter.propose(request)
         draft_seconds = host_clock() - started
+        if ask_seconds is not None and k > 0:  # a fixed cost a row: deterministic, whatever the machine
+            draft_seconds = ask_seconds * len(active)
         draft = policy.trim(draft, cached, rooms)
         accepted, paths = [], []
         for row, b in enumerate(active):

@@ -4,12 +4,12 @@
 from .acceptance import PRIOR_ACCEPTANCE, PRIOR_WEIGHT, AcceptanceEstimate, TreeAcceptance, beta_mean
 from .adaptive import DEVICE_COSTS, AdaptiveDraftLength, AdaptiveSettings, DeviceCosts
 from .costs import CostModel
-from .decision import best_width, expected_gains, fastest_width, speedups
+from .decision import expected_gains, fastest_width, speedups
 from .protocol import DraftLengthPolicy, FixedDraftLength
 
 __all__ = [
     "AcceptanceEstimate", "AdaptiveDraftLength", "AdaptiveSettings", "CostModel", "DEVICE_COSTS",
     "DeviceCosts", "DraftLengthPolicy", "FixedDraftLength", "PRIOR_ACCEPTANCE", "PRIOR_WEIGHT",
-    "TreeAcceptance", "best_width", "beta_mean", "expected_gains",
+    "TreeAcceptance", "beta_mean", "expected_gains",
     "fastest_width", "speedups",
 ]  # fmt: skip

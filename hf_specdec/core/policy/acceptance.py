@@ -14,19 +14,14 @@ _BUCKETS = 10
 def beta_mean(
     hits: float, trials: float, prior: float = PRIOR_ACCEPTANCE, weight: float = PRIOR_WEIGHT
 ) -> float:
-    """The one estimate of an acceptance rate, here and in the drafters: `hits` in `trials` from a
-    prior of mean `prior` worth `weight` trials."""
+    """The one estimate of an acceptance rate, here and in the drafters."""
     return (hits + prior * weight) / (trials + weight)
-
-
-def _zeros(n: int) -> list[float]:
-    return [0.0] * n
 
 
 @dataclass
 class AcceptanceEstimate:
     """α_i per draft position (given the ones before held) and, per bucket of the drafter's
-    confidence, how often such tokens held, a draft's first token apart from its later ones: one
+    confidence, how often such tokens held: a draft's first token apart from its later ones, as one
     n-gram score means "often wrong" for a first token and "rarely wrong" once a copy started."""
 
     max_k: int = MAX_DRAFT
@@ -34,12 +29,12 @@ class AcceptanceEstimate:
     prior_weight: float = PRIOR_WEIGHT
     drafted: list[float] = field(default_factory=list)  # per position
     accepted: list[float] = field(default_factory=list)
-    bucket_drafted: list[float] = field(default_factory=lambda: _zeros(2 * _BUCKETS))  # `_bucket`
-    bucket_accepted: list[float] = field(default_factory=lambda: _zeros(2 * _BUCKETS))
+    bucket_drafted: list[float] = field(default_factory=lambda: [0.0] * 2 * _BUCKETS)  # `_bucket`
+    bucket_accepted: list[float] = field(default_factory=lambda: [0.0] * 2 * _BUCKETS)
 
     def __post_init__(self) -> None:
         for counts in (self.drafted, self.accepted):
-            counts.extend(_zeros(self.max_k - len(counts)))
+            counts.extend([0.0] * (self.max_k - len(counts)))
 
     def alpha(self, position: int, prior: float | None = None) -> float:
         """α at a 0-based position; `prior`: what it is before that position was seen."""
@@ -63,10 +58,8 @@ class AcceptanceEstimate:
             for i in range(tested):
                 self.drafted[i] += 1
                 self.accepted[i] += i < a
-                if confidence is not None:
-                    # Later tokens hold or fail together: one trial of their buckets, not many.
-                    weight = 1.0 if i == 0 else 1.0 / (tested - 1)
-                    bucket = _bucket(confidence[b][i], i)
+                if confidence is not None:  # later tokens hold or fail together: one trial, not many
+                    weight, bucket = 1.0 if i == 0 else 1.0 / (tested - 1), _bucket(confidence[b][i], i)
                     self.bucket_drafted[bucket] += weight
                     self.bucket_accepted[bucket] += weight * (i < a)
 
@@ -77,10 +70,9 @@ def _bucket(confidence: float, position: int) -> int:
 
 @dataclass
 class TreeAcceptance:
-    """β_i: how often node i (best first) lies on the accepted path. A tree's first n nodes are a
-    tree that accepts the path's nodes below n, so they add Σ_{i<n} β_i tokens (`gains`); a node
-    never drafted is guessed as likely as the one before it. `levels`: how deep the first n nodes
-    reach, what they cost where a drafter grows a tree one forward a level."""
+    """β_i: how often node i (best first) lies on the accepted path; a tree's first n nodes add
+    Σ_{i<n} β_i tokens (`gains`), and cost a forward a level where a drafter grows trees so
+    (`levels`). A node never drafted is guessed as likely as the one before it."""
 
     max_k: int = MAX_DRAFT
     prior_acceptance: float = PRIOR_ACCEPTANCE
@@ -91,24 +83,24 @@ class TreeAcceptance:
 
     def __post_init__(self) -> None:
         for counts in (self.drafted, self.on_path, self.depth_sums):
-            counts.extend(_zeros(self.max_k - len(counts)))
+            counts.extend([0.0] * (self.max_k - len(counts)))
 
     @property
     def observed(self) -> bool:
         return self.drafted[0] > 0
 
     def betas(self) -> list[float]:
-        betas, prior = [], self.prior_acceptance
-        for hits, trials in zip(self.on_path, self.drafted):
-            prior = beta_mean(hits, trials, prior, self.prior_weight)
-            betas.append(prior)
-        return betas
+        prior = self.prior_acceptance
+        return [
+            prior := beta_mean(hits, n, prior, self.prior_weight)
+            for hits, n in zip(self.on_path, self.drafted)
+        ]
 
     def gains(self) -> list[float]:
         return list(itertools.accumulate(self.betas()))
 
     def levels(self) -> list[float]:
-        """levels[n - 1]: the first n nodes' depth; a size never drafted as the largest one drafted."""
+        """levels[n - 1]: the first n nodes' depth; a size never drafted as deep as the largest drafted."""
         out, last = [], 1.0
         for depth, trials in zip(self.depth_sums, self.drafted):
             last = depth / trials if trials else last
@@ -118,14 +110,12 @@ class TreeAcceptance:
     def observe(
         self, lengths: list[int], paths: list[list[int]], parents: list[list[int]] | None = None
     ) -> None:
-        """Row b verified `lengths[b]` nodes (parents per node, -1 at the root; None: a chain) and
-        accepted the nodes `paths[b]`."""
+        """Row b verified `lengths[b]` nodes (parents -1 at the root; None: a chain), accepted `paths[b]`."""
         for b, (n, path) in enumerate(zip(lengths, paths)):
-            depth, deepest = [], 0
+            depth: list[int] = []
             for i in range(min(n, self.max_k)):
-                self.drafted[i] += 1
                 parent = parents[b][i] if parents is not None else i - 1
                 depth.append(1 if parent < 0 else depth[parent] + 1)
-                deepest = max(deepest, depth[-1])
-                self.depth_sums[i] += deepest
-            self.on_path = [c + (i in path) for i, c in enumerate(self.on_path)]
+                self.drafted[i] += 1
+                self.depth_sums[i] += max(depth)
+                self.on_path[i] += i in path

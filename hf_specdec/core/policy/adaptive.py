@@ -4,7 +4,7 @@ before drafting (how long a draft to ask for) and after (where to cut each row's
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..draft import Draft, DraftCost
@@ -37,40 +37,6 @@ class AdaptiveSettings:
     realized_window: int = 16
 
 
-@dataclass
-class ProbeSchedule:
-    """After `every` plain steps probe, then wait twice as long after each probe (up to 64x)."""
-
-    every: int = 8
-    plain_run: int = 0
-    backoff: int = 1
-
-    def plain_step_probes(self) -> bool:
-        self.plain_run += 1
-        if self.plain_run < self.every * self.backoff:
-            return False
-        self.plain_run, self.backoff = 0, min(self.backoff * 2, 64)
-        return True
-
-    def reset(self) -> None:
-        self.plain_run, self.backoff = 0, 1
-
-
-@dataclass
-class RealizedAsks:
-    """(tokens the critical row advanced, seconds) of the last asks, held against plain decoding:
-    it catches what no estimate sees (a batch waiting for a row whose drafts the cut drops)."""
-
-    window: int = 16
-    steps: list[tuple[float, float]] = field(default_factory=list)
-
-    def add(self, tokens: float, seconds: float) -> None:
-        self.steps = [*self.steps[-(self.window - 1) :], (tokens, seconds)]
-
-    def pays(self, plain_seconds: float) -> bool:
-        return len(self.steps) < self.window or _beats_plain(*map(sum, zip(*self.steps)), plain_seconds)
-
-
 def _beats_plain(tokens: float, seconds: float, plain_seconds: float) -> bool:
     return seconds * PLAIN_MARGIN < tokens * plain_seconds
 
@@ -78,27 +44,22 @@ def _beats_plain(tokens: float, seconds: float, plain_seconds: float) -> bool:
 class AdaptiveDraftLength(DraftLengthPolicy):
     """Cost-aware draft length (`AdaptiveSettings` or its fields as keywords; `device_costs`: an
     earlier call's `costs` on the same model and device, to start from). What it learns lives in
-    `acceptance`, `trees`, `costs`, `probes` and `realized`; one per call by default."""
+    `acceptance`, `trees`, `costs` and `realized`; one per call by default."""
 
     def __init__(
-        self, settings: AdaptiveSettings | None = None, *, device_costs: CostModel | None = None, **fields
+        self, settings: AdaptiveSettings | None = None, *, device_costs: CostModel | None = None, **kw
     ):
-        if settings is not None and fields:
+        if settings is not None and kw:
             raise TypeError("Pass either `settings` or its fields as keywords, not both.")
-        self.settings = s = settings if settings is not None else AdaptiveSettings(**fields)
+        self.settings = s = settings if settings is not None else AdaptiveSettings(**kw)
         self.acceptance = AcceptanceEstimate(s.max_k, s.prior_acceptance, s.prior_weight)
         self.trees = TreeAcceptance(s.max_k, s.prior_acceptance, s.prior_weight)
-        self.costs, self.probes, self.realized = (
-            CostModel(),
-            ProbeSchedule(s.probe_every),
-            RealizedAsks(s.realized_window),
-        )
+        self.costs = CostModel()
         self.costs.carry(device_costs)
-        self.draft_cost, self.drafting_trees = (
-            DraftCost.PER_TOKEN,
-            False,
-        )  # trees: the last draft verified was one
-        self._first_k = min(s.first_k, s.max_k)
+        self.draft_cost = DraftCost.PER_TOKEN  # as the drafter declares it (`begin_call`)
+        self.drafting_trees = False  # the last draft verified was a tree
+        self.realized: list[tuple[float, float]] = []  # (tokens the critical row advanced, seconds) an ask
+        self._first_k, self._plain_run, self._backoff = min(s.first_k, s.max_k), 0, 1
         self._asked, self._probing, self._looking, self._looks, self._critical = 0, False, False, 0, 0
         self._perfect: tuple[Any, int, float] = (None, 0, 0.0)
 
@@ -130,13 +91,29 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         asked = self.costs.asks.value
         if self.draft_cost is DraftCost.FREE if asked is None else asked < FREE_DRAFT * plain:
             return s.max_k  # free: the draft's own confidences, read by `trim`, say more
-        feeding = self.costs.feeding(batch, widen=not self.drafting_trees)
-        k, _ = fastest_width([self._gains()], self._drafting, lambda w: feeding(w)[1])
-        if k == 0 or not self.realized.pays(plain):
-            self._probing = self.probes.plain_step_probes()
+        k = s.max_k  # a look-up or a block costs one ask whatever its length: held to what asks gave
+        if self.draft_cost is DraftCost.PER_TOKEN:
+            feeding = self.costs.feeding(batch, widen=not self.drafting_trees)
+            k, _ = fastest_width([self._gains()], self._drafting, lambda w: feeding(w)[1])
+        if k == 0 or not self._asks_pay(plain):
+            self._probing = self._probe_due()
             return self._first_k if self._probing else 0
-        self.probes.reset()
-        return k if self.draft_cost is DraftCost.PER_TOKEN else s.max_k  # a block costs one forward
+        self._plain_run, self._backoff = 0, 1
+        return k
+
+    def _probe_due(self) -> bool:
+        """After `probe_every` plain steps probe, then wait twice as long after each probe (up to 64x)."""
+        self._plain_run += 1
+        if self._plain_run < self.settings.probe_every * self._backoff:
+            return False
+        self._plain_run, self._backoff = 0, min(self._backoff * 2, 64)
+        return True
+
+    def _asks_pay(self, plain: float) -> bool:
+        """Whether the last asks beat plain decoding, as realized: what no estimate sees (a batch
+        waiting for a row whose drafts the cut drops) shows there."""
+        window = self.settings.realized_window
+        return len(self.realized) < window or _beats_plain(*map(sum, zip(*self.realized)), plain)
 
     def _look(self) -> int:
         if self._looks >= MAX_LOOKS or self.costs.verified_here():
@@ -147,9 +124,8 @@ class AdaptiveDraftLength(DraftLengthPolicy):
     def _drafting(self, k: int) -> float:
         per_ask = self.draft_cost is not DraftCost.PER_TOKEN and self.costs.asks.value is not None
         seconds = (self.costs.asks if per_ask else self.costs.draft).value or 0.0
-        return drafting_seconds(
-            self.draft_cost, seconds, k, self.trees.levels() if self.drafting_trees else None
-        )
+        levels = self.trees.levels() if self.drafting_trees else None
+        return drafting_seconds(self.draft_cost, seconds, k, levels)
 
     def _perfect_gain(self, batch: int) -> float:
         """How much faster than plain drafts always accepted would be; every 16 asks or new timing."""
@@ -168,6 +144,8 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             return draft.truncated([min(n, 1) for n in draft.lengths])  # one token tells a width's cost
         feeding = self.costs.feeding(batch_size, max(remaining or [0]) or None, widen=draft.parents is None)
         k, _ = fastest_width(self._row_gains(draft), lambda k: 0.0, lambda w: feeding(w)[1], remaining)
+        if k == 0 and self._look():  # the prior says no draft pays here: one token tests it
+            k = 1
         if remaining:
             self._critical = max(range(len(remaining)), key=remaining.__getitem__)
         lengths = [min(n, k) for n in draft.lengths]
@@ -189,11 +167,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         """Its confidence as calibrated; past the first token at least how often its position held
         (a copy that held tends to go on), from the drafter's odds where no draft reached it yet."""
         calibrated = self.acceptance.calibrated(confidence, position)
-        return (
-            calibrated
-            if position == 0
-            else max(calibrated, self.acceptance.alpha(position, prior=confidence))
-        )
+        return max(calibrated, self.acceptance.alpha(position, prior=confidence)) if position else calibrated
 
     def update(self, batch_size, draft, accepted, draft_seconds, verify_seconds, paths=None) -> None:
         width = 1 + draft.tokens.shape[1]  # as fed: holes past the drafts cost what tokens do
@@ -223,29 +197,24 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             return
         tokens, seconds = 1 + accepted[min(self._critical, len(accepted) - 1)], draft_seconds + verify
         if self._probing and _beats_plain(tokens, seconds, plain):
-            self.realized.steps.clear()
-        self.realized.add(tokens, seconds)
+            self.realized = []  # what held asks back may be gone
+        self.realized = [*self.realized[max(0, len(self.realized) + 1 - self.settings.realized_window) :]]
+        self.realized.append((tokens, seconds))
 
     def _gains(self) -> list[float]:
         return self.trees.gains() if self.drafting_trees else expected_gains(self.acceptance.alphas())
 
 
-class DeviceCosts:
-    """Per target model (held weakly), the last `auto` call's costs on its device and dtype, which
+class DeviceCosts(weakref.WeakKeyDictionary):
+    """Per target model (held weakly), its device, dtype and the last `auto` call's costs, which
     the next call's policy starts from; `hf_specdec.clear_cache()` forgets them."""
 
-    def __init__(self) -> None:
-        self._by_model: weakref.WeakKeyDictionary[Any, tuple[Any, CostModel]] = weakref.WeakKeyDictionary()
-
     def policy(self, model: Any) -> AdaptiveDraftLength:
-        where, earlier = self._by_model.get(model, (None, None))
+        where, earlier = self.get(model, (None, None))
         here = (model.device, model.dtype)
         policy = AdaptiveDraftLength(device_costs=earlier if where == here else None)
-        self._by_model[model] = (here, policy.costs)  # filled in as the call goes
+        self[model] = (here, policy.costs)  # filled in as the call goes
         return policy
-
-    def clear(self) -> None:
-        self._by_model.clear()
 
 
 DEVICE_COSTS = DeviceCosts()

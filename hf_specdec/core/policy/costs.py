@@ -1,6 +1,6 @@
-"""The cost model: what drafting and verifying cost, as this call times them, over a prior carried
-from earlier calls on the same model and device; and what a width's first call costs once. It holds
-no figure about any device: a width never timed is read off those that were."""
+"""The cost model: what drafting and verifying cost, as this call times them over a prior carried
+from earlier calls on the same model and device, and what a width's first call costs once. It
+holds no figure about any device: a width never timed is read off those that were."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ..verify_shape import VerifyShape, padded_width
 CARRIED_TIMINGS, CARRIED_MIN = 16, 3  # a carried width: the median of its last 16 timings, once 3
 # A timing this far from what the prior expects (a log ratio: 1.5x) is out of line: one is a stall,
 # REGIME_TIMINGS in a row on one side a regime change (another job on the device, a grown batch).
-OUT_OF_LINE, REGIME_TIMINGS = math.log(1.5), 3
+OUT_OF_LINE, REGIME_TIMINGS = math.log(1.4), 3
 Curve = dict[int, float]  # width -> verify seconds over a plain step's
 
 
@@ -36,12 +36,8 @@ class _Recent:
         return len(self.samples) > 1
 
 
-def _copy(recent: _Recent) -> _Recent:
-    return dataclasses.replace(recent, samples=list(recent.samples))
-
-
 def _learnt(excess: _Recent) -> float:
-    return (excess.value or 0.0) if excess.confirmed else 0.0  # a width is tried, not feared
+    return (excess.value or 0.0) if excess.confirmed else 0.0  # until then a width is tried, not feared
 
 
 def context_bucket(tokens: int) -> int:
@@ -51,8 +47,8 @@ def context_bucket(tokens: int) -> int:
 
 def _from_widths(known: Curve, width: int) -> float | None:
     """Cost at `width` along the power law through the two nearest widths of `known` (a chord
-    guessed low where cost bends down: a CPU's small matrix products), or beyond the widest through
-    it and the plain step, its exponent from 0 (flat) to 1 (in proportion to the tokens fed)."""
+    guesses low where cost bends down, as a CPU's small matrix products do), or beyond the widest
+    through it and the plain step, the exponent from 0 (flat) to 1 (in proportion to tokens fed)."""
     if width in known or 1 not in known:
         return known.get(width)
     below, above = [w for w in known if w < width], [w for w in known if w > width]
@@ -73,16 +69,15 @@ class CostModel:
     """Seconds per draft forward and per ask, and verify seconds per (batch size, width fed).
 
     The prior (`carry`): each width's ratio to a plain step in earlier calls, keyed by padding,
-    context bucket and batch size, turned into seconds by this call's plain step until the call
-    times the width. Timings that keep disagreeing with it end its use for the call; while one does,
-    the call prices from its own alone. A width timed once far above the others' curve (twice it, or
-    more than its tokens in plain steps) is a stall, to be timed again."""
+    context bucket and batch size, priced at this call's plain step until the call times the width.
+    A timing out of line with it sets it aside; REGIME_TIMINGS in a row end it for the call. A width
+    timed once far above the others' curve (twice it, or its tokens in plain steps) is a stall."""
 
     draft: _Recent = field(default_factory=_Recent)  # seconds per draft forward (a token, a tree level)
     asks: _Recent = field(default_factory=_Recent)  # seconds per ask for a draft, whatever came back
     times: dict[tuple[int, int], _Recent] = field(default_factory=dict)  # (batch, width fed) -> seconds
-    # A width's first call in a call above its second, where over twice it (else 0): at shapes new
-    # to the process, and at shapes earlier calls verified (a one-off paid in every call).
+    # A width's first call in a call above its second, where over twice it (else 0): at shapes new to
+    # the process, and at shapes earlier calls verified (a one-off paid again in every call).
     first_calls: _Recent = field(default_factory=lambda: _Recent(keep=8))
     repeat_first_calls: _Recent = field(default_factory=lambda: _Recent(keep=8))
     prior: dict[tuple[tuple[int, ...], int, int], dict[int, _Recent]] = field(default_factory=dict)
@@ -107,27 +102,21 @@ class CostModel:
             self._judge(batch, width, seconds)
         timings = self.times.setdefault((batch, width), _Recent())
         if len(timings.samples) == 1 and width > 1:
-            first = timings.samples[0]
-            excess = (
-                self.repeat_first_calls if (batch, width) in self._verified_before() else self.first_calls
-            )
-            excess.add(first - seconds if first > 2 * seconds else 0.0)
+            first, seen = timings.samples[0], (batch, width) in self._verified_before()
+            excess = first - seconds if first > 2 * seconds else 0.0
+            (self.repeat_first_calls if seen else self.first_calls).add(excess)
         timings.add(seconds)
         self._changed()
 
     def _judge(self, batch: int, width: int, seconds: float) -> None:
-        """Count the timings in a row out of line with the prior, on one side, one-offs expected."""
+        """Count the timings in a row out of line with the prior (one-offs expected), on one side."""
         prior, plain = self._carried(batch, exact=False), self._plain(batch)
         if not self.trusts_prior or not prior or not plain or seconds <= 0:
             return
         expected = plain * _from_widths({1: 1.0} | prior, width) + self.first_call_seconds(batch, width)
         error = math.log(seconds / expected)
-        if abs(error) < OUT_OF_LINE:
-            self.streak = []
-        elif self.streak and (error > 0) != (self.streak[-1] > 0):
-            self.streak = [error]
-        else:
-            self.streak.append(error)
+        same_side = self.streak and (error > 0) == (self.streak[-1] > 0)
+        self.streak = [] if abs(error) < OUT_OF_LINE else [*self.streak, error] if same_side else [error]
         if len(self.streak) >= REGIME_TIMINGS:
             self.trusts_prior, self.streak = False, []
 
@@ -152,10 +141,9 @@ class CostModel:
         """No more than the narrowest wider width timed: plain steps are not timed while drafting
         goes on, and ones timed in a stall made drafts that never held look cheap."""
         at = min({b for b, _ in self.times}, key=lambda b: abs(b - batch), default=None)
-        if at is None or (at, 1) not in self.times:
+        if (at, 1) not in self.times:
             return None
-        wider = [w for b, w in self.times if b == at and w > 1]
-        plain = self.times[at, 1].value
+        plain, wider = self.times[at, 1].value, [w for b, w in self.times if b == at and w > 1]
         return min(plain, self.times[at, min(wider)].value) if wider else plain
 
     def _curve(self, batch: int, plain: float) -> tuple[Curve, Curve]:
@@ -169,24 +157,24 @@ class CostModel:
         if len(steady) > 1 or once:
             return steady, once
         others = [b for b, w in self.times if w > 1 and (b, 1) in self.times]
-        if others:
-            nearest = min(others, key=lambda b: abs(b - batch))
-            steady, once = self._curve(nearest, self._plain(nearest))
-            return steady | once, {}
-        return {1: 1.0} | (self._carried(batch, exact=False) if in_use else {}), {}
+        if not others:
+            return {1: 1.0} | (self._carried(batch, exact=False) if in_use else {}), {}
+        nearest = min(others, key=lambda b: abs(b - batch))
+        steady, once = self._curve(nearest, self._plain(nearest))
+        return steady | once, {}
 
     def _carried(self, batch: int, exact: bool) -> Curve:
-        """The prior at this padding, at `batch` (or the nearest) and this context bucket (or the nearest)."""
+        """The prior at this padding and `batch` (or the nearest batch size): each width as carried
+        in this context bucket, else in the nearest bucket that carried it."""
         keys = [
-            key
-            for key, curve in self.prior.items()
-            if key[0] == self.shape.widths and (key[2] == batch or not exact)
-            if any(len(r.samples) >= CARRIED_MIN for r in curve.values())
+            k for k, c in self.prior.items() if k[0] == self.shape.widths and (k[2] == batch or not exact)
         ]
-        if not keys:
-            return {}
-        key = min(keys, key=lambda k: (abs(k[2] - batch), abs(k[1] - self.bucket)))
-        return {w: r.value for w, r in self.prior[key].items() if len(r.samples) >= CARRIED_MIN}
+        keys = [k for k in keys if any(len(r.samples) >= CARRIED_MIN for r in self.prior[k].values())]
+        at = min((k[2] for k in keys), key=lambda b: abs(b - batch), default=None)
+        curve: Curve = {}
+        for key in sorted((k for k in keys if k[2] == at), key=lambda k: -abs(k[1] - self.bucket)):
+            curve |= {w: r.value for w, r in self.prior[key].items() if len(r.samples) >= CARRIED_MIN}
+        return curve
 
     def _verified_before(self) -> set[tuple[int, int]]:
         return {
@@ -194,7 +182,7 @@ class CostModel:
         }
 
     def first_call_seconds(self, batch: int, width: int) -> float:
-        """The one-off a width not yet verified in this call is expected to cost (as learnt)."""
+        """The one-off a width not yet verified in this call is expected to cost."""
         key = (batch, self.shape.padded(width))
         if key in self.times:
             return 0.0
@@ -203,10 +191,9 @@ class CostModel:
     def feeding(
         self, batch: int, tokens_left: int | None = None, widen: bool = True, uses: int = 8
     ) -> Callable[[int], tuple[int, float | None]]:
-        """Per width, the width to feed it at and the cost: `verify`, plus its one-off spread over the
-        steps it can serve (`uses`, fewer with few `tokens_left`); or, where the cache feeds holes past
-        a draft, the next wider width already paid for, if cheaper. Widths as they are until a
-        one-off was timed at two widths."""
+        """Per width, the width to feed it at and its cost: `verify`, plus its one-off spread over the
+        steps it can serve (`uses`, fewer with few `tokens_left`), or where the cache feeds holes past
+        a draft the next wider width already paid for, if cheaper. As it is until one-offs were timed."""
         if not self.first_calls.confirmed and not self.repeat_first_calls.confirmed:
             return lambda width: (width, self.verify(batch, width))
         paid = {w for b, w in self.times if b == batch}
@@ -228,12 +215,8 @@ class CostModel:
         return feed
 
     def measured_wide(self) -> bool:
-        """Whether a wide verify was timed here, or enough by earlier calls at this padding."""
-        return self.verified_here() or any(
-            key[0] == self.shape.widths and len(r.samples) >= CARRIED_MIN
-            for key, curve in self.prior.items()
-            for r in curve.values()
-        )
+        """Whether a wide verify was timed here, or enough of them by earlier calls at this padding."""
+        return self.verified_here() or bool(self._carried(1, exact=False))
 
     def verified_here(self) -> bool:
         return any(w > 1 for _, w in self.times)
@@ -242,21 +225,20 @@ class CostModel:
         return _learnt(self.first_calls) > 0.0 or _learnt(self.repeat_first_calls) > 0.0
 
     def carry(self, earlier: CostModel | None) -> None:
-        """Start from `earlier` (the last call's costs, holding what it carried): its timings as
-        ratios to its plain step, and its one-offs. Where it found its prior wrong, its own replace it."""
+        """Start from `earlier` (the last call's costs, holding what it carried): its timings as ratios
+        to its plain step, and its one-offs; where it found its prior wrong, its own replace it."""
         if earlier is None:
             return
-        pads = earlier.shape.widths
+        pads, copy = earlier.shape.widths, lambda r: dataclasses.replace(r, samples=list(r.samples))
         kept = {key: curve for key, curve in earlier.prior.items() if earlier.trusts_prior or key[0] != pads}
-        self.prior = {key: {w: _copy(r) for w, r in curve.items()} for key, curve in kept.items()}
+        self.prior = {key: {w: copy(r) for w, r in curve.items()} for key, curve in kept.items()}
         for (batch, width), timings in earlier.times.items():
             if width > 1 and (plain := earlier.verify(batch, 1)):
                 curve = self.prior.setdefault((pads, earlier.bucket, batch), {})
                 ratios = curve.setdefault(width, _Recent(keep=CARRIED_TIMINGS))
                 for seconds in timings.samples:  # each as timed: a median of minima would guess low
                     ratios.add(seconds / plain)
-        self.first_calls, self.repeat_first_calls = (
-            _copy(earlier.first_calls),
-            _copy(earlier.repeat_first_calls),
+        self.first_calls, self.repeat_first_calls = map(
+            copy, (earlier.first_calls, earlier.repeat_first_calls)
         )
         self._changed()

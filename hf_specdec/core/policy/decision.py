@@ -1,6 +1,6 @@
-"""The decision: expected tokens per second for each draft width, from what each draft position
-(or tree node) adds and what drafting and verifying that width cost (Leviathan et al. 2023, §3:
-E(k) = 1 + Σ_{j≤k} Π_{i≤j} α_i tokens per step); pure functions."""
+"""The decision rule, pure functions: expected tokens per second for each draft width, from what
+each draft position (or tree node) adds and what drafting and verifying that width cost
+(Leviathan et al. 2023, §3: a step yields 1 + Σ_{j≤k} Π_{i≤j} α_i tokens)."""
 
 from __future__ import annotations
 
@@ -24,9 +24,8 @@ def expected_gains(alphas: list[float]) -> list[float]:
 
 
 def drafting_seconds(cost: DraftCost, seconds: float, k: int, levels: list[float] | None = None) -> float:
-    """What drafting k tokens (tree nodes) costs: nothing for a look-up, `seconds` for a block of
-    any length (one forward), `seconds` a forward for a chain (k of them) or a tree (one a level,
-    `levels[k - 1]`)."""
+    """Drafting k tokens (nodes): nothing for a look-up, `seconds` for a block of any length, and a
+    chain's `seconds` a forward a token, a tree's a forward a level (`levels[k - 1]`)."""
     if k == 0 or cost is DraftCost.FREE:
         return 0.0
     if cost is DraftCost.PER_BLOCK:
@@ -42,10 +41,10 @@ def speedups(
 ) -> list[float]:
     """speedups[k]: how much sooner the batch ends drafting k tokens a step than decoding plainly.
 
-    Row b's step adds 1 + gains[b][k - 1] tokens in expectation (a row with fewer on offer drafts
-    them all), and each step costs `drafting(k)` plus `verify(k + 1)`, a forward feeding each row
-    k + 1 tokens. The batch ends with its row that needs the most steps for its `remaining` tokens:
-    drafting pays only where it speeds up the rows with the most left to do."""
+    Row b's step adds 1 + gains[b][k - 1] tokens (a row with fewer on offer drafts them all) and
+    costs `drafting(k)` plus `verify(k + 1)`, a forward of k + 1 tokens a row. The batch ends with
+    its row that needs the most steps for its `remaining` tokens: drafting pays only where it
+    speeds up the rows with the most left to do."""
     remaining = remaining or [1] * len(gains)
     plain = max(remaining) * verify(1)
     out = [1.0]
@@ -61,19 +60,8 @@ def fastest_width(
     verify: Callable[[int], float],
     remaining: list[int] | None = None,
 ) -> tuple[int, float]:
-    """The draft width of the highest speedup and that speedup: (0, 1.0), plain decoding, unless
-    some width beats it by `PLAIN_MARGIN`."""
+    """The width of the highest speedup, and that speedup; (0, 1.0) unless it beats plain decoding
+    by `PLAIN_MARGIN`."""
     rates = speedups(gains, drafting, verify, remaining)
     k = max(range(len(rates)), key=rates.__getitem__)
     return (k, rates[k]) if k and rates[k] > PLAIN_MARGIN else (0, 1.0)
-
-
-def best_width(
-    rows: list[list[float]],
-    draft_cost: float,
-    verify: Callable[[int], float],
-    remaining: list[int] | None = None,
-) -> tuple[int, float]:
-    """`fastest_width` from each row's α list, drafting a chain at `draft_cost` seconds a token."""
-    drafting = lambda k: drafting_seconds(DraftCost.PER_TOKEN, draft_cost, k)  # noqa: E731
-    return fastest_width([expected_gains(alphas) for alphas in rows], drafting, verify, remaining)

@@ -13,11 +13,9 @@ from hf_specdec.core.policy import (
     AdaptiveSettings,
     CostModel,
     FixedDraftLength,
-    best_width,
     expected_gains,
     fastest_width,
 )
-from hf_specdec.core.policy.adaptive import ProbeSchedule, RealizedAsks
 from hf_specdec.core.verify_shape import VerifyShape
 from tests.helpers.policy import CPU_COSTS, DRAFT_TOKEN, FLAT_COSTS, TREE_PARENTS, TREE_PATHS
 from tests.helpers.policy import draft as _draft
@@ -283,18 +281,6 @@ def test_a_batch_that_shrank_keeps_what_wide_verifies_cost_at_the_size_measured(
     assert policy.trim(_draft([16] * 6, 0.5), 6).lengths == [0] * 6  # a weak match is not worth it
 
 
-def test_probe_schedule_backs_off_and_resets():
-    probes = ProbeSchedule(every=2)
-    assert [probes.plain_step_probes() for _ in range(2 + 4 + 8)] == (
-        [False, True] + [False] * 3 + [True] + [False] * 7 + [True]
-    )
-    probes.reset()
-    assert [probes.plain_step_probes() for _ in range(2)] == [False, True]
-    capped = ProbeSchedule(every=1, backoff=64)
-    capped.plain_step_probes()
-    assert capped.backoff == 64
-
-
 def test_a_draft_as_slow_as_the_target_is_never_explored():
     """Before any draft is verified, only the drafter's up-front timing and a plain step are known."""
     slow, fast = AdaptiveDraftLength(), AdaptiveDraftLength()
@@ -363,8 +349,11 @@ def test_trees_are_sized_by_what_trees_accept_not_by_chains():
     assert policy.draft_length(1) >= 4
     # A chain verified again: sized by the chains' α once more.
     policy.update(1, _draft([1]), [0], DRAFT_TOKEN, costs[2])
-    chain_choice, _ = best_width(
-        [policy.acceptance.alphas()], policy.costs.draft.value, lambda w: policy.costs.verify(1, w)
+    per_token = policy.costs.draft.value
+    chain_choice, _ = fastest_width(
+        [expected_gains(policy.acceptance.alphas())],
+        lambda k: k * per_token,
+        lambda w: policy.costs.verify(1, w),
     )
     assert policy.draft_length(1) == chain_choice < 4
 
@@ -438,19 +427,7 @@ def test_where_each_token_costs_most_of_a_step_weak_drafts_are_not_verified():
     assert sum(w > 1 for w in widths[10:]) >= 0.9 * len(widths[10:])
 
 
-# --- what asks for a draft actually gave (RealizedAsks) ---
-
-
-def test_realized_asks_pay_until_the_window_says_otherwise():
-    asks = RealizedAsks(window=3)
-    asks.add(1.0, 1.2)
-    asks.add(1.0, 1.2)
-    assert asks.pays(plain_seconds=1.0)  # too few asks to judge
-    asks.add(1.0, 1.2)
-    assert not asks.pays(plain_seconds=1.0)  # 1.2 s a token against 1.0 plainly
-    for _ in range(3):
-        asks.add(3.0, 1.3)
-    assert asks.pays(plain_seconds=1.0)  # only the last `window` asks count
+# --- what asks for a draft actually gave (`AdaptiveDraftLength.realized`) ---
 
 
 def _run_batch_whose_slowest_row_never_drafts(settings: AdaptiveSettings, steps: int = 120) -> list[int]:

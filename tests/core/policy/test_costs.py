@@ -269,4 +269,3 @@ def test_one_offs_expected_are_not_out_of_line():
     for width in (7, 9, 12, 15):
         costs.add_verify(1, width, FLAT[width] + 6.0)
     assert costs.trusts_prior and not costs.streak
-

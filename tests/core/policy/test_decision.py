@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hf_specdec.core.draft import DraftCost
-from hf_specdec.core.policy import best_width, expected_gains, fastest_width, speedups
+from hf_specdec.core.policy import expected_gains, fastest_width, speedups
 from hf_specdec.core.policy.decision import drafting_seconds
 
 FLAT = {w: 1.0 for w in range(1, 40)}.__getitem__
@@ -84,11 +84,3 @@ def test_plain_decoding_unless_a_width_beats_it_by_the_margin():
     verify = {1: 1.0, 2: 1.02}.__getitem__
     assert speedups(gains, drafting, verify)[1] == pytest.approx(1.03 / 1.02)
     assert fastest_width(gains, drafting, verify) == (0, 1.0)
-
-
-def test_best_width_reads_alpha_lists_and_a_cost_per_token():
-    assert best_width([[0.9] * 8], 0.0, FLAT) == (8, pytest.approx(1 + expected_gains([0.9] * 8)[-1]))
-    half = [0.5, 0.5, 0.5]
-    assert best_width([half], 0.1, FLAT) == fastest_width(
-        [expected_gains(half)], _per(DraftCost.PER_TOKEN, 0.1), FLAT
-    )
