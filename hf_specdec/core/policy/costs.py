@@ -71,7 +71,8 @@ class CostModel:
     The prior (`carry`): each width's ratio to a plain step in earlier calls, keyed by padding,
     context bucket and batch size, priced at this call's plain step until the call times the width.
     A timing out of line with it sets it aside; REGIME_TIMINGS in a row end it for the call. A width
-    timed once far above the others' curve (twice it, or its tokens in plain steps) is a stall."""
+    timed once far above the others' curve (twice it, or its tokens in plain steps) is a stall: set
+    aside, for every width, until timed again."""
 
     draft: _Recent = field(default_factory=_Recent)  # seconds per draft forward (a token, a tree level)
     asks: _Recent = field(default_factory=_Recent)  # seconds per ask for a draft, whatever came back
@@ -132,10 +133,10 @@ class CostModel:
         if plain is None:
             return None
         steady, once = self._curve(batch, plain)
-        if width not in once:
-            return plain * (_from_widths(steady | once, width) or 1.0)
-        guess = _from_widths(steady, width) or 1.0
-        return plain * (guess if once[width] > (2 * guess if len(steady) > 1 else width) else once[width])
+        ceiling = {w: 2 * (_from_widths(steady, w) or 1.0) if len(steady) > 1 else w for w in once}
+        return plain * (
+            _from_widths(steady | {w: r for w, r in once.items() if r <= ceiling[w]}, width) or 1.0
+        )
 
     def _plain(self, batch: int) -> float | None:
         """No more than the narrowest wider width timed: plain steps are not timed while drafting

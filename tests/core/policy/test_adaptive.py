@@ -731,3 +731,18 @@ def test_device_costs_start_each_call_from_the_last_on_the_same_model_device_and
 
 class _Model:
     device, dtype = torch.device("cpu"), torch.float32
+
+
+def test_a_stall_at_the_first_look_does_not_end_drafting():
+    """Issue 43: on a loaded 2-core CPU the first one-token draft of a batch was timed at 2.3
+    plain steps; read as what every width costs, even drafts always accepted could not pay, and the
+    call never drafted again (40 steps, none speculative). It is a stall until timed again."""
+    policy, verified = AdaptiveDraftLength(), []
+    for step in range(40):
+        k = policy.draft_length(2)
+        draft = policy.trim(_draft([k, k], 0.9), 2, [100 - step] * 2)
+        width = 1 + draft.tokens.shape[1]
+        seconds = 2.3 if width == 2 and 2 not in verified else FLAT_COSTS[width]
+        policy.update(2, draft, draft.lengths, 0.0, seconds)
+        verified.append(width)
+    assert verified[:3] == [1, 2, 17] and sum(w > 1 for w in verified) > 30

@@ -75,7 +75,7 @@ def test_between_timed_widths_a_curve_that_bends_down_is_not_guessed_low():
 
 def test_extrapolation_is_never_falling_nor_faster_than_linear():
     assert _measured({1: 1.0, 3: 0.9}, 1).verify(1, 9) == 0.9  # the wider step timed faster: noise
-    assert _measured({1: 1.0, 2: 3.0}, 1).verify(1, 8) == pytest.approx(12.0)  # a stall: capped
+    assert _measured({1: 1.0, 2: 3.0}, 2).verify(1, 8) == pytest.approx(12.0)  # in proportion at most
 
 
 def test_a_width_timed_once_far_above_the_curve_is_a_stall_until_timed_again():
@@ -84,6 +84,17 @@ def test_a_width_timed_once_far_above_the_curve_is_a_stall_until_timed_again():
     assert costs.verify(1, 5) == pytest.approx(power_law(5, (1, 1.0), (9, 1.1)))
     costs.add_verify(1, 5, 1.05)
     assert costs.verify(1, 5) == 1.05  # of two timings, the smaller
+
+
+def test_a_stall_at_the_only_wide_width_timed_does_not_price_the_others():
+    """A loaded 2-core CPU timed the first one-token draft at 2.3 plain steps, and extrapolated
+    from it every width cost its tokens in full: even drafts always accepted could not pay, and
+    the call decoded plainly to its end (issue 43: a batch of two prompts, no speculative step).
+    Timed once above what any width can cost (its tokens in plain steps), it is set aside."""
+    costs = _measured({1: 1.0, 2: 2.3}, 1)
+    assert costs.verify(1, 2) == costs.verify(1, 17) == 1.0
+    costs.add_verify(1, 2, 2.2)  # timed again: it does cost that
+    assert costs.verify(1, 17) == pytest.approx(2.2 * 8.5)
 
 
 def test_plain_steps_cost_no_more_than_the_narrowest_wider_width_timed():
