@@ -2,7 +2,7 @@
 
     python benchmarks/micro/policy_replay.py [--suite specbench-quick] [--limit 3] [--max-new-tokens 128]
         [--profiles flat,flat+oneoff,flat+oneoff-call,gpu-batch,linear] [--tree] [--host-ms 1.5]
-        [--batch-sizes 1,8,32] [--no-carry]
+        [--batch-sizes 1,8,32] [--no-carry] [--ask-ms 0.05]
 
 Fast (a minute) and deterministic in its acceptance: each prompt's plain greedy answer is generated
 once (`benchmarks/micro/ngram_rules.py`'s cache, SmolLM2-135M in its checkpoint's dtype), then the
@@ -12,10 +12,11 @@ the policy cuts the draft,
 and the target keeps the longest prefix its own answer agrees with plus one token of its own,
 exactly as greedy verification does (rounding ties aside: `hf_specdec.lossless`). Only the clock is
 emulated: each target forward costs what the profile says (`hf_specdec.bench.regimes`, a 20 ms
-plain step), drafting costs its real CPU time, and each step adds `--host-ms` of loop work (the
-loop's own cost per step, `benchmarks/micro/overhead.py`). The policy learns from that clock as it does in
-`generate`, and, as there, each prompt's `auto` starts from what verifying cost in the calls before
-it under the same profile (`CostModel.carry`; `--no-carry`: every call from nothing).
+plain step), drafting costs its real CPU time (or `--ask-ms` a row: deterministic), and each step
+adds `--host-ms` of loop work (the loop's own cost per step, `benchmarks/micro/overhead.py`). The
+policy learns from that clock as it does in `generate`, and, as there, each prompt's `auto` starts
+from what verifying cost in the calls before it under the same profile (`CostModel.carry`;
+`--no-carry`: every call from nothing).
 
 Rows per prompt: plain decoding, transformers' prompt lookup (its rule and its fixed 10 tokens),
 `auto`, and every fixed k of `--ks`; a prompt's fastest fixed k in hindsight is the oracle.
@@ -58,6 +59,7 @@ from ngram_rules import (  # noqa: E402
 
 CPU = torch.device("cpu")
 LOOKUP_TOKENS = 10  # transformers' prompt_lookup_num_tokens default
+ASK_SECONDS: float | None = None  # `--ask-ms`: what an ask costs a row, instead of its host time
 
 
 def replay(
@@ -121,6 +123,7 @@ def replay(
         else:
             draft = drafter.propose(request)
         draft_seconds = host_clock() - started
+        ask_seconds = ASK_SECONDS if ask_seconds is None else ask_seconds
         if ask_seconds is not None and k > 0:  # a fixed cost a row: deterministic, whatever the machine
             draft_seconds = ask_seconds * len(active)
         draft = policy.trim(draft, cached, rooms)
@@ -312,6 +315,9 @@ def main() -> None:
     parser.add_argument("--tree", action="store_true", help="auto and the fixed k draft n-gram tries")
     parser.add_argument("--host-ms", type=float, default=1.5, help="loop work per step (default 1.5 ms)")
     parser.add_argument(
+        "--ask-ms", type=float, default=None, help="an ask's cost a row (default: its host time, timed)"
+    )
+    parser.add_argument(
         "--no-carry",
         action="store_true",
         help="each call's policy starts from nothing (generate carries verify costs from call to call)",
@@ -323,6 +329,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     torch.set_num_threads(1)  # drafting is timed on the CPU: keep other work from moving it
+    global ASK_SECONDS
+    ASK_SECONDS = None if args.ask_ms is None else args.ask_ms / 1000
     data = answers(args)
     ks = [int(k) for k in args.ks.split(",")]
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]

@@ -4,6 +4,7 @@ before drafting (how long a draft to ask for) and after (where to cut each row's
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +62,6 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         self.realized: list[tuple[float, float]] = []  # (tokens the critical row advanced, seconds) an ask
         self._first_k, self._plain_run, self._backoff = min(s.first_k, s.max_k), 0, 1
         self._asked, self._probing, self._looking, self._looks, self._critical = 0, False, False, 0, 0
-        self._perfect: tuple[Any, int, float] = (None, 0, 0.0)
 
     def begin_call(self, shape: VerifyShape, draft_cost: DraftCost, context: int) -> None:
         self.draft_cost = draft_cost
@@ -83,11 +83,11 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         s, plain = self.settings, self.costs.verify(batch, 1)
         if plain is None:
             return 0  # time a plain step first
-        pays = self._perfect_gain(batch) >= s.min_probe_gain
+        pays = self._perfect_gain(batch, self._drafting) >= s.min_probe_gain
         if not self.costs.measured_wide():
             return self._first_k if pays else 0  # a first look (`trim` keeps a token)
-        if not pays:
-            return self._look()
+        if not pays:  # a draft this slow never pays; verifies timed this dear may have been stalls
+            return self._look(probe=self._perfect_gain(batch, lambda k: 0.0) < s.min_probe_gain)
         asked = self.costs.asks.value
         if self.draft_cost is DraftCost.FREE if asked is None else asked < FREE_DRAFT * plain:
             return s.max_k  # free: the draft's own confidences, read by `trim`, say more
@@ -115,11 +115,13 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         window = self.settings.realized_window
         return len(self.realized) < window or _beats_plain(*map(sum, zip(*self.realized)), plain)
 
-    def _look(self) -> int:
-        if self._looks >= MAX_LOOKS or self.costs.verified_here():
-            return 0
-        self._looking = True
-        return 1
+    def _look(self, probe: bool = False) -> int:
+        """One token to verify where the costs say no draft pays: before believing a prior, and
+        (`probe`) at probe times, lest a few stalled timings end drafting for the call."""
+        self._looking = (self._looks < MAX_LOOKS and not self.costs.verified_here()) or (
+            probe and self._probe_due()
+        )
+        return int(self._looking)
 
     def _drafting(self, k: int) -> float:
         per_ask = self.draft_cost is not DraftCost.PER_TOKEN and self.costs.asks.value is not None
@@ -127,15 +129,10 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         levels = self.trees.levels() if self.drafting_trees else None
         return drafting_seconds(self.draft_cost, seconds, k, levels)
 
-    def _perfect_gain(self, batch: int) -> float:
-        """How much faster than plain drafts always accepted would be; every 16 asks or new timing."""
-        key, asks, gain = self._perfect
-        if key != (batch, self.costs.version) or asks >= 16:
-            perfect = [list(range(1, self.settings.max_k + 1))]
-            gain = fastest_width(perfect, self._drafting, lambda w: self.costs.verify(batch, w))[1]
-            key, asks = (batch, self.costs.version), 0
-        self._perfect = (key, asks + 1, gain)
-        return gain
+    def _perfect_gain(self, batch: int, drafting: Callable[[int], float]) -> float:
+        """How much faster than plain decoding drafts always accepted would be."""
+        perfect = [list(range(1, self.settings.max_k + 1))]
+        return fastest_width(perfect, drafting, lambda w: self.costs.verify(batch, w))[1]
 
     def trim(self, draft: Draft, batch_size: int, remaining: list[int] | None = None) -> Draft:
         if self.costs.verify(batch_size, 1) is None or not any(draft.lengths):
@@ -144,8 +141,8 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             return draft.truncated([min(n, 1) for n in draft.lengths])  # one token tells a width's cost
         feeding = self.costs.feeding(batch_size, max(remaining or [0]) or None, widen=draft.parents is None)
         k, _ = fastest_width(self._row_gains(draft), lambda k: 0.0, lambda w: feeding(w)[1], remaining)
-        if k == 0 and self._look():  # the prior says no draft pays here: one token tests it
-            k = 1
+        if k == 0 and not self.costs.carried_at(batch_size) and self._look():
+            k = 1  # priced from what another batch size cost, no draft pays: one token tests it
         if remaining:
             self._critical = max(range(len(remaining)), key=remaining.__getitem__)
         lengths = [min(n, k) for n in draft.lengths]

@@ -15,7 +15,7 @@ from ..verify_shape import VerifyShape, padded_width
 CARRIED_TIMINGS, CARRIED_MIN = 16, 3  # a carried width: the median of its last 16 timings, once 3
 # A timing this far from what the prior expects (a log ratio: 1.5x) is out of line: one is a stall,
 # REGIME_TIMINGS in a row on one side a regime change (another job on the device, a grown batch).
-OUT_OF_LINE, REGIME_TIMINGS = math.log(1.4), 3
+OUT_OF_LINE, REGIME_TIMINGS = math.log(1.5), 3
 Curve = dict[int, float]  # width -> verify seconds over a plain step's
 
 
@@ -71,8 +71,8 @@ class CostModel:
     The prior (`carry`): each width's ratio to a plain step in earlier calls, keyed by padding,
     context bucket and batch size, priced at this call's plain step until the call times the width.
     A timing out of line with it sets it aside; REGIME_TIMINGS in a row end it for the call. A width
-    timed once far above the others' curve (twice it, or its tokens in plain steps) is a stall: set
-    aside, for every width, until timed again."""
+    timed once far above the others' curve (twice it, or its tokens in plain steps) is a stall, to
+    be timed again."""
 
     draft: _Recent = field(default_factory=_Recent)  # seconds per draft forward (a token, a tree level)
     asks: _Recent = field(default_factory=_Recent)  # seconds per ask for a draft, whatever came back
@@ -85,6 +85,7 @@ class CostModel:
     shape: VerifyShape = field(default_factory=VerifyShape)
     bucket: int = 0  # `context_bucket` of the call's prompt
     trusts_prior: bool = True
+    suspect: bool = False  # the last timing judged was out of line with the prior: set it aside
     streak: list[float] = field(default_factory=list)  # log ratios out of line with the prior, in a row
     version: int = 0  # counts what changes a prediction
     _cache: dict[tuple[int, int], float | None] = field(default_factory=dict, repr=False)
@@ -110,16 +111,31 @@ class CostModel:
         self._changed()
 
     def _judge(self, batch: int, width: int, seconds: float) -> None:
-        """Count the timings in a row out of line with the prior (one-offs expected), on one side."""
+        """Whether this timing is out of line with the prior (`suspect`), and how many in a row on
+        one side."""
         prior, plain = self._carried(batch, exact=False), self._plain(batch)
         if not self.trusts_prior or not prior or not plain or seconds <= 0:
             return
         expected = plain * _from_widths({1: 1.0} | prior, width) + self.first_call_seconds(batch, width)
-        error = math.log(seconds / expected)
+        error, dear = math.log(seconds / expected), self.new_shapes_are_dear()
+        if dear and not self.times[batch, 1].confirmed if (batch, 1) in self.times else dear:
+            return  # the plain step it is held to may have paid a one-off itself
+        one_offs = self.repeat_first_calls if (batch, width) in self._verified_before() else self.first_calls
+        known = (
+            one_offs.confirmed
+            or not dear
+            and (self.first_calls.confirmed or self.repeat_first_calls.confirmed)
+        )
+        if error > 0 and (batch, width) not in self.times and not known:
+            return  # a first call dear: a one-off, or the curve? It tells nothing until one-offs are known
+        self.suspect = abs(error) >= OUT_OF_LINE
+        if not self.suspect:
+            self.streak = []
+            return
         same_side = self.streak and (error > 0) == (self.streak[-1] > 0)
-        self.streak = [] if abs(error) < OUT_OF_LINE else [*self.streak, error] if same_side else [error]
+        self.streak = [*self.streak, error] if same_side else [error]
         if len(self.streak) >= REGIME_TIMINGS:
-            self.trusts_prior, self.streak = False, []
+            self.trusts_prior, self.streak, self.suspect = False, [], False
 
     def verify(self, batch: int, width: int) -> float | None:
         """Predicted seconds; None until a plain step was timed (at `batch`, or the nearest timed)."""
@@ -133,10 +149,10 @@ class CostModel:
         if plain is None:
             return None
         steady, once = self._curve(batch, plain)
-        ceiling = {w: 2 * (_from_widths(steady, w) or 1.0) if len(steady) > 1 else w for w in once}
-        return plain * (
-            _from_widths(steady | {w: r for w, r in once.items() if r <= ceiling[w]}, width) or 1.0
-        )
+        if width not in once:
+            return plain * (_from_widths(steady | once, width) or 1.0)
+        guess = _from_widths(steady, width) or 1.0
+        return plain * (guess if once[width] > (2 * guess if len(steady) > 1 else width) else once[width])
 
     def _plain(self, batch: int) -> float | None:
         """No more than the narrowest wider width timed: plain steps are not timed while drafting
@@ -150,7 +166,7 @@ class CostModel:
     def _curve(self, batch: int, plain: float) -> tuple[Curve, Curve]:
         """(steady, timed once) ratios: this call's over the prior's while in use; where this batch
         size verified nothing, the nearest one's that did, else the prior's at the nearest."""
-        in_use = self.trusts_prior and not self.streak
+        in_use = self.trusts_prior and not self.suspect
         own = {w: t for (b, w), t in self.times.items() if b == batch and w > 1}
         steady = {1: 1.0} | (self._carried(batch, exact=True) if in_use else {})
         steady |= {w: t.value / plain for w, t in own.items() if t.confirmed}
@@ -176,6 +192,10 @@ class CostModel:
         for key in sorted((k for k in keys if k[2] == at), key=lambda k: -abs(k[1] - self.bucket)):
             curve |= {w: r.value for w, r in self.prior[key].items() if len(r.samples) >= CARRIED_MIN}
         return curve
+
+    def carried_at(self, batch: int) -> bool:
+        """Whether earlier calls verified drafts at this batch size (else the prior is another's)."""
+        return bool(self._carried(batch, exact=True))
 
     def _verified_before(self) -> set[tuple[int, int]]:
         return {
@@ -233,11 +253,12 @@ class CostModel:
         pads, copy = earlier.shape.widths, lambda r: dataclasses.replace(r, samples=list(r.samples))
         kept = {key: curve for key, curve in earlier.prior.items() if earlier.trusts_prior or key[0] != pads}
         self.prior = {key: {w: copy(r) for w, r in curve.items()} for key, curve in kept.items()}
+        first = int(earlier.new_shapes_are_dear())  # a width's first call then paid a one-off: not carried
         for (batch, width), timings in earlier.times.items():
-            if width > 1 and (plain := earlier.verify(batch, 1)):
+            if width > 1 and (plain := earlier.verify(batch, 1)) and timings.samples[first:]:
                 curve = self.prior.setdefault((pads, earlier.bucket, batch), {})
                 ratios = curve.setdefault(width, _Recent(keep=CARRIED_TIMINGS))
-                for seconds in timings.samples:  # each as timed: a median of minima would guess low
+                for seconds in timings.samples[first:]:  # each as timed: a median of minima would guess low
                     ratios.add(seconds / plain)
         self.first_calls, self.repeat_first_calls = map(
             copy, (earlier.first_calls, earlier.repeat_first_calls)

@@ -688,17 +688,17 @@ def test_carried_costs_that_say_drafting_cannot_pay_are_looked_at_once_a_call():
     verified = _call_after(noisy, wide_costs=1.01)
     assert verified[:2] == [0, 1]  # its plain step, then the one-token look
     assert sum(n > 1 for n in verified) > 30 and max(verified) == 16
-    confirmed = _call_after(noisy, wide_costs=2.0)  # the look says the same: one look, then plain
-    assert confirmed.count(1) == 1 and max(confirmed) == 1
+    confirmed = _call_after(noisy, wide_costs=2.0)  # the look says the same: plain, looks backing off
+    assert confirmed[:2] == [0, 1] and confirmed.count(1) <= 3 and max(confirmed) == 1
     # On a compiled static cache the first look is a compile, untimed: the next one measures.
     compiled = _call_after(noisy, wide_costs=1.01, compiles=True)
     assert compiled[:4] == [0, 0, 1, 1] and max(compiled) == 16  # a plain step compiles first too
     # A look that drew no draft measured nothing: asked again until one is verified.
     missed = _call_after(noisy, wide_costs=1.01, misses=3)
     assert missed[:5] == [0, 0, 0, 0, 1] and max(missed) == 16
-    # A look that confirms the carried figure, compiled: two looks at most, then plain.
+    # A look that confirms the carried figure, compiled: two looks, then plain but for looks backing off.
     both = _call_after(noisy, wide_costs=2.0, compiles=True)
-    assert both.count(1) == 2 and max(both) == 1
+    assert both[:4] == [0, 0, 1, 1] and both.count(1) <= 4 and max(both) == 1
 
 
 def _drive(policy: AdaptiveDraftLength, profile, steps: int) -> None:
@@ -733,16 +733,19 @@ class _Model:
     device, dtype = torch.device("cpu"), torch.float32
 
 
-def test_a_stall_at_the_first_look_does_not_end_drafting():
-    """Issue 43: on a loaded 2-core CPU the first one-token draft of a batch was timed at 2.3
-    plain steps; read as what every width costs, even drafts always accepted could not pay, and the
-    call never drafted again (40 steps, none speculative). It is a stall until timed again."""
+def test_verifies_timed_in_a_stall_do_not_end_drafting_for_the_call():
+    """Issue 43: on a loaded 2-core CPU a batch's first one-token drafts were timed at twice a plain
+    step and more; read as what every width costs, even drafts always accepted could not pay, and
+    the call never drafted again (a batch of two prompts, 40 steps, none speculative). Where what
+    verifying costs is why nothing pays, one-token looks go on at probe times, with back-off; once
+    the machine is quiet again they say so, and long drafts follow."""
     policy, verified = AdaptiveDraftLength(), []
-    for step in range(40):
+    for step in range(100):
         k = policy.draft_length(2)
-        draft = policy.trim(_draft([k, k], 0.9), 2, [100 - step] * 2)
+        draft = policy.trim(_draft([k, k], 0.9), 2, [300 - step] * 2)
         width = 1 + draft.tokens.shape[1]
-        seconds = 2.3 if width == 2 and 2 not in verified else FLAT_COSTS[width]
-        policy.update(2, draft, draft.lengths, 0.0, seconds)
+        stalled = step < 5 and width > 1
+        policy.update(2, draft, draft.lengths, 0.0, 2.3 * width if stalled else FLAT_COSTS[width])
         verified.append(width)
-    assert verified[:3] == [1, 2, 17] and sum(w > 1 for w in verified) > 30
+    assert verified[:3] == [1, 2, 2] and max(verified[3:8]) == 1  # looked twice: stalled, both
+    assert sum(w > 9 for w in verified[-30:]) > 25  # probes found the machine quiet again
