@@ -86,8 +86,9 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         pays = self._perfect_gain(batch, self._drafting) >= s.min_probe_gain
         if not self.costs.measured_wide():
             return self._first_k if pays else 0  # a first look (`trim` keeps a token)
-        if not pays:  # a draft this slow never pays; verifies timed this dear may have been stalls
-            return self._look(probe=self._perfect_gain(batch, lambda k: 0.0) < s.min_probe_gain)
+        if not pays:  # a draft this slow never pays; verifies timed this dear, a few times, may be stalls
+            dear = self._perfect_gain(batch, lambda k: 0.0) < s.min_probe_gain
+            return self._look(probe=dear and not self.costs.settled(batch))
         asked = self.costs.asks.value
         if self.draft_cost is DraftCost.FREE if asked is None else asked < FREE_DRAFT * plain:
             return s.max_k  # free: the draft's own confidences, read by `trim`, say more
@@ -110,17 +111,16 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         return True
 
     def _asks_pay(self, plain: float) -> bool:
-        """Whether the last asks beat plain decoding, as realized: what no estimate sees (a batch
-        waiting for a row whose drafts the cut drops) shows there."""
-        window = self.settings.realized_window
-        return len(self.realized) < window or _beats_plain(*map(sum, zip(*self.realized)), plain)
+        """Whether the last asks beat plain decoding: what no estimate sees (a batch waiting for a
+        row whose drafts the cut drops) shows in what they gave."""
+        full = len(self.realized) >= self.settings.realized_window
+        return not full or _beats_plain(*map(sum, zip(*self.realized)), plain)
 
     def _look(self, probe: bool = False) -> int:
         """One token to verify where the costs say no draft pays: before believing a prior, and
         (`probe`) at probe times, lest a few stalled timings end drafting for the call."""
-        self._looking = (self._looks < MAX_LOOKS and not self.costs.verified_here()) or (
-            probe and self._probe_due()
-        )
+        first = self._looks < MAX_LOOKS and not self.costs.verified_here()
+        self._looking = first or probe and self._probe_due()
         return int(self._looking)
 
     def _drafting(self, k: int) -> float:
@@ -187,16 +187,15 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             self.acceptance.observe(draft.depths(), accepted, confidence)
 
     def _realize(self, batch: int, accepted: list[int], draft_seconds: float, width: int) -> None:
-        """Verify at the cost model's figure (a stall must not end drafting); a probe that beat
-        plain starts the record afresh."""
+        """What the ask gave, its verify at the cost model's figure (a stall must not end drafting)."""
         plain, verify = self.costs.verify(batch, 1), self.costs.verify(batch, width)
         if not accepted or plain is None or verify is None:
             return
         tokens, seconds = 1 + accepted[min(self._critical, len(accepted) - 1)], draft_seconds + verify
-        if self._probing and _beats_plain(tokens, seconds, plain):
-            self.realized = []  # what held asks back may be gone
-        self.realized = [*self.realized[max(0, len(self.realized) + 1 - self.settings.realized_window) :]]
-        self.realized.append((tokens, seconds))
+        fresh = self._probing and _beats_plain(tokens, seconds, plain)  # what held asks back may be gone
+        self.realized = [*([] if fresh else self.realized), (tokens, seconds)][
+            -self.settings.realized_window :
+        ]
 
     def _gains(self) -> list[float]:
         return self.trees.gains() if self.drafting_trees else expected_gains(self.acceptance.alphas())

@@ -36,10 +36,6 @@ class _Recent:
         return len(self.samples) > 1
 
 
-def _learnt(excess: _Recent) -> float:
-    return (excess.value or 0.0) if excess.confirmed else 0.0  # until then a width is tried, not feared
-
-
 def context_bucket(tokens: int) -> int:
     """Contexts within one power of four (from 512 tokens) share a carried curve."""
     return max(0, (tokens.bit_length() - 8) // 2)
@@ -71,69 +67,55 @@ class CostModel:
     The prior (`carry`): each width's ratio to a plain step in earlier calls, keyed by padding,
     context bucket and batch size, priced at this call's plain step until the call times the width.
     A timing out of line with it sets it aside; REGIME_TIMINGS in a row end it for the call. A width
-    timed once far above the others' curve (twice it, or its tokens in plain steps) is a stall, to
-    be timed again."""
+    timed once far above the others' curve (twice it, or its tokens in plain steps) is a stall."""
 
     draft: _Recent = field(default_factory=_Recent)  # seconds per draft forward (a token, a tree level)
     asks: _Recent = field(default_factory=_Recent)  # seconds per ask for a draft, whatever came back
     times: dict[tuple[int, int], _Recent] = field(default_factory=dict)  # (batch, width fed) -> seconds
-    # A width's first call in a call above its second, where over twice it (else 0): at shapes new to
-    # the process, and at shapes earlier calls verified (a one-off paid again in every call).
-    first_calls: _Recent = field(default_factory=lambda: _Recent(keep=8))
-    repeat_first_calls: _Recent = field(default_factory=lambda: _Recent(keep=8))
+    # What a width's first call in a call cost above its second, where over twice it (else 0), at
+    # shapes new to the process (False) and at shapes earlier calls verified (True: paid every call).
+    one_offs: dict[bool, _Recent] = field(
+        default_factory=lambda: {False: _Recent(keep=8), True: _Recent(keep=8)}
+    )
     prior: dict[tuple[tuple[int, ...], int, int], dict[int, _Recent]] = field(default_factory=dict)
     shape: VerifyShape = field(default_factory=VerifyShape)
     bucket: int = 0  # `context_bucket` of the call's prompt
     trusts_prior: bool = True
     suspect: bool = False  # the last timing judged was out of line with the prior: set it aside
     streak: list[float] = field(default_factory=list)  # log ratios out of line with the prior, in a row
-    version: int = 0  # counts what changes a prediction
     _cache: dict[tuple[int, int], float | None] = field(default_factory=dict, repr=False)
 
     def begin(self, shape: VerifyShape, context: int) -> None:
         self.shape, self.bucket = shape, context_bucket(context)
-        self._changed()
-
-    def _changed(self) -> None:
-        self.version += 1
         self._cache.clear()
 
     def add_verify(self, batch: int, width: int, seconds: float) -> None:
         width = self.shape.padded(width)
+        timings = self.times.get((batch, width), _Recent())
         if width > 1:
-            self._judge(batch, width, seconds)
-        timings = self.times.setdefault((batch, width), _Recent())
+            self._judge(batch, width, seconds, timings)
         if len(timings.samples) == 1 and width > 1:
             first, seen = timings.samples[0], (batch, width) in self._verified_before()
-            excess = first - seconds if first > 2 * seconds else 0.0
-            (self.repeat_first_calls if seen else self.first_calls).add(excess)
+            self.one_offs[seen].add(first - seconds if first > 2 * seconds else 0.0)
+        self.times[batch, width] = timings
         timings.add(seconds)
-        self._changed()
+        self._cache.clear()
 
-    def _judge(self, batch: int, width: int, seconds: float) -> None:
-        """Whether this timing is out of line with the prior (`suspect`), and how many in a row on
-        one side."""
-        prior, plain = self._carried(batch, exact=False), self._plain(batch)
+    def _judge(self, batch: int, width: int, seconds: float, timings: _Recent) -> None:
+        """Count the timings in a row out of line with the prior (one-offs expected) on one side."""
+        prior, plain, dear = self._carried(batch, exact=False), self._plain(batch), self.new_shapes_are_dear()
         if not self.trusts_prior or not prior or not plain or seconds <= 0:
             return
         expected = plain * _from_widths({1: 1.0} | prior, width) + self.first_call_seconds(batch, width)
-        error, dear = math.log(seconds / expected), self.new_shapes_are_dear()
-        if dear and not self.times[batch, 1].confirmed if (batch, 1) in self.times else dear:
-            return  # the plain step it is held to may have paid a one-off itself
-        one_offs = self.repeat_first_calls if (batch, width) in self._verified_before() else self.first_calls
-        known = (
-            one_offs.confirmed
-            or not dear
-            and (self.first_calls.confirmed or self.repeat_first_calls.confirmed)
-        )
-        if error > 0 and (batch, width) not in self.times and not known:
-            return  # a first call dear: a one-off, or the curve? It tells nothing until one-offs are known
+        seen, error = (batch, width) in self._verified_before(), math.log(seconds / expected)
+        known = self.one_offs[seen].confirmed or not dear and any(r.confirmed for r in self.one_offs.values())
+        if dear and not self.times.get((batch, 1), timings).confirmed:
+            return  # the plain step it is held to may have paid a one-off
+        if error > 0 and not timings.samples and not known:
+            return  # a first call dear: a one-off, or the curve? Nothing, until one-offs are known
         self.suspect = abs(error) >= OUT_OF_LINE
-        if not self.suspect:
-            self.streak = []
-            return
         same_side = self.streak and (error > 0) == (self.streak[-1] > 0)
-        self.streak = [*self.streak, error] if same_side else [error]
+        self.streak = [] if not self.suspect else [*self.streak, error] if same_side else [error]
         if len(self.streak) >= REGIME_TIMINGS:
             self.trusts_prior, self.streak, self.suspect = False, [], False
 
@@ -183,10 +165,10 @@ class CostModel:
     def _carried(self, batch: int, exact: bool) -> Curve:
         """The prior at this padding and `batch` (or the nearest batch size): each width as carried
         in this context bucket, else in the nearest bucket that carried it."""
+        usable = lambda key: any(len(r.samples) >= CARRIED_MIN for r in self.prior[key].values())  # noqa: E731
         keys = [
-            k for k, c in self.prior.items() if k[0] == self.shape.widths and (k[2] == batch or not exact)
+            k for k in self.prior if k[0] == self.shape.widths and (k[2] == batch or not exact) and usable(k)
         ]
-        keys = [k for k in keys if any(len(r.samples) >= CARRIED_MIN for r in self.prior[k].values())]
         at = min((k[2] for k in keys), key=lambda b: abs(b - batch), default=None)
         curve: Curve = {}
         for key in sorted((k for k in keys if k[2] == at), key=lambda k: -abs(k[1] - self.bucket)):
@@ -203,11 +185,10 @@ class CostModel:
         }
 
     def first_call_seconds(self, batch: int, width: int) -> float:
-        """The one-off a width not yet verified in this call is expected to cost."""
+        """The one-off a width not yet verified in this call is expected to cost, once learnt."""
         key = (batch, self.shape.padded(width))
-        if key in self.times:
-            return 0.0
-        return _learnt(self.repeat_first_calls if key in self._verified_before() else self.first_calls)
+        excess = self.one_offs[key in self._verified_before()]
+        return (excess.value or 0.0) if key not in self.times and excess.confirmed else 0.0
 
     def feeding(
         self, batch: int, tokens_left: int | None = None, widen: bool = True, uses: int = 8
@@ -215,10 +196,10 @@ class CostModel:
         """Per width, the width to feed it at and its cost: `verify`, plus its one-off spread over the
         steps it can serve (`uses`, fewer with few `tokens_left`), or where the cache feeds holes past
         a draft the next wider width already paid for, if cheaper. As it is until one-offs were timed."""
-        if not self.first_calls.confirmed and not self.repeat_first_calls.confirmed:
+        if not any(r.confirmed for r in self.one_offs.values()):
             return lambda width: (width, self.verify(batch, width))
         paid = {w for b, w in self.times if b == batch}
-        if not _learnt(self.repeat_first_calls):  # paid once a process: earlier calls' widths too
+        if not (self.one_offs[True].confirmed and self.one_offs[True].value):  # paid once a process
             paid |= {w for b, w in self._verified_before() if b == batch}
         widths, widen = tuple(sorted(paid)), widen and self.shape.feeds_holes
 
@@ -239,11 +220,15 @@ class CostModel:
         """Whether a wide verify was timed here, or enough of them by earlier calls at this padding."""
         return self.verified_here() or bool(self._carried(1, exact=False))
 
+    def settled(self, batch: int) -> bool:
+        """Whether a wide width was timed a full window here: no stall then sets its figure."""
+        return any(len(t.samples) >= t.keep for (b, w), t in self.times.items() if b == batch and w > 1)
+
     def verified_here(self) -> bool:
         return any(w > 1 for _, w in self.times)
 
     def new_shapes_are_dear(self) -> bool:
-        return _learnt(self.first_calls) > 0.0 or _learnt(self.repeat_first_calls) > 0.0
+        return any(r.confirmed and r.value for r in self.one_offs.values())
 
     def carry(self, earlier: CostModel | None) -> None:
         """Start from `earlier` (the last call's costs, holding what it carried): its timings as ratios
@@ -260,7 +245,5 @@ class CostModel:
                 ratios = curve.setdefault(width, _Recent(keep=CARRIED_TIMINGS))
                 for seconds in timings.samples[first:]:  # each as timed: a median of minima would guess low
                     ratios.add(seconds / plain)
-        self.first_calls, self.repeat_first_calls = map(
-            copy, (earlier.first_calls, earlier.repeat_first_calls)
-        )
-        self._changed()
+        self.one_offs = {seen: copy(r) for seen, r in earlier.one_offs.items()}
+        self._cache.clear()

@@ -11,6 +11,8 @@ from ..draft import DraftCost
 # A width must look this much faster than plain decoding to be chosen: noise in the figures must
 # not flip a step into a loss. Between draft widths the faster one is taken as it is.
 PLAIN_MARGIN = 1.02
+Gains, Seconds = list[list[float]], Callable[[int], float]  # per row, gains by width; seconds by width
+Remaining = list[int] | None  # per row, the tokens it has left to generate
 
 
 def expected_gains(alphas: list[float]) -> list[float]:
@@ -33,18 +35,11 @@ def drafting_seconds(cost: DraftCost, seconds: float, k: int, levels: list[float
     return seconds * (levels[min(k, len(levels)) - 1] if levels else k)
 
 
-def speedups(
-    gains: list[list[float]],
-    drafting: Callable[[int], float],
-    verify: Callable[[int], float],
-    remaining: list[int] | None = None,
-) -> list[float]:
+def speedups(gains: Gains, drafting: Seconds, verify: Seconds, remaining: Remaining = None) -> list[float]:
     """speedups[k]: how much sooner the batch ends drafting k tokens a step than decoding plainly.
-
-    Row b's step adds 1 + gains[b][k - 1] tokens (a row with fewer on offer drafts them all) and
-    costs `drafting(k)` plus `verify(k + 1)`, a forward of k + 1 tokens a row. The batch ends with
-    its row that needs the most steps for its `remaining` tokens: drafting pays only where it
-    speeds up the rows with the most left to do."""
+    Row b's step adds 1 + gains[b][k - 1] tokens (a row with fewer on offer drafts them all) and costs
+    `drafting(k)` plus `verify(k + 1)`, a forward of k + 1 tokens a row; the batch ends with its row
+    that needs the most steps for its `remaining` tokens, so only speeding that row up pays."""
     remaining = remaining or [1] * len(gains)
     plain = max(remaining) * verify(1)
     out = [1.0]
@@ -55,13 +50,9 @@ def speedups(
 
 
 def fastest_width(
-    gains: list[list[float]],
-    drafting: Callable[[int], float],
-    verify: Callable[[int], float],
-    remaining: list[int] | None = None,
+    gains: Gains, drafting: Seconds, verify: Seconds, remaining: Remaining = None
 ) -> tuple[int, float]:
-    """The width of the highest speedup, and that speedup; (0, 1.0) unless it beats plain decoding
-    by `PLAIN_MARGIN`."""
+    """(k, speedup) of the fastest width; (0, 1.0) unless it beats plain decoding by `PLAIN_MARGIN`."""
     rates = speedups(gains, drafting, verify, remaining)
     k = max(range(len(rates)), key=rates.__getitem__)
     return (k, rates[k]) if k and rates[k] > PLAIN_MARGIN else (0, 1.0)

@@ -1,5 +1,5 @@
 """What the loop asks of a draft-length policy: a base class whose defaults say what a policy that
-needs less does, so the loop calls every method and probes for none."""
+needs less does, so that the loop calls every method and probes for none."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from ..verify_shape import VerifyShape
 
 
 class DraftLengthPolicy:
-    """How many tokens to draft each step; subclass it (only `draft_length` has no default).
-    `batch_size`: the rows the target's verify forward holds, finished rows it feeds holes included."""
+    """How many tokens to draft each step: subclass it; only `draft_length` has no default.
+    `batch_size` counts the rows the target's verify forward holds, finished ones fed holes too."""
 
     def begin_call(self, shape: VerifyShape, draft_cost: DraftCost, context: int) -> None:
-        """At a call's start: how the target's cache feeds a verify forward, how the drafter's cost
+        """Told once a call: how the target's cache feeds a verify forward, how the drafter's cost
         grows with a draft's length, and the prompt's length in tokens. Ignored by default."""
 
     def draft_length(self, batch_size: int) -> int:
@@ -22,7 +22,7 @@ class DraftLengthPolicy:
         raise NotImplementedError
 
     def trim(self, draft: Draft, batch_size: int, remaining: list[int] | None = None) -> Draft:
-        """Cut a fresh draft to the width worth verifying (`remaining[b]`: tokens row b has left)."""
+        """A fresh draft cut to the width worth verifying (`remaining[b]`: tokens row b has left)."""
         return draft
 
     def update(
@@ -35,8 +35,7 @@ class DraftLengthPolicy:
         paths: list[list[int]] | None = None,
     ) -> None:
         """Learn from the step: the draft as verified, each row's accepted tokens, what drafting and
-        verifying took (`verify_seconds` None: the forward compiled a new width, no verify cost);
-        tree steps also pass `paths`, each row's accepted nodes."""
+        verifying took (None: the forward compiled a new width), a tree's accepted `paths`."""
 
     def expect_draft_cost(self, seconds_per_token: float) -> None:
         """A draft forward's seconds, timed before any drafting (`Drafter.probe_seconds`)."""

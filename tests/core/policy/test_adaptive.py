@@ -600,7 +600,7 @@ def test_a_tree_is_not_priced_as_if_widened():
     for _ in range(3):
         for path in TREE_PATHS:  # trees of 16 nodes at the paid width 17
             policy.update(1, _tree([16], parents), [len(path)], 0.0, FLAT_COSTS[17], paths=[path])
-    assert policy.costs.first_calls.confirmed and policy.drafting_trees
+    assert policy.costs.one_offs[False].confirmed and policy.drafting_trees
     tree = policy.trim(_tree([6]), 1, [200])
     assert 1 + tree.tokens.shape[1] in {w for _, w in policy.costs.times}
     assert tree.tokens.shape[1] == max(tree.lengths)  # no holes
@@ -626,7 +626,7 @@ def test_where_a_new_width_costs_a_oneoff_once_a_process_later_calls_keep_to_tho
     paid, per_token = _calls_in_one_process()
     policy = AdaptiveDraftLength()
     _oneoff_run("flat+oneoff", 40, policy)
-    assert policy.costs.first_calls.confirmed  # what a new shape cost was learnt in the first call
+    assert policy.costs.one_offs[False].confirmed  # what a new shape cost was learnt in the first call
     monkeypatch.setattr(CostModel, "first_call_seconds", lambda self, batch_size, width: 0.0)
     control_paid, control_per_token = _calls_in_one_process()
     assert len(paid) <= len(control_paid) - 4

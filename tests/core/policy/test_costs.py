@@ -122,7 +122,7 @@ def _oneoffs(*widths: int, oneoff: float = 6.0) -> CostModel:
 
 def test_a_first_calls_excess_is_learnt_and_spread_over_the_steps_a_width_serves():
     costs = _oneoffs(1, 2, 3)
-    assert costs.first_calls.confirmed and costs.first_call_seconds(1, 7) == pytest.approx(6.0)
+    assert costs.one_offs[False].confirmed and costs.first_call_seconds(1, 7) == pytest.approx(6.0)
     assert costs.new_shapes_are_dear() and costs.first_call_seconds(1, 3) == 0.0  # paid for
     steady = costs.verify(1, 7)
     assert costs.feeding(1)(7) == (7, pytest.approx(steady + 6.0 / 8))
@@ -150,7 +150,7 @@ def test_one_offs_paid_once_a_process_leave_earlier_calls_widths_paid_for():
     for width in (1, 2, 9):
         for seconds in (FLAT[width] + 6.0, FLAT[width]):
             call.add_verify(1, width, seconds)
-    assert call.repeat_first_calls.confirmed and call.first_call_seconds(1, 17) == 6.0
+    assert call.one_offs[True].confirmed and call.first_call_seconds(1, 17) == 6.0
 
 
 # --- the prior: what earlier calls measured ---
