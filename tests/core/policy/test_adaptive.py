@@ -749,3 +749,84 @@ def test_verifies_timed_in_a_stall_do_not_end_drafting_for_the_call():
         verified.append(width)
     assert verified[:3] == [1, 2, 2] and max(verified[3:8]) == 1  # looked twice: stalled, both
     assert sum(w > 9 for w in verified[-30:]) > 25  # probes found the machine quiet again
+
+
+# --- how a drafter's cost grows (`Drafter.draft_cost`), with fake drafters ---
+
+
+def _block_calls(cost: DraftCost, steps: int = 40, block: float = 0.5) -> list[int]:
+    """A drafter whose every ask costs `block` plain steps whatever its length (a block drafter's
+    one forward), offering 16 tokens at confidence 0.9 of which 12 hold, verified where each fed
+    token costs 1% of a step; declared `cost`. The tokens verified each step."""
+    policy, verified = AdaptiveDraftLength(), []
+    policy.begin_call(VerifyShape(), cost, 100)
+    policy.expect_draft_cost(block)  # the drafter's up-front timing: one forward
+    for _ in range(steps):
+        k = policy.draft_length(1)
+        draft = policy.trim(_draft([min(k, 16)], 0.9), 1, [500])
+        n = draft.lengths[0]
+        policy.update(1, draft, [min(n, 12)], block if k else 0.0, FLAT_COSTS[1 + draft.tokens.shape[1]])
+        verified.append(n)
+    return verified
+
+
+def test_a_block_is_priced_as_one_forward_whatever_its_length():
+    """A block drafter (DFlash, DSpark, Medusa) declares PER_BLOCK: asked for the longest block, it is
+    verified long. Priced a forward a token, half a step each, the same drafts are never explored."""
+    block = _block_calls(DraftCost.PER_BLOCK)
+    assert sum(n >= 12 for n in block[5:]) >= 30
+    assert max(_block_calls(DraftCost.PER_TOKEN)) <= 1
+
+
+def test_a_lookup_is_free_whatever_its_length():
+    """A look-up drafter (n-gram, a suffix cache) declares FREE: from its first ask it is asked for
+    the longest draft, cut by its tokens' own confidences, though its asks were never timed."""
+    policy = AdaptiveDraftLength()
+    policy.begin_call(VerifyShape(), DraftCost.FREE, 100)
+    policy.update(1, _draft([0]), [0], 0.0, FLAT_COSTS[1])
+    policy.update(1, _draft([1], 0.9), [1], 0.0, FLAT_COSTS[2])  # a first look was verified
+    assert policy.draft_length(1) == policy.settings.max_k
+    per_token = AdaptiveDraftLength()  # undeclared, untimed: priced a forward a token, by the rule
+    per_token.update(1, _draft([0]), [0], 0.0, FLAT_COSTS[1])
+    per_token.update(1, _draft([1], 0.9), [1], 0.0, FLAT_COSTS[2])
+    assert per_token.draft_length(1) < per_token.settings.max_k
+
+
+# --- the device's regime changing between calls of one process (a fake clock) ---
+
+
+def _calls(profile_names: list[str], accepted: int = 6, steps: int = 30) -> list[list[int]]:
+    """One call under each profile in turn, each starting from the last one's costs as `generate`
+    does; a free drafter offers 6 to 16 tokens (as n-gram matches come) at confidence 0.8, of which
+    `accepted` hold. The widths each call verified."""
+    import random
+
+    from hf_specdec.bench.regimes import PROFILES, Forward
+
+    earlier, widths, rng = None, [], random.Random(0)
+    for name in profile_names:
+        policy, verified = AdaptiveDraftLength(device_costs=earlier), []
+        policy.begin_call(VerifyShape(), DraftCost.FREE, 100)
+        for _ in range(steps):
+            k = policy.draft_length(1)
+            draft = policy.trim(_draft([min(k, rng.randint(6, 16))], 0.8), 1, [500])
+            width = 1 + draft.tokens.shape[1]
+            seconds = PROFILES[name].seconds(Forward(1, width, 200))
+            policy.update(1, draft, [min(draft.lengths[0], accepted)], 0.0, seconds)
+            verified.append(width)
+        earlier = policy.costs
+        widths.append(verified)
+    return widths
+
+
+def test_a_regime_change_between_calls_is_followed_both_ways():
+    """After calls where verifying was nearly free, a call where each fed token costs 60% of a step
+    drafts as short as one in a fresh process (it took each dear width for a stall and tried the
+    next), and so does the call after it; and back: after compute-bound calls, a call where
+    verifying is nearly free again drafts long within a few steps."""
+    mean = lambda widths: sum(widths) / len(widths)  # noqa: E731
+    *_, changed, after = _calls(["flat", "flat", "linear", "linear"])
+    fresh = mean(_calls(["linear"])[0])  # 6.4; the prior taken for a fact (stalls): 9.8 and 10.3
+    assert mean(changed) <= fresh + 0.5 and mean(after) <= fresh + 0.5
+    *_, back = _calls(["linear", "linear", "flat"])
+    assert sum(w > 6 for w in back[5:]) >= 20  # the prior taken for a fact: none
