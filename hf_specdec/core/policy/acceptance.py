@@ -4,7 +4,6 @@ and per bucket of a drafter's confidence (chains), β per node (trees)."""
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
 
 MAX_DRAFT = 16
 PRIOR_ACCEPTANCE, PRIOR_WEIGHT = 0.6, 2.0  # the prior's mean, and what it weighs in drafts
@@ -18,23 +17,20 @@ def beta_mean(
     return (hits + prior * weight) / (trials + weight)
 
 
-@dataclass
 class AcceptanceEstimate:
     """α_i per draft position (given the ones before held) and, per bucket of the drafter's
     confidence, how often such tokens held: a draft's first token apart from its later ones, as one
     n-gram score means "often wrong" for a first token and "rarely wrong" once a copy started."""
 
-    max_k: int = MAX_DRAFT
-    prior_acceptance: float = PRIOR_ACCEPTANCE
-    prior_weight: float = PRIOR_WEIGHT
-    drafted: list[float] = field(default_factory=list)  # per position
-    accepted: list[float] = field(default_factory=list)
-    bucket_drafted: list[float] = field(default_factory=lambda: [0.0] * 2 * _BUCKETS)  # `_bucket`
-    bucket_accepted: list[float] = field(default_factory=lambda: [0.0] * 2 * _BUCKETS)
-
-    def __post_init__(self) -> None:
-        for counts in (self.drafted, self.accepted):
-            counts.extend([0.0] * (self.max_k - len(counts)))
+    def __init__(
+        self,
+        max_k: int = MAX_DRAFT,
+        prior_acceptance: float = PRIOR_ACCEPTANCE,
+        prior_weight: float = PRIOR_WEIGHT,
+    ) -> None:
+        self.max_k, self.prior_acceptance, self.prior_weight = max_k, prior_acceptance, prior_weight
+        self.drafted, self.accepted = [0.0] * max_k, [0.0] * max_k  # per position
+        self.bucket_drafted, self.bucket_accepted = [0.0] * 2 * _BUCKETS, [0.0] * 2 * _BUCKETS  # `_bucket`
 
     def alpha(self, position: int, prior: float | None = None) -> float:
         """α at a 0-based position; `prior`: what it is before that position was seen."""
@@ -68,22 +64,20 @@ def _bucket(confidence: float, position: int) -> int:
     return min(int(confidence * _BUCKETS), _BUCKETS - 1) + (_BUCKETS if position > 0 else 0)
 
 
-@dataclass
 class TreeAcceptance:
     """β_i: how often node i (best first) lies on the accepted path; a tree's first n nodes add
     Σ_{i<n} β_i tokens (`gains`), and cost a forward a level where a drafter grows trees so
     (`levels`). A node never drafted is guessed as likely as the one before it."""
 
-    max_k: int = MAX_DRAFT
-    prior_acceptance: float = PRIOR_ACCEPTANCE
-    prior_weight: float = PRIOR_WEIGHT
-    drafted: list[float] = field(default_factory=list)  # per node index
-    on_path: list[float] = field(default_factory=list)
-    depth_sums: list[float] = field(default_factory=list)  # per n - 1: summed depth of the first n nodes
-
-    def __post_init__(self) -> None:
-        for counts in (self.drafted, self.on_path, self.depth_sums):
-            counts.extend([0.0] * (self.max_k - len(counts)))
+    def __init__(
+        self,
+        max_k: int = MAX_DRAFT,
+        prior_acceptance: float = PRIOR_ACCEPTANCE,
+        prior_weight: float = PRIOR_WEIGHT,
+    ) -> None:
+        self.max_k, self.prior_acceptance, self.prior_weight = max_k, prior_acceptance, prior_weight
+        self.drafted, self.on_path = [0.0] * max_k, [0.0] * max_k  # per node index
+        self.depth_sums = [0.0] * max_k  # per n - 1: summed depth of the first n nodes
 
     @property
     def observed(self) -> bool:

@@ -48,8 +48,8 @@ class AdaptiveDraftLength(DraftLengthPolicy):
     `acceptance`, `trees`, `costs` and `realized`; one per call by default."""
 
     def __init__(
-        self, settings: AdaptiveSettings | None = None, *, device_costs: CostModel | None = None, **kw
-    ):
+        self, settings: AdaptiveSettings | None = None, *, device_costs: CostModel | None = None, **kw: Any
+    ) -> None:
         if settings is not None and kw:
             raise TypeError("Pass either `settings` or its fields as keywords, not both.")
         self.settings = s = settings if settings is not None else AdaptiveSettings(**kw)
@@ -95,8 +95,12 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         k = s.max_k  # a look-up or a block costs one ask whatever its length: held to what asks gave
         if self.draft_cost is DraftCost.PER_TOKEN:
             feeding = self.costs.feeding(batch, widen=not self.drafting_trees)
-            k, _ = fastest_width([self._gains()], self._drafting, lambda w: feeding(w)[1])
-        if k == 0 or not self._asks_pay(plain):
+            gains = self.trees.gains() if self.drafting_trees else expected_gains(self.acceptance.alphas())
+            k, _ = fastest_width([gains], self._drafting, lambda w: feeding(w)[1])
+        realized = len(self.realized) < s.realized_window or _beats_plain(
+            *map(sum, zip(*self.realized)), plain
+        )
+        if k == 0 or not realized:  # what asks gave shows what no estimate sees (a batch's slowest row)
             self._probing = self._probe_due()
             return self._first_k if self._probing else 0
         self._plain_run, self._backoff = 0, 1
@@ -109,12 +113,6 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             return False
         self._plain_run, self._backoff = 0, min(self._backoff * 2, 64)
         return True
-
-    def _asks_pay(self, plain: float) -> bool:
-        """Whether the last asks beat plain decoding: what no estimate sees (a batch waiting for a
-        row whose drafts the cut drops) shows in what they gave."""
-        full = len(self.realized) >= self.settings.realized_window
-        return not full or _beats_plain(*map(sum, zip(*self.realized)), plain)
 
     def _look(self, probe: bool = False) -> int:
         """One token to verify where the costs say no draft pays: before believing a prior, and
@@ -196,9 +194,6 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         self.realized = [*([] if fresh else self.realized), (tokens, seconds)][
             -self.settings.realized_window :
         ]
-
-    def _gains(self) -> list[float]:
-        return self.trees.gains() if self.drafting_trees else expected_gains(self.acceptance.alphas())
 
 
 class DeviceCosts(weakref.WeakKeyDictionary):
