@@ -109,7 +109,7 @@ class CostModel:
         expected = plain * _from_widths({1: 1.0} | prior, width) + self.first_call_seconds(batch, width)
         seen, error = (batch, width) in self._verified_before(), math.log(seconds / expected)
         known = self.one_offs[seen].confirmed or not dear and any(r.confirmed for r in self.one_offs.values())
-        if dear and not self.times.get((batch, 1), timings).confirmed:
+        if dear and not self.times.get((batch, 1), _Recent()).confirmed:
             return  # the plain step it is held to may have paid a one-off
         if error > 0 and not timings.samples and not known:
             return  # a first call dear: a one-off, or the curve? Nothing, until one-offs are known
