@@ -13,10 +13,11 @@ from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 from torch import nn
 
-# The methods of `policy.DraftLengthPolicy`, every one of which the loop calls each step.
+# The methods a policy object needs (`policy.DraftLengthPolicy`'s, which has defaults for all but
+# `draft_length`): one that does not subclass it needs these four, and gets the defaults of the rest.
 POLICY_METHODS = ("draft_length", "trim", "update", "expect_draft_cost")
-# Its methods the loop calls only where a policy has them (added after policies were written).
-OPTIONAL_POLICY_METHODS = ("pad_widths", "keeps_batch_shape")
+# The rest: a subclass of `DraftLengthPolicy` may override them (added after policies were written).
+OPTIONAL_POLICY_METHODS = ("begin_call", "keeps_batch_shape")
 
 
 @dataclass

@@ -25,7 +25,7 @@ from transformers.pipelines.text_generation import TextGenerationPipeline
 from .config import SpeculativeConfig
 from .core.checks import check_drafter_continues, check_processors, check_supported
 from .core.compat import generate_cache
-from .core.draft import Drafter
+from .core.draft import Draft, Drafter
 from .core.loop import speculative_decode
 from .core.policy import DEVICE_COSTS, DraftLengthPolicy, FixedDraftLength
 from .drafters import DRAFTERS, build_drafter
@@ -142,13 +142,36 @@ def _with_this_draft(drafter: Drafter) -> str:
 
 
 def _policy(config: SpeculativeConfig, model: Any) -> DraftLengthPolicy:
-    if config.policy is not None:
+    if isinstance(config.policy, DraftLengthPolicy):
         return config.policy  # the user's own policy object, kept across their calls
+    if config.policy is not None:
+        return _Adopted(config.policy)
     if config.num_draft_tokens == "auto":
         # A fresh one per call: what was accepted never leaks into the next; what verifying costs
         # on this model and device is carried (`DEVICE_COSTS`).
         return DEVICE_COSTS.policy(model)
     return FixedDraftLength(config.num_draft_tokens)
+
+
+class _Adopted(DraftLengthPolicy):
+    """A policy object that does not subclass `DraftLengthPolicy` (it has the four methods
+    `SpeculativeConfig` checks), with the base class's defaults for the others."""
+
+    def __init__(self, policy: Any) -> None:
+        self.policy = policy
+
+    def draft_length(self, batch_size: int) -> int:
+        return self.policy.draft_length(batch_size)
+
+    def trim(self, draft: Draft, batch_size: int, remaining: list[int] | None = None) -> Draft:
+        return self.policy.trim(draft, batch_size, remaining)
+
+    def update(self, batch_size, draft, accepted, draft_seconds, verify_seconds, paths=None) -> None:
+        trees = {} if paths is None else {"paths": paths}  # one written for chains may take no paths=
+        self.policy.update(batch_size, draft, accepted, draft_seconds, verify_seconds, **trees)
+
+    def expect_draft_cost(self, seconds_per_token: float) -> None:
+        self.policy.expect_draft_cost(seconds_per_token)
 
 
 def _take_stop_strings(model: Any, kwargs: dict[str, Any], tokenizer: Any) -> None:

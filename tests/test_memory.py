@@ -62,6 +62,6 @@ def test_cuda_memory_goes_back_only_once_cuda_is_in_use(monkeypatch):
 def test_what_verifying_cost_on_a_model_is_forgotten(target):
     ids = torch.tensor([[6, 7, 8, 9] * 4])  # repeats: n-gram drafts, verified wider than a step
     target.generate(input_ids=ids, max_new_tokens=12, speculative="ngram")
-    assert DEVICE_COSTS.policy(target).costs.carried
+    assert DEVICE_COSTS.policy(target).costs.prior
     hf_specdec.clear_cache()
-    assert not DEVICE_COSTS.policy(target).costs.carried
+    assert not DEVICE_COSTS.policy(target).costs.prior

@@ -2,7 +2,7 @@
 
     python benchmarks/micro/policy_replay.py [--suite specbench-quick] [--limit 3] [--max-new-tokens 128]
         [--profiles flat,flat+oneoff,flat+oneoff-call,gpu-batch,linear] [--tree] [--host-ms 1.5]
-        [--batch-sizes 1,8,32] [--no-carry]
+        [--batch-sizes 1,8,32] [--no-carry] [--ask-ms 0.05]
 
 Fast (a minute) and deterministic in its acceptance: each prompt's plain greedy answer is generated
 once (`benchmarks/micro/ngram_rules.py`'s cache, SmolLM2-135M in its checkpoint's dtype), then the
@@ -12,10 +12,11 @@ the policy cuts the draft,
 and the target keeps the longest prefix its own answer agrees with plus one token of its own,
 exactly as greedy verification does (rounding ties aside: `hf_specdec.lossless`). Only the clock is
 emulated: each target forward costs what the profile says (`hf_specdec.bench.regimes`, a 20 ms
-plain step), drafting costs its real CPU time, and each step adds `--host-ms` of loop work (the
-loop's own cost per step, `benchmarks/micro/overhead.py`). The policy learns from that clock as it does in
-`generate`, and, as there, each prompt's `auto` starts from what verifying cost in the calls before
-it under the same profile (`CostModel.carry`; `--no-carry`: every call from nothing).
+plain step), drafting costs its real CPU time (or `--ask-ms` a row: deterministic), and each step
+adds `--host-ms` of loop work (the loop's own cost per step, `benchmarks/micro/overhead.py`). The
+policy learns from that clock as it does in `generate`, and, as there, each prompt's `auto` starts
+from what verifying cost in the calls before it under the same profile (`CostModel.carry`;
+`--no-carry`: every call from nothing).
 
 Rows per prompt: plain decoding, transformers' prompt lookup (its rule and its fixed 10 tokens),
 `auto`, and every fixed k of `--ks`; a prompt's fastest fixed k in hindsight is the oracle.
@@ -43,6 +44,7 @@ import torch
 from hf_specdec.bench.regimes import PROFILES, CostProfile, Forward, Jitter, host_clock
 from hf_specdec.core.draft import Draft, DraftRequest
 from hf_specdec.core.policy import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
+from hf_specdec.core.verify_shape import VerifyShape
 from hf_specdec.drafters.ngram import NgramConfig, NgramDrafter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -57,6 +59,7 @@ from ngram_rules import (  # noqa: E402
 
 CPU = torch.device("cpu")
 LOOKUP_TOKENS = 10  # transformers' prompt_lookup_num_tokens default
+ASK_SECONDS: float | None = None  # `--ask-ms`: what an ask costs a row, instead of its host time
 
 
 def replay(
@@ -69,12 +72,13 @@ def replay(
     tree: bool = False,
     lookup: bool = False,
     seed: int = 0,
+    ask_seconds: float | None = None,
 ) -> dict[str, float]:
     """One greedy call over a batch of prompts replayed: its emulated seconds, target forwards and
     the share of steps that verified a draft. Rows share each forward, hence its width (rows with a
     shorter draft, or done, are holes); finished rows leave the forward's batch once half of it has
     finished, unless the policy keeps its shape, as they leave the target's cache in the loop
-    (`core/loop.py`)."""
+    (`core/loop.py`). `ask_seconds`: drafting costs this much a row instead of its host time."""
     shapes = set() if profile.oneoff_scope == "call" else shapes
     rng = Jitter(seed)  # the profile's noise: every row of a prompt draws the same sequence
 
@@ -88,12 +92,12 @@ def replay(
     seconds = forward_cost(len(prompts), max(map(len, prompts)), 0)  # the prefill gives the first token
     done = [1] * len(prompts)
     forwards, speculative, cached = 1, 0, len(prompts)
-    keeps_shape = getattr(policy, "keeps_batch_shape", None)
+    policy.begin_call(VerifyShape(), drafter.draft_cost, max(map(len, prompts)))
     while active := [b for b, answer in enumerate(answers) if done[b] < len(answer)]:
-        if len(active) <= cached // 2 and not (keeps_shape is not None and keeps_shape()):
+        if len(active) <= cached // 2 and not policy.keeps_batch_shape():
             cached = len(active)
         rooms = [len(answers[b]) - done[b] for b in active]
-        k = policy.draft_length(len(active))
+        k = policy.draft_length(cached)
         contexts = [prompts[b] + answers[b][: done[b]] for b in active]
         if k > 0 and not lookup:
             width = max(map(len, contexts))
@@ -119,7 +123,10 @@ def replay(
         else:
             draft = drafter.propose(request)
         draft_seconds = host_clock() - started
-        draft = policy.trim(draft, len(active), rooms)
+        ask_seconds = ASK_SECONDS if ask_seconds is None else ask_seconds
+        if ask_seconds is not None and k > 0:  # a fixed cost a row: deterministic, whatever the machine
+            draft_seconds = ask_seconds * len(active)
+        draft = policy.trim(draft, cached, rooms)
         accepted, paths = [], []
         for row, b in enumerate(active):
             n, answer = draft.lengths[row], answers[b]
@@ -135,8 +142,8 @@ def replay(
             paths.append(list(range(hits)))
         width = 1 + draft.tokens.shape[1]  # as the loop feeds it: holes past the drafts included
         verify_seconds = forward_cost(cached, width, max(map(len, contexts)) - 1)
-        trees = {"paths": paths} if draft.parents is not None else {}
-        policy.update(len(active), draft, accepted, draft_seconds, verify_seconds, **trees)
+        trees = paths if draft.parents is not None else None
+        policy.update(cached, draft, accepted, draft_seconds, verify_seconds, trees)
         drafter.observe(draft, accepted)
         seconds += draft_seconds + verify_seconds
         for row, b in enumerate(active):
@@ -203,6 +210,21 @@ def evaluate(
     }
 
 
+def batches(data: list[dict], batch: int) -> list[list[dict]]:
+    """`data` in batches of `batch` prompts, categories interleaved (as a server's batch mixes
+    requests); a suite smaller than the batch is cycled to fill it."""
+    per_category: dict[str, int] = defaultdict(int)
+    place = []
+    for row in data:
+        place.append(per_category[row["category"]])
+        per_category[row["category"]] += 1
+    order = sorted(range(len(data)), key=lambda i: place[i])
+    return [
+        [data[order[(g * batch + j) % len(order)]] for j in range(batch)]
+        for g in range(max(1, round(len(data) / batch)))
+    ]
+
+
 def evaluate_batches(
     data: list[dict],
     profile: CostProfile,
@@ -212,19 +234,9 @@ def evaluate_batches(
     batch: int,
     carry: bool = True,
 ) -> dict[str, float]:
-    """Batches of `batch` prompts, categories interleaved (as a server's batch mixes requests); a
-    suite smaller than the batch is cycled to fill it. Speedups over plain batched decoding of
-    the same batch (geometric mean over batches); the oracle is each batch's best fixed k."""
-    per_category: dict[str, int] = defaultdict(int)
-    place = []
-    for row in data:
-        place.append(per_category[row["category"]])
-        per_category[row["category"]] += 1
-    order = sorted(range(len(data)), key=lambda i: place[i])
-    groups = [
-        [data[order[(g * batch + j) % len(order)]] for j in range(batch)]
-        for g in range(max(1, round(len(data) / batch)))
-    ]
+    """Batches of `batch` prompts (`batches`). Speedups over plain batched decoding of the same
+    batch (geometric mean over batches); the oracle is each batch's best fixed k."""
+    groups = batches(data, batch)
     shapes: dict[Any, set[tuple[int, int]]] = defaultdict(set)  # per row, as in `evaluate`
     device_costs = None
     results: dict[str, list[float]] = defaultdict(list)
@@ -303,6 +315,9 @@ def main() -> None:
     parser.add_argument("--tree", action="store_true", help="auto and the fixed k draft n-gram tries")
     parser.add_argument("--host-ms", type=float, default=1.5, help="loop work per step (default 1.5 ms)")
     parser.add_argument(
+        "--ask-ms", type=float, default=None, help="an ask's cost a row (default: its host time, timed)"
+    )
+    parser.add_argument(
         "--no-carry",
         action="store_true",
         help="each call's policy starts from nothing (generate carries verify costs from call to call)",
@@ -314,6 +329,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     torch.set_num_threads(1)  # drafting is timed on the CPU: keep other work from moving it
+    global ASK_SECONDS
+    ASK_SECONDS = None if args.ask_ms is None else args.ask_ms / 1000
     data = answers(args)
     ks = [int(k) for k in args.ks.split(",")]
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]

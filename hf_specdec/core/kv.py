@@ -39,6 +39,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from .compat import cache_argument
+from .verify_shape import VerifyShape
 
 
 class RaggedKV:
@@ -46,9 +47,10 @@ class RaggedKV:
 
     takes_tree_masks = True  # `forward(tree=...)`: the model takes the 4D masks built here
     compiling = False  # never compiled: no forward's time is a compile's (see `StaticKV`)
-    widths: tuple[int, ...] = ()  # forwards are fed as they come, never padded (see `StaticKV`)
     compiled = False
-    feeds_widened = True  # holes past a draft (`Draft.widened`) are fed, and leave with `roll_back`
+    # Forwards fed as they come, never padded; holes past a draft (`Draft.widened`) are fed and
+    # leave with `roll_back`; finished rows leave the batch (`release_rows`) unless kept.
+    verify_shape = VerifyShape(widths=(), feeds_holes=True, fixed_batch=False)
 
     def __init__(
         self,

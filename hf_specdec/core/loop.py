@@ -77,9 +77,7 @@ def speculative_decode(
         stats.record_forward(0, 1)
         _emit(out, stats, rows, no_draft, first, returned.prompt(prefill, rows), stopping_criteria)
 
-    # Optional in the protocol: a policy written before it has no such method.
-    if (pad_widths := getattr(policy, "pad_widths", None)) is not None:
-        pad_widths(target.widths)  # a compiled static cache pads each forward: what its width costs
+    policy.begin_call(target.verify_shape, drafter.draft_cost, input_ids.shape[1])
     if target.compiled:  # the draft's own forwards compiled alike, before any forward is timed
         drafter.compile_forwards(target.compile_config, target.capacity, target.widths, batch)
     seconds = drafter.probe_seconds(len(out.active_rows)) if out.active_rows else None
@@ -88,15 +86,14 @@ def speculative_decode(
         stats.draft_seconds += seconds
 
     cached_rows = list(range(batch))  # rows of the user's batch in the target's cache, in order
-    keeps_shape = getattr(policy, "keeps_batch_shape", None)
     while out.active_rows:
         rows = out.active_rows
         # Finished rows stop drafting at once; the cache says when they leave its batch, unless
         # the policy keeps the forward's shape (a device that pays a one-off per new shape).
         if len(rows) < len(cached_rows):
-            keep = keeps_shape is not None and keeps_shape()
-            cached_rows = target.release_rows(cached_rows, rows, keep_shape=keep)
-        k = policy.draft_length(len(rows))
+            cached_rows = target.release_rows(cached_rows, rows, keep_shape=policy.keeps_batch_shape())
+        fed = len(cached_rows)  # the verify forward's batch: what the policy prices
+        k = policy.draft_length(fed)
         if tree and max_tree_nodes is not None:
             k = min(k, max_tree_nodes)
         k = max(min(k, target.widest(k + 1) - 1), 0)  # a static cache's room (0: its error comes next)
@@ -107,9 +104,8 @@ def speculative_decode(
         proposed_at = clock(device)
         # Checked as proposed: a bad id must not pass because the policy happened to cut it off.
         draft.check(vocab, f"{type(drafter).__name__} (method={drafter.name!r})")
-        draft = policy.trim(draft, len(rows), [out.room(r) for r in rows])
-        if not target.feeds_widened and draft.tokens.shape[1] > max(draft.lengths, default=0):
-            draft = draft.truncated(draft.lengths)  # a static cache pads widths its own way
+        draft = policy.trim(draft, fed, [out.room(r) for r in rows])
+        target.verify_shape.check(draft, type(policy).__name__)
         drafted_at = clock(device)
 
         # Verify: one target forward over [last token, draft...] a row, finished rows fed holes.
@@ -132,12 +128,10 @@ def speculative_decode(
 
         drafter.observe(draft, verdict.accepted)
         _emit(out, stats, rows, draft, verdict, extras, stopping_criteria)
-        # Tree steps also tell the policy which nodes were accepted: what sizes the trees to come.
-        paths = {} if verdict.paths is None else {"paths": verdict.paths}
         # The drafter's own time: the policy's cut is the loop's overhead, not a cost of drafting.
         # A compiled width's first forward is its compile, no verify cost: the policy is not told it.
         verify_seconds = None if target.compiling else verified_at - drafted_at
-        policy.update(len(rows), draft, verdict.accepted, proposed_at - start, verify_seconds, **paths)
+        policy.update(fed, draft, verdict.accepted, proposed_at - start, verify_seconds, verdict.paths)
         stats.record_forward(k, width, drafted_at - start, verified_at - drafted_at)
 
     stats.emitted = out.emitted

@@ -29,7 +29,6 @@ truncation. `widest` says how wide a forward fits now, so a caller can shorten i
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import inspect
 from collections.abc import Callable
@@ -41,6 +40,7 @@ from transformers.cache_utils import StaticLayer
 
 from .compat import cache_argument, compiles_decoding, generate_cache
 from .kv import RaggedKV, Slots
+from .verify_shape import VerifyShape
 
 # The verify widths a compiled forward is padded to: one graph each (dynamo's recompile limit is 8),
 # so a draft is at most 15 tokens.
@@ -68,21 +68,10 @@ def allow_graphs(shape: tuple[Any, ...], graphs: int) -> None:
     torch._dynamo.config.recompile_limit = max(limit, min(limit + graphs, MAX_RECOMPILE_LIMIT))
 
 
-def padded_width(widths: tuple[int, ...], width: int) -> int:
-    """The width a forward of `width` tokens is padded to: the next of the sorted `widths`, or
-    `width` itself past them (or without any). The policy asks it for every width it prices, every
-    step: a bisection, not a scan."""
-    i = bisect.bisect_left(widths, width)
-    return widths[i] if i < len(widths) else width
-
-
 class StaticKV:
     """A `StaticCache` plus which of its columns hold real tokens, row by row."""
 
     takes_tree_masks = False  # tree drafts need 4D masks, not built here yet
-    # Holes past a draft (`Draft.widened`) are not fed: widths are padded here (`widths`), and a
-    # mask over a batch of one would be a new compiled graph at every width.
-    feeds_widened = False
 
     def __init__(
         self,
@@ -110,6 +99,9 @@ class StaticKV:
         self.fed_widths: set[int] = set()  # the padded widths `decode` has run
         self.compiling = False  # whether the last forward was `decode`'s first at its width
         self.widths = tuple(sorted(set(widths)))
+        # Holes past a draft are not fed: widths are padded here, and a mask over a batch of one
+        # would be a new compiled graph at every width. Rows are retired, never dropped.
+        self.verify_shape = VerifyShape(widths=self.widths, feeds_holes=False, fixed_batch=True)
         self.capacity = max(layer.max_cache_len for layer in cache.layers)
         if self.compiled:  # a new shape for each width, beside any other model's (a target's, a draft's)
             allow_graphs((id(model), batch_size, self.capacity), len(self.widths))
@@ -151,7 +143,7 @@ class StaticKV:
 
     def padded_width(self, width: int) -> int:
         """The width a forward of `width` tokens after the prompt's is fed at."""
-        return padded_width(self.widths, width)
+        return self.verify_shape.padded(width)
 
     def widest(self, wanted: int) -> int:
         """The most tokens, up to `wanted` (at most the widest of `widths`, if any), that the next
@@ -269,7 +261,7 @@ class StaticKV:
         widened: bool = False,
     ) -> None:
         """Undo what the last forward rejected: the last `rejected[b]` real tokens of row
-        `slots.rows[b]` (`widened` never holds here: see `feeds_widened`)."""
+        `slots.rows[b]` (`widened` never holds here: see `verify_shape`)."""
         if any(rejected):
             kept_lengths = self.lengths.clone()
             kept_lengths[slots.index] -= torch.tensor(rejected, device=self.mask.device)

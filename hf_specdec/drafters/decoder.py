@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 from transformers import StaticCache
 from transformers.cache_utils import StaticLayer
 
+from ..core.draft import DraftCost
 from ..core.kv import RaggedKV, positions
 from ..core.static_kv import DraftRows, StaticKV
 from ..core.timing import clock
@@ -130,6 +131,9 @@ class DecoderDrafter(Drafter):
     in a batch row of its own (`BranchRows`). The tree's nodes then leave the cache: the next draft
     feeds the accepted path with the target's token, in one forward.
     """
+
+    # A forward per token of a chain, per level of a tree (draft_model, onnx, quantized alike).
+    draft_cost: ClassVar[DraftCost] = DraftCost.PER_TOKEN
 
     def __init__(
         self,

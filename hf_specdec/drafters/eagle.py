@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 import torch
 from transformers import DynamicCache
 
-from ..core.draft import Draft, DraftRequest
+from ..core.draft import Draft, DraftCost, DraftRequest
 from ..core.kv import RaggedKV, positions
 from ..core.static_kv import DraftRows, StaticKV
 from ..core.timing import clock
@@ -33,6 +33,7 @@ class EagleDrafter(HeadDrafter):
     """
 
     name: ClassVar[str] = "eagle"
+    draft_cost: ClassVar[DraftCost] = DraftCost.PER_TOKEN  # a head forward per token (per tree level)
 
     def __init__(self, head: Any, config: HeadDrafterConfig, vocab_size: int, device: torch.device) -> None:
         super().__init__(head, config, vocab_size, device)

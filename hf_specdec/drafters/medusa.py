@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..core.draft import Draft, DraftRequest
+from ..core.draft import Draft, DraftCost, DraftRequest
 from .chain import chain
 from .head_drafter import HeadDrafter, HeadDrafterConfig
 from .registry import register_drafter
@@ -24,6 +24,8 @@ class MedusaDrafter(HeadDrafter):
     """
 
     name: ClassVar[str] = "medusa"
+    # Every head reads the same feature, in one pass: a draft (or a tree) of any length costs one.
+    draft_cost: ClassVar[DraftCost] = DraftCost.PER_BLOCK
 
     def __init__(self, head: Any, config: HeadDrafterConfig, vocab_size: int, device: torch.device) -> None:
         super().__init__(head, config, vocab_size, device)

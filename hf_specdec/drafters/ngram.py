@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from ..core.draft import Draft, DraftRequest
+from ..core.draft import Draft, DraftCost, DraftRequest
 from ..core.fields import check_fields
-from ..core.policy import PRIOR_ACCEPTANCE, beta_mean
+from ..core.policy.acceptance import PRIOR_ACCEPTANCE, beta_mean
 from .base import Drafter, options_to_config
 from .registry import register_drafter
 
@@ -276,6 +276,7 @@ class NgramDrafter(Drafter):
     name: ClassVar[str] = "ngram"
     supports_sampling: ClassVar[bool] = True
     supports_tree: ClassVar[bool] = True  # a trie of the continuations of several matches
+    draft_cost: ClassVar[DraftCost] = DraftCost.FREE  # a look-up in the text, whatever its length
 
     def __init__(self, config: NgramConfig) -> None:
         self.config = config

@@ -298,7 +298,8 @@ class _Fixed(_NoTrim):
 
 
 def test_a_policy_without_the_optional_methods_generates(target):
-    """A policy written before `pad_widths` existed (the four required methods only) still runs."""
+    """A policy object that does not subclass DraftLengthPolicy (the four required methods only)
+    runs with the base class's defaults for the others."""
     input_ids, attention_mask = random_batch(2, 2)
     kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=8, do_sample=False)
     out = target.generate(**kwargs, speculative=SpeculativeConfig(method="ngram", policy=_Fixed()))

@@ -195,9 +195,10 @@ def test_drafts_fed_with_holes_past_them_give_plain_greedy_output(target, batch)
 
 def test_a_static_cache_is_fed_no_holes_past_a_draft(target):
     """A static cache pads its widths itself (a compiled one, to a few fixed widths), and a mask
-    at batch 1 would be a new compiled graph at every width: the loop feeds it each draft without
-    the holes a policy widened it with. Fed with them, near its end the forward passed the cache's
-    room (the call stopped with its error), and holes kept after whole drafts cost compactions."""
+    at batch 1 would be a new compiled graph at every width: it declares that it feeds no holes
+    (`VerifyShape.feeds_holes`), the adaptive policy widens no draft there, and a policy that
+    widens one anyway is refused with what to do (fed with them, near its end the forward passed
+    the cache's room, and holes kept after whole drafts cost compactions)."""
     from hf_specdec.core.static_kv import StaticKV
 
     input_ids, attention_mask = random_batch(5, 1, min_len=6)
@@ -218,6 +219,52 @@ def test_a_static_cache_is_fed_no_holes_past_a_draft(target):
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(StaticKV, "forward_rows", recording)
-        spec = target.generate(**kwargs, speculative=SpeculativeConfig(method="ngram", policy=_Widens(3)))
+        spec = target.generate(
+            **kwargs, speculative=SpeculativeConfig(method="ngram", policy=_WidensWhereFed(3))
+        )
     assert torch.equal(spec, plain)
     assert masked and not any(masked)
+    with pytest.raises(ValueError, match=r"_Widens widened a draft .*feeds_holes is False.*no wider than"):
+        target.generate(**kwargs, speculative=SpeculativeConfig(method="ngram", policy=_Widens(3)))
+
+
+class _WidensWhereFed(_Widens):
+    """`_Widens` where the cache declares it feeds holes, as the adaptive policy does."""
+
+    def begin_call(self, shape, draft_cost, context) -> None:
+        self.feeds_holes = shape.feeds_holes
+
+    def trim(self, draft: Draft, batch_size: int, remaining: list[int] | None = None) -> Draft:
+        return super().trim(draft, batch_size, remaining) if self.feeds_holes else draft
+
+
+class _ToldShape(FixedDraftLength):
+    """A fixed draft length recording what the loop tells it: once a call, then each step's batch."""
+
+    def begin_call(self, shape, draft_cost, context) -> None:
+        self.told = (shape, draft_cost, context)
+        self.batches: list[int] = []
+
+    def draft_length(self, batch_size: int) -> int:
+        self.batches.append(batch_size)
+        return super().draft_length(batch_size)
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_the_policy_is_told_the_caches_verify_shape_and_the_drafters_cost(target, cache):
+    """Declared once a call, not probed: the cache's `VerifyShape` (a static cache feeds no holes and
+    keeps its batch), the drafter's `draft_cost` (n-gram: free) and the prompt's length; each step's
+    batch size is the rows the verify forward holds."""
+    from hf_specdec.core.draft import DraftCost
+    from hf_specdec.core.verify_shape import VerifyShape
+
+    input_ids, attention_mask = random_batch(5, 3, min_len=6)
+    policy = _ToldShape(3)
+    static = {"cache_implementation": "static"} if cache == "static" else {}
+    target.generate(
+        input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=12, do_sample=False,
+        speculative=SpeculativeConfig(method="ngram", policy=policy), **static,
+    )  # fmt: skip
+    shape = VerifyShape(feeds_holes=False, fixed_batch=True) if cache == "static" else VerifyShape()
+    assert policy.told == (shape, DraftCost.FREE, input_ids.shape[1])
+    assert policy.batches[0] == 3 and all(b in (1, 2, 3) for b in policy.batches)

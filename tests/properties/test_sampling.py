@@ -68,7 +68,7 @@ def test_speculative_samples_follow_target_distribution(models, case):
     auto = case.endswith("auto_length")
     # The adaptive policy decodes the first step plainly to measure it, and may judge that a draft
     # as large as this target cannot pay: here it must draft whatever the costs, and gets 2 more
-    # tokens to do so (the policy's own decisions are tested in test_policy.py).
+    # tokens to do so (the policy's own decisions are tested in tests/core/policy/).
     length = dict(policy=AdaptiveDraftLength(min_probe_gain=0.0)) if auto else dict(num_draft_tokens=2)
     if method == "draft_model":
         spec = dict(method="draft_model", draft=draft, **length)

@@ -197,8 +197,8 @@ def test_compile_config_compiles_one_graph_per_padded_width(good_draft, fresh_dy
     first = {w: padded.index(w) for w in set(padded)}
     assert all((seconds is None) == (i == first[padded[i]]) for i, (_, seconds) in enumerate(policy.told))
     # The policy was told the widths, and timed each forward at the width it was fed at.
-    assert policy.costs.padded_widths == COMPILED_WIDTHS
-    assert {width for _, width in policy.costs.verify_times} <= set(COMPILED_WIDTHS)
+    assert policy.costs.shape.widths == COMPILED_WIDTHS
+    assert {width for _, width in policy.costs.times} <= set(COMPILED_WIDTHS)
 
 
 def _draft_caches(monkeypatch) -> list:

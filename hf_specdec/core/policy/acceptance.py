@@ -1,0 +1,115 @@
+"""Acceptance estimates, each the mean of a Beta posterior from one prior: α per draft position
+and per bucket of a drafter's confidence (chains), β per node (trees)."""
+
+from __future__ import annotations
+
+import itertools
+
+MAX_DRAFT = 16
+PRIOR_ACCEPTANCE, PRIOR_WEIGHT = 0.6, 2.0  # the prior's mean, and what it weighs in drafts
+_BUCKETS = 10
+
+
+def beta_mean(
+    hits: float, trials: float, prior: float = PRIOR_ACCEPTANCE, weight: float = PRIOR_WEIGHT
+) -> float:
+    """The one estimate of an acceptance rate, here and in the drafters."""
+    return (hits + prior * weight) / (trials + weight)
+
+
+class AcceptanceEstimate:
+    """α_i per draft position (given the ones before held) and, per bucket of the drafter's
+    confidence, how often such tokens held: a draft's first token apart from its later ones, as one
+    n-gram score means "often wrong" for a first token and "rarely wrong" once a copy started."""
+
+    def __init__(
+        self,
+        max_k: int = MAX_DRAFT,
+        prior_acceptance: float = PRIOR_ACCEPTANCE,
+        prior_weight: float = PRIOR_WEIGHT,
+    ) -> None:
+        self.max_k, self.prior_acceptance, self.prior_weight = max_k, prior_acceptance, prior_weight
+        self.drafted, self.accepted = [0.0] * max_k, [0.0] * max_k  # per position
+        self.bucket_drafted, self.bucket_accepted = [0.0] * 2 * _BUCKETS, [0.0] * 2 * _BUCKETS  # `_bucket`
+
+    def alpha(self, position: int, prior: float | None = None) -> float:
+        """α at a 0-based position; `prior`: what it is before that position was seen."""
+        prior = self.prior_acceptance if prior is None else prior
+        return beta_mean(self.accepted[position], self.drafted[position], prior, self.prior_weight)
+
+    def alphas(self) -> list[float]:
+        return [self.alpha(i) for i in range(self.max_k)]
+
+    def calibrated(self, confidence: float, position: int = 0) -> float:
+        bucket = _bucket(confidence, position)
+        prior = (bucket % _BUCKETS + 0.5) / _BUCKETS
+        return beta_mean(self.bucket_accepted[bucket], self.bucket_drafted[bucket], prior, self.prior_weight)
+
+    def observe(
+        self, lengths: list[int], accepted: list[int], confidence: list[list[float]] | None = None
+    ) -> None:
+        """Row b drafted `lengths[b]` tokens (a tree: its depth) and had `accepted[b]` accepted."""
+        for b, (d, a) in enumerate(zip(lengths, accepted)):
+            tested = min(d, a + 1, self.max_k)  # position i is tested only if those before held
+            for i in range(tested):
+                self.drafted[i] += 1
+                self.accepted[i] += i < a
+                if confidence is not None:  # later tokens hold or fail together: one trial, not many
+                    weight, bucket = 1.0 if i == 0 else 1.0 / (tested - 1), _bucket(confidence[b][i], i)
+                    self.bucket_drafted[bucket] += weight
+                    self.bucket_accepted[bucket] += weight * (i < a)
+
+
+def _bucket(confidence: float, position: int) -> int:
+    return min(int(confidence * _BUCKETS), _BUCKETS - 1) + (_BUCKETS if position > 0 else 0)
+
+
+class TreeAcceptance:
+    """β_i: how often node i (best first) lies on the accepted path; a tree's first n nodes add
+    Σ_{i<n} β_i tokens (`gains`), and cost a forward a level where a drafter grows trees so
+    (`levels`). A node never drafted is guessed as likely as the one before it."""
+
+    def __init__(
+        self,
+        max_k: int = MAX_DRAFT,
+        prior_acceptance: float = PRIOR_ACCEPTANCE,
+        prior_weight: float = PRIOR_WEIGHT,
+    ) -> None:
+        self.max_k, self.prior_acceptance, self.prior_weight = max_k, prior_acceptance, prior_weight
+        self.drafted, self.on_path = [0.0] * max_k, [0.0] * max_k  # per node index
+        self.depth_sums = [0.0] * max_k  # per n - 1: summed depth of the first n nodes
+
+    @property
+    def observed(self) -> bool:
+        return self.drafted[0] > 0
+
+    def betas(self) -> list[float]:
+        prior = self.prior_acceptance
+        return [
+            prior := beta_mean(hits, n, prior, self.prior_weight)
+            for hits, n in zip(self.on_path, self.drafted)
+        ]
+
+    def gains(self) -> list[float]:
+        return list(itertools.accumulate(self.betas()))
+
+    def levels(self) -> list[float]:
+        """levels[n - 1]: the first n nodes' depth; a size never drafted as deep as the largest drafted."""
+        out, last = [], 1.0
+        for depth, trials in zip(self.depth_sums, self.drafted):
+            last = depth / trials if trials else last
+            out.append(last)
+        return out
+
+    def observe(
+        self, lengths: list[int], paths: list[list[int]], parents: list[list[int]] | None = None
+    ) -> None:
+        """Row b verified `lengths[b]` nodes (parents -1 at the root; None: a chain), accepted `paths[b]`."""
+        for b, (n, path) in enumerate(zip(lengths, paths)):
+            depth: list[int] = []
+            for i in range(min(n, self.max_k)):
+                parent = parents[b][i] if parents is not None else i - 1
+                depth.append(1 if parent < 0 else depth[parent] + 1)
+                self.drafted[i] += 1
+                self.depth_sums[i] += max(depth)
+                self.on_path[i] += i in path

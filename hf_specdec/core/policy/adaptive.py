@@ -1,0 +1,211 @@
+"""The adaptive policy: the acceptance estimates and the cost model put to the decision rule,
+before drafting (how long a draft to ask for) and after (where to cut each row's draft)."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..draft import Draft, DraftCost
+from ..verify_shape import VerifyShape
+from .acceptance import MAX_DRAFT, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, AcceptanceEstimate, TreeAcceptance
+from .costs import CostModel
+from .decision import PLAIN_MARGIN, drafting_seconds, expected_gains, fastest_width
+from .protocol import DraftLengthPolicy
+
+FREE_DRAFT = 0.05  # an ask costing under this share of a plain step is free: ask every step
+# One-token looks a call verifies at most where the prior says drafting cannot pay (only a draft
+# verified at a width measures it; on a compiled static cache a width's first forward is untimed).
+MAX_LOOKS = 2
+
+
+@dataclass(frozen=True)
+class AdaptiveSettings:
+    """`first_k`: the draft asked for before anything is measured, and by probes; the prior on
+    each α_i (`prior_acceptance`, worth `prior_weight` drafts); `probe_every` plain steps before a
+    probe; probes only while drafts always accepted would be `min_probe_gain` times faster than
+    plain; `max_k`: the longest draft; asks that cost something are held to what the last
+    `realized_window` gave."""
+
+    first_k: int = 4
+    prior_acceptance: float = PRIOR_ACCEPTANCE
+    prior_weight: float = PRIOR_WEIGHT
+    probe_every: int = 8
+    min_probe_gain: float = 1.1
+    max_k: int = MAX_DRAFT
+    realized_window: int = 16
+
+
+def _beats_plain(tokens: float, seconds: float, plain_seconds: float) -> bool:
+    return seconds * PLAIN_MARGIN < tokens * plain_seconds
+
+
+class AdaptiveDraftLength(DraftLengthPolicy):
+    """Cost-aware draft length (`AdaptiveSettings` or its fields as keywords; `device_costs`: an
+    earlier call's `costs` on the same model and device, to start from). What it learns lives in
+    `acceptance`, `trees`, `costs` and `realized`; one per call by default."""
+
+    def __init__(
+        self, settings: AdaptiveSettings | None = None, *, device_costs: CostModel | None = None, **kw: Any
+    ) -> None:
+        if settings is not None and kw:
+            raise TypeError("Pass either `settings` or its fields as keywords, not both.")
+        self.settings = s = settings if settings is not None else AdaptiveSettings(**kw)
+        self.acceptance = AcceptanceEstimate(s.max_k, s.prior_acceptance, s.prior_weight)
+        self.trees = TreeAcceptance(s.max_k, s.prior_acceptance, s.prior_weight)
+        self.costs = CostModel()
+        self.costs.carry(device_costs)
+        self.draft_cost = DraftCost.PER_TOKEN  # as the drafter declares it (`begin_call`)
+        self.drafting_trees = False  # the last draft verified was a tree
+        self.realized: list[tuple[float, float]] = []  # (tokens the critical row advanced, seconds) an ask
+        self._first_k, self._plain_run, self._backoff = min(s.first_k, s.max_k), 0, 1
+        self._asked, self._probing, self._looking, self._looks, self._critical = 0, False, False, 0, 0
+
+    def begin_call(self, shape: VerifyShape, draft_cost: DraftCost, context: int) -> None:
+        self.draft_cost = draft_cost
+        self.costs.begin(shape, context)
+
+    def keeps_batch_shape(self) -> bool:
+        return self.costs.new_shapes_are_dear()  # a batch of another size is a new shape at every width
+
+    def expect_draft_cost(self, seconds_per_token: float) -> None:
+        if self.costs.draft.value is None:
+            self.costs.draft.add(seconds_per_token)
+
+    def draft_length(self, batch_size: int) -> int:
+        self._probing = self._looking = False
+        self._asked = self._choose(batch_size)
+        return self._asked
+
+    def _choose(self, batch: int) -> int:
+        s, plain = self.settings, self.costs.verify(batch, 1)
+        if plain is None:
+            return 0  # time a plain step first
+        pays = self._perfect_gain(batch, self._drafting) >= s.min_probe_gain
+        if not self.costs.measured_wide():
+            return self._first_k if pays else 0  # a first look (`trim` keeps a token)
+        if not pays:  # a draft this slow never pays; verifies timed this dear, a few times, may be stalls
+            dear = self._perfect_gain(batch, lambda k: 0.0) < s.min_probe_gain
+            return self._look(probe=dear and not self.costs.settled(batch))
+        asked = self.costs.asks.value
+        if self.draft_cost is DraftCost.FREE if asked is None else asked < FREE_DRAFT * plain:
+            return s.max_k  # free: the draft's own confidences, read by `trim`, say more
+        k = s.max_k  # a look-up or a block costs one ask whatever its length: held to what asks gave
+        if self.draft_cost is DraftCost.PER_TOKEN:
+            feeding = self.costs.feeding(batch, widen=not self.drafting_trees)
+            gains = self.trees.gains() if self.drafting_trees else expected_gains(self.acceptance.alphas())
+            k, _ = fastest_width([gains], self._drafting, lambda w: feeding(w)[1])
+        realized = len(self.realized) < s.realized_window or _beats_plain(
+            *map(sum, zip(*self.realized)), plain
+        )
+        if k == 0 or not realized:  # what asks gave shows what no estimate sees (a batch's slowest row)
+            self._probing = self._probe_due()
+            return self._first_k if self._probing else 0
+        self._plain_run, self._backoff = 0, 1
+        return k
+
+    def _probe_due(self) -> bool:
+        """After `probe_every` plain steps probe, then wait twice as long after each probe (up to 64x)."""
+        self._plain_run += 1
+        if self._plain_run < self.settings.probe_every * self._backoff:
+            return False
+        self._plain_run, self._backoff = 0, min(self._backoff * 2, 64)
+        return True
+
+    def _look(self, probe: bool = False) -> int:
+        """One token to verify where the costs say no draft pays: before believing a prior, and
+        (`probe`) at probe times, lest a few stalled timings end drafting for the call."""
+        first = self._looks < MAX_LOOKS and not self.costs.verified_here()
+        self._looking = first or probe and self._probe_due()
+        return int(self._looking)
+
+    def _drafting(self, k: int) -> float:
+        per_ask = self.draft_cost is not DraftCost.PER_TOKEN and self.costs.asks.value is not None
+        seconds = (self.costs.asks if per_ask else self.costs.draft).value or 0.0
+        levels = self.trees.levels() if self.drafting_trees else None
+        return drafting_seconds(self.draft_cost, seconds, k, levels)
+
+    def _perfect_gain(self, batch: int, drafting: Callable[[int], float]) -> float:
+        """How much faster than plain decoding drafts always accepted would be."""
+        perfect = [list(range(1, self.settings.max_k + 1))]
+        return fastest_width(perfect, drafting, lambda w: self.costs.verify(batch, w))[1]
+
+    def trim(self, draft: Draft, batch_size: int, remaining: list[int] | None = None) -> Draft:
+        if self.costs.verify(batch_size, 1) is None or not any(draft.lengths):
+            return draft
+        if not self.costs.measured_wide() or self._looking:
+            return draft.truncated([min(n, 1) for n in draft.lengths])  # one token tells a width's cost
+        feeding = self.costs.feeding(batch_size, max(remaining or [0]) or None, widen=draft.parents is None)
+        k, _ = fastest_width(self._row_gains(draft), lambda k: 0.0, lambda w: feeding(w)[1], remaining)
+        if k == 0 and not self.costs.carried_at(batch_size) and self._look():
+            k = 1  # priced from what another batch size cost, no draft pays: one token tests it
+        if remaining:
+            self._critical = max(range(len(remaining)), key=remaining.__getitem__)
+        lengths = [min(n, k) for n in draft.lengths]
+        draft = draft.truncated(lengths) if lengths != draft.lengths else draft
+        fed = feeding(k + 1)[0] if k else 1  # a wider width paid for: holes past the draft
+        return draft.widened(fed - 1) if fed > k + 1 else draft
+
+    def _row_gains(self, draft: Draft) -> list[list[float]]:
+        """A tree's by what trees gained; a sampled draft's by position alone (cut by its own tokens
+        it would no longer follow the target's distribution); a greedy chain's by its tokens' odds."""
+        if draft.parents is not None and self.trees.observed:
+            return [self.trees.gains()[:n] for n in draft.lengths]
+        if draft.probs is not None or draft.confidence is None or draft.parents is not None:
+            return [expected_gains(self.acceptance.alphas())[:n] for n in draft.lengths]
+        rows = zip(draft.confidence.tolist(), draft.lengths)
+        return [expected_gains([self._token_odds(c, i) for i, c in enumerate(row[:n])]) for row, n in rows]
+
+    def _token_odds(self, confidence: float, position: int) -> float:
+        """Its confidence as calibrated; past the first token at least how often its position held
+        (a copy that held tends to go on), from the drafter's odds where no draft reached it yet."""
+        calibrated = self.acceptance.calibrated(confidence, position)
+        return max(calibrated, self.acceptance.alpha(position, prior=confidence)) if position else calibrated
+
+    def update(self, batch_size, draft, accepted, draft_seconds, verify_seconds, paths=None) -> None:
+        width = 1 + draft.tokens.shape[1]  # as fed: holes past the drafts cost what tokens do
+        if verify_seconds is not None:
+            self.costs.add_verify(batch_size, width, verify_seconds)
+        drafted = any(draft.lengths)
+        self._looks += self._looking and drafted
+        asking = max(draft_seconds - draft.catch_up_seconds, 0.0)  # a catch-up is no cost of asking
+        if self._asked:
+            self.costs.asks.add(asking)
+            self._realize(batch_size, accepted, asking, width)
+        if not drafted:
+            return
+        self.costs.draft.add(asking / max(draft.depths()))  # per forward: a tree's per level
+        self.drafting_trees = draft.parents is not None and paths is not None
+        if self.drafting_trees:
+            self.trees.observe(draft.lengths, paths, draft.parents.tolist())
+        else:
+            confidence = None if draft.confidence is None else draft.confidence.tolist()
+            self.acceptance.observe(draft.depths(), accepted, confidence)
+
+    def _realize(self, batch: int, accepted: list[int], draft_seconds: float, width: int) -> None:
+        """What the ask gave, its verify at the cost model's figure (a stall must not end drafting)."""
+        plain, verify = self.costs.verify(batch, 1), self.costs.verify(batch, width)
+        if not accepted or plain is None or verify is None:
+            return
+        tokens, seconds = 1 + accepted[min(self._critical, len(accepted) - 1)], draft_seconds + verify
+        fresh = self._probing and _beats_plain(tokens, seconds, plain)  # what held asks back may be gone
+        self.realized = [*([] if fresh else self.realized), (tokens, seconds)][
+            -self.settings.realized_window :
+        ]
+
+
+class DeviceCosts(weakref.WeakKeyDictionary):
+    """Per target model (held weakly), its device, dtype and the last `auto` call's costs, which
+    the next call's policy starts from; `hf_specdec.clear_cache()` forgets them."""
+
+    def policy(self, model: Any) -> AdaptiveDraftLength:
+        where, earlier = self.get(model, (None, None))
+        here = (model.device, model.dtype)
+        policy = AdaptiveDraftLength(device_costs=earlier if where == here else None)
+        self[model] = (here, policy.costs)  # filled in as the call goes
+        return policy
+
+
+DEVICE_COSTS = DeviceCosts()

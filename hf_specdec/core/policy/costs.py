@@ -1,0 +1,249 @@
+"""The cost model: what drafting and verifying cost, as this call times them over a prior carried
+from earlier calls on the same model and device, and what a width's first call costs once. It
+holds no figure about any device: a width never timed is read off those that were."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..verify_shape import VerifyShape, padded_width
+
+CARRIED_TIMINGS, CARRIED_MIN = 16, 3  # a carried width: the median of its last 16 timings, once 3
+# A timing this far from what the prior expects (a log ratio: 1.5x) is out of line: one is a stall,
+# REGIME_TIMINGS in a row on one side a regime change (another job on the device, a grown batch).
+OUT_OF_LINE, REGIME_TIMINGS = math.log(1.5), 3
+Curve = dict[int, float]  # width -> verify seconds over a plain step's
+
+
+@dataclass
+class _Recent:
+    """The median of the last `keep` timings, or the smaller of the first two: a stall only adds."""
+
+    samples: list[float] = field(default_factory=list)
+    keep: int = 5
+    value: float | None = None
+
+    def add(self, x: float) -> None:
+        self.samples = [*self.samples[-(self.keep - 1) :], x]
+        self.value = min(self.samples) if len(self.samples) <= 2 else statistics.median(self.samples)
+
+    @property
+    def confirmed(self) -> bool:
+        return len(self.samples) > 1
+
+
+def context_bucket(tokens: int) -> int:
+    """Contexts within one power of four (from 512 tokens) share a carried curve."""
+    return max(0, (tokens.bit_length() - 8) // 2)
+
+
+def _from_widths(known: Curve, width: int) -> float | None:
+    """Cost at `width` along the power law through the two nearest widths of `known` (a chord
+    guesses low where cost bends down, as a CPU's small matrix products do), or beyond the widest
+    through it and the plain step, the exponent from 0 (flat) to 1 (in proportion to tokens fed)."""
+    if width in known or 1 not in known:
+        return known.get(width)
+    below, above = [w for w in known if w < width], [w for w in known if w > width]
+    if above:
+        lo, hi = max(below), min(above)
+        if known[lo] <= 0 or known[hi] <= 0:
+            return known[lo] + (known[hi] - known[lo]) * (width - lo) / (hi - lo)
+        return known[lo] * (width / lo) ** (math.log(known[hi] / known[lo]) / math.log(hi / lo))
+    edge = max(below)
+    plain, widest = known[1], known[edge]
+    if edge == 1 or plain <= 0 or widest <= plain:
+        return widest
+    return widest * (width / edge) ** min(math.log(widest / plain) / math.log(edge), 1.0)
+
+
+@dataclass
+class CostModel:
+    """Seconds per draft forward and per ask, and verify seconds per (batch size, width fed).
+
+    The prior (`carry`): each width's ratio to a plain step in earlier calls, keyed by padding,
+    context bucket and batch size, priced at this call's plain step until the call times the width.
+    A timing out of line with it sets it aside; REGIME_TIMINGS in a row end it for the call. A width
+    timed once far above the others' curve (twice it, or its tokens in plain steps) is a stall."""
+
+    draft: _Recent = field(default_factory=_Recent)  # seconds per draft forward (a token, a tree level)
+    asks: _Recent = field(default_factory=_Recent)  # seconds per ask for a draft, whatever came back
+    times: dict[tuple[int, int], _Recent] = field(default_factory=dict)  # (batch, width fed) -> seconds
+    # What a width's first call in a call cost above its second, where over twice it (else 0), at
+    # shapes new to the process (False) and at shapes earlier calls verified (True: paid every call).
+    one_offs: dict[bool, _Recent] = field(
+        default_factory=lambda: {False: _Recent(keep=8), True: _Recent(keep=8)}
+    )
+    prior: dict[tuple[tuple[int, ...], int, int], dict[int, _Recent]] = field(default_factory=dict)
+    shape: VerifyShape = field(default_factory=VerifyShape)
+    bucket: int = 0  # `context_bucket` of the call's prompt
+    trusts_prior: bool = True
+    suspect: bool = False  # the last timing judged was out of line with the prior: set it aside
+    streak: list[float] = field(default_factory=list)  # log ratios out of line with the prior, in a row
+    _cache: dict[tuple[int, int], float | None] = field(default_factory=dict, repr=False)
+
+    def begin(self, shape: VerifyShape, context: int) -> None:
+        self.shape, self.bucket = shape, context_bucket(context)
+        self._cache.clear()
+
+    def add_verify(self, batch: int, width: int, seconds: float) -> None:
+        width = self.shape.padded(width)
+        timings = self.times.get((batch, width), _Recent())
+        if width > 1:
+            self._judge(batch, width, seconds, timings)
+        if len(timings.samples) == 1 and width > 1:
+            first, seen = timings.samples[0], (batch, width) in self._verified_before()
+            self.one_offs[seen].add(first - seconds if first > 2 * seconds else 0.0)
+        self.times[batch, width] = timings
+        timings.add(seconds)
+        self._cache.clear()
+
+    def _judge(self, batch: int, width: int, seconds: float, timings: _Recent) -> None:
+        """Count the timings in a row out of line with the prior (one-offs expected) on one side."""
+        prior, plain, dear = self._carried(batch, exact=False), self._plain(batch), self.new_shapes_are_dear()
+        if not self.trusts_prior or not prior or not plain or seconds <= 0:
+            return
+        expected = plain * _from_widths({1: 1.0} | prior, width) + self.first_call_seconds(batch, width)
+        seen, error = (batch, width) in self._verified_before(), math.log(seconds / expected)
+        known = self.one_offs[seen].confirmed or not dear and any(r.confirmed for r in self.one_offs.values())
+        if dear and not self.times.get((batch, 1), _Recent()).confirmed:
+            return  # the plain step it is held to may have paid a one-off
+        if error > 0 and not timings.samples and not known:
+            return  # a first call dear: a one-off, or the curve? Nothing, until one-offs are known
+        self.suspect = abs(error) >= OUT_OF_LINE
+        same_side = self.streak and (error > 0) == (self.streak[-1] > 0)
+        self.streak = [] if not self.suspect else [*self.streak, error] if same_side else [error]
+        if len(self.streak) >= REGIME_TIMINGS:
+            self.trusts_prior, self.streak, self.suspect = False, [], False
+
+    def verify(self, batch: int, width: int) -> float | None:
+        """Predicted seconds; None until a plain step was timed (at `batch`, or the nearest timed)."""
+        key = (batch, self.shape.padded(width))
+        if key not in self._cache:
+            self._cache[key] = self._predict(*key)
+        return self._cache[key]
+
+    def _predict(self, batch: int, width: int) -> float | None:
+        plain = self._plain(batch)
+        if plain is None:
+            return None
+        steady, once = self._curve(batch, plain)
+        if width not in once:
+            return plain * (_from_widths(steady | once, width) or 1.0)
+        guess = _from_widths(steady, width) or 1.0
+        return plain * (guess if once[width] > (2 * guess if len(steady) > 1 else width) else once[width])
+
+    def _plain(self, batch: int) -> float | None:
+        """No more than the narrowest wider width timed: plain steps are not timed while drafting
+        goes on, and ones timed in a stall made drafts that never held look cheap."""
+        at = min({b for b, _ in self.times}, key=lambda b: abs(b - batch), default=None)
+        if (at, 1) not in self.times:
+            return None
+        plain, wider = self.times[at, 1].value, [w for b, w in self.times if b == at and w > 1]
+        return min(plain, self.times[at, min(wider)].value) if wider else plain
+
+    def _curve(self, batch: int, plain: float) -> tuple[Curve, Curve]:
+        """(steady, timed once) ratios: this call's over the prior's while in use; where this batch
+        size verified nothing, the nearest one's that did, else the prior's at the nearest."""
+        in_use = self.trusts_prior and not self.suspect
+        own = {w: t for (b, w), t in self.times.items() if b == batch and w > 1}
+        steady = {1: 1.0} | (self._carried(batch, exact=True) if in_use else {})
+        steady |= {w: t.value / plain for w, t in own.items() if t.confirmed}
+        once = {w: t.value / plain for w, t in own.items() if not t.confirmed}
+        if len(steady) > 1 or once:
+            return steady, once
+        others = [b for b, w in self.times if w > 1 and (b, 1) in self.times]
+        if not others:
+            return {1: 1.0} | (self._carried(batch, exact=False) if in_use else {}), {}
+        nearest = min(others, key=lambda b: abs(b - batch))
+        steady, once = self._curve(nearest, self._plain(nearest))
+        return steady | once, {}
+
+    def _carried(self, batch: int, exact: bool) -> Curve:
+        """The prior at this padding and `batch` (or the nearest batch size): each width as carried
+        in this context bucket, else in the nearest bucket that carried it."""
+        usable = lambda key: any(len(r.samples) >= CARRIED_MIN for r in self.prior[key].values())  # noqa: E731
+        keys = [
+            k for k in self.prior if k[0] == self.shape.widths and (k[2] == batch or not exact) and usable(k)
+        ]
+        at = min((k[2] for k in keys), key=lambda b: abs(b - batch), default=None)
+        curve: Curve = {}
+        for key in sorted((k for k in keys if k[2] == at), key=lambda k: -abs(k[1] - self.bucket)):
+            curve |= {w: r.value for w, r in self.prior[key].items() if len(r.samples) >= CARRIED_MIN}
+        return curve
+
+    def carried_at(self, batch: int) -> bool:
+        """Whether earlier calls verified drafts at this batch size (else the prior is another's)."""
+        return bool(self._carried(batch, exact=True))
+
+    def _verified_before(self) -> set[tuple[int, int]]:
+        return {
+            (b, w) for (pads, _, b), curve in self.prior.items() if pads == self.shape.widths for w in curve
+        }
+
+    def first_call_seconds(self, batch: int, width: int) -> float:
+        """The one-off a width not yet verified in this call is expected to cost, once learnt."""
+        key = (batch, self.shape.padded(width))
+        excess = self.one_offs[key in self._verified_before()]
+        return (excess.value or 0.0) if key not in self.times and excess.confirmed else 0.0
+
+    def feeding(
+        self, batch: int, tokens_left: int | None = None, widen: bool = True, uses: int = 8
+    ) -> Callable[[int], tuple[int, float | None]]:
+        """Per width, the width to feed it at and its cost: `verify`, plus its one-off spread over the
+        steps it can serve (`uses`, fewer with few `tokens_left`), or where the cache feeds holes past
+        a draft the next wider width already paid for, if cheaper. As it is until one-offs were timed."""
+        if not any(r.confirmed for r in self.one_offs.values()):
+            return lambda width: (width, self.verify(batch, width))
+        paid = {w for b, w in self.times if b == batch}
+        if not (self.one_offs[True].confirmed and self.one_offs[True].value):  # paid once a process
+            paid |= {w for b, w in self._verified_before() if b == batch}
+        widths, widen = tuple(sorted(paid)), widen and self.shape.feeds_holes
+
+        def feed(width: int) -> tuple[int, float | None]:
+            seconds = self.verify(batch, width)
+            if seconds is None:
+                return width, None
+            serves = uses if tokens_left is None else max(1, min(uses, tokens_left // width))
+            seconds += self.first_call_seconds(batch, width) / serves
+            wider = padded_width(widths, width) if widen else width
+            if wider > width and (fed := self.verify(batch, wider)) is not None and fed < seconds:
+                return wider, fed
+            return width, seconds
+
+        return feed
+
+    def measured_wide(self) -> bool:
+        """Whether a wide verify was timed here, or enough of them by earlier calls at this padding."""
+        return self.verified_here() or bool(self._carried(1, exact=False))
+
+    def settled(self, batch: int) -> bool:
+        """Whether a wide width was timed a full window here: no stall then sets its figure."""
+        return any(len(t.samples) >= t.keep for (b, w), t in self.times.items() if b == batch and w > 1)
+
+    def verified_here(self) -> bool:
+        return any(w > 1 for _, w in self.times)
+
+    def new_shapes_are_dear(self) -> bool:
+        return any(r.confirmed and r.value for r in self.one_offs.values())
+
+    def carry(self, earlier: CostModel | None) -> None:
+        """Start from `earlier` (the last call's costs, holding what it carried): its timings as ratios
+        to its plain step, and its one-offs; where it found its prior wrong, its own replace it."""
+        if earlier is None:
+            return
+        pads, copy = earlier.shape.widths, lambda r: dataclasses.replace(r, samples=list(r.samples))
+        kept = {key: curve for key, curve in earlier.prior.items() if earlier.trusts_prior or key[0] != pads}
+        self.prior = {key: {w: copy(r) for w, r in curve.items()} for key, curve in kept.items()}
+        first = int(earlier.new_shapes_are_dear())  # a width's first call then paid a one-off: not carried
+        for (batch, width), timings in earlier.times.items():
+            if width > 1 and (plain := earlier.verify(batch, 1)) and timings.samples[first:]:
+                curve = self.prior.setdefault((pads, earlier.bucket, batch), {})
+                ratios = curve.setdefault(width, _Recent(keep=CARRIED_TIMINGS))
+                for seconds in timings.samples[first:]:  # each as timed: a median of minima would guess low
+                    ratios.add(seconds / plain)
+        self.one_offs = {seen: copy(r) for seen, r in earlier.one_offs.items()}
+        self._cache.clear()
