@@ -4,7 +4,8 @@ the machine's, and a report says so."""
 from __future__ import annotations
 
 import os
-import time
+
+from hf_specdec.core import timing
 
 
 def load_average() -> list[float] | None:
@@ -43,7 +44,8 @@ class OtherProcesses:
             return None
         idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle and iowait
         own = os.times()
-        return time.monotonic(), (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK"), own.user + own.system
+        # The wall time of the CPU counters, not of a device's queued work: a CPU clock read.
+        return timing.clock("cpu"), (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK"), own.user + own.system
 
 
 def busy_note(share: float | None) -> str | None:
