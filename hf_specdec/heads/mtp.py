@@ -11,9 +11,12 @@ positions of depth k `k + 1` ahead of the target's (`MtpCache`); so do we.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import logging
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -125,12 +128,15 @@ def load_mtp_layers(target: Any) -> nn.Module:
             "quantized without their MTP layers have none: use another method (speculative=True chooses one)."
         )
     device = next(target.get_decoder().layers[-1].parameters()).device
+    report = _LoadReport()
     try:
-        mtp = MtpModel.from_pretrained(target, device_map={"": device})
+        with report.listening():
+            mtp = MtpModel.from_pretrained(target, device_map={"": device})
     except (RuntimeError, ValueError, KeyError) as err:
         raise ValueError(
             f"The MTP weights in {folder} ({len(keys)} keys matching {pattern!r}, e.g. {keys[0]}) do not "
-            f"load as {kind}'s MTP layers: {err}"
+            f"load as {kind}'s MTP layers: {err}{report.problems()}. The checkpoint's MTP layers do not "
+            "match its config: use another method (speculative=True chooses one)."
         ) from None
     layer_types = set(getattr(mtp.config, "layer_types", None) or ["full_attention"])
     if layer_types != {"full_attention"}:
@@ -139,6 +145,31 @@ def load_mtp_layers(target: Any) -> nn.Module:
             "full attention only (their cache is rolled back after a rejected draft)."
         )
     return mtp.eval()
+
+
+class _LoadReport(logging.Handler):
+    """The load report transformers logs as `MtpModel.from_pretrained` reads the weights: its rows
+    name the keys whose shapes did not match, which the error it then raises does not."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines += record.getMessage().splitlines()
+
+    @contextlib.contextmanager
+    def listening(self) -> Iterator[None]:
+        logger = logging.getLogger("transformers.modeling_layers")
+        logger.addHandler(self)
+        try:
+            yield
+        finally:
+            logger.removeHandler(self)
+
+    def problems(self) -> str:
+        rows = [" ".join(line.split()) for line in self.lines if "MISMATCH" in line or "MISSING" in line]
+        return "" if not rows else " (" + "; ".join(rows[:6]) + ")"
 
 
 @functools.cache
