@@ -31,6 +31,8 @@ class SpeculativeStats:
     """
 
     method: str = ""
+    # With method="auto": why this drafter was chosen (the selection's reason); "" for a named method.
+    selection: str = ""
     target_forwards: int = 0
     steps: int = 0
     speculative_steps: int = 0
@@ -136,11 +138,13 @@ class SpeculativeStats:
             for i, count in enumerate(theirs):
                 mine[i] += count
         self.method = self.method or other.method
+        self.selection = self.selection or other.selection
 
     def to_dict(self) -> dict:
         """Counters and derived figures, for JSON reports."""
         return {
             "method": self.method,
+            "selection": self.selection,
             **{name: getattr(self, name) for name in _SUMMED},
             "acceptance_rate": self.acceptance_rate,
             "mean_accepted_length": self.mean_accepted_length,

@@ -15,6 +15,7 @@ state: a deeper depth's context holds the chain's own drafts, which differ from 
 
 from __future__ import annotations
 
+import os
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -29,7 +30,7 @@ from ..core.draft import Draft, DraftCost, DraftRequest
 from ..core.fields import check_fields
 from ..core.kv import RaggedKV, positions
 from ..core.timing import clock
-from ..heads.mtp import MtpDepth, load_mtp_layers
+from ..heads.mtp import MtpDepth, load_mtp_layers, own_mtp_weights
 from .base import Drafter, elapsed, options_to_config
 from .chain import chain, real_tokens, right_aligned
 from .registry import register_drafter
@@ -47,6 +48,29 @@ _LOADED: weakref.WeakKeyDictionary[Any, nn.Module] = weakref.WeakKeyDictionary()
 
 def clear_loaded() -> None:
     _LOADED.clear()
+
+
+def own_layers(target: Any) -> str | None:
+    """Why `target` (a loaded model, a model folder, or a Hub repo id in the local Hub cache) drafts
+    with its own MTP layers, in a sentence; None where its checkpoint here holds none transformers
+    loads. Nothing is downloaded."""
+    found = own_mtp_weights(target)
+    if found is None:
+        return None
+    folder, keys, _ = found
+    under = os.path.commonprefix(keys).rpartition(".")[0] or keys[0]
+    return (
+        f"its checkpoint ({folder}) carries its own multi-token-prediction layers ({len(keys)} weights "
+        f"under {under}), which draft for it: nothing to download"
+    )
+
+
+def layers_for(target: Any) -> nn.Module:
+    """`target`'s MTP layers, read out of its checkpoint once per model (`load_mtp_layers`)."""
+    mtp = _LOADED.get(target)
+    if mtp is None:
+        mtp = _LOADED[target] = load_mtp_layers(target)
+    return mtp
 
 
 @dataclass
@@ -96,9 +120,7 @@ class MtpDrafter(Drafter):
         """The layers are read out of the target's checkpoint, or `draft=` gives them loaded already
         (transformers' `MtpModel.from_pretrained(target)`, or one built for the target)."""
         if config.draft is None:
-            mtp = _LOADED.get(target)
-            if mtp is None:
-                mtp = _LOADED[target] = load_mtp_layers(target)
+            mtp = layers_for(target)
         elif isinstance(config.draft, MtpModel):
             mtp = config.draft
         else:

@@ -18,6 +18,7 @@ import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -78,6 +79,53 @@ def _checkpoint_keys(folder: Path) -> list[str]:
         with safe_open(str(path), framework="pt") as f:
             keys += list(f.keys())
     return keys
+
+
+def own_mtp_weights(target: Any) -> tuple[Path, list[str], str] | None:
+    """Where `target` (a loaded model, a model folder, or a Hub repo id whose snapshot is in the local
+    Hub cache) keeps MTP weights transformers loads: (its folder, the keys, the pattern looked for);
+    None when it has none, or its checkpoint is not here. Reads configs and safetensors headers
+    only, downloads nothing, runs no code (a config that needs remote code counts as none)."""
+    if hasattr(target, "config"):
+        folder = checkpoint_folder(target)
+        model = target
+    else:
+        folder = Path(str(target)) if Path(str(target)).is_dir() else _cached(str(target))
+        model = _stand_in(folder) if folder is not None else None
+    if folder is None or model is None or mtp_layer_count(model) == 0:
+        return None
+    try:
+        keys, pattern = mtp_weight_keys(model, folder)
+    except (ValueError, TypeError, OSError):  # no MTP pattern registered, unreadable files
+        return None
+    return (folder, keys, pattern) if keys else None
+
+
+def _cached(repo_id: str) -> Path | None:
+    try:
+        return local_snapshot(repo_id, None)
+    except ValueError:
+        return None
+
+
+def _stand_in(folder: Path) -> Any | None:
+    """What `MtpModel.get_mtp_weights_regex` reads of a model (its config, and its class's MTP key
+    patterns), from a folder's config.json without building the model."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    if not (folder / "config.json").is_file():
+        return None
+    try:
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
+        cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except (ValueError, KeyError, OSError):
+        return None
+    return SimpleNamespace(
+        config=config,
+        _keys_to_ignore_on_load_unexpected=cls._keys_to_ignore_on_load_unexpected or [],
+        _keys_shared_with_mtp=getattr(cls, "_keys_shared_with_mtp", None) or [],
+    )
 
 
 def unloadable_mtp_keys(folder: Path, target: Any) -> list[str]:
