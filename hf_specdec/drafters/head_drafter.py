@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from ..core.devices import execution_device
-from ..core.fields import check_fields
 from ..heads.checkpoint import load_head
 from ..heads.layers import is_whole_vocab
 from .base import Drafter, options_to_config
+from .tree import ChainTreeConfig
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class HeadDrafterConfig:
+class HeadDrafterConfig(ChainTreeConfig):
     """Settings of the `eagle` and `medusa` drafters.
 
     Args:
@@ -36,12 +36,7 @@ class HeadDrafterConfig:
             step on the target's features, with nothing per token to compile.
     """
 
-    min_confidence: float = 0.0
-    tree_top_k: int = 4
     compile_with_target: bool = True
-
-    def __post_init__(self) -> None:
-        check_fields(self, ranges={"min_confidence": (0, 1), "tree_top_k": (1, None)})
 
 
 class HeadDrafter(Drafter):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import weakref
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -27,14 +26,13 @@ from transformers.modeling_layers import MtpModel
 
 from ..core.devices import execution_device
 from ..core.draft import Draft, DraftCost, DraftRequest
-from ..core.fields import check_fields
 from ..core.kv import RaggedKV, positions
 from ..core.timing import clock
 from ..heads.mtp import MtpDepth, load_mtp_layers, own_mtp_weights
 from .base import Drafter, elapsed, options_to_config
 from .chain import chain, real_tokens, right_aligned
 from .registry import register_drafter
-from .tree import Level, grow_tree
+from .tree import ChainTreeConfig, Level, grow_tree
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -73,24 +71,6 @@ def layers_for(target: Any) -> nn.Module:
     return mtp
 
 
-@dataclass
-class MtpDrafterConfig:
-    """Settings of the `mtp` drafter.
-
-    Args:
-        min_confidence: stop a greedy draft once the layers' probability of its next token falls
-            below this; 0 leaves the cut to the draft-length policy.
-        tree_top_k: with `SpeculativeConfig(tree=...)`: the children drafted per expanded node and the
-            nodes expanded per level (EAGLE-2's top-k).
-    """
-
-    min_confidence: float = 0.0
-    tree_top_k: int = 4
-
-    def __post_init__(self) -> None:
-        check_fields(self, ranges={"min_confidence": (0, 1), "tree_top_k": (1, None)})
-
-
 @register_drafter
 class MtpDrafter(Drafter):
     """Drafts with the target's own MTP layers."""
@@ -102,7 +82,7 @@ class MtpDrafter(Drafter):
     hidden_state_layers: tuple[int, ...] = (-1,)  # the target's last, post-norm hidden state
 
     def __init__(
-        self, depths: list[nn.Module], config: MtpDrafterConfig, vocab_size: int, device: torch.device
+        self, depths: list[nn.Module], config: ChainTreeConfig, vocab_size: int, device: torch.device
     ) -> None:
         self.depths = depths
         self.config = config
@@ -130,7 +110,7 @@ class MtpDrafter(Drafter):
                 "A separate draft model is method='draft_model'."
             )
         depths = [MtpDepth(mtp, k) for k in range(len(mtp.layers))]
-        options = options_to_config(MtpDrafterConfig, config.options)
+        options = options_to_config(ChainTreeConfig, config.options)
         return cls(depths, options, target.config.get_text_config().vocab_size, execution_device(target))
 
     @torch.no_grad()

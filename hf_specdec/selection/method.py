@@ -6,15 +6,19 @@ import dataclasses
 from typing import Any
 
 from ..config import SpeculativeConfig
+from ..drafters.draft_model import is_assistant
 from ..ort.layout import is_onnx_folder
 from .select import speculative_draft
 
 
 def resolve_method(config: SpeculativeConfig, model: Any) -> tuple[SpeculativeConfig, str]:
-    """Turn `method="auto"` into a concrete drafter, and a draft folder that only ONNX Runtime can
-    load into `method="onnx"`, without touching the user's config object; with why that drafter
-    ("" for a method the user named)."""
+    """Turn `method="auto"` into a concrete drafter, a draft folder that only ONNX Runtime can load
+    into `method="onnx"`, and an official assistant (a loaded one, or its folder) into
+    `method="assistant"`, without touching the user's config object; with why that drafter ("" for
+    a method the user named)."""
     reason = ""
+    if config.method in ("auto", "draft_model") and is_assistant(config.draft):
+        return dataclasses.replace(config, method="assistant"), "the official assistant given as draft="
     if config.method == "auto":
         config, reason = _choose_method(config, model)
     if config.method == "draft_model" and is_onnx_folder(config.draft):  # an export, no PyTorch weights
@@ -30,7 +34,8 @@ def _choose_method(config: SpeculativeConfig, model: Any) -> tuple[SpeculativeCo
     if draft is None:
         return dataclasses.replace(config, method=choice.method), choice.reason
     # The selection compared the tokenizers already (or the registry pair was reviewed).
-    options = {**config.options, "tokenizer_verified": True}
+    verified = {"tokenizer_verified": True} if choice.method == "draft_model" else {}
+    options = {**config.options, **verified}
     resolved = dataclasses.replace(
         config, method=choice.method, draft=draft, draft_tokenizer=draft_tokenizer, options=options
     )

@@ -3,7 +3,8 @@
 `select_draft(target)` answers from, in order:
 
 0. the target's own draft heads: multi-token-prediction layers in its checkpoint (`method="mtp"`),
-   when the checkpoint is here (a loaded model's folder, a local folder, or the Hub cache);
+   when the checkpoint is here (a loaded model's folder, a local folder, or the Hub cache), then
+   the official assistant the reviewed registry lists for it (`method="assistant"`);
 1. the reviewed registry `configs/draft_pairs.toml` (works offline);
 2. an earlier decision cached under `cache_dir() / "selections"` (works offline);
 3. a search of the Hub (see `hf_specdec.selection.search`), whose decision is then cached.
@@ -97,7 +98,7 @@ def select_draft(
         return DraftChoice("mtp", None, f"{name}: {own}.", target=repo_id, source="checkpoint")
     if repo_id is None:
         return DraftChoice(DRAFT_FREE_METHOD, None, note, source="local")
-    choice = registry_lookup(repo_id)
+    choice = assistant_lookup(repo_id) or registry_lookup(repo_id)
     if choice is None:
         choice = _cached_or_searched(
             repo_id, token=token, revision=revision, trust_remote_code=trust_remote_code
@@ -297,6 +298,20 @@ def known_heads(repo_id: str, method: str | None = None) -> list[dict[str, str]]
     return found
 
 
+def assistant_lookup(repo_id: str) -> DraftChoice | None:
+    """The official assistant the registry lists for `repo_id` (`[[assistant]]`), or None."""
+    for entry in _registry_data().get("assistant", []):
+        if repo_id.lower() in (t.lower() for t in entry["targets"]):
+            assistant = entry["assistant"]
+            reason = (
+                f"{assistant} is {repo_id}'s official assistant ({entry['source']}): it drafts from the "
+                "target's own hidden state and KV cache."
+            )
+            check = "the target's own assistant per the reviewed registry"
+            return DraftChoice("assistant", assistant, reason, target=repo_id, tokenizer_check=check)
+    return None
+
+
 def registry_lookup(repo_id: str) -> DraftChoice | None:
     """The registry's answer for `repo_id`, or None when the registry does not list it."""
     entry = _registry().get(repo_id.lower())
@@ -412,6 +427,7 @@ __all__ = [
     "known_heads",
     "load_draft",
     "locate_draft",
+    "assistant_lookup",
     "registry_lookup",
     "registry_path",
     "select_draft",

@@ -16,6 +16,7 @@ from hf_specdec import SpeculativeConfig
 
 from ..conftest import assert_greedy_match
 from ..helpers import mtp
+from ..helpers.forwards import assert_drafts_as_theirs
 from ..helpers.sampling import (
     ALPHA,
     SETTINGS,
@@ -66,24 +67,11 @@ def test_as_many_tokens_per_target_forward_as_transformers_use_mtp(depths, monke
     layers, so that both take the same target forwards (counted), with the same output."""
     target, layers = target_and_layers(depths)
     monkeypatch.setattr(MtpModel, "from_pretrained", classmethod(lambda cls, model, **kw: layers))
-    forwards = []
-    target.register_forward_hook(lambda *_: forwards.append(1))
-    inputs = mtp.prompts(1)
-    counted = {}
-    with torch.no_grad():
-        for name, extra in {
-            "plain": {},
-            "theirs": dict(use_mtp=True),
-            "ours": dict(speculative=dict(method="mtp", draft=layers, num_draft_tokens=depths)),
-        }.items():
-            forwards.clear()
-            counted[name] = (
-                target.generate(**inputs, max_new_tokens=30, do_sample=False, **extra),
-                len(forwards),
-            )
-    assert torch.equal(counted["theirs"][0], counted["plain"][0])
-    assert torch.equal(counted["ours"][0], counted["plain"][0])
-    assert counted["ours"][1] == counted["theirs"][1] < counted["plain"][1]
+    theirs, ours = (
+        dict(use_mtp=True),
+        dict(speculative=dict(method="mtp", draft=layers, num_draft_tokens=depths)),
+    )
+    assert_drafts_as_theirs(target, mtp.prompts(1), theirs, ours, max_new_tokens=30)
 
 
 def test_sampling_is_exact():

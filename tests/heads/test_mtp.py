@@ -16,6 +16,7 @@ from hf_specdec.heads.mtp import checkpoint_folder, load_mtp_layers, mtp_archite
 
 from ..conftest import assert_greedy_match, tiny_llama
 from ..helpers import mtp
+from ..helpers.forwards import assert_drafts_as_theirs
 
 AGREE = 0.002  # 46-61 layers of attention each bend the bigram a little (tests/helpers/mtp.py)
 
@@ -35,29 +36,15 @@ def test_the_published_layout_drafts_as_transformers_does(layout):
     draft token a step, as it drafts); a left-padded batch of 2, identical to plain."""
     name, folder = layout
     target = load(name, folder)
-    forwards = []
-    target.register_forward_hook(lambda *_: forwards.append(1))
-    inputs = mtp.prompts(1)
-    with torch.no_grad():
-        plain = target.generate(**inputs, max_new_tokens=10, do_sample=False)
-        forwards.clear()
-        theirs = target.generate(**inputs, max_new_tokens=10, do_sample=False, use_mtp=True)
-        theirs_forwards = len(forwards)
-        forwards.clear()
-        ours = target.generate(
-            **inputs, max_new_tokens=10, do_sample=False, speculative=dict(method="mtp", num_draft_tokens=1)
-        )
-        assert torch.equal(theirs, plain) and torch.equal(ours, plain)
-        assert len(forwards) == theirs_forwards < 10
+    ours = dict(speculative=dict(method="mtp", num_draft_tokens=1))
+    assert_drafts_as_theirs(target, mtp.prompts(1), dict(use_mtp=True), ours, max_new_tokens=10)
 
-        batch = mtp.prompts(2)
+    batch = mtp.prompts(2)
+    with torch.no_grad():
         plain = target.generate(**batch, max_new_tokens=10, do_sample=False)
+        spec = dict(method="mtp", num_draft_tokens=3)
         out = target.generate(
-            **batch,
-            max_new_tokens=10,
-            do_sample=False,
-            speculative=dict(method="mtp", num_draft_tokens=3),
-            return_dict_in_generate=True,
+            **batch, max_new_tokens=10, do_sample=False, speculative=spec, return_dict_in_generate=True
         )
     assert_greedy_match(target, plain, out.sequences, batch["attention_mask"])
     assert out.speculative_stats.accepted > 0

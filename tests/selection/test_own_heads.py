@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from hf_specdec import clear_cache
 from hf_specdec.selection.select import select_draft
 
-from ..helpers import mtp
+from ..helpers import assistant, mtp
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +68,65 @@ def test_select_command_names_the_own_layers(folder, capsys):
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert "method:    mtp" in out and "source:    checkpoint" in out
+
+
+# --- official assistants ------------------------------------------------------------------------
+
+ASSISTANT_TARGET = "google/gemma-4-E2B-it"
+
+
+def test_the_registry_names_the_official_assistants():
+    from hf_specdec.selection.select import assistant_lookup
+
+    chosen = select_draft(ASSISTANT_TARGET)
+    assert (chosen.method, chosen.draft, chosen.source) == (
+        "assistant",
+        "google/gemma-4-E2B-it-assistant",
+        "registry",
+    )
+    for size in ("E4B", "26B-A4B", "31B"):
+        assert assistant_lookup(f"google/gemma-4-{size}-it").draft == f"google/gemma-4-{size}-it-assistant"
+    assert assistant_lookup("google/gemma-3-4b-it") is None  # Gemma 3 keeps its draft model
+
+
+@pytest.fixture
+def hub_with_assistant(tmp_path, monkeypatch):
+    """A local Hub serving a tiny assistant as the one the registry names for ASSISTANT_TARGET."""
+    from hf_specdec.selection.select import assistant_lookup
+
+    try:  # `python -m pytest` from the repo root, or --import-mode=importlib
+        from tests.hub_server import HubServer
+    except ImportError:  # plain `pytest`: the tests folder itself is on sys.path
+        from hub_server import HubServer
+
+    target, helper = assistant.pair()
+    helper.save_pretrained(tmp_path / "assistant")
+    server = HubServer()
+    server.add(assistant_lookup(ASSISTANT_TARGET).draft, tmp_path / "assistant")
+    server.start()
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setenv("HF_SPECDEC_CACHE", str(tmp_path / "specdec"))
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    clear_cache()
+    yield target
+    server.stop()
+    clear_cache()
+
+
+def test_speculative_true_drafts_with_the_targets_official_assistant(hub_with_assistant):
+    """The target says it is google/gemma-4-E2B-it: its assistant is fetched (safetensors only, no
+    code run) and drafts through our loop, in a left-padded batch."""
+    target = hub_with_assistant
+    target.name_or_path = ASSISTANT_TARGET
+    inputs = assistant.prompts(3)
+    with torch.no_grad():
+        plain = target.generate(**inputs, max_new_tokens=12, do_sample=False)
+        out = target.generate(
+            **inputs, max_new_tokens=12, do_sample=False, speculative=True, return_dict_in_generate=True
+        )
+    assert torch.equal(out.sequences, plain)
+    stats = out.speculative_stats
+    assert stats.method == "assistant" and stats.accepted > 0
+    assert "official assistant" in stats.selection
