@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..heads import HEAD_METHODS
+from ..heads import TRAINED_METHODS
 from ..train import TrainConfig, train_draft
 from .options import add_runtime_options
 
@@ -19,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--target", default=None, help="model folder or Hub id (default: the demo model)")
     add_runtime_options(parser)
-    parser.add_argument("--method", choices=list(HEAD_METHODS), default="eagle")
+    parser.add_argument("--method", choices=list(TRAINED_METHODS), default="eagle")
     parser.add_argument("--out", required=True, help="folder for the head, its log and checkpoints")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--suite", default=None, help="prompt suite (default: specbench-train)")

@@ -66,11 +66,14 @@ class HeadDrafter(Drafter):
         return cls(head, options, target.config.get_text_config().vocab_size, execution_device(target))
 
     def full_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        """The head's logits [B, draft_vocab] scattered into [B, vocab_size]; tokens outside its draft
-        vocabulary get -inf, so the draft never proposes them and its sampling distribution gives them
-        probability 0."""
-        draft_vocab = self.head.draft_vocab
-        if logits.shape[-1] == self.vocab_size and is_whole_vocab(draft_vocab, self.vocab_size):
-            return logits
-        full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
-        return full.index_copy_(1, draft_vocab.to(logits.device), logits)
+        return full_vocab(logits, self.head.draft_vocab, self.vocab_size)
+
+
+def full_vocab(logits: torch.Tensor, draft_vocab: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """A head's logits [B, len(draft_vocab)] scattered into [B, vocab_size]; tokens outside its draft
+    vocabulary get -inf, so the draft never proposes them and its sampling distribution gives them
+    probability 0."""
+    if logits.shape[-1] == vocab_size and is_whole_vocab(draft_vocab, vocab_size):
+        return logits
+    full = logits.new_full((logits.shape[0], vocab_size), float("-inf"))
+    return full.index_copy_(1, draft_vocab.to(logits.device), logits)

@@ -28,9 +28,12 @@ from ..core.devices import execution_device
 from ..core.draft import Draft, DraftCost, DraftRequest
 from ..core.kv import RaggedKV, positions
 from ..core.timing import clock
+from ..heads.checkpoint import load_head
+from ..heads.eagle import EagleHead
 from ..heads.mtp import MtpDepth, load_mtp_layers, own_mtp_weights
 from .base import Drafter, elapsed, options_to_config
 from .chain import chain, real_tokens, right_aligned
+from .head_drafter import full_vocab
 from .registry import register_drafter
 from .tree import ChainTreeConfig, Level, grow_tree
 
@@ -82,12 +85,20 @@ class MtpDrafter(Drafter):
     hidden_state_layers: tuple[int, ...] = (-1,)  # the target's last, post-norm hidden state
 
     def __init__(
-        self, depths: list[nn.Module], config: ChainTreeConfig, vocab_size: int, device: torch.device
+        self,
+        depths: list[nn.Module],
+        config: ChainTreeConfig,
+        target: PreTrainedModel,
+        draft_vocab: torch.Tensor | None = None,
     ) -> None:
+        """`depths`: one module per MTP depth (`MtpDepth`, or a trained head); `draft_vocab`: the
+        token ids a trained head scores (None: the whole vocabulary)."""
         self.depths = depths
         self.config = config
-        self.vocab_size = vocab_size
-        self.device = device
+        text = target.config.get_text_config()
+        self.vocab_size, self.hidden_size = text.vocab_size, text.hidden_size
+        self.draft_vocab = draft_vocab
+        self.device = execution_device(target)
         self.kvs: list[RaggedKV] = []
         self.row_ids: list[int] = []
         # Per depth, per row: the indices cached with real inputs, and the hidden states depth k has
@@ -97,21 +108,22 @@ class MtpDrafter(Drafter):
 
     @classmethod
     def from_config(cls, config: SpeculativeConfig, target: PreTrainedModel, tokenizer: Any) -> Drafter:
-        """The layers are read out of the target's checkpoint, or `draft=` gives them loaded already
-        (transformers' `MtpModel.from_pretrained(target)`, or one built for the target)."""
-        if config.draft is None:
-            mtp = layers_for(target)
-        elif isinstance(config.draft, MtpModel):
-            mtp = config.draft
-        else:
+        """The layers are read out of the target's checkpoint; or `draft=` gives them loaded already
+        (transformers' `MtpModel.from_pretrained(target)`, or one built for the target), or names an
+        MTP head of ours, trained for a target that ships none (`hf-specdec train-draft --method mtp`)."""
+        options = options_to_config(ChainTreeConfig, config.options)
+        draft = config.draft
+        if draft is None or isinstance(draft, MtpModel):
+            mtp = layers_for(target) if draft is None else draft
+            return cls([MtpDepth(mtp, k) for k in range(len(mtp.layers))], options, target)
+        if isinstance(draft, nn.Module) and not isinstance(draft, EagleHead):
             raise ValueError(
                 "method='mtp' drafts with the target's own MTP layers, read out of its checkpoint: drop "
-                f"draft= (or give transformers' MtpModel of them; got {type(config.draft).__name__}). "
-                "A separate draft model is method='draft_model'."
+                f"draft= (or give transformers' MtpModel of them, or an MTP head of ours; got "
+                f"{type(draft).__name__}). A separate draft model is method='draft_model'."
             )
-        depths = [MtpDepth(mtp, k) for k in range(len(mtp.layers))]
-        options = options_to_config(ChainTreeConfig, config.options)
-        return cls(depths, options, target.config.get_text_config().vocab_size, execution_device(target))
+        head = load_head(draft, target, method="mtp")
+        return cls([head], options, target, head.draft_vocab)
 
     @torch.no_grad()
     def propose(self, request: DraftRequest) -> Draft:
@@ -127,8 +139,7 @@ class MtpDrafter(Drafter):
                 )
 
         began = clock(self.device)
-        size = self.depths[0].mtp.config.hidden_size
-        features = [torch.zeros(0, size) if h is None else h for h in request.hidden_states]
+        features = [torch.zeros(0, self.hidden_size) if h is None else h for h in request.hidden_states]
         output, chained = self._depth_forward(0, sequences, [], features)
         fed = max(len(f) for f in features)
         catch_up_seconds = elapsed(began, output.logits) if request.is_catch_up(fed) else 0.0
@@ -228,8 +239,11 @@ class MtpDrafter(Drafter):
         return grow_tree(request, max_tokens, self.config.tree_top_k, self.config.min_confidence, root, feed)
 
     def _full_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        """Logits over the target's whole vocabulary: a shared head cut to the unpadded vocabulary
-        (`unpadded_vocab_size`) leaves the padding ids at -inf."""
+        """Logits over the target's whole vocabulary: a trained head's draft vocabulary scattered
+        into it, a shared head cut to the unpadded vocabulary (`unpadded_vocab_size`) padded back;
+        the ids left out at -inf."""
+        if self.draft_vocab is not None:
+            return full_vocab(logits, self.draft_vocab, self.vocab_size)
         missing = self.vocab_size - logits.shape[-1]
         if missing <= 0:
             return logits
@@ -242,7 +256,7 @@ class MtpDrafter(Drafter):
             depths = self.depths[:1] if tree else self.depths
             self.kvs = [RaggedKV(d, DynamicCache(), batch, self.device, boolean_masks=True) for d in depths]
             self.real = [[0] * batch for _ in depths]
-            empty = torch.zeros(0, self.depths[0].mtp.config.hidden_size, device=self.device)
+            empty = torch.zeros(0, self.hidden_size, device=self.device)
             self.carried = [[empty] * batch for _ in depths]
         elif row_ids != self.row_ids:
             where = positions(self.row_ids, row_ids)

@@ -201,7 +201,12 @@ def plan_mtp(model: str, draft: Source, head: Source, options: Options) -> Servi
     draft of their own (vLLM `method="mtp"`; SGLang's EAGLE worker on the NextN layers, as its
     DeepSeek-V3 recipe launches it: `--speculative-algorithm EAGLE` and no draft path)."""
     if draft is not None or head is not None:
-        raise ValueError("method 'mtp' drafts with the target's own MTP layers: drop --draft / --head.")
+        raise ServingExportError(
+            "vLLM and SGLang draft method 'mtp' with the MTP layers of the target's own checkpoint only: "
+            "an MTP head trained for a target that ships none (--draft / --head) has no engine "
+            "equivalent. Export the target's own layers (drop --draft / --head), --method ngram, or "
+            "an EAGLE-3 head."
+        )
     options_to_config(ChainTreeConfig, options)
     caveats = not_carried(options)
     if own_layers(model) is None:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import hf_specdec
-from hf_specdec.serving import export_serving
+from hf_specdec.serving import ServingExportError, export_serving
 
 from .conftest import CASES, export_case
 
@@ -63,7 +63,7 @@ def test_a_checkpoint_with_mtp_layers_exports_them(models, tmp_path):
     sglang = export_serving(str(models / "mtp-target"), "sglang", num_draft_tokens=2)
     assert sglang["method"] == "mtp" and "--speculative-draft-model-path" not in sglang["command"]
     assert sglang["command"][sglang["command"].index("--speculative-algorithm") + 1] == "EAGLE"
-    with pytest.raises(ValueError, match="drop --draft"):
+    with pytest.raises(ServingExportError, match="no engine equivalent.*drop --draft"):
         export_serving(str(models / "mtp-target"), "vllm", method="mtp", draft=str(models / "draft"))
 
 
