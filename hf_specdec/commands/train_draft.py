@@ -1,4 +1,4 @@
-"""`hf-specdec train-draft`: train an EAGLE or Medusa head for a target by self-distillation."""
+"""`hf-specdec train-draft`: train an EAGLE, Medusa or MTP head for a target by self-distillation."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from .options import add_runtime_options
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "train-draft",
-        help="train an EAGLE or Medusa draft head for a target",
+        help="train an EAGLE, Medusa or MTP draft head for a target",
         description="Generate training text with the target (its greedy answers to a suite's prompts, or a "
         "corpus), then train a head on the target's own hidden states for a fixed time. Interrupt it and run "
         "the same command again to resume.",

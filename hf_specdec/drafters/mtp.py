@@ -76,7 +76,7 @@ def layers_for(target: Any) -> nn.Module:
 
 @register_drafter
 class MtpDrafter(Drafter):
-    """Drafts with the target's own MTP layers."""
+    """Drafts with the target's own MTP layers, or with an MTP head trained for it."""
 
     name: ClassVar[str] = "mtp"
     supports_sampling: ClassVar[bool] = True
