@@ -31,7 +31,7 @@ def pair():
 
 
 @pytest.mark.parametrize("batch", [1, 3])
-@pytest.mark.parametrize("length", [1, 3, 6, "tree"])
+@pytest.mark.parametrize("length", [1, 6, "tree"])
 def test_greedy_matches_plain_generate(pair, batch, length):
     target, helper = pair
     inputs = assistant.prompts(batch)

@@ -35,16 +35,16 @@ def target_and_layers(depths: int, **kwargs):
     return mtp.target_and_layers("deepseek_v3", depths=depths, agree=0.03, own=0.3, **SMALL, **kwargs)
 
 
-@pytest.fixture(scope="module", params=[1, 2, 3], ids=lambda n: f"{n}-depths")
+@pytest.fixture(scope="module", params=[1, 3], ids=lambda n: f"{n}-depths")
 def pair(request):
     return target_and_layers(request.param)
 
 
 @pytest.mark.parametrize("batch", [1, 3])
-@pytest.mark.parametrize("length", [1, 2, 5, "tree"])
+@pytest.mark.parametrize("length", [2, 5, "tree"])
 def test_greedy_matches_plain_generate(pair, batch, length):
-    """Chains shorter than the layers, as long, and past them (the last layer reapplied), and trees;
-    in a left-padded batch the rows accept different numbers of drafts."""
+    """Chains shorter than the layers (3 of them), longer (the last layer reapplied), and trees; in
+    a left-padded batch the rows accept different numbers of drafts."""
     target, layers = pair
     inputs = mtp.prompts(batch)
     kwargs = dict(**inputs, max_new_tokens=24, do_sample=False)
