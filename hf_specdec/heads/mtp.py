@@ -45,8 +45,11 @@ def checkpoint_folder(target: Any) -> Path | None:
     """The folder holding `target`'s checkpoint files: the one it was loaded from, or its snapshot in
     the Hub cache; None when there is none here (a model built in memory, or not downloaded)."""
     name = str(getattr(target, "name_or_path", "") or getattr(target.config, "_name_or_path", "") or "")
-    if not name:
-        return None
+    return _local_folder(name) if name else None
+
+
+def _local_folder(name: str) -> Path | None:
+    """`name` as a folder here: itself, or a Hub repo id's snapshot in the local Hub cache."""
     if Path(name).is_dir():
         return Path(name)
     try:
@@ -90,7 +93,7 @@ def own_mtp_weights(target: Any) -> tuple[Path, list[str], str] | None:
         folder = checkpoint_folder(target)
         model = target
     else:
-        folder = Path(str(target)) if Path(str(target)).is_dir() else _cached(str(target))
+        folder = _local_folder(str(target))
         model = _stand_in(folder) if folder is not None else None
     if folder is None or model is None or mtp_layer_count(model) == 0:
         return None
@@ -99,13 +102,6 @@ def own_mtp_weights(target: Any) -> tuple[Path, list[str], str] | None:
     except (ValueError, TypeError, OSError):  # no MTP pattern registered, unreadable files
         return None
     return (folder, keys, pattern) if keys else None
-
-
-def _cached(repo_id: str) -> Path | None:
-    try:
-        return local_snapshot(repo_id, None)
-    except ValueError:
-        return None
 
 
 def _stand_in(folder: Path) -> Any | None:
@@ -128,7 +124,7 @@ def _stand_in(folder: Path) -> Any | None:
     )
 
 
-def unloadable_mtp_keys(folder: Path, target: Any) -> list[str]:
+def unloadable_mtp_keys(target: Any, folder: Path) -> list[str]:
     """Checkpoint keys that look like MTP layers of an architecture transformers loads none for
     (`mtp.*`, `model.mtp_layers.*`), or config fields that declare such layers."""
     config = target.config.get_text_config()
@@ -152,7 +148,7 @@ def load_mtp_layers(target: Any) -> nn.Module:
     kind = type(target).__name__
     folder = checkpoint_folder(target)
     if mtp_layer_count(target) == 0:
-        found = unloadable_mtp_keys(folder, target) if folder is not None else []
+        found = unloadable_mtp_keys(target, folder) if folder is not None else []
         holds = f" Its checkpoint declares or holds MTP layers ({', '.join(found)})," if found else ""
         raise ValueError(
             f"method='mtp' drafts with a model's own multi-token-prediction layers, and transformers "
