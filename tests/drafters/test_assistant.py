@@ -123,3 +123,15 @@ def test_what_cannot_work_is_refused(pair):
         )
     with pytest.raises(ValueError, match="is not one: use method='draft_model'"):
         target.generate(**inputs, max_new_tokens=3, speculative=dict(method="assistant", draft=target))
+
+
+def test_rows_that_finish_early_leave_the_batch(pair):
+    """EOS ends two of three rows early: the assistant reads the target's cache rows of the others."""
+    target, helper = pair
+    inputs = assistant.prompts(3, seed=14)
+    kwargs = dict(**inputs, max_new_tokens=30, do_sample=False, eos_token_id=14)
+    with torch.no_grad():
+        plain = target.generate(**kwargs)
+        out = target.generate(**kwargs, speculative=dict(draft=helper, num_draft_tokens=3))
+    assert (plain[:, 10:] == 14).any(dim=1).tolist() == [False, True, True]
+    assert_greedy_match(target, plain, out, inputs["attention_mask"])

@@ -114,3 +114,15 @@ def test_a_draft_that_is_no_mtp_layers_is_refused():
     target, _ = target_and_layers(1)
     with pytest.raises(ValueError, match="own MTP layers.*MtpModel"):
         target.generate(**mtp.prompts(1), max_new_tokens=3, speculative=dict(method="mtp", draft=target))
+
+
+def test_rows_that_finish_early_leave_the_batch():
+    """EOS ends two of three rows early: the finished rows leave the layers' caches with the target's."""
+    target, layers = target_and_layers(2)
+    inputs = mtp.prompts(3, seed=4)
+    kwargs = dict(**inputs, max_new_tokens=30, do_sample=False, eos_token_id=4)
+    with torch.no_grad():
+        plain = target.generate(**kwargs)
+        out = target.generate(**kwargs, speculative=dict(method="mtp", draft=layers, num_draft_tokens=4))
+    assert (plain[:, 10:] == 4).any(dim=1).tolist() == [True, False, True]
+    assert_greedy_match(target, plain, out, inputs["attention_mask"])
