@@ -47,11 +47,13 @@ def test_greedy_matches_plain_generate(pair, batch, length):
     assert stats.method == "assistant" and 0 < stats.accepted < stats.drafted
 
 
-def test_as_many_tokens_per_target_forward_as_transformers_assistant_model():
+@pytest.mark.parametrize("ordered", [False, True], ids=["whole-vocabulary", "centroids"])
+def test_as_many_tokens_per_target_forward_as_transformers_assistant_model(ordered):
     """Batch 1, within the sliding window (transformers' generator reads the target's sliding
     layer as cached, rejected drafts included, once past it), the assistant's attention to the
-    target's KV counting fully (`own=1`): the same drafts, so the same target forwards."""
-    target, helper = assistant.pair(window=64, own=1.0)
+    target's KV counting fully (`own=1`), scoring the whole vocabulary or its best centroids' tokens
+    (E2B's and E4B's `use_ordered_embeddings`): the same drafts, so the same target forwards."""
+    target, helper = assistant.pair(window=64, own=1.0, ordered=ordered)
     helper.generation_config.num_assistant_tokens = 3
     theirs, ours = (
         dict(assistant_model=helper),

@@ -42,24 +42,32 @@ def pair(
     context: float = 0.5,
     own: float = 0.3,
     attention: str = "sdpa",
+    ordered: bool = False,
     **overrides,
 ):
     """(target, assistant): a 4-layer target, its last two layers reusing the first two's KV, and a
-    2-layer assistant (sliding, then full attention) reading the target's."""
+    2-layer assistant (sliding, then full attention) reading the target's. `ordered`: the assistant
+    scores only the tokens of its best centroids, as E2B's and E4B's do (`use_ordered_embeddings`:
+    4 centroids of 4 tokens in a random order, the best 2 scored)."""
     kinds = ["sliding_attention", "full_attention"]
     torch.manual_seed(seed)
     target_config = text_config(
         4, kinds * 2, window, num_kv_shared_layers=2, tie_word_embeddings=False, **overrides
     )
     target = Gemma4ForCausalLM._from_config(target_config, attn_implementation=attention).eval()
+    centroids = dict(use_ordered_embeddings=True, num_centroids=4, centroid_intermediate_top_k=2)
     assistant_config = Gemma4AssistantConfig(
         text_config=text_config(2, kinds, window, num_kv_shared_layers=2, **overrides),
         backbone_hidden_size=32,
+        **(centroids if ordered else {}),
     )
     torch.manual_seed(seed + 1)
     assistant = Gemma4AssistantForCausalLM._from_config(
         assistant_config, attn_implementation=attention
     ).eval()
+    if ordered:
+        with torch.no_grad():
+            assistant.masked_embedding.token_ordering.copy_(torch.randperm(target_config.vocab_size))
     agreeing(target, assistant, context, own)
     return target, assistant
 
