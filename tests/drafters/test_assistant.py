@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers.generation.candidate_generator import SinglePositionMultiTokenCandidateGenerator
 
 from hf_specdec import SpeculativeConfig
 
@@ -48,17 +49,32 @@ def test_greedy_matches_plain_generate(pair, batch, length):
 
 
 @pytest.mark.parametrize("ordered", [False, True], ids=["whole-vocabulary", "centroids"])
-def test_as_many_tokens_per_target_forward_as_transformers_assistant_model(ordered):
-    """Batch 1, within the sliding window (transformers' generator reads the target's sliding
-    layer as cached, rejected drafts included, once past it), the assistant's attention to the
-    target's KV counting fully (`own=1`), scoring the whole vocabulary or its best centroids' tokens
-    (E2B's and E4B's `use_ordered_embeddings`): the same drafts, so the same target forwards."""
+def test_no_more_target_forwards_than_transformers_assistant_model(ordered, monkeypatch):
+    """Batch 1, the assistant's attention to the target's KV counting fully (`own=1`), scoring the
+    whole vocabulary or its best centroids' tokens (E2B's and E4B's `use_ordered_embeddings`).
+    After a rejected draft transformers' generator crops the target's KV to the sequence's length,
+    one past what the target has verified, so its assistant also reads the rejected draft's key at
+    the bonus token's position; ours does not. So no more target forwards than theirs, and exactly
+    as many as theirs with that crop one shorter: the same drafts."""
     target, helper = assistant.pair(window=64, own=1.0, ordered=ordered)
     helper.generation_config.num_assistant_tokens = 3
-    theirs, ours = (
-        dict(assistant_model=helper),
-        dict(speculative=dict(method="assistant", draft=helper, num_draft_tokens=3)),
-    )
+    theirs = dict(assistant_model=helper)
+    ours = dict(speculative=dict(method="assistant", draft=helper, num_draft_tokens=3))
+    assert_drafts_as_theirs(target, assistant.prompts(1), theirs, ours, same=False, max_new_tokens=30)
+
+    generator = SinglePositionMultiTokenCandidateGenerator
+    get_candidates = generator.get_candidates
+
+    def verified_kv_only(self, input_ids, model_kwargs, model_outputs, *args, **kwargs):
+        if model_outputs is not None and model_outputs.shared_kv_states is not None:
+            cached = input_ids.shape[1] - 1  # the bonus token is not in the target's cache yet
+            model_outputs.shared_kv_states = {
+                kind: (k[:, :, :cached], v[:, :, :cached])
+                for kind, (k, v) in model_outputs.shared_kv_states.items()
+            }
+        return get_candidates(self, input_ids, model_kwargs, model_outputs, *args, **kwargs)
+
+    monkeypatch.setattr(generator, "get_candidates", verified_kv_only)
     assert_drafts_as_theirs(target, assistant.prompts(1), theirs, ours, max_new_tokens=30)
 
 
