@@ -28,7 +28,10 @@ class SpeculativeConfig:
         method: a drafter name (`"ngram"`, `"draft_model"`, ...) or `"auto"`, which uses the draft
             model given in `draft` when there is one and otherwise chooses for the target.
         draft: for `method="draft_model"`: a local folder, a Hub repo id, or a loaded model;
-            for `method="onnx"`: a folder exported with `hf-specdec export-onnx`.
+            for `method="onnx"`: a folder exported with `hf-specdec export-onnx`; for
+            `method="assistant"`: an official assistant (Gemma 4's `*-assistant`), loaded or named;
+            for `method="mtp"`: None (the target's own MTP layers, read out of its checkpoint), or
+            transformers' `MtpModel` of them.
         draft_tokenizer: the draft's tokenizer when `draft` is a loaded model; lets the
             compatibility check compare vocabularies instead of sizes.
         num_draft_tokens: tokens drafted per step (tree nodes, with `tree`): an integer for a fixed
@@ -40,8 +43,9 @@ class SpeculativeConfig:
             `"auto"` a tree where the drafter grows trees and a chain where it does not (no error),
             the tree's size chosen by the draft-length policy from measured costs and acceptance.
             Drafters that grow trees: `ngram` (a trie of matches), `draft_model`, `onnx`,
-            `quantized` and `eagle` (EAGLE-2: top-k branching by cumulative draft probability) and
-            `medusa` (the cartesian product of each head's top-k, pruned by probability).
+            `quantized`, `eagle`, `mtp` and `assistant` (EAGLE-2: top-k branching by cumulative
+            draft probability) and `medusa` (the cartesian product of each head's top-k, pruned by
+            probability).
         trust_remote_code: let a draft (named in `draft`, or chosen by `method="auto"`) run the
             Python code its repo ships (`auto_map` in its config), as `from_pretrained(...,
             trust_remote_code=True)` would. Off by default: such a draft is refused when named, and

@@ -91,7 +91,7 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
     ):
         check_supported(model, input_ids, generation_config, model_kwargs, streamer)
         check_processors(logits_processor)
-        resolved = resolve_method(config, model)
+        resolved, reason = resolve_method(config, model)
         drafter = build_drafter(resolved, model, tokenizer)
         check_drafter_continues(drafter, resolved.method, model_kwargs)
         if generation_config.do_sample and not drafter.supports_sampling:
@@ -99,7 +99,7 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
                 f"method={resolved.method!r} supports greedy decoding only{_with_this_draft(drafter)}; "
                 "pass do_sample=False."
             )
-        return speculative_decode(
+        out = speculative_decode(
             model,
             input_ids,
             logits_processor,
@@ -112,6 +112,9 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
             streamer=streamer,
             **model_kwargs,
         )
+        if hasattr(out, "speculative_stats"):
+            out.speculative_stats.selection = reason
+        return out
 
     return _ORIGINAL_GENERATE(model, custom_generate=custom_generate, **kwargs)
 

@@ -27,7 +27,7 @@ from ..core.static_kv import COMPILED_WIDTHS
 from ..core.timing import clock
 from ..drafters import DRAFTERS
 from ..drafters.draft_model import load_draft
-from ..heads import HEAD_METHODS
+from ..heads import HEAD_METHODS, TRAINED_METHODS
 from ..loading import (
     cpu_name,
     describe_runtime,
@@ -380,9 +380,9 @@ def _check_methods(labels: list[str], draft: Any, heads: dict[str, Any]) -> None
                 f"Method {method} needs a trained head: pass --head {method}=FOLDER (heads= in Python); "
                 f"train one with `hf-specdec train-draft --method {method}`."
             )
-    not_heads = sorted(set(heads) - set(HEAD_METHODS))
+    not_heads = sorted(set(heads) - set(TRAINED_METHODS))
     if not_heads:
-        raise ValueError(f"heads= takes {' and '.join(HEAD_METHODS)} heads, not {', '.join(not_heads)}.")
+        raise ValueError(f"heads= takes {', '.join(TRAINED_METHODS)} heads, not {', '.join(not_heads)}.")
     unused = sorted(set(heads) - set(methods))
     if unused:
         raise ValueError(f"Heads given for {', '.join(unused)}, which is not among the methods benchmarked.")

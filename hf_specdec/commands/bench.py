@@ -9,7 +9,7 @@ from pathlib import Path
 
 from hf_specdec.bench import run_bench, save, to_markdown
 from hf_specdec.bench.suites import SUITES
-from hf_specdec.heads import HEAD_METHODS
+from hf_specdec.heads import TRAINED_METHODS
 
 from .options import add_runtime_options
 
@@ -30,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="METHOD=FOLDER",
-        help="a trained head for eagle or medusa (repeatable), e.g. --head eagle=my-eagle-head",
+        help="a trained head for eagle, medusa or mtp (repeatable), e.g. --head eagle=my-eagle-head",
     )
     parser.add_argument(
         "--methods",
@@ -153,8 +153,10 @@ def _heads(values: list[str]) -> dict[str, str]:
     heads = {}
     for value in values:
         method, sep, folder = value.partition("=")
-        if not sep or method not in HEAD_METHODS or not folder:
-            raise ValueError(f"--head takes METHOD=FOLDER with METHOD eagle or medusa, got {value!r}.")
+        if not sep or method not in TRAINED_METHODS or not folder:
+            raise ValueError(
+                f"--head takes METHOD=FOLDER with METHOD {', '.join(TRAINED_METHODS)}, got {value!r}."
+            )
         heads[method] = folder
     return heads
 

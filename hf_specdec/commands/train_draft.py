@@ -1,10 +1,10 @@
-"""`hf-specdec train-draft`: train an EAGLE or Medusa head for a target by self-distillation."""
+"""`hf-specdec train-draft`: train an EAGLE, Medusa or MTP head for a target by self-distillation."""
 
 from __future__ import annotations
 
 import argparse
 
-from ..heads import HEAD_METHODS
+from ..heads import TRAINED_METHODS
 from ..train import TrainConfig, train_draft
 from .options import add_runtime_options
 
@@ -12,14 +12,14 @@ from .options import add_runtime_options
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "train-draft",
-        help="train an EAGLE or Medusa draft head for a target",
+        help="train an EAGLE, Medusa or MTP draft head for a target",
         description="Generate training text with the target (its greedy answers to a suite's prompts, or a "
         "corpus), then train a head on the target's own hidden states for a fixed time. Interrupt it and run "
         "the same command again to resume.",
     )
     parser.add_argument("--target", default=None, help="model folder or Hub id (default: the demo model)")
     add_runtime_options(parser)
-    parser.add_argument("--method", choices=list(HEAD_METHODS), default="eagle")
+    parser.add_argument("--method", choices=list(TRAINED_METHODS), default="eagle")
     parser.add_argument("--out", required=True, help="folder for the head, its log and checkpoints")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--suite", default=None, help="prompt suite (default: specbench-train)")

@@ -41,6 +41,10 @@ class DraftRequest:
     hidden_states: list[torch.Tensor] | None = None
     # Whether the drafter may propose a tree (`Draft.parents`) of up to `max_tokens[b]` nodes.
     tree: bool = False
+    # For drafters that declare `reads_target_kv`: the target's cache as it stands after the last
+    # step's roll-back (`kv.RaggedKV` or `static_kv.StaticKV`), and the cache row of each request row.
+    target_kv: Any = None
+    target_rows: list[int] | None = None
 
     @property
     def score(self) -> ScoreProcessor:
@@ -190,6 +194,9 @@ class Drafter:
     # Indices into the model's `hidden_states` output (0 = embeddings, -1 = last). A drafter that
     # learns them from its head sets them on the instance.
     hidden_state_layers: tuple[int, ...] = ()
+    # Whether `propose` reads the target's own KV cache (`DraftRequest.target_kv`): an assistant that
+    # attends to the target's keys and values rather than keeping a cache of its own (Gemma 4's).
+    reads_target_kv: ClassVar[bool] = False
     # Whether `propose` can answer `DraftRequest.tree` with a tree of candidates (`Draft.parents`);
     # `SpeculativeConfig(tree=True)` is refused for drafters that only draft chains.
     supports_tree: ClassVar[bool] = False

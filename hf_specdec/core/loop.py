@@ -98,6 +98,8 @@ def speculative_decode(
             k = min(k, max_tree_nodes)
         k = max(min(k, target.widest(k + 1) - 1), 0)  # a static cache's room (0: its error comes next)
         asked = request(rows, k)
+        if drafter.reads_target_kv:
+            asked.target_kv, asked.target_rows = target, positions(cached_rows, rows)
 
         start = clock(device)  # every clock read waits for the device: the policy learns from these
         draft = drafter.propose(asked) if k > 0 else Draft.empty(len(rows), device)

@@ -34,6 +34,8 @@ class SpeculativeStats:
     # How the drafter's tokens became the target's, where it drafts in another vocabulary (a draft
     # model of another tokenizer: `Drafter.translation`); "" where drafts are the target's own ids.
     translation: str = ""
+    # With method="auto": why this drafter was chosen (the selection's reason); "" for a named method.
+    selection: str = ""
     target_forwards: int = 0
     steps: int = 0
     speculative_steps: int = 0
@@ -140,12 +142,14 @@ class SpeculativeStats:
                 mine[i] += count
         self.method = self.method or other.method
         self.translation = self.translation or other.translation
+        self.selection = self.selection or other.selection
 
     def to_dict(self) -> dict:
         """Counters and derived figures, for JSON reports."""
         return {
             "method": self.method,
             "translation": self.translation,
+            "selection": self.selection,
             **{name: getattr(self, name) for name in _SUMMED},
             "acceptance_rate": self.acceptance_rate,
             "mean_accepted_length": self.mean_accepted_length,

@@ -7,6 +7,7 @@ both vocabularies share (token-level intersection, in `DecoderDrafter`), or thro
 from __future__ import annotations
 
 import functools
+import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +66,26 @@ class DraftModelConfig:
             ranges={"min_confidence": (0, 1), "tree_top_k": (1, None)},
             choices={"translation": TRANSLATIONS},
         )
+
+
+# Assistants that draft from their target's shared KV (`drafters.assistant`), no draft models: their
+# model types, and their classes' names.
+ASSISTANT_TYPES = ("gemma4_assistant", "gemma4_unified_assistant")
+_ASSISTANT_CLASSES = ("Gemma4Assistant", "Gemma4UnifiedAssistant")
+
+
+def is_assistant(draft: Any) -> bool:
+    """Whether `draft` (a loaded model, or a folder with its config.json) is an assistant that drafts
+    from its target's shared KV (`method="assistant"`) rather than a draft model of its own."""
+    if isinstance(draft, torch.nn.Module):
+        return type(draft).__name__.startswith(_ASSISTANT_CLASSES)
+    config = Path(str(draft)).expanduser() / "config.json" if draft is not None else None
+    if config is None or not config.is_file():
+        return False
+    try:
+        return json.loads(config.read_text()).get("model_type") in ASSISTANT_TYPES
+    except (ValueError, AttributeError):
+        return False
 
 
 # Loaded drafts by (name, dtype, device, trust_remote_code): loading takes seconds, a generate call
@@ -164,6 +185,11 @@ class DraftModelDrafter(DecoderDrafter):
             )
         else:
             draft, draft_tokenizer = config.draft, config.draft_tokenizer
+        if is_assistant(draft):
+            raise ValueError(
+                f"The draft {type(draft).__name__} is an official assistant, which drafts from the target's "
+                "own KV cache and hidden state: use speculative=dict(method='assistant', draft=...)."
+            )
         if draft is target:
             warnings.warn(
                 "The draft is the target itself: every draft is accepted but nothing is gained.", stacklevel=4

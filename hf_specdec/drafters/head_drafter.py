@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from ..core.devices import execution_device
-from ..core.fields import check_fields
 from ..heads.checkpoint import load_head
 from ..heads.layers import is_whole_vocab
 from .base import Drafter, options_to_config
+from .tree import ChainTreeConfig
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class HeadDrafterConfig:
+class HeadDrafterConfig(ChainTreeConfig):
     """Settings of the `eagle` and `medusa` drafters.
 
     Args:
@@ -36,12 +36,7 @@ class HeadDrafterConfig:
             step on the target's features, with nothing per token to compile.
     """
 
-    min_confidence: float = 0.0
-    tree_top_k: int = 4
     compile_with_target: bool = True
-
-    def __post_init__(self) -> None:
-        check_fields(self, ranges={"min_confidence": (0, 1), "tree_top_k": (1, None)})
 
 
 class HeadDrafter(Drafter):
@@ -71,11 +66,14 @@ class HeadDrafter(Drafter):
         return cls(head, options, target.config.get_text_config().vocab_size, execution_device(target))
 
     def full_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        """The head's logits [B, draft_vocab] scattered into [B, vocab_size]; tokens outside its draft
-        vocabulary get -inf, so the draft never proposes them and its sampling distribution gives them
-        probability 0."""
-        draft_vocab = self.head.draft_vocab
-        if logits.shape[-1] == self.vocab_size and is_whole_vocab(draft_vocab, self.vocab_size):
-            return logits
-        full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
-        return full.index_copy_(1, draft_vocab.to(logits.device), logits)
+        return full_vocab(logits, self.head.draft_vocab, self.vocab_size)
+
+
+def full_vocab(logits: torch.Tensor, draft_vocab: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """A head's logits [B, len(draft_vocab)] scattered into [B, vocab_size]; tokens outside its draft
+    vocabulary get -inf, so the draft never proposes them and its sampling distribution gives them
+    probability 0."""
+    if logits.shape[-1] == vocab_size and is_whole_vocab(draft_vocab, vocab_size):
+        return logits
+    full = logits.new_full((logits.shape[0], vocab_size), float("-inf"))
+    return full.index_copy_(1, draft_vocab.to(logits.device), logits)

@@ -16,6 +16,26 @@ from dataclasses import dataclass
 import torch
 
 from ..core.draft import Draft, DraftRequest
+from ..core.fields import check_fields
+
+
+@dataclass
+class ChainTreeConfig:
+    """Settings of a drafter that chains its own predictions and grows EAGLE-2 trees from them (the
+    `mtp` and `assistant` drafters; the head drafters add their own).
+
+    Args:
+        min_confidence: stop a greedy draft once the draft's probability of its next token falls
+            below this; 0 leaves the cut to the draft-length policy.
+        tree_top_k: with `SpeculativeConfig(tree=...)`: the children drafted per expanded node and the
+            nodes expanded per level (EAGLE-2's top-k).
+    """
+
+    min_confidence: float = 0.0
+    tree_top_k: int = 4
+
+    def __post_init__(self) -> None:
+        check_fields(self, ranges={"min_confidence": (0, 1), "tree_top_k": (1, None)})
 
 
 @dataclass

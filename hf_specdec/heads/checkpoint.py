@@ -26,13 +26,13 @@ from .io import (
 from .medusa import MedusaHeadConfig
 from .published import load_published
 
-_CONFIGS = {"eagle": EagleHeadConfig, "medusa": MedusaHeadConfig}
+_CONFIGS = {"eagle": EagleHeadConfig, "medusa": MedusaHeadConfig, "mtp": EagleHeadConfig}
 
 
 def load_head(source: Any, target: Any, method: str | None = None) -> nn.Module:
     """The head `source` names (a folder, a Hub repo id, or a head module), checked against `target`.
 
-    `method` ("eagle" or "medusa") is what the caller wants; a head of the other kind is refused.
+    `method` ("eagle", "medusa" or "mtp") is what the caller wants; a head of another kind is refused.
     """
     if isinstance(source, nn.Module):
         head = source
@@ -66,7 +66,9 @@ def _load_ours(folder: Path, target: Any) -> nn.Module:
     raw.pop("format", None)
     method = raw.get("method")
     if method not in _CONFIGS:
-        raise ValueError(f"{folder / CONFIG_NAME}: unknown head method {method!r}; expected eagle or medusa.")
+        raise ValueError(
+            f"{folder / CONFIG_NAME}: unknown head method {method!r}; expected {', '.join(_CONFIGS)}."
+        )
     config = head_config(_CONFIGS[method], raw, folder / CONFIG_NAME)
     if getattr(config, "variant", "eagle") not in VARIANTS:
         raise ValueError(

@@ -49,6 +49,9 @@ class EagleHeadConfig:
     # Our heads RMS-normalise the token embedding and the feature before `fc`: a target's
     # embeddings can be far smaller than its features, and the token is what the head most needs.
     input_norms: bool = False
+    # DeepSeek-V3's MTP design (`method="mtp"` heads): an RMSNorm on the layer's output (its
+    # `shared_head.norm`) before the target's LM head; the normalised output is what the chain reads.
+    output_norm: bool = False
     variant: str = "eagle"  # "eagle" (EAGLE-1/2 and ours: `EagleHead`) or "eagle3" (`Eagle3Head`)
     feature_layers: list[int] = field(default_factory=list)  # EAGLE-3: the target layers it reads
     method: str = "eagle"
@@ -148,6 +151,7 @@ class EagleHead(nn.Module):
             input_norm=config.input_norm,
             bias=config.attention_bias,
         )
+        self.output_norm = RMSNorm(hidden, config.rms_norm_eps) if config.output_norm else None
         self.rotary = rotary_embedding(config)
         draft_vocab = torch.arange(config.draft_vocab_size or config.vocab_size)
         self.register_buffer("draft_vocab", draft_vocab)  # draft index -> token id, saved with the head
@@ -205,7 +209,7 @@ class EagleHead(nn.Module):
         if cache is not None and use_cache:
             k, v = cache.update(k, v, 0)
         mask = causal_mask(queries, k.shape[2], attention_mask)
-        hidden = self.layer.finish(x, self.layer.self_attn.attend(q, k, v, mask))
+        hidden = self.output(x, self.layer.self_attn.attend(q, k, v, mask))
         kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
         return HeadOutput(logits=self.logits(kept), hidden_states=hidden)
 
@@ -236,8 +240,13 @@ class EagleHead(nn.Module):
             attention = self.layer.self_attn.attend(
                 q, torch.cat(keys, dim=2), torch.cat(values, dim=2), mask[None].expand(batch, -1, -1)
             )
-            predicted.append(self.layer.finish(x, attention))
+            predicted.append(self.output(x, attention))
         return predicted
+
+    def output(self, x: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+        """The layer's output (the predicted feature), normalised where the head has an output norm."""
+        hidden = self.layer.finish(x, attention)
+        return hidden if self.output_norm is None else self.output_norm(hidden)
 
 
 def query_columns(

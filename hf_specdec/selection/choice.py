@@ -35,11 +35,13 @@ class DraftChoice:
     """How to speculate for one target, and why.
 
     Attributes:
-        method: a drafter name: `"draft_model"`, or a draft-free method such as `"ngram"`.
+        method: a drafter name: `"draft_model"`, `"mtp"` (the target's own MTP layers), or a
+            draft-free method such as `"ngram"`.
         draft: the draft's repo id or local folder; None for draft-free methods.
         reason: one sentence for humans.
         target: the repo id the decision was made for (None for a local folder with no Hub origin).
-        source: where the answer came from: `"registry"`, `"hub"`, `"cache"`, `"offline"` (not in the
+        source: where the answer came from: `"checkpoint"` (the target's own draft heads, in its
+            checkpoint), `"registry"`, `"hub"`, `"cache"`, `"offline"` (not in the
             registry, no cached decision, Hub not searched) or `"local"` (a folder with no Hub origin).
         size_ratio: draft parameters / target parameters, when known.
         tokenizer_check: how the tokenizers were compared, and the outcome.

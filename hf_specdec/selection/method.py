@@ -6,32 +6,42 @@ import dataclasses
 from typing import Any
 
 from ..config import SpeculativeConfig
+from ..drafters.draft_model import is_assistant
 from ..ort.layout import is_onnx_folder
 from .select import speculative_draft
 
 
-def resolve_method(config: SpeculativeConfig, model: Any) -> SpeculativeConfig:
-    """Turn `method="auto"` into a concrete drafter, and a draft folder that only ONNX Runtime can
-    load into `method="onnx"`, without touching the user's config object."""
+def resolve_method(config: SpeculativeConfig, model: Any) -> tuple[SpeculativeConfig, str]:
+    """Turn `method="auto"` into a concrete drafter, a draft folder that only ONNX Runtime can load
+    into `method="onnx"`, and an official assistant (a loaded one, or its folder) into
+    `method="assistant"`, without touching the user's config object; with why that drafter ("" for
+    a method the user named)."""
+    reason = ""
+    if config.method in ("auto", "draft_model") and is_assistant(config.draft):
+        return dataclasses.replace(config, method="assistant"), "the official assistant given as draft="
     if config.method == "auto":
-        config = _choose_method(config, model)
+        config, reason = _choose_method(config, model)
     if config.method == "draft_model" and is_onnx_folder(config.draft):  # an export, no PyTorch weights
-        return dataclasses.replace(config, method="onnx")
-    return config
+        return dataclasses.replace(config, method="onnx"), reason
+    return config, reason
 
 
-def _choose_method(config: SpeculativeConfig, model: Any) -> SpeculativeConfig:
+def _choose_method(config: SpeculativeConfig, model: Any) -> tuple[SpeculativeConfig, str]:
     if config.draft is not None:
-        return dataclasses.replace(config, method="draft_model")
+        return dataclasses.replace(config, method="draft_model"), "the draft given as draft="
     # A chosen draft that cannot be loaded safely comes back as "ngram", with a warning.
     choice, draft, draft_tokenizer = speculative_draft(model, trust_remote_code=config.trust_remote_code)
     if draft is None:
-        return dataclasses.replace(config, method=choice.method)
-    if choice.translation is None:
+        return dataclasses.replace(config, method=choice.method), choice.reason
+    if choice.translation is not None:  # a draft of another tokenizer, chosen for how it translates
+        extra = {"translation": choice.translation}
+    elif choice.method == "draft_model":
         # The selection compared the tokenizers already (or the registry pair was reviewed).
-        options = {**config.options, "tokenizer_verified": True}
-    else:  # a draft of another tokenizer, chosen for how it translates to the target's
-        options = {**config.options, "translation": choice.translation}
-    return dataclasses.replace(
+        extra = {"tokenizer_verified": True}
+    else:
+        extra = {}
+    options = {**config.options, **extra}
+    resolved = dataclasses.replace(
         config, method=choice.method, draft=draft, draft_tokenizer=draft_tokenizer, options=options
     )
+    return resolved, choice.reason

@@ -3,6 +3,9 @@ another tokenizer where none does (drafting over the tokens both share), or none
 
 `select_draft(target)` answers from, in order:
 
+0. the target's own draft heads: multi-token-prediction layers in its checkpoint (`method="mtp"`),
+   when the checkpoint is here (a loaded model's folder, a local folder, or the Hub cache), then
+   the official assistant the reviewed registry lists for it (`method="assistant"`);
 1. the reviewed registry `configs/draft_pairs.toml` (works offline);
 2. an earlier decision cached under `cache_dir() / "selections"` (works offline);
 3. a search of the Hub (see `hf_specdec.selection.search`; the registry's `[[cross_tokenizer_draft]]`
@@ -38,7 +41,7 @@ from typing import Any
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
-from ..drafters import draft_model
+from ..drafters import draft_model, mtp
 from ..hub.config_check import checkpoint_problem, weights_problem
 from ..hub.download import (
     HubFileError,
@@ -76,6 +79,7 @@ def select_draft(
     token: str | None = None,
     revision: str | None = None,
     trust_remote_code: bool = False,
+    own_heads: bool = True,
 ) -> DraftChoice:
     """Choose a draft model (or a draft-free method) for `target`.
 
@@ -84,14 +88,19 @@ def select_draft(
         token: a Hugging Face token, needed when the target or a candidate is gated or private.
         revision: the target's revision (branch, tag or commit) on the Hub.
         trust_remote_code: allow drafts whose config needs custom code (`auto_map`); off by default.
+        own_heads: consider the target's own draft heads (MTP layers in its checkpoint) first.
 
     Raises:
         DraftSelectionError: the target is gated, private or missing on the Hub.
     """
     repo_id, note = _resolve_target(target)
+    own = mtp.own_layers(target) if own_heads else None
+    if own is not None:
+        name = repo_id or getattr(target, "name_or_path", None) or str(target)
+        return DraftChoice("mtp", None, f"{name}: {own}.", target=repo_id, source="checkpoint")
     if repo_id is None:
         return DraftChoice(DRAFT_FREE_METHOD, None, note, source="local")
-    choice = registry_lookup(repo_id)
+    choice = assistant_lookup(repo_id) or registry_lookup(repo_id)
     if choice is None:
         choice = _cached_or_searched(
             repo_id, token=token, revision=revision, trust_remote_code=trust_remote_code
@@ -150,8 +159,15 @@ def speculative_draft(target: Any, *, trust_remote_code: bool = False) -> tuple[
     """What `speculative=True` drafts with: (`select_draft`'s choice, its draft model, its tokenizer),
     the draft loaded by `load_draft`. A draft that cannot be loaded so gives (a draft-free choice,
     None, None) and a one-line warning; the cached choice is deleted unless the failure may pass
-    (offline, the Hub unreachable)."""
+    (offline, the Hub unreachable). The target's own MTP layers are read here (`mtp.layers_for`,
+    kept for the drafter): layers that do not load give the choice made without them, with a warning."""
     choice = select_draft(target, trust_remote_code=trust_remote_code)
+    if choice.method == "mtp":
+        try:
+            mtp.layers_for(target)
+        except ValueError as err:
+            warnings.warn(f"speculative=True: {err} Choosing another draft.", UserWarning, stacklevel=2)
+            choice = select_draft(target, trust_remote_code=trust_remote_code, own_heads=False)
     if choice.draft is None:
         return choice, None, None
     try:
@@ -292,6 +308,20 @@ def known_heads(repo_id: str, method: str | None = None) -> list[dict[str, str]]
     return found
 
 
+def assistant_lookup(repo_id: str) -> DraftChoice | None:
+    """The official assistant the registry lists for `repo_id` (`[[assistant]]`), or None."""
+    for entry in _registry_data().get("assistant", []):
+        if repo_id.lower() in (t.lower() for t in entry["targets"]):
+            assistant = entry["assistant"]
+            reason = (
+                f"{assistant} is {repo_id}'s official assistant ({entry['source']}): it drafts from the "
+                "target's own hidden state and KV cache."
+            )
+            check = "the target's own assistant per the reviewed registry"
+            return DraftChoice("assistant", assistant, reason, target=repo_id, tokenizer_check=check)
+    return None
+
+
 def registry_lookup(repo_id: str) -> DraftChoice | None:
     """The registry's answer for `repo_id`, or None when the registry does not list it."""
     entry = _registry().get(repo_id.lower())
@@ -413,6 +443,7 @@ __all__ = [
     "known_heads",
     "load_draft",
     "locate_draft",
+    "assistant_lookup",
     "registry_lookup",
     "registry_path",
     "select_draft",

@@ -5,7 +5,10 @@ Names checked against the engines' sources (the versions in `base.py`):
 
 - vLLM's repository, `vllm/config/speculative.py`: `SpeculativeConfig` keys `method`, `model`,
   `num_speculative_tokens` (> 0), `prompt_lookup_min`, `prompt_lookup_max`; `SpeculativeMethod`
-  literals ngram, draft_model, suffix, eagle, eagle3, MTP types. That Medusa is gone from the 0.33.0
+  literals ngram, draft_model, suffix, eagle, eagle3, MTP types (`mtp`, into which the
+  model-specific `deepseek_mtp`, `glm4_moe_mtp`, `gemma4_mtp`, ... are folded, with a warning):
+  `mtp` without `model` loads the MTP layers out of the target's own checkpoint, `mtp` with a
+  Gemma 4 assistant as `model` wires it to the target's KV cache. That Medusa is gone from the 0.33.0
   wheel (0.32 keeps it) and that a missing `method` is guessed from the draft's path (so it is
   always written) are the facts gathered in issue 15 from the released wheels, not re-checked here.
   CLI `vllm serve TARGET --speculative-config JSON`.
@@ -16,7 +19,11 @@ Names checked against the engines' sources (the versions in `base.py`):
   `speculative_eagle_topk`, `speculative_num_draft_tokens` (the verify width: `ngram_worker.py`
   feeds that many tokens a request from its sequence length on, the first being the last sampled
   token, so k drafts are k + 1); no n-gram size flags (earlier releases' match-window flags are
-  gone). Launched with `python -m sglang.launch_server`.
+  gone). SGLang's main branch, `sglang/srt/arg_groups/speculative_hook.py`: EAGLE (and its alias
+  NEXTN) runs on the target's own NextN layers for the architectures in `_BUILTIN_MTP_MODEL_ARCHS`
+  (the draft path defaults to the target's); FROZEN_KV_MTP drafts with a Gemma 4 assistant
+  (NEXTN / EAGLE with such a draft are promoted to it, `_resolve_speculative_algorithm_alias`).
+  Launched with `python -m sglang.launch_server`.
 - Head layouts: see `hf_specdec/heads/layouts.py`.
 """
 

@@ -13,8 +13,10 @@ from typing import Any
 
 from ..drafters.base import options_to_config
 from ..drafters.draft_model import DraftModelConfig
+from ..drafters.mtp import own_layers
 from ..drafters.ngram import NgramConfig
 from ..drafters.registry import DRAFTERS
+from ..drafters.tree import ChainTreeConfig
 from ..heads.checkpoint import CONFIG_NAME, load_head
 from ..heads.eagle3 import Eagle3Head
 from ..heads.layouts import check_layout
@@ -27,7 +29,7 @@ from .base import (
     ServingPlan,
     Source,
 )
-from .sources import check_vocab, hub_origin, load_target, onnx_source, registry_head
+from .sources import check_vocab, hub_origin, load_target, onnx_source, registry_assistant, registry_head
 
 Planner = Callable[[str, Source, Source, Options], ServingPlan]  # (model, draft, head, options)
 
@@ -194,9 +196,69 @@ def _plan_local_head(model: str, folder: Path, options: Options) -> ServingPlan:
     raise AssertionError(f"{type(loaded).__name__} passed the EAGLE-3 layout check")
 
 
+def plan_mtp(model: str, draft: Source, head: Source, options: Options) -> ServingPlan:
+    """The target's own MTP layers: both engines load them out of the target's checkpoint, with no
+    draft of their own (vLLM `method="mtp"`; SGLang's EAGLE worker on the NextN layers, as its
+    DeepSeek-V3 recipe launches it: `--speculative-algorithm EAGLE` and no draft path)."""
+    if draft is not None or head is not None:
+        raise ServingExportError(
+            "vLLM and SGLang draft method 'mtp' with the MTP layers of the target's own checkpoint only: "
+            "an MTP head trained for a target that ships none (--draft / --head) has no engine "
+            "equivalent. Export the target's own layers (drop --draft / --head), --method ngram, or "
+            "an EAGLE-3 head."
+        )
+    options_to_config(ChainTreeConfig, options)
+    caveats = not_carried(options)
+    if own_layers(model) is None:
+        caveats.append(
+            f"Whether {model}'s checkpoint holds MTP layers could not be checked here (its files are not "
+            "in this folder or the local Hub cache); the engines refuse to start when it has none."
+        )
+    caveats.append(
+        "Past the checkpoint's MTP layers vLLM cycles through them (draft step i runs layer i mod n) "
+        "where we reapply the last; with one layer (DeepSeek-V3, GLM-4.5) both reapply it. SGLang "
+        "drafts with the NextN layers of the architectures it builds in (DeepSeek-V3, GLM-4.5, "
+        "Qwen3-Next, Bailing among them) and needs --speculative-draft-model-path TARGET for others."
+    )
+    return ServingPlan(
+        "mtp",
+        {"vllm": "mtp", "sglang": "EAGLE"},
+        measure={"method": "mtp", "options": options},
+        caveats=caveats,
+    )
+
+
+def plan_assistant(model: str, draft: Source, head: Source, options: Options) -> ServingPlan:
+    """An official assistant (Gemma 4's `*-assistant`): vLLM serves it as `method="mtp"` with the
+    assistant as its model, SGLang as FROZEN_KV_MTP (what it promotes NEXTN / EAGLE to for a Gemma 4
+    assistant draft)."""
+    draft = draft or registry_assistant(model)
+    if draft is None:
+        raise ValueError(
+            f"method 'assistant' needs --draft: the assistant's folder or Hub repo id (the registry knows "
+            f"none for {model})."
+        )
+    options_to_config(ChainTreeConfig, options)
+    caveats = not_carried(options)
+    caveats.append(
+        "Both engines read the assistant's config to wire its layers to the target's KV cache "
+        "(model_type gemma4_assistant); a release without Gemma 4 MTP treats it as a plain draft "
+        "model and fails to start. SGLang drafts it with top-k 1 only (chains)."
+    )
+    return ServingPlan(
+        "assistant",
+        {"vllm": "mtp", "sglang": "FROZEN_KV_MTP"},
+        draft=str(draft),
+        measure={"method": "assistant", "draft": str(draft), "options": options},
+        caveats=caveats,
+    )
+
+
 PLANS: dict[str, Planner] = {
     "ngram": plan_ngram,
     "draft_model": plan_draft_model,
     "eagle": plan_eagle,
     "onnx": plan_onnx,
+    "mtp": plan_mtp,
+    "assistant": plan_assistant,
 }

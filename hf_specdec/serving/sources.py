@@ -12,7 +12,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from ..hub.tokenizer_check import compare_tokenizers
 from ..loading import is_missing_path
-from ..selection.select import registry_heads
+from ..selection.select import assistant_lookup, registry_heads
 from .base import ServingExportError
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -98,3 +98,10 @@ def registry_head(name: str) -> dict[str, Any] | None:
         return None
 
     return next((entry for entry in registry_heads() if entry["head"].lower() == name.lower()), None)
+
+
+def registry_assistant(model: str) -> str | None:
+    """The official assistant the registry lists for `model` (its Hub origin), if any."""
+    origin = hub_origin(model)
+    choice = assistant_lookup(origin) if origin is not None else None
+    return None if choice is None else choice.draft

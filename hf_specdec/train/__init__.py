@@ -28,7 +28,7 @@ def train_draft(
     dtype: str | torch.dtype = "auto",
     device: torch.device | str | None = None,
 ) -> dict[str, Any]:
-    """Train an EAGLE or Medusa head for `target` (a model, folder or Hub id; None: the demo model).
+    """Train an EAGLE, Medusa or MTP head for `target` (a model, folder or Hub id; None: the demo model).
 
     The training text is the target's greedy answers to `suite`'s prompts (default
     "specbench-train", which leaves out the prompts `hf-specdec bench --suite specbench-quick`

@@ -4,7 +4,9 @@ EAGLE heads train with training-time test (EAGLE-3): the head is unrolled for a 
 draft steps, each step reading the previous step's predicted features, so it learns to draft
 from its own guesses and not only from the target's features. The loss per step is the
 cross-entropy against the target's greedy token plus a regression onto the target's feature.
-Medusa head i learns the token i+1 positions after the next.
+An MTP head (DeepSeek-V3's MTP layer: the same layer with a norm on its output) unrolls the same
+way with the cross-entropy alone, as DeepSeek trains its MTP modules: its output is no estimate of
+the target's feature. Medusa head i learns the token i+1 positions after the next.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from tqdm.auto import tqdm
 
 from ..core.fields import check_fields
 from ..core.timing import clock
-from ..heads import HEAD_METHODS
+from ..heads import TRAINED_METHODS
 from ..heads.eagle import EagleHeadConfig
 from ..heads.io import build_head, check_saved_head, load_state, read_weights, save_head
 from ..heads.medusa import MedusaHeadConfig
@@ -65,7 +67,7 @@ class TrainConfig:
                 "max_length": (2, None),
                 "holdout": (0, 1),
             },
-            choices={"method": HEAD_METHODS},
+            choices={"method": TRAINED_METHODS},
         )
         for name in ("minutes", "learning_rate", "eval_every_minutes", "save_every_minutes"):
             if not getattr(self, name) > 0:
@@ -84,8 +86,8 @@ def _finished(state: dict[str, Any], budget: float, max_steps: int) -> bool:
 
 def train_head(target: Any, examples: list[Example], out: Path, config: TrainConfig) -> dict[str, Any]:
     """Train a head for `target` on `examples`; returns the training log (also saved in `out`)."""
-    if config.method not in HEAD_METHODS:
-        raise ValueError(f"Unknown head method {config.method!r}; use eagle or medusa.")
+    if config.method not in TRAINED_METHODS:
+        raise ValueError(f"Unknown head method {config.method!r}; use {', '.join(TRAINED_METHODS)}.")
     target.requires_grad_(False)
     rng = random.Random(config.seed)
     shuffled = [_last_positions(e, config.max_length) for e in examples]
@@ -228,7 +230,7 @@ def _loss(
     ids, features, labels, valid, answer = _stack(batch, head)
     judge = len(batch) == 1
     losses, correct = [], []
-    if config.method == "eagle":
+    if config.method in ("eagle", "mtp"):
         inputs, targets = ids[:, 1:], to_draft[labels[:, 1:]]  # t reads (f_t, x_{t+1}), predicts f_{t+1}
         positions = torch.arange(inputs.shape[1], device=ids.device)[None]
         for s, predicted in enumerate(head.unrolled(inputs, features[:, :-1], config.unrolled_steps)):
@@ -238,8 +240,9 @@ def _loss(
             scored = use if config.prompt_token_loss else use & answer[:, 1:]
             logits = head.logits(predicted[scored])
             ce = _cross_entropy(logits, targets[scored])
-            reg = F.smooth_l1_loss(predicted[use], features[:, 1:][use].to(predicted.dtype))
-            losses.append((ce + reg) * 0.8**s)
+            if config.method == "eagle":  # the predicted feature regressed onto the target's
+                ce = ce + F.smooth_l1_loss(predicted[use], features[:, 1:][use].to(predicted.dtype))
+            losses.append(ce * 0.8**s)
             if judge:
                 hit = torch.zeros(inputs.shape[1], dtype=torch.bool, device=ids.device)
                 hit[scored[0]] = logits.argmax(-1) == targets[scored]
@@ -317,8 +320,11 @@ def _new_head(target: Any, train: list[Example], config: TrainConfig) -> Any:
     size = config.draft_vocab_size if 0 < config.draft_vocab_size < vocab else vocab
     counts = torch.bincount(torch.cat([e.labels for e in train] + [e.ids for e in train]), minlength=vocab)
     draft_vocab = torch.sort(torch.argsort(counts, descending=True, stable=True)[:size]).values
-    if config.method == "eagle":
-        head_config = EagleHeadConfig.for_target(target, draft_vocab_size=size, input_norms=True)
+    if config.method in ("eagle", "mtp"):
+        mtp = config.method == "mtp"
+        head_config = EagleHeadConfig.for_target(
+            target, draft_vocab_size=size, input_norms=True, output_norm=mtp, method=config.method
+        )
     else:
         head_config = MedusaHeadConfig.for_target(
             target, draft_vocab_size=size, num_heads=config.medusa_heads

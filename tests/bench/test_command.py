@@ -196,7 +196,10 @@ def test_cli_writes_files(tiny_folder, tmp_path, capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--methods", "ngram,lookahead"], "valid methods: auto, draft_model, eagle, medusa, ngram"),
+        (
+            ["--methods", "ngram,lookahead"],
+            "valid methods: assistant, auto, draft_model, eagle, medusa, mtp, ngram",
+        ),
         (["--methods", "ngram,medusa"], "needs a trained head: pass --head medusa=FOLDER"),
         (["--head", "eagle"], "--head takes METHOD=FOLDER"),
         (["--categories", "poetry"], "No prompts of category poetry"),

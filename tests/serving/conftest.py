@@ -15,6 +15,7 @@ from hf_specdec.heads.medusa import MedusaHeadConfig
 from hf_specdec.serving import export_serving
 
 from ..conftest import tiny_llama
+from ..helpers import assistant, mtp
 from ..helpers.tokenizers import word_level
 
 
@@ -46,6 +47,10 @@ def models(tmp_path_factory) -> Path:
     (onnx / "model.onnx").write_bytes(b"")
     config = json.loads((root / "draft" / "config.json").read_text())
     (onnx / "config.json").write_text(json.dumps({**config, "_name_or_path": str(root / "draft")}))
+    mtp.checkpoint(root / "mtp-target")  # DeepSeek-V3's layout, its MTP layer as layer 61
+    target4, helper = assistant.pair()
+    target4.save_pretrained(root / "gemma4-target")
+    helper.save_pretrained(root / "gemma4-assistant")
     return root
 
 
@@ -54,6 +59,8 @@ CASES = {
     "draft_model": lambda m: dict(model=m / "target", method="draft_model", draft=m / "draft"),
     "eagle3-head": lambda m: dict(model=m / "target8", head=m / "head-eagle3"),
     "onnx": lambda m: dict(model=m / "target", method="onnx", draft=m / "draft-onnx"),
+    "mtp": lambda m: dict(model=m / "mtp-target", method="mtp"),
+    "assistant": lambda m: dict(model=m / "gemma4-target", method="assistant", draft=m / "gemma4-assistant"),
 }
 
 

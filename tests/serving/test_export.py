@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import hf_specdec
-from hf_specdec.serving import export_serving
+from hf_specdec.serving import ServingExportError, export_serving
 
 from .conftest import CASES, export_case
 
@@ -54,6 +54,17 @@ def test_no_method_exports_what_speculative_true_picks(models, tmp_path):
         str(models / "target"), "sglang", draft=str(models / "draft"), num_draft_tokens=2
     )
     assert (with_draft["method"], with_draft["engine_method"]) == ("draft_model", "STANDALONE")
+
+
+def test_a_checkpoint_with_mtp_layers_exports_them(models, tmp_path):
+    """As speculative=True chooses: the target's own MTP layers, no draft in either engine."""
+    vllm = export_serving(str(models / "mtp-target"), "vllm", num_draft_tokens=2)
+    assert vllm["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 2}
+    sglang = export_serving(str(models / "mtp-target"), "sglang", num_draft_tokens=2)
+    assert sglang["method"] == "mtp" and "--speculative-draft-model-path" not in sglang["command"]
+    assert sglang["command"][sglang["command"].index("--speculative-algorithm") + 1] == "EAGLE"
+    with pytest.raises(ServingExportError, match="no engine equivalent.*drop --draft"):
+        export_serving(str(models / "mtp-target"), "vllm", method="mtp", draft=str(models / "draft"))
 
 
 def test_bad_arguments(models):

@@ -1,0 +1,290 @@
+"""A model's own multi-token-prediction (MTP) layers, shipped in its checkpoint (DeepSeek-V3, GLM-4.5,
+ERNIE 4.5, ...), read out of it by transformers' `MtpModel`; and `MtpDepth`, one of them run as a
+draft head over a cache of its own.
+
+MTP layer k (DeepSeek-V3 §2.2) reads, at index t, the hidden state of the layer before it (the
+target's last, post-norm one for k = 0) and the embedding of token x_{t+k+1}, each RMS-normalised,
+projects their concatenation (`eh_proj`), runs one decoder block of the target's own kind, and
+scores x_{t+k+2} with the target's LM head after a norm of its own. transformers numbers the
+positions of depth k `k + 1` ahead of the target's (`MtpCache`); so do we.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import transformers
+from safetensors import safe_open
+from torch import nn
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES, model_type_to_module_name
+
+from ..hub.download import local_snapshot
+from .eagle import HeadOutput, causal_mask
+
+# Config fields under which checkpoints that transformers does not load MTP for still declare
+# such layers (MiMo, Qwen3-Next, ...): named in the error rather than "no MTP layers".
+_OTHER_MTP_FIELDS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_modules")
+
+
+def mtp_layer_count(target: Any) -> int:
+    """How many MTP layers `target`'s config declares for transformers to load (0: none, or an
+    architecture transformers loads none for)."""
+    return int(getattr(target.config.get_text_config(), "num_mtp_layers", 0) or 0)
+
+
+def checkpoint_folder(target: Any) -> Path | None:
+    """The folder holding `target`'s checkpoint files: the one it was loaded from, or its snapshot in
+    the Hub cache; None when there is none here (a model built in memory, or not downloaded)."""
+    name = str(getattr(target, "name_or_path", "") or getattr(target.config, "_name_or_path", "") or "")
+    return _local_folder(name) if name else None
+
+
+def _local_folder(name: str) -> Path | None:
+    """`name` as a folder here: itself, or a Hub repo id's snapshot in the local Hub cache."""
+    if Path(name).is_dir():
+        return Path(name)
+    try:
+        return local_snapshot(name, None)
+    except ValueError:  # not a repo id either
+        return None
+
+
+def mtp_weight_keys(target: Any, folder: Path) -> tuple[list[str], str]:
+    """The checkpoint keys in `folder`'s safetensors that transformers reads as `target`'s MTP layers,
+    and the pattern it looks for (`MtpModel.get_mtp_weights_regex`). Reads the shard index or the
+    files' headers only."""
+    from transformers.modeling_layers import MtpModel
+
+    pattern = MtpModel.get_mtp_weights_regex(target)
+    # The target's own keys that its MTP layers also read (`_keys_shared_with_mtp`) do not make MTP.
+    shared = re.compile("|".join(getattr(target, "_keys_shared_with_mtp", None) or ["(?!)"]))
+    return [
+        k for k in _checkpoint_keys(folder) if pattern.search(k) and not shared.search(k)
+    ], pattern.pattern
+
+
+def _checkpoint_keys(folder: Path) -> list[str]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        return sorted(weight_map) if isinstance(weight_map, dict) else []
+    keys: list[str] = []
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            keys += list(f.keys())
+    return keys
+
+
+def own_mtp_weights(target: Any) -> tuple[Path, list[str], str] | None:
+    """Where `target` (a loaded model, a model folder, or a Hub repo id whose snapshot is in the local
+    Hub cache) keeps MTP weights transformers loads: (its folder, the keys, the pattern looked for);
+    None when it has none, or its checkpoint is not here. Reads configs and safetensors headers
+    only, downloads nothing, runs no code (a config that needs remote code counts as none)."""
+    if hasattr(target, "config"):
+        folder = checkpoint_folder(target)
+        model = target
+    else:
+        folder = _local_folder(str(target))
+        model = _stand_in(folder) if folder is not None else None
+    if folder is None or model is None or mtp_layer_count(model) == 0:
+        return None
+    try:
+        keys, pattern = mtp_weight_keys(model, folder)
+    except (ValueError, TypeError, OSError):  # no MTP pattern registered, unreadable files
+        return None
+    return (folder, keys, pattern) if keys else None
+
+
+def _stand_in(folder: Path) -> Any | None:
+    """What `MtpModel.get_mtp_weights_regex` reads of a model (its config, and its class's MTP key
+    patterns), from a folder's config.json without building the model."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    if not (folder / "config.json").is_file():
+        return None
+    try:
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
+        cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except (ValueError, KeyError, OSError):
+        return None
+    return SimpleNamespace(
+        config=config,
+        _keys_to_ignore_on_load_unexpected=cls._keys_to_ignore_on_load_unexpected or [],
+        _keys_shared_with_mtp=getattr(cls, "_keys_shared_with_mtp", None) or [],
+    )
+
+
+def unloadable_mtp_keys(target: Any, folder: Path) -> list[str]:
+    """Checkpoint keys that look like MTP layers of an architecture transformers loads none for
+    (`mtp.*`, `model.mtp_layers.*`), or config fields that declare such layers."""
+    config = target.config.get_text_config()
+    declared = [
+        f"config.{name}={getattr(config, name)}" for name in _OTHER_MTP_FIELDS if getattr(config, name, 0)
+    ]
+    return declared + [k for k in _checkpoint_keys(folder) if re.search(r"(^|\.)mtp", k)][:4]
+
+
+def load_mtp_layers(target: Any) -> nn.Module:
+    """`target`'s MTP layers, read out of its checkpoint by transformers' `MtpModel.from_pretrained`
+    (safetensors only), on the device of its last decoder layer, in its dtype.
+
+    Raises:
+        ValueError: the architecture has no MTP layers transformers loads, the model was not loaded
+            from a checkpoint, the checkpoint holds no MTP weights (the keys looked for are named)
+            or malformed ones, or its MTP layers attend otherwise than to the whole context.
+    """
+    from transformers.modeling_layers import MtpModel
+
+    kind = type(target).__name__
+    folder = checkpoint_folder(target)
+    if mtp_layer_count(target) == 0:
+        found = unloadable_mtp_keys(target, folder) if folder is not None else []
+        holds = f" Its checkpoint declares or holds MTP layers ({', '.join(found)})," if found else ""
+        raise ValueError(
+            f"method='mtp' drafts with a model's own multi-token-prediction layers, and transformers "
+            f"{transformers.__version__} loads none for {kind} (model_type "
+            f"{target.config.get_text_config().model_type!r}: its config has no num_mtp_layers).{holds} "
+            f"transformers loads MTP layers for: {', '.join(mtp_architectures())}. Use another method "
+            "(speculative=True chooses one)."
+        )
+    if folder is None:
+        raise ValueError(
+            f"method='mtp' reads the MTP layers out of the {kind}'s checkpoint files, but this model was "
+            "not loaded from a folder or a Hub repo found in the local cache (name_or_path "
+            f"{getattr(target, 'name_or_path', '')!r}): load it with from_pretrained(folder or repo id)."
+        )
+    keys, pattern = mtp_weight_keys(target, folder)
+    if not keys:
+        raise ValueError(
+            f"{folder} holds no MTP weights: method='mtp' looked for keys matching {pattern!r} in its "
+            f"safetensors ({', '.join(p.name for p in sorted(folder.glob('*.safetensors'))) or 'none'}), "
+            f"as its config (num_mtp_layers={mtp_layer_count(target)}) promises. Checkpoints converted or "
+            "quantized without their MTP layers have none: use another method (speculative=True chooses one)."
+        )
+    device = next(target.get_decoder().layers[-1].parameters()).device
+    report = _LoadReport()
+    try:
+        with report.listening():
+            mtp = MtpModel.from_pretrained(target, device_map={"": device})
+    except (RuntimeError, ValueError, KeyError) as err:
+        raise ValueError(
+            f"The MTP weights in {folder} ({len(keys)} keys matching {pattern!r}, e.g. {keys[0]}) do not "
+            f"load as {kind}'s MTP layers: {err}{report.problems()}. The checkpoint's MTP layers do not "
+            "match its config: use another method (speculative=True chooses one)."
+        ) from None
+    layer_types = set(getattr(mtp.config, "layer_types", None) or ["full_attention"])
+    if layer_types != {"full_attention"}:
+        raise ValueError(
+            f"{kind}'s MTP layers attend as {sorted(layer_types)}; method='mtp' drafts with MTP layers of "
+            "full attention only (their cache is rolled back after a rejected draft)."
+        )
+    return mtp.eval()
+
+
+class _LoadReport(logging.Handler):
+    """The load report transformers logs as `MtpModel.from_pretrained` reads the weights: its rows
+    name the keys whose shapes did not match, which the error it then raises does not."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines += record.getMessage().splitlines()
+
+    @contextlib.contextmanager
+    def listening(self) -> Iterator[None]:
+        logger = logging.getLogger("transformers.modeling_layers")
+        logger.addHandler(self)
+        try:
+            yield
+        finally:
+            logger.removeHandler(self)
+
+    def problems(self) -> str:
+        rows = [" ".join(line.split()) for line in self.lines if "MISMATCH" in line or "MISSING" in line]
+        return "" if not rows else " (" + "; ".join(rows[:6]) + ")"
+
+
+@functools.cache
+def mtp_architectures() -> tuple[str, ...]:
+    """The model folders of the installed transformers whose configuration declares `num_mtp_layers`
+    (read from the sources, without importing every model)."""
+    models = Path(transformers.__file__).parent / "models"
+    found = set()
+    for model_type in CONFIG_MAPPING_NAMES:
+        module = model_type_to_module_name(model_type)
+        source = models / module / f"configuration_{module}.py"
+        if source.is_file() and "num_mtp_layers" in source.read_text(errors="ignore"):
+            found.add(module)
+    return tuple(sorted(found))
+
+
+class MtpDepth(nn.Module):
+    """Depth k of a model's MTP layers as a draft head: `forward(input_ids, features, ...)` over a
+    cache (index t reads the hidden state `features[t]` and the token x_{t+k+1} in `input_ids`),
+    returning the logits of x_{t+k+2} and the layer's hidden states, which depth k + 1 (or this
+    depth again, chaining past the last) reads next.
+
+    The parts are transformers' (`MtpModel.layers[k]`, its rotary and shared head); the masks are
+    ours: a ragged batch's holes and a tree's, which `MtpModel.forward_layer` cannot take.
+    """
+
+    def __init__(self, mtp: nn.Module, depth: int) -> None:
+        super().__init__()
+        self.mtp = mtp
+        self.depth = depth
+        self.config = mtp.config
+        self.attention = mtp.config._attn_implementation
+        if self.attention not in ("sdpa", "eager"):
+            raise ValueError(
+                f"method='mtp' builds the MTP layers' attention masks itself (holes of a batch, trees), "
+                f"which needs attn_implementation 'sdpa' or 'eager' (the model has {self.attention!r}): "
+                "load it with attn_implementation='sdpa'."
+            )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [B, T] x_{t+k+1}
+        features: torch.Tensor,  # [B, T, H] the hidden state of the depth before at index t
+        attention_mask: torch.Tensor | None = None,  # [B, past + T] 1 on real positions, or a 4D boolean mask
+        position_ids: torch.Tensor | None = None,  # [B, T]
+        cache: Any = None,
+        logits_to_keep: int = 0,
+        **_: Any,
+    ) -> HeadOutput:
+        mtp = self.mtp
+        embeds = mtp.embed_tokens(input_ids).to(features.device)
+        past = cache.get_seq_length(self.depth) if cache is not None else 0
+        queries = past + torch.arange(input_ids.shape[1], device=input_ids.device)
+        if position_ids is None:
+            position_ids = (queries + self.depth + 1)[None]
+        mask = causal_mask(queries, past + input_ids.shape[1], attention_mask)[:, None]  # [B, 1, T, total]
+        if self.attention == "eager":
+            mask = torch.where(mask, 0.0, torch.finfo(embeds.dtype).min).to(embeds.dtype)
+        rope = {"layer_type": mtp.config.layer_types[self.depth]} if mtp.has_per_layer_rope else {}
+        rotary = (
+            mtp.rotary_emb(embeds, position_ids=position_ids, **rope) if mtp.rotary_emb is not None else None
+        )
+        hidden = mtp.layers[self.depth](
+            embeds,
+            features.to(embeds.dtype),
+            position_embeddings=rotary,
+            attention_mask=mask,
+            position_ids=position_ids,
+            cache=cache,
+        )
+        if mtp.use_shared_post_norm:
+            hidden = mtp.shared_post_norm(hidden)
+        kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
+        return HeadOutput(logits=mtp._project_to_logits(kept), hidden_states=hidden)

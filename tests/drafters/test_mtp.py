@@ -1,0 +1,128 @@
+"""MTP drafting (`method="mtp"`) is lossless and drafts what transformers' own MTP drafting does.
+
+Targets of two DeepSeek-V3 layers with 1-3 MTP layers (transformers' `MtpModel`) built in memory and
+given as `draft=`; loading them out of checkpoints in the published layouts is tested in
+`tests/heads/test_mtp.py`. `tests/helpers/mtp.py` says how the layers are made to agree with
+their target part of the time (`agree`), and to read their own context too (`own`).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.modeling_layers import MtpModel
+
+from hf_specdec import SpeculativeConfig
+
+from ..conftest import assert_greedy_match
+from ..helpers import mtp
+from ..helpers.forwards import assert_drafts_as_theirs
+from ..helpers.sampling import (
+    ALPHA,
+    SETTINGS,
+    VOCAB,
+    chi2_pvalue,
+    continuation_index,
+    exact_distribution,
+    sample,
+)
+from ..properties.test_output_contract import assert_like_plain
+
+SMALL = dict(num_hidden_layers=2, first_k_dense_replace=2)
+
+
+def target_and_layers(depths: int, **kwargs):
+    return mtp.target_and_layers("deepseek_v3", depths=depths, agree=0.03, own=0.3, **SMALL, **kwargs)
+
+
+@pytest.fixture(scope="module", params=[1, 3], ids=lambda n: f"{n}-depths")
+def pair(request):
+    return target_and_layers(request.param)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("length", [2, 5, "tree"])
+def test_greedy_matches_plain_generate(pair, batch, length):
+    """Chains shorter than the layers (3 of them), longer (the last layer reapplied), and trees; in
+    a left-padded batch the rows accept different numbers of drafts."""
+    target, layers = pair
+    inputs = mtp.prompts(batch)
+    kwargs = dict(**inputs, max_new_tokens=24, do_sample=False)
+    with torch.no_grad():
+        plain = target.generate(**kwargs)
+        tree = dict(tree=True, num_draft_tokens=6) if length == "tree" else dict(num_draft_tokens=length)
+        out = target.generate(
+            **kwargs, speculative=dict(method="mtp", draft=layers, **tree), return_dict_in_generate=True
+        )
+    assert_greedy_match(target, plain, out.sequences, inputs["attention_mask"])
+    stats = out.speculative_stats
+    assert 0 < stats.accepted < stats.drafted  # drafts accepted and rolled back
+    assert stats.method == "mtp" and len(stats.per_position_acceptance) == (6 if length == "tree" else length)
+
+
+@pytest.mark.parametrize("depths", [1, 2, 3])
+def test_as_many_tokens_per_target_forward_as_transformers_use_mtp(depths, monkeypatch):
+    """transformers' `generate(use_mtp=True)` (MTPCandidateGenerator and its MtpCache) drafts one
+    token per MTP layer each step; drafting as many, ours proposes the same tokens from the same
+    layers, so that both take the same target forwards (counted), with the same output."""
+    target, layers = target_and_layers(depths)
+    monkeypatch.setattr(MtpModel, "from_pretrained", classmethod(lambda cls, model, **kw: layers))
+    theirs, ours = (
+        dict(use_mtp=True),
+        dict(speculative=dict(method="mtp", draft=layers, num_draft_tokens=depths)),
+    )
+    assert_drafts_as_theirs(target, mtp.prompts(1), theirs, ours, max_new_tokens=30)
+
+
+def test_sampling_is_exact():
+    """Two depths and chains of three (the last depth reapplied): every 3-token continuation of a
+    vocabulary-8 target enumerated, thousands of speculative samples chi-square-tested against it
+    (tests/properties/test_sampling.py shows that the test rejects samples from a wrong distribution)."""
+    target, layers = target_and_layers(2, vocab_size=VOCAB)
+    exact = exact_distribution(target, SETTINGS["topk_topp"])
+    speculative = SpeculativeConfig(method="mtp", draft=layers, num_draft_tokens=3)
+    with torch.no_grad():
+        samples = sample(target, SETTINGS["topk_topp"], seed=0, speculative=speculative)
+    assert chi2_pvalue(continuation_index(samples), exact) > ALPHA
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_every_output_like_plain(batch):
+    """generate's whole output contract (scores, logits, attentions, hidden states, and at batch 1 the
+    cache), in eager attention, for chains past the layers and for trees."""
+    target, layers = target_and_layers(2, attn_implementation="eager")
+    inputs = mtp.prompts(batch)
+    for speculative in (dict(num_draft_tokens=3), dict(num_draft_tokens=4, tree=True)):
+        spec = SpeculativeConfig(method="mtp", draft=layers, **speculative)
+        _, out = assert_like_plain(
+            target, inputs, spec, compare_cache=batch == 1 and not speculative.get("tree")
+        )
+        assert out.speculative_stats.accepted > 0
+
+
+def test_over_a_static_cache():
+    target, layers = target_and_layers(2)
+    inputs = mtp.prompts(3)
+    kwargs = dict(**inputs, max_new_tokens=20, do_sample=False, cache_implementation="static")
+    with torch.no_grad():
+        plain = target.generate(**kwargs)
+        out = target.generate(**kwargs, speculative=dict(method="mtp", draft=layers, num_draft_tokens=3))
+    assert_greedy_match(target, plain, out, inputs["attention_mask"])
+
+
+def test_a_draft_that_is_no_mtp_layers_is_refused():
+    target, _ = target_and_layers(1)
+    with pytest.raises(ValueError, match="own MTP layers.*MtpModel"):
+        target.generate(**mtp.prompts(1), max_new_tokens=3, speculative=dict(method="mtp", draft=target))
+
+
+def test_rows_that_finish_early_leave_the_batch():
+    """EOS ends two of three rows early: the finished rows leave the layers' caches with the target's."""
+    target, layers = target_and_layers(2)
+    inputs = mtp.prompts(3, seed=4)
+    kwargs = dict(**inputs, max_new_tokens=30, do_sample=False, eos_token_id=4)
+    with torch.no_grad():
+        plain = target.generate(**kwargs)
+        out = target.generate(**kwargs, speculative=dict(method="mtp", draft=layers, num_draft_tokens=4))
+    assert (plain[:, 10:] == 4).any(dim=1).tolist() == [True, False, True]
+    assert_greedy_match(target, plain, out, inputs["attention_mask"])

@@ -1,0 +1,126 @@
+"""A model's own MTP layers read out of its checkpoint (`method="mtp"` with no `draft=`): tiny
+checkpoints in DeepSeek-V3's layout (the MTP layer as decoder layer 61, its experts one key each)
+and GLM-4.5-Air's (layer 46), on which transformers' own `generate(use_mtp=True)` runs as the
+reference; and the errors for checkpoints without MTP weights, with malformed ones, and for
+architectures transformers loads no MTP layers for."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import LlamaForCausalLM
+
+from hf_specdec import SpeculativeConfig, clear_cache
+from hf_specdec.heads.mtp import checkpoint_folder, load_mtp_layers, mtp_architectures, mtp_weight_keys
+
+from ..conftest import assert_greedy_match, tiny_llama
+from ..helpers import mtp
+from ..helpers.forwards import assert_drafts_as_theirs
+
+AGREE = 0.002  # 46-61 layers of attention each bend the bigram a little (tests/helpers/mtp.py)
+
+
+@pytest.fixture(scope="module", params=list(mtp.LAYOUTS))
+def layout(request, tmp_path_factory):
+    folder = mtp.checkpoint(tmp_path_factory.mktemp(request.param), request.param, agree=AGREE)
+    return request.param, folder
+
+
+def load(layout: str, folder):
+    return mtp.model_class(layout).from_pretrained(folder).eval()
+
+
+def test_the_published_layout_drafts_as_transformers_does(layout):
+    """Batch 1: identical to plain and to transformers' use_mtp=True, in as few target forwards (one
+    draft token a step, as it drafts); a left-padded batch of 2, identical to plain."""
+    name, folder = layout
+    target = load(name, folder)
+    ours = dict(speculative=dict(method="mtp", num_draft_tokens=1))
+    assert_drafts_as_theirs(target, mtp.prompts(1), dict(use_mtp=True), ours, max_new_tokens=10)
+
+    batch = mtp.prompts(2)
+    with torch.no_grad():
+        plain = target.generate(**batch, max_new_tokens=10, do_sample=False)
+        spec = dict(method="mtp", num_draft_tokens=3)
+        out = target.generate(
+            **batch, max_new_tokens=10, do_sample=False, speculative=spec, return_dict_in_generate=True
+        )
+    assert_greedy_match(target, plain, out.sequences, batch["attention_mask"])
+    assert out.speculative_stats.accepted > 0
+
+
+def test_the_layers_are_read_once_per_model(tmp_path, monkeypatch):
+    target = load("glm4_moe", mtp.checkpoint(tmp_path, "glm4_moe"))
+    reads = []
+    read = load_mtp_layers
+    monkeypatch.setattr("hf_specdec.drafters.mtp.load_mtp_layers", lambda t: reads.append(t) or read(t))
+    for _ in range(2):
+        target.generate(**mtp.prompts(1), max_new_tokens=3, speculative=dict(method="mtp"))
+    assert len(reads) == 1
+    clear_cache()
+    target.generate(**mtp.prompts(1), max_new_tokens=3, speculative=dict(method="mtp"))
+    assert len(reads) == 2
+
+
+def test_a_checkpoint_without_mtp_weights_names_the_keys_looked_for(tmp_path):
+    """DeepSeek-V3's config declares one MTP layer by default, converted checkpoints often lack it."""
+    target = load("deepseek_v3", mtp.checkpoint(tmp_path, mtp=False))
+    with pytest.raises(
+        ValueError, match=r"holds no MTP weights.*model\\\\\.layers\\\\\.61.*model\.safetensors"
+    ):
+        target.generate(**mtp.prompts(1), max_new_tokens=3, speculative=dict(method="mtp"))
+
+
+@pytest.mark.parametrize("damage", ["missing", "misshapen"])
+def test_malformed_mtp_weights_are_refused_with_the_key(tmp_path, damage):
+    folder = mtp.checkpoint(tmp_path)
+    weights = load_file(folder / "model.safetensors")
+    if damage == "missing":
+        del weights["model.layers.61.enorm.weight"]
+    else:
+        weights["model.layers.61.eh_proj.weight"] = weights["model.layers.61.eh_proj.weight"].T.contiguous()
+    save_file(weights, folder / "model.safetensors", {"format": "pt"})
+    target = load("deepseek_v3", folder)
+    with pytest.raises(
+        ValueError, match=r"do not load as DeepseekV3ForCausalLM's MTP layers.*(enorm|eh_proj)"
+    ):
+        target.generate(**mtp.prompts(1), max_new_tokens=3, speculative=dict(method="mtp"))
+
+
+def test_an_architecture_without_mtp_layers_is_refused():
+    with pytest.raises(
+        ValueError, match="transformers .* loads none for LlamaForCausalLM.*deepseek_v3.*glm4_moe"
+    ):
+        tiny_llama(0).generate(torch.tensor([[3, 4, 5]]), max_new_tokens=3, speculative=dict(method="mtp"))
+
+
+def test_a_checkpoint_declaring_mtp_layers_transformers_does_not_load_says_so(tmp_path):
+    """MiMo-style: a Llama-like checkpoint whose config counts MTP layers under another field."""
+    model = tiny_llama(0)
+    model.config.num_nextn_predict_layers = 1
+    model.save_pretrained(tmp_path)
+    target = LlamaForCausalLM.from_pretrained(tmp_path)
+    with pytest.raises(
+        ValueError, match=r"declares or holds MTP layers \(config.num_nextn_predict_layers=1\)"
+    ):
+        target.generate(torch.tensor([[3, 4, 5]]), max_new_tokens=3, speculative=dict(method="mtp"))
+
+
+def test_a_model_built_in_memory_is_told_to_load_from_a_checkpoint():
+    target, _ = mtp.target_and_layers(num_hidden_layers=2, first_k_dense_replace=2)
+    with pytest.raises(ValueError, match="was not loaded from a folder"):
+        target.generate(**mtp.prompts(1), max_new_tokens=3, speculative=SpeculativeConfig(method="mtp"))
+
+
+def test_weight_keys_and_architectures(layout):
+    name, folder = layout
+    target = load(name, folder)
+    keys, pattern = mtp_weight_keys(target, checkpoint_folder(target))
+    index = mtp.LAYOUTS[name]
+    assert (
+        f"model.layers.{index}.eh_proj.weight" in keys
+        and f"model.layers.{index}.mlp.experts.0.gate_proj.weight" in keys
+    )
+    assert all(k.startswith(f"model.layers.{index}.") for k in keys) and str(index) in pattern
+    assert {"deepseek_v3", "glm4_moe", "ernie4_5_moe"} <= set(mtp_architectures())

@@ -1,0 +1,132 @@
+"""`speculative=True` prefers the model's own draft heads: a checkpoint carrying MTP layers drafts
+with them (`method="mtp"`, nothing downloaded), and says so in `speculative_stats.selection` and
+in `hf-specdec select`; layers that do not load leave the choice to what comes after."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from hf_specdec import clear_cache
+from hf_specdec.selection.select import select_draft
+
+from ..helpers import assistant, mtp
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return mtp.checkpoint(tmp_path_factory.mktemp("own"), "glm4_moe", agree=0.002)
+
+
+def test_a_checkpoint_with_mtp_layers_drafts_with_them(folder, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # nothing is looked up, nothing downloaded
+    target = mtp.model_class("glm4_moe").from_pretrained(folder).eval()
+    for chosen in (select_draft(target), select_draft(str(folder))):
+        assert (chosen.method, chosen.draft, chosen.source) == ("mtp", None, "checkpoint")
+        assert "model.layers.46" in chosen.reason
+    inputs = mtp.prompts(2)
+    with torch.no_grad():
+        plain = target.generate(**inputs, max_new_tokens=10, do_sample=False)
+        out = target.generate(
+            **inputs, max_new_tokens=10, do_sample=False, speculative=True, return_dict_in_generate=True
+        )
+    assert torch.equal(out.sequences, plain)
+    assert out.speculative_stats.method == "mtp"
+    assert "multi-token-prediction layers" in out.speculative_stats.selection
+    assert out.speculative_stats.to_dict()["selection"] == out.speculative_stats.selection
+
+
+def test_without_mtp_weights_the_choice_is_todays(tmp_path):
+    folder = mtp.checkpoint(tmp_path, "glm4_moe", mtp=False)
+    target = mtp.model_class("glm4_moe").from_pretrained(folder)
+    assert select_draft(target).method == "ngram"
+
+
+def test_layers_that_do_not_load_leave_the_choice_to_the_next(tmp_path):
+    folder = mtp.checkpoint(tmp_path, "glm4_moe")
+    weights = load_file(folder / "model.safetensors")
+    weights["model.layers.46.eh_proj.weight"] = weights["model.layers.46.eh_proj.weight"][:, :8].contiguous()
+    save_file(weights, folder / "model.safetensors", {"format": "pt"})
+    clear_cache()
+    target = mtp.model_class("glm4_moe").from_pretrained(folder).eval()
+    inputs = mtp.prompts(1)
+    with pytest.warns(UserWarning, match="do not load as Glm4MoeForCausalLM's MTP layers.*Choosing another"):
+        out = target.generate(**inputs, max_new_tokens=6, speculative=True, return_dict_in_generate=True)
+    assert out.speculative_stats.method == "ngram"
+    assert torch.equal(out.sequences, target.generate(**inputs, max_new_tokens=6))
+
+
+def test_select_command_names_the_own_layers(folder, capsys):
+    from hf_specdec.commands import select
+
+    parser = argparse.ArgumentParser()
+    select.register(parser.add_subparsers())
+    args = parser.parse_args(["select", str(folder)])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "method:    mtp" in out and "source:    checkpoint" in out
+
+
+# --- official assistants ------------------------------------------------------------------------
+
+ASSISTANT_TARGET = "google/gemma-4-E2B-it"
+
+
+def test_the_registry_names_the_official_assistants():
+    from hf_specdec.selection.select import assistant_lookup
+
+    chosen = select_draft(ASSISTANT_TARGET)
+    assert (chosen.method, chosen.draft, chosen.source) == (
+        "assistant",
+        "google/gemma-4-E2B-it-assistant",
+        "registry",
+    )
+    for size in ("E4B", "26B-A4B", "31B"):
+        assert assistant_lookup(f"google/gemma-4-{size}-it").draft == f"google/gemma-4-{size}-it-assistant"
+    assert assistant_lookup("google/gemma-3-4b-it") is None  # Gemma 3 keeps its draft model
+
+
+@pytest.fixture
+def hub_with_assistant(tmp_path, monkeypatch):
+    """A local Hub serving a tiny assistant as the one the registry names for ASSISTANT_TARGET."""
+    from hf_specdec.selection.select import assistant_lookup
+
+    try:  # `python -m pytest` from the repo root, or --import-mode=importlib
+        from tests.hub_server import HubServer
+    except ImportError:  # plain `pytest`: the tests folder itself is on sys.path
+        from hub_server import HubServer
+
+    target, helper = assistant.pair()
+    helper.save_pretrained(tmp_path / "assistant")
+    server = HubServer()
+    server.add(assistant_lookup(ASSISTANT_TARGET).draft, tmp_path / "assistant")
+    server.start()
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setenv("HF_SPECDEC_CACHE", str(tmp_path / "specdec"))
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    clear_cache()
+    yield target
+    server.stop()
+    clear_cache()
+
+
+def test_speculative_true_drafts_with_the_targets_official_assistant(hub_with_assistant):
+    """The target says it is google/gemma-4-E2B-it: its assistant is fetched (safetensors only, no
+    code run) and drafts through our loop, in a left-padded batch."""
+    target = hub_with_assistant
+    target.name_or_path = ASSISTANT_TARGET
+    inputs = assistant.prompts(3)
+    with torch.no_grad():
+        plain = target.generate(**inputs, max_new_tokens=12, do_sample=False)
+        out = target.generate(
+            **inputs, max_new_tokens=12, do_sample=False, speculative=True, return_dict_in_generate=True
+        )
+    assert torch.equal(out.sequences, plain)
+    stats = out.speculative_stats
+    assert stats.method == "assistant" and stats.accepted > 0
+    assert "official assistant" in stats.selection
