@@ -1,4 +1,4 @@
-"""What the head drafters (EAGLE, Medusa) share: their settings, and the `HeadDrafter` base that finds
+"""What the head drafters (EAGLE, Medusa, DFlash) share: their settings, and the `HeadDrafter` base that finds
 their head, builds them and scatters a head's draft-vocabulary logits into the full vocabulary."""
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ class HeadDrafter(Drafter):
 
     supports_sampling: ClassVar[bool] = True
     supports_tree: ClassVar[bool] = True
+    options_class: ClassVar[type] = HeadDrafterConfig  # the dataclass `SpeculativeConfig.options` fill
 
     def __init__(self, head: Any, config: HeadDrafterConfig, vocab_size: int, device: torch.device) -> None:
         self.head = head
@@ -67,7 +68,7 @@ class HeadDrafter(Drafter):
                 f"`hf-specdec train-draft --target <model> --method {cls.name} --out <folder>`."
             )
         head = load_head(config.draft, target, method=cls.name)
-        options = options_to_config(HeadDrafterConfig, config.options)
+        options = options_to_config(cls.options_class, config.options)
         return cls(head, options, target.config.get_text_config().vocab_size, execution_device(target))
 
     def full_vocab(self, logits: torch.Tensor) -> torch.Tensor:

@@ -1,3 +1,4 @@
-"""Draft heads that read the target's hidden states: EAGLE and Medusa, and their checkpoint formats."""
+"""Drafts that read the target's hidden states: EAGLE and Medusa heads, DFlash / DSpark block drafts,
+and their checkpoint formats."""
 
-HEAD_METHODS = ("eagle", "medusa")  # the `method=` names whose `draft` is a trained head
+HEAD_METHODS = ("eagle", "medusa", "dflash")  # the `method=` names whose `draft` is a trained head
