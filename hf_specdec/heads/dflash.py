@@ -29,7 +29,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from ..core.devices import module_weight
 from ..core.fields import check_fields
@@ -210,8 +209,7 @@ class BlockAttention(nn.Module):
         """Keys (normalised, rotated) and values [B, kv_heads, T, d] of `x` [B, T, H]."""
         k = self.k_norm(self._split(self.k_proj(x), self.kv_heads)).transpose(1, 2)
         v = self._split(self.v_proj(x), self.kv_heads).transpose(1, 2)
-        _, k = apply_rotary_pos_emb(k, k, cos, sin)
-        return k, v
+        return _rotate(k, cos, sin), v
 
     def forward(
         self,
@@ -223,11 +221,20 @@ class BlockAttention(nn.Module):
         mask: torch.Tensor,  # [B, Q, K + Q] True where a query sees a key
     ) -> torch.Tensor:
         q = self.q_norm(self._split(self.q_proj(x), self.heads)).transpose(1, 2)
-        q, _ = apply_rotary_pos_emb(q, q, cos, sin)
+        q = _rotate(q, cos, sin)
         k, v = self.keys_values(x, cos, sin)
         k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
         out = F.scaled_dot_product_attention(q, k, v.to(q.dtype), attn_mask=mask[:, None], enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).flatten(2))
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding of `x` [B, heads, T, d] (transformers' `apply_rotary_pos_emb`, for
+    one tensor: queries and keys are rotated apart here)."""
+    cos, sin = cos[:, None], sin[:, None]
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
 
 
 class BlockLayer(nn.Module):
