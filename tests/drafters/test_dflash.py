@@ -14,6 +14,8 @@ from hf_specdec.drafters.dflash import DFlashDrafter
 
 from ..conftest import assert_greedy_match, random_batch, tiny_llama
 from ..helpers.block_drafts import random_block_draft, write_dspark, write_muse_glimmer, write_zlab
+from ..helpers.sampling import ALPHA, SETTINGS, chi2_pvalue, exact_distribution
+from ..helpers.trees import BRANCHING_PROMPT, sample_trees
 
 LAYOUTS = {
     "zlab": lambda folder, target: write_zlab(folder, target),
@@ -195,3 +197,19 @@ def test_dflash_without_a_draft_says_where_to_get_one(target):
         ValueError, match=r"needs a block draft.*train-draft --target <model> --method dflash"
     ):
         target.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=2, speculative=dict(method="dflash"))
+
+
+@pytest.fixture(scope="module")
+def sampling_target():
+    return tiny_llama(20, vocab_size=8, eos_token_id=None)
+
+
+def test_tree_samples_follow_target_distribution(sampling_target, monkeypatch):
+    """Trees of a DSpark draft (each node's children from its own token's Markov term) sampled through
+    the target's tree walk: exact (the same test rejects a walk that favours drafted tokens:
+    tests/properties/test_trees.py and the other tree drafters' tests)."""
+    head = random_block_draft(sampling_target, (0, 1), block_size=4, markov_rank=4, drafts_from_anchor=True)
+    spec = dict(method="dspark", draft=head, num_draft_tokens=4, tree=True, options={"tree_top_k": 2})
+    exact = exact_distribution(sampling_target, SETTINGS["topk_topp"], BRANCHING_PROMPT)
+    samples = sample_trees(sampling_target, SETTINGS["topk_topp"], 70, monkeypatch, spec=spec)
+    assert chi2_pvalue(samples, exact) > ALPHA

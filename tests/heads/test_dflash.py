@@ -22,6 +22,7 @@ from hf_specdec.heads.io import build_head, save_head
 
 from ..conftest import tiny_llama
 from ..helpers.block_drafts import write_dspark, write_muse_glimmer, write_zlab
+from .test_published import hub  # noqa: F401 (the local Hub fixture)
 
 
 @pytest.fixture(scope="module")
@@ -276,3 +277,27 @@ def test_unexpected_tensors_are_named(tmp_path, target):
     save_file(state, str(folder / "model.safetensors"))
     with pytest.raises(ValueError, match=r"unexpected: layers\.0\.attention_conv\.base_kernel"):
         load_head(folder, target)
+
+
+# --- from the Hub: nothing of the repo's runs ------------------------------------------------------
+
+
+def test_a_published_dflash_repo_loads_without_its_code_and_pickles_are_refused(tmp_path, target, hub):  # noqa: F811
+    """z-lab's repos carry their modeling file (named by `auto_map`): it is neither fetched nor run
+    (ours would exit the test). A repo whose weights are only a pickle is refused, never unpickled."""
+    repo = "z-lab/Tiny-DFlash-Test"
+    served = hub.add(repo, write_zlab(tmp_path / "repo", target))
+    hostile = ["../../escaped.json", "/tmp/escaped.json"]
+    served.files.update(dict.fromkeys(hostile, b"{}"))
+    head = load_head(repo, target, method="dflash")
+    assert isinstance(head, BlockDraft) and head.config.layout == "DFlash (z-lab)"
+    fetched = {name for _, name in hub.resolved(repo)}
+    assert "model.safetensors" in fetched and not fetched & {"dflash.py", *hostile}
+
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    (pickled / "config.json").write_bytes((tmp_path / "repo" / "config.json").read_bytes())
+    torch.save(load_file(str(tmp_path / "repo" / "model.safetensors")), pickled / "pytorch_model.bin")
+    hub.add("evil/Pickled-DFlash", pickled)
+    with pytest.raises(ValueError, match=r"never from pickles"):
+        load_head("evil/Pickled-DFlash", target, method="dflash")
