@@ -21,6 +21,7 @@ decision to draft token i never depends on token i itself.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -32,6 +33,8 @@ from ..core.kv import positions
 from ..core.timing import clock
 from ..heads.checkpoint import load_head
 from ..heads.dflash import BlockDraft, attention_masks
+from ..heads.dflash_published import has_dspark_heads, is_block_draft_folder, read_json_object
+from ..heads.io import CONFIG_NAME
 from .base import Drafter, elapsed, options_to_config
 from .chain import chain, real_tokens, right_aligned
 from .head_drafter import HeadDrafter
@@ -42,6 +45,29 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
     from ..config import SpeculativeConfig
+
+
+BLOCK_METHODS = ("dflash", "dspark")
+
+
+def load_block_draft(source: Any, target: PreTrainedModel) -> BlockDraft:
+    """The block draft `source` names (a folder, a Hub repo id or a module), checked against `target`."""
+    return load_head(source, target, method="dflash")
+
+
+def block_draft_method(draft: Any) -> str | None:
+    """`"dspark"` for a block draft with DSpark's heads, `"dflash"` for another block draft (a loaded
+    one, or a local folder holding one, ours or in a published layout), None for anything else."""
+    if isinstance(draft, BlockDraft):
+        return "dspark" if draft.markov_head is not None or draft.confidence_head is not None else "dflash"
+    if not isinstance(draft, (str, Path)) or not Path(draft).expanduser().is_dir():
+        return None
+    folder = Path(draft).expanduser()
+    if (folder / CONFIG_NAME).is_file():  # ours: its config names its method
+        return "dflash" if read_json_object(folder / CONFIG_NAME).get("method") == "dflash" else None
+    if not is_block_draft_folder(folder):
+        return None
+    return "dspark" if has_dspark_heads(folder) else "dflash"
 
 
 @dataclass
@@ -130,7 +156,7 @@ class DFlashDrafter(HeadDrafter):
                 "assistant checkpoint, or one trained with "
                 "`hf-specdec train-draft --target <model> --method dflash --out <folder>`."
             )
-        head = load_head(config.draft, target, method="dflash")
+        head = load_block_draft(config.draft, target)
         cls.check_draft(head, config.draft)
         options = options_to_config(cls.options_class, config.options)
         return cls(head, options, target.config.get_text_config().vocab_size, execution_device(target))

@@ -80,6 +80,12 @@ def is_block_draft_folder(folder: Path) -> bool:
         return False  # the layout loaders say what is wrong with it
 
 
+def has_dspark_heads(folder: Path) -> bool:
+    """Whether the block draft in `folder` has DSpark's Markov or confidence head (DeepSpec's layout)."""
+    raw = read_json_object(Path(folder) / "config.json")
+    return bool(raw.get("markov_rank") or raw.get("enable_confidence_head"))
+
+
 def load_block_draft(folder: Path, target: Any) -> nn.Module:
     """The block draft in `folder` (any layout above) as a `BlockDraft` for `target`."""
     folder = Path(folder)
@@ -297,4 +303,11 @@ def read_json_object(path: Path) -> dict[str, Any]:
     return raw
 
 
-__all__ = ["LAYOUTS", "check_target_layers", "is_block_draft", "is_block_draft_folder", "load_block_draft"]
+__all__ = [
+    "LAYOUTS",
+    "check_target_layers",
+    "has_dspark_heads",
+    "is_block_draft",
+    "is_block_draft_folder",
+    "load_block_draft",
+]

@@ -1,4 +1,5 @@
-"""`method="auto"` made concrete before the loop starts: the draft given, else the one chosen."""
+"""`method="auto"` made concrete before the loop starts: the draft given, else the one chosen (a
+published block draft for the target first, see `block`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 from ..config import SpeculativeConfig
 from ..ort.layout import is_onnx_folder
+from .block import block_method, published_block_draft
 from .select import speculative_draft
 
 
@@ -22,7 +24,10 @@ def resolve_method(config: SpeculativeConfig, model: Any) -> SpeculativeConfig:
 
 def _choose_method(config: SpeculativeConfig, model: Any) -> SpeculativeConfig:
     if config.draft is not None:
-        return dataclasses.replace(config, method="draft_model")
+        return dataclasses.replace(config, method=block_method(config.draft) or "draft_model")
+    block = published_block_draft(model)
+    if block is not None:
+        return dataclasses.replace(config, method=block[0], draft=block[1])
     # A chosen draft that cannot be loaded safely comes back as "ngram", with a warning.
     choice, draft, draft_tokenizer = speculative_draft(model, trust_remote_code=config.trust_remote_code)
     if draft is None:

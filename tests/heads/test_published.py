@@ -665,7 +665,8 @@ def test_select_draft_reports_published_heads_offline(tmp_path, monkeypatch):
     llama = select_draft("meta-llama/Llama-3.1-8B-Instruct")
     assert (llama.method, llama.draft) == ("draft_model", "meta-llama/Llama-3.2-1B-Instruct")  # unchanged
     assert [(h["method"], h["head"], h["layout"]) for h in llama.heads] == [
-        ("eagle", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", "EAGLE-3")
+        ("eagle", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", "EAGLE-3"),
+        ("dflash", "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat", "DFlash"),
     ]
     vicuna = select_draft("lmsys/vicuna-7b-v1.3")  # no draft model listed: heads beside a draft-free method
     assert (vicuna.method, vicuna.source) == ("ngram", "offline")
@@ -677,7 +678,12 @@ def test_select_draft_reports_published_heads_offline(tmp_path, monkeypatch):
     assert [h["head"] for h in known_heads("LMSYS/Vicuna-7B-v1.3", method="medusa")] == [
         "FasterDecoding/medusa-vicuna-7b-v1.3"
     ]
-    assert select_draft("Qwen/Qwen3-8B").heads == []
+    assert [h["head"] for h in select_draft("Qwen/Qwen3-8B").heads] == [
+        "deepseek-ai/dspark_qwen3_8b_block7",
+        "z-lab/Qwen3-8B-DFlash-b16",
+        "deepseek-ai/dflash_qwen3_8b_block7",
+    ]
+    assert select_draft("Qwen/Qwen3-32B").heads == []
 
 
 def test_registry_heads_are_sourced_and_of_a_known_layout():
@@ -687,6 +693,7 @@ def test_registry_heads_are_sourced_and_of_a_known_layout():
     assert entries
     for entry in entries:
         assert entry["source"] and len(entry["targets"]) == 1, entry  # a head fits one target
-        assert entry["layout"] in {"EAGLE-1/2", "EAGLE-3", "Medusa"}, entry
-        assert entry["method"] == ("medusa" if entry["layout"] == "Medusa" else "eagle"), entry
+        methods = {"Medusa": "medusa", "DFlash": "dflash", "DSpark": "dspark"}
+        assert entry["layout"] in {"EAGLE-1/2", "EAGLE-3", *methods}, entry
+        assert entry["method"] == methods.get(entry["layout"], "eagle"), entry
         assert _REPO_ID.match(entry["head"]) and _REPO_ID.match(entry["targets"][0]), entry
