@@ -27,6 +27,7 @@ from .base import (
     ServingPlan,
     Source,
 )
+from .block import plan_block, plan_dspark
 from .sources import check_vocab, hub_origin, load_target, onnx_source, registry_head
 
 Planner = Callable[[str, Source, Source, Options], ServingPlan]  # (model, draft, head, options)
@@ -199,4 +200,6 @@ PLANS: dict[str, Planner] = {
     "draft_model": plan_draft_model,
     "eagle": plan_eagle,
     "onnx": plan_onnx,
+    "dflash": plan_block,
+    "dspark": plan_dspark,
 }
