@@ -2,7 +2,7 @@
 n-grams, per Spec-Bench category (BENCHMARKS_HEADS.md, "Block drafts").
 
     python benchmarks/reports/block_drafts.py --head eagle=DIR --head dflash=DIR
-        [--methods eagle,dflash,ngram] [--profiles flat,real] [--suite specbench-quick]
+        [--methods eagle,dflash,dflash:7,ngram] [--profiles flat,real] [--suite specbench-quick]
         [--categories qa,mt_bench,translation,math_reasoning] [--limit 3] [--max-new-tokens 128]
         [--out bench_out/block_drafts.json] [--markdown bench_out/block_drafts.md]
 
@@ -12,9 +12,10 @@ step; drafting and the loop count at this machine's CPU time of the calling thre
 do not move it; `real` is this machine's wall clock). Per prompt, in rotated order: plain `generate`
 (run once, priced under every profile from its recorded forwards) and each method with the adaptive
 policy (run under each profile, each carrying what verifying cost from its own earlier calls, as
-`generate` does per device). Reported per category: tokens per second and the ratio to plain, τ (1 +
-accepted / steps that verified a draft), tokens per target forward (generated tokens / verify
-forwards, the prompt's forward left out) and how many outputs equal plain greedy.
+`generate` does per device), or with a fixed draft length (`dflash:7`). Reported per category:
+tokens per second and the ratio to plain, τ (1 + accepted / steps that verified a draft), tokens
+per target forward (generated tokens / verify forwards, the prompt's forward left out) and how many
+outputs equal plain greedy.
 """
 
 from __future__ import annotations
@@ -72,13 +73,20 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     eos = eos_token_ids(model)
     heads = dict(h.split("=", 1) for h in args.head)
     methods = args.methods.split(",")
-    specs = {m: {"method": m, **({"draft": heads[m]} if m in heads else {})} for m in methods}
+    specs = {}
+    for row in methods:  # "dflash" (the adaptive policy) or "dflash:7" (7 draft tokens every step)
+        name, _, k = row.partition(":")
+        specs[row] = {"method": name, **({"draft": heads[name]} if name in heads else {})}
+        if k:
+            specs[row]["num_draft_tokens"] = int(k)
     shapes: dict[tuple[str, str], set] = defaultdict(set)
     costs: dict[tuple[str, str], DeviceCosts] = defaultdict(DeviceCosts)
     report: dict[str, Any] = {"settings": {**vars(args), "runtime": describe_runtime(model)}, "prompts": []}
 
-    def speculative(profile: Any, method: str) -> dict:
-        return {**specs[method], "policy": costs[(profile.name, method)].policy(model)}
+    def speculative(profile: Any, row: str) -> dict:
+        if "num_draft_tokens" in specs[row]:
+            return specs[row]
+        return {**specs[row], "policy": costs[(profile.name, row)].policy(model)}
 
     warm = encode_prompts(tokenizer, prompts[:1], chat, pad, model.device)
     for method in methods:  # first calls pay for allocations, lazy imports and loading the drafts
