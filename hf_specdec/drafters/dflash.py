@@ -36,7 +36,7 @@ from ..heads.dflash import BlockDraft, attention_masks
 from ..heads.dflash_published import has_dspark_heads, is_block_draft_folder, read_json_object
 from ..heads.io import CONFIG_NAME
 from .base import Drafter, elapsed, options_to_config
-from .chain import chain, real_tokens, right_aligned
+from .chain import chain, right_aligned
 from .head_drafter import HeadDrafter
 from .registry import register_drafter
 from .tree import Level, grow_tree
@@ -144,7 +144,6 @@ class DFlashDrafter(HeadDrafter):
     ) -> None:
         super().__init__(head, config, vocab_size, device)
         self.context: BlockContext | None = None
-        self.done: list[int] = []  # per row: tokens whose context the draft holds
         self.row_ids: list[int] = []
 
     @classmethod
@@ -174,14 +173,7 @@ class DFlashDrafter(HeadDrafter):
         # The context: the target's hidden states of the tokens it cached since the last request.
         chunks, spans, anchors = [], [], []
         for b in range(len(request.row_ids)):
-            real = real_tokens(request, b)
-            new = request.hidden_states[b]
-            start, count = self.done[b], 0 if new is None else len(new)
-            if start + count != len(real) - 1:
-                raise RuntimeError(
-                    f"Block draft out of step: row {request.row_ids[b]} has {len(real)} tokens but the draft "
-                    f"was given the target's hidden states of {start + count}."
-                )
+            real, new, start, count = self.arrived(request, b)
             width = len(config.target_layer_ids) * config.hidden_size
             chunks.append(new if count else torch.zeros(0, width))
             spans.append(torch.arange(start, start + count))
