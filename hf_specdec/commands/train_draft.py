@@ -50,6 +50,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default 2e-3)")
     parser.add_argument(
+        "--batch-tokens", type=int, default=4096, help="padded tokens per training step (default 4096)"
+    )
+    parser.add_argument(
         "--prompt-token-loss",
         action="store_true",
         help="EAGLE: token loss on prompt positions too (more labels when answers are few; see README)",
@@ -69,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         target_layers=[int(i) for i in args.target_layers.split(",") if i.strip()],
         medusa_heads=args.heads,
         draft_vocab_size=args.draft_vocab,
+        batch_tokens=args.batch_tokens,
         **({"learning_rate": args.lr} if args.lr is not None else {}),
         seed=args.seed,
         prompt_token_loss=args.prompt_token_loss,
