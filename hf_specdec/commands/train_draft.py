@@ -1,4 +1,5 @@
-"""`hf-specdec train-draft`: train an EAGLE, Medusa or MTP head for a target by self-distillation."""
+"""`hf-specdec train-draft`: train an EAGLE, Medusa or MTP head or a DFlash block draft for a target
+by self-distillation."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from .options import add_runtime_options
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "train-draft",
-        help="train an EAGLE, Medusa or MTP draft head for a target",
+        help="train an EAGLE, Medusa or MTP draft head or a DFlash block draft for a target",
         description="Generate training text with the target (its greedy answers to a suite's prompts, or a "
         "corpus), then train a head on the target's own hidden states for a fixed time. Interrupt it and run "
         "the same command again to resume.",
@@ -38,7 +39,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--draft-vocab", type=int, default=8192, help="tokens the head scores (0: all)")
     parser.add_argument("--heads", type=int, default=4, help="Medusa heads (default 4)")
     parser.add_argument("--unrolled-steps", type=int, default=3, help="EAGLE chained steps trained at once")
+    parser.add_argument(
+        "--block-size", type=int, default=8, help="DFlash: block positions, the anchor included (default 8)"
+    )
+    parser.add_argument("--draft-layers", type=int, default=2, help="DFlash: transformer layers (default 2)")
+    parser.add_argument(
+        "--target-layers",
+        default="",
+        help="DFlash: comma-separated target layers read (default: 5 spread from layer 1 to L - 3)",
+    )
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default 2e-3)")
+    parser.add_argument(
+        "--batch-tokens", type=int, default=4096, help="padded tokens per training step (default 4096)"
+    )
     parser.add_argument(
         "--prompt-token-loss",
         action="store_true",
@@ -54,8 +67,12 @@ def run(args: argparse.Namespace) -> int:
         minutes=args.minutes,
         max_steps=args.max_steps,
         unrolled_steps=args.unrolled_steps,
+        block_size=args.block_size,
+        draft_layers=args.draft_layers,
+        target_layers=[int(i) for i in args.target_layers.split(",") if i.strip()],
         medusa_heads=args.heads,
         draft_vocab_size=args.draft_vocab,
+        batch_tokens=args.batch_tokens,
         **({"learning_rate": args.lr} if args.lr is not None else {}),
         seed=args.seed,
         prompt_token_loss=args.prompt_token_loss,

@@ -13,7 +13,7 @@ from ..core.static_kv import DraftRows, StaticKV
 from ..core.timing import clock
 from ..heads.eagle import static_cache
 from .base import elapsed
-from .chain import chain, real_tokens, right_aligned
+from .chain import chain, right_aligned
 from .head_drafter import HeadDrafter, HeadDrafterConfig
 from .registry import register_drafter
 from .tree import Level, grow_tree
@@ -52,14 +52,7 @@ class EagleDrafter(HeadDrafter):
         began = clock(self.device)
         tokens, features = [], []
         for b in range(batch):
-            real = real_tokens(request, b)
-            new = request.hidden_states[b]
-            start, count = self.done[b], 0 if new is None else len(new)
-            if start + count != len(real) - 1:
-                raise RuntimeError(
-                    f"EAGLE head out of step: row {request.row_ids[b]} has {len(real)} tokens but "
-                    f"{start + count} features."
-                )
+            real, new, start, count = self.arrived(request, b)
             tokens.append(real[start + 1 : start + 1 + count])
             size = self.head.config.hidden_size
             features.append(self.head.project_features(new) if count else torch.zeros(0, size))

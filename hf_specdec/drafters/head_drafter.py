@@ -1,4 +1,4 @@
-"""What the head drafters (EAGLE, Medusa) share: their settings, and the `HeadDrafter` base that finds
+"""What the head drafters (EAGLE, Medusa, DFlash) share: their settings, and the `HeadDrafter` base that finds
 their head, builds them and scatters a head's draft-vocabulary logits into the full vocabulary."""
 
 from __future__ import annotations
@@ -9,9 +9,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from ..core.devices import execution_device
+from ..core.draft import DraftRequest
 from ..heads.checkpoint import load_head
 from ..heads.layers import is_whole_vocab
 from .base import Drafter, options_to_config
+from .chain import real_tokens
 from .tree import ChainTreeConfig
 
 if TYPE_CHECKING:
@@ -45,6 +47,7 @@ class HeadDrafter(Drafter):
 
     supports_sampling: ClassVar[bool] = True
     supports_tree: ClassVar[bool] = True
+    options_class: ClassVar[type] = HeadDrafterConfig  # the dataclass `SpeculativeConfig.options` fill
 
     def __init__(self, head: Any, config: HeadDrafterConfig, vocab_size: int, device: torch.device) -> None:
         self.head = head
@@ -52,6 +55,8 @@ class HeadDrafter(Drafter):
         self.vocab_size = vocab_size
         self.device = device
         self.hidden_state_layers = head.feature_layers
+        self.done: list[int] = []  # per row: tokens whose hidden states the drafter has taken in
+        self._whole_vocab: bool | None = None  # whether the head scores the whole vocabulary, in order
 
     @classmethod
     def from_config(cls, config: SpeculativeConfig, target: PreTrainedModel, tokenizer: Any) -> Drafter:
@@ -62,18 +67,39 @@ class HeadDrafter(Drafter):
                 f"`hf-specdec train-draft --target <model> --method {cls.name} --out <folder>`."
             )
         head = load_head(config.draft, target, method=cls.name)
-        options = options_to_config(HeadDrafterConfig, config.options)
+        options = options_to_config(cls.options_class, config.options)
         return cls(head, options, target.config.get_text_config().vocab_size, execution_device(target))
 
+    def arrived(self, request: DraftRequest, b: int) -> tuple[torch.Tensor, torch.Tensor | None, int, int]:
+        """Row b's tokens [n] (no padding), the target's hidden states of the tokens it cached since
+        the row's last request (None: none), where they start and how many there are. Every cached
+        token but the newest must then have its hidden states: a row out of step is refused."""
+        real = real_tokens(request, b)
+        new = request.hidden_states[b]
+        start, count = self.done[b], 0 if new is None else len(new)
+        if start + count != len(real) - 1:
+            raise RuntimeError(
+                f"The {self.name} drafter is out of step: row {request.row_ids[b]} has {len(real)} tokens "
+                f"but the target's hidden states of {start + count} reached it."
+            )
+        return real, new, start, count
+
     def full_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        return full_vocab(logits, self.head.draft_vocab, self.vocab_size)
+        if self._whole_vocab is None:  # read once: a block draft asks per position, every step
+            self._whole_vocab = is_whole_vocab(self.head.draft_vocab, self.vocab_size)
+        return full_vocab(logits, self.head.draft_vocab, self.vocab_size, whole=self._whole_vocab)
 
 
-def full_vocab(logits: torch.Tensor, draft_vocab: torch.Tensor, vocab_size: int) -> torch.Tensor:
+def full_vocab(
+    logits: torch.Tensor, draft_vocab: torch.Tensor, vocab_size: int, whole: bool | None = None
+) -> torch.Tensor:
     """A head's logits [B, len(draft_vocab)] scattered into [B, vocab_size]; tokens outside its draft
     vocabulary get -inf, so the draft never proposes them and its sampling distribution gives them
-    probability 0."""
-    if logits.shape[-1] == vocab_size and is_whole_vocab(draft_vocab, vocab_size):
+    probability 0. `whole`: whether the draft vocabulary is the whole vocabulary in order, where the
+    caller knows (None: read here)."""
+    if whole is None:
+        whole = is_whole_vocab(draft_vocab, vocab_size)
+    if logits.shape[-1] == vocab_size and whole:
         return logits
     full = logits.new_full((logits.shape[0], vocab_size), float("-inf"))
     return full.index_copy_(1, draft_vocab.to(logits.device), logits)

@@ -65,8 +65,10 @@ def grow_tree(
     min_confidence: float,
     root_logits: torch.Tensor,  # [B, V] the draft's logits after each row's last token
     feed: Callable[[Level], torch.Tensor],  # a level -> the draft's logits after each of its nodes, [B, W, V]
+    max_depth: int | None = None,
 ) -> Draft:
-    """A tree of at most `max_tokens[b]` nodes per row, parents before children.
+    """A tree of at most `max_tokens[b]` nodes per row, parents before children, and at most
+    `max_depth` levels (a block draft predicts that many positions; None: no limit).
 
     Each level expands, per row, the `top_k` newest nodes of highest cumulative probability that
     could still make the final cut (a node below the budget's worst kept node cannot: its
@@ -79,10 +81,12 @@ def grow_tree(
     frontier = [[-1] if n > 0 else [] for n in max_tokens]  # -1: the row's last token
     logits = root_logits[:, None]  # [B, 1, V]
     fed = 0  # tree columns fed so far, holes included: every row has as many
-    for depth in range(1, max(max_tokens, default=0) + 1):
+    deepest = max(max_tokens, default=0) if max_depth is None else min(max(max_tokens, default=0), max_depth)
+    for depth in range(1, deepest + 1):
         _add_children(request, nodes, frontier, logits, top_k, min_confidence)
         frontier = [
-            _worth_expanding(row, depth, top_k, n) if depth < n else [] for row, n in zip(nodes, max_tokens)
+            _worth_expanding(row, depth, top_k, n) if depth < min(n, deepest) else []
+            for row, n in zip(nodes, max_tokens)
         ]
         if not any(frontier):
             break

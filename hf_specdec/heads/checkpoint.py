@@ -1,5 +1,5 @@
-"""Loading a draft head from a folder or the Hub: our format (see `io`), or (via `published`) the
-EAGLE and Medusa layouts."""
+"""Loading a draft head from a folder or the Hub: our format (see `io`), or the authors' layouts:
+EAGLE and Medusa (via `published`), DFlash, DSpark and MuseGlimmer block drafts (`dflash_published`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from torch import nn
 
 from ..core.devices import execution_device
 from ..hub.download import download_repo_files
+from .dflash import BlockDraftConfig
+from .dflash_published import check_target_layers, is_block_draft_folder, load_block_draft
 from .eagle import EagleHeadConfig
 from .io import (
     CONFIG_NAME,
@@ -26,13 +28,19 @@ from .io import (
 from .medusa import MedusaHeadConfig
 from .published import load_published
 
-_CONFIGS = {"eagle": EagleHeadConfig, "medusa": MedusaHeadConfig, "mtp": EagleHeadConfig}
+_CONFIGS = {
+    "eagle": EagleHeadConfig,
+    "medusa": MedusaHeadConfig,
+    "mtp": EagleHeadConfig,
+    "dflash": BlockDraftConfig,
+}
 
 
 def load_head(source: Any, target: Any, method: str | None = None) -> nn.Module:
     """The head `source` names (a folder, a Hub repo id, or a head module), checked against `target`.
 
-    `method` ("eagle", "medusa" or "mtp") is what the caller wants; a head of another kind is refused.
+    `method` ("eagle", "medusa", "mtp" or "dflash") is what the caller wants; a head of another kind
+    is refused.
     """
     if isinstance(source, nn.Module):
         head = source
@@ -40,6 +48,8 @@ def load_head(source: Any, target: Any, method: str | None = None) -> nn.Module:
         folder = _local_folder(source)
         if (folder / CONFIG_NAME).is_file():
             head = _load_ours(folder, target)
+        elif is_block_draft_folder(folder):
+            head = load_block_draft(folder, target)
         else:
             head = load_published(folder, target)
     kind = head.config.method
@@ -76,6 +86,8 @@ def _load_ours(folder: Path, target: Any) -> nn.Module:
             f"expected {' or '.join(VARIANTS)}."
         )
     check_head_matches(config, target, str(folder))
+    if isinstance(config, BlockDraftConfig):
+        check_target_layers(config, target, folder)
     state = read_weights(folder / WEIGHTS_NAME)
     check_saved_head(folder)  # what still parses may have changed since it was saved
     head = build_head(config, target)

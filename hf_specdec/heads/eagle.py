@@ -61,17 +61,7 @@ class EagleHeadConfig:
         counts = ("target_num_layers", "draft_vocab_size", "max_position_embeddings")  # 0: unknown, or all
         ranges = {**dict.fromkeys(sizes, (1, None)), **dict.fromkeys(counts, (0, None))}
         check_fields(self, ranges={**ranges, "intermediate_size": (1, None), "rms_norm_eps": (0, 1)})
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"An EAGLE head's num_attention_heads ({self.num_attention_heads}) must be a multiple of its "
-                f"num_key_value_heads ({self.num_key_value_heads})."
-            )
-        rope_types = ("default", *sorted(ROPE_INIT_FUNCTIONS))
-        if self.rope_parameters.get("rope_type", "default") not in rope_types:
-            raise ValueError(
-                f"An EAGLE head's rope_parameters name rope_type {self.rope_parameters.get('rope_type')!r}; "
-                f"transformers knows {', '.join(map(repr, rope_types))}."
-            )
+        check_attention_shape(self, "An EAGLE head")
 
     @classmethod
     def for_target(cls, target: Any, draft_vocab_size: int = 0, **overrides: Any) -> EagleHeadConfig:
@@ -97,8 +87,25 @@ class EagleHeadConfig:
         return dataclasses.asdict(self)
 
 
-def rotary_embedding(config: EagleHeadConfig) -> LlamaRotaryEmbedding:
-    """The head's rotary embedding: the target's rope parameters and context length."""
+def check_attention_shape(config: Any, owner: str) -> None:
+    """Refuse head counts that do not group (`num_attention_heads` a multiple of `num_key_value_heads`)
+    and a rope type transformers does not know; `owner` names the config in the message."""
+    if config.num_attention_heads % config.num_key_value_heads:
+        raise ValueError(
+            f"{owner}'s num_attention_heads ({config.num_attention_heads}) must be a multiple of its "
+            f"num_key_value_heads ({config.num_key_value_heads})."
+        )
+    rope_types = ("default", *sorted(ROPE_INIT_FUNCTIONS))
+    if config.rope_parameters.get("rope_type", "default") not in rope_types:
+        raise ValueError(
+            f"{owner}'s rope_parameters name rope_type {config.rope_parameters.get('rope_type')!r}; "
+            f"transformers knows {', '.join(map(repr, rope_types))}."
+        )
+
+
+def rotary_embedding(config: Any) -> LlamaRotaryEmbedding:
+    """The head's rotary embedding (an `EagleHeadConfig` or `BlockDraftConfig`): the target's rope
+    parameters and context length."""
     extra = (
         {"max_position_embeddings": config.max_position_embeddings} if config.max_position_embeddings else {}
     )

@@ -18,6 +18,7 @@ from torch import nn
 
 from ..core.devices import execution_device
 from ..store.manifest import MANIFEST_NAME, manifest_problem, write_manifest
+from .dflash import BlockDraft, BlockDraftConfig
 from .eagle import EagleHead, EagleHeadConfig
 from .eagle3 import Eagle3Head
 from .medusa import MedusaHead, MedusaHeadConfig
@@ -65,7 +66,7 @@ def head_config(config_cls: type, fields: dict[str, Any], path: Path) -> Any:
         ) from None
 
 
-def build_head(config: EagleHeadConfig | MedusaHeadConfig, target: Any) -> nn.Module:
+def build_head(config: EagleHeadConfig | MedusaHeadConfig | BlockDraftConfig, target: Any) -> nn.Module:
     """A freshly initialised head for `target` (weights in the target's dtype and device).
 
     An EAGLE config without a context length (`max_position_embeddings` 0, as in heads saved
@@ -84,6 +85,11 @@ def build_head(config: EagleHeadConfig | MedusaHeadConfig, target: Any) -> nn.Mo
             raise ValueError(
                 f"Unknown EAGLE head variant {config.variant!r}; expected {' or '.join(VARIANTS)}."
             )
+    elif isinstance(config, BlockDraftConfig):
+        if not config.max_position_embeddings:
+            text = target.config.get_text_config()
+            config.max_position_embeddings = int(getattr(text, "max_position_embeddings", 0) or 0)
+        head = BlockDraft(config, target.get_input_embeddings(), target.get_output_embeddings())
     else:
         head = MedusaHead(config, target.get_output_embeddings())
     return head.to(device=execution_device(target), dtype=target.dtype)

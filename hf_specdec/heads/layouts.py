@@ -28,6 +28,11 @@ reads both back. Checked against:
 Only `Eagle3Head` maps onto these layouts. Our own EAGLE-1-style head (`EagleHead`: the target's
 last layer and LM head, optionally RMS-normalised inputs) would draft differently there, so it is
 refused rather than approximated.
+
+Block drafts (`BlockDraft`, what `train-draft --method dflash` writes) are written in z-lab's DFlash
+layout (`save_dflash`), which vLLM (`model_executor/models/qwen3_dflash.py`: `dflash_config`'s
+`target_layer_ids` and `mask_token_id`, `block_size`, Qwen3 layers with q/k norms, `fc`,
+`hidden_norm`) and SGLang (`--speculative-algorithm DFLASH`, the z-lab drafts of its docs) load.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .dflash import BlockDraft
 from .eagle3 import Eagle3Head, default_feature_layers
 
 WEIGHTS = "model.safetensors"
@@ -108,6 +114,61 @@ def save_eagle3(head: nn.Module, folder: str | Path) -> Path:
         meta["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in layers]}
         meta["eagle_aux_hidden_state_layer_ids"] = layers
     return _write(Path(folder), meta, _eagle3_state(head))
+
+
+def save_dflash(head: BlockDraft, folder: str | Path) -> Path:
+    """Write a block draft in z-lab's DFlash layout (what vLLM's and SGLang's `dflash` load); returns
+    `folder`. Its draft vocabulary is not kept: the engines score every token with the target's LM
+    head. Drafts the layout cannot hold (DSpark's heads, a draft from the anchor, sliding windows,
+    scaled embeddings or logits) are refused."""
+    check_dflash_layout(head)
+    config = head.config
+    layer = _layer_config(config)
+    meta = {
+        "architectures": ["DFlashDraftModel"],
+        **layer,
+        "model_type": "qwen3",
+        "num_hidden_layers": config.num_hidden_layers,
+        "block_size": config.block_size,
+        "attention_bias": config.attention_bias,
+        "dflash_config": {
+            "target_layer_ids": list(config.target_layer_ids),
+            "mask_token_id": config.mask_token_id,
+        },
+        "layer_types": ["full_attention"] * config.num_hidden_layers,
+        "num_target_layers": config.target_num_layers,
+        "_name_or_path": config.target,
+    }
+    state = {
+        name: tensor.detach().cpu().contiguous()
+        for name, tensor in head.state_dict().items()
+        if name != "draft_vocab"
+    }
+    return _write(Path(folder), meta, state)
+
+
+def check_dflash_layout(head: BlockDraft) -> None:
+    """Refuse a block draft z-lab's DFlash layout cannot hold, naming what it has beyond it."""
+    config = head.config
+    unheld = [
+        name
+        for name, value in (
+            ("Markov head", config.markov_rank),
+            ("confidence head", config.confidence_head),
+            ("drafts from the anchor (DSpark's layout)", config.drafts_from_anchor),
+            ("sliding windows", any(config.layer_windows)),
+            ("causal layers", any(config.causal_layers)),
+            ("input_embedding_scale", config.input_embedding_scale != 1),
+            ("output_multiplier", config.output_multiplier != 1),
+            ("final_logit_softcapping", config.final_logit_softcapping),
+        )
+        if value
+    ]
+    if unheld:
+        raise ValueError(
+            f"This block draft ({config.layout}) has {', '.join(unheld)}, which hf-specdec's DFlash export "
+            "does not write: serve its published checkpoint as it is."
+        )
 
 
 def check_layout(head: nn.Module, layout: str) -> None:

@@ -56,7 +56,7 @@ def load_published(folder: Path, target: Any) -> nn.Module:
         return _medusa(folder, medusa, target)
     eagle = _first(folder, EAGLE_WEIGHTS)
     if eagle is not None and (folder / "config.json").is_file():
-        if "speculators_model_type" in _read_config(folder):
+        if "speculators_model_type" in read_config(folder):
             return _speculators(folder, eagle, target)
         state = read_weights(eagle)
         if any(name.startswith("midlayer.") for name in state):
@@ -65,7 +65,7 @@ def load_published(folder: Path, target: Any) -> nn.Module:
             return _eagle1(folder, eagle, state, target)
         raise ValueError(
             f"{eagle} holds neither an EAGLE-1/2 layer (layers.0.*) nor an EAGLE-3 one (midlayer.*); "
-            f"its tensors: {_some(state)}. Supported layouts: {LAYOUTS}."
+            f"its tensors: {some_tensors(state)}. Supported layouts: {LAYOUTS}."
         )
     found = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
     raise ValueError(
@@ -78,7 +78,7 @@ def load_published(folder: Path, target: Any) -> nn.Module:
 
 
 def _eagle1(folder: Path, path: Path, state: dict[str, torch.Tensor], target: Any) -> nn.Module:
-    raw = _read_config(folder)
+    raw = read_config(folder)
     if raw.get("num_hidden_layers", 1) != 1:
         raise ValueError(
             f"{folder / 'config.json'}: an EAGLE head with {raw['num_hidden_layers']} layers; "
@@ -113,7 +113,7 @@ def _eagle1(folder: Path, path: Path, state: dict[str, torch.Tensor], target: An
 def _eagle3(
     folder: Path, path: Path, state: dict[str, torch.Tensor], target: Any, raw: dict[str, Any] | None = None
 ) -> nn.Module:
-    raw = _read_config(folder) if raw is None else raw
+    raw = read_config(folder) if raw is None else raw
     text = target.config.get_text_config()
     shape = _llama_shape(raw, folder)
     if raw.get("target_hidden_size", shape["hidden_size"]) != shape["hidden_size"]:
@@ -173,7 +173,7 @@ def _eagle3_layers(raw: dict[str, Any], num_layers: int, folder: Path) -> tuple[
 
 def _speculators(folder: Path, path: Path, target: Any) -> nn.Module:
     """A speculators-format EAGLE-3 head (vLLM's layout), as the original layout's config and names."""
-    raw = _read_config(folder)
+    raw = read_config(folder)
     kind = raw.get("speculators_model_type")
     if kind != "eagle3":
         raise ValueError(
@@ -209,7 +209,7 @@ def _speculators(folder: Path, path: Path, target: Any) -> nn.Module:
 
 
 def _medusa(folder: Path, path: Path, target: Any) -> nn.Module:
-    raw = _read_config(folder)
+    raw = read_config(folder)
     state = read_weights(path)
     state = {name.removeprefix("medusa_head."): tensor for name, tensor in state.items()}
     num_layers = int(raw.get("medusa_num_layers", 1))
@@ -217,7 +217,7 @@ def _medusa(folder: Path, path: Path, target: Any) -> nn.Module:
     if lm_head is None or lm_head.dim() != 2:
         raise ValueError(
             f"{path} has no LM head for Medusa head 0 ({f'0.{num_layers}.weight'}) with "
-            f"medusa_num_layers={num_layers}; its tensors: {_some(state)}."
+            f"medusa_num_layers={num_layers}; its tensors: {some_tensors(state)}."
         )
     config = head_config(
         MedusaHeadConfig,
@@ -255,7 +255,7 @@ def _first(folder: Path, names: tuple[str, ...]) -> Path | None:
     return next((folder / name for name in names if (folder / name).is_file()), None)
 
 
-def _read_config(folder: Path) -> dict[str, Any]:
+def read_config(folder: Path) -> dict[str, Any]:
     path = folder / "config.json"
     if not path.is_file():
         raise ValueError(f"{folder} has head weights but no config.json: the checkpoint is incomplete.")
@@ -282,7 +282,7 @@ def _llama_shape(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
             head_dim=int(raw.get("head_dim") or hidden // max(heads, 1)),  # 0 heads: EagleHeadConfig says so
             intermediate_size=int(raw["intermediate_size"]),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),  # the reference's EConfig default
-            rope_parameters=_rope(raw, folder),
+            rope_parameters=rope_from_config(raw, folder),
         )
     except KeyError as err:
         raise ValueError(
@@ -295,7 +295,7 @@ def _llama_shape(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
         ) from None
 
 
-def _rope(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
+def rope_from_config(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
     """HF `rope_parameters` for the reference's `rope_theta` (10000 when absent) and `rope_scaling`,
     or the config's own `rope_parameters` (configs saved by transformers 5, as speculators' are)."""
     theta = float(raw.get("rope_theta", 10000.0))
@@ -312,6 +312,6 @@ def _rope(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
     return {**parameters, "rope_type": kind, "rope_theta": theta}
 
 
-def _some(state: dict[str, torch.Tensor]) -> str:
+def some_tensors(state: dict[str, torch.Tensor]) -> str:
     names = sorted(state)
     return ", ".join(names[:8]) + (f" ... ({len(names)} in all)" if len(names) > 8 else "")

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DRAFT_FREE_METHOD = "ngram"
+# The target's own draft heads (its MTP layers, its official assistant): chosen before any other draft.
+OWN_HEAD_METHODS = ("mtp", "assistant")
 _SIZE = re.compile(r"(?:^|[-_])(?:\d+x)?(\d+(?:\.\d+)?)([MmBb])(?=$|[-_])")
 _SCALE = {"m": 1e6, "b": 1e9}
 

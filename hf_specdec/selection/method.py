@@ -1,4 +1,5 @@
-"""`method="auto"` made concrete before the loop starts: the draft given, else the one chosen."""
+"""`method="auto"` made concrete before the loop starts: the draft given, else the one chosen (the
+model's own heads, then a published block draft for the target, see `block`, then the rest)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 from ..config import SpeculativeConfig
 from ..drafters.draft_model import is_assistant
 from ..ort.layout import is_onnx_folder
+from .block import block_method, published_block_draft
 from .select import speculative_draft
 
 
@@ -28,7 +30,12 @@ def resolve_method(config: SpeculativeConfig, model: Any) -> tuple[SpeculativeCo
 
 def _choose_method(config: SpeculativeConfig, model: Any) -> tuple[SpeculativeConfig, str]:
     if config.draft is not None:
-        return dataclasses.replace(config, method="draft_model"), "the draft given as draft="
+        method = block_method(config.draft) or "draft_model"
+        return dataclasses.replace(config, method=method), "the draft given as draft="
+    block = published_block_draft(model)
+    if block is not None:
+        method, draft, reason = block
+        return dataclasses.replace(config, method=method, draft=draft), reason
     # A chosen draft that cannot be loaded safely comes back as "ngram", with a warning.
     choice, draft, draft_tokenizer = speculative_draft(model, trust_remote_code=config.trust_remote_code)
     if draft is None:

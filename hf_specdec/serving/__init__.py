@@ -19,6 +19,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from ..drafters.dflash import BLOCK_METHODS
+from ..selection.block import block_method
 from ..selection.select import select_draft
 from .base import ENGINES, SGLANG_VERSION, VLLM_VERSION, ServingExportError, ServingPlan
 from .engines import RENDERERS
@@ -61,7 +63,8 @@ def export_serving(
         model: the target: a Hub repo id or a local folder (what the engine loads).
         engine: "vllm" or "sglang".
         method: one of our methods; None: what `speculative=True` picks for `model` (`select_draft`),
-            `draft_model` when `draft` is given, `eagle` when `head` is given.
+            `draft_model` when `draft` is given, `eagle` when `head` is given (`dflash` / `dspark`
+            when either is a block draft).
         draft: the draft model (`draft_model`) or exported ONNX folder (`onnx`).
         head: a draft head folder (`eagle`): ours, published (EAGLE-1/2, EAGLE-3) or speculators.
         num_draft_tokens: an integer, or "auto": measured with our adaptive policy, on a few built-in
@@ -110,11 +113,21 @@ def _resolve_method(
     """(method, draft, why it was chosen when the caller did not say)."""
     if method not in (None, "auto"):
         return method, draft, ""
+    block = block_method(draft or head) if (draft or head) is not None else None
+    if block is not None:  # a block draft given as the draft or head: run as one, as speculative= does
+        return block, draft or head, ""
     if head is not None:
         return "eagle", draft, ""
     if draft is not None:
         return "draft_model", draft, ""
 
     choice = select_draft(model)
+    block = next((h for h in choice.heads if h["method"] in BLOCK_METHODS), None)
+    if block is not None:  # speculative=True drafts with the registry's block draft first
+        why = (
+            f"Chosen as speculative=True would for {model}: {block['method']} {block['head']} "
+            f"({block['source']})"
+        )
+        return block["method"], block["head"], why
     why = f"Chosen as speculative=True would for {model}: {choice.method} ({choice.reason})"
     return choice.method, choice.draft, why

@@ -30,6 +30,8 @@ class ServingPlan:
         measure: the `speculative=` dict whose adaptive run measures the draft length.
         target: the target, when the plan had to load it (a head is checked against it).
         ngram: (min, max) n-gram sizes, for prompt lookup.
+        block: a block draft's drafts per block: the engines draft whole blocks (a shorter one is
+            another draft, as its positions attend to each other), so it is the length they serve.
         caveats: what differs between our run and the engine's.
     """
 
@@ -40,4 +42,5 @@ class ServingPlan:
     measure: dict[str, Any] = field(default_factory=dict)
     target: Any = None
     ngram: tuple[int, int] | None = None
+    block: int | None = None
     caveats: list[str] = field(default_factory=list)

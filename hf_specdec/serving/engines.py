@@ -24,6 +24,14 @@ Names checked against the engines' sources (the versions in `base.py`):
   (the draft path defaults to the target's); FROZEN_KV_MTP drafts with a Gemma 4 assistant
   (NEXTN / EAGLE with such a draft are promoted to it, `_resolve_speculative_algorithm_alias`).
   Launched with `python -m sglang.launch_server`.
+- Block drafts (checked against vLLM's main branch, `vllm/config/speculative.py`: methods `dflash`
+  and `dspark`, `vllm/model_executor/models/qwen3_dflash.py`; and against the sglang 0.5.23 flag list,
+  whose algorithms include DFLASH and DSPARK): vLLM's `num_speculative_tokens` is the drafts a block
+  (its DFlash runs 1 + N positions, the anchor first; z-lab serves its 16-position drafts with 15);
+  SGLang's DFLASH takes the block's verify width in `--speculative-num-draft-tokens` (N + 1, which it
+  also sets as `--speculative-dflash-block-size`; it fixes steps and top-k to 1 itself), DSPARK its
+  drafted tokens in `--speculative-dspark-block-size`. Written from these sources; not run by an
+  engine here.
 - Head layouts: see `hf_specdec/heads/layouts.py`.
 """
 
@@ -34,7 +42,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..heads.layouts import save_eagle3, save_speculators
+from ..heads.dflash import BlockDraft
+from ..heads.layouts import save_dflash, save_eagle3, save_speculators
 from ..version import __version__
 from .base import ENGINES, ServingPlan
 from .sources import hub_origin
@@ -59,6 +68,8 @@ def render_vllm(model: str, plan: ServingPlan, k: int, out: Path | None) -> dict
             f"vLLM's prompt lookup matches n-grams of {plan.ngram[0]}..{plan.ngram[1]} tokens as ours does; "
             "which earlier occurrence it continues from may differ, so acceptance may differ a little."
         )
+    if plan.block is not None:
+        caveats.append(_block_caveat(plan, k))
     caveats.append(
         "vLLM verifies with its own kernels and batching: its greedy output equals plain vLLM's up to "
         "floating-point near-ties, and may differ from hf-specdec's at such ties."
@@ -85,6 +96,13 @@ def render_sglang(model: str, plan: ServingPlan, k: int, out: Path | None) -> di
     command += ["--speculative-algorithm", algorithm]
     if draft is not None:
         command += ["--speculative-draft-model-path", draft]
+    if plan.block is not None:  # a block draft: its block size, in SGLang's sense for the method
+        if algorithm == "DSPARK":  # DSpark's block size counts drafted tokens
+            command += ["--speculative-dspark-block-size", str(k)]
+        else:  # DFLASH's is the verify width, the last verified token included
+            command += ["--speculative-num-draft-tokens", str(k + 1)]
+        caveats.append(_block_caveat(plan, k))
+        return _result("sglang", model, plan, k, draft, command, caveats)
     if plan.ngram is not None:
         # Earlier releases had --speculative-ngram-{min,max}-match-window-size; 0.5.23 has not (its
         # NGRAM fields: bfs breadths, match type, max_trie_depth), and an unknown flag stops the
@@ -131,11 +149,29 @@ def _result(
     }
 
 
+def _block_caveat(plan: ServingPlan, k: int) -> str:
+    """What a block draft served with `k` drafts a block means for the engine."""
+    if k == plan.block:
+        return f"The engine drafts the whole block ({k} tokens) in one forward, as the draft was trained."
+    return (
+        f"The draft was trained on blocks of {plan.block} drafts; the engine runs blocks of {k}, whose "
+        "positions attend to one another, so it drafts differently from the trained block."
+    )
+
+
 def _write_head(head: Any, layout: str, model: str, k: int, out: Path | None) -> tuple[str, str]:
-    """Write `head` in `layout` under `out`; returns its folder and a note on it."""
+    """Write `head` in `layout` under `out` (a block draft: in z-lab's DFlash layout, which both engines
+    load); returns its folder and a note on it."""
 
     assert out is not None  # export_serving checked it before measuring anything
     folder = out / HEAD_FOLDER
+    if isinstance(head, BlockDraft):
+        save_dflash(head, folder)
+        return str(folder), (
+            f"The block draft is written in z-lab's DFlash layout at {folder}. It scores every token with "
+            "the target's LM head there, where ours scores its draft vocabulary only: drafts may differ "
+            "where the best token lies outside it."
+        )
     if layout == "speculators":
         verifier = hub_origin(model)
         save_speculators(head, folder, verifier=verifier or model, num_speculative_tokens=k)

@@ -24,7 +24,14 @@ from .sources import load_target
 def draft_length(
     model: str, plan: ServingPlan, num_draft_tokens: int | str, from_bench: str | Path | None
 ) -> tuple[int, str]:
-    """The fixed draft length to serve with, and a note when it was measured."""
+    """The fixed draft length to serve with, and a note when it was measured (a block draft's: its
+    block, unless one is given)."""
+    if plan.block is not None and num_draft_tokens == "auto":
+        return plan.block, (
+            f"num_speculative_tokens {plan.block} is the draft's whole block: the engines draft a block "
+            "in one forward and verify all of it (our policy cuts each draft where verifying stops "
+            "paying, which they do not)."
+        )
     if num_draft_tokens != "auto":
         n = num_draft_tokens
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:

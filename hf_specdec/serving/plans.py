@@ -29,6 +29,7 @@ from .base import (
     ServingPlan,
     Source,
 )
+from .block import plan_block, plan_dspark
 from .sources import check_vocab, hub_origin, load_target, onnx_source, registry_assistant, registry_head
 
 Planner = Callable[[str, Source, Source, Options], ServingPlan]  # (model, draft, head, options)
@@ -261,4 +262,6 @@ PLANS: dict[str, Planner] = {
     "onnx": plan_onnx,
     "mtp": plan_mtp,
     "assistant": plan_assistant,
+    "dflash": plan_block,
+    "dspark": plan_dspark,
 }

@@ -1,4 +1,5 @@
-"""Training draft heads by self-distillation: `hf-specdec train-draft`, or `train_draft()`."""
+"""Training draft heads and block drafts by self-distillation: `hf-specdec train-draft`, or
+`train_draft()`."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from ..core.timing import clock
 from ..loading import describe_runtime, load_model
 from .data import build_sequences, load_prompts
 from .features import cached_target_features
-from .trainer import TrainConfig, train_head
+from .trainer import TrainConfig, feature_layers, train_head
 
 
 def train_draft(
@@ -28,7 +29,8 @@ def train_draft(
     dtype: str | torch.dtype = "auto",
     device: torch.device | str | None = None,
 ) -> dict[str, Any]:
-    """Train an EAGLE, Medusa or MTP head for `target` (a model, folder or Hub id; None: the demo model).
+    """Train an EAGLE, Medusa or MTP head or a DFlash block draft (`config.method`) for `target` (a
+    model, folder or Hub id; None: the demo model).
 
     The training text is the target's greedy answers to `suite`'s prompts (default
     "specbench-train", which leaves out the prompts `hf-specdec bench --suite specbench-quick`
@@ -58,7 +60,8 @@ def train_draft(
         answers_per_prompt=answers_per_prompt,
     )
     generated_at = clock(model.device)
-    examples = cached_target_features(model, sequences, (-1,), out / "data" / "features.pt")
+    layers = feature_layers(model, config)
+    examples = cached_target_features(model, sequences, layers, out / "data" / "features.pt")
     featured_at = clock(model.device)
     log = train_head(model, examples, out, config)
     log["target"] = name

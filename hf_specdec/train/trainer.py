@@ -6,7 +6,8 @@ from its own guesses and not only from the target's features. The loss per step 
 cross-entropy against the target's greedy token plus a regression onto the target's feature.
 An MTP head (DeepSeek-V3's MTP layer: the same layer with a norm on its output) unrolls the same
 way with the cross-entropy alone, as DeepSeek trains its MTP modules: its output is no estimate of
-the target's feature. Medusa head i learns the token i+1 positions after the next.
+the target's feature. Medusa head i learns the token i+1 positions after the next. DFlash block
+drafts learn whole blocks anchored at the target's answer tokens (`block.py`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import json
 import math
 import pickle
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +27,11 @@ from tqdm.auto import tqdm
 from ..core.fields import check_fields
 from ..core.timing import clock
 from ..heads import TRAINED_METHODS
+from ..heads.dflash import BlockDraftConfig
 from ..heads.eagle import EagleHeadConfig
 from ..heads.io import build_head, check_saved_head, load_state, read_weights, save_head
 from ..heads.medusa import MedusaHeadConfig
+from .block import acceptance, block_loss, default_target_layers, loss_decay
 from .features import Example
 
 CHECKPOINT_DIR = "checkpoint"
@@ -48,6 +51,10 @@ class TrainConfig:
     learning_rate: float = 2e-3
     batch_tokens: int = 4096
     prompt_token_loss: bool = False  # EAGLE: token loss on prompt positions too (more, off-distribution)
+    block_size: int = 8  # DFlash: block positions, the anchor included (block_size - 1 drafts)
+    draft_layers: int = 2  # DFlash: the draft's transformer layers
+    target_layers: list[int] = field(default_factory=list)  # DFlash: layers read; empty: 5 spread out
+    anchors: int = 32  # DFlash: blocks trained per sequence and step
     max_length: int = 384  # train on each sequence's last positions (its answer and the prompt's end)
     holdout: float = 0.05  # share of sequences kept out of training to estimate acceptance
     eval_every_minutes: float = 3.0
@@ -66,12 +73,34 @@ class TrainConfig:
                 "batch_tokens": (1, None),
                 "max_length": (2, None),
                 "holdout": (0, 1),
+                "block_size": (2, None),
+                "draft_layers": (1, None),
+                "anchors": (1, None),
             },
             choices={"method": TRAINED_METHODS},
         )
         for name in ("minutes", "learning_rate", "eval_every_minutes", "save_every_minutes"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"`{name}` of TrainConfig must be above 0, got {getattr(self, name)!r}.")
+
+
+def feature_layers(target: Any, config: TrainConfig) -> tuple[int, ...]:
+    """The target's `output_hidden_states` indices the head of `config.method` reads: the last for
+    EAGLE and Medusa heads, the block draft's `target_layers` (each layer's output) for DFlash."""
+    if config.method != "dflash":
+        return (-1,)
+    return tuple(i + 1 for i in _block_layers(target, config))
+
+
+def _block_layers(target: Any, config: TrainConfig) -> list[int]:
+    layers = target.config.get_text_config().num_hidden_layers
+    chosen = list(config.target_layers) or default_target_layers(layers)
+    if min(chosen) < -1 or max(chosen) >= layers:
+        raise ValueError(
+            f"target_layers {chosen} are not layers of this {layers}-layer target (0..{layers - 1}, -1: "
+            "the embeddings)."
+        )
+    return chosen
 
 
 def _progress(state: dict[str, Any], budget: float, max_steps: int) -> float:
@@ -185,6 +214,8 @@ def evaluate(
 ) -> dict[str, Any]:
     """Held-out estimate on the target's answers: per-position greedy acceptance and mean accepted length."""
     head.eval()
+    if config.method == "dflash":
+        return _evaluate_blocks(head, examples, to_draft)
     correct_sum = None
     counted = 0
     accepted_total = 0.0
@@ -223,13 +254,19 @@ def evaluate(
 
 def _loss(
     head: Any, batch: list[Example], to_draft: torch.Tensor, config: TrainConfig
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, Any]:
     """Training loss of a batch; for a batch of one, also which steps got which answer positions
     right, [steps, T]: a draft started at t is judged at column t for its first token, t + 1 for
-    its second, and so on (what `evaluate` reads)."""
+    its second, and so on (what `evaluate` reads). Block drafts judge their blocks instead."""
     ids, features, labels, valid, answer = _stack(batch, head)
     judge = len(batch) == 1
     losses, correct = [], []
+    if config.method == "dflash":
+        gamma = loss_decay(config.block_size)
+        loss, right, judged = block_loss(
+            head, ids, features, to_draft[labels], valid, answer, config.anchors, gamma
+        )
+        return loss, (right, judged)
     if config.method in ("eagle", "mtp"):
         inputs, targets = ids[:, 1:], to_draft[labels[:, 1:]]  # t reads (f_t, x_{t+1}), predicts f_{t+1}
         positions = torch.arange(inputs.shape[1], device=ids.device)[None]
@@ -262,6 +299,19 @@ def _loss(
                 correct.append(hit)
     hits = torch.stack(correct)[:, answer[0, 1:]].cpu() if correct else torch.zeros(0, 0, dtype=torch.bool)
     return sum(losses), hits
+
+
+def _evaluate_blocks(head: Any, examples: list[Example], to_draft: torch.Tensor) -> dict[str, Any]:
+    """`evaluate` for block drafts: a block anchored at every answer position of every example."""
+    rights, judged = [], []
+    for example in examples:
+        ids, features, labels, valid, answer = _stack([example], head)
+        _, right, inside = block_loss(
+            head, ids, features, to_draft[labels], valid, answer, 0, 1.0, every_anchor=True
+        )
+        rights.append(right.flatten(0, 1))
+        judged.append(inside.flatten(0, 1))
+    return acceptance(torch.cat(rights), torch.cat(judged))
 
 
 def _cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -324,6 +374,14 @@ def _new_head(target: Any, train: list[Example], config: TrainConfig) -> Any:
         mtp = config.method == "mtp"
         head_config = EagleHeadConfig.for_target(
             target, draft_vocab_size=size, input_norms=True, output_norm=mtp, method=config.method
+        )
+    elif config.method == "dflash":
+        head_config = BlockDraftConfig.for_target(
+            target,
+            _block_layers(target, config),
+            num_hidden_layers=config.draft_layers,
+            block_size=config.block_size,
+            draft_vocab_size=size,
         )
     else:
         head_config = MedusaHeadConfig.for_target(

@@ -677,7 +677,12 @@ def test_select_draft_reports_published_heads_offline(tmp_path, monkeypatch):
     assert [h["head"] for h in known_heads("LMSYS/Vicuna-7B-v1.3", method="medusa")] == [
         "FasterDecoding/medusa-vicuna-7b-v1.3"
     ]
-    assert select_draft("Qwen/Qwen3-8B").heads == []
+    assert [h["head"] for h in select_draft("Qwen/Qwen3-8B").heads] == [
+        "deepseek-ai/dspark_qwen3_8b_block7",
+        "z-lab/Qwen3-8B-DFlash-b16",
+        "deepseek-ai/dflash_qwen3_8b_block7",
+    ]
+    assert select_draft("Qwen/Qwen3-32B").heads == []
 
 
 def test_registry_heads_are_sourced_and_of_a_known_layout():
@@ -687,6 +692,8 @@ def test_registry_heads_are_sourced_and_of_a_known_layout():
     assert entries
     for entry in entries:
         assert entry["source"] and len(entry["targets"]) == 1, entry  # a head fits one target
-        assert entry["layout"] in {"EAGLE-1/2", "EAGLE-3", "Medusa"}, entry
-        assert entry["method"] == ("medusa" if entry["layout"] == "Medusa" else "eagle"), entry
+        methods = {"Medusa": {"medusa"}, "DFlash": {"dflash"}, "DSpark": {"dspark", "dflash"}}
+        assert entry["layout"] in {"EAGLE-1/2", "EAGLE-3", *methods}, entry
+        assert entry["method"] in methods.get(entry["layout"], {"eagle"}), entry
+        assert (entry["method"] in ("dflash", "dspark")) == (int(entry.get("drafts", 0)) > 0), entry
         assert _REPO_ID.match(entry["head"]) and _REPO_ID.match(entry["targets"][0]), entry

@@ -348,3 +348,20 @@ def test_every_output_like_plain_with_heads(method, tree):
     inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
     plain, spec = assert_like_plain(target, inputs, speculative, compare_cache=False, max_new_tokens=12)
     assert spec.speculative_stats.accepted > 0
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_every_output_like_plain_with_a_block_draft(tree):
+    """A DFlash block draft reads the target's hidden states at several layers as it drafts: every
+    output of plain's, in a left-padded batch whose rows accept different numbers of drafts."""
+    from ..conftest import random_batch, tiny_llama
+    from ..helpers.block_drafts import random_block_draft
+
+    target = tiny_llama(31, vocab_size=8, eos_token_id=None)  # a random draft agrees now and then
+    target.set_attn_implementation("eager")
+    draft = random_block_draft(target, (0, 1), block_size=4)
+    input_ids, attention_mask = random_batch(seed=23, batch=3, vocab=8)
+    speculative = SpeculativeConfig(method="dflash", draft=draft, num_draft_tokens=3, tree=tree)
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    plain, spec = assert_like_plain(target, inputs, speculative, compare_cache=False, max_new_tokens=12)
+    assert spec.speculative_stats.accepted > 0

@@ -10,6 +10,7 @@ import torch
 from hf_specdec.core.policy import AdaptiveDraftLength
 
 from ..conftest import tiny_llama
+from ..helpers.block_drafts import random_block_draft
 from ..helpers.sampling import (
     ALPHA,
     NEW,
@@ -58,11 +59,26 @@ CASES = {
     "ngram-rep_penalty": ("ngram", "rep_penalty"),
     "draft_model-temp-auto_length": ("draft_model", "temp"),
     "ngram-temp-auto_length": ("ngram", "temp"),
+    # Block drafts: every position's distribution from one forward (DFlash), or, with DSpark's Markov
+    # head, each position's conditioned on the token sampled before it.
+    "dflash-temp": ("dflash", "temp"),
+    "dflash-rep_penalty": ("dflash", "rep_penalty"),
+    "dspark-topk_topp": ("dspark", "topk_topp"),
 }
 
 
+@pytest.fixture(scope="module")
+def block_drafts(models):
+    target, _ = models
+    markov = dict(markov_rank=4, drafts_from_anchor=True, confidence_head=True, confidence_with_markov=True)
+    dspark = random_block_draft(target, (0, 1), block_size=2, **markov)
+    with torch.no_grad():  # a Markov term that moves the draft's distributions a lot
+        dspark.markov_head.markov_w2.weight.mul_(6)
+    return {"dflash": random_block_draft(target, (0, 1), block_size=3), "dspark": dspark}
+
+
 @pytest.mark.parametrize("case", list(CASES))
-def test_speculative_samples_follow_target_distribution(models, case):
+def test_speculative_samples_follow_target_distribution(models, block_drafts, case):
     target, draft = models
     method, setting = CASES[case]
     auto = case.endswith("auto_length")
@@ -72,6 +88,8 @@ def test_speculative_samples_follow_target_distribution(models, case):
     length = dict(policy=AdaptiveDraftLength(min_probe_gain=0.0)) if auto else dict(num_draft_tokens=2)
     if method == "draft_model":
         spec = dict(method="draft_model", draft=draft, **length)
+    elif method in block_drafts:
+        spec = dict(method=method, draft=block_drafts[method], **length)
     else:
         # One occurrence (the most recent), not a vote: the voted continuation of this tiny
         # vocabulary's prompt lies outside top-k/top-p, and the test needs both acceptances and
@@ -123,6 +141,31 @@ def test_control_loop_with_a_wrong_verifier_is_rejected(models, monkeypatch):
     monkeypatch.setattr(hf_specdec.core.verify, "rejection_sample", residual_is_p)
     spec = dict(method="draft_model", draft=draft, num_draft_tokens=2)
     samples = continuation_index(sample(target, SETTINGS["temp"], seed=8, speculative=spec))
+    assert chi2_pvalue(samples, exact) < ALPHA
+
+
+def test_control_block_draft_reporting_another_distribution_is_rejected(models, block_drafts, monkeypatch):
+    """Power for block drafts: a drafter that hands the verifier another distribution than the one its
+    tokens were drawn from (DSpark's positions without their Markov term, processed alike) fails the
+    test; the same draft, reporting what it sampled from, passes above."""
+    from hf_specdec.drafters.dflash import DFlashDrafter
+
+    real = DFlashDrafter._chain
+
+    def misreported(self, request, max_tokens, anchor, hidden, logits):
+        draft = real(self, request, max_tokens, anchor, hidden, logits)
+        width = draft.tokens.shape[1]
+        if width == 0:
+            return draft
+        base = [self.full_vocab(logits[:, i]).float() for i in range(width)]
+        draft.probs = torch.stack([request.processor([], request.row_ids, x).softmax(-1) for x in base], 1)
+        return draft
+
+    target, _ = models
+    spec = dict(method="dspark", draft=block_drafts["dspark"], num_draft_tokens=2)
+    exact = exact_distribution(target, SETTINGS["temp"])
+    monkeypatch.setattr(DFlashDrafter, "_chain", misreported)
+    samples = continuation_index(sample(target, SETTINGS["temp"], seed=9, speculative=spec))
     assert chi2_pvalue(samples, exact) < ALPHA
 
 

@@ -1,0 +1,55 @@
+"""Block drafts for `speculative=`: a published DFlash / DSpark draft trained for the target, and
+telling a block draft apart from a draft model when one is given.
+
+A block draft the reviewed registry lists for the target's Hub name (`[[head]]` entries of method
+`dflash` or `dspark`: each names the exact model it was trained on) is what `speculative=True`
+drafts with first: it is trained on that target's own hidden states, where a small model of the
+family is not. It is loaded from its safetensors (nothing of its repo runs); one that cannot be
+loaded (offline without it, the Hub unreachable, a changed repo) is passed over with a warning.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from torch import nn
+
+from ..drafters.dflash import BLOCK_METHODS, block_draft_method, load_block_draft
+from .choice import OWN_HEAD_METHODS
+from .select import registry_heads, select_draft
+
+
+def published_block_draft(model: Any) -> tuple[str, nn.Module, str] | None:
+    """(method, loaded draft, why) of the first block draft the registry lists for `model`, or None;
+    None too where the model drafts with its own heads (its MTP layers, its official assistant),
+    which come first."""
+    choice = select_draft(model)
+    if choice.method in OWN_HEAD_METHODS:
+        return None
+    for entry in choice.heads:
+        if entry["method"] not in BLOCK_METHODS:
+            continue
+        try:
+            reason = f"{entry['head']}: the registry's {entry['method']} draft trained on {choice.target}"
+            return entry["method"], load_block_draft(entry["head"], model), reason
+        except (ValueError, OSError) as err:  # the Hub unreachable, offline without it, a bad repo
+            warnings.warn(
+                f"speculative=True: the published block draft {entry['head']} for {choice.target} could not "
+                f"be loaded ({err}); choosing another draft.",
+                UserWarning,
+                stacklevel=4,
+            )
+    return None
+
+
+def block_method(draft: Any) -> str | None:
+    """`"dflash"` or `"dspark"` when `draft` (a folder, Hub repo id or module) is a block draft: a
+    loaded one, a folder holding one (ours or a published layout), or a repo the registry lists as
+    one; None otherwise (a draft model)."""
+    method = block_draft_method(draft)
+    if method is None and isinstance(draft, str):
+        for entry in registry_heads():
+            if entry["head"].lower() == draft.lower() and entry["method"] in BLOCK_METHODS:
+                return entry["method"]
+    return method

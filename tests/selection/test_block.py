@@ -1,0 +1,72 @@
+"""`speculative=True` drafts with the block draft the registry lists for the target (served here by a
+local Hub), passes over one that cannot be loaded with a warning, and a block draft given as
+`draft=` is run as one, not as a draft model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hf_specdec.selection.select as select
+from hf_specdec.selection.block import block_method
+
+from ..conftest import tiny_llama
+from ..heads.test_published import hub  # noqa: F401 (the local Hub fixture)
+from ..helpers.block_drafts import random_block_draft, write_dspark, write_zlab
+
+TARGET = "acme/Tiny-Target"
+
+
+@pytest.fixture
+def registry(monkeypatch, tmp_path):
+    """A registry listing a DFlash draft for TARGET, and no draft model (n-grams otherwise)."""
+    entry = dict(targets=[TARGET], method="dflash", head="z-lab/Tiny-DFlash", layout="DFlash", source="test")
+    free = dict(targets=[TARGET], method="ngram", reason="no draft model", source="test")
+    data = {"pair": [], "draft_free": [free], "head": [entry]}
+    monkeypatch.setattr(select, "_registry_data", lambda: data)
+    monkeypatch.setattr(select, "_registry", lambda: {TARGET.lower(): free})
+    monkeypatch.setenv("HF_SPECDEC_CACHE", str(tmp_path / "specdec"))
+    return entry
+
+
+@pytest.fixture
+def target():
+    model = tiny_llama(0, eos_token_id=None)
+    model.name_or_path = TARGET
+    return model
+
+
+def test_speculative_true_drafts_with_the_registrys_block_draft(tmp_path, target, registry, hub):  # noqa: F811
+    hub.add("z-lab/Tiny-DFlash", write_zlab(tmp_path / "draft", target))
+    prompt = torch.tensor([[1, 5, 6, 7, 8, 5, 6]])
+    plain = target.generate(prompt, max_new_tokens=12, do_sample=False)
+    out = target.generate(
+        prompt, max_new_tokens=12, do_sample=False, speculative=True, return_dict_in_generate=True
+    )
+    assert out.speculative_stats.method == "dflash" and out.speculative_stats.drafted > 0
+    assert torch.equal(out.sequences, plain)
+
+
+def test_a_block_draft_that_cannot_be_loaded_is_passed_over(target, registry, hub, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # not in the local cache: it cannot be had
+    prompt = torch.tensor([[1, 5, 6, 7, 8, 5, 6]])
+    with pytest.warns(UserWarning, match=r"published block draft z-lab/Tiny-DFlash for acme/Tiny-Target"):
+        out = target.generate(
+            prompt, max_new_tokens=6, do_sample=False, speculative=True, return_dict_in_generate=True
+        )
+    assert out.speculative_stats.method == "ngram"
+
+
+def test_a_block_draft_given_as_draft_is_run_as_one(tmp_path, target):
+    zlab, dspark = write_zlab(tmp_path / "zlab", target), write_dspark(tmp_path / "dspark", target)
+    assert (block_method(str(zlab)), block_method(str(dspark))) == ("dflash", "dspark")
+    assert block_method(random_block_draft(target, (0, 1))) == "dflash"
+    assert block_method(str(tmp_path)) is None  # a folder without one: a draft model, as before
+    out = target.generate(
+        torch.tensor([[1, 5, 6, 7]]),
+        max_new_tokens=6,
+        do_sample=False,
+        speculative=dict(draft=str(dspark)),
+        return_dict_in_generate=True,
+    )
+    assert out.speculative_stats.method == "dspark"
