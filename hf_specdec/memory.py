@@ -7,7 +7,7 @@ import gc
 import torch
 
 from .core.policy import DEVICE_COSTS
-from .drafters import draft_model
+from .drafters import draft_model, suffix
 from .hub.tokenizer_check import clear_checks
 from .ort import cache, session
 
@@ -18,10 +18,11 @@ def clear_cache() -> None:
     That is the last draft model loaded by name or folder (`draft=` a path or Hub id, or chosen by
     `method="auto"`), the ONNX Runtime sessions of `onnx` / `quantized` drafts with their device
     buffers, tokenizers read from a target's folder, remembered tokenizer comparisons and weight
-    fingerprints, and what verifying cost on each model in earlier calls (`DEVICE_COSTS`, which the
-    next call's draft-length policy would start from). Once nothing else refers to them, their
-    memory is released, and the CUDA caching allocator's unused blocks go back to the GPU
-    (`torch.cuda.empty_cache()`, when CUDA is in use).
+    fingerprints, what verifying cost on each model in earlier calls (`DEVICE_COSTS`, which the
+    next call's draft-length policy would start from), and each model's `suffix` corpus of earlier
+    prompts and outputs. Once nothing else refers to them, their memory is released, and the CUDA
+    caching allocator's unused blocks go back to the GPU (`torch.cuda.empty_cache()`, when CUDA is
+    in use).
     The next call that needs one loads it again.
     """
     draft_model.clear_loaded()
@@ -29,6 +30,7 @@ def clear_cache() -> None:
     cache.clear_fingerprints()
     clear_checks()
     DEVICE_COSTS.clear()
+    suffix.clear_corpora()
     gc.collect()  # models caught in reference cycles go now, not at some later collection
     if torch.cuda.is_initialized():
         torch.cuda.empty_cache()

@@ -7,7 +7,13 @@ from typing import Any
 
 from ..config import SpeculativeConfig
 from ..ort.layout import is_onnx_folder
+from .choice import DRAFT_FREE_METHOD
 from .select import speculative_draft
+
+# Where no draft model is chosen: prompt lookup, plus the model's corpus of earlier calls wherever
+# its replays show that it beats prompt lookup alone (`drafters/suffix.py`); until then its drafts
+# are prompt lookup's.
+DRAFT_FREE_AUTO = "suffix"
 
 
 def resolve_method(config: SpeculativeConfig, model: Any) -> SpeculativeConfig:
@@ -26,7 +32,8 @@ def _choose_method(config: SpeculativeConfig, model: Any) -> SpeculativeConfig:
     # A chosen draft that cannot be loaded safely comes back as "ngram", with a warning.
     choice, draft, draft_tokenizer = speculative_draft(model, trust_remote_code=config.trust_remote_code)
     if draft is None:
-        return dataclasses.replace(config, method=choice.method)
+        method = DRAFT_FREE_AUTO if choice.method == DRAFT_FREE_METHOD else choice.method
+        return dataclasses.replace(config, method=method)
     # The selection compared the tokenizers already (or the registry pair was reviewed).
     options = {**config.options, "tokenizer_verified": True}
     return dataclasses.replace(
