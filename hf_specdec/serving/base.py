@@ -31,6 +31,9 @@ class ServingPlan:
         target: the target, when the plan had to load it (a head is checked against it).
         ngram: (min, max) n-gram sizes, for prompt lookup.
         caveats: what differs between our run and the engine's.
+        engine_options: per engine, further keys of its speculative config (vLLM's
+            `suffix_decoding_*`).
+        engine_caveats: per engine, caveats that concern that engine alone.
     """
 
     method: str
@@ -41,3 +44,5 @@ class ServingPlan:
     target: Any = None
     ngram: tuple[int, int] | None = None
     caveats: list[str] = field(default_factory=list)
+    engine_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    engine_caveats: dict[str, list[str]] = field(default_factory=dict)

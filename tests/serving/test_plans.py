@@ -32,7 +32,7 @@ def test_a_refused_method_is_what_the_user_sees(models, tmp_path, engine, method
 
 def test_a_drafter_registered_without_a_plan_is_refused_with_what_to_export(models, monkeypatch):
     monkeypatch.setitem(DRAFTERS, "_unplanned", DRAFTERS["ngram"])
-    refusal = "'_unplanned' has no serving plan.*Export --method draft_model / eagle / ngram / onnx"
+    refusal = "'_unplanned' has no serving plan.*Export --method draft_model / eagle / ngram / onnx / suffix"
     with pytest.raises(ServingExportError, match=refusal):
         export_serving(str(models / "target"), "vllm", method="_unplanned", num_draft_tokens=3)
     with pytest.raises(ValueError, match="Unknown method 'nope'; valid methods: draft_model, eagle, medusa"):
@@ -132,3 +132,23 @@ def test_a_published_eagle1_folder_is_served_as_it_is(models, tmp_path, engine, 
     folder = write_eagle1(tmp_path / "eagle1", tiny_llama(0), weights="model.safetensors", bias=False)
     result = export_serving(str(models / "target"), engine, head=str(folder), num_draft_tokens=3)
     assert (result["engine_method"], result["draft"]) == (expected, str(folder))
+
+
+def test_suffix_is_served_as_vllms_suffix_decoding_and_as_sglangs_prompt_lookup(models):
+    options = {"max_spec_factor": 2.0, "min_token_prob": 0.2}
+    target = str(models / "target")
+    vllm = export_serving(target, "vllm", method="suffix", options=options, num_draft_tokens=4)
+    assert vllm["speculative_config"] == {
+        "method": "suffix",
+        "num_speculative_tokens": 4,
+        "suffix_decoding_max_spec_factor": 2.0,
+        "suffix_decoding_min_token_prob": 0.2,
+    }
+    caveats = " ".join(vllm["caveats"])
+    assert "arctic-inference" in caveats and "max_spec_offset" in caveats and "SGLang" not in caveats
+    sglang = export_serving(target, "sglang", method="suffix", num_draft_tokens=4)
+    assert sglang["engine_method"] == "NGRAM" and "has no suffix decoding" in " ".join(sglang["caveats"])
+    with pytest.raises(ValueError, match="Unknown option\\(s\\) \\['nope'\\] for SuffixConfig"):
+        export_serving(
+            str(models / "target"), "vllm", method="suffix", options={"nope": 1}, num_draft_tokens=4
+        )
