@@ -59,7 +59,7 @@ import torch
 
 from ..core.draft import Draft, DraftCost, DraftRequest
 from ..core.fields import check_fields
-from ..core.policy import MAX_DRAFT, PRIOR_WEIGHT, beta_mean
+from ..core.policy import MAX_DRAFT, PRIOR_WEIGHT, beta_mean, expected_gains
 from .base import Drafter, options_to_config
 from .ngram import ALL, FIRST_TOKEN_ODDS, LATER_TOKEN_ODDS, ONE, SPLIT, NgramConfig, NgramDrafter, _RowIndex
 from .ngram import _chain_odds as context_odds
@@ -97,9 +97,9 @@ class SuffixConfig(NgramConfig):
     """
 
     max_corpus_tokens: int = 1 << 18
-    min_match: int = 2
+    min_match: int = 1
     max_spec_factor: float = 1.0
-    max_spec_offset: float = 2.0
+    max_spec_offset: float = 8.0
     min_token_prob: float = 0.1
     recency_half_life: float | None = 256.0
     min_gain: float = 1.05
@@ -114,10 +114,14 @@ class SuffixConfig(NgramConfig):
                 "max_spec_factor": (0.0, None),
                 "max_spec_offset": (0.0, None),
                 "min_token_prob": (0.0, 1.0),
-                "recency_half_life": (1e-6, None),
                 "min_gain": (0.0, None),
             },
         )
+        if self.recency_half_life is not None and self.recency_half_life <= 0:
+            raise ValueError(
+                f"`recency_half_life` of SuffixConfig must be a positive number of sequences or None "
+                f"(frequency alone), got {self.recency_half_life!r}."
+            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -247,9 +251,8 @@ class Snapshot:
         tail = tail[-MAX_MATCH:]
         if not len(self.keys) or not tail:
             return np.zeros(0, dtype=np.int64), 0
-        codes = np.zeros((1, MAX_MATCH), dtype=np.int64)
-        codes[0, : len(tail)] = np.asarray(tail[::-1], dtype=np.int64) + 1
-        query, w = encode(codes, self.width)[0].tobytes(), self.width
+        w = self.width
+        query = b"".join((token + 1).to_bytes(w, "big") for token in reversed(tail))  # as `encode` does
         # The keys starting with the query's first m tokens, for every m at once: from that prefix
         # followed by no-token units (0) to the prefix followed by an all-0xFF unit, which no key
         # holds; the whole query for m = MAX_MATCH, which leaves no room after it.
@@ -268,6 +271,11 @@ class Snapshot:
             occurrences = np.partition(occurrences, -MAX_OCCURRENCES)[-MAX_OCCURRENCES:]
         return np.sort(occurrences), m
 
+    def match(self, tail: list[int], half_life: float | None) -> Match | None:
+        """The longest match of `tail` with its occurrences' votes (`weights`), or None."""
+        occurrences, size = self.occurrences(tail)
+        return Match(self, occurrences, self.weights(occurrences, half_life), size) if size else None
+
     def weights(self, occurrences: np.ndarray, half_life: float | None) -> np.ndarray:
         """Each occurrence's vote: 2^(-age / half_life), age in sequences added after its own."""
         if half_life is None or not len(occurrences):
@@ -282,42 +290,78 @@ class Snapshot:
 
 
 @dataclass
+class Match:
+    """The longest match of a context's last tokens in a corpus."""
+
+    snapshot: Snapshot
+    occurrences: np.ndarray  # [n] increasing: the positions that continue it
+    weights: np.ndarray  # [n] each occurrence's vote
+    size: int  # its length in tokens
+
+
+@dataclass
 class Vote:
-    """The next tokens an occurrence set continues with: each token's weight, most first (ties to
-    the most recent occurrence), and the occurrences going on with it."""
+    """The next tokens an occurrence set continues with, most weight first (ties to the most recent
+    occurrence), and which occurrences go on with each."""
 
     tokens: list[int]
     weights: list[float]
     total: float  # every occurrence's weight, those whose sequence ends here included
     voters: int  # occurrences whose sequence goes on
-    going_on: list[tuple[np.ndarray, np.ndarray]]  # per token: its occurrences advanced by one, their weights
+    occurrences: np.ndarray  # [n] the positions voting, increasing
+    occurrence_weights: np.ndarray  # [n]
+    backers: list[list[int]] | None  # per token, its occurrences' indices; None: all back the one token
 
     def agreement(self) -> str:
         """How the occurrences backed the winner (`ngram`'s classes)."""
         return ONE if self.voters == 1 else ALL if len(self.tokens) == 1 else SPLIT
 
+    def going_on(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """The occurrences that continue with token i, advanced past it, and their weights."""
+        if self.backers is None:
+            return self.occurrences + 1, self.occurrence_weights
+        kept = self.backers[i]
+        return self.occurrences[kept] + 1, self.occurrence_weights[kept]
+
 
 def vote(corpus_tokens: np.ndarray, occurrences: np.ndarray, weights: np.ndarray) -> Vote | None:
-    """The vote among `occurrences` (positions in `corpus_tokens`) on the token that comes next."""
-    following = corpus_tokens[occurrences]  # [n]
-    alive = following >= 0
-    voters = int(np.count_nonzero(alive))
-    if voters == 0:
+    """The vote among `occurrences` (positions in `corpus_tokens`, increasing) on the next token.
+    Counted in Python: at most MAX_OCCURRENCES voters, where numpy's per-call cost would dominate."""
+    following = corpus_tokens[occurrences].tolist()
+    backing: dict[int, list[int]] = {}
+    for i, token in enumerate(following):
+        if token >= 0:  # -1: the occurrence's sequence ends here
+            backing.setdefault(token, []).append(i)
+    if not backing:
         return None
     total = float(weights.sum())
-    first = int(following[0])
-    if voters == len(following) and bool((following == first).all()):  # all agree: no sort needed
-        return Vote([first], [total], total, voters, [(occurrences + 1, weights)])
-    values, inverse = np.unique(following[alive], return_inverse=True)
-    votes = np.bincount(inverse, weights=weights[alive])
-    latest = np.zeros(len(values), dtype=np.int64)
-    np.maximum.at(latest, inverse, occurrences[alive])
-    order = np.lexsort((-latest, -votes))  # most weight first, then the most recent
-    going_on = []
-    for i in order:
-        keep = following == values[i]
-        going_on.append((occurrences[keep] + 1, weights[keep]))
-    return Vote(values[order].tolist(), votes[order].tolist(), total, voters, going_on)
+    if len(backing) == 1 and len(following) == len(next(iter(backing.values()))):  # all agree
+        return Vote(list(backing), [total], total, len(following), occurrences, weights, None)
+    per = weights.tolist()
+    voted = [
+        (sum(per[i] for i in backers), backers[-1], token, backers) for token, backers in backing.items()
+    ]
+    voted.sort(key=lambda v: (-v[0], -v[1]))  # most weight, then the latest occurrence
+    voters = sum(len(v[3]) for v in voted)
+    return Vote(
+        [v[2] for v in voted],
+        [v[0] for v in voted],
+        total,
+        voters,
+        occurrences,
+        weights,
+        [v[3] for v in voted],
+    )
+
+
+def agreed_run(corpus_tokens: np.ndarray, occurrences: np.ndarray, most: int) -> list[int]:
+    """The tokens (at most `most`) on which every one of `occurrences` goes on alike, before any
+    sequence ends."""
+    ahead = np.minimum(occurrences[:, None] + np.arange(most), len(corpus_tokens) - 1)  # the end is -1
+    window = corpus_tokens[ahead]  # [n, most]
+    same = (window == window[0]).all(axis=0) & (window[0] >= 0)
+    run = most if bool(same.all()) else int(np.argmin(same))
+    return window[0, :run].tolist()
 
 
 @dataclass
@@ -334,27 +378,21 @@ def draft_limit(size: int, budget: int, config: SuffixConfig) -> int:
     return max(0, min(budget, int(config.max_spec_factor * size + config.max_spec_offset + 1e-6)))
 
 
-def voted_chain(
-    snapshot: Snapshot,
-    occurrences: np.ndarray,
-    weights: np.ndarray,
-    size: int,
-    budget: int,
-    config: SuffixConfig,
-) -> Chain:
+def voted_chain(match: Match, budget: int, config: SuffixConfig) -> Chain:
     """Follow the vote token by token while the product of the winners' shares of it stays at or
     above `min_token_prob`, for at most `draft_limit` tokens."""
-    limit = draft_limit(size, budget, config)
-    chain = Chain([], [], size)
+    snapshot, occurrences, weights = match.snapshot, match.occurrences, match.weights
+    limit = draft_limit(match.size, budget, config)
+    chain = Chain([], [], match.size)
     probability = 1.0
     while len(chain.tokens) < limit and len(occurrences):
-        if len(occurrences) == 1:  # one occurrence left: the rest is a copy, nothing to vote on
-            start = int(occurrences[0])
-            copied = snapshot.tokens[start : start + limit - len(chain.tokens)].tolist()
-            copied = copied[: copied.index(-1)] if -1 in copied else copied
-            chain.tokens += copied
-            chain.agreement += [ONE] * len(copied)
-            break
+        # Where every occurrence goes on alike (one occurrence: a copy) there is nothing to vote on.
+        agreed = agreed_run(snapshot.tokens, occurrences, limit - len(chain.tokens))
+        if agreed:
+            chain.tokens += agreed
+            chain.agreement += [ONE if len(occurrences) == 1 else ALL] * len(agreed)
+            occurrences = occurrences + len(agreed)
+            continue
         ballot = vote(snapshot.tokens, occurrences, weights)
         if ballot is None:
             break
@@ -363,12 +401,13 @@ def voted_chain(
             break
         chain.tokens.append(ballot.tokens[0])
         chain.agreement.append(ballot.agreement())
-        occurrences, weights = ballot.going_on[0]
+        occurrences, weights = ballot.going_on(0)
     return chain
 
 
 # A match's size class for the learnt odds: the largest listed at or under it.
 SIZE_CLASSES = (1, 2, 3, 4, 6, 8, 12, 16)
+_SIZE_CLASS = [max((c for c in SIZE_CLASSES if c <= size), default=1) for size in range(MAX_MATCH + 1)]
 
 
 class CorpusOdds:
@@ -381,15 +420,21 @@ class CorpusOdds:
     def __init__(self) -> None:
         self.hits: dict[tuple[int, bool, str], float] = collections.defaultdict(float)
         self.trials: dict[tuple[int, bool, str], float] = collections.defaultdict(float)
+        self._odds: dict[tuple[int, bool, str], float] = {}  # read every step, changed once a call
 
     @staticmethod
     def _key(size: int, first: bool, agreement: str) -> tuple[int, bool, str]:
-        return max(c for c in SIZE_CLASSES if c <= size), first, agreement
+        return _SIZE_CLASS[min(size, MAX_MATCH)], first, agreement
 
     def odds(self, size: int, agreement: str, first: bool) -> float:
         key = self._key(size, first, agreement)
-        prior = (FIRST_TOKEN_ODDS if first else LATER_TOKEN_ODDS)[min(size, max(FIRST_TOKEN_ODDS))][agreement]
-        return beta_mean(self.hits[key], self.trials[key], prior, PRIOR_WEIGHT)
+        odds = self._odds.get(key)
+        if odds is None:
+            prior = (FIRST_TOKEN_ODDS if first else LATER_TOKEN_ODDS)[min(key[0], max(FIRST_TOKEN_ODDS))]
+            odds = self._odds[key] = beta_mean(
+                self.hits[key], self.trials[key], prior[agreement], PRIOR_WEIGHT
+            )
+        return odds
 
     def chain(self, chain: Chain) -> list[float]:
         return [self.odds(chain.size, agreed, i == 0) for i, agreed in enumerate(chain.agreement)]
@@ -401,6 +446,7 @@ class CorpusOdds:
             if i >= len(actual):
                 return
             key = self._key(chain.size, i == 0, agreed)
+            self._odds.pop(key, None)
             self.trials[key] += 1
             if token != actual[i]:
                 return
@@ -409,29 +455,21 @@ class CorpusOdds:
 
 def expected_tokens(odds: list[float]) -> float:
     """Tokens a draft with these per-token odds adds in expectation, Σ_j Π_{i≤j} odds_i."""
-    survive, total = 1.0, 0.0
-    for p in odds:
-        survive *= p
-        total += survive
-    return total
+    return expected_gains(odds)[-1] if odds else 0.0
 
 
-def corpus_tree(
-    snapshot: Snapshot,
-    occurrences: np.ndarray,
-    weights: np.ndarray,
-    size: int,
-    budget: int,
-    config: SuffixConfig,
-    odds: CorpusOdds,
-) -> list[tuple[int, int, float]]:
+Node = tuple[int, int, float]  # a tree node: token, parent (-1: the root's child), odds given its parent
+
+
+def corpus_tree(match: Match, budget: int, config: SuffixConfig, odds: CorpusOdds) -> list[Node]:
     """Up to `budget` nodes (token, parent, odds given its parent), likeliest first, grown
     best-first over the continuations of a match (as SuffixDecoding's tree speculation): a node's
     likelihood is the product of its path's odds, the vote's winner at each node taking its
     class's odds and a runner-up those scaled by its weight over the winner's. A node's path is at
     most `draft_limit` deep, and its share of the votes down it at least `min_token_prob`."""
+    snapshot, size = match.snapshot, match.size
     depth_limit = draft_limit(size, budget, config)
-    nodes: list[tuple[int, int, float]] = []
+    nodes: list[Node] = []
     counter = itertools.count()
     # (−likelihood, tie-break, occurrences, weights, parent node, depth, votes' share, token, odds)
     pending: list[tuple[float, int, Any, Any, int, int, float, int, float]] = []
@@ -445,15 +483,16 @@ def corpus_tree(
         if ballot is None:
             return
         best = odds.odds(size, ballot.agreement(), depth == 0)
-        for token, weight, (going_on, kept) in zip(ballot.tokens, ballot.weights, ballot.going_on):
+        for i, (token, weight) in enumerate(zip(ballot.tokens, ballot.weights)):
             child_share = share * weight / ballot.total
             if child_share < config.min_token_prob:
                 break  # the rest weigh less still
             p = best * weight / ballot.weights[0]
+            going_on, kept = ballot.going_on(i)
             entry = (-likelihood * p, next(counter), going_on, kept, parent, depth + 1, child_share, token, p)
             heapq.heappush(pending, entry)
 
-    expand(occurrences, weights, -1, 0, 1.0, 1.0)
+    expand(match.occurrences, match.weights, -1, 0, 1.0, 1.0)
     while pending and len(nodes) < budget:
         neg, _, going_on, kept, parent, depth, share, token, p = heapq.heappop(pending)
         nodes.append((token, parent, p))
@@ -461,9 +500,7 @@ def corpus_tree(
     return nodes
 
 
-def merge_trees(
-    trees: list[list[tuple[int, int, float]]], budget: int
-) -> tuple[list[int], list[int], list[float]]:
+def merge_trees(trees: list[list[Node]], budget: int) -> tuple[list[int], list[int], list[float]]:
     """Trees of (token, parent, odds given its parent), parents first, merged into one trie (a path
     in several keeps its likeliest), cut to its `budget` likeliest nodes, parents first: tokens,
     parents, odds given the parent."""
@@ -548,11 +585,10 @@ class SuffixCorpus:
 
     def chain(self, snapshot: Snapshot, tail: list[int], budget: int, config: SuffixConfig) -> Chain | None:
         """The voted continuation of the longest match of `tail`, if it is long enough."""
-        occurrences, size = snapshot.occurrences(tail)
-        if size < config.min_match:
+        match = snapshot.match(tail, config.recency_half_life)
+        if match is None or match.size < config.min_match:
             return None
-        weights = snapshot.weights(occurrences, config.recency_half_life)
-        return voted_chain(snapshot, occurrences, weights, size, budget, config)
+        return voted_chain(match, budget, config)
 
     def add(self, sequences: list[list[int]], prompt_lengths: list[int], config: SuffixConfig) -> None:
         """Replay each row's output against the corpus as it is (learning the odds and recording
@@ -645,6 +681,7 @@ class SuffixDrafter(Drafter):
         self.corpus = corpus
         # Decided once, at the call's start, from the corpus's record (module docstring).
         self.drafting = corpus is not None and corpus.drafts(config.min_gain)
+        self.corpus_drafts = 0  # rows' drafts in this call that the corpus made or added nodes to
 
     @classmethod
     def from_config(cls, config: SpeculativeConfig, target: PreTrainedModel, tokenizer: Any) -> SuffixDrafter:
@@ -663,24 +700,23 @@ class SuffixDrafter(Drafter):
             if budget <= 0:
                 continue
             tail = self.lookup.rows[row_id].tokens[-MAX_MATCH:]
-            occurrences, size = snapshot.occurrences(tail)
-            if size < self.config.min_match:
+            match = snapshot.match(tail, self.config.recency_half_life)
+            if match is None or match.size < self.config.min_match:
                 continue
-            weights = snapshot.weights(occurrences, self.config.recency_half_life)
             if request.tree:
-                grown = corpus_tree(
-                    snapshot, occurrences, weights, size, budget, self.config, self.corpus.odds
-                )
+                grown = corpus_tree(match, budget, self.config, self.corpus.odds)
                 if grown:
                     own = list(zip(rows.tokens[b], rows.parents[b], rows.odds[b]))
                     rows.tokens[b], rows.parents[b], rows.odds[b] = merge_trees([own, grown], budget)
                     changed = True
+                    self.corpus_drafts += 1
                 continue
-            chain = voted_chain(snapshot, occurrences, weights, size, budget, self.config)
+            chain = voted_chain(match, budget, self.config)
             odds = self.corpus.odds.chain(chain)
             if chain.tokens and expected_tokens(odds) > expected_tokens(rows.odds[b]):
                 rows.tokens[b], rows.odds[b] = chain.tokens, odds
                 changed = True
+                self.corpus_drafts += 1
         return rows.draft(request.tokens.device, request.tree) if changed else draft
 
     def finish(self, sequences: list[torch.Tensor], prompt_lengths: list[int]) -> None:

@@ -53,9 +53,7 @@ def held(snapshot: Snapshot) -> list[list[int]]:
 
 
 def chain(snapshot: Snapshot, tail: list[int], budget: int = 8, half_life=None, **options) -> Chain:
-    occurrences, size = snapshot.occurrences(tail)
-    weights = snapshot.weights(occurrences, half_life)
-    return voted_chain(snapshot, occurrences, weights, size, budget, SuffixConfig(**options))
+    return voted_chain(snapshot.match(tail, half_life), budget, SuffixConfig(**options))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,11 +201,7 @@ def test_corpus_odds_start_from_prompt_lookups_and_learn_from_replays():
 
 def test_a_corpus_tree_grows_best_first_and_merges_with_prompt_lookups():
     snapshot = corpus([1, 2, 3, 4, 5], [1, 2, 3, 4, 6], [1, 2, 7, 8])
-    occurrences, size = snapshot.occurrences([1, 2])
-    config = SuffixConfig(max_spec_offset=8)
-    nodes = corpus_tree(
-        snapshot, occurrences, snapshot.weights(occurrences, None), size, 6, config, CorpusOdds()
-    )
+    nodes = corpus_tree(snapshot.match([1, 2], None), 6, SuffixConfig(max_spec_offset=8), CorpusOdds())
     tokens = [t for t, _, _ in nodes]
     assert tokens[:2] == [3, 4] and set(tokens) == {3, 4, 5, 6, 7, 8}
     for i, (_, parent, odds) in enumerate(nodes):
