@@ -1,0 +1,207 @@
+"""The suffix corpus (`method="suffix"`) against prompt lookup (`ngram`) and plain decoding, call after
+call, on a workload that repeats itself across calls and on one that does not.
+
+    python benchmarks/workloads/suffix_cache.py
+        [--prompts configs/suites/json_sql.jsonl | --suite specbench-quick] [--profile flat]
+        [--rows plain,ngram,suffix] [--bounds 262144] [--skip 10] [--max-new-tokens 128]
+        [--out bench_out/suffix_cache.json]
+
+SmolLM2-135M-Instruct (the offline demo model, in its checkpoint's dtype) answers every prompt in
+order, one `generate` call each (batch 1, greedy, chat template), once per row: `plain`, `ngram`,
+and `suffix` once per corpus bound in `--bounds` (`suffix@N`, from an empty corpus, its own calls
+filling it). `suffix` runs with its defaults, which are what `speculative=True` runs where no draft
+model is chosen. Each speculative row carries what verifying cost from call to call as `generate`
+does, per row. The clock follows `--profile` (`hf_specdec.bench.regimes`: the model computes every
+token, the clock advances by the profile's cost of each forward plus the host's CPU time between
+them; `real` is this machine's own clock); plain, whose decisions never read the clock, is priced
+from its recorded forwards. Reported over the calls after the first `--skip`: tokens per target
+forward, tokens per second and their ratios to `ngram`, per category and overall; the corpus's
+tokens and bytes after each call against its bound; every greedy output checked against plain's
+(`hf_specdec.lossless`: identical, a rounding tie, or a mismatch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import hf_specdec
+from hf_specdec.bench.regimes import PROFILES, REAL, emulate, host_clock, priced
+from hf_specdec.bench.suites import load_prompt_file, load_suite
+from hf_specdec.core.policy import DeviceCosts
+from hf_specdec.core.timing import clock
+from hf_specdec.drafters import suffix
+from hf_specdec.drafters.suffix import SuffixConfig, bytes_per_token
+from hf_specdec.loading import describe_runtime, encode_prompts, eos_token_ids, load_model, pad_token_id
+from hf_specdec.lossless import check_greedy
+
+_wall = time.perf_counter  # the machine's clock, whatever an emulation makes of time.perf_counter
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--prompts", type=Path, default=None, help="a JSONL prompt file, run in its order")
+    source.add_argument("--suite", default=None, help="a suite name (specbench-quick, builtin, ...)")
+    parser.add_argument("--profile", default="flat", choices=sorted(PROFILES))
+    parser.add_argument("--rows", default="plain,ngram,suffix")
+    parser.add_argument("--bounds", default=str(SuffixConfig.max_corpus_tokens), help="corpus bounds, tokens")
+    parser.add_argument("--skip", type=int, default=10, help="calls left out of the figures (corpus warm-up)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--limit", type=int, default=None, help="at most this many prompts")
+    parser.add_argument("--out", type=Path, default=None, help="write the per-call records here (JSON)")
+    args = parser.parse_args(argv)
+    if args.prompts is None and args.suite is None:
+        args.prompts = Path(__file__).resolve().parents[2] / "configs" / "suites" / "json_sql.jsonl"
+    return args
+
+
+def rows(names: list[str], bounds: list[int]) -> dict[str, dict[str, Any] | None]:
+    """Row name -> generate's `speculative=` (None: plain)."""
+    out: dict[str, dict[str, Any] | None] = {}
+    for name in names:
+        if name == "plain":
+            out[name] = None
+        elif name == "suffix":
+            for bound in bounds:
+                out[f"suffix@{bound}"] = {"method": "suffix", "options": {"max_corpus_tokens": bound}}
+        else:
+            out[name] = {"method": name}
+    return out
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    model, tokenizer = load_model(hf_specdec.demo_model_path())
+    profile = PROFILES[args.profile]
+    prompts = load_prompt_file(args.prompts) if args.prompts else load_suite(args.suite)
+    prompts = prompts[: args.limit]
+    pad = pad_token_id(tokenizer, model)
+    generation = dict(max_new_tokens=args.max_new_tokens, do_sample=False, return_dict_in_generate=True)
+    eos = eos_token_ids(model)
+    table = rows(args.rows.split(","), [int(b) for b in args.bounds.split(",")])
+    report: dict[str, Any] = {
+        "settings": {**{k: str(v) for k, v in vars(args).items()}, "runtime": describe_runtime(model)},
+        "calls": defaultdict(list),
+    }
+    inputs = [encode_prompts(tokenizer, [p], True, pad, model.device) for p in prompts]
+    plain_sequences: list[torch.Tensor] = []
+    for name, spec in table.items():  # row by row: each suffix row fills its own corpus from empty
+        suffix.clear_corpora()
+        costs = DeviceCosts()
+        shapes: set[tuple[int, int]] = set()
+        warm = {**generation, "max_new_tokens": 8}  # first calls pay for allocations and lazy imports
+        warm_spec = {} if spec is None else {"speculative": "ngram"}  # leaves the corpus empty
+        model.generate(**inputs[0], **warm, pad_token_id=pad, **warm_spec)
+        for i, (prompt, encoded) in enumerate(zip(prompts, inputs)):
+            kwargs = {} if spec is None else {"speculative": {**spec, "policy": costs.policy(model)}}
+            with emulate(model, REAL if spec is None else profile, shapes) as device:
+                device.new_call()
+                wall, host, start = _wall(), host_clock(), clock(model.device)
+                out = model.generate(**encoded, **generation, pad_token_id=pad, **kwargs)
+                seconds = clock(model.device) - start
+                wall, host = _wall() - wall, host_clock() - host
+            if spec is None:  # plain never reads the clock: priced from its forwards
+                seconds = priced(wall, host, device.forwards, profile, shapes)
+                plain_sequences.append(out.sequences)
+            record = _record(out, encoded, eos, seconds, prompt)
+            if plain_sequences and spec is not None:
+                checks = check_greedy(
+                    model, encoded["input_ids"], plain_sequences[i], out.sequences, encoded["attention_mask"]
+                )
+                record["lossless"] = checks[0].kind
+            if spec is not None and spec["method"] == "suffix":
+                corpus = suffix.corpus_for(model)
+                record["corpus"] = dict(tokens=corpus.num_tokens, bytes=corpus.nbytes, gain=corpus.gain())
+            report["calls"][name].append(record)
+            print(f"{name} [{i + 1}/{len(prompts)}] {_line(record)}", file=sys.stderr, flush=True)
+    report["calls"] = dict(report["calls"])
+    report["bytes_per_token"] = bytes_per_token(model.config.vocab_size)
+    return report
+
+
+def _record(out: Any, inputs: dict[str, torch.Tensor], eos: set[int], seconds: float, prompt: Any) -> dict:
+    new = out.sequences[0, inputs["input_ids"].shape[1] :].tolist()
+    stop = next((i + 1 for i, t in enumerate(new) if t in eos), len(new))
+    stats = getattr(out, "speculative_stats", None)
+    return {
+        "id": prompt.id,
+        "category": prompt.category,
+        "new_tokens": stop,
+        "forwards": stats.target_forwards if stats is not None else stop,
+        "seconds": seconds,
+        "draft_seconds": stats.draft_seconds if stats is not None else 0.0,
+    }
+
+
+def _line(record: dict[str, Any]) -> str:
+    corpus = record.get("corpus")
+    held = f" corpus {corpus['tokens']} tokens {corpus['bytes']} B gain {corpus['gain']}" if corpus else ""
+    return (
+        f"{record['category']} {record['new_tokens']} tokens / {record['forwards']} forwards, "
+        f"{record['seconds']:.2f} s {record.get('lossless', '')}{held}"
+    )
+
+
+def summarize(report: dict[str, Any], skip: int) -> str:
+    """Markdown tables: per category and overall, after the first `skip` calls."""
+    calls = report["calls"]
+    names = list(calls)
+    categories = sorted({c["category"] for c in calls[names[0]]})
+    lines = [
+        "| row | calls | tokens / forward | vs ngram | tokens / s | vs ngram | mismatches |",
+        "|---|---|---|---|---|---|---|",
+    ]
+
+    def totals(name: str, category: str | None) -> tuple[int, float, float, int]:
+        kept = [c for c in calls[name][skip:] if category is None or c["category"] == category]
+        tokens = sum(c["new_tokens"] for c in kept)
+        forwards = sum(c["forwards"] for c in kept)
+        seconds = sum(c["seconds"] for c in kept)
+        mismatches = sum(c.get("lossless") == "mismatch" for c in kept)
+        return len(kept), tokens / forwards, tokens / seconds, mismatches
+
+    for category in [None, *categories]:
+        base = totals("ngram", category) if "ngram" in calls else None
+        for name in names:
+            n, per_forward, speed, mismatches = totals(name, category)
+            vs = (f"{per_forward / base[1]:.2f}x", f"{speed / base[2]:.2f}x") if base else ("", "")
+            label = f"{name} ({category})" if category else f"**{name}**"
+            lines.append(
+                f"| {label} | {n} | {per_forward:.2f} | {vs[0]} | {speed:.1f} | {vs[1]} | {mismatches} |"
+            )
+    for name in names:
+        held = [c["corpus"] for c in calls[name] if "corpus" in c]
+        if held:
+            bound = int(name.split("@")[1])
+            top = max(held, key=lambda c: c["bytes"])
+            lines.append(
+                f"\n{name}: at most {max(c['tokens'] for c in held)} tokens held (bound {bound}), "
+                f"{top['bytes']} bytes at most (the bound x {report['bytes_per_token']} B a token = "
+                f"{bound * report['bytes_per_token']} B, plus 20 B a sequence); gain after the last call "
+                f"{held[-1]['gain']}"
+            )
+    draft = {n: statistics.mean(c["draft_seconds"] / max(c["forwards"], 1) for c in calls[n]) for n in names}
+    per_forward = ", ".join(f"{n} {s * 1e3:.2f} ms" for n, s in draft.items())
+    lines.append(f"\ndrafter host time per target forward: {per_forward}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    report = measure(args)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1, default=str))
+    print(summarize(report, args.skip))
+
+
+if __name__ == "__main__":
+    main()
