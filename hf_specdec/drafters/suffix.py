@@ -71,10 +71,11 @@ if TYPE_CHECKING:
     from ..config import SpeculativeConfig
 
 MAX_MATCH = 16  # tokens of context a corpus match can span: the sort keys' width
-MAX_OCCURRENCES = 256  # occurrences of a match voted among, the most recent
+MAX_OCCURRENCES = 64  # occurrences of a match voted among, the most recent
 REPLAY_TOKENS = 256  # of each row's output, replayed against the corpus at the call's end
 RECORD_ROWS = 16  # rows whose replays decide whether the corpus drafts
 MIN_RECORD_TOKENS = 32  # replayed output tokens needed before they decide
+MAX_REPLAY_EVERY = 16  # calls between replays, at most, while the corpus does not pay
 
 
 @dataclass
@@ -251,16 +252,19 @@ class Snapshot:
         tail = tail[-MAX_MATCH:]
         if not len(self.keys) or not tail:
             return np.zeros(0, dtype=np.int64), 0
-        w = self.width
-        query = b"".join((token + 1).to_bytes(w, "big") for token in reversed(tail))  # as `encode` does
+        w, width = self.width, MAX_MATCH * self.width
+        query = np.zeros(width, dtype=np.uint8)  # the tail's codes, nearest first, as `encode` lays them
+        query[: len(tail) * w] = np.frombuffer(
+            b"".join((token + 1).to_bytes(w, "big") for token in reversed(tail)), dtype=np.uint8
+        )
         # The keys starting with the query's first m tokens, for every m at once: from that prefix
         # followed by no-token units (0) to the prefix followed by an all-0xFF unit, which no key
-        # holds; the whole query for m = MAX_MATCH, which leaves no room after it.
-        lows = np.array([query[: m * w] for m in range(1, len(tail) + 1)], dtype=self.keys.dtype)
-        highs = np.array(
-            [query[: m * w] + b"\xff" * w if m < MAX_MATCH else query for m in range(1, len(tail) + 1)],
-            dtype=self.keys.dtype,
-        )
+        # holds (for m = MAX_MATCH, which leaves no room after it, the whole query, side="right").
+        m = np.arange(1, len(tail) + 1)[:, None]
+        column = np.arange(width)[None, :]
+        lows = np.where(column < m * w, query, 0).astype(np.uint8)  # [len(tail), width]
+        highs = np.where(column < (m + 1) * w, np.where(column < m * w, query, 0xFF), 0).astype(np.uint8)
+        lows, highs = as_keys(lows), as_keys(highs)
         lo, hi = np.searchsorted(self.keys, lows), np.searchsorted(self.keys, highs, side="right")
         found = np.flatnonzero(hi > lo)
         if not len(found):
@@ -566,6 +570,12 @@ class SuffixCorpus:
         # Per replayed row: (steps, tokens prompt lookup alone would have given, tokens ours would have).
         self.record: collections.deque[tuple[int, int, int]] = collections.deque(maxlen=RECORD_ROWS)
         self._lock = threading.Lock()
+        # While the replays say the corpus does not pay, they grow rarer: every 2nd call, 4th, ...
+        # up to every MAX_REPLAY_EVERY-th (a call of a workload that does not repeat pays nothing
+        # else for the corpus), and every call again once it pays.
+        self.replay_every = 1
+        self._until_replay = 0
+        self.replayed_calls = 0
 
     def gain(self) -> float | None:
         """Tokens per step this drafter's replays gave over prompt lookup's alone (at the same
@@ -595,11 +605,17 @@ class SuffixCorpus:
         the gain), then add the rows, dropping the oldest sequences beyond `max_corpus_tokens`."""
         with self._lock:
             snapshot = self.snapshot
-            if snapshot.num_tokens:
+            if snapshot.num_tokens and self._until_replay == 0:
                 for sequence, prompt_length in zip(sequences, prompt_lengths):
                     replayed = self._replay(snapshot, sequence, prompt_length, config)
                     if replayed[0]:
                         self.record.append(replayed)
+                self.replayed_calls += 1
+                gain = self.gain()
+                paid = gain is None or gain >= config.min_gain
+                self.replay_every = 1 if paid else min(2 * self.replay_every, MAX_REPLAY_EVERY)
+                self._until_replay = self.replay_every
+            self._until_replay = max(self._until_replay - 1, 0)
             self.snapshot = snapshot.added(sequences, config.max_corpus_tokens)
 
     def _replay(
