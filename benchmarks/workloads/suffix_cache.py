@@ -40,7 +40,7 @@ from hf_specdec.bench.suites import load_prompt_file, load_suite
 from hf_specdec.core.policy import DeviceCosts
 from hf_specdec.core.timing import clock
 from hf_specdec.drafters import suffix
-from hf_specdec.drafters.suffix import SuffixConfig, bytes_per_token
+from hf_specdec.drafters.suffix import SuffixConfig, SuffixDrafter, bytes_per_token
 from hf_specdec.loading import describe_runtime, encode_prompts, eos_token_ids, load_model, pad_token_id
 from hf_specdec.lossless import check_greedy
 
@@ -58,6 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--skip", type=int, default=10, help="calls left out of the figures (corpus warm-up)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--limit", type=int, default=None, help="at most this many prompts")
+    parser.add_argument("--num-draft-tokens", type=int, default=None, help="a fixed draft length")
     parser.add_argument("--out", type=Path, default=None, help="write the per-call records here (JSON)")
     args = parser.parse_args(argv)
     if args.prompts is None and args.suite is None:
@@ -65,18 +66,43 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def rows(names: list[str], bounds: list[int]) -> dict[str, dict[str, Any] | None]:
-    """Row name -> generate's `speculative=` (None: plain)."""
+def rows(names: list[str], bounds: list[int], k: int | None) -> dict[str, dict[str, Any] | None]:
+    """Row name -> generate's `speculative=` (None: plain); `k`: a fixed draft length."""
+    fixed = {} if k is None else {"num_draft_tokens": k}
     out: dict[str, dict[str, Any] | None] = {}
     for name in names:
         if name == "plain":
             out[name] = None
         elif name == "suffix":
             for bound in bounds:
-                out[f"suffix@{bound}"] = {"method": "suffix", "options": {"max_corpus_tokens": bound}}
+                options = {"max_corpus_tokens": bound}
+                out[f"suffix@{bound}"] = {"method": "suffix", "options": options, **fixed}
         else:
-            out[name] = {"method": name}
+            out[name] = {"method": name, **fixed}
     return out
+
+
+class CorpusTime:
+    """What each `suffix` call's corpus did, read from its drafter: the seconds its end-of-call
+    work took (`SuffixDrafter.finish`: the replay and the add, on the host clock) and the rows'
+    drafts it made or added to."""
+
+    def __init__(self) -> None:
+        self.drafters: list[SuffixDrafter] = []
+        self.finish_seconds = 0.0
+        build, finish = SuffixDrafter.from_config.__func__, SuffixDrafter.finish
+
+        def from_config(cls: type, *args: Any) -> SuffixDrafter:
+            self.drafters.append(build(cls, *args))
+            return self.drafters[-1]
+
+        def timed_finish(drafter: SuffixDrafter, *args: Any) -> None:
+            start = host_clock()
+            finish(drafter, *args)
+            self.finish_seconds = host_clock() - start
+
+        SuffixDrafter.from_config = classmethod(from_config)
+        SuffixDrafter.finish = timed_finish
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -87,7 +113,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     pad = pad_token_id(tokenizer, model)
     generation = dict(max_new_tokens=args.max_new_tokens, do_sample=False, return_dict_in_generate=True)
     eos = eos_token_ids(model)
-    table = rows(args.rows.split(","), [int(b) for b in args.bounds.split(",")])
+    table = rows(args.rows.split(","), [int(b) for b in args.bounds.split(",")], args.num_draft_tokens)
+    corpus_time = CorpusTime()
     report: dict[str, Any] = {
         "settings": {**{k: str(v) for k, v in vars(args).items()}, "runtime": describe_runtime(model)},
         "calls": defaultdict(list),
@@ -116,6 +143,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             if spec is not None and spec["method"] == "suffix":
                 corpus = suffix.corpus_for(model)
                 record["corpus"] = dict(tokens=corpus.num_tokens, bytes=corpus.nbytes, gain=corpus.gain())
+                drafter = corpus_time.drafters[-1]
+                record["corpus"].update(drafting=drafter.drafting, drafts=drafter.corpus_drafts)
+                record["corpus"]["finish_seconds"] = corpus_time.finish_seconds
             report["calls"][name].append(record)
             print(f"{name} [{i + 1}/{len(prompts)}] {_line(record)}", file=sys.stderr, flush=True)
     report["calls"] = dict(report["calls"])
@@ -164,7 +194,12 @@ def _record(out: Any, inputs: dict[str, torch.Tensor], eos: set[int], seconds: f
 
 def _line(record: dict[str, Any]) -> str:
     corpus = record.get("corpus")
-    held = f" corpus {corpus['tokens']} tokens {corpus['bytes']} B gain {corpus['gain']}" if corpus else ""
+    held = (
+        f" corpus {corpus['tokens']} tokens {corpus['bytes']} B gain {corpus['gain']} drafted "
+        f"{corpus['drafts']} finish {corpus['finish_seconds'] * 1e3:.1f} ms"
+        if corpus
+        else ""
+    )
     return (
         f"{record['category']} {record['new_tokens']} tokens / {record['forwards']} forwards, "
         f"{record['seconds']:.2f} s {record.get('lossless', '')}{held}"
@@ -199,15 +234,20 @@ def summarize(report: dict[str, Any], skip: int) -> str:
             lines.append("| " + " | ".join(map(str, cells)) + " |")
     for name in names:
         held = [c["corpus"] for c in calls[name] if "corpus" in c]
-        if held:
-            bound = int(name.split("@")[1])
-            top = max(held, key=lambda c: c["bytes"])
-            lines.append(
-                f"\n{name}: at most {max(c['tokens'] for c in held)} tokens held (bound {bound}), "
-                f"{top['bytes']} bytes at most (the bound x {report['bytes_per_token']} B a token = "
-                f"{bound * report['bytes_per_token']} B, plus 20 B a sequence); gain after the last call "
-                f"{held[-1]['gain']}"
-            )
+        if not held:
+            continue
+        bound, top = int(name.split("@")[1]), max(held, key=lambda c: c["bytes"])
+        finish, seconds = sum(c["finish_seconds"] for c in held), sum(c["seconds"] for c in calls[name])
+        lines += [
+            f"\n{name}: at most {max(c['tokens'] for c in held)} tokens held (bound {bound}), "
+            f"{top['bytes']} bytes at most (the bound x {report['bytes_per_token']} B a token = "
+            f"{bound * report['bytes_per_token']} B, plus 20 B a sequence); gain after the last call "
+            f"{held[-1]['gain']}",
+            f"{name}: the corpus drafted in {sum(c['drafting'] for c in held)} of {len(held)} calls "
+            f"({sum(c['drafts'] for c in held)} drafts); its end-of-call work (replay and add) took "
+            f"{finish * 1e3 / len(held):.1f} ms a call on the host clock, {finish / seconds:.2%} of the "
+            "calls' time",
+        ]
     draft = {n: statistics.mean(c["draft_seconds"] / max(c["forwards"], 1) for c in calls[n]) for n in names}
     per_forward = ", ".join(f"{n} {s * 1e3:.2f} ms" for n, s in draft.items())
     lines.append(f"\ndrafter host time per target forward: {per_forward}")
