@@ -582,9 +582,9 @@ class SuffixCorpus:
     def gain(self) -> float | None:
         """Tokens per step this drafter's replays gave over prompt lookup's alone (at the same
         steps), or None while too little output was replayed to say."""
-        if sum(r[2] for r in self.record) < MIN_RECORD_TOKENS:
-            return None
-        return sum(r[2] for r in self.record) / sum(r[1] for r in self.record)
+        record = list(self.record)  # one copy (a writer may append meanwhile: no iterating it)
+        ours = sum(r[2] for r in record)
+        return ours / sum(r[1] for r in record) if ours >= MIN_RECORD_TOKENS else None
 
     def drafts(self, min_gain: float) -> bool:
         """Whether a call starting now should draft from the corpus."""
