@@ -7,11 +7,12 @@ call, on a workload that repeats itself across calls and on one that does not.
         [--out bench_out/suffix_cache.json]
 
 SmolLM2-135M-Instruct (the offline demo model, in its checkpoint's dtype) answers every prompt in
-order, one `generate` call each (batch 1, greedy, chat template), once per row: `plain`, `ngram`,
-and `suffix` once per corpus bound in `--bounds` (`suffix@N`, from an empty corpus, its own calls
-filling it). `suffix` runs with its defaults, which are what `speculative=True` runs where no draft
-model is chosen. Each speculative row carries what verifying cost from call to call as `generate`
-does, per row. The clock follows `--profile` (`hf_specdec.bench.regimes`: the model computes every
+order, one `generate` call each (batch 1, greedy, chat template), once per row, the rows
+interleaved prompt by prompt: `plain`, `ngram`, and `suffix` once per corpus bound in `--bounds`
+(`suffix@N`, each on a copy of the model whose corpus, empty at first, only its own calls fill).
+`suffix` runs with its defaults, which are what `speculative=True` runs where no draft model is
+chosen. Each speculative row carries what verifying cost from call to call as `generate` does,
+per row. The clock follows `--profile` (`hf_specdec.bench.regimes`: the model computes every
 token, the clock advances by the profile's cost of each forward plus the host's CPU time between
 them; `real` is this machine's own clock); plain, whose decisions never read the clock, is priced
 from its recorded forwards. Reported over the calls after the first `--skip`: tokens per target
@@ -24,6 +25,7 @@ tokens and bytes after each call against its bound; greedy outputs checked again
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
@@ -121,29 +123,33 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     }
     inputs = [encode_prompts(tokenizer, [p], True, pad, model.device) for p in prompts]
     outputs: dict[str, list[torch.Tensor]] = defaultdict(list)
-    for name, spec in table.items():  # row by row: each suffix row fills its own corpus from empty
-        suffix.clear_corpora()
-        costs = DeviceCosts()
-        shapes: set[tuple[int, int]] = set()
-        warm = {**generation, "max_new_tokens": 8}  # first calls pay for allocations and lazy imports
+    # Each suffix row drafts for a model object of its own, whose corpus only its calls fill; every
+    # row carries its own verify costs from call to call, as generate would for it alone.
+    targets = {name: copy.deepcopy(model) if _is_suffix(spec) else model for name, spec in table.items()}
+    costs = {name: DeviceCosts() for name in table}
+    shapes: dict[str, set[tuple[int, int]]] = {name: set() for name in table}
+    warm = {**generation, "max_new_tokens": 8}  # first calls pay for allocations and lazy imports
+    for name, spec in table.items():
         warm_spec = {} if spec is None else {"speculative": "ngram"}  # leaves the corpus empty
-        model.generate(**inputs[0], **warm, pad_token_id=pad, **warm_spec)
-        for i, (prompt, encoded) in enumerate(zip(prompts, inputs)):
-            kwargs = {} if spec is None else {"speculative": {**spec, "policy": costs.policy(model)}}
-            with emulate(model, REAL if spec is None else profile, shapes) as device:
+        targets[name].generate(**inputs[0], **warm, pad_token_id=pad, **warm_spec)
+    names = list(table)
+    for i, (prompt, encoded) in enumerate(zip(prompts, inputs)):
+        for name in names[i % len(names) :] + names[: i % len(names)]:  # rows interleaved, order rotated
+            spec, target = table[name], targets[name]
+            kwargs = {} if spec is None else {"speculative": {**spec, "policy": costs[name].policy(target)}}
+            with emulate(target, REAL if spec is None else profile, shapes[name]) as device:
                 device.new_call()
-                wall, host, start = _wall(), host_clock(), clock(model.device)
-                out = model.generate(**encoded, **generation, pad_token_id=pad, **kwargs)
-                seconds = clock(model.device) - start
+                wall, host, start = _wall(), host_clock(), clock(target.device)
+                out = target.generate(**encoded, **generation, pad_token_id=pad, **kwargs)
+                seconds = clock(target.device) - start
                 wall, host = _wall() - wall, host_clock() - host
             if spec is None:  # plain never reads the clock: priced from its forwards
-                seconds = priced(wall, host, device.forwards, profile, shapes)
+                seconds = priced(wall, host, device.forwards, profile, shapes[name])
             outputs[name].append(out.sequences)
             record = _record(out, encoded, eos, seconds, prompt)
-            if spec is not None and spec["method"] == "suffix":
-                corpus = suffix.corpus_for(model)
+            if _is_suffix(spec):
+                corpus, drafter = suffix.corpus_for(target), corpus_time.drafters[-1]
                 record["corpus"] = dict(tokens=corpus.num_tokens, bytes=corpus.nbytes, gain=corpus.gain())
-                drafter = corpus_time.drafters[-1]
                 record["corpus"].update(drafting=drafter.drafting, drafts=drafter.corpus_drafts)
                 record["corpus"]["finish_seconds"] = corpus_time.finish_seconds
             report["calls"][name].append(record)
@@ -176,6 +182,10 @@ def _check_lossless(
             if name != "plain":
                 check = check_greedy(model, encoded["input_ids"], plain, rows[i], encoded["attention_mask"])
                 calls[name][i]["lossless"] = check[0].kind
+
+
+def _is_suffix(spec: dict[str, Any] | None) -> bool:
+    return spec is not None and spec["method"] == "suffix"
 
 
 def _record(out: Any, inputs: dict[str, torch.Tensor], eos: set[int], seconds: float, prompt: Any) -> dict:
