@@ -77,7 +77,7 @@ MAX_OCCURRENCES = 64  # occurrences of a match voted among, the most recent
 REPLAY_TOKENS = 256  # of each row's output, replayed against the corpus at the call's end
 RECORD_ROWS = 16  # rows whose replays decide whether the corpus drafts
 MIN_RECORD_TOKENS = 32  # replayed output tokens needed before they decide
-MAX_REPLAY_EVERY = 16  # calls between replays, at most, while the corpus does not pay
+MAX_REPLAY_EVERY = 4  # calls between replays, at most, while the corpus does not pay
 
 
 @dataclass
@@ -572,9 +572,9 @@ class SuffixCorpus:
         # Per replayed row: (steps, tokens prompt lookup alone would have given, tokens ours would have).
         self.record: collections.deque[tuple[int, int, int]] = collections.deque(maxlen=RECORD_ROWS)
         self._lock = threading.Lock()
-        # While the replays say the corpus does not pay, they grow rarer: every 2nd call, 4th, ...
-        # up to every MAX_REPLAY_EVERY-th (a call of a workload that does not repeat pays nothing
-        # else for the corpus), and every call again once it pays.
+        # While a whole record of replays says the corpus does not pay, they grow rarer: every 2nd
+        # call, then every MAX_REPLAY_EVERY-th (a call of a workload that does not repeat pays
+        # nothing else for the corpus), and every call again once it pays.
         self.replay_every = 1
         self._until_replay = 0
         self.replayed_calls = 0
@@ -614,7 +614,9 @@ class SuffixCorpus:
                         self.record.append(replayed)
                 self.replayed_calls += 1
                 gain = self.gain()
-                paid = gain is None or gain >= config.min_gain
+                # Backing off only once a whole record says the corpus does not pay: a workload
+                # whose first calls gain nothing may repeat itself from the next ones.
+                paid = len(self.record) < RECORD_ROWS or gain is None or gain >= config.min_gain
                 self.replay_every = 1 if paid else min(2 * self.replay_every, MAX_REPLAY_EVERY)
                 self._until_replay = self.replay_every
             self._until_replay = max(self._until_replay - 1, 0)

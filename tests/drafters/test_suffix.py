@@ -369,12 +369,13 @@ def test_the_corpus_steps_aside_once_its_replays_stop_beating_prompt_lookup():
         shared._until_replay = 0  # replayed every call here, to fill the record
     assert shared.gain() == pytest.approx(1.0) and not shared.drafts(config.min_gain)
     assert shared.drafts(0.0)  # min_gain=0 drafts from it whenever it has a better draft
-    # Replays grow rarer while the corpus does not pay (4, then 8, then 16 calls apart), every
+    # Once a whole record says the corpus does not pay, replays grow rarer (4 calls apart), every
     # call's output still joining the corpus.
+    assert len(shared.record) == suffix.RECORD_ROWS
     replayed = shared.replayed_calls
     for _ in range(20):
         shared.add([rng.integers(0, 5000, 60).tolist()], [10], config)
-    assert shared.replayed_calls - replayed == 3 and shared.replay_every == suffix.MAX_REPLAY_EVERY
+    assert shared.replayed_calls - replayed == 5 and shared.replay_every == suffix.MAX_REPLAY_EVERY
     assert len(shared.snapshot.starts) == 2 + suffix.RECORD_ROWS + 20
     # Once a replay pays again (the repeated output again), every call is replayed again.
     for _ in range(suffix.MAX_REPLAY_EVERY):
