@@ -136,7 +136,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     for i, (prompt, encoded) in enumerate(zip(prompts, inputs)):
         for name in names[i % len(names) :] + names[: i % len(names)]:  # rows interleaved, order rotated
             spec, target = table[name], targets[name]
-            kwargs = {} if spec is None else {"speculative": {**spec, "policy": costs[name].policy(target)}}
+            if spec is not None and "num_draft_tokens" not in spec:  # the adaptive length, carried
+                spec = {**spec, "policy": costs[name].policy(target)}
+            kwargs = {} if spec is None else {"speculative": spec}
             with emulate(target, REAL if spec is None else profile, shapes[name]) as device:
                 device.new_call()
                 wall, host, start = _wall(), host_clock(), clock(target.device)
