@@ -49,6 +49,7 @@ What the corpus holds is the users' text: in memory only, never written to disk,
 from __future__ import annotations
 
 import collections
+import functools
 import heapq
 import itertools
 import threading
@@ -75,7 +76,7 @@ if TYPE_CHECKING:
 MAX_MATCH = 16  # tokens of context a corpus match can span: the sort keys' width
 MAX_OCCURRENCES = 64  # occurrences of a match voted among, the most recent
 REPLAY_TOKENS = 256  # of each row's output, replayed against the corpus at the call's end
-RECORD_ROWS = 16  # rows whose replays decide whether the corpus drafts
+RECORD_ROWS = 8  # rows whose replays decide whether the corpus drafts
 MIN_RECORD_TOKENS = 32  # replayed output tokens needed before they decide
 MAX_REPLAY_EVERY = 4  # calls between replays, at most, while the corpus does not pay
 
@@ -163,6 +164,17 @@ def preceding_codes(tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
     padded = np.concatenate([np.zeros(MAX_MATCH, dtype=np.int64), tokens.astype(np.int64) + 1])
     before = positions[:, None] + MAX_MATCH - 1 - np.arange(MAX_MATCH)  # padded index of each
     return padded[before]
+
+
+@functools.cache
+def _range_masks(width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per match length m (row m - 1) of keys of `width`-byte units: 1 on the first m units' bytes,
+    and 0xFF on the unit after them (none for m = MAX_MATCH) [MAX_MATCH, MAX_MATCH * width]."""
+    m = np.arange(1, MAX_MATCH + 1)[:, None]
+    column = np.arange(MAX_MATCH * width)[None, :]
+    prefix = (column < m * width).astype(np.uint8)
+    after = ((column >= m * width) & (column < (m + 1) * width)).astype(np.uint8) * 0xFF
+    return prefix, after
 
 
 @dataclass(frozen=True)
@@ -262,11 +274,9 @@ class Snapshot:
         # The keys starting with the query's first m tokens, for every m at once: from that prefix
         # followed by no-token units (0) to the prefix followed by an all-0xFF unit, which no key
         # holds (for m = MAX_MATCH, which leaves no room after it, the whole query, side="right").
-        m = np.arange(1, len(tail) + 1)[:, None]
-        column = np.arange(width)[None, :]
-        lows = np.where(column < m * w, query, 0).astype(np.uint8)  # [len(tail), width]
-        highs = np.where(column < (m + 1) * w, np.where(column < m * w, query, 0xFF), 0).astype(np.uint8)
-        lows, highs = as_keys(lows), as_keys(highs)
+        prefix, after = _range_masks(w)
+        lows = query * prefix[: len(tail)]  # [len(tail), width]
+        lows, highs = as_keys(lows), as_keys(lows | after[: len(tail)])
         lo, hi = np.searchsorted(self.keys, lows), np.searchsorted(self.keys, highs, side="right")
         found = np.flatnonzero(hi > lo)
         if not len(found):
@@ -363,6 +373,9 @@ def vote(corpus_tokens: np.ndarray, occurrences: np.ndarray, weights: np.ndarray
 def agreed_run(corpus_tokens: np.ndarray, occurrences: np.ndarray, most: int) -> list[int]:
     """The tokens (at most `most`) on which every one of `occurrences` goes on alike, before any
     sequence ends."""
+    if len(occurrences) == 1:  # a copy, to its sequence's end
+        copied = corpus_tokens[int(occurrences[0]) : int(occurrences[0]) + most].tolist()
+        return copied[: copied.index(-1)] if -1 in copied else copied
     ahead = np.minimum(occurrences[:, None] + np.arange(most), len(corpus_tokens) - 1)  # the end is -1
     window = corpus_tokens[ahead]  # [n, most]
     same = (window == window[0]).all(axis=0) & (window[0] >= 0)
