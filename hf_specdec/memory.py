@@ -7,7 +7,7 @@ import gc
 import torch
 
 from .core.policy import DEVICE_COSTS
-from .drafters import draft_model, mtp
+from .drafters import draft_model, mtp, suffix
 from .hub.tokenizer_check import clear_checks
 from .ort import cache, session
 
@@ -18,9 +18,10 @@ def clear_cache() -> None:
     That is the last draft model loaded by name or folder (`draft=` a path or Hub id, or chosen by
     `method="auto"`), the MTP layers read out of a target's checkpoint (`method="mtp"`), the ONNX
     Runtime sessions of `onnx` / `quantized` drafts with their device buffers, tokenizers read from
-    a target's folder, remembered tokenizer comparisons and weight fingerprints, and what verifying
+    a target's folder, remembered tokenizer comparisons and weight fingerprints, what verifying
     cost on each model in earlier calls (`DEVICE_COSTS`, which the next call's draft-length policy
-    would start from). Once nothing else refers to them, their memory is released, and the CUDA
+    would start from), and each model's `suffix` corpus of earlier prompts and outputs. Once
+    nothing else refers to them, their memory is released, and the CUDA
     caching allocator's unused blocks go back to the GPU (`torch.cuda.empty_cache()`, when CUDA is
     in use).
     The next call that needs one loads it again.
@@ -31,6 +32,7 @@ def clear_cache() -> None:
     cache.clear_fingerprints()
     clear_checks()
     DEVICE_COSTS.clear()
+    suffix.clear_corpora()
     gc.collect()  # models caught in reference cycles go now, not at some later collection
     if torch.cuda.is_initialized():
         torch.cuda.empty_cache()

@@ -220,6 +220,13 @@ class Drafter:
         """Learn that row b of `draft` (as verified, possibly cut shorter than proposed) had its
         first `accepted[b]` tokens accepted. By default nothing is learnt."""
 
+    def finish(self, sequences: list[torch.Tensor], prompt_lengths: list[int]) -> None:
+        """The call is over: row b's whole sequence, its padding left out, is `sequences[b]` [n_b],
+        its first `prompt_lengths[b]` tokens its prompt and the rest what the call generated (up to
+        where the row stopped). Called once, after the last step, for drafters that learn across
+        calls (a corpus of earlier outputs); not called for a call that raised. By default nothing
+        is kept."""
+
     def compile_forwards(self, config: Any, capacity: int, widths: tuple[int, ...], batch_size: int) -> None:
         """The target's forwards after the prompt's are compiled (a compiled static cache, by
         `config`, a `CompileConfig`, padded to `widths`, over `capacity` positions): compile the

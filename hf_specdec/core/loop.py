@@ -141,6 +141,7 @@ def speculative_decode(
     # past its end cached: the cache handed back holds each row's sequence but its last token, as
     # plain decoding's does, so that a next turn can continue it.
     target.truncate(out.cached_lengths(cached_rows))
+    drafter.finish(*out.sequences())  # what a drafter learning across calls keeps of this one
     return out.finish(stats, target.finished_cache())
 
 

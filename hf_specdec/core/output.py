@@ -161,6 +161,14 @@ class OutputCollector:
         fed = [max(self.lengths[row] - self.prompt_len - 1, 0) for row in rows]
         return prompt + torch.tensor(fed, device=prompt.device)
 
+    def sequences(self) -> tuple[list[torch.Tensor], list[int]]:
+        """Each row's sequence so far without its padding [n_b], and how many of its tokens are its
+        prompt's (what `Drafter.finish` is shown)."""
+        real = self.mask.bool()
+        rows = [self.tokens[row, :length][real[row, :length]] for row, length in enumerate(self.lengths)]
+        prompts = self.attention_mask.sum(dim=1).tolist()
+        return rows, prompts
+
     def finish(self, stats: SpeculativeStats, cache: Any) -> Any:
         """Build what `generate` returns: padded sequences, or the output dataclass."""
         if self.streamer is not None:

@@ -10,7 +10,13 @@ from ..config import SpeculativeConfig
 from ..drafters.draft_model import is_assistant
 from ..ort.layout import is_onnx_folder
 from .block import block_method, published_block_draft
+from .choice import DRAFT_FREE_METHOD
 from .select import speculative_draft
+
+# Where no draft model is chosen: prompt lookup, plus the model's corpus of earlier calls wherever
+# its replays show that it beats prompt lookup alone (`drafters/suffix.py`); until then its drafts
+# are prompt lookup's.
+DRAFT_FREE_AUTO = "suffix"
 
 
 def resolve_method(config: SpeculativeConfig, model: Any) -> tuple[SpeculativeConfig, str]:
@@ -39,7 +45,8 @@ def _choose_method(config: SpeculativeConfig, model: Any) -> tuple[SpeculativeCo
     # A chosen draft that cannot be loaded safely comes back as "ngram", with a warning.
     choice, draft, draft_tokenizer = speculative_draft(model, trust_remote_code=config.trust_remote_code)
     if draft is None:
-        return dataclasses.replace(config, method=choice.method), choice.reason
+        method = DRAFT_FREE_AUTO if choice.method == DRAFT_FREE_METHOD else choice.method
+        return dataclasses.replace(config, method=method), choice.reason
     if choice.translation is not None:  # a draft of another tokenizer, chosen for how it translates
         extra = {"translation": choice.translation}
     elif choice.method == "draft_model":

@@ -33,6 +33,9 @@ class ServingPlan:
         block: a block draft's drafts per block: the engines draft whole blocks (a shorter one is
             another draft, as its positions attend to each other), so it is the length they serve.
         caveats: what differs between our run and the engine's.
+        engine_options: per engine, further keys of its speculative config (vLLM's
+            `suffix_decoding_*`).
+        engine_caveats: per engine, caveats that concern that engine alone.
     """
 
     method: str
@@ -44,3 +47,5 @@ class ServingPlan:
     ngram: tuple[int, int] | None = None
     block: int | None = None
     caveats: list[str] = field(default_factory=list)
+    engine_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    engine_caveats: dict[str, list[str]] = field(default_factory=dict)

@@ -53,7 +53,7 @@ Renderer = Callable[[str, ServingPlan, int, Path | None], dict[str, Any]]  # (mo
 
 
 def render_vllm(model: str, plan: ServingPlan, k: int, out: Path | None) -> dict[str, Any]:
-    caveats = list(plan.caveats)
+    caveats = list(plan.caveats) + plan.engine_caveats.get("vllm", [])
     draft = plan.draft
     if plan.head is not None:
         draft, note = _write_head(plan.head, "speculators", model, k, out)
@@ -62,7 +62,8 @@ def render_vllm(model: str, plan: ServingPlan, k: int, out: Path | None) -> dict
     if draft is not None:
         config["model"] = draft
     config["num_speculative_tokens"] = k
-    if plan.ngram is not None:
+    config.update(plan.engine_options.get("vllm", {}))
+    if plan.ngram is not None and plan.engine_method["vllm"] == "ngram":
         config["prompt_lookup_max"], config["prompt_lookup_min"] = plan.ngram[1], plan.ngram[0]
         caveats.append(
             f"vLLM's prompt lookup matches n-grams of {plan.ngram[0]}..{plan.ngram[1]} tokens as ours does; "
@@ -87,7 +88,7 @@ def render_vllm(model: str, plan: ServingPlan, k: int, out: Path | None) -> dict
 
 def render_sglang(model: str, plan: ServingPlan, k: int, out: Path | None) -> dict[str, Any]:
     algorithm = plan.engine_method["sglang"]
-    caveats = list(plan.caveats)
+    caveats = list(plan.caveats) + plan.engine_caveats.get("sglang", [])
     draft = plan.draft
     if plan.head is not None:
         draft, note = _write_head(plan.head, "eagle3", model, k, out)

@@ -17,6 +17,7 @@ from ..drafters.mtp import own_layers
 from ..drafters.ngram import NgramConfig
 from ..drafters.registry import DRAFTERS
 from ..drafters.tree import ChainTreeConfig
+from ..drafters.suffix import SuffixConfig
 from ..heads.checkpoint import CONFIG_NAME, load_head
 from ..heads.eagle3 import Eagle3Head
 from ..heads.layouts import check_layout
@@ -81,6 +82,43 @@ def plan_ngram(model: str, draft: Source, head: Source, options: Options) -> Ser
         {"vllm": "ngram", "sglang": "NGRAM"},
         measure={"method": "ngram", "options": options},
         ngram=(config.min_ngram, config.max_ngram),
+    )
+
+
+def plan_suffix(model: str, draft: Source, head: Source, options: Options) -> ServingPlan:
+    """vLLM's `suffix` is SuffixDecoding (arctic-inference's suffix trees), with our length rule and
+    probability floor; SGLang has no equivalent and serves its own prompt lookup (NGRAM) instead."""
+    config = options_to_config(SuffixConfig, options)
+    vllm = [
+        "vLLM's method 'suffix' needs `pip install arctic-inference` beside vLLM.",
+        "vLLM keeps earlier responses (not prompts) of up to suffix_decoding_max_cached_requests requests "
+        f"(10000 by default), where ours keeps prompts and outputs up to {config.max_corpus_tokens} tokens; "
+        "it drafts from them wherever they score better than the prompt, no replay deciding whether they "
+        "pay, and in chains only.",
+    ]
+    if config.max_spec_offset:
+        vllm.append(
+            f"vLLM drafts at most max_spec_factor times the match's length: our max_spec_offset "
+            f"({config.max_spec_offset}) has no equivalent, so its drafts after short matches are shorter."
+        )
+    if config.recency_half_life is not None:
+        vllm.append("vLLM scores continuations by frequency alone: recency_half_life is not carried over.")
+    sglang = [
+        "SGLang 0.5.23 has no suffix decoding: NGRAM, its prompt lookup, is served instead (its own n-gram "
+        "trie and defaults); nothing of our corpus of earlier calls is carried over."
+    ]
+    return ServingPlan(
+        "suffix",
+        {"vllm": "suffix", "sglang": "NGRAM"},
+        measure={"method": "suffix", "options": options},
+        ngram=(config.min_ngram, config.max_ngram),
+        engine_options={
+            "vllm": {
+                "suffix_decoding_max_spec_factor": config.max_spec_factor,
+                "suffix_decoding_min_token_prob": config.min_token_prob,
+            }
+        },
+        engine_caveats={"vllm": vllm, "sglang": sglang},
     )
 
 
@@ -257,6 +295,7 @@ def plan_assistant(model: str, draft: Source, head: Source, options: Options) ->
 
 PLANS: dict[str, Planner] = {
     "ngram": plan_ngram,
+    "suffix": plan_suffix,
     "draft_model": plan_draft_model,
     "eagle": plan_eagle,
     "onnx": plan_onnx,

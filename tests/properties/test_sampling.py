@@ -18,6 +18,7 @@ from ..helpers.sampling import (
     ROWS,
     SETTINGS,
     VOCAB,
+    built_suffix_drafters,
     chi2_pvalue,
     continuation_index,
     exact_distribution,
@@ -198,3 +199,39 @@ def test_padded_batch_of_two_prompts(models):
     assert chi2_pvalue(samples[half:], exact_distribution(target, settings, short)) > ALPHA
     # Control: the two halves are told apart (the test sees which prompt a row had).
     assert chi2_pvalue(samples[half:], exact_distribution(target, settings, PROMPT)) < ALPHA
+
+
+FRESH_PROMPT = [3, 1, 4, 6, 5, 2, 7]
+
+
+@pytest.mark.parametrize("setting", ["topk_topp"])
+def test_suffix_samples_from_a_filled_corpus_follow_target_distribution(models, setting, monkeypatch):
+    """Drafts from a corpus that earlier sampled calls filled (32 answers to the same prompt)."""
+    from hf_specdec.drafters import suffix
+
+    target, _ = models
+    settings = SETTINGS[setting]
+    built = built_suffix_drafters(monkeypatch)
+    suffix.clear_corpora()
+    prompt = torch.tensor([FRESH_PROMPT])
+    torch.manual_seed(41)
+    for _ in range(2):
+        target.generate(input_ids=prompt.repeat(16, 1), max_new_tokens=NEW + 2, do_sample=True, **settings,
+                        speculative="suffix")  # fmt: skip
+    input_ids = prompt.repeat(ROWS, 1)
+    spec = dict(method="suffix", num_draft_tokens=2, options={"min_gain": 0.0})
+    out = target.generate(
+        input_ids=input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        max_new_tokens=NEW,
+        do_sample=True,
+        speculative=spec,
+        return_dict_in_generate=True,
+        **settings,
+    )
+    suffix.clear_corpora()
+    stats = out.speculative_stats
+    # The corpus drafted for every row (its first step at least), and drafts both held and failed.
+    assert built[-1].corpus_drafts >= ROWS and 0 < stats.accepted < stats.drafted
+    samples = continuation_index(out.sequences, len(FRESH_PROMPT))
+    assert chi2_pvalue(samples, exact_distribution(target, settings, FRESH_PROMPT)) > ALPHA

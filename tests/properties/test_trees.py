@@ -10,7 +10,7 @@ from hf_specdec.core.verify import tree_verify
 from hf_specdec.drafters.ngram import _trie
 
 from ..conftest import assert_greedy_match, tiny_llama
-from ..helpers.sampling import ALPHA, SETTINGS, chi2_pvalue, exact_distribution
+from ..helpers.sampling import ALPHA, ROWS, SETTINGS, built_suffix_drafters, chi2_pvalue, exact_distribution
 from ..helpers.trees import BRANCHING_PROMPT, repetitive_batch, sample_trees, walk_preferring_drafts
 
 
@@ -193,3 +193,24 @@ def test_control_tree_walk_that_prefers_drafts_is_rejected(sampling_target, monk
         sampling_target, SETTINGS["temp"], 31, monkeypatch, verifier=walk_preferring_drafts
     )
     assert chi2_pvalue(samples, exact) < ALPHA
+
+
+def test_suffix_tree_samples_follow_target_distribution(sampling_target, monkeypatch):
+    """Prompt lookup's trie merged with a tree grown over a corpus that earlier sampled calls filled."""
+    from hf_specdec.drafters import suffix
+
+    settings = SETTINGS["temp"]
+    suffix.clear_corpora()
+    prompt = torch.tensor([BRANCHING_PROMPT]).repeat(16, 1)
+    torch.manual_seed(32)
+    for _ in range(2):
+        sampling_target.generate(
+            input_ids=prompt, max_new_tokens=6, do_sample=True, speculative="suffix", **settings
+        )
+    spec = dict(method="suffix", num_draft_tokens=4, tree=True, options={"min_gain": 0.0})
+    built = built_suffix_drafters(monkeypatch)
+    samples = sample_trees(sampling_target, settings, 33, monkeypatch, spec=spec)
+    suffix.clear_corpora()
+    assert built[-1].corpus_drafts >= ROWS  # the corpus added nodes to every row's first tree at least
+    exact = exact_distribution(sampling_target, settings, BRANCHING_PROMPT)
+    assert chi2_pvalue(samples, exact) > ALPHA

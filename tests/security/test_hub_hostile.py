@@ -20,6 +20,7 @@ import torch
 
 import hf_specdec
 from hf_specdec import SpeculativeConfig
+from hf_specdec.selection.method import DRAFT_FREE_AUTO
 from hf_specdec.selection.select import load_draft, select_draft
 
 from ..hub_server import tiny_tokenizer
@@ -87,7 +88,7 @@ def test_remote_code_the_api_does_not_show_is_refused_within_one_call(sandbox, t
     honest = json.loads(_config(sandbox))
     sandbox.hub.push(DRAFT, {"config.json": remote_code_config(_config(sandbox))}, api={"config": honest})
 
-    assert generate(target).method == "ngram"
+    assert generate(target).method == DRAFT_FREE_AUTO
     choice = select_draft(TARGET)
     assert choice.draft is None
     assert any(r.startswith(f"{DRAFT}: needs custom code (auto_map") for r in choice.rejected)
@@ -102,7 +103,7 @@ def test_a_rewritten_history_drops_the_cached_choice(sandbox, target):
     sandbox.hub.push(DRAFT, {"config.json": remote_code_config(_config(sandbox))})
     sandbox.hub.rewrite_history(DRAFT)
     with pytest.warns(UserWarning, match=rf"{DRAFT}.*no revision.*'ngram'.*selections") as caught:
-        assert generate(target).method == "ngram"
+        assert generate(target).method == DRAFT_FREE_AUTO
     assert len([w for w in caught if "ngram" in str(w.message)]) == 1
     assert sandbox.selections() == []
     choice = select_draft(TARGET)
@@ -143,7 +144,7 @@ def test_tokenizer_changed_under_the_checked_commit_drops_the_choice(sandbox, ta
     served.files["tokenizer.json"] = (tiny_repos["decoy"] / "tokenizer.json").read_bytes()
     _drop_downloaded(sandbox, DRAFT)
     with pytest.warns(UserWarning, match=rf"{DRAFT}.*tokenizer is not the one.*'ngram'.*selections"):
-        assert generate(target).method == "ngram"
+        assert generate(target).method == DRAFT_FREE_AUTO
     assert sandbox.selections() == []
     sandbox.assert_contained()
 
@@ -152,9 +153,9 @@ def test_a_deleted_repo_drops_the_cached_choice(sandbox, target):
     select_draft(TARGET)  # cached; only the tokenizer files were downloaded
     sandbox.hub.delete(DRAFT)
     with pytest.warns(UserWarning, match=rf"{DRAFT}.*not found on the Hub.*'ngram'.*selections"):
-        assert generate(target).method == "ngram"
+        assert generate(target).method == DRAFT_FREE_AUTO
     assert sandbox.selections() == []
-    assert generate(target).method == "ngram"  # searched again: no draft left, no warning
+    assert generate(target).method == DRAFT_FREE_AUTO  # searched again: no draft left, no warning
     assert select_draft(TARGET).source == "cache"
     sandbox.assert_contained()
 
@@ -174,7 +175,7 @@ def test_offline_without_the_weights_falls_back_and_keeps_the_choice(sandbox, ta
     select_draft(TARGET)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.warns(UserWarning, match=rf"{DRAFT}.*not in the local Hub cache.*'ngram'"):
-        assert generate(target).method == "ngram"
+        assert generate(target).method == DRAFT_FREE_AUTO
     assert len(sandbox.selections()) == 1
     monkeypatch.delenv("HF_HUB_OFFLINE")
     assert generate(target).method == "draft_model"
@@ -211,7 +212,7 @@ def test_pickle_weights_are_never_downloaded(sandbox, target):
     changes = {"model.safetensors": None, "pytorch_model.bin": pickle_weights(sandbox.sentinel)}
     sandbox.hub.push(DRAFT, changes, api={"safetensors": stated})
 
-    assert generate(target).method == "ngram"
+    assert generate(target).method == DRAFT_FREE_AUTO
     rejected = select_draft(TARGET).rejected
     assert any(r.startswith(f"{DRAFT}: no safetensors weights") for r in rejected), rejected
     with pytest.raises(
@@ -237,7 +238,7 @@ def test_malformed_configs_are_refused(sandbox, target, case):
         blob = json.dumps({**json.loads(_config(sandbox)), "padding": "x" * (2 << 20)}).encode()
     sandbox.hub.push(DRAFT, {"config.json": blob})
 
-    assert generate(target).method == "ngram"
+    assert generate(target).method == DRAFT_FREE_AUTO
     rejected = [r for r in select_draft(TARGET).rejected if r.startswith(f"{DRAFT}:")]
     assert rejected, "the draft was not even considered"
     with pytest.raises(ValueError, match=rf"{DRAFT}.*config\.json is {why}"):
@@ -295,7 +296,7 @@ def test_malformed_selection_cache_offline_falls_back_to_ngram(sandbox, target, 
     path.write_text('{"method": "draft_model", "draft": "/"}')
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.warns(UserWarning, match=r"Ignoring the cached draft choice"):
-        assert generate(target).method == "ngram"
+        assert generate(target).method == DRAFT_FREE_AUTO
     assert select_draft(TARGET).source == "offline"
     sandbox.assert_contained()
 
@@ -316,7 +317,7 @@ def test_a_cached_commit_that_needs_remote_code_is_dropped(sandbox, target):
     )
     path.write_text(json.dumps({**json.loads(path.read_text()), "revision": evil.sha}))
     with pytest.warns(UserWarning, match=rf"{DRAFT}.*needs custom code.*'ngram'"):
-        assert generate(target).method == "ngram"
+        assert generate(target).method == DRAFT_FREE_AUTO
     assert sandbox.selections() == []
     sandbox.assert_contained()
 

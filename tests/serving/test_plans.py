@@ -139,3 +139,23 @@ def test_a_published_eagle1_folder_is_served_as_it_is(models, tmp_path, engine, 
     folder = write_eagle1(tmp_path / "eagle1", tiny_llama(0), weights="model.safetensors", bias=False)
     result = export_serving(str(models / "target"), engine, head=str(folder), num_draft_tokens=3)
     assert (result["engine_method"], result["draft"]) == (expected, str(folder))
+
+
+def test_suffix_is_served_as_vllms_suffix_decoding_and_as_sglangs_prompt_lookup(models):
+    options = {"max_spec_factor": 2.0, "min_token_prob": 0.2}
+    target = str(models / "target")
+    vllm = export_serving(target, "vllm", method="suffix", options=options, num_draft_tokens=4)
+    assert vllm["speculative_config"] == {
+        "method": "suffix",
+        "num_speculative_tokens": 4,
+        "suffix_decoding_max_spec_factor": 2.0,
+        "suffix_decoding_min_token_prob": 0.2,
+    }
+    caveats = " ".join(vllm["caveats"])
+    assert "arctic-inference" in caveats and "max_spec_offset" in caveats and "SGLang" not in caveats
+    sglang = export_serving(target, "sglang", method="suffix", num_draft_tokens=4)
+    assert sglang["engine_method"] == "NGRAM" and "has no suffix decoding" in " ".join(sglang["caveats"])
+    with pytest.raises(ValueError, match="Unknown option\\(s\\) \\['nope'\\] for SuffixConfig"):
+        export_serving(
+            str(models / "target"), "vllm", method="suffix", options={"nope": 1}, num_draft_tokens=4
+        )
