@@ -16,8 +16,8 @@ from ..drafters.draft_model import DraftModelConfig
 from ..drafters.mtp import own_layers
 from ..drafters.ngram import NgramConfig
 from ..drafters.registry import DRAFTERS
-from ..drafters.tree import ChainTreeConfig
 from ..drafters.suffix import SuffixConfig
+from ..drafters.tree import ChainTreeConfig
 from ..heads.checkpoint import CONFIG_NAME, load_head
 from ..heads.eagle3 import Eagle3Head
 from ..heads.layouts import check_layout
