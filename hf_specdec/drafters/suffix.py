@@ -62,7 +62,8 @@ import torch
 
 from ..core.draft import Draft, DraftCost, DraftRequest
 from ..core.fields import check_fields
-from ..core.policy import MAX_DRAFT, PRIOR_WEIGHT, beta_mean, expected_gains
+from ..core.policy.acceptance import MAX_DRAFT, PRIOR_WEIGHT, beta_mean
+from ..core.policy.decision import expected_gains
 from .base import Drafter, options_to_config
 from .ngram import ALL, FIRST_TOKEN_ODDS, LATER_TOKEN_ODDS, ONE, SPLIT, NgramConfig, NgramDrafter, _RowIndex
 from .ngram import _chain_odds as context_odds
