@@ -42,10 +42,10 @@ class SpeculativeConfig:
             forward (`num_draft_tokens` then counts its nodes); `False` (default) drafts one chain;
             `"auto"` a tree where the drafter grows trees and a chain where it does not (no error),
             the tree's size chosen by the draft-length policy from measured costs and acceptance.
-            Drafters that grow trees: `ngram` (a trie of matches), `draft_model`, `onnx`,
-            `quantized`, `eagle`, `mtp` and `assistant` (EAGLE-2: top-k branching by cumulative
-            draft probability) and `medusa` (the cartesian product of each head's top-k, pruned by
-            probability).
+            Drafters that grow trees: `ngram` and `suffix` (a trie of matches), `draft_model`,
+            `onnx`, `quantized`, `eagle`, `mtp` and `assistant` (EAGLE-2: top-k branching by
+            cumulative draft probability), `dflash` and `dspark` (EAGLE-2 over a block's positions)
+            and `medusa` (the cartesian product of each head's top-k, pruned by probability).
         trust_remote_code: let a draft (named in `draft`, or chosen by `method="auto"`) run the
             Python code its repo ships (`auto_map` in its config), as `from_pretrained(...,
             trust_remote_code=True)` would. Off by default: such a draft is refused when named, and

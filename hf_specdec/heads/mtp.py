@@ -175,7 +175,7 @@ def load_mtp_layers(target: Any) -> nn.Module:
     report = _LoadReport()
     try:
         with report.listening():
-            mtp = MtpModel.from_pretrained(target, device_map={"": device})
+            mtp = MtpModel.from_pretrained(target, device_map={"": device}, trust_remote_code=False)
     except (RuntimeError, ValueError, KeyError) as err:
         raise ValueError(
             f"The MTP weights in {folder} ({len(keys)} keys matching {pattern!r}, e.g. {keys[0]}) do not "

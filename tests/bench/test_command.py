@@ -198,7 +198,8 @@ def test_cli_writes_files(tiny_folder, tmp_path, capsys):
     [
         (
             ["--methods", "ngram,lookahead"],
-            "valid methods: assistant, auto, draft_model, eagle, medusa, mtp, ngram",
+            "valid methods: assistant, auto, dflash, draft_model, dspark, eagle, medusa, mtp, ngram, onnx, "
+            "quantized, suffix",
         ),
         (["--methods", "ngram,medusa"], "needs a trained head: pass --head medusa=FOLDER"),
         (["--head", "eagle"], "--head takes METHOD=FOLDER"),

@@ -329,14 +329,14 @@ def test_clear_cache_empties_the_corpus(target_no_eos):
 
 
 def test_auto_without_a_draft_model_resolves_to_suffix(target_no_eos):
-    assert resolve_method(SpeculativeConfig(), target_no_eos).method == "suffix"
+    assert resolve_method(SpeculativeConfig(), target_no_eos)[0].method == "suffix"
 
 
 def test_auto_drafts_from_the_corpus_only_once_its_replays_beat_prompt_lookup(target_no_eos):
     auto = SpeculativeConfig(num_draft_tokens=8)
 
     def drafter() -> SuffixDrafter:
-        return SuffixDrafter.from_config(resolve_method(auto, target_no_eos), target_no_eos, None)
+        return SuffixDrafter.from_config(resolve_method(auto, target_no_eos)[0], target_no_eos, None)
 
     repeated = random_batch(8, 1)
     # An empty corpus: prompt lookup's drafts exactly (output and forwards as method="ngram").

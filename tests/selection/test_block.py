@@ -9,6 +9,7 @@ import torch
 
 import hf_specdec.selection.select as select
 from hf_specdec.selection.block import block_method
+from hf_specdec.selection.method import DRAFT_FREE_AUTO
 
 from ..conftest import tiny_llama
 from ..heads.test_published import hub  # noqa: F401 (the local Hub fixture)
@@ -54,7 +55,7 @@ def test_a_block_draft_that_cannot_be_loaded_is_passed_over(target, registry, hu
         out = target.generate(
             prompt, max_new_tokens=6, do_sample=False, speculative=True, return_dict_in_generate=True
         )
-    assert out.speculative_stats.method == "ngram"
+    assert out.speculative_stats.method == DRAFT_FREE_AUTO  # no draft model: auto's draft-free method
 
 
 def test_a_block_draft_given_as_draft_is_run_as_one(tmp_path, target):

@@ -325,7 +325,7 @@ def test_cli_text_lists_published_heads_offline(
         "(EAGLE-3 layout; source: eagle-readme (EAGLE-3 weights); vllm-tests)"
     ]
     assert "speculative=dict(method=METHOD, draft=REPO)" in out
-    assert _select_cli(["select", "Qwen/Qwen3-8B"]) == 0  # the registry lists no head for it
+    assert _select_cli(["select", "Qwen/Qwen2.5-7B-Instruct"]) == 0  # the registry lists no head for it
     out = capsys.readouterr().out
     assert "head:" not in out and "speculative=dict" not in out
 

@@ -1,10 +1,13 @@
-"""Trained drafts side by side under emulated device regimes: a DFlash block draft, an EAGLE head and
-n-grams, per Spec-Bench category (BENCHMARKS_HEADS.md, "Block drafts").
+"""Trained drafts side by side under emulated device regimes: an EAGLE head, an MTP head, a DFlash
+block draft and n-grams, per Spec-Bench category (BENCHMARKS_HEADS.md, "Trained drafts").
 
-    python benchmarks/reports/block_drafts.py --head eagle=DIR --head dflash=DIR
-        [--methods eagle,dflash,dflash:7,ngram] [--profiles flat,real] [--suite specbench-quick]
-        [--categories qa,mt_bench,translation,math_reasoning] [--limit 3] [--max-new-tokens 128]
-        [--out bench_out/block_drafts.json] [--markdown bench_out/block_drafts.md]
+    bash benchmarks/reports/trained_drafts.sh        # trains the three on the same text, then runs this
+    python benchmarks/reports/trained_drafts.py --head eagle=DIR --head mtp=DIR --head dflash=DIR
+        [--methods eagle,mtp,dflash,dflash:7,ngram] [--profiles flat,real] [--suite specbench-quick]
+        [--categories qa,mt_bench,...] [--limit 3] [--max-new-tokens 128]
+        [--out bench_out/trained_drafts.json] [--markdown bench_out/trained_drafts.md]
+
+Each head's `training.json` (steps, seconds, held-out τ) is summarised first.
 
 SmolLM2-135M computes every token for real (acceptance is real); the clock follows the cost profile
 (`hf_specdec.bench.regimes`: `flat` a memory-bound GPU at batch 1, each extra token +1% of a 20 ms
@@ -82,6 +85,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     shapes: dict[tuple[str, str], set] = defaultdict(set)
     costs: dict[tuple[str, str], DeviceCosts] = defaultdict(DeviceCosts)
     report: dict[str, Any] = {"settings": {**vars(args), "runtime": describe_runtime(model)}, "prompts": []}
+    report["training"] = [training_summary(m, Path(folder)) for m, folder in heads.items()]
 
     def speculative(profile: Any, row: str) -> dict:
         if "num_draft_tokens" in specs[row]:
@@ -133,10 +137,24 @@ def _record(out: Any, forwards: list, inputs: dict, eos: set[int], seconds: floa
     return record
 
 
+def training_summary(method: str, folder: Path) -> str:
+    """A line on how a head was trained, from its `training.json` (none for a published draft)."""
+    path = folder / "training.json"
+    if not path.is_file():
+        return f"- {method}: {folder} (no training log)"
+    log = json.loads(path.read_text())
+    last = log["history"][-1] if log["history"] else {"tau": "-", "acceptance": []}
+    acceptance = ", ".join(f"{a:.0%}" for a in last["acceptance"])
+    return (
+        f"- {method}: {log['steps']} steps in {log['train_seconds']} s on {log['train_sequences']} "
+        f"sequences, held-out τ ≈ {last['tau']} (acceptance by position {acceptance})"
+    )
+
+
 def summarize(report: dict[str, Any]) -> str:
     settings = report["settings"]
     methods = settings["methods"].split(",")
-    lines = []
+    lines = [*report.get("training", []), ""]
     for profile in settings["profiles"].split(","):
         lines += [
             f"### {profile}",
@@ -184,16 +202,16 @@ def main() -> int:
     parser.add_argument("--model", default=None, help="default: the offline SmolLM2-135M-Instruct")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--head", action="append", default=[], help="METHOD=FOLDER, e.g. dflash=runs/dflash")
-    parser.add_argument("--methods", default="eagle,dflash,ngram")
+    parser.add_argument("--methods", default="eagle,mtp,dflash,ngram")
     parser.add_argument("--profiles", default="flat,real")
     parser.add_argument("--step-ms", type=float, default=20.0, help="an emulated plain step (default 20 ms)")
     parser.add_argument("--suite", default="specbench-quick")
-    parser.add_argument("--categories", default="qa,mt_bench,translation,math_reasoning")
+    parser.add_argument("--categories", default="", help="comma-separated (default: every category)")
     parser.add_argument("--limit", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    parser.add_argument("--out", default="bench_out/block_drafts.json")
-    parser.add_argument("--markdown", default="bench_out/block_drafts.md")
+    parser.add_argument("--out", default="bench_out/trained_drafts.json")
+    parser.add_argument("--markdown", default="bench_out/trained_drafts.md")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
