@@ -4,6 +4,9 @@ local Hub), passes over one that cannot be loaded with a warning, and a block dr
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
+
 import pytest
 import torch
 
@@ -71,3 +74,21 @@ def test_a_block_draft_given_as_draft_is_run_as_one(tmp_path, target):
         return_dict_in_generate=True,
     )
     assert out.speculative_stats.method == "dspark"
+
+
+@pytest.mark.parametrize("own", ["mtp", "assistant"])
+def test_the_models_own_heads_come_before_a_published_block_draft(target, registry, monkeypatch, own):
+    """Where the selection finds the target's own heads, the registry's block draft for it is not
+    loaded: `published_block_draft` steps aside (a failed load would warn; nothing is fetched)."""
+    import hf_specdec.selection.block as block
+    from hf_specdec.selection.choice import DraftChoice
+
+    mine = DraftChoice(own, None, "its own heads", target=TARGET, source="checkpoint", heads=[registry])
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the listed draft cannot be had: trying it warns
+    monkeypatch.setattr(block, "select_draft", lambda model: mine)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert block.published_block_draft(target) is None
+    monkeypatch.setattr(block, "select_draft", lambda model: dataclasses.replace(mine, method="ngram"))
+    with pytest.warns(UserWarning, match="published block draft z-lab/Tiny-DFlash"):
+        assert block.published_block_draft(target) is None
