@@ -30,7 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="METHOD=FOLDER",
-        help="a trained head for eagle, medusa or mtp (repeatable), e.g. --head eagle=my-eagle-head",
+        help="a trained head or block draft for eagle, medusa, mtp or dflash (repeatable), "
+        "e.g. --head eagle=my-eagle-head",
     )
     parser.add_argument(
         "--methods",
