@@ -31,13 +31,18 @@ from .core.policy import DEVICE_COSTS, DraftLengthPolicy, FixedDraftLength
 from .drafters import DRAFTERS, build_drafter
 from .selection.method import resolve_method
 
-# transformers' own `generate`, kept on the class the first time this module runs: a reload of this
-# module (notebook autoreload, `importlib.reload`) would otherwise read back our wrapper as "the
-# original", and every `generate` in the process would call itself.
-_KEPT_ORIGINAL = "_hf_specdec_original_generate"
-if _KEPT_ORIGINAL not in vars(GenerationMixin):
-    setattr(GenerationMixin, _KEPT_ORIGINAL, GenerationMixin.generate)
-_ORIGINAL_GENERATE = getattr(GenerationMixin, _KEPT_ORIGINAL)
+
+def _kept_original(cls: type, name: str) -> Any:
+    """transformers' own `cls.name`, kept on the class the first time this module runs: a reload of
+    this module (notebook autoreload, `importlib.reload`) would otherwise read back our wrapper as
+    "the original", and every call in the process would call itself."""
+    kept = f"_hf_specdec_original_{name}"
+    if kept not in vars(cls):
+        setattr(cls, kept, vars(cls)[name])
+    return getattr(cls, kept)
+
+
+_ORIGINAL_GENERATE = _kept_original(GenerationMixin, "generate")
 _GENERATE_SIGNATURE = inspect.signature(_ORIGINAL_GENERATE)
 
 
@@ -198,8 +203,8 @@ def _take_stop_strings(model: Any, kwargs: dict[str, Any], tokenizer: Any) -> No
 # `return_dict_in_generate=True` its records would lose `speculative_stats` without a word, so they
 # are carried from the pipeline's forward to each record it returns (a batch's records share the
 # statistics of the one call that generated them).
-_ORIGINAL_PIPELINE_FORWARD = TextGenerationPipeline._forward
-_ORIGINAL_PIPELINE_POSTPROCESS = TextGenerationPipeline.postprocess
+_ORIGINAL_PIPELINE_FORWARD = _kept_original(TextGenerationPipeline, "_forward")
+_ORIGINAL_PIPELINE_POSTPROCESS = _kept_original(TextGenerationPipeline, "postprocess")
 _STATS_KEY = "speculative_stats"
 
 

@@ -13,11 +13,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import TextGenerationPipeline
 from transformers.generation.utils import GenerationMixin
 
 import hf_specdec
 import hf_specdec.integration
-from hf_specdec.integration import _ORIGINAL_GENERATE
+from hf_specdec.integration import (
+    _ORIGINAL_GENERATE,
+    _ORIGINAL_PIPELINE_FORWARD,
+    _ORIGINAL_PIPELINE_POSTPROCESS,
+)
 
 from ..conftest import child_env, random_batch, tiny_llama
 
@@ -48,10 +53,15 @@ def test_reloading_keeps_every_generate_working(module, target, weak_draft, rest
     importlib.reload(sys.modules[module])
     importlib.reload(sys.modules[module])  # a second reload reads back the first one's wrapper
     assert hf_specdec.integration._ORIGINAL_GENERATE is _ORIGINAL_GENERATE
+    # and the pipeline's: a wrapper read back as the original calls itself until the stack overflows
+    assert hf_specdec.integration._ORIGINAL_PIPELINE_FORWARD is _ORIGINAL_PIPELINE_FORWARD
+    assert hf_specdec.integration._ORIGINAL_PIPELINE_POSTPROCESS is _ORIGINAL_PIPELINE_POSTPROCESS
     after = _outputs(target, weak_draft)
     assert all(torch.equal(a, b) for a, b in zip(before, after))
     hf_specdec.integration.uninstall()
     assert GenerationMixin.generate is _ORIGINAL_GENERATE
+    assert TextGenerationPipeline._forward is _ORIGINAL_PIPELINE_FORWARD
+    assert TextGenerationPipeline.postprocess is _ORIGINAL_PIPELINE_POSTPROCESS
     assert torch.equal(target.generate(**_plain_kwargs()), before[0])
 
 
