@@ -84,10 +84,12 @@ class CostModel:
     suspect: bool = False  # the last timing judged was out of line with the prior: set it aside
     streak: list[float] = field(default_factory=list)  # log ratios out of line with the prior, in a row
     _cache: dict[tuple[int, int], float | None] = field(default_factory=dict, repr=False)
+    _before: set[tuple[int, int]] | None = field(default=None, repr=False)  # `_verified_before`, once
 
     def begin(self, shape: VerifyShape, context: int) -> None:
         self.shape, self.bucket = shape, context_bucket(context)
         self._cache.clear()
+        self._before = None
 
     def add_verify(self, batch: int, width: int, seconds: float) -> None:
         width = self.shape.padded(width)
@@ -180,9 +182,12 @@ class CostModel:
         return bool(self._carried(batch, exact=True))
 
     def _verified_before(self) -> set[tuple[int, int]]:
-        return {
-            (b, w) for (pads, _, b), curve in self.prior.items() if pads == self.shape.widths for w in curve
-        }
+        """(batch, width) pairs earlier calls verified at this padding: read per width every step,
+        built once per call (the prior changes only in `carry`, the padding only in `begin`)."""
+        if self._before is None:
+            carried = ((b, curve) for (pads, _, b), curve in self.prior.items() if pads == self.shape.widths)
+            self._before = {(b, w) for b, curve in carried for w in curve}
+        return self._before
 
     def first_call_seconds(self, batch: int, width: int) -> float:
         """The one-off a width not yet verified in this call is expected to cost, once learnt."""
@@ -247,3 +252,4 @@ class CostModel:
                     ratios.add(seconds / plain)
         self.one_offs = {seen: copy(r) for seen, r in earlier.one_offs.items()}
         self._cache.clear()
+        self._before = None
