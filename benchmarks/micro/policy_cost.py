@@ -1,9 +1,10 @@
-"""The adaptive policy's own host time per step: one `trim` and one `draft_length`, on fake timings.
+"""The adaptive policy's own host time per step: one `trim`, `draft_length` and `update`, on fake timings.
 
     python benchmarks/micro/policy_cost.py [--repeats 3000] [--rounds 5] [--oneoff]
 
-Both run on the loop's host path every step, before the target's forward can start (on a GPU,
-time the device waits). The policy is fed a flat verify curve (1% of a step a token, widths 1, 2,
+The loop calls all three every step on its host path, the first two before the target's forward
+can start (on a GPU, time the device waits); `update` learns the step's timing, so every step
+prices its widths afresh. The policy is fed a flat verify curve (1% of a step a token, widths 1, 2,
 9 and 17 timed three times each) and ten 16-token drafts that held, as after a call's first
 steps; `--oneoff` adds a six-step first call at each width, so that one-offs are learnt and
 drafts get widened to a width already paid for (`CostModel.feeding`). Prints the best of
@@ -52,12 +53,13 @@ def main() -> None:
     for _ in range(args.rounds):
         started = clock(CPU)
         for _ in range(args.repeats):
-            policy.trim(draft, 1, [100])
+            cut = policy.trim(draft, 1, [100])
             policy.draft_length(1)
+            policy.update(1, cut, [cut.lengths[0]], 0.0, FLAT[1 + cut.tokens.shape[1]])
         best = min(best, (clock(CPU) - started) / args.repeats)
     cut = policy.trim(draft, 1, [100])
     print(
-        f"trim + draft_length: {best * 1e6:.1f} us a step (best of {args.rounds} x {args.repeats}); "
+        f"trim + draft_length + update: {best * 1e6:.1f} us a step (best of {args.rounds} x {args.repeats}); "
         f"a 12-token draft cut to {cut.lengths[0]} tokens, fed {1 + cut.tokens.shape[1]} wide"
     )
 

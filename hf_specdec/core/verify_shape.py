@@ -34,7 +34,7 @@ class VerifyShape:
     fixed_batch: bool = False
 
     def padded(self, width: int) -> int:
-        return padded_width(self.widths, width)
+        return padded_width(self.widths, width) if self.widths else width
 
     def check(self, draft: Draft, policy: str) -> None:
         """Refuse a draft fed wider than its rows' tokens where this cache feeds no holes."""

@@ -84,11 +84,12 @@ class CostModel:
     suspect: bool = False  # the last timing judged was out of line with the prior: set it aside
     streak: list[float] = field(default_factory=list)  # log ratios out of line with the prior, in a row
     _cache: dict[tuple[int, int], float | None] = field(default_factory=dict, repr=False)
+    _curves: dict[int, tuple[float | None, Curve, Curve]] = field(default_factory=dict, repr=False)
     _before: set[tuple[int, int]] | None = field(default=None, repr=False)  # `_verified_before`, once
 
     def begin(self, shape: VerifyShape, context: int) -> None:
         self.shape, self.bucket = shape, context_bucket(context)
-        self._cache.clear()
+        self._forget()
         self._before = None
 
     def add_verify(self, batch: int, width: int, seconds: float) -> None:
@@ -101,7 +102,7 @@ class CostModel:
             self.one_offs[seen].add(first - seconds if first > 2 * seconds else 0.0)
         self.times[batch, width] = timings
         timings.add(seconds)
-        self._cache.clear()
+        self._forget()
 
     def _judge(self, batch: int, width: int, seconds: float, timings: _Recent) -> None:
         """Count the timings in a row out of line with the prior (one-offs expected) on one side."""
@@ -121,6 +122,11 @@ class CostModel:
         if len(self.streak) >= REGIME_TIMINGS:
             self.trusts_prior, self.streak, self.suspect = False, [], False
 
+    def _forget(self) -> None:
+        """Drop the predictions: what they were read from changed."""
+        self._cache.clear()
+        self._curves.clear()
+
     def verify(self, batch: int, width: int) -> float | None:
         """Predicted seconds; None until a plain step was timed (at `batch`, or the nearest timed)."""
         key = (batch, self.shape.padded(width))
@@ -129,10 +135,12 @@ class CostModel:
         return self._cache[key]
 
     def _predict(self, batch: int, width: int) -> float | None:
-        plain = self._plain(batch)
+        if batch not in self._curves:  # every width priced a step reads one curve: built once
+            plain = self._plain(batch)
+            self._curves[batch] = (plain, *self._curve(batch, plain)) if plain is not None else (None, {}, {})
+        plain, steady, once = self._curves[batch]
         if plain is None:
             return None
-        steady, once = self._curve(batch, plain)
         if width not in once:
             return plain * (_from_widths(steady | once, width) or 1.0)
         guess = _from_widths(steady, width) or 1.0
@@ -251,5 +259,5 @@ class CostModel:
                 for seconds in timings.samples[first:]:  # each as timed: a median of minima would guess low
                     ratios.add(seconds / plain)
         self.one_offs = {seen: copy(r) for seen, r in earlier.one_offs.items()}
-        self._cache.clear()
+        self._forget()
         self._before = None
