@@ -42,7 +42,8 @@ from hf_specdec.bench.suites import load_prompt_file, load_suite
 from hf_specdec.core.policy import DeviceCosts
 from hf_specdec.core.timing import clock
 from hf_specdec.drafters import suffix
-from hf_specdec.drafters.suffix import SuffixConfig, SuffixDrafter, bytes_per_token
+from hf_specdec.drafters.suffix import SuffixConfig, SuffixDrafter
+from hf_specdec.drafters.suffix_array import bytes_per_token
 from hf_specdec.loading import describe_runtime, encode_prompts, eos_token_ids, load_model, pad_token_id
 from hf_specdec.lossless import check_greedy
 

@@ -1,5 +1,7 @@
-"""The `suffix` drafter: its corpus (bound, eviction, threads), matching and scoring on hand-made
-corpora, what a call adds, and generate with a filled corpus (greedy identity, trees, auto)."""
+"""The `suffix` drafter: its corpus under concurrent adds, the draft length and the choice between
+prompt lookup and the corpus, what a call adds, and generate with a filled corpus (greedy identity,
+trees, auto). The index and the speculation have their own tests (`test_suffix_array.py`,
+`test_suffix_speculation.py`)."""
 
 from __future__ import annotations
 
@@ -13,25 +15,11 @@ import hf_specdec
 from hf_specdec import SpeculativeConfig
 from hf_specdec.core.draft import DraftRequest
 from hf_specdec.drafters import suffix
-from hf_specdec.drafters.ngram import ALL, FIRST_TOKEN_ODDS, LATER_TOKEN_ODDS, ONE, SPLIT
-from hf_specdec.drafters.suffix import (
-    MAX_MATCH,
-    Chain,
-    CorpusOdds,
-    Snapshot,
-    SuffixConfig,
-    SuffixCorpus,
-    SuffixDrafter,
-    bytes_per_token,
-    corpus_for,
-    corpus_tree,
-    merge_trees,
-    unit_bytes,
-    voted_chain,
-)
+from hf_specdec.drafters.suffix import SuffixConfig, SuffixCorpus, SuffixDrafter, corpus_for
 from hf_specdec.selection.method import resolve_method
 
 from ..conftest import assert_greedy_match, random_batch, tiny_llama
+from ..helpers.suffix import chain, corpus, held
 
 
 @pytest.fixture(autouse=True)
@@ -42,63 +30,9 @@ def _fresh_corpora():
     suffix.clear_corpora()
 
 
-def corpus(*sequences: list[int], bound: int = 1000) -> Snapshot:
-    return Snapshot.empty(2).added([list(s) for s in sequences], bound)
-
-
-def held(snapshot: Snapshot) -> list[list[int]]:
-    """The sequences a snapshot holds, oldest first."""
-    rows = np.split(snapshot.tokens, np.flatnonzero(snapshot.tokens < 0) + 1)
-    return [row[:-1].tolist() for row in rows if len(row)]
-
-
-def chain(snapshot: Snapshot, tail: list[int], budget: int = 8, half_life=None, **options) -> Chain:
-    return voted_chain(snapshot.match(tail, half_life), budget, SuffixConfig(**options))
-
-
 # ---------------------------------------------------------------------------------------------
-# The corpus: bound, eviction, memory, threads
+# The corpus: threads
 # ---------------------------------------------------------------------------------------------
-
-
-def test_the_bound_in_tokens_holds_and_the_oldest_sequences_go_first():
-    snapshot = Snapshot.empty(2)
-    for n in range(10):
-        snapshot = snapshot.added([[n] * 7], bound=20)
-        assert snapshot.num_tokens <= 20
-    assert held(snapshot) == [[8] * 7, [9] * 7]  # 21 tokens would not fit: the oldest went
-    assert snapshot.numbers.tolist() == [8, 9]
-    assert snapshot.occurrences([7])[1] == 0  # an evicted sequence matches nothing
-    assert snapshot.occurrences([8])[1] == 1
-    # Every key still points at the token it precedes.
-    for key, where in zip(snapshot.keys, snapshot.where):
-        assert key[:2] == bytes([0, int(snapshot.tokens[where - 1]) + 1])
-
-
-def test_a_sequence_longer_than_the_bound_keeps_its_last_tokens():
-    snapshot = corpus([1, 2, 3], list(range(10, 40)), bound=8)
-    assert held(snapshot) == [list(range(32, 40))]
-
-
-def test_memory_is_a_fixed_size_per_token():
-    snapshot = corpus(*[[n, n + 1, n + 2] for n in range(6, 30)], bound=40)
-    sequences = len(snapshot.starts)
-    # A token's key, its key's position and the token; per sequence its separator, start and number.
-    assert snapshot.nbytes == snapshot.num_tokens * bytes_per_token(1000) + sequences * (4 + 8 + 8)
-    assert snapshot.num_tokens <= 40
-    assert bytes_per_token(49152) == MAX_MATCH * 2 + 8 and bytes_per_token(262144) == MAX_MATCH * 3 + 8
-
-
-def test_token_ids_take_two_bytes_or_three_and_larger_vocabularies_are_refused():
-    assert unit_bytes(49152) == 2 and unit_bytes(65533) == 2 and unit_bytes(65534) == 3
-    assert unit_bytes(262144) == 3
-    with pytest.raises(ValueError, match="method='ngram'"):
-        unit_bytes(1 << 24)
-    wide = Snapshot.empty(3).added([[70000, 5, 70000, 6]], 100)  # ids past two bytes match as well
-    assert wide.occurrences([9, 70000])[1] == 1 and wide.tokens[wide.occurrences([70000])[0]].tolist() == [
-        5,
-        6,
-    ]
 
 
 def test_concurrent_adds_lose_nothing_and_readers_never_see_half_an_add():
@@ -135,43 +69,8 @@ def test_concurrent_adds_lose_nothing_and_readers_never_see_half_an_add():
 
 
 # ---------------------------------------------------------------------------------------------
-# Matching and scoring on hand-made corpora
+# Drafting from hand-made corpora: how long, and from which source
 # ---------------------------------------------------------------------------------------------
-
-
-def test_the_longest_match_is_found_with_its_occurrences():
-    snapshot = corpus([5, 6, 7, 8, 9], [1, 5, 6, 7, 3], [6, 7, 4])
-    occurrences, size = snapshot.occurrences([0, 5, 6, 7])
-    assert size == 3 and snapshot.tokens[occurrences].tolist() == [8, 3]  # "5 6 7" twice; "0" never
-    occurrences, size = snapshot.occurrences([2, 6, 7])
-    assert size == 2 and sorted(snapshot.tokens[occurrences].tolist()) == [3, 4, 8]
-    assert snapshot.occurrences([42])[1] == 0
-    long = list(range(100, 130))  # a match longer than the keys: MAX_MATCH tokens of it count
-    assert corpus(long + [1]).occurrences(long)[1] == MAX_MATCH
-
-
-def test_the_vote_goes_by_frequency_then_by_recency():
-    # "1 2" went on with 3 twice, then with 4 once (most recently): frequency wins.
-    snapshot = corpus([1, 2, 3, 9], [1, 2, 3, 8], [1, 2, 4, 7])
-    assert chain(snapshot, [1, 2], max_spec_offset=1).tokens[0] == 3
-    # Equal counts: the most recent.
-    snapshot = corpus([1, 2, 3, 9], [1, 2, 4, 7])
-    assert chain(snapshot, [1, 2], max_spec_offset=1).tokens[0] == 4
-    # Recency weighs in: two old occurrences of 3 against a newer one of 4, with 3 sequences between.
-    snapshot = corpus([1, 2, 3], [1, 2, 3], [0], [0], [0], [1, 2, 4])
-    assert chain(snapshot, [1, 2], half_life=None, max_spec_offset=1).tokens[0] == 3
-    assert chain(snapshot, [1, 2], half_life=1.0, max_spec_offset=1).tokens[0] == 4
-
-
-def test_a_chain_says_how_its_occurrences_agreed_and_stops_where_their_vote_thins():
-    snapshot = corpus([1, 2, 3, 4, 5], [1, 2, 3, 4, 6], [1, 2, 3, 7])
-    drafted = chain(snapshot, [1, 2], max_spec_offset=8, min_token_prob=0.1)
-    # 3 (all three agree), 4 (two of three; the third goes on with 7), then 5 or 6 (a tie: the newer).
-    assert drafted.tokens == [3, 4, 6] and drafted.agreement == [ALL, SPLIT, SPLIT]
-    # The product of the winners' shares: 1, 2/3, then 1/3 — under 0.4 the third token is not drafted.
-    assert chain(snapshot, [1, 2], max_spec_offset=8, min_token_prob=0.4).tokens == [3, 4]
-    one = corpus([1, 2, 3, 4, 5, 6, 7, 8, 9])
-    assert chain(one, [1, 2], max_spec_offset=8).agreement == [ONE] * 7  # a copy, to the sequence's end
 
 
 def test_a_match_drafts_at_most_factor_times_its_length_plus_the_offset():
@@ -181,38 +80,6 @@ def test_a_match_drafts_at_most_factor_times_its_length_plus_the_offset():
         range(4, 11)
     )
     assert len(chain(snapshot, list(range(1, 17)), budget=5).tokens) == 5  # the step's budget first
-
-
-def test_corpus_odds_start_from_prompt_lookups_and_learn_from_replays():
-    odds = CorpusOdds()
-    drafted = Chain([3, 4, 5], [ONE, ONE, ALL], size=6)
-    before = odds.chain(drafted)
-    assert before == pytest.approx(
-        [FIRST_TOKEN_ODDS[4][ONE], LATER_TOKEN_ODDS[4][ONE], LATER_TOKEN_ODDS[4][ALL]]
-    )
-    for _ in range(20):
-        odds.observe(drafted, [3, 9, 9])  # the first token holds, the second never
-    after = odds.chain(drafted)
-    assert after[0] > before[0] and after[1] < before[1]
-    assert after[2] == before[2]  # never tested: a token after a miss tells nothing
-    assert odds.odds(7, ONE, True) == after[0]  # 6 and 7 tokens share a size class
-    assert odds.odds(8, ONE, True) == before[0]  # 8 does not
-
-
-def test_a_corpus_tree_grows_best_first_and_merges_with_prompt_lookups():
-    snapshot = corpus([1, 2, 3, 4, 5], [1, 2, 3, 4, 6], [1, 2, 7, 8])
-    nodes = corpus_tree(snapshot.match([1, 2], None), 6, SuffixConfig(max_spec_offset=8), CorpusOdds())
-    tokens = [t for t, _, _ in nodes]
-    assert tokens[:2] == [3, 4] and set(tokens) == {3, 4, 5, 6, 7, 8}
-    for i, (_, parent, odds) in enumerate(nodes):
-        assert parent < i and 0 < odds <= 1  # parents first
-    # Prompt lookup's trie shares the path 3 -> 4 and adds 9: one trie, likeliest nodes first.
-    own = [(3, -1, 0.9), (4, 0, 0.9), (9, 1, 0.5)]
-    merged_tokens, merged_parents, merged_odds = merge_trees([own, nodes], 5)
-    assert merged_tokens[:2] == [3, 4] and merged_parents[:2] == [-1, 0]
-    assert len(merged_tokens) == 5 and len(set(zip(merged_tokens, merged_parents))) == 5  # no duplicates
-    assert all(p < i for i, p in enumerate(merged_parents))
-    assert merged_odds[:2] == pytest.approx([0.9, 0.9])  # the likelier source's odds for a shared path
 
 
 def test_prompt_lookup_and_the_corpus_draft_by_their_expected_tokens():
