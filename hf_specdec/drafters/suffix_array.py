@@ -13,11 +13,10 @@ Why this structure. A suffix tree (arctic-inference's, in C++) touches up to its
 every token added, and each node would be a Python object here, its size depending on how the text
 branches. A suffix automaton finds the longest match in constant time per token, but cannot forget
 a sequence, and first-in-first-out eviction is the contract. The sorted array is numpy's: an add
-sorts the call's keys and merges them in (about 2 ms for 500 tokens into 2^18 on this CPU), an
-eviction is a mask, a look-up a binary search; it costs a fixed `bytes_per_token` a token (40 for a
-vocabulary under 65535), so the bound in tokens is a bound in bytes; and readers take the arrays as
-they are while a writer builds the next ones (a `Snapshot` is never changed once built: thread-safe
-without readers waiting).
+sorts the call's keys and merges them in, an eviction is a mask, a look-up a binary search; it
+costs a fixed `bytes_per_token` a token (40 for a vocabulary under 65535), so the bound in tokens
+is a bound in bytes; and readers take the arrays as they are while a writer builds the next ones
+(a `Snapshot` is never changed once built: thread-safe without readers waiting).
 """
 
 from __future__ import annotations
