@@ -797,9 +797,9 @@ def test_a_lookup_is_free_whatever_its_length():
 
 
 def _calls(profiles: list, accepted: int = 6, steps: int = 30) -> list[list[int]]:
-    """One call under each profile (or its name) in turn, each starting from the last one's costs as
-    `generate` does; a free drafter offers 6 to 16 tokens (as n-gram matches come) at confidence 0.8, of which
-    `accepted` hold. The widths each call verified."""
+    """One call under each profile (or its name) in turn, each starting from the last one's costs
+    as `generate` does; a free drafter offers 6 to 16 tokens (as n-gram matches come) at confidence
+    0.8, of which `accepted` hold. The widths each call verified."""
     import random
 
     from hf_specdec.bench.regimes import PROFILES, Forward
