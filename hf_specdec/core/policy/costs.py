@@ -132,7 +132,8 @@ class CostModel:
             self.trusts_prior, self.streak, self.suspect = False, [], False
 
     def verify(self, batch: int, width: int) -> float | None:
-        """Predicted seconds; None until a plain step was timed (at `batch`, or the nearest timed)."""
+        """Predicted seconds; None until a plain step was timed (at `batch`, or the nearest timed) or
+        while none is carried."""
         key = (batch, self.shape.padded(width))
         if key not in self._cache:
             self._cache[key] = self._predict(*key)
