@@ -82,7 +82,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
     def _choose(self, batch: int) -> int:
         s, plain = self.settings, self.costs.verify(batch, 1)
         if plain is None:
-            return 0  # time a plain step first
+            return 0  # none timed, none carried: time a plain step first
         pays = self._perfect_gain(batch, self._drafting) >= s.min_probe_gain
         if not self.costs.measured_wide():
             return self._first_k if pays else 0  # a first look (`trim` keeps a token)

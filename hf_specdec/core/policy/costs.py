@@ -65,9 +65,12 @@ class CostModel:
     """Seconds per draft forward and per ask, and verify seconds per (batch size, width fed).
 
     The prior (`carry`): each width's ratio to a plain step in earlier calls, keyed by padding,
-    context bucket and batch size, priced at this call's plain step until the call times the width.
-    A timing out of line with it sets it aside; REGIME_TIMINGS in a row end it for the call. A width
-    timed once far above the others' curve (twice it, or its tokens in plain steps) is a stall."""
+    context bucket and batch size, priced at this call's plain step until the call times the width,
+    and at the plain step earlier calls timed (`plains`, same keys) until the call times one, so
+    that a call drafts from its first step. A timing out of line with a carried plain step drops
+    that; out of line with the prior it sets the prior aside; REGIME_TIMINGS in a row end it for the
+    call. A width timed once far above the others' curve (twice it, or its tokens in plain steps)
+    is a stall."""
 
     draft: _Recent = field(default_factory=_Recent)  # seconds per draft forward (a token, a tree level)
     asks: _Recent = field(default_factory=_Recent)  # seconds per ask for a draft, whatever came back
@@ -78,6 +81,8 @@ class CostModel:
         default_factory=lambda: {False: _Recent(keep=8), True: _Recent(keep=8)}
     )
     prior: dict[tuple[tuple[int, ...], int, int], dict[int, _Recent]] = field(default_factory=dict)
+    # A plain step's seconds in earlier calls, keyed as `prior`: what it prices at until one is timed.
+    plains: dict[tuple[tuple[int, ...], int, int], _Recent] = field(default_factory=dict)
     shape: VerifyShape = field(default_factory=VerifyShape)
     bucket: int = 0  # `context_bucket` of the call's prompt
     trusts_prior: bool = True
@@ -112,10 +117,15 @@ class CostModel:
         expected = plain * _from_widths({1: 1.0} | prior, width) + self.first_call_seconds(batch, width)
         seen, error = (batch, width) in self._verified_before(), math.log(seconds / expected)
         known = self.one_offs[seen].confirmed or not dear and any(r.confirmed for r in self.one_offs.values())
-        if dear and not self.times.get((batch, 1), _Recent()).confirmed:
+        at = self._timed_batch(batch)
+        carried = (at, 1) not in self.times
+        if dear and not carried and not self.times.get((batch, 1), _Recent()).confirmed:
             return  # the plain step it is held to may have paid a one-off
         if error > 0 and not timings.samples and not known:
             return  # a first call dear: a one-off, or the curve? Nothing, until one-offs are known
+        if carried and abs(error) >= OUT_OF_LINE:  # the device or the context moved: time a plain step
+            self.plains.pop((self.shape.widths, self.bucket, at), None)
+            return
         self.suspect = abs(error) >= OUT_OF_LINE
         same_side = self.streak and (error > 0) == (self.streak[-1] > 0)
         self.streak = [] if not self.suspect else [*self.streak, error] if same_side else [error]
@@ -128,7 +138,8 @@ class CostModel:
         self._curves.clear()
 
     def verify(self, batch: int, width: int) -> float | None:
-        """Predicted seconds; None until a plain step was timed (at `batch`, or the nearest timed)."""
+        """Predicted seconds; None until a plain step was timed (at `batch`, or the nearest timed) or
+        while none is carried."""
         key = (batch, self.shape.padded(width))
         if key not in self._cache:
             self._cache[key] = self._predict(*key)
@@ -146,14 +157,28 @@ class CostModel:
         guess = _from_widths(steady, width) or 1.0
         return plain * (guess if once[width] > (2 * guess if len(steady) > 1 else width) else once[width])
 
+    def _timed_batch(self, batch: int) -> int:
+        """The batch size nearest `batch` that this call timed (`batch` where it timed none)."""
+        return min({b for b, _ in self.times}, key=lambda b: abs(b - batch), default=batch)
+
     def _plain(self, batch: int) -> float | None:
-        """No more than the narrowest wider width timed: plain steps are not timed while drafting
-        goes on, and ones timed in a stall made drafts that never held look cheap."""
-        at = min({b for b, _ in self.times}, key=lambda b: abs(b - batch), default=None)
-        if (at, 1) not in self.times:
+        """As timed here, else as carried; no more than the narrowest wider width timed: plain steps
+        are not timed while drafting goes on, and ones timed in a stall made drafts that never held
+        look cheap."""
+        at = self._timed_batch(batch)
+        plain = self.times[at, 1].value if (at, 1) in self.times else self._carried_plain(at)
+        if plain is None:
             return None
-        plain, wider = self.times[at, 1].value, [w for b, w in self.times if b == at and w > 1]
+        wider = [w for b, w in self.times if b == at and w > 1]
         return min(plain, self.times[at, min(wider)].value) if wider else plain
+
+    def _carried_plain(self, batch: int) -> float | None:
+        """A plain step as earlier calls timed it at this padding, context bucket and batch size,
+        while their curve at this batch size is in use (what prices every width against it)."""
+        carried = self.plains.get((self.shape.widths, self.bucket, batch))
+        if carried is None or not self.trusts_prior or not self.carried_at(batch):
+            return None
+        return carried.value
 
     def _curve(self, batch: int, plain: float) -> tuple[Curve, Curve]:
         """(steady, timed once) ratios: this call's over the prior's while in use; where this batch
@@ -249,8 +274,13 @@ class CostModel:
         if earlier is None:
             return
         pads, copy = earlier.shape.widths, lambda r: dataclasses.replace(r, samples=list(r.samples))
-        kept = {key: curve for key, curve in earlier.prior.items() if earlier.trusts_prior or key[0] != pads}
-        self.prior = {key: {w: copy(r) for w, r in curve.items()} for key, curve in kept.items()}
+        keep = lambda key: earlier.trusts_prior or key[0] != pads  # noqa: E731
+        self.prior = {
+            key: {w: copy(r) for w, r in curve.items()} for key, curve in earlier.prior.items() if keep(key)
+        }
+        self.plains = {key: copy(r) for key, r in earlier.plains.items() if keep(key)}
+        for batch in (b for b, w in earlier.times if w == 1):  # as its ratios were: capped by wider widths
+            self.plains.setdefault((pads, earlier.bucket, batch), _Recent()).add(earlier.verify(batch, 1))
         first = int(earlier.new_shapes_are_dear())  # a width's first call then paid a one-off: not carried
         for (batch, width), timings in earlier.times.items():
             if width > 1 and (plain := earlier.verify(batch, 1)) and timings.samples[first:]:

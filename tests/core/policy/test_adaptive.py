@@ -686,19 +686,20 @@ def test_carried_costs_that_say_drafting_cannot_pay_are_looked_at_once_a_call():
     now verifies one token before believing them, and drafts where that look says it pays."""
     noisy = _measured({1: 1.0, 2: 2.0})
     verified = _call_after(noisy, wide_costs=1.01)
-    assert verified[:2] == [0, 1]  # its plain step, then the one-token look
+    # The one-token look first, at the plain step carried; out of line with it, a plain step timed.
+    assert verified[:3] == [1, 0, 16]
     assert sum(n > 1 for n in verified) > 30 and max(verified) == 16
     confirmed = _call_after(noisy, wide_costs=2.0)  # the look says the same: plain, looks backing off
-    assert confirmed[:2] == [0, 1] and confirmed.count(1) <= 3 and max(confirmed) == 1
+    assert confirmed[:2] == [1, 0] and confirmed.count(1) <= 3 and max(confirmed) == 1
     # On a compiled static cache the first look is a compile, untimed: the next one measures.
     compiled = _call_after(noisy, wide_costs=1.01, compiles=True)
-    assert compiled[:4] == [0, 0, 1, 1] and max(compiled) == 16  # a plain step compiles first too
+    assert compiled[:5] == [1, 1, 0, 0, 16]  # a plain step compiles first too
     # A look that drew no draft measured nothing: asked again until one is verified.
     missed = _call_after(noisy, wide_costs=1.01, misses=3)
-    assert missed[:5] == [0, 0, 0, 0, 1] and max(missed) == 16
+    assert missed[:5] == [0, 0, 0, 1, 16]
     # A look that confirms the carried figure, compiled: two looks, then plain but for looks backing off.
     both = _call_after(noisy, wide_costs=2.0, compiles=True)
-    assert both[:4] == [0, 0, 1, 1] and both.count(1) <= 4 and max(both) == 1
+    assert both[:4] == [1, 1, 0, 0] and both.count(1) <= 4 and max(both) == 1
 
 
 def _drive(policy: AdaptiveDraftLength, profile, steps: int) -> None:
@@ -795,23 +796,24 @@ def test_a_lookup_is_free_whatever_its_length():
 # --- the device's regime changing between calls of one process (a fake clock) ---
 
 
-def _calls(profile_names: list[str], accepted: int = 6, steps: int = 30) -> list[list[int]]:
-    """One call under each profile in turn, each starting from the last one's costs as `generate`
-    does; a free drafter offers 6 to 16 tokens (as n-gram matches come) at confidence 0.8, of which
-    `accepted` hold. The widths each call verified."""
+def _calls(profiles: list, accepted: int = 6, steps: int = 30) -> list[list[int]]:
+    """One call under each profile (or its name) in turn, each starting from the last one's costs
+    as `generate` does; a free drafter offers 6 to 16 tokens (as n-gram matches come) at confidence
+    0.8, of which `accepted` hold. The widths each call verified."""
     import random
 
     from hf_specdec.bench.regimes import PROFILES, Forward
 
     earlier, widths, rng = None, [], random.Random(0)
-    for name in profile_names:
+    for profile in profiles:
+        profile = PROFILES[profile] if isinstance(profile, str) else profile
         policy, verified = AdaptiveDraftLength(device_costs=earlier), []
         policy.begin_call(VerifyShape(), DraftCost.FREE, 100)
         for _ in range(steps):
             k = policy.draft_length(1)
             draft = policy.trim(_draft([min(k, rng.randint(6, 16))], 0.8), 1, [500])
             width = 1 + draft.tokens.shape[1]
-            seconds = PROFILES[name].seconds(Forward(1, width, 200))
+            seconds = profile.seconds(Forward(1, width, 200))
             policy.update(1, draft, [min(draft.lengths[0], accepted)], 0.0, seconds)
             verified.append(width)
         earlier = policy.costs
@@ -830,3 +832,24 @@ def test_a_regime_change_between_calls_is_followed_both_ways():
     assert mean(changed) <= fresh + 0.5 and mean(after) <= fresh + 0.5
     *_, back = _calls(["linear", "linear", "flat"])
     assert sum(w > 6 for w in back[5:]) >= 20  # the prior taken for a fact: none
+
+
+def test_a_call_drafts_from_its_first_step_at_the_plain_step_earlier_calls_timed():
+    """Each call timed a plain step before its first draft, even where earlier calls carried what
+    every width costs over one: a short answer's 4%. Carried, their plain step prices the widths
+    until the call times its own; a call with nothing carried still times one first."""
+    from hf_specdec.bench.regimes import PROFILES
+
+    fresh, _, carried = _calls(["flat", "flat", "flat"])
+    assert fresh[0] == 1 and carried[0] > 8 and 1 not in carried
+    # The device 3x slower (or faster) at every width: the first draft's timing is out of line with
+    # the carried plain step, so the next step times one, and the carried curve goes on.
+    for step in (0.06, 0.007):
+        moved = _calls(["flat", "flat", PROFILES["flat"].with_step(step)])[-1]
+        assert moved[:2] == [15, 1] and sum(w > 6 for w in moved[2:]) >= 25
+    # A regime change: timed again at once, then followed as in a fresh process (both ways).
+    mean = lambda widths: sum(widths) / len(widths)  # noqa: E731
+    linear = _calls(["flat", "flat", "linear"])[-1]
+    assert linear[1] == 1 and mean(linear) <= mean(_calls(["linear"])[0]) + 0.5
+    flat = _calls(["linear", "linear", "flat"])[-1]
+    assert flat[1] == 1 and sum(w > 6 for w in flat[3:]) >= 25

@@ -159,12 +159,30 @@ def test_one_offs_paid_once_a_process_leave_earlier_calls_widths_paid_for():
 def test_a_call_starts_from_the_ratios_earlier_calls_measured_at_its_own_plain_step():
     costs = _after(_measured({1: 1.0, 5: 2.0, 9: 2.5}))
     assert costs.measured_wide()  # no first look needed
-    assert costs.verify(1, 5) is None  # nothing before this call's own plain step
+    assert costs.verify(1, 5) == 2.0  # at the plain step earlier calls timed, until this call times one
     costs.add_verify(1, 1, 3.0)  # this machine runs 3x slower now: the shape is carried, not the level
     assert costs.verify(1, 5) == pytest.approx(6.0)
     assert costs.verify(1, 7) == pytest.approx(power_law(7, (5, 6.0), (9, 7.5)))
     costs.add_verify(1, 5, 6.3)
     assert costs.verify(1, 5) == pytest.approx(6.3)  # its own timing wins
+
+
+def test_a_plain_step_is_carried_at_its_padding_context_bucket_and_batch_size_while_in_line():
+    costs = _after(_measured({1: 1.0, 5: 2.0, 9: 2.5}))
+    assert costs.verify(1, 1) == 1.0
+    assert costs.verify(8, 1) is None  # another batch size: its own plain step first
+    costs.begin(VerifyShape(), 5000)
+    assert costs.verify(1, 1) is None  # a longer context
+    costs.begin(COMPILED, 100)
+    assert costs.verify(1, 1) is None  # another padding
+    costs.begin(VerifyShape(), 100)
+    costs.add_verify(1, 5, 6.0)  # 3x what the carried plain step and curve say: set aside
+    assert costs.verify(1, 1) is None and costs.trusts_prior  # a plain step timed next, the curve kept
+    costs.add_verify(1, 1, 3.0)
+    assert costs.verify(1, 9) == pytest.approx(7.5)
+    next_call = CostModel(shape=costs.shape)
+    next_call.carry(costs)
+    assert next_call.verify(1, 1) == 3.0  # the figure set aside is not carried on
 
 
 def test_widths_carried_only_at_another_batch_size_scale_this_batchs_plain_step():
