@@ -3,6 +3,7 @@ before drafting (how long a draft to ask for) and after (where to cut each row's
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ from typing import Any
 from ..draft import Draft, DraftCost
 from ..verify_shape import VerifyShape
 from .acceptance import MAX_DRAFT, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, AcceptanceEstimate, TreeAcceptance
-from .costs import CostModel
+from .costs import OUT_OF_LINE, CostModel
 from .decision import PLAIN_MARGIN, drafting_seconds, expected_gains, fastest_width
 from .protocol import DraftLengthPolicy
 
@@ -19,6 +20,9 @@ FREE_DRAFT = 0.05  # an ask costing under this share of a plain step is free: as
 # One-token looks a call verifies at most where the prior says drafting cannot pay (only a draft
 # verified at a width measures it; on a compiled static cache a width's first forward is untimed).
 MAX_LOOKS = 2
+# Priced at a plain step earlier calls timed, a draft must look this much faster than plain: that
+# figure may be off by up to OUT_OF_LINE unseen (a device that sped up), and a plain step times it.
+CARRIED_PLAIN_MARGIN = math.exp(OUT_OF_LINE) * PLAIN_MARGIN
 
 
 @dataclass(frozen=True)
@@ -96,7 +100,8 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         if self.draft_cost is DraftCost.PER_TOKEN:
             feeding = self.costs.feeding(batch, widen=not self.drafting_trees)
             gains = self.trees.gains() if self.drafting_trees else expected_gains(self.acceptance.alphas())
-            k, _ = fastest_width([gains], self._drafting, lambda w: feeding(w)[1])
+            k, speedup = fastest_width([gains], self._drafting, lambda w: feeding(w)[1])
+            k = 0 if self._doubts_plain(batch, speedup) else k
         realized = len(self.realized) < s.realized_window or _beats_plain(
             *map(sum, zip(*self.realized)), plain
         )
@@ -127,6 +132,10 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         levels = self.trees.levels() if self.drafting_trees else None
         return drafting_seconds(self.draft_cost, seconds, k, levels)
 
+    def _doubts_plain(self, batch: int, speedup: float) -> bool:
+        """Whether a draft `speedup` times faster than plain at a carried plain step may be slower."""
+        return self.costs.plain_carried(batch) and speedup < CARRIED_PLAIN_MARGIN
+
     def _perfect_gain(self, batch: int, drafting: Callable[[int], float]) -> float:
         """How much faster than plain decoding drafts always accepted would be."""
         perfect = [list(range(1, self.settings.max_k + 1))]
@@ -138,7 +147,8 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         if not self.costs.measured_wide() or self._looking:
             return draft.truncated([min(n, 1) for n in draft.lengths])  # one token tells a width's cost
         feeding = self.costs.feeding(batch_size, max(remaining or [0]) or None, widen=draft.parents is None)
-        k, _ = fastest_width(self._row_gains(draft), lambda k: 0.0, lambda w: feeding(w)[1], remaining)
+        k, speedup = fastest_width(self._row_gains(draft), lambda k: 0.0, lambda w: feeding(w)[1], remaining)
+        k = 0 if self._doubts_plain(batch_size, speedup) else k
         if k == 0 and not self.costs.carried_at(batch_size) and self._look():
             k = 1  # priced from what another batch size cost, no draft pays: one token tests it
         if remaining:

@@ -172,6 +172,10 @@ class CostModel:
         wider = [w for b, w in self.times if b == at and w > 1]
         return min(plain, self.times[at, min(wider)].value) if wider else plain
 
+    def plain_carried(self, batch: int) -> bool:
+        """Whether a plain step at `batch` is priced as earlier calls timed it: none timed here."""
+        return (self._timed_batch(batch), 1) not in self.times
+
     def _carried_plain(self, batch: int) -> float | None:
         """A plain step as earlier calls timed it at this padding, context bucket and batch size,
         while their curve at this batch size is in use (what prices every width against it)."""

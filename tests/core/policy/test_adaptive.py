@@ -852,4 +852,4 @@ def test_a_call_drafts_from_its_first_step_at_the_plain_step_earlier_calls_timed
     linear = _calls(["flat", "flat", "linear"])[-1]
     assert linear[1] == 1 and mean(linear) <= mean(_calls(["linear"])[0]) + 0.5
     flat = _calls(["linear", "linear", "flat"])[-1]
-    assert flat[1] == 1 and sum(w > 6 for w in flat[3:]) >= 25
+    assert 1 in flat[:2] and sum(w > 6 for w in flat[3:]) >= 25  # plain first where drafts look marginal

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import random
 
-import pytest
 import torch
 
 from hf_specdec.bench.regimes import PROFILES, Forward
@@ -51,7 +50,6 @@ def _after_calls(profile: str, scales: list[float], hold: float, seed: int = 0):
     return carried, fresh
 
 
-@pytest.mark.xfail(strict=True, reason="red team: a stale carried plain step decides for a whole call")
 def test_a_device_a_third_faster_does_not_leave_a_carried_plain_step_deciding_for_the_call():
     """Two calls on the `concave` profile (a CPU's small matrix products), drafts holding 40% a
     token; then another job leaves the device and every forward costs 0.75 of what it did. The
@@ -60,7 +58,9 @@ def test_a_device_a_third_faster_does_not_leave_a_carried_plain_step_deciding_fo
     drafting goes on: it drafts 7 tokens a step for all 100 steps, where a fresh process (or the
     plain-first behaviour) times a plain step and sees that drafting cannot pay. Measured here
     (seed 0): 1.207x plain decoding's time per token, fresh 1.061x (+14%), plain-first (d4ef29a)
-    1.035x (+17%); seeds 0-5: geomean +18% against either, worst +24%."""
+    1.035x (+17%); seeds 0-5: geomean +18% against either, worst +24%. Priced at a carried plain
+    step a draft must now look 1.5x faster than plain, else the step is plain: 1.059x, seeds 0-5
+    geomean +1.5% against fresh, +0.9% against plain-first."""
     (carried, widths), (fresh, _) = _after_calls("concave", [1.0, 1.0, 0.75], hold=0.4)
     assert 1 in widths  # a plain step was timed
     assert carried <= 1.02 * fresh, (carried / fresh, widths)
