@@ -64,3 +64,12 @@ def test_a_device_a_third_faster_does_not_leave_a_carried_plain_step_deciding_fo
     (carried, widths), (fresh, _) = _after_calls("concave", [1.0, 1.0, 0.75], hold=0.4)
     assert 1 in widths  # a plain step was timed
     assert carried <= 1.02 * fresh, (carried / fresh, widths)
+
+
+def test_where_drafts_pay_well_a_device_a_third_faster_still_drafts_from_the_first_step():
+    """The control: on the `flat` profile with drafts holding 80% a token the margin a carried
+    plain step asks (1.5x) is met, so the same change of device drafts from the first step and
+    never times a plain step, no slower a token than a fresh process (measured: 0.99x of it)."""
+    (carried, widths), (fresh, fresh_widths) = _after_calls("flat", [1.0, 1.0, 0.75], hold=0.8)
+    assert widths[0] > 1 and 1 not in widths and fresh_widths[0] == 1
+    assert carried <= fresh
