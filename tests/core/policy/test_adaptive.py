@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
 import torch
 
+from hf_specdec.bench.regimes import PROFILES, Forward
 from hf_specdec.core.draft import Draft, DraftCost
 from hf_specdec.core.policy import (
     AdaptiveDraftLength,
     AdaptiveSettings,
     CostModel,
     FixedDraftLength,
+    adaptive,
     expected_gains,
     fastest_width,
 )
@@ -381,9 +384,6 @@ def _run_regime(profile, accept_first: float, steps: int = 60, draft_token: floa
     confidence 0.8, of which the target accepts none with probability 1 - `accept_first` and else
     the first 10 (a copy that holds for a while); verify seconds come from `profile`, one-offs
     included. Returns the width verified at each step."""
-    import random
-
-    from hf_specdec.bench.regimes import Forward
 
     rng = random.Random(0)
     policy, shapes, widths = AdaptiveDraftLength(), set(), []
@@ -402,7 +402,6 @@ def _run_regime(profile, accept_first: float, steps: int = 60, draft_token: floa
 
 
 def test_where_verifying_is_flat_drafts_are_long():
-    from hf_specdec.bench.regimes import PROFILES
 
     widths = _run_regime(PROFILES["flat"], accept_first=0.6)
     assert min(widths[5:]) >= 9  # ever since the first few steps: long drafts, never plain
@@ -411,14 +410,12 @@ def test_where_verifying_is_flat_drafts_are_long():
 def test_a_first_call_at_each_width_does_not_end_long_drafts():
     """A GPU's first call at a new shape costs six steps here: the policy must neither write the
     width off nor fall back to plain decoding for the call (the H200 run's 97-99% plain steps)."""
-    from hf_specdec.bench.regimes import PROFILES
 
     widths = _run_regime(PROFILES["flat+oneoff"], accept_first=0.6)
     assert sum(w >= 9 for w in widths[10:]) >= 0.9 * len(widths[10:])
 
 
 def test_where_each_token_costs_most_of_a_step_weak_drafts_are_not_verified():
-    from hf_specdec.bench.regimes import PROFILES
 
     widths = _run_regime(PROFILES["linear"], accept_first=0.2)
     assert sum(w == 1 for w in widths[10:]) >= 0.9 * len(widths[10:])
@@ -435,7 +432,6 @@ def _run_batch_whose_slowest_row_never_drafts(settings: AdaptiveSettings, steps:
     never finds anything, the second copies (every token accepted), asking costs 30% of a step.
     Learnt over both rows α looks high, yet the cut keeps nothing: the batch waits for row 0.
     Returns the draft length asked for at each step."""
-    from hf_specdec.bench.regimes import PROFILES, Forward
 
     profile, policy, asked = PROFILES["flat"], AdaptiveDraftLength(settings), []
     for step in range(steps):
@@ -487,9 +483,6 @@ def _oneoff_run(
     """One call of one row under `profile_name` (six steps the first time the call, or the
     process: `shapes`, feeds each width), its drafter offering 1-16 tokens a step (as n-gram
     matches come), every token accepted. Returns the widths verified and the seconds per token."""
-    import random
-
-    from hf_specdec.bench.regimes import PROFILES, Forward
 
     rng, profile = random.Random(seed), PROFILES[profile_name]
     policy = policy or AdaptiveDraftLength()
@@ -637,7 +630,6 @@ def test_where_a_new_width_costs_a_oneoff_once_a_process_later_calls_keep_to_tho
 
 
 def test_a_carried_policy_drafts_long_from_its_first_draft_where_verifying_is_flat():
-    from hf_specdec.bench.regimes import PROFILES
 
     first = AdaptiveDraftLength()
     _drive(first, PROFILES["flat"], steps=40)
@@ -703,7 +695,6 @@ def test_carried_costs_that_say_drafting_cannot_pay_are_looked_at_once_a_call():
 
 
 def _drive(policy: AdaptiveDraftLength, profile, steps: int) -> None:
-    from hf_specdec.bench.regimes import Forward
 
     for step in range(steps):
         k = policy.draft_length(1)
@@ -800,9 +791,6 @@ def _calls(profiles: list, accepted: int = 6, steps: int = 30) -> list[list[int]
     """One call under each profile (or its name) in turn, each starting from the last one's costs
     as `generate` does; a free drafter offers 6 to 16 tokens (as n-gram matches come) at confidence
     0.8, of which `accepted` hold. The widths each call verified."""
-    import random
-
-    from hf_specdec.bench.regimes import PROFILES, Forward
 
     earlier, widths, rng = None, [], random.Random(0)
     for profile in profiles:
@@ -838,7 +826,6 @@ def test_a_call_drafts_from_its_first_step_at_the_plain_step_earlier_calls_timed
     """Each call timed a plain step before its first draft, even where earlier calls carried what
     every width costs over one: a short answer's 4%. Carried, their plain step prices the widths
     until the call times its own; a call with nothing carried still times one first."""
-    from hf_specdec.bench.regimes import PROFILES
 
     fresh, _, carried = _calls(["flat", "flat", "flat"])
     assert fresh[0] == 1 and carried[0] > 8 and 1 not in carried
@@ -853,3 +840,73 @@ def test_a_call_drafts_from_its_first_step_at_the_plain_step_earlier_calls_timed
     assert linear[1] == 1 and mean(linear) <= mean(_calls(["linear"])[0]) + 0.5
     flat = _calls(["linear", "linear", "flat"])[-1]
     assert 1 in flat[:2] and sum(w > 6 for w in flat[3:]) >= 25  # plain first where drafts look marginal
+
+
+# --- the plain step carried from call to call (`CostModel.plains`), on a device that changed ---
+
+
+def _carried_call(
+    policy: AdaptiveDraftLength, profile: str, scale: float, hold: float, seed: int, steps: int = 100
+):
+    """One call of one row: a free drafter offering 6-16 tokens at confidence 0.8, each holding with
+    probability `hold` while the ones before it held; verify seconds from `profile` times `scale`
+    (the device's speed). Returns (seconds per token, widths verified)."""
+    rng, profile_ = random.Random(seed), PROFILES[profile]
+    policy.begin_call(VerifyShape(), DraftCost.FREE, 100)
+    seconds, tokens, widths = 0.0, 0, []
+    for step in range(steps):
+        k = policy.draft_length(1)
+        offered = min(k, rng.randint(6, 16))
+        draft = _draft([offered], 0.8) if offered else Draft.empty(1, torch.device("cpu"))
+        draft = policy.trim(draft, 1, [500 - step])
+        accepted = 0
+        while accepted < draft.lengths[0] and rng.random() < hold:
+            accepted += 1
+        width = 1 + draft.tokens.shape[1]
+        verify = profile_.seconds(Forward(1, width, 200)) * scale
+        policy.update(1, draft, [accepted], 0.0, verify)
+        seconds, tokens = seconds + verify, tokens + 1 + accepted
+        widths.append(width)
+    return seconds / tokens, widths
+
+
+def _after_calls(profile: str, scales: list[float], hold: float, seed: int = 0):
+    """Calls at each of `scales` in one process, then the same last call in a fresh process: the
+    last call's (seconds per token, widths) carried, and fresh."""
+    earlier = None
+    for i, scale in enumerate(scales):
+        policy = AdaptiveDraftLength(device_costs=earlier)
+        carried = _carried_call(policy, profile, scale, hold, seed=seed * 100 + i)
+        earlier = policy.costs
+    fresh = _carried_call(AdaptiveDraftLength(), profile, scales[-1], hold, seed=seed * 100 + len(scales) - 1)
+    return carried, fresh
+
+
+def test_a_device_a_third_faster_does_not_leave_a_carried_plain_step_deciding_for_the_call():
+    """Two calls on the `concave` profile (a CPU's small matrix products), drafts holding 40% a
+    token; then another job leaves the device and every forward costs 0.75 of what it did. The
+    first draft's timing is 1.33x off what the carried plain step and curve predict, inside the
+    1.5x that drops it: priced at the old plain figure, drafting looks as if it paid, and no plain
+    step is timed while it goes on, where a fresh process times one and sees that it cannot pay.
+    Priced at a carried plain step, a draft must look 1.5x faster than plain, else the step is
+    plain."""
+    (carried, widths), (fresh, _) = _after_calls("concave", [1.0, 1.0, 0.75], hold=0.4)
+    assert 1 in widths  # a plain step was timed
+    assert carried <= 1.02 * fresh, (carried / fresh, widths)
+
+
+def test_without_the_margin_a_carried_plain_step_decides_for_the_call(monkeypatch):
+    """The control of the test above: held only to the margin any width is, the call drafts every
+    step, over 10% slower a token than a fresh process."""
+    monkeypatch.setattr(adaptive, "CARRIED_PLAIN_MARGIN", adaptive.PLAIN_MARGIN)
+    (carried, widths), (fresh, _) = _after_calls("concave", [1.0, 1.0, 0.75], hold=0.4)
+    assert 1 not in widths and carried > 1.1 * fresh
+
+
+def test_where_drafts_pay_well_a_device_a_third_faster_still_drafts_from_the_first_step():
+    """On the `flat` profile with drafts holding 80% a token the margin a carried plain step asks
+    (1.5x) is met: the same change of device drafts from the first step and never times a plain
+    step, no slower a token than a fresh process."""
+    (carried, widths), (fresh, fresh_widths) = _after_calls("flat", [1.0, 1.0, 0.75], hold=0.8)
+    assert widths[0] > 1 and 1 not in widths and fresh_widths[0] == 1
+    assert carried <= fresh
