@@ -38,7 +38,7 @@ import torch
 
 from hf_specdec.bench.runner import _select_prompts
 from hf_specdec.core.draft import DraftRequest
-from hf_specdec.drafters.ngram import NgramConfig, NgramDrafter, _RowIndex
+from hf_specdec.drafters.ngram import NgramConfig, NgramDrafter, NgramIndex
 from hf_specdec.loading import encode_prompts, load_model, native_bf16, pad_token_id, use_chat_template
 
 Propose = Callable[[list[int], int], list[int]]
@@ -155,7 +155,7 @@ def match_odds(rows: list[dict], max_ngram: int = 4) -> tuple[dict[tuple, list[i
     first: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
     later: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
     for r in rows:
-        index, answer = _RowIndex(range(1, max_ngram + 1), 16), r["answer"]
+        index, answer = NgramIndex(range(1, max_ngram + 1), 16), r["answer"]
         index.extend(r["prompt"])
         for at in range(len(answer)):
             chain, size, agreement = index.lookup(16)

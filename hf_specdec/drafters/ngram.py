@@ -65,7 +65,7 @@ class NgramConfig:
 ONE, ALL, SPLIT = "one", "all", "split"
 
 
-class _RowIndex:
+class NgramIndex:
     """N-gram → positions after its latest occurrences (most recent last), for one row's tokens."""
 
     def __init__(self, sizes: range, keep: int) -> None:
@@ -168,7 +168,7 @@ def _odds(size: int, agreement: str, first: bool) -> float:
     return _by_size(FIRST_TOKEN_ODDS if first else LATER_TOKEN_ODDS, size)[agreement]
 
 
-def _chain_odds(size: int, agreement: list[str]) -> list[float]:
+def chain_odds(size: int, agreement: list[str]) -> list[float]:
     """`_odds` of each token of a chain continuing a match of `size` tokens (none if none), each
     table's row looked up once: this runs every step."""
     if not agreement:
@@ -280,7 +280,7 @@ class NgramDrafter(Drafter):
 
     def __init__(self, config: NgramConfig) -> None:
         self.config = config
-        self.rows: dict[int, _RowIndex] = {}
+        self.rows: dict[int, NgramIndex] = {}
         self.trie_odds = _TrieOdds()
 
     @classmethod
@@ -294,7 +294,7 @@ class NgramDrafter(Drafter):
         for b, row_id in enumerate(request.row_ids):
             index = self.rows.get(row_id)
             if index is None:  # the prompt: skip its left padding, once
-                index = self.rows[row_id] = _RowIndex(sizes, self.config.max_matches)
+                index = self.rows[row_id] = NgramIndex(sizes, self.config.max_matches)
                 index.padding = int((request.attention_mask[b, : request.lengths[b]] == 0).sum())
             # Only the tokens added since the last step are new (generated tokens are never padding).
             start = index.padding + len(index.tokens)
@@ -322,7 +322,7 @@ class NgramDrafter(Drafter):
                 proposals.append((tokens, parents, confidence))
             else:
                 chain, size, agreement = index.lookup(budget)
-                proposals.append((chain, None, _chain_odds(size, agreement)))
+                proposals.append((chain, None, chain_odds(size, agreement)))
         lengths = [len(tokens) for tokens, _, _ in proposals]
         width = max(lengths, default=0)
         device = request.tokens.device

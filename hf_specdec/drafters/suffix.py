@@ -49,8 +49,8 @@ from ..core.fields import check_fields
 from ..core.policy.acceptance import MAX_DRAFT
 from ..core.policy.decision import expected_gains
 from .base import Drafter, options_to_config
-from .ngram import NgramConfig, NgramDrafter, _RowIndex
-from .ngram import _chain_odds as context_odds
+from .ngram import NgramConfig, NgramDrafter, NgramIndex
+from .ngram import chain_odds as context_odds
 from .registry import register_drafter
 from .suffix_array import MAX_MATCH, Snapshot, unit_bytes
 from .suffix_speculation import Chain, CorpusOdds, corpus_tree, merge_trees, voted_chain
@@ -206,7 +206,7 @@ class SuffixCorpus:
         """Walk the output as the loop would have, drafting `MAX_DRAFT` tokens a step with this
         drafter's rule and accepting what the output holds: (steps, tokens prompt lookup's drafts
         would have given at those steps, tokens this drafter's did)."""
-        index = _RowIndex(range(config.min_ngram, config.max_ngram + 1), config.max_matches)
+        index = NgramIndex(range(config.min_ngram, config.max_ngram + 1), config.max_matches)
         index.extend(sequence[:prompt_length])
         at, end = prompt_length, min(len(sequence), prompt_length + REPLAY_TOKENS)
         steps = by_lookup = ours = 0
