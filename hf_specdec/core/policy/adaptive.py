@@ -134,7 +134,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
 
     def _doubts_plain(self, batch: int, speedup: float) -> bool:
         """Whether a draft `speedup` times faster than plain at a carried plain step may be slower."""
-        return self.costs.plain_carried(batch) and speedup < CARRIED_PLAIN_MARGIN
+        return self.costs.plain_is_carried(batch) and speedup < CARRIED_PLAIN_MARGIN
 
     def _perfect_gain(self, batch: int, drafting: Callable[[int], float]) -> float:
         """How much faster than plain decoding drafts always accepted would be."""

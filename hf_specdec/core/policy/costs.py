@@ -117,8 +117,7 @@ class CostModel:
         expected = plain * _from_widths({1: 1.0} | prior, width) + self.first_call_seconds(batch, width)
         seen, error = (batch, width) in self._verified_before(), math.log(seconds / expected)
         known = self.one_offs[seen].confirmed or not dear and any(r.confirmed for r in self.one_offs.values())
-        at = self._timed_batch(batch)
-        carried = (at, 1) not in self.times
+        at, carried = self._timed_batch(batch), self.plain_is_carried(batch)
         if dear and not carried and not self.times.get((batch, 1), _Recent()).confirmed:
             return  # the plain step it is held to may have paid a one-off
         if error > 0 and not timings.samples and not known:
@@ -172,7 +171,7 @@ class CostModel:
         wider = [w for b, w in self.times if b == at and w > 1]
         return min(plain, self.times[at, min(wider)].value) if wider else plain
 
-    def plain_carried(self, batch: int) -> bool:
+    def plain_is_carried(self, batch: int) -> bool:
         """Whether a plain step at `batch` is priced as earlier calls timed it: none timed here."""
         return (self._timed_batch(batch), 1) not in self.times
 
