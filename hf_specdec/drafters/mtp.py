@@ -30,6 +30,7 @@ from ..core.kv import RaggedKV, positions
 from ..core.timing import clock
 from ..heads.checkpoint import load_head
 from ..heads.eagle import EagleHead
+from ..heads.layers import is_whole_vocab
 from ..heads.mtp import MtpDepth, load_mtp_layers, own_mtp_weights
 from .base import Drafter, elapsed, options_to_config
 from .chain import chain, real_tokens, right_aligned
@@ -98,6 +99,8 @@ class MtpDrafter(Drafter):
         text = target.config.get_text_config()
         self.vocab_size, self.hidden_size = text.vocab_size, text.hidden_size
         self.draft_vocab = draft_vocab
+        # Read once: whether a trained head's vocabulary is the whole one asks the device, per token.
+        self.whole_vocab = draft_vocab is None or is_whole_vocab(draft_vocab, self.vocab_size)
         self.device = execution_device(target)
         self.kvs: list[RaggedKV] = []
         self.row_ids: list[int] = []
@@ -243,7 +246,7 @@ class MtpDrafter(Drafter):
         into it, a shared head cut to the unpadded vocabulary (`unpadded_vocab_size`) padded back;
         the ids left out at -inf."""
         if self.draft_vocab is not None:
-            return full_vocab(logits, self.draft_vocab, self.vocab_size)
+            return full_vocab(logits, self.draft_vocab, self.vocab_size, whole=self.whole_vocab)
         missing = self.vocab_size - logits.shape[-1]
         if missing <= 0:
             return logits

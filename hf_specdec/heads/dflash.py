@@ -33,7 +33,7 @@ from torch import nn
 from ..core.devices import module_weight
 from ..core.fields import check_fields
 from .eagle import check_attention_shape, rotary_embedding
-from .layers import MLP, RMSNorm, vocab_rows
+from .layers import MLP, RMSNorm, is_whole_vocab, vocab_rows
 
 MARKOV_HEADS = ("vanilla", "gated")  # DeepSpec's `markov_head_type`s we run (its "rnn" is not)
 
@@ -265,12 +265,16 @@ class MarkovHead(nn.Module):
     def codes(self, previous: torch.Tensor) -> torch.Tensor:
         return self.markov_w1(previous)
 
-    def bias(self, previous: torch.Tensor, hidden: torch.Tensor, draft_vocab: torch.Tensor) -> torch.Tensor:
-        """The bias [.., draft_vocab] on a position's logits from the token before it, [..]."""
+    def bias(
+        self, previous: torch.Tensor, hidden: torch.Tensor, draft_vocab: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The bias [.., draft_vocab] on a position's logits from the token before it, [..];
+        `draft_vocab` None: the whole vocabulary."""
         code = self.codes(previous)
         if self.gate_proj is not None:
             code = code * torch.sigmoid(self.gate_proj(torch.cat([hidden.to(code.dtype), code], dim=-1)))
-        return code @ vocab_rows(self.markov_w2.weight, draft_vocab).T
+        weight = self.markov_w2.weight
+        return code @ (weight if draft_vocab is None else weight[draft_vocab.to(weight.device)]).T
 
 
 class ConfidenceHead(nn.Module):
@@ -304,6 +308,7 @@ class BlockDraft(nn.Module):
         # are neither trained nor saved with the draft.
         self._target_parts = (embed_tokens, lm_head)
         self._lm_weight: torch.Tensor | None = None
+        self._whole_vocab: bool | None = None  # read once: asking the device is a sync, per position
 
     @property
     def feature_layers(self) -> tuple[int, ...]:
@@ -312,7 +317,7 @@ class BlockDraft(nn.Module):
     def set_draft_vocab(self, token_ids: torch.Tensor) -> None:
         self.draft_vocab = token_ids.to(self.draft_vocab.device, torch.long)
         self.config.draft_vocab_size = len(token_ids)
-        self._lm_weight = None
+        self._lm_weight = self._whole_vocab = None
 
     # --- the pieces drafting and training share ---------------------------------------------------
 
@@ -374,7 +379,10 @@ class BlockDraft(nn.Module):
         without a Markov head."""
         if self.markov_head is None:
             return None
-        return self.markov_head.bias(previous, hidden, self.draft_vocab).to(hidden.dtype)
+        if self._whole_vocab is None:
+            self._whole_vocab = is_whole_vocab(self.draft_vocab, self.config.vocab_size)
+        rows = None if self._whole_vocab else self.draft_vocab
+        return self.markov_head.bias(previous, hidden, rows).to(hidden.dtype)
 
     def confidence(self, hidden: torch.Tensor, previous: torch.Tensor) -> torch.Tensor | None:
         """DSpark's estimate [..] that each position is accepted given the ones before it were, from
