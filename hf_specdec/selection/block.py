@@ -16,15 +16,14 @@ from typing import Any
 from torch import nn
 
 from ..drafters.dflash import BLOCK_METHODS, block_draft_method, load_block_draft
-from .choice import OWN_HEAD_METHODS
-from .select import registry_heads, select_draft
+from .choice import OWN_HEAD_METHODS, DraftChoice
+from .select import registry_heads
 
 
-def published_block_draft(model: Any) -> tuple[str, nn.Module, str] | None:
-    """(method, loaded draft, why) of the first block draft the registry lists for `model`, or None;
-    None too where the model drafts with its own heads (its MTP layers, its official assistant),
-    which come first."""
-    choice = select_draft(model)
+def published_block_draft(model: Any, choice: DraftChoice) -> tuple[str, nn.Module, str] | None:
+    """(method, loaded draft, why) of the first block draft the registry lists for `model` (in
+    `select_draft`'s `choice`), or None; None too where the model drafts with its own heads (its
+    MTP layers, its official assistant), which come first."""
     if choice.method in OWN_HEAD_METHODS:
         return None
     for entry in choice.heads:

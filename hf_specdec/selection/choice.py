@@ -11,6 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DRAFT_FREE_METHOD = "ngram"
+# What `speculative=True` drafts with where no draft model is chosen: prompt lookup, plus the model's
+# corpus of earlier calls wherever its replays show that it beats prompt lookup alone
+# (`drafters/suffix.py`); until then its drafts are prompt lookup's.
+DRAFT_FREE_AUTO = "suffix"
 # The target's own draft heads (its MTP layers, its official assistant): chosen before any other draft.
 OWN_HEAD_METHODS = ("mtp", "assistant")
 _SIZE = re.compile(r"(?:^|[-_])(?:\d+x)?(\d+(?:\.\d+)?)([MmBb])(?=$|[-_])")

@@ -10,13 +10,8 @@ from ..config import SpeculativeConfig
 from ..drafters.draft_model import is_assistant
 from ..ort.layout import is_onnx_folder
 from .block import block_method, published_block_draft
-from .choice import DRAFT_FREE_METHOD
-from .select import speculative_draft
-
-# Where no draft model is chosen: prompt lookup, plus the model's corpus of earlier calls wherever
-# its replays show that it beats prompt lookup alone (`drafters/suffix.py`); until then its drafts
-# are prompt lookup's.
-DRAFT_FREE_AUTO = "suffix"
+from .choice import DRAFT_FREE_AUTO, DRAFT_FREE_METHOD
+from .select import select_draft, speculative_draft
 
 
 def resolve_method(config: SpeculativeConfig, model: Any) -> tuple[SpeculativeConfig, str]:
@@ -38,12 +33,15 @@ def _choose_method(config: SpeculativeConfig, model: Any) -> tuple[SpeculativeCo
     if config.draft is not None:
         method = block_method(config.draft) or "draft_model"
         return dataclasses.replace(config, method=method), "the draft given as draft="
-    block = published_block_draft(model)
+    choice = select_draft(model, trust_remote_code=config.trust_remote_code)
+    block = published_block_draft(model, choice)
     if block is not None:
         method, draft, reason = block
         return dataclasses.replace(config, method=method, draft=draft), reason
     # A chosen draft that cannot be loaded safely comes back as "ngram", with a warning.
-    choice, draft, draft_tokenizer = speculative_draft(model, trust_remote_code=config.trust_remote_code)
+    choice, draft, draft_tokenizer = speculative_draft(
+        model, choice, trust_remote_code=config.trust_remote_code
+    )
     if draft is None:
         method = DRAFT_FREE_AUTO if choice.method == DRAFT_FREE_METHOD else choice.method
         return dataclasses.replace(config, method=method), choice.reason

@@ -55,6 +55,7 @@ from ..hub.download import (
 from ..hub.tokenizer_check import tokenizer_fingerprint
 from ..store.paths import cache_dir
 from .choice import (
+    DRAFT_FREE_AUTO,
     DRAFT_FREE_METHOD,
     DraftChoice,
     DraftSelectionError,
@@ -155,13 +156,16 @@ def locate_draft(choice: DraftChoice, *, token: str | None = None, trust_remote_
     return folder
 
 
-def speculative_draft(target: Any, *, trust_remote_code: bool = False) -> tuple[DraftChoice, Any, Any]:
-    """What `speculative=True` drafts with: (`select_draft`'s choice, its draft model, its tokenizer),
+def speculative_draft(
+    target: Any, choice: DraftChoice | None = None, *, trust_remote_code: bool = False
+) -> tuple[DraftChoice, Any, Any]:
+    """What `speculative=True` drafts with: (`select_draft`'s `choice`, made here where None, its
+    draft model, its tokenizer),
     the draft loaded by `load_draft`. A draft that cannot be loaded so gives (a draft-free choice,
     None, None) and a one-line warning; the cached choice is deleted unless the failure may pass
     (offline, the Hub unreachable). The target's own MTP layers are read here (`mtp.layers_for`,
     kept for the drafter): layers that do not load give the choice made without them, with a warning."""
-    choice = select_draft(target, trust_remote_code=trust_remote_code)
+    choice = choice or select_draft(target, trust_remote_code=trust_remote_code)
     if choice.method == "mtp":
         try:
             mtp.layers_for(target)
@@ -180,7 +184,7 @@ def speculative_draft(target: Any, *, trust_remote_code: bool = False) -> tuple[
                 path.unlink()
         deleted = f"the cached choice {path.name} was deleted; " if dropped else ""
         warnings.warn(
-            f"speculative=True: {err} Speculating with {DRAFT_FREE_METHOD!r} instead ({deleted}cached "
+            f"speculative=True: {err} Speculating with {DRAFT_FREE_AUTO!r} instead ({deleted}cached "
             f"choices live in {path.parent}: delete that folder to clear them all).",
             UserWarning,
             stacklevel=2,

@@ -102,9 +102,9 @@ def test_a_rewritten_history_drops_the_cached_choice(sandbox, target):
     select_draft(TARGET)
     sandbox.hub.push(DRAFT, {"config.json": remote_code_config(_config(sandbox))})
     sandbox.hub.rewrite_history(DRAFT)
-    with pytest.warns(UserWarning, match=rf"{DRAFT}.*no revision.*'ngram'.*selections") as caught:
+    with pytest.warns(UserWarning, match=rf"{DRAFT}.*no revision.*'suffix'.*selections") as caught:
         assert generate(target).method == DRAFT_FREE_AUTO
-    assert len([w for w in caught if "ngram" in str(w.message)]) == 1
+    assert len([w for w in caught if "suffix" in str(w.message)]) == 1
     assert sandbox.selections() == []
     choice = select_draft(TARGET)
     assert choice.draft is None and any("needs custom code" in r for r in choice.rejected)
@@ -143,7 +143,7 @@ def test_tokenizer_changed_under_the_checked_commit_drops_the_choice(sandbox, ta
     served = sandbox.hub.commits[DRAFT, checked.revision]
     served.files["tokenizer.json"] = (tiny_repos["decoy"] / "tokenizer.json").read_bytes()
     _drop_downloaded(sandbox, DRAFT)
-    with pytest.warns(UserWarning, match=rf"{DRAFT}.*tokenizer is not the one.*'ngram'.*selections"):
+    with pytest.warns(UserWarning, match=rf"{DRAFT}.*tokenizer is not the one.*'suffix'.*selections"):
         assert generate(target).method == DRAFT_FREE_AUTO
     assert sandbox.selections() == []
     sandbox.assert_contained()
@@ -152,7 +152,7 @@ def test_tokenizer_changed_under_the_checked_commit_drops_the_choice(sandbox, ta
 def test_a_deleted_repo_drops_the_cached_choice(sandbox, target):
     select_draft(TARGET)  # cached; only the tokenizer files were downloaded
     sandbox.hub.delete(DRAFT)
-    with pytest.warns(UserWarning, match=rf"{DRAFT}.*not found on the Hub.*'ngram'.*selections"):
+    with pytest.warns(UserWarning, match=rf"{DRAFT}.*not found on the Hub.*'suffix'.*selections"):
         assert generate(target).method == DRAFT_FREE_AUTO
     assert sandbox.selections() == []
     assert generate(target).method == DRAFT_FREE_AUTO  # searched again: no draft left, no warning
@@ -174,7 +174,7 @@ def test_offline_without_the_weights_falls_back_and_keeps_the_choice(sandbox, ta
     """Not having the files offline is not a reason to forget the choice: it loads once online."""
     select_draft(TARGET)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.warns(UserWarning, match=rf"{DRAFT}.*not in the local Hub cache.*'ngram'"):
+    with pytest.warns(UserWarning, match=rf"{DRAFT}.*not in the local Hub cache.*'suffix'"):
         assert generate(target).method == DRAFT_FREE_AUTO
     assert len(sandbox.selections()) == 1
     monkeypatch.delenv("HF_HUB_OFFLINE")
@@ -316,7 +316,7 @@ def test_a_cached_commit_that_needs_remote_code_is_dropped(sandbox, target):
         },
     )
     path.write_text(json.dumps({**json.loads(path.read_text()), "revision": evil.sha}))
-    with pytest.warns(UserWarning, match=rf"{DRAFT}.*needs custom code.*'ngram'"):
+    with pytest.warns(UserWarning, match=rf"{DRAFT}.*needs custom code.*'suffix'"):
         assert generate(target).method == DRAFT_FREE_AUTO
     assert sandbox.selections() == []
     sandbox.assert_contained()

@@ -85,10 +85,8 @@ def test_the_models_own_heads_come_before_a_published_block_draft(target, regist
 
     mine = DraftChoice(own, None, "its own heads", target=TARGET, source="checkpoint", heads=[registry])
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the listed draft cannot be had: trying it warns
-    monkeypatch.setattr(block, "select_draft", lambda model: mine)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert block.published_block_draft(target) is None
-    monkeypatch.setattr(block, "select_draft", lambda model: dataclasses.replace(mine, method="ngram"))
+        assert block.published_block_draft(target, mine) is None
     with pytest.warns(UserWarning, match="published block draft z-lab/Tiny-DFlash"):
-        assert block.published_block_draft(target) is None
+        assert block.published_block_draft(target, dataclasses.replace(mine, method="ngram")) is None
