@@ -100,8 +100,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         if self.draft_cost is DraftCost.PER_TOKEN:
             feeding = self.costs.feeding(batch, widen=not self.drafting_trees)
             gains = self.trees.gains() if self.drafting_trees else expected_gains(self.acceptance.alphas())
-            k, speedup = fastest_width([gains], self._drafting, lambda w: feeding(w)[1])
-            k = 0 if self._doubts_plain(batch, speedup) else k
+            k, _ = fastest_width([gains], self._drafting, lambda w: feeding(w)[1], margin=self._margin(batch))
         realized = len(self.realized) < s.realized_window or _beats_plain(
             *map(sum, zip(*self.realized)), plain
         )
@@ -132,9 +131,9 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         levels = self.trees.levels() if self.drafting_trees else None
         return drafting_seconds(self.draft_cost, seconds, k, levels)
 
-    def _doubts_plain(self, batch: int, speedup: float) -> bool:
-        """Whether a draft `speedup` times faster than plain at a carried plain step may be slower."""
-        return self.costs.plain_is_carried(batch) and speedup < CARRIED_PLAIN_MARGIN
+    def _margin(self, batch: int) -> float:
+        """How much faster than plain a draft must look: more where plain is priced as carried."""
+        return CARRIED_PLAIN_MARGIN if self.costs.plain_is_carried(batch) else PLAIN_MARGIN
 
     def _perfect_gain(self, batch: int, drafting: Callable[[int], float]) -> float:
         """How much faster than plain decoding drafts always accepted would be."""
@@ -147,8 +146,8 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         if not self.costs.measured_wide() or self._looking:
             return draft.truncated([min(n, 1) for n in draft.lengths])  # one token tells a width's cost
         feeding = self.costs.feeding(batch_size, max(remaining or [0]) or None, widen=draft.parents is None)
-        k, speedup = fastest_width(self._row_gains(draft), lambda k: 0.0, lambda w: feeding(w)[1], remaining)
-        k = 0 if self._doubts_plain(batch_size, speedup) else k
+        verify, margin = (lambda w: feeding(w)[1]), self._margin(batch_size)
+        k, _ = fastest_width(self._row_gains(draft), lambda k: 0.0, verify, remaining, margin)
         if k == 0 and not self.costs.carried_at(batch_size) and self._look():
             k = 1  # priced from what another batch size cost, no draft pays: one token tests it
         if remaining:

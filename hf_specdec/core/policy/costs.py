@@ -91,11 +91,13 @@ class CostModel:
     _cache: dict[tuple[int, int], float | None] = field(default_factory=dict, repr=False)
     _curves: dict[int, tuple[float | None, Curve, Curve]] = field(default_factory=dict, repr=False)
     _before: set[tuple[int, int]] | None = field(default=None, repr=False)  # `_verified_before`, once
+    _priors: dict[tuple[int, bool], Curve] = field(default_factory=dict, repr=False)  # `_carried`, once
 
     def begin(self, shape: VerifyShape, context: int) -> None:
         self.shape, self.bucket = shape, context_bucket(context)
         self._forget()
         self._before = None
+        self._priors.clear()
 
     def add_verify(self, batch: int, width: int, seconds: float) -> None:
         width = self.shape.padded(width)
@@ -202,7 +204,13 @@ class CostModel:
 
     def _carried(self, batch: int, exact: bool) -> Curve:
         """The prior at this padding and `batch` (or the nearest batch size): each width as carried
-        in this context bucket, else in the nearest bucket that carried it."""
+        in this context bucket, else in the nearest bucket that carried it. Read several times a
+        step, built once per call (the prior changes only in `carry`, padding and bucket in `begin`)."""
+        if (batch, exact) not in self._priors:
+            self._priors[batch, exact] = self._read_prior(batch, exact)
+        return self._priors[batch, exact]
+
+    def _read_prior(self, batch: int, exact: bool) -> Curve:
         usable = lambda key: any(len(r.samples) >= CARRIED_MIN for r in self.prior[key].values())  # noqa: E731
         keys = [
             k for k in self.prior if k[0] == self.shape.widths and (k[2] == batch or not exact) and usable(k)
@@ -294,3 +302,4 @@ class CostModel:
         self.one_offs = {seen: copy(r) for seen, r in earlier.one_offs.items()}
         self._forget()
         self._before = None
+        self._priors.clear()

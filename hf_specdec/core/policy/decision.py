@@ -50,9 +50,13 @@ def speedups(gains: Gains, drafting: Seconds, verify: Seconds, remaining: Remain
 
 
 def fastest_width(
-    gains: Gains, drafting: Seconds, verify: Seconds, remaining: Remaining = None
+    gains: Gains,
+    drafting: Seconds,
+    verify: Seconds,
+    remaining: Remaining = None,
+    margin: float = PLAIN_MARGIN,
 ) -> tuple[int, float]:
-    """(k, speedup) of the fastest width; (0, 1.0) unless it beats plain decoding by `PLAIN_MARGIN`."""
+    """(k, speedup) of the fastest width; (0, 1.0) unless it beats plain decoding by `margin`."""
     rates = speedups(gains, drafting, verify, remaining)
     k = max(range(len(rates)), key=rates.__getitem__)
-    return (k, rates[k]) if k and rates[k] > PLAIN_MARGIN else (0, 1.0)
+    return (k, rates[k]) if k and rates[k] > margin else (0, 1.0)
