@@ -24,11 +24,7 @@ def published_block_draft(model: Any, choice: DraftChoice) -> tuple[str, nn.Modu
     """(method, loaded draft, why) of the first block draft the registry lists for `model` (in
     `select_draft`'s `choice`), or None; None too where the model drafts with its own heads (its
     MTP layers, its official assistant), which come first."""
-    if choice.method in OWN_HEAD_METHODS:
-        return None
-    for entry in choice.heads:
-        if entry["method"] not in BLOCK_METHODS:
-            continue
+    for entry in registry_block_heads(choice):
         try:
             reason = f"{entry['head']}: the registry's {entry['method']} draft trained on {choice.target}"
             return entry["method"], load_block_draft(entry["head"], model), reason
@@ -40,6 +36,14 @@ def published_block_draft(model: Any, choice: DraftChoice) -> tuple[str, nn.Modu
                 stacklevel=4,
             )
     return None
+
+
+def registry_block_heads(choice: DraftChoice) -> list[dict[str, Any]]:
+    """The registry's block drafts in `select_draft`'s `choice`, best first; none where the model
+    drafts with its own heads (its MTP layers, its official assistant), which come first."""
+    if choice.method in OWN_HEAD_METHODS:
+        return []
+    return [entry for entry in choice.heads if entry["method"] in BLOCK_METHODS]
 
 
 def block_method(draft: Any) -> str | None:

@@ -19,8 +19,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from ..drafters.dflash import BLOCK_METHODS
-from ..selection.block import block_method
+from ..selection.block import block_method, registry_block_heads
 from ..selection.select import select_draft
 from .base import ENGINES, SGLANG_VERSION, VLLM_VERSION, ServingExportError, ServingPlan
 from .engines import RENDERERS
@@ -122,7 +121,7 @@ def _resolve_method(
         return "draft_model", draft, ""
 
     choice = select_draft(model)
-    block = next((h for h in choice.heads if h["method"] in BLOCK_METHODS), None)
+    block = next(iter(registry_block_heads(choice)), None)
     if block is not None:  # speculative=True drafts with the registry's block draft first
         why = (
             f"Chosen as speculative=True would for {model}: {block['method']} {block['head']} "

@@ -90,3 +90,20 @@ def test_the_models_own_heads_come_before_a_published_block_draft(target, regist
         assert block.published_block_draft(target, mine) is None
     with pytest.warns(UserWarning, match="published block draft z-lab/Tiny-DFlash"):
         assert block.published_block_draft(target, dataclasses.replace(mine, method="ngram")) is None
+
+
+@pytest.mark.parametrize("own", ["mtp", "assistant"])
+def test_serving_export_steps_aside_for_the_models_own_heads_as_generate_does(registry, monkeypatch, own):
+    """`export_serving` with no method exports what `speculative=True` drafts with: the model's own
+    heads before a block draft the registry lists for it (`registry_block_heads`, their one rule)."""
+    import hf_specdec.serving as serving
+    from hf_specdec.selection.block import registry_block_heads
+    from hf_specdec.selection.choice import DraftChoice
+
+    mine = DraftChoice(own, None, "its own heads", target=TARGET, source="checkpoint", heads=[registry])
+    assert registry_block_heads(mine) == []
+    assert registry_block_heads(dataclasses.replace(mine, method="ngram")) == [registry]
+    monkeypatch.setattr(serving, "select_draft", lambda model: mine)
+    assert serving._resolve_method(TARGET, None, None, None)[0] == own
+    monkeypatch.setattr(serving, "select_draft", lambda model: dataclasses.replace(mine, method="ngram"))
+    assert serving._resolve_method(TARGET, None, None, None)[:2] == ("dflash", registry["head"])
