@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ..core.draft import Draft, DraftCost, DraftRequest
-from ..core.kv import RaggedKV
+from ..core.kv import RaggedKV, Slots
 from .base import Drafter, options_to_config
 from .chain import chain
 from .draft_model import ASSISTANT_TYPES, is_assistant, load_draft
@@ -99,8 +99,7 @@ class AssistantDrafter(Drafter):
                 "method='assistant' reads the target's dynamic cache; a static cache "
                 "(cache_implementation='static') is not supported yet: drop it."
             )
-        rows = torch.tensor(request.target_rows, device=kv.mask.device)
-        context = self._context(kv, rows)
+        context = self._context(kv, Slots(request.target_rows, kv.mask.shape[0], kv.mask.device))
         self.hidden = [states[-1] for states in request.hidden_states]  # each row's last cached token's
         lengths = torch.tensor(request.lengths, device=request.tokens.device)
         last = request.tokens.gather(1, lengths[:, None] - 1)  # [B, 1] the row's last token, not cached yet
@@ -118,21 +117,22 @@ class AssistantDrafter(Drafter):
 
         return chain(request, max_tokens, self.config.min_confidence, logits_at)
 
-    def _context(self, kv: RaggedKV, rows: torch.Tensor) -> dict[str, Any]:
-        """The target's keys and values the assistant reads, the masks of each row's real cached tokens
-        (a sliding window counted in the places plain decoding's cache gives them), and the position
-        of each row's last token, where every draft query sits."""
-        mask = kv.mask[rows]  # [B, W]
+    def _context(self, kv: RaggedKV, rows: Slots) -> dict[str, Any]:
+        """The target's keys and values the assistant reads (views of the cache where the step's rows
+        are its whole batch, not copies), the masks of each row's real cached tokens (a sliding
+        window counted in the places plain decoding's cache gives them), and the position of each
+        row's last token, where every draft query sits."""
+        mask = rows.gather(kv.mask)  # [B, W]
         counted = mask.clone()
         counted[:, : kv.prompt_width] = True  # the prompt's columns, its padding included, take places
         places = counted.cumsum(dim=1) - 1
         query = counted.sum(dim=1, keepdim=True)  # the place the last token would take
         masks = {"full_attention": mask, "sliding_attention": mask & (query - places < self.window)}
         states = {
-            kind: (kv.cache.layers[i].keys[rows], kv.cache.layers[i].values[rows])
+            kind: (rows.gather(kv.cache.layers[i].keys), rows.gather(kv.cache.layers[i].values))
             for kind, i in self.layers.items()
         }
-        position = kv.lengths[rows] + (0 if kv.offsets is None else kv.offsets[rows])
+        position = rows.gather(kv.lengths) + (0 if kv.offsets is None else rows.gather(kv.offsets))
         return {"masks": {kind: masks[kind] for kind in states}, "states": states, "position": position}
 
     def _forward(
