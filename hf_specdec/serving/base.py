@@ -49,3 +49,11 @@ class ServingPlan:
     caveats: list[str] = field(default_factory=list)
     engine_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     engine_caveats: dict[str, list[str]] = field(default_factory=dict)
+
+
+def not_carried(options: Options) -> list[str]:
+    """A caveat naming drafter options the engines have no equivalent of, if any."""
+    if not options:
+        return []
+    names = ", ".join(f"{key}={value!r}" for key, value in sorted(options.items()))
+    return [f"Options {names} have no equivalent in vLLM or SGLang and are not carried over."]

@@ -17,7 +17,7 @@ from ..drafters.base import options_to_config
 from ..drafters.dflash import BLOCK_METHODS, BlockDrafterConfig, load_block_draft
 from ..heads.io import CONFIG_NAME
 from ..heads.layouts import check_dflash_layout
-from .base import Options, ServingExportError, ServingPlan, Source
+from .base import Options, ServingExportError, ServingPlan, Source, not_carried
 from .sources import hub_origin, load_target, registry_head
 
 # The engines' methods by the checkpoint's layout: z-lab's DFlash layout (ours is written in it),
@@ -36,7 +36,7 @@ def plan_block(
     if source is None:
         raise ValueError(f"method {method!r} needs --draft: the block draft's folder or Hub repo id.")
     options_to_config(BlockDrafterConfig, options)  # unknown options are named now
-    caveats = _not_carried(options)
+    caveats = not_carried(options)
     known = registry_head(str(source))
     if known is not None and known["method"] in BLOCK_METHODS:
         return ServingPlan(
@@ -96,10 +96,3 @@ def _trained_for(model: str, known: dict[str, Any]) -> list[str]:
             f"(it was for {', '.join(known['targets'])}) could not be checked."
         ]
     return []
-
-
-def _not_carried(options: Options) -> list[str]:
-    names = ", ".join(f"{key}={value!r}" for key, value in sorted(options.items()))
-    return (
-        [f"Options {names} have no equivalent in vLLM or SGLang and are not carried over."] if options else []
-    )

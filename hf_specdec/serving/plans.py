@@ -29,6 +29,7 @@ from .base import (
     ServingExportError,
     ServingPlan,
     Source,
+    not_carried,
 )
 from .block import plan_block, plan_dspark
 from .sources import check_vocab, hub_origin, load_target, onnx_source, registry_assistant, registry_head
@@ -65,14 +66,6 @@ def plan_for(method: str, model: str, draft: Source, head: Source, options: Opti
             "instead."
         )
     raise ValueError(f"Unknown method {method!r}; valid methods: {', '.join(sorted({*PLANS, *REFUSALS}))}.")
-
-
-def not_carried(options: Options) -> list[str]:
-    """A caveat naming drafter options the engines have no equivalent of, if any."""
-    if not options:
-        return []
-    names = ", ".join(f"{key}={value!r}" for key, value in sorted(options.items()))
-    return [f"Options {names} have no equivalent in vLLM or SGLang and are not carried over."]
 
 
 def plan_ngram(model: str, draft: Source, head: Source, options: Options) -> ServingPlan:
