@@ -39,7 +39,7 @@ from .base import Drafter, elapsed, options_to_config
 from .chain import chain, right_aligned
 from .head_drafter import HeadDrafter
 from .registry import register_drafter
-from .tree import Level, grow_tree
+from .tree import ChainTreeConfig, Level, grow_tree
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -71,7 +71,7 @@ def block_draft_method(draft: Any) -> str | None:
 
 
 @dataclass
-class BlockDrafterConfig:
+class BlockDrafterConfig(ChainTreeConfig):
     """Settings of the `dflash` and `dspark` drafters.
 
     Args:
@@ -84,15 +84,11 @@ class BlockDrafterConfig:
             whole block and leaves the cut to the policy, which reads the same estimates.
     """
 
-    min_confidence: float = 0.0
-    tree_top_k: int = 4
     confidence_threshold: float = 0.0
 
     def __post_init__(self) -> None:
-        check_fields(
-            self,
-            ranges={"min_confidence": (0, 1), "tree_top_k": (1, None), "confidence_threshold": (0, 1)},
-        )
+        super().__post_init__()
+        check_fields(self, ranges={"confidence_threshold": (0, 1)})
 
 
 class BlockContext:
