@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.models.llama.modeling_llama import rotate_half
 
 from ..core.devices import module_weight
 from ..core.fields import check_fields
@@ -232,9 +233,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     """Rotary position embedding of `x` [B, heads, T, d] (transformers' `apply_rotary_pos_emb`, for
     one tensor: queries and keys are rotated apart here)."""
     cos, sin = cos[:, None], sin[:, None]
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    return x * cos + rotate_half(x) * sin
 
 
 class BlockLayer(nn.Module):
