@@ -34,6 +34,7 @@ from transformers.models.muse_glimmer_assistant import MuseGlimmerAssistantModel
 
 from hf_specdec.bench.runner import _new_tokens, _select_prompts
 from hf_specdec.heads.checkpoint import load_head
+from hf_specdec.heads.layouts import check_dflash_layout
 from hf_specdec.loading import (
     describe_runtime,
     encode_prompts,
@@ -48,8 +49,10 @@ def as_muse_glimmer(draft: Any, target: Any) -> MuseGlimmerAssistantModel:
     """Our block draft as a MuseGlimmer assistant: same tensors (`fc`, `hidden_norm` as `encoder.*`),
     full-attention layers; its draft vocabulary is dropped (the assistant scores every token)."""
     c = draft.config
-    if c.drafts_from_anchor or c.markov_rank or any(c.layer_windows) or any(c.causal_layers):
-        raise SystemExit(f"{c.layout} drafts do not fit transformers' MuseGlimmer assistant.")
+    try:  # what z-lab's layout cannot hold, MuseGlimmer's (the same tensors) cannot either
+        check_dflash_layout(draft)
+    except ValueError as err:
+        raise SystemExit(f"Not comparable with transformers' MuseGlimmer assistant: {err}") from err
     text = target.config.get_text_config()
     config = MuseGlimmerAssistantConfig(
         hidden_size=c.hidden_size,
