@@ -24,17 +24,15 @@ import json
 import math
 import statistics
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from hf_specdec.bench.regimes import PROFILES, REAL, emulate, host_clock, priced
+from hf_specdec.bench.regimes import PROFILES, REAL, priced, timed_generate
 from hf_specdec.bench.runner import PROMPT_LOOKUP_TOKENS, _new_tokens, _select_prompts
 from hf_specdec.core.policy import DeviceCosts
-from hf_specdec.core.timing import clock
 from hf_specdec.loading import (
     describe_runtime,
     encode_prompts,
@@ -46,7 +44,6 @@ from hf_specdec.loading import (
 from hf_specdec.lossless import MISMATCH, check_greedy
 
 PLAIN, LOOKUP = "plain", "prompt_lookup"
-_wall = time.perf_counter  # the machine's clock, whatever an emulation makes of time.perf_counter
 
 
 def rows(
@@ -69,16 +66,8 @@ def rows(
 
 
 def run_once(model: Any, inputs: dict, generation: dict[str, Any], kwargs: dict, profile, shapes=None):
-    """One `generate` call under `profile`: (seconds on its clock, wall seconds, host-clock seconds,
-    forwards, output)."""
-    with emulate(model, profile, shapes) as device:
-        device.new_call()
-        wall, host = _wall(), host_clock()
-        start = clock(model.device)  # the clock `profile` moves, when it is emulated
-        out = model.generate(**inputs, **generation, **kwargs)
-        seconds = clock(model.device) - start
-        wall, host = _wall() - wall, host_clock() - host
-    return seconds, wall, host, device.forwards, out
+    """One `generate` call under `profile` (`timed_generate`)."""
+    return timed_generate(model, profile, shapes, **inputs, **generation, **kwargs)
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:

@@ -26,17 +26,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from hf_specdec.bench.regimes import PROFILES, REAL, emulate, host_clock, priced
+from hf_specdec.bench.regimes import PROFILES, REAL, priced, timed_generate
 from hf_specdec.bench.runner import _new_tokens, _select_prompts
 from hf_specdec.core.policy import DeviceCosts
-from hf_specdec.core.timing import clock
 from hf_specdec.loading import (
     describe_runtime,
     encode_prompts,
@@ -48,19 +46,12 @@ from hf_specdec.loading import (
 from hf_specdec.lossless import MISMATCH, check_greedy
 
 PLAIN = "plain"
-_wall = time.perf_counter  # the machine's clock, whatever an emulation makes of time.perf_counter
 
 
 def run_once(model: Any, inputs: dict, generation: dict, speculative: dict | None, profile, shapes) -> tuple:
-    """One `generate` call under `profile`: (seconds on its clock, wall, host seconds, forwards, output)."""
-    with emulate(model, profile, shapes) as device:
-        device.new_call()
-        wall, host = _wall(), host_clock()
-        start = clock(model.device)
-        extra = {} if speculative is None else {"speculative": speculative}
-        out = model.generate(**inputs, **generation, **extra)
-        seconds = clock(model.device) - start
-    return seconds, _wall() - wall, host_clock() - host, device.forwards, out
+    """One `generate` call under `profile` (`timed_generate`), plain where `speculative` is None."""
+    extra = {} if speculative is None else {"speculative": speculative}
+    return timed_generate(model, profile, shapes, **inputs, **generation, **extra)
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:

@@ -30,6 +30,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.timing import clock
+
 
 @dataclass(frozen=True)
 class Forward:
@@ -318,6 +320,21 @@ def emulate(
             del model.forward  # the class's own forward again
         else:
             model.forward = own
+
+
+def timed_generate(
+    model: Any, profile: CostProfile = REAL, shapes: set[tuple[int, int]] | None = None, **kwargs: Any
+) -> tuple[float, float, float, list[Forward], Any]:
+    """One `model.generate(**kwargs)` call under `profile` (`emulate`): (seconds on its clock, wall
+    seconds, host-clock seconds, the forwards it ran, its output)."""
+    with emulate(model, profile, shapes) as device:
+        device.new_call()
+        wall, host = _real_perf_counter(), host_clock()
+        start = clock(model.device)  # the clock `profile` moves, when it is emulated
+        out = model.generate(**kwargs)
+        seconds = clock(model.device) - start
+        wall, host = _real_perf_counter() - wall, host_clock() - host
+    return seconds, wall, host, device.forwards, out
 
 
 def priced(
