@@ -164,12 +164,13 @@ def _by_size(table: dict[int, dict[str, float]], size: int) -> dict[str, float]:
     return table[min(size, max(table))]
 
 
-def _odds(size: int, agreement: str, first: bool) -> float:
+def token_odds(size: int, agreement: str, first: bool) -> float:
+    """A draft token's prior odds of acceptance, by its match's size and how the match backs it."""
     return _by_size(FIRST_TOKEN_ODDS if first else LATER_TOKEN_ODDS, size)[agreement]
 
 
 def chain_odds(size: int, agreement: list[str]) -> list[float]:
-    """`_odds` of each token of a chain continuing a match of `size` tokens (none if none), each
+    """`token_odds` of each token of a chain continuing a match of `size` tokens (none if none), each
     table's row looked up once: this runs every step."""
     if not agreement:
         return []
@@ -318,7 +319,7 @@ class NgramDrafter(Drafter):
                 # A trie mixes occurrences: each node is taken as backed by one (the policy sizes
                 # trees by what trees gained, not by these). A node right after the last token is
                 # a draft's first token, any deeper one a later token.
-                confidence = [_odds(n, ONE, parent < 0) for n, parent in zip(match_sizes, parents)]
+                confidence = [token_odds(n, ONE, parent < 0) for n, parent in zip(match_sizes, parents)]
                 proposals.append((tokens, parents, confidence))
             else:
                 chain, size, agreement = index.lookup(budget)

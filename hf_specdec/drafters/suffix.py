@@ -270,7 +270,7 @@ class SuffixDrafter(Drafter):
 
     def __init__(self, config: SuffixConfig, corpus: SuffixCorpus | None) -> None:
         self.config = config
-        self.lookup = NgramDrafter(NgramConfig(config.max_ngram, config.min_ngram, config.max_matches))
+        self.lookup = NgramDrafter(config)  # a SuffixConfig is an NgramConfig
         self.corpus = corpus
         # Decided once, at the call's start, from the corpus's record (module docstring).
         self.drafting = corpus is not None and corpus.drafts(config.min_gain)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..core.policy.acceptance import PRIOR_WEIGHT, beta_mean
-from .ngram import ALL, FIRST_TOKEN_ODDS, LATER_TOKEN_ODDS, ONE, SPLIT
+from .ngram import ALL, ONE, SPLIT, token_odds
 from .suffix_array import MAX_MATCH, Match
 
 
@@ -155,10 +155,8 @@ class CorpusOdds:
         key = self._key(size, first, agreement)
         odds = self._odds.get(key)
         if odds is None:
-            prior = (FIRST_TOKEN_ODDS if first else LATER_TOKEN_ODDS)[min(key[0], max(FIRST_TOKEN_ODDS))]
-            odds = self._odds[key] = beta_mean(
-                self.hits[key], self.trials[key], prior[agreement], PRIOR_WEIGHT
-            )
+            prior = token_odds(key[0], agreement, first)
+            odds = self._odds[key] = beta_mean(self.hits[key], self.trials[key], prior, PRIOR_WEIGHT)
         return odds
 
     def chain(self, chain: Chain) -> list[float]:
