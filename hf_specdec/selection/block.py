@@ -17,7 +17,7 @@ from torch import nn
 
 from ..drafters.dflash import BLOCK_METHODS, block_draft_method, load_block_draft
 from .choice import OWN_HEAD_METHODS, DraftChoice
-from .select import registry_heads
+from .select import registry_head
 
 
 def published_block_draft(model: Any, choice: DraftChoice) -> tuple[str, nn.Module, str] | None:
@@ -51,8 +51,6 @@ def block_method(draft: Any) -> str | None:
     loaded one, a folder holding one (ours or a published layout), or a repo the registry lists as
     one; None otherwise (a draft model)."""
     method = block_draft_method(draft)
-    if method is None and isinstance(draft, str):
-        for entry in registry_heads():
-            if entry["head"].lower() == draft.lower() and entry["method"] in BLOCK_METHODS:
-                return entry["method"]
+    if method is None and isinstance(draft, str) and (entry := registry_head(draft)) is not None:
+        return entry["method"] if entry["method"] in BLOCK_METHODS else None
     return method

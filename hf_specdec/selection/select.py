@@ -294,6 +294,13 @@ def registry_heads() -> list[dict[str, Any]]:
     return list(_registry_data().get("head", []))
 
 
+def registry_head(name: str) -> dict[str, Any] | None:
+    """The registry's entry for the published head `name` (a Hub repo id); None for a local path."""
+    if Path(name).exists():
+        return None
+    return next((entry for entry in registry_heads() if entry["head"].lower() == name.lower()), None)
+
+
 def registry_cross_tokenizer_drafts() -> tuple[str, ...]:
     """The small general drafts of the registry's `[[cross_tokenizer_draft]]` entries, in order: what
     the Hub search may propose, across tokenizers, for a target no draft shares a tokenizer with."""

@@ -17,8 +17,9 @@ from ..drafters.base import options_to_config
 from ..drafters.dflash import BLOCK_METHODS, BlockDrafterConfig, load_block_draft
 from ..heads.io import CONFIG_NAME
 from ..heads.layouts import check_dflash_layout
+from ..selection.select import registry_head
 from .base import Options, ServingExportError, ServingPlan, Source, not_carried
-from .sources import hub_origin, load_target, registry_head
+from .sources import hub_origin, load_target
 
 # The engines' methods by the checkpoint's layout: z-lab's DFlash layout (ours is written in it),
 # DeepSpec's Qwen3DSparkModel (which its DFlash drafts use too).

@@ -21,6 +21,7 @@ from ..drafters.tree import ChainTreeConfig
 from ..heads.checkpoint import CONFIG_NAME, load_head
 from ..heads.eagle3 import Eagle3Head
 from ..heads.layouts import check_layout
+from ..selection.select import registry_head
 from .base import (
     SGLANG_VERSION,
     VLLM_MEDUSA_LAST,
@@ -32,7 +33,7 @@ from .base import (
     not_carried,
 )
 from .block import plan_block, plan_dspark
-from .sources import check_vocab, hub_origin, load_target, onnx_source, registry_assistant, registry_head
+from .sources import check_vocab, hub_origin, load_target, onnx_source, registry_assistant
 
 Planner = Callable[[str, Source, Source, Options], ServingPlan]  # (model, draft, head, options)
 

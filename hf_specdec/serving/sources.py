@@ -12,7 +12,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from ..hub.tokenizer_check import compare_tokenizers
 from ..loading import is_missing_path
-from ..selection.select import assistant_lookup, registry_heads
+from ..selection.select import assistant_lookup
 from .base import ServingExportError
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -90,14 +90,6 @@ def hub_origin(model: str) -> str | None:
     config = Path(model) / "config.json"
     origin = json.loads(config.read_text()).get("_name_or_path", "") if config.is_file() else ""
     return origin if _REPO_ID.match(origin or "") and not Path(origin).exists() else None
-
-
-def registry_head(name: str) -> dict[str, Any] | None:
-    """The registry's entry for the published head `name` (a Hub repo id); None for a local path."""
-    if Path(name).exists():
-        return None
-
-    return next((entry for entry in registry_heads() if entry["head"].lower() == name.lower()), None)
 
 
 def registry_assistant(model: str) -> str | None:
