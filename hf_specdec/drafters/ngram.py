@@ -270,6 +270,28 @@ class _TrieOdds:
             node = match
 
 
+Proposal = tuple[list[int], list[int] | None, list[float]]  # tokens, parents (None: a chain), odds
+
+
+def pack(proposals: list[Proposal], device: torch.device, tree: bool) -> Draft:
+    """Rows' proposals as one `Draft`, padded to the longest; the odds as its confidence (by match
+    size and agreement: the policy learns what each is worth in the call)."""
+    lengths = [len(tokens) for tokens, _, _ in proposals]
+    width = max(lengths, default=0)
+    if width == 0:  # no match in any row: the step is a plain one, and cheap to say so
+        return Draft.empty(len(proposals), device)
+
+    def padded(rows: list[list[Any]], fill: Any) -> list[list[Any]]:
+        return [row + [fill] * (width - len(row)) for row in rows]
+
+    tokens = torch.tensor(padded([p[0] for p in proposals], 0), dtype=torch.long)
+    confidence = torch.tensor(padded([p[2] for p in proposals], 0.0))
+    parents = None
+    if tree:
+        parents = torch.tensor(padded([p[1] or [] for p in proposals], 0), dtype=torch.long).to(device)
+    return Draft(tokens.to(device), lengths, confidence=confidence.to(device), parents=parents)
+
+
 @register_drafter
 class NgramDrafter(Drafter):
     """Draft-free drafting by prompt lookup over the prompt and the text generated so far."""
@@ -289,8 +311,11 @@ class NgramDrafter(Drafter):
         return cls(options_to_config(NgramConfig, config.options))
 
     def propose(self, request: DraftRequest) -> Draft:
-        # Per row: tokens, parents (None for a chain) and each token's odds (`FIRST_TOKEN_ODDS`).
-        proposals: list[tuple[list[int], list[int] | None, list[float]]] = []
+        return pack(self.proposals(request), request.tokens.device, request.tree)
+
+    def proposals(self, request: DraftRequest) -> list[Proposal]:
+        """Per row: its draft's tokens, parents (None for a chain) and each token's odds."""
+        proposals: list[Proposal] = []
         sizes = range(self.config.min_ngram, self.config.max_ngram + 1)
         for b, row_id in enumerate(request.row_ids):
             index = self.rows.get(row_id)
@@ -324,19 +349,4 @@ class NgramDrafter(Drafter):
             else:
                 chain, size, agreement = index.lookup(budget)
                 proposals.append((chain, None, chain_odds(size, agreement)))
-        lengths = [len(tokens) for tokens, _, _ in proposals]
-        width = max(lengths, default=0)
-        device = request.tokens.device
-        if width == 0:  # no match in any row: the step is a plain one, and cheap to say so
-            return Draft.empty(len(proposals), device)
-
-        def padded(rows: list[list[Any]], fill: Any) -> list[list[Any]]:
-            return [row + [fill] * (width - len(row)) for row in rows]
-
-        tokens = torch.tensor(padded([p[0] for p in proposals], 0), dtype=torch.long)
-        # The odds by match size and agreement: the policy learns what each is worth in the call.
-        confidence = torch.tensor(padded([p[2] for p in proposals], 0.0))
-        parents = None
-        if request.tree:
-            parents = torch.tensor(padded([p[1] or [] for p in proposals], 0), dtype=torch.long).to(device)
-        return Draft(tokens.to(device), lengths, confidence=confidence.to(device), parents=parents)
+        return proposals

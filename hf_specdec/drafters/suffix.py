@@ -39,7 +39,7 @@ from __future__ import annotations
 import collections
 import threading
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -49,7 +49,7 @@ from ..core.fields import check_fields
 from ..core.policy.acceptance import MAX_DRAFT
 from ..core.policy.decision import expected_gains
 from .base import Drafter, options_to_config
-from .ngram import NgramConfig, NgramDrafter, NgramIndex
+from .ngram import NgramConfig, NgramDrafter, NgramIndex, Proposal, pack
 from .ngram import chain_odds as context_odds
 from .registry import register_drafter
 from .suffix_array import MAX_MATCH, Snapshot, unit_bytes
@@ -282,12 +282,15 @@ class SuffixDrafter(Drafter):
         return cls(options, corpus_for(target) if options.max_corpus_tokens else None)
 
     def propose(self, request: DraftRequest) -> Draft:
-        draft = self.lookup.propose(request)
-        if not self.drafting:
-            return draft
+        proposals = self.lookup.proposals(request)
+        if self.drafting:
+            self._from_corpus(request, proposals)
+        return pack(proposals, request.tokens.device, request.tree)
+
+    def _from_corpus(self, request: DraftRequest, proposals: list[Proposal]) -> None:
+        """Each row's prompt-lookup proposal, in place: a corpus chain that scores better instead, or
+        a tree merged with the corpus's."""
         snapshot = self.corpus.snapshot
-        rows = _Rows.of(draft, len(request.row_ids))
-        changed = False
         for b, row_id in enumerate(request.row_ids):
             budget = request.max_tokens[b]
             if budget <= 0:
@@ -297,65 +300,22 @@ class SuffixDrafter(Drafter):
             if match is None or match.size < self.config.min_match:
                 continue
             limit = draft_limit(match.size, budget, self.config)  # tokens of a chain, levels of a tree
+            tokens, parents, odds = proposals[b]
             if request.tree:
                 grown = corpus_tree(match, budget, limit, self.config.min_token_prob, self.corpus.odds)
                 if grown:
-                    own = list(zip(rows.tokens[b], rows.parents[b], rows.odds[b]))
-                    rows.tokens[b], rows.parents[b], rows.odds[b] = merge_trees([own, grown], budget)
-                    changed = True
+                    proposals[b] = merge_trees([list(zip(tokens, parents or [], odds)), grown], budget)
                     self.corpus_drafts += 1
                 continue
             chain = voted_chain(match, limit, self.config.min_token_prob)
-            odds = self.corpus.odds.chain(chain)
-            if chain.tokens and expected_tokens(odds) > expected_tokens(rows.odds[b]):
-                rows.tokens[b], rows.odds[b] = chain.tokens, odds
-                changed = True
+            chain_odds = self.corpus.odds.chain(chain)
+            if chain.tokens and expected_tokens(chain_odds) > expected_tokens(odds):
+                proposals[b] = (chain.tokens, None, chain_odds)
                 self.corpus_drafts += 1
-        return rows.draft(request.tokens.device, request.tree) if changed else draft
 
     def finish(self, sequences: list[torch.Tensor], prompt_lengths: list[int]) -> None:
         if self.corpus is not None:
             self.corpus.add([s.tolist() for s in sequences], prompt_lengths, self.config)
-
-
-@dataclass
-class _Rows:
-    """A draft's rows as lists, to be changed row by row: tokens, parents (a tree's), odds."""
-
-    tokens: list[list[int]]
-    parents: list[list[int]]
-    odds: list[list[float]] = field(default_factory=list)
-
-    @classmethod
-    def of(cls, draft: Draft, batch: int) -> _Rows:
-        if not max(draft.lengths, default=0):
-            return cls([[] for _ in range(batch)], [[] for _ in range(batch)], [[] for _ in range(batch)])
-        tokens, odds = draft.tokens.tolist(), draft.confidence.tolist()
-        parents = draft.parents.tolist() if draft.parents is not None else [[] for _ in range(batch)]
-        return cls(
-            [row[:n] for row, n in zip(tokens, draft.lengths)],
-            [row[:n] for row, n in zip(parents, draft.lengths)],
-            [row[:n] for row, n in zip(odds, draft.lengths)],
-        )
-
-    def draft(self, device: torch.device, tree: bool) -> Draft:
-        lengths = [len(row) for row in self.tokens]
-        width = max(lengths, default=0)
-        if width == 0:
-            return Draft.empty(len(lengths), device)
-
-        def padded(rows: list[list[Any]], fill: Any) -> list[list[Any]]:
-            return [row + [fill] * (width - len(row)) for row in rows]
-
-        parents = None
-        if tree:
-            parents = torch.tensor(padded(self.parents, 0), dtype=torch.long).to(device)
-        return Draft(
-            torch.tensor(padded(self.tokens, 0), dtype=torch.long).to(device),
-            lengths,
-            confidence=torch.tensor(padded(self.odds, 0.0)).to(device),
-            parents=parents,
-        )
 
 
 __all__ = ["SuffixConfig", "SuffixCorpus", "SuffixDrafter", "clear_corpora", "corpus_for"]
