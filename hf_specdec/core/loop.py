@@ -98,8 +98,9 @@ def speculative_decode(
             k = min(k, max_tree_nodes)
         k = max(min(k, target.widest(k + 1) - 1), 0)  # a static cache's room (0: its error comes next)
         asked = request(rows, k)
+        where = positions(cached_rows, rows)  # each row's place in the target's cache
         if drafter.reads_target_kv:
-            asked.target_kv, asked.target_rows = target, positions(cached_rows, rows)
+            asked.target_kv, asked.target_rows = target, where
 
         start = clock(device)  # every clock read waits for the device: the policy learns from these
         draft = drafter.propose(asked) if k > 0 else Draft.empty(len(rows), device)
@@ -117,7 +118,7 @@ def speculative_decode(
         feed = torch.cat([last, draft.tokens], dim=1) if width > 1 else last  # [B, width]
         full = min(draft.lengths, default=0) == width - 1  # known on the host: no holes to mask
         valid = None if full else torch.arange(width, device=device)[None, :] <= lengths[1, :, None]
-        slots = Slots(positions(cached_rows, rows), len(cached_rows), device)
+        slots = Slots(where, len(cached_rows), device)
         switches = returned.switches | inputs.step(width, cached_rows)
         output = target.forward_rows(slots, feed, valid, draft.parents, **switches)
         verdict = accept(asked, draft, slots.gather(output.logits))
