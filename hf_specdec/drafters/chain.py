@@ -44,6 +44,24 @@ def real_tokens(request: DraftRequest, b: int) -> torch.Tensor:
     return request.row(b)[0][request.attention_mask[b, : request.lengths[b]].bool()]
 
 
+def arrived(
+    request: DraftRequest, b: int, done: int, name: str
+) -> tuple[torch.Tensor, torch.Tensor | None, int, int]:
+    """Row b's tokens [n] (no padding), the target's hidden states of the tokens it cached since
+    the row's last request (None: none), where they start (`done`: how many the drafter had) and how
+    many there are. Every cached token but the newest must then have its hidden states: a row out of
+    step is refused."""
+    real = real_tokens(request, b)
+    new = request.hidden_states[b]
+    count = 0 if new is None else len(new)
+    if done + count != len(real) - 1:
+        raise RuntimeError(
+            f"The {name} drafter is out of step: row {request.row_ids[b]} has {len(real)} tokens "
+            f"but the target's hidden states of {done + count} reached it."
+        )
+    return real, new, done, count
+
+
 def chain(
     request: DraftRequest,
     max_tokens: list[int],

@@ -13,7 +13,7 @@ from ..core.draft import DraftRequest
 from ..heads.checkpoint import load_head
 from ..heads.layers import is_whole_vocab
 from .base import Drafter, options_to_config
-from .chain import real_tokens
+from .chain import arrived
 from .tree import ChainTreeConfig
 
 if TYPE_CHECKING:
@@ -71,18 +71,8 @@ class HeadDrafter(Drafter):
         return cls(head, options, target.config.get_text_config().vocab_size, execution_device(target))
 
     def arrived(self, request: DraftRequest, b: int) -> tuple[torch.Tensor, torch.Tensor | None, int, int]:
-        """Row b's tokens [n] (no padding), the target's hidden states of the tokens it cached since
-        the row's last request (None: none), where they start and how many there are. Every cached
-        token but the newest must then have its hidden states: a row out of step is refused."""
-        real = real_tokens(request, b)
-        new = request.hidden_states[b]
-        start, count = self.done[b], 0 if new is None else len(new)
-        if start + count != len(real) - 1:
-            raise RuntimeError(
-                f"The {self.name} drafter is out of step: row {request.row_ids[b]} has {len(real)} tokens "
-                f"but the target's hidden states of {start + count} reached it."
-            )
-        return real, new, start, count
+        """`chain.arrived` for row b, from where this drafter's state of it stands."""
+        return arrived(request, b, self.done[b], self.name)
 
     def full_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         if self._whole_vocab is None:  # read once: a block draft asks per position, every step

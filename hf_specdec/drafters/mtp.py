@@ -33,7 +33,7 @@ from ..heads.eagle import EagleHead
 from ..heads.layers import is_whole_vocab
 from ..heads.mtp import MtpDepth, load_mtp_layers, own_mtp_weights
 from .base import Drafter, elapsed, options_to_config
-from .chain import chain, real_tokens, right_aligned
+from .chain import arrived, chain, right_aligned
 from .head_drafter import full_vocab
 from .registry import register_drafter
 from .tree import ChainTreeConfig, Level, grow_tree
@@ -133,13 +133,7 @@ class MtpDrafter(Drafter):
         self._follow_rows(request.row_ids, request.tree)
         for kv, real in zip(self.kvs, self.real):
             kv.truncate(torch.tensor(real, device=self.device))  # drop last step's chained indices
-        sequences = [real_tokens(request, b) for b in range(len(request.row_ids))]
-        for b, new in enumerate(request.hidden_states):
-            if self.real[0][b] + (0 if new is None else len(new)) != len(sequences[b]) - 1:
-                raise RuntimeError(
-                    f"MTP layers out of step: row {request.row_ids[b]} has {len(sequences[b])} tokens but "
-                    f"{self.real[0][b] + (0 if new is None else len(new))} hidden states."
-                )
+        sequences = [arrived(request, b, self.real[0][b], self.name)[0] for b in range(len(request.row_ids))]
 
         began = clock(self.device)
         features = [torch.zeros(0, self.hidden_size) if h is None else h for h in request.hidden_states]
