@@ -33,8 +33,9 @@ from ..core.kv import positions
 from ..core.timing import clock
 from ..heads.checkpoint import load_head
 from ..heads.dflash import BlockDraft, attention_masks
-from ..heads.dflash_published import has_dspark_heads, is_block_draft_folder, read_json_object
+from ..heads.dflash_published import has_dspark_heads, is_block_draft_folder
 from ..heads.io import CONFIG_NAME
+from ..heads.published import read_json_object
 from .base import Drafter, elapsed, options_to_config
 from .chain import chain, right_aligned
 from .head_drafter import HeadDrafter

@@ -37,7 +37,7 @@ from torch import nn
 
 from .dflash import MARKOV_HEADS, BlockDraftConfig
 from .io import build_head, check_head_matches, head_config, load_state
-from .published import read_config, rope_from_config
+from .published import read_config, read_json_object, rope_from_config
 
 DFLASH = "DFlashDraftModel"
 DSPARK = "Qwen3DSparkModel"
@@ -291,16 +291,6 @@ def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
     if not state:
         raise ValueError(f"The block draft weights in {folder} hold no tensors.")
     return state
-
-
-def read_json_object(path: Path) -> dict[str, Any]:
-    try:
-        raw = json.loads(path.read_text())
-    except (ValueError, OSError) as err:
-        raise ValueError(f"{path} cannot be read as JSON ({err}): the checkpoint is corrupt.") from None
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path} is not a JSON object: the checkpoint is corrupt.")
-    return raw
 
 
 __all__ = [

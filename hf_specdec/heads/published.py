@@ -259,14 +259,18 @@ def read_config(folder: Path) -> dict[str, Any]:
     path = folder / "config.json"
     if not path.is_file():
         raise ValueError(f"{folder} has head weights but no config.json: the checkpoint is incomplete.")
+    return read_json_object(path, "a config (a JSON object)")
+
+
+def read_json_object(path: Path, what: str = "a JSON object") -> dict[str, Any]:
+    """A checkpoint's JSON file that must hold an object (`what`); a clear error where it does not."""
     try:
         raw = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON ({err.msg}): the checkpoint is corrupt.") from None
+    except (ValueError, OSError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        detail = err.msg if isinstance(err, json.JSONDecodeError) else err
+        raise ValueError(f"{path} is not valid JSON ({detail}): the checkpoint is corrupt.") from None
     if not isinstance(raw, dict):
-        raise ValueError(
-            f"{path} holds {json.dumps(raw)[:40]}, not a config (a JSON object): the checkpoint is corrupt."
-        )
+        raise ValueError(f"{path} holds {json.dumps(raw)[:40]}, not {what}: the checkpoint is corrupt.")
     return raw
 
 
