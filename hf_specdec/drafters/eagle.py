@@ -39,7 +39,6 @@ class EagleDrafter(HeadDrafter):
         super().__init__(head, config, vocab_size, device)
         self.feature_dtype = next(head.parameters()).dtype
         self.kv: RaggedKV | DraftRows | None = None
-        self.done: list[int] = []  # per row: positions the head has read real features for
         self.row_ids: list[int] = []
 
     @torch.no_grad()

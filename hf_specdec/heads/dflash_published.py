@@ -35,6 +35,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from ..hub.download import SAFETENSORS_INDEX
 from .dflash import MARKOV_HEADS, BlockDraftConfig
 from .io import build_head, check_head_matches, head_config, load_state
 from .published import read_config, read_json_object, rope_from_config
@@ -57,7 +58,6 @@ DFLASH_SETTINGS = {
     "input_embedding_scale",
     "causal",
 }
-SAFETENSORS_INDEX = "model.safetensors.index.json"
 LAYOUTS = "DFlash (z-lab), DSpark and DFlash (DeepSpec), MuseGlimmer assistant (transformers)"
 
 

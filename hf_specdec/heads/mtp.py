@@ -27,7 +27,7 @@ from safetensors import safe_open
 from torch import nn
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES, model_type_to_module_name
 
-from ..hub.download import local_snapshot
+from ..hub.download import SAFETENSORS_INDEX, local_snapshot
 from .eagle import HeadOutput, causal_mask
 
 # Config fields under which checkpoints that transformers does not load MTP for still declare
@@ -73,7 +73,7 @@ def mtp_weight_keys(target: Any, folder: Path) -> tuple[list[str], str]:
 
 
 def _checkpoint_keys(folder: Path) -> list[str]:
-    index = folder / "model.safetensors.index.json"
+    index = folder / SAFETENSORS_INDEX
     if index.is_file():
         weight_map = json.loads(index.read_text()).get("weight_map", {})
         return sorted(weight_map) if isinstance(weight_map, dict) else []
