@@ -52,7 +52,7 @@ from .base import Drafter, options_to_config
 from .ngram import NgramConfig, NgramDrafter, NgramIndex, Proposal, pack
 from .ngram import chain_odds as context_odds
 from .registry import register_drafter
-from .suffix_array import MAX_MATCH, Snapshot, unit_bytes
+from .suffix_array import MAX_MATCH, Match, Snapshot, unit_bytes
 from .suffix_speculation import Chain, CorpusOdds, corpus_tree, merge_trees, voted_chain
 
 if TYPE_CHECKING:
@@ -118,9 +118,30 @@ def draft_limit(size: int, budget: int, config: SuffixConfig) -> int:
     return max(0, min(budget, int(config.max_spec_factor * size + config.max_spec_offset + 1e-6)))
 
 
+def corpus_match(snapshot: Snapshot, tail: list[int], config: SuffixConfig) -> Match | None:
+    """The longest match of `tail` in the corpus, if it is long enough to draft (`min_match`)."""
+    match = snapshot.match(tail, config.recency_half_life)
+    return match if match is not None and match.size >= config.min_match else None
+
+
+def corpus_chain(snapshot: Snapshot, tail: list[int], budget: int, config: SuffixConfig) -> Chain | None:
+    """The chain the corpus drafts after `tail` (a step's `budget` tokens at most): the voted
+    continuation of its match, as long as `draft_limit` lets it be; None without a match."""
+    match = corpus_match(snapshot, tail, config)
+    if match is None:
+        return None
+    return voted_chain(match, draft_limit(match.size, budget, config), config.min_token_prob)
+
+
 def expected_tokens(odds: list[float]) -> float:
     """Tokens a draft with these per-token odds adds in expectation, Σ_j Π_{i≤j} odds_i."""
     return expected_gains(odds)[-1] if odds else 0.0
+
+
+def corpus_wins(corpus_odds: list[float], lookup_odds: list[float]) -> bool:
+    """Whether the corpus's chain, not prompt lookup's, drafts the step: the one the drafter takes
+    and the replays that decide whether the corpus drafts at all must not disagree."""
+    return expected_tokens(corpus_odds) > expected_tokens(lookup_odds)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,13 +194,6 @@ class SuffixCorpus:
         gain = self.gain()
         return gain is not None and gain >= min_gain
 
-    def chain(self, snapshot: Snapshot, tail: list[int], budget: int, config: SuffixConfig) -> Chain | None:
-        """The voted continuation of the longest match of `tail`, if it is long enough."""
-        match = snapshot.match(tail, config.recency_half_life)
-        if match is None or match.size < config.min_match:
-            return None
-        return voted_chain(match, draft_limit(match.size, budget, config), config.min_token_prob)
-
     def add(self, sequences: list[list[int]], prompt_lengths: list[int], config: SuffixConfig) -> None:
         """Replay each row's output against the corpus as it is (learning the odds and recording
         the gain), then add the rows, dropping the oldest sequences beyond `max_corpus_tokens`."""
@@ -215,10 +229,10 @@ class SuffixCorpus:
             lookup, size, agreement = index.lookup(MAX_DRAFT)
             held = tokens_held(lookup, actual)
             by_lookup += 1 + held
-            chain = self.chain(snapshot, sequence[max(0, at - MAX_MATCH) : at], MAX_DRAFT, config)
+            chain = corpus_chain(snapshot, sequence[max(0, at - MAX_MATCH) : at], MAX_DRAFT, config)
             if chain is not None and chain.tokens:
                 self.odds.observe(chain, actual)
-                if expected_tokens(self.odds.chain(chain)) > expected_tokens(context_odds(size, agreement)):
+                if corpus_wins(self.odds.chain(chain), context_odds(size, agreement)):
                     held = tokens_held(chain.tokens, actual)
             ours += 1 + held
             steps += 1
@@ -296,8 +310,8 @@ class SuffixDrafter(Drafter):
             if budget <= 0:
                 continue
             tail = self.lookup.rows[row_id].tokens[-MAX_MATCH:]
-            match = snapshot.match(tail, self.config.recency_half_life)
-            if match is None or match.size < self.config.min_match:
+            match = corpus_match(snapshot, tail, self.config)
+            if match is None:
                 continue
             limit = draft_limit(match.size, budget, self.config)  # tokens of a chain, levels of a tree
             tokens, parents, odds = proposals[b]
@@ -309,7 +323,7 @@ class SuffixDrafter(Drafter):
                 continue
             chain = voted_chain(match, limit, self.config.min_token_prob)
             chain_odds = self.corpus.odds.chain(chain)
-            if chain.tokens and expected_tokens(chain_odds) > expected_tokens(odds):
+            if chain.tokens and corpus_wins(chain_odds, odds):
                 proposals[b] = (chain.tokens, None, chain_odds)
                 self.corpus_drafts += 1
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from hf_specdec.drafters.suffix import SuffixConfig, draft_limit
+from hf_specdec.drafters.suffix import SuffixConfig, corpus_chain
 from hf_specdec.drafters.suffix_array import Snapshot
-from hf_specdec.drafters.suffix_speculation import Chain, voted_chain
+from hf_specdec.drafters.suffix_speculation import Chain
 
 
 def corpus(*sequences: list[int], bound: int = 1000) -> Snapshot:
@@ -21,7 +21,6 @@ def held(snapshot: Snapshot) -> list[list[int]]:
 
 
 def chain(snapshot: Snapshot, tail: list[int], budget: int = 8, half_life=None, **options) -> Chain:
-    """The chain voted after `tail`, as long as `SuffixConfig(**options)` lets its match draft."""
-    config = SuffixConfig(**options)
-    match = snapshot.match(tail, half_life)
-    return voted_chain(match, draft_limit(match.size, budget, config), config.min_token_prob)
+    """The chain the drafter votes after `tail` under `SuffixConfig(**options)`, occurrences weighed
+    by `half_life` (None: all alike)."""
+    return corpus_chain(snapshot, tail, budget, SuffixConfig(recency_half_life=half_life, **options))
