@@ -151,7 +151,7 @@ def test_a_failing_row_is_reported_and_the_others_kept(tiny_folder, monkeypatch,
     def boom(self, request):
         raise RuntimeError("drafter exploded")
 
-    monkeypatch.setattr(NgramDrafter, "propose", boom)
+    monkeypatch.setattr(NgramDrafter, "proposals", boom)  # auto's suffix drafter asks prompt lookup
     result = run_bench(tiny_folder, limit=1, max_new_tokens=MAX_NEW, progress=False)
     errors = [m for m in result.measurements if m.error]
     assert errors and all(m.row == "auto" and "drafter exploded" in m.error for m in errors)
