@@ -17,6 +17,7 @@ CARRIED_TIMINGS, CARRIED_MIN = 16, 3  # a carried width: the median of its last 
 # REGIME_TIMINGS in a row on one side a regime change (another job on the device, a grown batch).
 OUT_OF_LINE, REGIME_TIMINGS = math.log(1.5), 3
 Curve = dict[int, float]  # width -> verify seconds over a plain step's
+Key = tuple[tuple[int, ...], int, int]  # what a carried figure is kept under: padding, context bucket, batch
 
 
 @dataclass
@@ -62,15 +63,10 @@ def _from_widths(known: Curve, width: int) -> float | None:
 
 @dataclass
 class CostModel:
-    """Seconds per draft forward and per ask, and verify seconds per (batch size, width fed).
-
-    The prior (`carry`): each width's ratio to a plain step in earlier calls, keyed by padding,
-    context bucket and batch size, priced at this call's plain step until the call times the width,
-    and at the plain step earlier calls timed (`plains`, same keys) until the call times one, so
-    that a call drafts from its first step. A timing out of line with a carried plain step drops
-    that; out of line with the prior it sets the prior aside; REGIME_TIMINGS in a row end it for the
-    call. A width timed once far above the others' curve (twice it, or its tokens in plain steps)
-    is a stall."""
+    """Seconds per draft forward and per ask, and verify seconds per (batch size, width fed), as
+    this call times them over the prior (`carry`): each width's ratio to a plain step in earlier
+    calls and their plain step's seconds (`plains`), both under a `Key`. How timings out of line
+    with the prior are read: `OUT_OF_LINE` and docs/policy.md."""
 
     draft: _Recent = field(default_factory=_Recent)  # seconds per draft forward (a token, a tree level)
     asks: _Recent = field(default_factory=_Recent)  # seconds per ask for a draft, whatever came back
@@ -80,24 +76,23 @@ class CostModel:
     one_offs: dict[bool, _Recent] = field(
         default_factory=lambda: {False: _Recent(keep=8), True: _Recent(keep=8)}
     )
-    prior: dict[tuple[tuple[int, ...], int, int], dict[int, _Recent]] = field(default_factory=dict)
-    # A plain step's seconds in earlier calls, keyed as `prior`: what it prices at until one is timed.
-    plains: dict[tuple[tuple[int, ...], int, int], _Recent] = field(default_factory=dict)
+    prior: dict[Key, dict[int, _Recent]] = field(default_factory=dict)
+    plains: dict[Key, _Recent] = field(default_factory=dict)
     shape: VerifyShape = field(default_factory=VerifyShape)
     bucket: int = 0  # `context_bucket` of the call's prompt
     trusts_prior: bool = True
     suspect: bool = False  # the last timing judged was out of line with the prior: set it aside
     streak: list[float] = field(default_factory=list)  # log ratios out of line with the prior, in a row
+    # Read every step, rebuilt only when what they are read from changes: predictions and curves
+    # after each timing (`_forget`), the prior as read at this padding in each call (`_forget_prior`).
     _cache: dict[tuple[int, int], float | None] = field(default_factory=dict, repr=False)
     _curves: dict[int, tuple[float | None, Curve, Curve]] = field(default_factory=dict, repr=False)
-    _before: set[tuple[int, int]] | None = field(default=None, repr=False)  # `_verified_before`, once
-    _priors: dict[tuple[int, bool], Curve] = field(default_factory=dict, repr=False)  # `_carried`, once
+    _before: set[tuple[int, int]] | None = field(default=None, repr=False)
+    _priors: dict[tuple[int, bool], Curve] = field(default_factory=dict, repr=False)
 
     def begin(self, shape: VerifyShape, context: int) -> None:
         self.shape, self.bucket = shape, context_bucket(context)
-        self._forget()
-        self._before = None
-        self._priors.clear()
+        self._forget_prior()
 
     def add_verify(self, batch: int, width: int, seconds: float) -> None:
         width = self.shape.padded(width)
@@ -119,13 +114,13 @@ class CostModel:
         expected = plain * _from_widths({1: 1.0} | prior, width) + self.first_call_seconds(batch, width)
         seen, error = (batch, width) in self._verified_before(), math.log(seconds / expected)
         known = self.one_offs[seen].confirmed or not dear and any(r.confirmed for r in self.one_offs.values())
-        at, carried = self._timed_batch(batch), self.plain_is_carried(batch)
+        carried = self.plain_is_carried(batch)
         if dear and not carried and not self.times.get((batch, 1), _Recent()).confirmed:
             return  # the plain step it is held to may have paid a one-off
         if error > 0 and not timings.samples and not known:
             return  # a first call dear: a one-off, or the curve? Nothing, until one-offs are known
         if carried and abs(error) >= OUT_OF_LINE:  # the device or the context moved: time a plain step
-            self.plains.pop((self.shape.widths, self.bucket, at), None)
+            self.plains.pop((self.shape.widths, self.bucket, self._timed_batch(batch)), None)
             return
         self.suspect = abs(error) >= OUT_OF_LINE
         same_side = self.streak and (error > 0) == (self.streak[-1] > 0)
@@ -134,20 +129,24 @@ class CostModel:
             self.trusts_prior, self.streak, self.suspect = False, [], False
 
     def _forget(self) -> None:
-        """Drop the predictions: what they were read from changed."""
         self._cache.clear()
         self._curves.clear()
 
+    def _forget_prior(self) -> None:
+        self._forget()
+        self._before = None
+        self._priors.clear()
+
     def verify(self, batch: int, width: int) -> float | None:
-        """Predicted seconds; None until a plain step was timed (at `batch`, or the nearest timed) or
-        while none is carried."""
+        """Predicted seconds; None until a plain step is timed (at `batch`, or the nearest batch size
+        timed) or carried."""
         key = (batch, self.shape.padded(width))
         if key not in self._cache:
             self._cache[key] = self._predict(*key)
         return self._cache[key]
 
     def _predict(self, batch: int, width: int) -> float | None:
-        if batch not in self._curves:  # every width priced a step reads one curve: built once
+        if batch not in self._curves:
             plain = self._plain(batch)
             self._curves[batch] = (plain, *self._curve(batch, plain)) if plain is not None else (None, {}, {})
         plain, steady, once = self._curves[batch]
@@ -155,7 +154,7 @@ class CostModel:
             return None
         if width not in once:
             return plain * (_from_widths(steady | once, width) or 1.0)
-        guess = _from_widths(steady, width) or 1.0
+        guess = _from_widths(steady, width) or 1.0  # timed once far above the curve: a stall
         return plain * (guess if once[width] > (2 * guess if len(steady) > 1 else width) else once[width])
 
     def _timed_batch(self, batch: int) -> int:
@@ -163,27 +162,23 @@ class CostModel:
         return min({b for b, _ in self.times}, key=lambda b: abs(b - batch), default=batch)
 
     def _plain(self, batch: int) -> float | None:
-        """As timed here, else as carried; no more than the narrowest wider width timed: plain steps
-        are not timed while drafting goes on, and ones timed in a stall made drafts that never held
-        look cheap."""
+        """As timed here, else as carried while the prior at this batch size is in use; no more than
+        the narrowest wider width timed: plain steps are not timed while drafting goes on, and ones
+        timed in a stall made drafts that never held look cheap."""
         at = self._timed_batch(batch)
-        plain = self.times[at, 1].value if (at, 1) in self.times else self._carried_plain(at)
-        if plain is None:
+        carried = self.plains.get((self.shape.widths, self.bucket, at))
+        if (at, 1) in self.times:
+            plain = self.times[at, 1].value
+        elif carried is None or not self.trusts_prior or not self.carried_at(at):
             return None
+        else:
+            plain = carried.value
         wider = [w for b, w in self.times if b == at and w > 1]
         return min(plain, self.times[at, min(wider)].value) if wider else plain
 
     def plain_is_carried(self, batch: int) -> bool:
         """Whether a plain step at `batch` is priced as earlier calls timed it: none timed here."""
         return (self._timed_batch(batch), 1) not in self.times
-
-    def _carried_plain(self, batch: int) -> float | None:
-        """A plain step as earlier calls timed it at this padding, context bucket and batch size,
-        while their curve at this batch size is in use (what prices every width against it)."""
-        carried = self.plains.get((self.shape.widths, self.bucket, batch))
-        if carried is None or not self.trusts_prior or not self.carried_at(batch):
-            return None
-        return carried.value
 
     def _curve(self, batch: int, plain: float) -> tuple[Curve, Curve]:
         """(steady, timed once) ratios: this call's over the prior's while in use; where this batch
@@ -204,21 +199,17 @@ class CostModel:
 
     def _carried(self, batch: int, exact: bool) -> Curve:
         """The prior at this padding and `batch` (or the nearest batch size): each width as carried
-        in this context bucket, else in the nearest bucket that carried it. Read several times a
-        step, built once per call (the prior changes only in `carry`, padding and bucket in `begin`)."""
-        if (batch, exact) not in self._priors:
-            self._priors[batch, exact] = self._read_prior(batch, exact)
-        return self._priors[batch, exact]
-
-    def _read_prior(self, batch: int, exact: bool) -> Curve:
+        in this context bucket, else in the nearest bucket that carried it."""
+        if (batch, exact) in self._priors:
+            return self._priors[batch, exact]
         usable = lambda key: any(len(r.samples) >= CARRIED_MIN for r in self.prior[key].values())  # noqa: E731
-        keys = [
-            k for k in self.prior if k[0] == self.shape.widths and (k[2] == batch or not exact) and usable(k)
-        ]
+        pads = self.shape.widths
+        keys = [k for k in self.prior if k[0] == pads and (k[2] == batch or not exact) and usable(k)]
         at = min((k[2] for k in keys), key=lambda b: abs(b - batch), default=None)
         curve: Curve = {}
         for key in sorted((k for k in keys if k[2] == at), key=lambda k: -abs(k[1] - self.bucket)):
             curve |= {w: r.value for w, r in self.prior[key].items() if len(r.samples) >= CARRIED_MIN}
+        self._priors[batch, exact] = curve
         return curve
 
     def carried_at(self, batch: int) -> bool:
@@ -226,8 +217,7 @@ class CostModel:
         return bool(self._carried(batch, exact=True))
 
     def _verified_before(self) -> set[tuple[int, int]]:
-        """(batch, width) pairs earlier calls verified at this padding: read per width every step,
-        built once per call (the prior changes only in `carry`, the padding only in `begin`)."""
+        """(batch, width) pairs earlier calls verified at this padding."""
         if self._before is None:
             carried = ((b, curve) for (pads, _, b), curve in self.prior.items() if pads == self.shape.widths)
             self._before = {(b, w) for b, curve in carried for w in curve}
@@ -300,6 +290,4 @@ class CostModel:
                 for seconds in timings.samples[first:]:  # each as timed: a median of minima would guess low
                     ratios.add(seconds / plain)
         self.one_offs = {seen: copy(r) for seen, r in earlier.one_offs.items()}
-        self._forget()
-        self._before = None
-        self._priors.clear()
+        self._forget_prior()
