@@ -38,7 +38,7 @@ from torch import nn
 from ..hub.download import SAFETENSORS_INDEX
 from .dflash import MARKOV_HEADS, BlockDraftConfig
 from .io import build_head, check_head_matches, head_config, load_state
-from .published import read_config, read_json_object, rope_from_config
+from .published import read_config, read_json_object, read_layer_shape, shape_errors
 
 DFLASH = "DFlashDraftModel"
 DSPARK = "Qwen3DSparkModel"
@@ -136,7 +136,7 @@ def check_target_layers(config: BlockDraftConfig, target: Any, source: Any) -> N
 
 
 def _shape(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """The Qwen3-like layer shape every layout shares."""
+    """The Qwen3-like layer shape every layout shares: EAGLE's, with the draft's layer count."""
     if raw.get("hidden_act", "silu") != "silu":
         raise ValueError(
             f"{folder / 'config.json'}: hidden_act {raw['hidden_act']!r}; hf-specdec runs block drafts "
@@ -149,31 +149,17 @@ def _shape(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
             f"hidden size {target_hidden} (target_hidden_size); hf-specdec runs drafts of the target's "
             "hidden size."
         )
-    try:
-        hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
+    what = "a block draft"
+    # A MuseGlimmer config records no vocab_size: 0 here, the target's once the loader has it.
+    shape = read_layer_shape({"vocab_size": 0, **raw}, folder, what)
+    with shape_errors(folder, what):
         return dict(
-            hidden_size=hidden,
-            vocab_size=int(raw["vocab_size"]) if "vocab_size" in raw else 0,
-            intermediate_size=int(raw["intermediate_size"]),
+            **shape,
             num_hidden_layers=int(raw["num_hidden_layers"]),
-            num_attention_heads=heads,
-            num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
-            head_dim=int(raw.get("head_dim") or hidden // max(heads, 1)),
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            rope_parameters=rope_from_config(raw, folder),
             max_position_embeddings=int(raw.get("max_position_embeddings") or 0),
             attention_bias=bool(raw.get("attention_bias", False)),
             target_num_layers=int(raw.get("num_target_layers") or 0),
         )
-    except KeyError as err:
-        raise ValueError(
-            f"{folder / 'config.json'} lacks {err.args[0]!r}: not a block draft config."
-        ) from None
-    except (TypeError, ValueError) as err:
-        raise ValueError(
-            f"{folder / 'config.json'} does not describe a block draft's shape: its sizes must be numbers "
-            f"({type(err).__name__}: {err})."
-        ) from None
 
 
 def _required(raw: dict[str, Any], name: str, folder: Path, *sections: dict[str, Any]) -> Any:

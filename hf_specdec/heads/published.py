@@ -19,6 +19,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +89,7 @@ def _eagle1(folder: Path, path: Path, state: dict[str, torch.Tensor], target: An
     config = head_config(
         EagleHeadConfig,
         dict(
-            **_llama_shape(raw, folder),
+            **read_layer_shape(raw, folder),
             target=str(raw.get("_name_or_path", "") or ""),
             fc_bias="fc.bias" in state,
             input_norm=False,  # the reference's layer 0 has no input norm
@@ -115,7 +117,7 @@ def _eagle3(
 ) -> nn.Module:
     raw = read_config(folder) if raw is None else raw
     text = target.config.get_text_config()
-    shape = _llama_shape(raw, folder)
+    shape = read_layer_shape(raw, folder)
     if raw.get("target_hidden_size", shape["hidden_size"]) != shape["hidden_size"]:
         raise ValueError(
             f"{folder / 'config.json'}: an EAGLE-3 head of hidden size {shape['hidden_size']} for a target "
@@ -274,28 +276,35 @@ def read_json_object(path: Path, what: str = "a JSON object") -> dict[str, Any]:
     return raw
 
 
-def _llama_shape(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """EagleHeadConfig's shape fields from a reference head's LlamaConfig-like `config.json`."""
-    try:
+def read_layer_shape(raw: dict[str, Any], folder: Path, what: str = "an EAGLE head") -> dict[str, Any]:
+    """The shape fields of EagleHeadConfig (which block drafts share) from the LlamaConfig- or
+    Qwen3Config-like `config.json` of a published head (`what`, for messages)."""
+    with shape_errors(folder, what):
         hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
         return dict(
             hidden_size=hidden,
             vocab_size=int(raw["vocab_size"]),
             num_attention_heads=heads,
             num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
-            head_dim=int(raw.get("head_dim") or hidden // max(heads, 1)),  # 0 heads: EagleHeadConfig says so
+            head_dim=int(raw.get("head_dim") or hidden // max(heads, 1)),  # 0 heads: the config says so
             intermediate_size=int(raw["intermediate_size"]),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),  # the reference's EConfig default
             rope_parameters=rope_from_config(raw, folder),
         )
+
+
+@contextmanager
+def shape_errors(folder: Path, what: str) -> Iterator[None]:
+    """A missing field or a size that is not a number, while reading the shape of `what` from
+    `folder`'s config.json, as an error naming the file."""
+    try:
+        yield
     except KeyError as err:
-        raise ValueError(
-            f"{folder / 'config.json'} lacks {err.args[0]!r}: not an EAGLE head config."
-        ) from None
+        raise ValueError(f"{folder / 'config.json'} lacks {err.args[0]!r}: not {what} config.") from None
     except (TypeError, ValueError) as err:  # int("x"), float(None)...
         raise ValueError(
-            f"{folder / 'config.json'} does not describe an EAGLE head's shape: its sizes and rms_norm_eps "
-            f"must be numbers ({type(err).__name__}: {err}). Fix the file, or download the head again."
+            f"{folder / 'config.json'} does not describe {what}'s shape: its sizes and rms_norm_eps must "
+            f"be numbers ({type(err).__name__}: {err}). Fix the file, or download the head again."
         ) from None
 
 
