@@ -34,7 +34,7 @@ from transformers.models.llama.modeling_llama import rotate_half
 from ..core.devices import module_weight
 from ..core.fields import check_fields
 from .eagle import check_attention_shape, rotary_embedding
-from .layers import MLP, RMSNorm, is_whole_vocab, vocab_rows
+from .layers import MLP, RMSNorm, is_whole_vocab, target_layer_shape, vocab_rows
 
 MARKOV_HEADS = ("vanilla", "gated")  # DeepSpec's `markov_head_type`s we run (its "rnn" is not)
 
@@ -140,27 +140,16 @@ class BlockDraftConfig:
         The mask token defaults to the target's pad token (else its last id): the block's masked
         positions embed it, and training teaches the draft what it stands for."""
         text = target.config.get_text_config()
-        heads = text.num_attention_heads
         if mask_token_id is None:
             pad = getattr(text, "pad_token_id", None)
             usable = isinstance(pad, int) and 0 <= pad < text.vocab_size
             mask_token_id = pad if usable else text.vocab_size - 1
         return cls(
-            hidden_size=text.hidden_size,
-            vocab_size=text.vocab_size,
-            intermediate_size=text.intermediate_size,
+            **target_layer_shape(target),
             num_hidden_layers=num_hidden_layers,
-            num_attention_heads=heads,
-            num_key_value_heads=getattr(text, "num_key_value_heads", None) or heads,
-            head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
-            rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6),
             block_size=block_size,
             mask_token_id=mask_token_id,
             target_layer_ids=list(target_layer_ids),
-            rope_parameters=dict(getattr(text, "rope_parameters", None) or {"rope_type": "default"}),
-            max_position_embeddings=int(getattr(text, "max_position_embeddings", 0) or 0),
-            target=str(getattr(target, "name_or_path", "") or ""),
-            target_num_layers=text.num_hidden_layers,
             **overrides,
         )
 

@@ -22,7 +22,7 @@ from transformers.utils import ModelOutput
 
 from ..core.devices import module_weight
 from ..core.fields import check_fields
-from .layers import DecoderLayer, RMSNorm, vocab_rows
+from .layers import DecoderLayer, RMSNorm, target_layer_shape, vocab_rows
 
 
 @dataclass
@@ -65,23 +65,7 @@ class EagleHeadConfig:
 
     @classmethod
     def for_target(cls, target: Any, draft_vocab_size: int = 0, **overrides: Any) -> EagleHeadConfig:
-        text = target.config.get_text_config()
-        heads = text.num_attention_heads
-        return cls(
-            hidden_size=text.hidden_size,
-            vocab_size=text.vocab_size,
-            num_attention_heads=heads,
-            num_key_value_heads=getattr(text, "num_key_value_heads", None) or heads,
-            head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
-            intermediate_size=text.intermediate_size,
-            rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6),
-            rope_parameters=dict(getattr(text, "rope_parameters", None) or {"rope_type": "default"}),
-            max_position_embeddings=int(getattr(text, "max_position_embeddings", 0) or 0),
-            target=str(getattr(target, "name_or_path", "") or ""),
-            target_num_layers=text.num_hidden_layers,
-            draft_vocab_size=draft_vocab_size,
-            **overrides,
-        )
+        return cls(**target_layer_shape(target), draft_vocab_size=draft_vocab_size, **overrides)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -1,4 +1,5 @@
-"""The one decoder layer an EAGLE head runs: Llama's, written out so that training can unroll it.
+"""The one decoder layer an EAGLE head runs: Llama's, written out so that training can unroll it;
+the pieces other heads share with it; and the fields a fresh head's config takes from its target.
 
 Attention takes an explicit boolean mask, so the same code serves drafting (a KV cache with
 holes, see `kv.RaggedKV`) and training-time test (queries of a later draft step attending to
@@ -6,6 +7,8 @@ keys of earlier steps).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -103,4 +106,34 @@ def vocab_rows(weight: torch.Tensor, draft_vocab: torch.Tensor) -> torch.Tensor:
 def is_whole_vocab(draft_vocab: torch.Tensor, vocab_size: int) -> bool:
     return len(draft_vocab) == vocab_size and bool(
         (draft_vocab == torch.arange(vocab_size, device=draft_vocab.device)).all()
+    )
+
+
+def target_fields(target: Any) -> dict[str, Any]:
+    """What every head config records of the target it is made for (`io.check_head_matches` compares
+    it): hidden and vocabulary sizes, name and layer count."""
+    text = target.config.get_text_config()
+    return dict(
+        hidden_size=text.hidden_size,
+        vocab_size=text.vocab_size,
+        target=str(getattr(target, "name_or_path", "") or ""),
+        target_num_layers=text.num_hidden_layers,
+    )
+
+
+def target_layer_shape(target: Any) -> dict[str, Any]:
+    """`target_fields` and the shape of the target's decoder layers, which a head with attention
+    layers of its own (EAGLE, block drafts) copies: head counts and widths, MLP width, norm
+    epsilon, rope parameters and context length."""
+    text = target.config.get_text_config()
+    heads = text.num_attention_heads
+    return dict(
+        **target_fields(target),
+        num_attention_heads=heads,
+        num_key_value_heads=getattr(text, "num_key_value_heads", None) or heads,
+        head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
+        intermediate_size=text.intermediate_size,
+        rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6),
+        rope_parameters=dict(getattr(text, "rope_parameters", None) or {"rope_type": "default"}),
+        max_position_embeddings=int(getattr(text, "max_position_embeddings", 0) or 0),
     )

@@ -18,7 +18,7 @@ from torch import nn
 
 from ..core.devices import module_weight
 from ..core.fields import check_fields
-from .layers import is_whole_vocab, vocab_rows
+from .layers import is_whole_vocab, target_fields, vocab_rows
 
 
 @dataclass
@@ -46,15 +46,7 @@ class MedusaHeadConfig:
 
     @classmethod
     def for_target(cls, target: Any, draft_vocab_size: int = 0, **overrides: Any) -> MedusaHeadConfig:
-        text = target.config.get_text_config()
-        return cls(
-            hidden_size=text.hidden_size,
-            vocab_size=text.vocab_size,
-            target=str(getattr(target, "name_or_path", "") or ""),
-            target_num_layers=text.num_hidden_layers,
-            draft_vocab_size=draft_vocab_size,
-            **overrides,
-        )
+        return cls(**target_fields(target), draft_vocab_size=draft_vocab_size, **overrides)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
