@@ -12,7 +12,7 @@ from torch import nn
 from ..core.devices import execution_device
 from ..hub.download import download_repo_files
 from .dflash import BlockDraftConfig
-from .dflash_published import check_target_layers, is_block_draft_folder, load_block_draft
+from .dflash_published import is_block_draft_folder, load_block_draft
 from .eagle import EagleHeadConfig
 from .io import (
     CONFIG_NAME,
@@ -86,8 +86,6 @@ def _load_ours(folder: Path, target: Any) -> nn.Module:
             f"expected {' or '.join(VARIANTS)}."
         )
     check_head_matches(config, target, str(folder))
-    if isinstance(config, BlockDraftConfig):
-        check_target_layers(config, target, folder)
     state = read_weights(folder / WEIGHTS_NAME)
     check_saved_head(folder)  # what still parses may have changed since it was saved
     head = build_head(config, target)

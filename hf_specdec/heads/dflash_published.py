@@ -108,7 +108,6 @@ def load_block_draft(folder: Path, target: Any) -> nn.Module:
         fields["vocab_size"] = target.config.get_text_config().vocab_size
     config = head_config(BlockDraftConfig, fields, folder / "config.json")
     check_head_matches(config, target, str(folder))
-    check_target_layers(config, target, folder)
     state = _read_safetensors(folder)
     head = build_head(config, target)
     ours = {"draft_vocab": head.draft_vocab}
@@ -120,16 +119,6 @@ def load_block_draft(folder: Path, target: Any) -> nn.Module:
         ours[name] = tensor
     load_state(head, ours, folder)
     return head
-
-
-def check_target_layers(config: BlockDraftConfig, target: Any, source: Any) -> None:
-    """Refuse a draft whose `target_layer_ids` this target does not have."""
-    layers = target.config.get_text_config().num_hidden_layers
-    if max(config.target_layer_ids) >= layers:
-        raise ValueError(
-            f"The block draft {source} reads target layers {config.target_layer_ids}, but this target has "
-            f"{layers} layers (0..{layers - 1}): it was trained for another model."
-        )
 
 
 # --- the layouts -------------------------------------------------------------------------------
@@ -281,7 +270,6 @@ def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
 
 __all__ = [
     "LAYOUTS",
-    "check_target_layers",
     "has_dspark_heads",
     "is_block_draft",
     "is_block_draft_folder",

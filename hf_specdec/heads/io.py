@@ -106,7 +106,8 @@ def _check_eagle3_layers(config: EagleHeadConfig, num_layers: int) -> None:
 
 
 def check_head_matches(config: Any, target: Any, source: Any) -> None:
-    """Refuse a head trained for another target, saying which dimension differs."""
+    """Refuse a head trained for another target, saying which dimension differs (for a block draft,
+    also the target layers it reads)."""
     text = target.config.get_text_config()
     trained_for = f" ({config.target})" if config.target else ""
     checks = [("hidden size", config.hidden_size, text.hidden_size)]
@@ -121,6 +122,12 @@ def check_head_matches(config: Any, target: Any, source: Any) -> None:
                 f"{target_value}. A head only drafts for the model it was trained on: train one with "
                 "`hf-specdec train-draft --target <this model>`."
             )
+    layers = text.num_hidden_layers
+    if isinstance(config, BlockDraftConfig) and max(config.target_layer_ids) >= layers:
+        raise ValueError(
+            f"The block draft {source} reads target layers {config.target_layer_ids}, but this target has "
+            f"{layers} layers (0..{layers - 1}): it was trained for another model."
+        )
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:

@@ -8,6 +8,7 @@ masks, its sliding-window rule), DSpark's heads against DeepSpec's formulas (`ma
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -21,7 +22,7 @@ from hf_specdec.heads.dflash import BlockDraft, BlockDraftConfig, attention_mask
 from hf_specdec.heads.io import build_head, save_head
 
 from ..conftest import tiny_llama
-from ..helpers.block_drafts import write_dspark, write_muse_glimmer, write_zlab
+from ..helpers.block_drafts import random_block_draft, write_dspark, write_muse_glimmer, write_zlab
 from .test_published import hub  # noqa: F401 (the local Hub fixture)
 
 
@@ -268,6 +269,33 @@ def test_a_draft_for_another_target_is_refused(tmp_path, target):
     folder = write_zlab(tmp_path / "draft", tiny_llama(0, vocab_size=80))
     with pytest.raises(ValueError, match=r"vocabulary size 80.*has 64"):
         load_head(folder, target)
+
+
+def _draft_for_four_layers(kind, folder):
+    """A block draft reading layer 3 of a 4-layer model (the fixture's sizes) that does not record
+    the model's layer count (as MuseGlimmer configs and older saves do not), given as `kind`."""
+    four = tiny_llama(0, layers=4)
+    if kind == "module":
+        head = random_block_draft(four, (0, 3))
+        head.config.target_num_layers = 0
+        return head
+    if kind == "ours":
+        config = dataclasses.replace(BlockDraftConfig.for_target(four, [0, 3]), target_num_layers=0)
+        return save_head(build_head(config, four), folder)
+    if kind == "muse-glimmer":
+        write_muse_glimmer(folder, four)  # reads layers 0 and L - 1
+        return folder
+    write = write_zlab if kind == "z-lab" else write_dspark
+    write(folder, four, target_layer_ids=(0, 3))
+    _edit_config(folder, num_target_layers=None)
+    return folder
+
+
+@pytest.mark.parametrize("kind", ["z-lab", "dspark", "muse-glimmer", "ours", "module"])
+def test_every_loader_refuses_a_draft_reading_layers_the_target_lacks(tmp_path, target, kind):
+    draft = _draft_for_four_layers(kind, tmp_path / "draft")
+    with pytest.raises(ValueError, match=r"reads target layers \[0, 3\], but this target has 2 layers"):
+        load_head(draft, target, method="dflash")
 
 
 def test_unexpected_tensors_are_named(tmp_path, target):
