@@ -214,13 +214,15 @@ def evaluate(
 ) -> dict[str, Any]:
     """Held-out estimate on the target's answers: per-position greedy acceptance and mean accepted length."""
     head.eval()
-    if config.method == "dflash":
-        return _evaluate_blocks(head, examples, to_draft)
+    verdicts = [_loss(head, [example], to_draft, config, judge=True)[1] for example in examples]
+    if config.method == "dflash":  # per example, (right, judged) [1, A, D] of its blocks
+        right = torch.cat([r.flatten(0, 1) for r, _ in verdicts])
+        judged = torch.cat([j.flatten(0, 1) for _, j in verdicts])
+        return acceptance(right, judged)
     correct_sum = None
     counted = 0
     accepted_total = 0.0
-    for example in examples:
-        _, correct = _loss(head, [example], to_draft, config)  # correct: [steps, T] over answer positions
+    for correct in verdicts:  # [steps, T] over answer positions
         if correct.shape[1] == 0:
             continue
         steps = correct.shape[0]
@@ -253,18 +255,19 @@ def evaluate(
 
 
 def _loss(
-    head: Any, batch: list[Example], to_draft: torch.Tensor, config: TrainConfig
+    head: Any, batch: list[Example], to_draft: torch.Tensor, config: TrainConfig, judge: bool = False
 ) -> tuple[torch.Tensor, Any]:
-    """Training loss of a batch; for a batch of one, also which steps got which answer positions
-    right, [steps, T]: a draft started at t is judged at column t for its first token, t + 1 for
-    its second, and so on (what `evaluate` reads). Block drafts judge their blocks instead."""
+    """Training loss of a batch; with `judge` (for `evaluate`, a batch of one), also which drafts
+    were right. For a chain or Medusa, which steps got which answer positions right, [steps, T]: a
+    draft started at t is judged at column t for its first token, t + 1 for its second, and so on.
+    For a block draft, blocks anchored at every answer position (`judge`) or at `config.anchors`
+    random ones, and which of their positions were right and which were judged, [B, A, D] each."""
     ids, features, labels, valid, answer = _stack(batch, head)
-    judge = len(batch) == 1
     losses, correct = [], []
     if config.method == "dflash":
         gamma = loss_decay(config.block_size)
         loss, right, judged = block_loss(
-            head, ids, features, to_draft[labels], valid, answer, config.anchors, gamma
+            head, ids, features, to_draft[labels], valid, answer, config.anchors, gamma, every_anchor=judge
         )
         return loss, (right, judged)
     if config.method in ("eagle", "mtp"):
@@ -299,19 +302,6 @@ def _loss(
                 correct.append(hit)
     hits = torch.stack(correct)[:, answer[0, 1:]].cpu() if correct else torch.zeros(0, 0, dtype=torch.bool)
     return sum(losses), hits
-
-
-def _evaluate_blocks(head: Any, examples: list[Example], to_draft: torch.Tensor) -> dict[str, Any]:
-    """`evaluate` for block drafts: a block anchored at every answer position of every example."""
-    rights, judged = [], []
-    for example in examples:
-        ids, features, labels, valid, answer = _stack([example], head)
-        _, right, inside = block_loss(
-            head, ids, features, to_draft[labels], valid, answer, 0, 1.0, every_anchor=True
-        )
-        rights.append(right.flatten(0, 1))
-        judged.append(inside.flatten(0, 1))
-    return acceptance(torch.cat(rights), torch.cat(judged))
 
 
 def _cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ from hf_specdec.heads.checkpoint import load_head
 from hf_specdec.train import train_draft
 from hf_specdec.train.data import MIN_TOKENS, Sequence, build_sequences, load_prompts
 from hf_specdec.train.features import target_features
-from hf_specdec.train.trainer import TrainConfig, _index_of, _loss, _new_head, train_head
+from hf_specdec.train.trainer import TrainConfig, _index_of, _loss, _new_head, feature_layers, train_head
 
 from ..conftest import assert_greedy_match, random_batch, tiny_llama
 
@@ -76,6 +76,34 @@ def test_training_lowers_the_loss_and_saves_a_lossless_head(target, examples, me
     kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=32, do_sample=False)
     plain = target.generate(**kwargs)
     spec = target.generate(**kwargs, speculative=dict(method=method, draft=str(tmp_path), num_draft_tokens=3))
+    assert_greedy_match(target, plain, spec, attention_mask)
+
+
+def test_a_block_draft_learns_and_drafts_losslessly(target, examples, tmp_path):
+    """DFlash training: blocks anchored in the answers, a held-out estimate per block position."""
+    config = TrainConfig(
+        method="dflash", minutes=5, max_steps=60, draft_vocab_size=48, block_size=4, draft_layers=1, anchors=8
+    )
+    sequences = [Sequence(e.ids, e.answer_start) for e in examples]
+    examples = target_features(target, sequences, layers=feature_layers(target, config))  # layer 0 read
+    head = _new_head(target, examples, config)
+    to_draft = _index_of(head.draft_vocab, 64)
+    torch.manual_seed(0)  # the same random anchors before and after
+    with torch.no_grad():
+        before = float(_loss(head, examples[:16], to_draft, config)[0])
+    log = train_head(target, examples, tmp_path, config)
+    trained = load_head(str(tmp_path), target, method="dflash")
+    torch.manual_seed(0)
+    with torch.no_grad():
+        after = float(_loss(trained.float(), examples[:16], to_draft, config)[0])
+    assert after < 0.8 * before, (before, after)
+    estimate = log["history"][-1]
+    assert len(estimate["acceptance"]) == 3 and 1.0 <= estimate["tau"] <= 4.0
+
+    input_ids, attention_mask = random_batch(seed=42, batch=3)
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=32, do_sample=False)
+    plain = target.generate(**kwargs)
+    spec = target.generate(**kwargs, speculative=dict(method="dflash", draft=str(tmp_path)))
     assert_greedy_match(target, plain, spec, attention_mask)
 
 
