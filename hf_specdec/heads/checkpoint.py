@@ -52,12 +52,12 @@ def load_head(source: Any, target: Any, method: str | None = None) -> nn.Module:
             head = load_block_draft(folder, target)
         else:
             head = load_published(folder, target)
-    kind = head.config.method
+    kind, name = head.config.method, type(source).__name__ if isinstance(source, nn.Module) else str(source)
     if method is not None and kind != method:
         raise ValueError(
-            f"{source!r} is a {kind} head, not a {method} head: use SpeculativeConfig(method={kind!r})."
+            f"{name!r} is a {kind} head, not a {method} head: use SpeculativeConfig(method={kind!r})."
         )
-    check_head_matches(head.config, target, source)
+    check_head_matches(head.config, target, name)  # a module's name, not its whole listing
     return head.to(device=execution_device(target)).eval()
 
 
