@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
-from ..loading import DTYPE_CHOICES
+# `hf_specdec.loading.DTYPE_CHOICES`, written out so that `--help` need not import the library
+# (tests/test_cli.py checks the two agree).
+DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
 
 
 def add_runtime_options(parser: argparse.ArgumentParser) -> None:
@@ -27,7 +27,10 @@ def add_runtime_options(parser: argparse.ArgumentParser) -> None:
 
 
 def device(value: str) -> str:
-    """An argparse type: a device torch knows and this machine has (refused before a model loads)."""
+    """An argparse type: a device torch knows and this machine has (refused before a model loads).
+    argparse calls it only for a `--device` given, so torch is imported only then."""
+    import torch
+
     try:
         parsed = torch.device(value)
     except RuntimeError as err:

@@ -6,10 +6,23 @@ import argparse
 import json
 import sys
 
-from ..drafters import DRAFTERS
-
-# Every registered drafter: hf_specdec/serving/plans.py serves each or refuses it with what to use.
-METHODS = ("auto", *DRAFTERS)
+# "auto" and every drafter `hf_specdec.drafters` registers, written out so that `--help` need not
+# import the library (tests/serving/test_cli.py checks the two agree); hf_specdec/serving/plans.py
+# serves each or refuses it with what to use.
+METHODS = (
+    "auto",
+    "draft_model",
+    "assistant",
+    "dflash",
+    "dspark",
+    "eagle",
+    "medusa",
+    "mtp",
+    "ngram",
+    "onnx",
+    "quantized",
+    "suffix",
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -47,9 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # Imported here: the CLI imports every command to build its parser, and `hf-specdec demo` should
-    # not pay for loading the serving exporter and everything it reads.
-    from ..serving import ServingExportError, command_line, export_serving
+    from hf_specdec.serving import ServingExportError, command_line, export_serving
 
     try:
         result = export_serving(
