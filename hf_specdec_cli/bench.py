@@ -7,11 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from .options import add_runtime_options
-
-# The keys of `hf_specdec.bench.suites.SUITES`, written out so that `--help` need not import the
-# library (tests/test_cli.py checks the two agree).
-SUITE_NAMES = ("specbench", "specbench-quick", "specbench-train", "mtbench", "humaneval", "builtin")
+from .options import add_runtime_options, one_of
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -41,7 +37,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
-        "--suite", default="builtin", choices=SUITE_NAMES, help="prompt suite (default: builtin)"
+        "--suite",
+        default="builtin",
+        type=one_of("hf_specdec.bench.suites:SUITES", "builtin"),
+        help="prompt suite: specbench, specbench-quick, mtbench, humaneval ... (default: builtin)",
     )
     source.add_argument("--prompts", type=Path, default=None, help="a JSONL file with a 'prompt' per line")
     parser.add_argument(

@@ -6,23 +6,7 @@ import argparse
 import json
 import sys
 
-# "auto" and every drafter `hf_specdec.drafters` registers, written out so that `--help` need not
-# import the library (tests/serving/test_cli.py checks the two agree); hf_specdec/serving/plans.py
-# serves each or refuses it with what to use.
-METHODS = (
-    "auto",
-    "draft_model",
-    "assistant",
-    "dflash",
-    "dspark",
-    "eagle",
-    "medusa",
-    "mtp",
-    "ngram",
-    "onnx",
-    "quantized",
-    "suffix",
-)
+from .options import one_of
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,7 +20,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("model", metavar="MODEL", help="the target: a Hub repo id or a local folder")
     parser.add_argument("--engine", choices=["vllm", "sglang"], required=True)
     parser.add_argument(
-        "--method", choices=METHODS, default="auto", help="default: what speculative=True picks for MODEL"
+        "--method",
+        default="auto",
+        type=one_of("hf_specdec.drafters:DRAFTERS", "auto"),
+        help="a drafter's name (ngram, eagle, mtp ...; default auto: what speculative=True picks for MODEL)",
     )
     parser.add_argument("--draft", default=None, help="draft model (draft_model) or ONNX folder (onnx)")
     parser.add_argument("--head", default=None, help="draft head folder (eagle), ours or published")

@@ -3,10 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+from collections.abc import Callable
 
-# `hf_specdec.loading.DTYPE_CHOICES`, written out so that `--help` need not import the library
-# (tests/test_cli.py checks the two agree).
-DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
+
+def one_of(names: str, default: str) -> Callable[[str], str]:
+    """An argparse type: `default`, or a name the library lists (`names`: "module:ATTRIBUTE"), read
+    only for an option given: importing the library takes seconds, and neither `--help` nor an
+    error in another argument should wait for it (argparse passes string defaults through too)."""
+    module, attribute = names.split(":")
+
+    def check(value: str) -> str:
+        if value == default:
+            return value
+        choices = list(dict.fromkeys([default, *getattr(importlib.import_module(module), attribute)]))
+        if value not in choices:
+            raise argparse.ArgumentTypeError(f"{value!r} is none of {', '.join(choices)}")
+        return value
+
+    check.__name__ = attribute.lower()  # how argparse names the type in its messages
+    return check
 
 
 def add_runtime_options(parser: argparse.ArgumentParser) -> None:
@@ -14,9 +30,9 @@ def add_runtime_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype",
         default="auto",
-        choices=DTYPE_CHOICES,
-        help="model dtype (default auto: the checkpoint's own, float32 for a bf16/fp16 checkpoint on a "
-        "CPU without native bf16)",
+        type=one_of("hf_specdec.loading:DTYPE_CHOICES", "auto"),
+        help="model dtype, e.g. bfloat16 (default auto: the checkpoint's own, float32 for a bf16/fp16 "
+        "checkpoint on a CPU without native bf16)",
     )
     parser.add_argument(
         "--device",

@@ -5,11 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from .options import add_runtime_options
-
-# `hf_specdec.heads.TRAINED_METHODS`, written out so that `--help` need not import the library
-# (tests/test_cli.py checks the two agree).
-TRAINED_METHODS = ("eagle", "medusa", "dflash", "mtp")
+from .options import add_runtime_options, one_of
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,7 +18,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--target", default=None, help="model folder or Hub id (default: the demo model)")
     add_runtime_options(parser)
-    parser.add_argument("--method", choices=TRAINED_METHODS, default="eagle")
+    parser.add_argument(
+        "--method",
+        default="eagle",
+        type=one_of("hf_specdec.heads:TRAINED_METHODS", "eagle"),
+        help="eagle (default), medusa, mtp or dflash",
+    )
     parser.add_argument("--out", required=True, help="folder for the head, its log and checkpoints")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--suite", default=None, help="prompt suite (default: specbench-train)")
