@@ -195,22 +195,7 @@ LAYERS: dict[str, set[str]] = {
     # vLLM, SGLang
     "serving": {"bench", "core", "drafters", "heads", "hub", "loading", "selection", "version"},
     "__init__": {"config", "core", "demo_model", "drafters", "integration", "memory", "selection", "version"},
-    "commands": {
-        "__init__",
-        "bench",
-        "config",
-        "core",
-        "drafters",
-        "heads",
-        "loading",
-        "lossless",
-        "ort",
-        "selection",
-        "serving",
-        "train",
-        "version",
-    },
-    "cli": {"commands", "version"},
+    "cli": set(),  # python -m hf_specdec.cli: the command line is hf_specdec_cli, beside the package
 }
 
 

@@ -19,11 +19,11 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from hf_specdec.commands.demo import DEMO_PROMPTS
 from hf_specdec.drafters.draft_model import load_draft
 from hf_specdec.loading import encode_prompts, load_model, pad_token_id
 from hf_specdec.lossless import MISMATCH, TIE, check_greedy, count_kinds
 from hf_specdec.ort.cache import quantized_copy
+from hf_specdec_cli.demo import DEMO_PROMPTS
 
 pytestmark = pytest.mark.slow
 

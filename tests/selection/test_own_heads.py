@@ -61,7 +61,7 @@ def test_layers_that_do_not_load_leave_the_choice_to_the_next(tmp_path):
 
 
 def test_select_command_names_the_own_layers(folder, capsys):
-    from hf_specdec.commands import select
+    from hf_specdec_cli import select
 
     parser = argparse.ArgumentParser()
     select.register(parser.add_subparsers())

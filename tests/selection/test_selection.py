@@ -290,7 +290,7 @@ def test_loaded_model_target_and_load_draft(hub: HubServer, tmp_path: Path) -> N
 
 def _select_cli(argv: list[str]) -> int:
     """`hf-specdec select ...` through the select command's own parser."""
-    from hf_specdec.commands import select
+    from hf_specdec_cli import select
 
     parser = argparse.ArgumentParser()
     select.register(parser.add_subparsers())
@@ -331,7 +331,7 @@ def test_cli_text_lists_published_heads_offline(
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("hf_specdec.commands.demo") is None, reason="hf_specdec.cli needs every command"
+    importlib.util.find_spec("hf_specdec_cli.demo") is None, reason="hf_specdec.cli needs every command"
 )
 def test_cli_main(capsys: pytest.CaptureFixture[str]) -> None:
     from hf_specdec.cli import main

@@ -4,21 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
-import hf_specdec  # the package: importing it adds `speculative=` to generate()
-
-from ..bench.machine import OtherProcesses, busy_note
-from ..core.timing import clock
-from ..loading import (
-    describe_runtime,
-    encode_prompts,
-    load_model,
-    pad_token_id,
-    runtime_line,
-    use_chat_template,
-)
-from ..lossless import MISMATCH, bound_formula, check_greedy, count_kinds
 from .options import add_runtime_options
+
+if TYPE_CHECKING:
+    from hf_specdec import SpeculativeStats
 
 # Prompts written for the demo: two whose answers copy from their input (where lookup drafting
 # shines) and one open question (where it must not cost anything). SmolLM2-135M does copy these two
@@ -56,6 +47,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import hf_specdec  # the package: importing it adds `speculative=` to generate()
+    from hf_specdec.bench.machine import OtherProcesses, busy_note
+    from hf_specdec.core.timing import clock
+    from hf_specdec.loading import describe_runtime, load_model, runtime_line
+    from hf_specdec.lossless import MISMATCH, bound_formula, check_greedy, count_kinds
+
     path = args.model or hf_specdec.demo_model_path()
     print(f"Loading {path}")
     model, tokenizer = load_model(path, dtype=args.dtype, device=args.device)
@@ -130,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     return 1 if counts["mismatch"] else 0
 
 
-def _acceptance(stats: hf_specdec.SpeculativeStats) -> str:
+def _acceptance(stats: SpeculativeStats) -> str:
     """Acceptance and τ, or that nothing was drafted (τ, tokens per speculative step, has none then)."""
     if not stats.speculative_steps:
         return "no draft verified: plain decoding throughout"
@@ -138,6 +135,8 @@ def _acceptance(stats: hf_specdec.SpeculativeStats) -> str:
 
 
 def _encode(tokenizer, model, prompt: str):
+    from hf_specdec.loading import encode_prompts, pad_token_id, use_chat_template
+
     return encode_prompts(
         tokenizer, [prompt], use_chat_template(tokenizer), pad_token_id(tokenizer, model), model.device
     )

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..heads import TRAINED_METHODS
-from ..train import TrainConfig, train_draft
-from .options import add_runtime_options
+from .options import add_runtime_options, one_of
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -20,7 +18,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--target", default=None, help="model folder or Hub id (default: the demo model)")
     add_runtime_options(parser)
-    parser.add_argument("--method", choices=list(TRAINED_METHODS), default="eagle")
+    parser.add_argument(
+        "--method",
+        default="eagle",
+        type=one_of("hf_specdec.heads:TRAINED_METHODS", "eagle"),
+        help="eagle (default), medusa, mtp or dflash",
+    )
     parser.add_argument("--out", required=True, help="folder for the head, its log and checkpoints")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--suite", default=None, help="prompt suite (default: specbench-train)")
@@ -62,6 +65,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hf_specdec.train import TrainConfig, train_draft
+
     config = TrainConfig(
         method=args.method,
         minutes=args.minutes,

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from ..ort import export_onnx_report
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -25,6 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hf_specdec.ort import export_onnx_report
+
     report = export_onnx_report(
         args.model, args.out, dtype=args.dtype, quantize=args.quantize, progress=not args.quiet
     )

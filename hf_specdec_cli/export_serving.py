@@ -6,10 +6,7 @@ import argparse
 import json
 import sys
 
-from ..drafters import DRAFTERS
-
-# Every registered drafter: hf_specdec/serving/plans.py serves each or refuses it with what to use.
-METHODS = ("auto", *DRAFTERS)
+from .options import one_of
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,7 +20,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("model", metavar="MODEL", help="the target: a Hub repo id or a local folder")
     parser.add_argument("--engine", choices=["vllm", "sglang"], required=True)
     parser.add_argument(
-        "--method", choices=METHODS, default="auto", help="default: what speculative=True picks for MODEL"
+        "--method",
+        default="auto",
+        type=one_of("hf_specdec.drafters:DRAFTERS", "auto"),
+        help="a drafter's name (ngram, eagle, mtp ...; default auto: what speculative=True picks for MODEL)",
     )
     parser.add_argument("--draft", default=None, help="draft model (draft_model) or ONNX folder (onnx)")
     parser.add_argument("--head", default=None, help="draft head folder (eagle), ours or published")
@@ -47,9 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # Imported here: the CLI imports every command to build its parser, and `hf-specdec demo` should
-    # not pay for loading the serving exporter and everything it reads.
-    from ..serving import ServingExportError, command_line, export_serving
+    from hf_specdec.serving import ServingExportError, command_line, export_serving
 
     try:
         result = export_serving(

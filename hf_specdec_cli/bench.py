@@ -7,11 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from hf_specdec.bench import run_bench, save, to_markdown
-from hf_specdec.bench.suites import SUITES
-from hf_specdec.heads import TRAINED_METHODS
-
-from .options import add_runtime_options
+from .options import add_runtime_options, one_of
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -41,7 +37,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
-        "--suite", default="builtin", choices=list(SUITES), help="prompt suite (default: builtin)"
+        "--suite",
+        default="builtin",
+        type=one_of("hf_specdec.bench.suites:SUITES", "builtin"),
+        help="prompt suite: specbench, specbench-quick, mtbench, humaneval ... (default: builtin)",
     )
     source.add_argument("--prompts", type=Path, default=None, help="a JSONL file with a 'prompt' per line")
     parser.add_argument(
@@ -91,6 +90,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hf_specdec.bench import run_bench, save, to_markdown
+
     try:
         _check_outputs(args.out, args.markdown)  # before the run, not after it: its figures would be lost
         result = run_bench(
@@ -151,6 +152,8 @@ def _split(text: str | None) -> list[str]:
 
 
 def _heads(values: list[str]) -> dict[str, str]:
+    from hf_specdec.heads import TRAINED_METHODS
+
     heads = {}
     for value in values:
         method, sep, folder = value.partition("=")

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hf_specdec.selection.select import DraftChoice, DraftSelectionError, select_draft
+if TYPE_CHECKING:
+    from hf_specdec.selection.select import DraftChoice
 
 
 def register(subparsers: Any) -> None:
@@ -27,6 +28,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hf_specdec.selection.select import DraftSelectionError, select_draft
+
     try:
         choice = select_draft(
             args.target, token=args.token, revision=args.revision, trust_remote_code=args.trust_remote_code

@@ -1,0 +1,101 @@
+"""The `hf-specdec` command line answers `--help` and argument errors without importing torch,
+transformers or `hf_specdec` (whose import adds `speculative=` to generate() and takes seconds)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hf_specdec import cli
+from hf_specdec_cli import build_parser, main
+
+from .conftest import child_env
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Runs the console script's entry point (read from pyproject.toml, so a script pointed back into
+# `hf_specdec` fails here) on each argv, then reports the exit codes and the heavy modules loaded.
+# The last argv is the control: `--device` is checked with torch, so torch must show up after it.
+_CHILD = """
+import importlib, json, sys, tomllib
+entry = tomllib.load(open("pyproject.toml", "rb"))["project"]["scripts"]["hf-specdec"]
+module, _, name = entry.partition(":")
+main = getattr(importlib.import_module(module), name)
+
+def heavy():
+    return sorted({m.split(".")[0] for m in sys.modules} & {"torch", "transformers", "hf_specdec"})
+
+codes = []
+for argv in json.loads(sys.argv[1]):
+    try:
+        codes.append(main(argv))
+    except SystemExit as exit_:
+        codes.append(exit_.code)
+    print(json.dumps({"argv": argv, "code": codes[-1], "heavy": heavy()}), file=sys.stderr)
+"""
+
+
+def _subcommands() -> list[str]:
+    (action,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return list(action.choices)
+
+
+def test_help_and_argument_errors_import_neither_torch_nor_the_library():
+    cases = [
+        (["--help"], 0),
+        ([], 2),  # no command: the help, exit 2
+        *(([sub, "--help"], 0) for sub in _subcommands()),
+        (["--bogus"], 2),
+        (["bench", "--bogus"], 2),
+        (["demo", "--max-new-tokens", "many"], 2),
+        (["export-serving", "some/model"], 2),  # --engine and --out are required
+        (["train-draft", "--out", "x", "--minutes", "soon"], 2),
+    ]
+    control = (["demo", "--device", "cpu", "--help"], 0)
+    argvs = [argv for argv, _ in [*cases, control]]
+    child = subprocess.run(
+        [sys.executable, "-c", _CHILD, json.dumps(argvs)],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    reports = [json.loads(line) for line in child.stderr.splitlines() if line.startswith('{"argv"')]
+    assert [r["argv"] for r in reports] == argvs, child.stderr
+    for report, (_, code) in zip(reports, [*cases, control]):
+        assert report["code"] == code, report
+    loaded = {tuple(r["argv"]): r["heavy"] for r in reports}
+    assert all(not loaded[tuple(argv)] for argv, _ in cases), loaded
+    assert "torch" in loaded[tuple(control[0])], "the control imports torch: the check must see it"
+
+
+@pytest.mark.parametrize(
+    "argv, names",
+    [
+        (["bench", "--suite", "nope"], "hf_specdec.bench.suites:SUITES"),
+        (["train-draft", "--out", "x", "--method", "nope"], "hf_specdec.heads:TRAINED_METHODS"),
+        (["export-serving", "m", "--engine", "vllm", "--method", "nope"], "hf_specdec.drafters:DRAFTERS"),
+        (["demo", "--dtype", "nope"], "hf_specdec.loading:DTYPE_CHOICES"),
+    ],
+)
+def test_a_name_the_library_does_not_list_is_refused_with_the_librarys_names(argv, names, capsys):
+    """The choices are the library's own lists, read when the option is given (not copied here): such
+    an error waits for the library's import, the others do not."""
+    module, attribute = names.split(":")
+    listed = getattr(importlib.import_module(module), attribute)
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "'nope' is none of" in err, err
+    assert all(name in err for name in listed), err
+
+
+def test_python_m_hf_specdec_cli_runs_the_same_command():
+    assert cli.main is main
