@@ -38,6 +38,7 @@ import torch
 
 import hf_specdec
 from hf_specdec.bench.regimes import PROFILES, REAL, emulate, host_clock, priced
+from hf_specdec.bench.result import tokens_per_verify_forward
 from hf_specdec.bench.suites import load_prompt_file, load_suite
 from hf_specdec.core.policy import DeviceCosts
 from hf_specdec.core.timing import clock
@@ -199,7 +200,7 @@ def _record(out: Any, inputs: dict[str, torch.Tensor], eos: set[int], seconds: f
         "id": prompt.id,
         "category": prompt.category,
         "new_tokens": stop,
-        "forwards": stats.target_forwards if stats is not None else stop,
+        "forwards": stats.target_forwards if stats is not None else stop,  # plain: one a token
         "seconds": seconds,
         "draft_seconds": stats.draft_seconds if stats is not None else 0.0,
     }
@@ -235,7 +236,8 @@ def summarize(report: dict[str, Any], skip: int) -> str:
         forwards = sum(c["forwards"] for c in kept)
         seconds = sum(c["seconds"] for c in kept)
         kinds = [c.get("lossless") for c in kept]
-        return len(kept), tokens / forwards, tokens / seconds, kinds.count("tie"), kinds.count("mismatch")
+        per_forward = tokens_per_verify_forward(tokens, forwards, len(kept))
+        return len(kept), per_forward, tokens / seconds, kinds.count("tie"), kinds.count("mismatch")
 
     for category in [None, *categories]:
         base = totals("ngram", category) if "ngram" in calls else None

@@ -218,13 +218,19 @@ def test_real_call_stats_invariants(target, target_no_eos, good_draft, case):
     assert stats.emitted == generated
     if eos is None:
         assert stats.emitted == batch * new
-        # Drafts never run past max_new_tokens, so without EOS nothing is cut: each row-step
-        # emits exactly its accepted drafts plus one token of the target's.
-        assert stats.emitted == stats.steps + stats.accepted
+        # Drafts never run past max_new_tokens, so without EOS nothing is cut: the prompt's forward
+        # gives each row its first token and is no step; each row-step then emits exactly its
+        # accepted drafts plus one token of the target's, so the mean accepted length is the tokens
+        # a row gained per verify forward.
+        assert stats.emitted == batch + stats.steps + stats.accepted
+        assert stats.mean_accepted_length == pytest.approx((stats.emitted - batch) / stats.steps)
     # Each row-step emits between 1 and accepted + 1 tokens (fewer only when cut at EOS / max length).
-    assert stats.emitted <= stats.steps + stats.accepted
+    assert stats.emitted <= batch + stats.steps + stats.accepted
     assert stats.steps >= batch
-    assert 1 <= stats.target_forwards <= stats.steps
+    # Every forward after the prompt's verifies a step of each row it holds, at least one.
+    assert stats.target_forwards - 1 <= stats.steps <= batch * (stats.target_forwards - 1)
+    if batch == 1:
+        assert stats.steps == stats.target_forwards - 1
     assert stats.draft_seconds >= 0 and stats.verify_seconds > 0
     if spec["num_draft_tokens"] == "auto":
         assert len(stats.draft_lengths) == stats.target_forwards
