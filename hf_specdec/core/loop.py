@@ -143,7 +143,10 @@ def speculative_decode(
     # past its end cached: the cache handed back holds each row's sequence but its last token, as
     # plain decoding's does, so that a next turn can continue it.
     target.truncate(out.cached_lengths(cached_rows))
+    finishing = clock(device)
     drafter.finish(*out.sequences())  # what a drafter learning across calls keeps of this one
+    stats.finish_seconds = clock(device) - finishing
+    stats.drafter_counters = dict(drafter.counters())
     return out.finish(stats, target.finished_cache())
 
 

@@ -47,6 +47,8 @@ class SpeculativeStats:
     emitted: int = 0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
+    # The drafter's end-of-call work (`Drafter.finish`: a corpus's add), timed by the loop.
+    finish_seconds: float = 0.0
     tree_steps: int = 0
     tree_depth: int = 0
     position_drafted: list[int] = field(default_factory=list)
@@ -60,6 +62,9 @@ class SpeculativeStats:
     draft_lengths: list[int] = field(default_factory=list)
     verified_widths: list[int] = field(default_factory=list)
     verify_times: list[float | None] = field(default_factory=list)
+    # The drafter's own counters of the call (`Drafter.counters`: e.g. `suffix`'s corpus drafts),
+    # by name; summed across calls by `merge`.
+    drafter_counters: dict[str, int] = field(default_factory=dict)
 
     def record_forward(
         self, asked: int, width: int, draft_seconds: float = 0.0, verify_seconds: float | None = None
@@ -149,6 +154,8 @@ class SpeculativeStats:
             mine.extend([0] * (len(theirs) - len(mine)))
             for i, count in enumerate(theirs):
                 mine[i] += count
+        for name, count in other.drafter_counters.items():
+            self.drafter_counters[name] = self.drafter_counters.get(name, 0) + count
         self.method = self.method or other.method
         self.translation = self.translation or other.translation
         self.selection = self.selection or other.selection
@@ -169,6 +176,7 @@ class SpeculativeStats:
             # The counts behind it: what `hf-specdec export-serving --from-bench` reads back.
             "position_drafted": list(self.position_drafted),
             "position_accepted": list(self.position_accepted),
+            "drafter_counters": dict(self.drafter_counters),
         }
 
     def __str__(self) -> str:
@@ -187,7 +195,7 @@ class SpeculativeStats:
         )
 
 
-# Counters that add up across calls (everything but the method and the per-position lists).
+# Counters that add up across calls (but the method, the per-position lists and the drafter's own).
 _SUMMED = (
     "target_forwards",
     "steps",
@@ -200,4 +208,5 @@ _SUMMED = (
     "emitted",
     "draft_seconds",
     "verify_seconds",
+    "finish_seconds",
 )

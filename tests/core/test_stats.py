@@ -114,6 +114,19 @@ def test_merge_equals_recording_everything(left, right):
     check_invariants(a)
 
 
+def test_merge_adds_up_the_drafters_own_counters_by_name():
+    a, b = recorded([(1, 1)]), recorded([(1, 0)])
+    a.drafter_counters, a.finish_seconds = {"corpus_drafting": 1, "corpus_drafts": 3}, 0.25
+    b.drafter_counters, b.finish_seconds = {"corpus_drafts": 2, "other": 5}, 0.5
+    a.merge(b)
+    assert a.drafter_counters == {"corpus_drafting": 1, "corpus_drafts": 5, "other": 5}
+    assert a.finish_seconds == pytest.approx(0.75)
+    assert b.drafter_counters == {"corpus_drafts": 2, "other": 5}  # the other's are not modified
+    fresh = SpeculativeStats()
+    fresh.merge(b)
+    assert fresh.drafter_counters == b.drafter_counters
+
+
 def test_merge_keeps_own_method():
     a, b = recorded([(1, 1)], method="draft_model"), recorded([(1, 0)], method="ngram")
     a.merge(b)
@@ -122,6 +135,7 @@ def test_merge_keeps_own_method():
 
 def test_to_dict_is_json_and_consistent():
     stats = recorded(STEP_TABLES["mixed"], method="ngram")
+    stats.drafter_counters, stats.finish_seconds = {"corpus_drafts": 4}, 0.125
     d = stats.to_dict()
     json.dumps(d)
     assert d["method"] == "ngram"
@@ -133,6 +147,8 @@ def test_to_dict_is_json_and_consistent():
         "drafted",
         "accepted",
         "emitted",
+        "finish_seconds",
+        "drafter_counters",
     ):
         assert d[name] == getattr(stats, name)
     assert d["acceptance_rate"] == stats.acceptance_rate
