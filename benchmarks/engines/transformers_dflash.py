@@ -32,6 +32,7 @@ import torch
 from transformers import MuseGlimmerAssistantConfig
 from transformers.models.muse_glimmer_assistant import MuseGlimmerAssistantModel
 
+from hf_specdec.bench.result import tokens_per_verify_forward
 from hf_specdec.bench.runner import _new_tokens, _select_prompts
 from hf_specdec.heads.checkpoint import load_head
 from hf_specdec.heads.layouts import check_dflash_layout
@@ -168,7 +169,7 @@ def measure(args: argparse.Namespace) -> str:
                 seconds, forwards, out = _run(target, inputs, args.max_new_tokens, rows[row])
                 tokens = sum(len(t) for t in _new_tokens(out, inputs, eos))
                 best[row] = min(best[row], seconds / tokens)
-                per_forward[row].append(tokens / max(1, forwards - 1))  # the prompt's forward left out
+                per_forward[row].append(tokens_per_verify_forward(tokens, forwards))
                 outputs.setdefault(row, out)
         for row in names:
             per_token[row].append(best[row])

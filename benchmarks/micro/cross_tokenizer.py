@@ -13,7 +13,8 @@ a fixed draft length `--k`; transformers' own universal assisted decoding (`assi
 
 One-offs of a process (pairing the two vocabularies, a model's first forward) are paid before
 timing. Reported per row: outputs against plain greedy (`lossless.check_greedy`: identical / rounding tie /
-mismatch), target forwards, tokens per target forward (τ), acceptance, the draft's forwards, and
+mismatch), target forwards, tokens per target forward (`tokens_per_verify_forward`: τ),
+acceptance, the draft's forwards, and
 seconds per generated token on two clocks: the real one (wall time of the machine as it is: note
 its load), and the `flat` profile's virtual one (`bench.regimes`: a device where a target forward
 costs one step whatever it verifies, +1% per extra token), where each draft forward is priced at
@@ -38,6 +39,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf_specdec import demo_model_path
 from hf_specdec.bench.regimes import PROFILES, REAL, emulate, host_clock, priced
+from hf_specdec.bench.result import tokens_per_verify_forward
 from hf_specdec.bench.suites import load_suite, take_per_category
 from hf_specdec.demo_model import gemma_model_path
 from hf_specdec.loading import describe_runtime, runtime_line
@@ -182,10 +184,15 @@ def _sum(records: list[dict[str, Any]], key: str) -> float:
     return sum(r[key] or 0 for r in records if "error" not in r)
 
 
+def _tau(done: list[dict[str, Any]]) -> float:
+    """Tokens per target forward over the calls that ran."""
+    return tokens_per_verify_forward(_sum(done, "tokens"), _sum(done, "target_forwards"), len(done))
+
+
 def _brief(records: list[dict[str, Any]]) -> str:
     done = [r for r in records if "error" not in r]
     failed = f", failed x{len(records) - len(done)}" if len(done) < len(records) else ""
-    return f"tau {_sum(done, 'tokens') / max(_sum(done, 'target_forwards'), 1):.2f}{failed}"
+    return f"tau {_tau(done):.2f}{failed}"
 
 
 def markdown(report: dict[str, Any], args: argparse.Namespace) -> str:
@@ -219,7 +226,7 @@ def markdown(report: dict[str, Any], args: argparse.Namespace) -> str:
             prompts = f"{len(done)} of {len(records)}" if failed else str(len(records))
             lines.append(
                 f"| {row} | {prompts} | {' / '.join(map(str, checks))} | "
-                f"{tokens / _sum(done, 'target_forwards'):.2f} | {acceptance} | "
+                f"{_tau(done):.2f} | {acceptance} | "
                 f"{_sum(done, 'draft_forwards') / tokens:.2f} | {real:.3f} | {plain_real / real:.2f}x | "
                 f"{flat:.4f} | {plain_flat / flat:.2f}x |"
             )
@@ -229,7 +236,7 @@ def markdown(report: dict[str, Any], args: argparse.Namespace) -> str:
         tli = [r for r in rows["tli"] if "error" not in r]
         target_step = statistics.median(r["target_seconds"] for r in rows["plain"])
         draft_step = statistics.median(r["draft_seconds"] for r in tli)
-        tau = _sum(tli, "tokens") / _sum(tli, "target_forwards")
+        tau = _tau(tli)
         speedups = ", ".join(
             f"c = {c}: {tau / (args.k * c + 1 + 0.01 * args.k):.2f}x" for c in (0.02, 0.05, 0.1, 0.25, 0.5)
         )

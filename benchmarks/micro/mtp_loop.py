@@ -8,7 +8,8 @@ weights made to agree with their target part of the time), in fp32 on one CPU th
 `assistant_model=`) and ours at the same draft length (one token per MTP layer; the assistant's
 `num_assistant_tokens`), interleaved prompt by prompt, `--rounds` times. Printed per model: CPU
 seconds per generated token (median over prompts of the best round) relative to transformers', and
-tokens per target forward (counted with a forward hook), which equal drafts make equal. The models
+tokens per target forward (`tokens_per_verify_forward`, the forwards counted with a forward hook),
+which equal drafts make equal. The models
 are tiny, so the time is mostly each loop's own overhead per step: what this measures. With one
 thread every operation runs on the calling thread, so its CPU time (`time.thread_time`) is the
 work done, which other processes sharing the machine do not inflate as they do the wall clock.
@@ -26,6 +27,7 @@ import torch
 from transformers.modeling_layers import MtpModel
 
 import hf_specdec  # noqa: F401  (adds speculative= to generate)
+from hf_specdec.bench.result import tokens_per_verify_forward
 from tests.helpers import assistant, mtp
 
 
@@ -87,7 +89,7 @@ def main() -> None:
                     for row, extra in rows.items():  # interleaved: the machine's drift hits all rows alike
                         seconds, tokens, forwards = _run(target, inputs, args.new, extra)
                         best[row] = min(best[row], seconds / tokens)
-                        gained[row] = tokens / forwards  # greedy: the same every round
+                        gained[row] = tokens_per_verify_forward(tokens, forwards)  # greedy: every round alike
                 for row in rows:
                     per_token[row].append(best[row])
                     per_forward[row].append(gained[row])

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from hf_specdec.bench.result import tokens_per_verify_forward
 from hf_specdec.bench.runner import _select_prompts
 from hf_specdec.core.draft import DraftRequest
 from hf_specdec.drafters.ngram import NgramConfig, NgramDrafter, NgramIndex
@@ -58,7 +59,7 @@ def count_forwards(prompt: list[int], answer: list[int], propose: Propose, k: in
 
 def replay(prompt: list[int], answer: list[int], propose: Propose, k: int) -> float:
     """Tokens per target forward when drafting with `propose` against the target's `answer`."""
-    return len(answer) / count_forwards(prompt, answer, propose, k)
+    return tokens_per_verify_forward(len(answer), count_forwards(prompt, answer, propose, k))
 
 
 def _request(context: list[int], k: int, tree: bool = False) -> DraftRequest:

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from hf_specdec.bench.regimes import PROFILES, REAL, priced, timed_generate
+from hf_specdec.bench.result import tokens_per_verify_forward
 from hf_specdec.bench.runner import PROMPT_LOOKUP_TOKENS, _new_tokens, _select_prompts
 from hf_specdec.core.policy import DeviceCosts
 from hf_specdec.loading import (
@@ -250,7 +251,8 @@ def _profile_table(report: dict[str, Any], profile: str, ks: list[int]) -> list[
 
         def per_forward(name: str, entries=entries) -> str:
             tokens = sum(r[name]["new_tokens"] for r in entries)
-            return f"{tokens / sum(r[name]['forwards'] for r in entries):.2f}"
+            forwards = sum(r[name]["forwards"] for r in entries)
+            return f"{tokens_per_verify_forward(tokens, forwards, len(entries)):.2f}"
 
         autos = [r["auto"]["stats"] for r in entries]
         spec = sum(s["speculative_steps"] for s in autos) / max(sum(s["steps"] for s in autos), 1)

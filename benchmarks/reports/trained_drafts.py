@@ -17,8 +17,7 @@ do not move it; `real` is this machine's wall clock). Per prompt, in rotated ord
 policy (run under each profile, each carrying what verifying cost from its own earlier calls, as
 `generate` does per device), or with a fixed draft length (`dflash:7`). Reported per category:
 tokens per second and the ratio to plain, τ (1 + accepted / steps that verified a draft), tokens
-per target forward (generated tokens / verify forwards, the prompt's forward left out) and how many
-outputs equal plain greedy.
+per target forward (`tokens_per_verify_forward`) and how many outputs equal plain greedy.
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ from typing import Any
 import torch
 
 from hf_specdec.bench.regimes import PROFILES, REAL, priced, timed_generate
+from hf_specdec.bench.result import tokens_per_verify_forward
 from hf_specdec.bench.runner import _new_tokens, _select_prompts
 from hf_specdec.core.policy import DeviceCosts
 from hf_specdec.loading import (
@@ -121,7 +121,7 @@ def _record(out: Any, forwards: list, inputs: dict, eos: set[int], seconds: floa
     record = {
         "new_tokens": sum(len(t) for t in _new_tokens(out.sequences, inputs, eos)),
         "seconds": seconds,
-        "verify_forwards": len(forwards) - 1,  # the prompt's forward gives the first token alone
+        "target_forwards": len(forwards),
     }
     if stats is not None:
         record["stats"] = stats.to_dict()
@@ -166,9 +166,8 @@ def summarize(report: dict[str, Any]) -> str:
                 stats = [r["stats"] for r in records]
                 steps = sum(s["speculative_steps"] for s in stats)
                 tau = 1 + sum(s["accepted"] for s in stats) / steps if steps else 1.0
-                per_forward = sum(r["new_tokens"] for r in records) / max(
-                    1, sum(r["verify_forwards"] for r in records)
-                )
+                tokens, forwards = (sum(r[key] for r in records) for key in ("new_tokens", "target_forwards"))
+                per_forward = tokens_per_verify_forward(tokens, forwards, len(records))
                 cells.append(f"{_speed(records) / plain:.2f}x | {tau:.2f} | {per_forward:.2f}")
             name = f"**{category}**" if category == "all" else category
             lines.append(f"| {name} ({len(entries)}) | " + " | ".join(cells) + f" | {plain:.1f} |")

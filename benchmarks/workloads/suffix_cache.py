@@ -38,11 +38,12 @@ import torch
 
 import hf_specdec
 from hf_specdec.bench.regimes import PROFILES, REAL, emulate, host_clock, priced
+from hf_specdec.bench.result import tokens_per_verify_forward
 from hf_specdec.bench.suites import load_prompt_file, load_suite
 from hf_specdec.core.policy import DeviceCosts
 from hf_specdec.core.timing import clock
 from hf_specdec.drafters import suffix
-from hf_specdec.drafters.suffix import SuffixConfig, SuffixDrafter
+from hf_specdec.drafters.suffix import SuffixConfig
 from hf_specdec.drafters.suffix_array import bytes_per_token
 from hf_specdec.loading import describe_runtime, encode_prompts, eos_token_ids, load_model, pad_token_id
 from hf_specdec.lossless import check_greedy
@@ -85,29 +86,6 @@ def rows(names: list[str], bounds: list[int], k: int | None) -> dict[str, dict[s
     return out
 
 
-class CorpusTime:
-    """What each `suffix` call's corpus did, read from its drafter: the seconds its end-of-call
-    work took (`SuffixDrafter.finish`: the replay and the add, on the host clock) and the rows'
-    drafts it made or added to."""
-
-    def __init__(self) -> None:
-        self.drafters: list[SuffixDrafter] = []
-        self.finish_seconds = 0.0
-        build, finish = SuffixDrafter.from_config.__func__, SuffixDrafter.finish
-
-        def from_config(cls: type, *args: Any) -> SuffixDrafter:
-            self.drafters.append(build(cls, *args))
-            return self.drafters[-1]
-
-        def timed_finish(drafter: SuffixDrafter, *args: Any) -> None:
-            start = host_clock()
-            finish(drafter, *args)
-            self.finish_seconds = host_clock() - start
-
-        SuffixDrafter.from_config = classmethod(from_config)
-        SuffixDrafter.finish = timed_finish
-
-
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     model, tokenizer = load_model(hf_specdec.demo_model_path())
     profile = PROFILES[args.profile]
@@ -117,7 +95,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     generation = dict(max_new_tokens=args.max_new_tokens, do_sample=False, return_dict_in_generate=True)
     eos = eos_token_ids(model)
     table = rows(args.rows.split(","), [int(b) for b in args.bounds.split(",")], args.num_draft_tokens)
-    corpus_time = CorpusTime()
     report: dict[str, Any] = {
         "settings": {**{k: str(v) for k, v in vars(args).items()}, "runtime": describe_runtime(model)},
         "calls": defaultdict(list),
@@ -151,10 +128,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             outputs[name].append(out.sequences)
             record = _record(out, encoded, eos, seconds, prompt)
             if _is_suffix(spec):
-                corpus, drafter = suffix.corpus_for(target), corpus_time.drafters[-1]
+                corpus, stats = suffix.corpus_for(target), out.speculative_stats
                 record["corpus"] = dict(tokens=corpus.num_tokens, bytes=corpus.nbytes, gain=corpus.gain())
-                record["corpus"].update(drafting=drafter.drafting, drafts=drafter.corpus_drafts)
-                record["corpus"]["finish_seconds"] = corpus_time.finish_seconds
+                drafted = stats.drafter_counters  # `SuffixDrafter.counters`
+                record["corpus"].update(drafting=drafted["corpus_drafting"], drafts=drafted["corpus_drafts"])
+                record["corpus"]["finish_seconds"] = stats.finish_seconds  # its replay and add
             report["calls"][name].append(record)
             print(f"{name} [{i + 1}/{len(prompts)}] {_line(record)}", file=sys.stderr, flush=True)
     report["calls"] = dict(report["calls"])
@@ -199,7 +177,7 @@ def _record(out: Any, inputs: dict[str, torch.Tensor], eos: set[int], seconds: f
         "id": prompt.id,
         "category": prompt.category,
         "new_tokens": stop,
-        "forwards": stats.target_forwards if stats is not None else stop,
+        "forwards": stats.target_forwards if stats is not None else stop,  # plain: one a token
         "seconds": seconds,
         "draft_seconds": stats.draft_seconds if stats is not None else 0.0,
     }
@@ -235,7 +213,8 @@ def summarize(report: dict[str, Any], skip: int) -> str:
         forwards = sum(c["forwards"] for c in kept)
         seconds = sum(c["seconds"] for c in kept)
         kinds = [c.get("lossless") for c in kept]
-        return len(kept), tokens / forwards, tokens / seconds, kinds.count("tie"), kinds.count("mismatch")
+        per_forward = tokens_per_verify_forward(tokens, forwards, len(kept))
+        return len(kept), per_forward, tokens / seconds, kinds.count("tie"), kinds.count("mismatch")
 
     for category in [None, *categories]:
         base = totals("ngram", category) if "ngram" in calls else None

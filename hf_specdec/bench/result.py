@@ -1,4 +1,5 @@
-"""What a benchmark run measured: one `Measurement` per (batch of prompts, row), and the whole run."""
+"""What a benchmark run measured: one `Measurement` per (batch of prompts, row), and the whole run;
+and tokens per target forward counted from outside a call, for the benchmark scripts."""
 
 from __future__ import annotations
 
@@ -61,3 +62,21 @@ class BenchResult:
     settings: dict[str, Any]
     measurements: list[Measurement] = field(default_factory=list)
     interrupted: bool = False
+
+
+def tokens_per_verify_forward(new_tokens: int, target_forwards: int, calls: int = 1) -> float:
+    """The benchmarks' "tokens per target forward": `SpeculativeStats.mean_accepted_length` (the
+    field's mean acceptance length τ over every verify forward, plain steps included), counted
+    from outside the calls, for rows that have no statistics (plain `generate`, transformers' own
+    generators) and alike for those that do, so that a table counts every row one way.
+
+    `calls` greedy calls of batch 1 generated `new_tokens` in all (up to each call's stop) in
+    `target_forwards` forwards of the target (a forward hook's count: the prompt's included). The
+    prompt's forward gives a call its first token and verifies nothing, so both are left out:
+    (new_tokens - calls) / (target_forwards - calls), 1.0 for plain decoding. It equals the
+    statistics' figure unless a call stopped (an EOS, a stop string) inside its accepted drafts,
+    whose tokens past the stop the statistics count and no output shows. 0.0 when no forward
+    after the prompts' ran.
+    """
+    verify_forwards = target_forwards - calls
+    return (new_tokens - calls) / verify_forwards if verify_forwards > 0 else 0.0

@@ -227,6 +227,12 @@ class Drafter:
         calls (a corpus of earlier outputs); not called for a call that raised. By default nothing
         is kept."""
 
+    def counters(self) -> dict[str, int]:
+        """This call's counters of the drafter's own, by name: what the loop cannot see (say, how
+        many drafts came from a corpus). Read once, after `finish`, into
+        `SpeculativeStats.drafter_counters`, which adds them up across calls. By default none."""
+        return {}
+
     def compile_forwards(self, config: Any, capacity: int, widths: tuple[int, ...], batch_size: int) -> None:
         """The target's forwards after the prompt's are compiled (a compiled static cache, by
         `config`, a `CompileConfig`, padded to `widths`, over `capacity` positions): compile the

@@ -74,8 +74,8 @@ def speculative_decode(
         rows = out.active_rows
         no_draft = Draft.empty(len(rows), device)
         first = accept(request(rows, 0), no_draft, prefill.logits[rows])
-        stats.record_forward(0, 1)
-        _emit(out, stats, rows, no_draft, first, returned.prompt(prefill, rows), stopping_criteria)
+        stats.record_forward(0, 1)  # a target forward, but no step: it verified nothing
+        _emit(out, rows, first, returned.prompt(prefill, rows), stopping_criteria)
 
     policy.begin_call(target.verify_shape, drafter.draft_cost, input_ids.shape[1])
     if target.compiled:  # the draft's own forwards compiled alike, before any forward is timed
@@ -130,7 +130,8 @@ def speculative_decode(
         verified_at = clock(device)
 
         drafter.observe(draft, verdict.accepted)
-        _emit(out, stats, rows, draft, verdict, extras, stopping_criteria)
+        stats.record_steps(draft.lengths, verdict.accepted, None if draft.parents is None else draft.depths())
+        _emit(out, rows, verdict, extras, stopping_criteria)
         # The drafter's own time: the policy's cut is the loop's overhead, not a cost of drafting.
         # A compiled width's first forward is its compile, no verify cost: the policy is not told it.
         verify_seconds = None if target.compiling else verified_at - drafted_at
@@ -142,22 +143,20 @@ def speculative_decode(
     # past its end cached: the cache handed back holds each row's sequence but its last token, as
     # plain decoding's does, so that a next turn can continue it.
     target.truncate(out.cached_lengths(cached_rows))
+    finishing = clock(device)
     drafter.finish(*out.sequences())  # what a drafter learning across calls keeps of this one
+    stats.finish_seconds = clock(device) - finishing
+    stats.drafter_counters = dict(drafter.counters())
     return out.finish(stats, target.finished_cache())
 
 
 def _emit(
     out: OutputCollector,
-    stats: SpeculativeStats,
     rows: list[int],
-    draft: Draft,
     verdict: Verdict,
     extras: list[TokenOutputs] | None,
     stopping_criteria: StoppingCriteriaList,
 ) -> None:
-    """Append each row's accepted drafts and the target's own token; count the step."""
-    stats.target_forwards += 1
-    depths = [None] * len(rows) if draft.parents is None else draft.depths()
+    """Append each row's accepted drafts and the target's own token."""
     for b, row in enumerate(rows):
-        stats.record_step(draft.lengths[b], verdict.accepted[b], depths[b])
         out.emit_verdict(row, verdict, b, None if extras is None else extras[b], stopping_criteria)

@@ -9,13 +9,14 @@ from dataclasses import dataclass, field
 class SpeculativeStats:
     """Counters of one speculative `generate` call.
 
-    `steps` counts verification steps of a row (one per row per target forward after the prompt;
-    `target_forwards` counts the forwards themselves); `speculative_steps` of them verified a
-    non-empty draft and `plain_steps` decoded one token without a draft. `drafted` and `accepted`
-    count draft tokens; `position_drafted[i]` counts drafts that had an i-th token and
-    `position_accepted[i]` those whose first i + 1 tokens were all accepted (vLLM's
-    `num_accepted_tokens_per_pos`). `emitted` counts tokens the call produced (accepted drafts plus
-    one target token a step, cut at EOS / max length).
+    `steps` counts verification steps of a row (one per row per target forward after the prompt's,
+    which verifies nothing; `target_forwards` counts the forwards themselves, the prompt's
+    included); `speculative_steps` of them verified a non-empty draft and `plain_steps` decoded one
+    token without a draft. `drafted` and `accepted` count draft tokens; `position_drafted[i]` counts
+    drafts that had an i-th token and `position_accepted[i]` those whose first i + 1 tokens were all
+    accepted (vLLM's `num_accepted_tokens_per_pos`). `emitted` counts tokens the call produced (the
+    prompt forward's first token a row, then accepted drafts plus one target token a step, cut at
+    EOS / max length).
 
     A tree draft counts its nodes as drafted tokens: every node is fed to, and verified by, the
     target's forward, whichever path is accepted. `tree_steps` counts the speculative steps that
@@ -23,11 +24,12 @@ class SpeculativeStats:
     most a step could accept), so a tree's extra nodes show as `mean_nodes_verified` above
     `mean_tree_depth`; for chains, depth and nodes are one number and the tree counters stay 0.
 
-    Two mean accepted lengths, both counting the target's own token, differ in what they divide by:
-    `mean_accepted_length` = 1 + accepted / steps, the tokens a row gains per target forward over
-    every step (what the call got); `mean_accepted_length_speculative` = 1 + accepted /
-    speculative_steps, per step that verified a draft: vLLM's "mean acceptance length" and
-    Spec-Bench's τ (how good the drafts were). They are equal when every step drafted.
+    Two mean accepted lengths, both counting the target's own token and neither the prompt's
+    forward, differ in what they divide by: `mean_accepted_length` = 1 + accepted / steps, the
+    tokens a row gains per verify forward, plain steps included (what the call got: the benchmarks'
+    "tokens per target forward", plain decoding's 1.0); `mean_accepted_length_speculative` = 1 +
+    accepted / speculative_steps, per step that verified a draft: vLLM's "mean acceptance length"
+    and Spec-Bench's τ (how good the drafts were). They are equal when every step drafted.
     """
 
     method: str = ""
@@ -45,6 +47,8 @@ class SpeculativeStats:
     emitted: int = 0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
+    # The drafter's end-of-call work (`Drafter.finish`: a corpus's add), timed by the loop.
+    finish_seconds: float = 0.0
     tree_steps: int = 0
     tree_depth: int = 0
     position_drafted: list[int] = field(default_factory=list)
@@ -58,17 +62,27 @@ class SpeculativeStats:
     draft_lengths: list[int] = field(default_factory=list)
     verified_widths: list[int] = field(default_factory=list)
     verify_times: list[float | None] = field(default_factory=list)
+    # The drafter's own counters of the call (`Drafter.counters`: e.g. `suffix`'s corpus drafts),
+    # by name; summed across calls by `merge`.
+    drafter_counters: dict[str, int] = field(default_factory=dict)
 
     def record_forward(
         self, asked: int, width: int, draft_seconds: float = 0.0, verify_seconds: float | None = None
     ) -> None:
         """Note one target forward: the draft length the policy asked for, the width it verified,
         and the seconds spent drafting and verifying (None for the prefill, which is not timed)."""
+        self.target_forwards += 1
         self.draft_lengths.append(asked)
         self.verified_widths.append(width)
         self.verify_times.append(verify_seconds)
         self.draft_seconds += draft_seconds
         self.verify_seconds += verify_seconds or 0.0
+
+    def record_steps(self, drafted: list[int], accepted: list[int], tree_depths: list[int] | None) -> None:
+        """Count one verify forward's steps, a row each: row b checked `drafted[b]` tokens and kept
+        `accepted[b]`; `tree_depths` is given for a tree draft, None for chains."""
+        for b, (n, a) in enumerate(zip(drafted, accepted)):
+            self.record_step(n, a, None if tree_depths is None else tree_depths[b])
 
     def record_step(self, drafted: int, accepted: int, tree_depth: int | None = None) -> None:
         """Count one verification step that checked `drafted` tokens (a tree's nodes) and kept
@@ -99,7 +113,7 @@ class SpeculativeStats:
 
     @property
     def mean_accepted_length(self) -> float:
-        """Tokens a row gains per target forward over all steps, plain ones included:
+        """Tokens a row gains per verify forward (the prompt's left out), plain steps included:
         1 + accepted / steps (0 when there were no steps)."""
         return 1.0 + self.accepted / self.steps if self.steps else 0.0
 
@@ -140,6 +154,8 @@ class SpeculativeStats:
             mine.extend([0] * (len(theirs) - len(mine)))
             for i, count in enumerate(theirs):
                 mine[i] += count
+        for name, count in other.drafter_counters.items():
+            self.drafter_counters[name] = self.drafter_counters.get(name, 0) + count
         self.method = self.method or other.method
         self.translation = self.translation or other.translation
         self.selection = self.selection or other.selection
@@ -160,6 +176,7 @@ class SpeculativeStats:
             # The counts behind it: what `hf-specdec export-serving --from-bench` reads back.
             "position_drafted": list(self.position_drafted),
             "position_accepted": list(self.position_accepted),
+            "drafter_counters": dict(self.drafter_counters),
         }
 
     def __str__(self) -> str:
@@ -178,7 +195,7 @@ class SpeculativeStats:
         )
 
 
-# Counters that add up across calls (everything but the method and the per-position lists).
+# Counters that add up across calls (but the method, the per-position lists and the drafter's own).
 _SUMMED = (
     "target_forwards",
     "steps",
@@ -191,4 +208,5 @@ _SUMMED = (
     "emitted",
     "draft_seconds",
     "verify_seconds",
+    "finish_seconds",
 )

@@ -331,5 +331,10 @@ class SuffixDrafter(Drafter):
         if self.corpus is not None:
             self.corpus.add([s.tolist() for s in sequences], prompt_lengths, self.config)
 
+    def counters(self) -> dict[str, int]:
+        """`corpus_drafting`: 1 where the corpus drafted in this call (summed over calls: in how
+        many it did); `corpus_drafts`: the rows' drafts it made or added nodes to."""
+        return {"corpus_drafting": int(self.drafting), "corpus_drafts": self.corpus_drafts}
+
 
 __all__ = ["SuffixConfig", "SuffixCorpus", "SuffixDrafter", "clear_corpora", "corpus_for"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import warnings
 from typing import ClassVar
 
@@ -65,6 +66,52 @@ def test_drafter_receives_target_hidden_states_of_every_cached_token(target):
             with torch.no_grad():
                 ref = target(input_ids=sequence[None], output_hidden_states=True).hidden_states[-1][0]
             torch.testing.assert_close(features, ref[:-1], atol=1e-4, rtol=1e-4)
+
+
+class _Counting(Drafter):
+    """Drafts the target's token 7 every step and counts, in counters of its own, its drafts and
+    the calls it was told had finished; its end-of-call work takes FINISH_SECONDS."""
+
+    name: ClassVar[str] = "_counting"
+    FINISH_SECONDS: ClassVar[float] = 0.02
+
+    def __init__(self) -> None:
+        self.drafts, self.finished = 0, 0
+
+    @classmethod
+    def from_config(cls, config, target, tokenizer):
+        return cls()
+
+    def propose(self, request: DraftRequest) -> Draft:
+        self.drafts += len(request.row_ids)
+        return Draft(torch.full((len(request.row_ids), max(request.max_tokens)), 7), list(request.max_tokens))
+
+    def finish(self, sequences, prompt_lengths) -> None:
+        self.finished += 1
+        time.sleep(self.FINISH_SECONDS)
+
+    def counters(self) -> dict[str, int]:
+        return {"drafts": self.drafts, "finished": self.finished}
+
+
+def test_the_stats_report_the_drafters_own_counters_and_time_its_finish(target):
+    register_drafter(_Counting)
+    try:
+        input_ids, attention_mask = random_batch(5, 2)
+        out = target.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=6,
+            do_sample=False,
+            speculative=dict(method="_counting", num_draft_tokens=2),
+            return_dict_in_generate=True,
+        )
+    finally:
+        DRAFTERS.pop("_counting")
+    stats = out.speculative_stats
+    # Read after `finish`: every row of every step drafted (a fixed length), and the call finished once.
+    assert stats.drafter_counters == {"drafts": stats.steps, "finished": 1}
+    assert stats.finish_seconds >= _Counting.FINISH_SECONDS
 
 
 def test_a_drafter_must_subclass_the_base_class():

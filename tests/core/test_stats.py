@@ -114,6 +114,19 @@ def test_merge_equals_recording_everything(left, right):
     check_invariants(a)
 
 
+def test_merge_adds_up_the_drafters_own_counters_by_name():
+    a, b = recorded([(1, 1)]), recorded([(1, 0)])
+    a.drafter_counters, a.finish_seconds = {"corpus_drafting": 1, "corpus_drafts": 3}, 0.25
+    b.drafter_counters, b.finish_seconds = {"corpus_drafts": 2, "other": 5}, 0.5
+    a.merge(b)
+    assert a.drafter_counters == {"corpus_drafting": 1, "corpus_drafts": 5, "other": 5}
+    assert a.finish_seconds == pytest.approx(0.75)
+    assert b.drafter_counters == {"corpus_drafts": 2, "other": 5}  # the other's are not modified
+    fresh = SpeculativeStats()
+    fresh.merge(b)
+    assert fresh.drafter_counters == b.drafter_counters
+
+
 def test_merge_keeps_own_method():
     a, b = recorded([(1, 1)], method="draft_model"), recorded([(1, 0)], method="ngram")
     a.merge(b)
@@ -122,6 +135,7 @@ def test_merge_keeps_own_method():
 
 def test_to_dict_is_json_and_consistent():
     stats = recorded(STEP_TABLES["mixed"], method="ngram")
+    stats.drafter_counters, stats.finish_seconds = {"corpus_drafts": 4}, 0.125
     d = stats.to_dict()
     json.dumps(d)
     assert d["method"] == "ngram"
@@ -133,6 +147,8 @@ def test_to_dict_is_json_and_consistent():
         "drafted",
         "accepted",
         "emitted",
+        "finish_seconds",
+        "drafter_counters",
     ):
         assert d[name] == getattr(stats, name)
     assert d["acceptance_rate"] == stats.acceptance_rate
@@ -218,13 +234,19 @@ def test_real_call_stats_invariants(target, target_no_eos, good_draft, case):
     assert stats.emitted == generated
     if eos is None:
         assert stats.emitted == batch * new
-        # Drafts never run past max_new_tokens, so without EOS nothing is cut: each row-step
-        # emits exactly its accepted drafts plus one token of the target's.
-        assert stats.emitted == stats.steps + stats.accepted
+        # Drafts never run past max_new_tokens, so without EOS nothing is cut: the prompt's forward
+        # gives each row its first token and is no step; each row-step then emits exactly its
+        # accepted drafts plus one token of the target's, so the mean accepted length is the tokens
+        # a row gained per verify forward.
+        assert stats.emitted == batch + stats.steps + stats.accepted
+        assert stats.mean_accepted_length == pytest.approx((stats.emitted - batch) / stats.steps)
     # Each row-step emits between 1 and accepted + 1 tokens (fewer only when cut at EOS / max length).
-    assert stats.emitted <= stats.steps + stats.accepted
+    assert stats.emitted <= batch + stats.steps + stats.accepted
     assert stats.steps >= batch
-    assert 1 <= stats.target_forwards <= stats.steps
+    # Every forward after the prompt's verifies a step of each row it holds, at least one.
+    assert stats.target_forwards - 1 <= stats.steps <= batch * (stats.target_forwards - 1)
+    if batch == 1:
+        assert stats.steps == stats.target_forwards - 1
     assert stats.draft_seconds >= 0 and stats.verify_seconds > 0
     if spec["num_draft_tokens"] == "auto":
         assert len(stats.draft_lengths) == stats.target_forwards

@@ -213,6 +213,10 @@ def test_auto_drafts_from_the_corpus_only_once_its_replays_beat_prompt_lookup(ta
     assert torch.equal(first.sequences, lookup.sequences)
     assert first.speculative_stats.target_forwards == lookup.speculative_stats.target_forwards
     assert first.speculative_stats.method == "suffix"
+    # The drafter reports what its corpus did (`SuffixDrafter.counters`), and the loop timed its add.
+    assert first.speculative_stats.drafter_counters == {"corpus_drafting": 0, "corpus_drafts": 0}
+    assert first.speculative_stats.finish_seconds > 0
+    assert lookup.speculative_stats.drafter_counters == {}  # prompt lookup has no counters of its own
     # History, but no replay yet: still prompt lookup.
     assert not drafter().drafting
     # The same request again: its replay shows the corpus would have drafted the whole output.
@@ -220,6 +224,8 @@ def test_auto_drafts_from_the_corpus_only_once_its_replays_beat_prompt_lookup(ta
     assert corpus_for(target_no_eos).gain() > 2 and drafter().drafting
     again = _generate(target_no_eos, *repeated, auto, new=40)
     assert again.speculative_stats.target_forwards < lookup.speculative_stats.target_forwards / 2
+    counted = again.speculative_stats.drafter_counters
+    assert counted["corpus_drafting"] == 1 and 0 < counted["corpus_drafts"] <= again.speculative_stats.steps
 
 
 def test_the_corpus_steps_aside_once_its_replays_stop_beating_prompt_lookup():

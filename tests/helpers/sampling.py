@@ -108,15 +108,3 @@ def sample(model, settings: dict, seed: int, speculative=None, new: int = NEW) -
     assert 0 < stats.accepted < stats.drafted  # both acceptances and rejections happened
     assert stats.emitted == ROWS * new
     return out.sequences[:, : len(PROMPT) + NEW]
-
-
-def built_suffix_drafters(monkeypatch) -> list:
-    """The `suffix` drafters the calls after this build, in order (to read what their corpus drafted)."""
-    from hf_specdec.drafters.suffix import SuffixDrafter
-
-    built: list = []
-    build = SuffixDrafter.from_config.__func__
-    monkeypatch.setattr(
-        SuffixDrafter, "from_config", classmethod(lambda *a: built.append(build(*a)) or built[-1])
-    )
-    return built

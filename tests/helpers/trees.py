@@ -24,9 +24,12 @@ def repetitive_batch(seed: int, batch: int):
 BRANCHING_PROMPT = [3, 1, 4, 1, 5, 2, 6, 5, 3, 5, 0, 7, 2, 3, 4, 6, 2, 6, 4, 3, 3, 7, 1, 0, 2]
 
 
-def sample_trees(model, settings: dict, seed: int, monkeypatch, verifier=None, spec=None) -> torch.Tensor:
+def sample_trees(
+    model, settings: dict, seed: int, monkeypatch, verifier=None, spec=None, least_counters=None
+) -> torch.Tensor:
     """ROWS speculative samples after BRANCHING_PROMPT (n-gram tries unless `spec` says otherwise),
-    checking that the trees really branched."""
+    checking that the trees really branched, and that the drafter reported at least
+    `least_counters` (name -> count) of its own counters."""
     import hf_specdec.core.verify
 
     verify = verifier or hf_specdec.core.verify.tree_verify
@@ -52,6 +55,8 @@ def sample_trees(model, settings: dict, seed: int, monkeypatch, verifier=None, s
     )
     stats = out.speculative_stats
     assert any(branched) and 0 < stats.accepted < stats.drafted
+    for name, least in (least_counters or {}).items():
+        assert stats.drafter_counters[name] >= least, stats.drafter_counters
     return continuation_index(out.sequences[:, : len(BRANCHING_PROMPT) + NEW], len(BRANCHING_PROMPT))
 
 

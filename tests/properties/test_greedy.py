@@ -65,9 +65,11 @@ def check_stats(stats, sequences: torch.Tensor, prompt_len: int, eos: int | None
     assert stats.steps == stats.speculative_steps + stats.plain_steps
     assert 0 <= stats.accepted <= stats.drafted
     assert stats.emitted == sum(generated_counts(sequences, prompt_len, eos))
-    # Every step emits at least one token and at most its accepted drafts plus one.
-    assert stats.emitted <= stats.steps + stats.accepted
-    assert stats.target_forwards <= stats.steps
+    # The prompt's forward gives each row one token; every step after it at least one and at most
+    # its accepted drafts plus one.
+    rows = sequences.shape[0]
+    assert stats.emitted <= rows + stats.steps + stats.accepted
+    assert stats.target_forwards - 1 <= stats.steps
 
 
 def assert_same_as_plain(
