@@ -8,11 +8,11 @@ import torch
 from transformers import DynamicCache
 
 from ..core.draft import Draft, DraftCost, DraftRequest
-from ..core.kv import RaggedKV, positions
+from ..core.kv import RaggedKV
 from ..core.static_kv import DraftRows, StaticKV
 from ..core.timing import clock
 from ..heads.eagle import static_cache
-from .base import elapsed
+from .base import RowState, elapsed
 from .chain import chain, right_aligned
 from .head_drafter import HeadDrafter, HeadDrafterConfig
 from .registry import register_drafter
@@ -20,7 +20,7 @@ from .tree import Level, grow_tree
 
 
 @register_drafter
-class EagleDrafter(HeadDrafter):
+class EagleDrafter(RowState, HeadDrafter):
     """Feeds the head the target's features of every token the target has cached, then chains.
 
     The head keeps its own KV cache: positions whose features came from the target stay, the
@@ -43,7 +43,7 @@ class EagleDrafter(HeadDrafter):
 
     @torch.no_grad()
     def propose(self, request: DraftRequest) -> Draft:
-        self._follow_rows(request.row_ids)
+        self._follow_rows(request)
         batch = len(request.row_ids)
         self.kv.truncate(torch.tensor(self.done, device=self.device))  # drop last step's chained positions
 
@@ -123,12 +123,11 @@ class EagleDrafter(HeadDrafter):
         root = self.full_vocab(output.logits[:, -1])
         return grow_tree(request, max_tokens, self.config.tree_top_k, self.config.min_confidence, root, feed)
 
-    def _follow_rows(self, row_ids: list[int]) -> None:
-        if self.kv is None:
-            self.kv = RaggedKV(self.head, DynamicCache(), len(row_ids), self.device, boolean_masks=True)
-            self.done = [0] * len(row_ids)
-        elif row_ids != self.row_ids:
-            where = positions(self.row_ids, row_ids)
-            self.kv.select_rows(torch.tensor(where, device=self.device))
-            self.done = [self.done[i] for i in where]
-        self.row_ids = list(row_ids)
+    def _start_rows(self, request: DraftRequest) -> None:
+        batch = len(request.row_ids)
+        self.kv = RaggedKV(self.head, DynamicCache(), batch, self.device, boolean_masks=True)
+        self.done = [0] * batch
+
+    def _keep_rows(self, kept: list[int]) -> None:
+        self.kv.select_rows(torch.tensor(kept, device=self.device))
+        self.done = [self.done[i] for i in kept]
