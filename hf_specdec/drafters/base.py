@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 
-from ..core.draft import Drafter
+from ..core.draft import Drafter, DraftRequest
+from ..core.kv import positions
 from ..core.timing import clock
 
 
@@ -26,4 +27,29 @@ def options_to_config(config_cls: type, options: dict[str, Any]) -> Any:
     return config_cls(**options)
 
 
-__all__ = ["Drafter", "elapsed", "options_to_config"]
+class RowState:
+    """What a drafter keeps per row of the loop's batch across requests (a cache of its own, counts
+    per row), mixed into the drafters that keep any: built at the first request for its rows
+    (`_start_rows`); when rows finish and leave the batch, kept for the rows that remain, in the
+    request's order (`_keep_rows`). Set `row_ids = []` in `__init__`; a drafter that builds its state
+    beforehand (`compile_forwards`) sets it to the rows it built it for."""
+
+    row_ids: list[int]  # the loop's rows (`DraftRequest.row_ids`) the state is for, in its order
+
+    def _follow_rows(self, request: DraftRequest) -> None:
+        if not self.row_ids:
+            self._start_rows(request)
+        elif request.row_ids != self.row_ids:
+            self._keep_rows(positions(self.row_ids, request.row_ids))
+        self.row_ids = list(request.row_ids)
+
+    def _start_rows(self, request: DraftRequest) -> None:
+        """Build the state for the rows of the first request."""
+        raise NotImplementedError
+
+    def _keep_rows(self, kept: list[int]) -> None:
+        """Keep the state of rows `kept` only (indices into the rows held so far), in that order."""
+        raise NotImplementedError
+
+
+__all__ = ["Drafter", "RowState", "elapsed", "options_to_config"]

@@ -13,10 +13,10 @@ from transformers import StaticCache
 from transformers.cache_utils import StaticLayer
 
 from ..core.draft import DraftCost
-from ..core.kv import RaggedKV, positions
+from ..core.kv import RaggedKV
 from ..core.static_kv import DraftRows, StaticKV
 from ..core.timing import clock
-from .base import Drafter, elapsed
+from .base import Drafter, RowState, elapsed
 from .chain import chain, real_tokens, right_aligned
 from .tree import Level, grow_tree
 from .vocabulary import DraftVocabulary, SharedVocabulary
@@ -115,7 +115,7 @@ class TorchDecoder:
         return StaticKV(self.model, cache, batch_size, self.model.device, widths, decode, config)
 
 
-class DecoderDrafter(Drafter):
+class DecoderDrafter(RowState, Drafter):
     """Drafts with a decoder, greedily or by sampling from its processed distribution.
 
     Each row's cache is rolled back to what it still shares with the row's sequence (which also
@@ -153,7 +153,7 @@ class DecoderDrafter(Drafter):
         self.row_ids: list[int] = []
 
     def propose(self, request: DraftRequest) -> Draft:
-        self._follow_rows(request.row_ids)
+        self._follow_rows(request)
         vocabulary = self.vocabulary
         sequences = [vocabulary.draft_sequence(real_tokens(request, b)) for b in range(len(request.row_ids))]
         first, catch_up_seconds = self._catch_up(sequences, request)
@@ -259,15 +259,13 @@ class DecoderDrafter(Drafter):
             best = min(best, clock(self.decoder.device) - start)
         return best
 
-    def _follow_rows(self, row_ids: list[int]) -> None:
-        if self.kv is None:
-            self.kv = self.decoder.new_cache(len(row_ids))
-            self.cached = [torch.zeros(0, dtype=torch.long, device=self.device) for _ in row_ids]
-        elif self.row_ids and row_ids != self.row_ids:
-            where = positions(self.row_ids, row_ids)
-            self.kv.select_rows(torch.tensor(where, device=self.decoder.device))
-            self.cached = [self.cached[i] for i in where]
-        self.row_ids = list(row_ids)
+    def _start_rows(self, request: DraftRequest) -> None:
+        self.kv = self.decoder.new_cache(len(request.row_ids))
+        self.cached = [torch.zeros(0, dtype=torch.long, device=self.device) for _ in request.row_ids]
+
+    def _keep_rows(self, kept: list[int]) -> None:
+        self.kv.select_rows(torch.tensor(kept, device=self.decoder.device))
+        self.cached = [self.cached[i] for i in kept]
 
     @staticmethod
     def _shared_prefix(cached: torch.Tensor, seq: torch.Tensor) -> int:

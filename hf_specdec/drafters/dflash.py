@@ -29,14 +29,13 @@ import torch
 from ..core.devices import execution_device
 from ..core.draft import Draft, DraftCost, DraftRequest
 from ..core.fields import check_fields
-from ..core.kv import positions
 from ..core.timing import clock
 from ..heads.checkpoint import load_head
 from ..heads.dflash import BlockDraft, attention_masks
 from ..heads.dflash_published import has_dspark_heads, is_block_draft_folder
 from ..heads.io import CONFIG_NAME
 from ..heads.published import read_json_object
-from .base import Drafter, elapsed, options_to_config
+from .base import Drafter, RowState, elapsed, options_to_config
 from .chain import chain, right_aligned
 from .head_drafter import HeadDrafter
 from .registry import register_drafter
@@ -127,7 +126,7 @@ class BlockContext:
 
 
 @register_drafter
-class DFlashDrafter(HeadDrafter):
+class DFlashDrafter(RowState, HeadDrafter):
     """Drafts a block per request from a DFlash, DSpark or MuseGlimmer block draft
     (`SpeculativeConfig.draft`: a folder or Hub repo in any layout `heads.dflash_published` reads,
     or one `hf-specdec train-draft --method dflash` wrote)."""
@@ -163,7 +162,7 @@ class DFlashDrafter(HeadDrafter):
 
     @torch.no_grad()
     def propose(self, request: DraftRequest) -> Draft:
-        self._follow_rows(request.row_ids)
+        self._follow_rows(request)
         config = self.head.config
         began = clock(self.device)
 
@@ -268,15 +267,13 @@ class DFlashDrafter(HeadDrafter):
         top_k, floor = self.config.tree_top_k, self.config.min_confidence
         return grow_tree(request, max_tokens, top_k, floor, root, feed, max_depth=steps)
 
-    def _follow_rows(self, row_ids: list[int]) -> None:
-        if self.context is None:
-            self.context = BlockContext(len(self.head.layers), len(row_ids), self.device)
-            self.done = [0] * len(row_ids)
-        elif row_ids != self.row_ids:
-            where = positions(self.row_ids, row_ids)
-            self.context.select_rows(torch.tensor(where, device=self.device))
-            self.done = [self.done[i] for i in where]
-        self.row_ids = list(row_ids)
+    def _start_rows(self, request: DraftRequest) -> None:
+        self.context = BlockContext(len(self.head.layers), len(request.row_ids), self.device)
+        self.done = [0] * len(request.row_ids)
+
+    def _keep_rows(self, kept: list[int]) -> None:
+        self.context.select_rows(torch.tensor(kept, device=self.device))
+        self.done = [self.done[i] for i in kept]
 
 
 @register_drafter

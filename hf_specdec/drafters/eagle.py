@@ -8,11 +8,11 @@ import torch
 from transformers import DynamicCache
 
 from ..core.draft import Draft, DraftCost, DraftRequest
-from ..core.kv import RaggedKV, positions
+from ..core.kv import RaggedKV
 from ..core.static_kv import DraftRows, StaticKV
 from ..core.timing import clock
 from ..heads.eagle import static_cache
-from .base import elapsed
+from .base import RowState, elapsed
 from .chain import chain, right_aligned
 from .head_drafter import HeadDrafter, HeadDrafterConfig
 from .registry import register_drafter
@@ -20,7 +20,7 @@ from .tree import Level, grow_tree
 
 
 @register_drafter
-class EagleDrafter(HeadDrafter):
+class EagleDrafter(RowState, HeadDrafter):
     """Feeds the head the target's features of every token the target has cached, then chains.
 
     The head keeps its own KV cache: positions whose features came from the target stay, the
@@ -30,6 +30,8 @@ class EagleDrafter(HeadDrafter):
     highest cumulative draft probability expanded into their top-k children, the budget's most
     probable nodes kept), one level per head forward: each node reads its parent's predicted
     feature, under a tree mask.
+
+    `MtpDrafter` drafts the same way with a model's MTP layers, depth 0 as the head.
     """
 
     name: ClassVar[str] = "eagle"
@@ -43,14 +45,29 @@ class EagleDrafter(HeadDrafter):
 
     @torch.no_grad()
     def propose(self, request: DraftRequest) -> Draft:
-        self._follow_rows(request.row_ids)
-        batch = len(request.row_ids)
-        self.kv.truncate(torch.tensor(self.done, device=self.device))  # drop last step's chained positions
-
-        # Position t reads (f_t, x_{t+1}): new features arrive for the tokens the target just cached.
+        self._follow_rows(request)
+        self._roll_back()
         began = clock(self.device)
+        output, fed = self._catch_up(request)
+        catch_up_seconds = elapsed(began, output.logits) if request.is_catch_up(fed) else 0.0
+        max_tokens = [n if self.done[b] > 0 else 0 for b, n in enumerate(request.max_tokens)]
+        if request.tree:
+            draft = self._tree(request, max_tokens, output)
+        else:
+            draft = self._chain(request, max_tokens, output)
+        draft.catch_up_seconds = catch_up_seconds
+        return draft
+
+    def _roll_back(self) -> None:
+        """Drop the positions last step's draft chained (or its tree's nodes) from the head's cache."""
+        self.kv.truncate(torch.tensor(self.done, device=self.device))
+
+    def _catch_up(self, request: DraftRequest) -> tuple[Any, int]:
+        """Feed the head the target's features of the tokens the target cached since the last
+        request: position t reads (f_t, x_{t+1}). Returns the head's output, whose last position
+        predicts each row's next token, and how many positions the widest row fed."""
         tokens, features = [], []
-        for b in range(batch):
+        for b in range(len(request.row_ids)):
             real, new, start, count = self.arrived(request, b)
             tokens.append(real[start + 1 : start + 1 + count])
             size = self.head.config.hidden_size
@@ -58,28 +75,27 @@ class EagleDrafter(HeadDrafter):
             self.done[b] += count
         ids, valid = right_aligned(tokens, self.device)
         feats, _ = right_aligned(features, self.device, dtype=self.feature_dtype)
-        output = self.kv.forward(ids, valid, logits_to_keep=1, features=feats)
-        catch_up_seconds = elapsed(began, output.logits) if request.is_catch_up(ids.shape[1]) else 0.0
+        return self.kv.forward(ids, valid, logits_to_keep=1, features=feats), ids.shape[1]
 
-        max_tokens = [n if self.done[b] > 0 else 0 for b, n in enumerate(request.max_tokens)]
-        if request.tree:
-            draft = self._tree(request, max_tokens, output)
-            draft.catch_up_seconds = catch_up_seconds
-            return draft
+    def _chain(self, request: DraftRequest, max_tokens: list[int], output: Any) -> Draft:
+        """A chain after the catch-up `output`, the head fed its own predicted features."""
 
         def logits_at(i: int, previous: torch.Tensor | None, active: list[bool]) -> torch.Tensor:
             nonlocal output
-            if i > 0:  # chain: the predicted feature stands in for the target's at the next position
-                fed = torch.tensor(active, device=self.device)[:, None]
-                # A copy: a compiled forward's outputs may be its CUDA graph's, overwritten by the
-                # next; with a contiguous layout, as a compiled graph is specialized on strides.
-                predicted = output.hidden_states[:, -1:].clone(memory_format=torch.contiguous_format)
-                output = self.kv.forward(previous[:, None], fed, logits_to_keep=1, features=predicted)
+            if i > 0:
+                output = self._chained(self.kv, output, previous, active)
             return self.full_vocab(output.logits[:, -1])
 
-        draft = chain(request, max_tokens, self.config.min_confidence, logits_at)
-        draft.catch_up_seconds = catch_up_seconds
-        return draft
+        return chain(request, max_tokens, self.config.min_confidence, logits_at)
+
+    def _chained(self, kv: Any, output: Any, previous: torch.Tensor, active: list[bool]) -> Any:
+        """One chain step over `kv`: each active row's last draft token `previous` [B], its predicted
+        feature (the last of `output`) standing in for the target's at that position."""
+        fed = torch.tensor(active, device=self.device)[:, None]
+        # A copy: a compiled forward's outputs may be its CUDA graph's, overwritten by the next;
+        # with a contiguous layout, as a compiled graph is specialized on strides.
+        predicted = output.hidden_states[:, -1:].clone(memory_format=torch.contiguous_format)
+        return kv.forward(previous[:, None], fed, logits_to_keep=1, features=predicted)
 
     def compile_forwards(self, config: Any, capacity: int, widths: tuple[int, ...], batch_size: int) -> None:
         """The head gets a static cache of the call's batch size whose forwards after the first are
@@ -123,12 +139,11 @@ class EagleDrafter(HeadDrafter):
         root = self.full_vocab(output.logits[:, -1])
         return grow_tree(request, max_tokens, self.config.tree_top_k, self.config.min_confidence, root, feed)
 
-    def _follow_rows(self, row_ids: list[int]) -> None:
-        if self.kv is None:
-            self.kv = RaggedKV(self.head, DynamicCache(), len(row_ids), self.device, boolean_masks=True)
-            self.done = [0] * len(row_ids)
-        elif row_ids != self.row_ids:
-            where = positions(self.row_ids, row_ids)
-            self.kv.select_rows(torch.tensor(where, device=self.device))
-            self.done = [self.done[i] for i in where]
-        self.row_ids = list(row_ids)
+    def _start_rows(self, request: DraftRequest) -> None:
+        batch = len(request.row_ids)
+        self.kv = RaggedKV(self.head, DynamicCache(), batch, self.device, boolean_masks=True)
+        self.done = [0] * batch
+
+    def _keep_rows(self, kept: list[int]) -> None:
+        self.kv.select_rows(torch.tensor(kept, device=self.device))
+        self.done = [self.done[i] for i in kept]

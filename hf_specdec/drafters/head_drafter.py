@@ -1,5 +1,6 @@
-"""What the head drafters (EAGLE, Medusa, DFlash) share: their settings, and the `HeadDrafter` base that finds
-their head, builds them and scatters a head's draft-vocabulary logits into the full vocabulary."""
+"""What the head drafters (EAGLE and MTP, Medusa, DFlash) share: their settings, and the
+`HeadDrafter` base that finds their head, builds them and scatters a head's draft-vocabulary logits
+into the full vocabulary."""
 
 from __future__ import annotations
 

@@ -84,7 +84,7 @@ class TextAlignedDrafter(DecoderDrafter):
         self.texts: dict[int, _RowText] = {}  # by the row's index in the user's batch
 
     def propose(self, request: DraftRequest) -> Draft:
-        self._follow_rows(request.row_ids)
+        self._follow_rows(request)
         rows = range(len(request.row_ids))
         real = [real_tokens(request, b) for b in rows]
         sequences = [self._draft_sequence(request.row_ids[b], real[b]) for b in rows]

@@ -240,6 +240,10 @@ class MtpDepth(nn.Module):
     ours: a ragged batch's holes and a tree's, which `MtpModel.forward_layer` cannot take.
     """
 
+    # The target's hidden states depth 0 reads: its last, post-norm ones, as transformers'
+    # `MTPCandidateGenerator` passes them (`hidden_states[-1]`).
+    feature_layers: tuple[int, ...] = (-1,)
+
     def __init__(self, mtp: nn.Module, depth: int) -> None:
         super().__init__()
         self.mtp = mtp

@@ -14,9 +14,10 @@ from transformers.modeling_layers import MtpModel
 
 from hf_specdec import SpeculativeConfig
 
-from ..conftest import assert_greedy_match
+from ..conftest import assert_greedy_match, random_batch, tiny_llama
 from ..helpers import mtp
 from ..helpers.forwards import assert_drafts_as_theirs
+from ..helpers.heads import copied_layer_eagle
 from ..helpers.sampling import (
     ALPHA,
     SETTINGS,
@@ -126,3 +127,22 @@ def test_rows_that_finish_early_leave_the_batch():
         out = target.generate(**kwargs, speculative=dict(method="mtp", draft=layers, num_draft_tokens=4))
     assert (plain[:, 10:] == 4).any(dim=1).tolist() == [True, False, True]
     assert_greedy_match(target, plain, out, inputs["attention_mask"])
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_an_mtp_head_of_ours_in_a_ragged_batch(tree):
+    """An MTP head we trained (one depth: an EAGLE head with DeepSeek-V3's output norm, drafting over
+    a draft vocabulary) drafts as EAGLE's head does: chains past its one depth, trees, and rows that
+    accept different numbers of drafts."""
+    target = tiny_llama(30, layers=1)
+    head = copied_layer_eagle(target, torch.arange(4, 64), method="mtp", output_norm=True)
+    input_ids, attention_mask = random_batch(seed=22, batch=3)
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=30, do_sample=False)
+    plain = target.generate(**kwargs)
+    spec = dict(method="mtp", draft=head, num_draft_tokens=6 if tree else 3, tree=tree)
+    out = target.generate(**kwargs, speculative=spec, return_dict_in_generate=True)
+    assert_greedy_match(target, plain, out.sequences, attention_mask)
+    # The head copies the target's layer: drafted right, it is accepted often (a third to two thirds
+    # here); its draft vocabulary mapped wrong, or its cache out of step, it is accepted next to never.
+    stats = out.speculative_stats
+    assert stats.drafted / 5 < stats.accepted < stats.drafted

@@ -18,10 +18,12 @@ from hf_specdec.heads.io import build_head
 from hf_specdec.heads.medusa import MedusaHeadConfig
 
 
-def copied_layer_eagle(target, draft_vocab: torch.Tensor | None = None):
+def copied_layer_eagle(target, draft_vocab: torch.Tensor | None = None, **config):
+    """`config`: other `EagleHeadConfig` fields (`method="mtp", output_norm=True`: an MTP head of ours)."""
     hidden = target.config.hidden_size
     size = 0 if draft_vocab is None else len(draft_vocab)
-    head = build_head(EagleHeadConfig.for_target(target, draft_vocab_size=size, input_norm=True), target)
+    settings = dict(draft_vocab_size=size, input_norm=True, **config)
+    head = build_head(EagleHeadConfig.for_target(target, **settings), target)
     with torch.no_grad():
         head.fc.weight.zero_()
         head.fc.weight[:, :hidden] = torch.eye(hidden)  # the layer reads the token embedding only
