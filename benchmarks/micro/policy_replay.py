@@ -22,10 +22,11 @@ Rows per prompt: plain decoding, transformers' prompt lookup (its rule and its f
 `auto`, and every fixed k of `--ks`; a prompt's fastest fixed k in hindsight is the oracle.
 Printed per profile and category: speedup over plain (geometric mean), the oracle's, auto / oracle
 (the regret), auto against the one fixed k best over the category's prompts (a per-prompt oracle
-also takes whichever k was luckiest on each prompt), auto / prompt lookup, the share of steps that verified a draft, and a bound no n-gram
-draft can beat whatever its length or policy (`bound_seconds`: drafts chosen knowing the answer,
-verify forwards as cheap as a plain step). In a batch the bound is the slowest row's: a static
-batch of mixed prompts gains little from any draft where one of its rows finds few matches.
+also takes whichever k was luckiest on each prompt), auto / prompt lookup, the share of steps that
+verified a draft, and a bound no n-gram draft can beat whatever its length or policy
+(`bound_seconds`: drafts chosen knowing the answer, verify forwards as cheap as a plain step). In
+a batch the bound is the slowest row's: a static batch of mixed prompts gains little from any draft
+where one of its rows finds few matches.
 For what the real loop does end to end on a real model, see `benchmarks/micro/regimes.py` (slow) and
 `hf-specdec bench`.
 """
@@ -174,7 +175,13 @@ def _geomean(values: list[float]) -> float:
 
 
 def evaluate(
-    data: list[dict], profile: CostProfile, ks: list[int], tree: bool, host_seconds: float, carry: bool = True
+    data: list[dict],
+    profile: CostProfile,
+    ks: list[int],
+    tree: bool,
+    host_seconds: float,
+    carry: bool = True,
+    noise_seed: int = 0,
 ) -> dict:
     by_category: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     # The one-offs already paid, per row: each row runs as a process of its own, so none pays for
@@ -185,7 +192,16 @@ def evaluate(
 
         def run(name: Any, policy: DraftLengthPolicy, row=row, seed=seed, **kwargs: Any) -> dict[str, float]:
             prompts, answers_ = [row["prompt"]], [row["answer"]]
-            return replay(prompts, answers_, policy, profile, host_seconds, shapes[name], seed=seed, **kwargs)
+            return replay(
+                prompts,
+                answers_,
+                policy,
+                profile,
+                host_seconds,
+                shapes[name],
+                seed=seed + noise_seed,
+                **kwargs,
+            )
 
         plain = run("plain", FixedDraftLength(0))["seconds"]
         policy = AdaptiveDraftLength(device_costs=device_costs)
@@ -344,6 +360,12 @@ def main() -> None:
         help="each call's policy starts from nothing (generate carries verify costs from call to call)",
     )
     parser.add_argument(
+        "--noise-seed",
+        type=int,
+        default=0,
+        help="added to each prompt's seed of a noisy profile's jitter (default 0): other draws of the noise",
+    )
+    parser.add_argument(
         "--batch-sizes",
         default="1",
         help="comma-separated; batches above 1 get their own table against plain batched decoding",
@@ -359,7 +381,9 @@ def main() -> None:
     profiles = args.profiles.split(",")
     if 1 in batch_sizes:
         results = {
-            name: evaluate(data, PROFILES[name], ks, args.tree, args.host_ms / 1000, not args.no_carry)
+            name: evaluate(
+                data, PROFILES[name], ks, args.tree, args.host_ms / 1000, not args.no_carry, args.noise_seed
+            )
             for name in profiles
         }
         print(markdown(results, args.tree))

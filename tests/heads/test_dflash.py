@@ -294,7 +294,8 @@ def _draft_for_four_layers(kind, folder):
 @pytest.mark.parametrize("kind", ["z-lab", "dspark", "muse-glimmer", "ours", "module"])
 def test_every_loader_refuses_a_draft_reading_layers_the_target_lacks(tmp_path, target, kind):
     draft = _draft_for_four_layers(kind, tmp_path / "draft")
-    with pytest.raises(ValueError, match=r"reads target layers \[0, 3\], but this target has 2 layers") as err:
+    refused = r"reads target layers \[0, 3\], but this target has 2 layers"
+    with pytest.raises(ValueError, match=refused) as err:
         load_head(draft, target, method="dflash")
     if isinstance(draft, torch.nn.Module):  # named by its class, not by its whole module listing
         assert "The block draft BlockDraft reads" in str(err.value) and "\n" not in str(err.value)

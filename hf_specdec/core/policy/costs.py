@@ -88,7 +88,9 @@ class CostModel:
     _cache: dict[tuple[int, int], float | None] = field(default_factory=dict, repr=False)
     _curves: dict[int, tuple[float | None, Curve, Curve]] = field(default_factory=dict, repr=False)
     _before: set[tuple[int, int]] | None = field(default=None, repr=False)
-    _priors: dict[tuple[int, bool], Curve] = field(default_factory=dict, repr=False)
+    _priors: dict[tuple[int, bool], tuple[Curve, dict[int, list[float]]]] = field(
+        default_factory=dict, repr=False
+    )
 
     def begin(self, shape: VerifyShape, context: int) -> None:
         self.shape, self.bucket = shape, context_bucket(context)
@@ -186,6 +188,14 @@ class CostModel:
         in_use = self.trusts_prior and not self.suspect
         own = {w: t for (b, w), t in self.times.items() if b == batch and w > 1}
         steady = {1: 1.0} | (self._carried(batch, exact=True) if in_use else {})
+        carried = self._carried_samples(batch) if in_use else {}
+        for w in own.keys() & carried.keys():
+            # Timed above the carried ratio, pooled with it (noise, weighed by count: one noisy timing of
+            # a width the call rarely verifies must not price it all call long); below it, taken.
+            own_ratio = own[w].value / plain
+            steady[w] = min(
+                own_ratio, statistics.median([*carried[w], *(s / plain for s in own.pop(w).samples)])
+            )
         steady |= {w: t.value / plain for w, t in own.items() if t.confirmed}
         once = {w: t.value / plain for w, t in own.items() if not t.confirmed}
         if len(steady) > 1 or once:
@@ -201,16 +211,22 @@ class CostModel:
         """The prior at this padding and `batch` (or the nearest batch size): each width as carried
         in this context bucket, else in the nearest bucket that carried it."""
         if (batch, exact) in self._priors:
-            return self._priors[batch, exact]
+            return self._priors[batch, exact][0]
         usable = lambda key: any(len(r.samples) >= CARRIED_MIN for r in self.prior[key].values())  # noqa: E731
         pads = self.shape.widths
         keys = [k for k in self.prior if k[0] == pads and (k[2] == batch or not exact) and usable(k)]
         at = min((k[2] for k in keys), key=lambda b: abs(b - batch), default=None)
-        curve: Curve = {}
+        carried: dict[int, _Recent] = {}
         for key in sorted((k for k in keys if k[2] == at), key=lambda k: -abs(k[1] - self.bucket)):
-            curve |= {w: r.value for w, r in self.prior[key].items() if len(r.samples) >= CARRIED_MIN}
-        self._priors[batch, exact] = curve
+            carried |= {w: r for w, r in self.prior[key].items() if len(r.samples) >= CARRIED_MIN}
+        curve = {w: r.value for w, r in carried.items()}
+        self._priors[batch, exact] = curve, {w: r.samples for w, r in carried.items()}
         return curve
+
+    def _carried_samples(self, batch: int) -> dict[int, list[float]]:
+        """The ratios behind `_carried(batch, exact=True)`, each width's as carried."""
+        self._carried(batch, exact=True)
+        return self._priors[batch, True][1]
 
     def carried_at(self, batch: int) -> bool:
         """Whether earlier calls verified drafts at this batch size (else the prior is another's)."""

@@ -163,8 +163,26 @@ def test_a_call_starts_from_the_ratios_earlier_calls_measured_at_its_own_plain_s
     costs.add_verify(1, 1, 3.0)  # this machine runs 3x slower now: the shape is carried, not the level
     assert costs.verify(1, 5) == pytest.approx(6.0)
     assert costs.verify(1, 7) == pytest.approx(power_law(7, (5, 6.0), (9, 7.5)))
-    costs.add_verify(1, 5, 6.3)
-    assert costs.verify(1, 5) == pytest.approx(6.3)  # its own timing wins
+    costs.add_verify(1, 5, 5.4)
+    assert costs.verify(1, 5) == pytest.approx(5.4)  # its own timing, below the carried ratio, wins
+
+
+def test_a_timing_above_the_carried_ratio_is_pooled_with_the_carried_timings():
+    """On a noisy machine one timing of a width at 1.45x a plain step, where sixteen carried ones
+    say 1.1x, priced that width at 1.45x for the rest of the call (the call rarely verified it
+    again): drafts were cut short. Above the carried ratio the call's timings join the carried ones,
+    each one vote; below it they are taken (a change past 1.5x either way sets the prior aside)."""
+    carried = [_measured({1: 1.0, 9: 1.1}, times=5) for _ in range(4)]
+    costs = _after(*carried)
+    assert costs.prior[(), 0, 1][9].samples == [1.1] * 16
+    costs.add_verify(1, 1, 1.0)
+    for _ in range(5):  # all the call keeps of a width
+        costs.add_verify(1, 9, 1.45)
+        assert costs.verify(1, 9) == pytest.approx(1.1)
+    cheaper = _after(*carried)
+    cheaper.add_verify(1, 1, 1.0)
+    cheaper.add_verify(1, 9, 0.9)
+    assert cheaper.verify(1, 9) == pytest.approx(0.9)
 
 
 def test_a_plain_step_is_carried_at_its_padding_context_bucket_and_batch_size_while_in_line():
