@@ -259,6 +259,7 @@ def evaluate_batches(
     host_seconds: float,
     batch: int,
     carry: bool = True,
+    noise_seed: int = 0,
 ) -> dict[str, float]:
     """Batches of `batch` prompts (`batches`). Speedups over plain batched decoding of the same
     batch (geometric mean over batches); the oracle is each batch's best fixed k."""
@@ -271,7 +272,14 @@ def evaluate_batches(
         def run(name: Any, policy: DraftLengthPolicy, group=group, seed=seed) -> dict[str, float]:
             prompts, answers_ = [r["prompt"] for r in group], [r["answer"] for r in group]
             return replay(
-                prompts, answers_, policy, profile, host_seconds, shapes[name], tree=tree, seed=seed
+                prompts,
+                answers_,
+                policy,
+                profile,
+                host_seconds,
+                shapes[name],
+                tree=tree,
+                seed=seed + noise_seed,
             )
 
         plain = run("plain", FixedDraftLength(0))["seconds"]
@@ -391,7 +399,14 @@ def main() -> None:
         batched = {
             name: {
                 b: evaluate_batches(
-                    data, PROFILES[name], ks, args.tree, args.host_ms / 1000, b, not args.no_carry
+                    data,
+                    PROFILES[name],
+                    ks,
+                    args.tree,
+                    args.host_ms / 1000,
+                    b,
+                    not args.no_carry,
+                    args.noise_seed,
                 )
                 for b in wide
             }

@@ -183,19 +183,19 @@ class CostModel:
         return (self._timed_batch(batch), 1) not in self.times
 
     def _curve(self, batch: int, plain: float) -> tuple[Curve, Curve]:
-        """(steady, timed once) ratios: this call's over the prior's while in use; where this batch
-        size verified nothing, the nearest one's that did, else the prior's at the nearest."""
+        """(steady, timed once) ratios: the prior's while in use, under this call's (a width timed
+        above its carried ratio, short of a full window, pooled with the carried timings); where this
+        batch size verified nothing, the nearest one's that did, else the prior's at the nearest."""
         in_use = self.trusts_prior and not self.suspect
         own = {w: t for (b, w), t in self.times.items() if b == batch and w > 1}
         steady = {1: 1.0} | (self._carried(batch, exact=True) if in_use else {})
         carried = self._carried_samples(batch) if in_use else {}
-        for w in own.keys() & carried.keys():
-            # Timed above the carried ratio, pooled with it (noise, weighed by count: one noisy timing of
-            # a width the call rarely verifies must not price it all call long); below it, taken.
-            own_ratio = own[w].value / plain
-            steady[w] = min(
-                own_ratio, statistics.median([*carried[w], *(s / plain for s in own.pop(w).samples)])
-            )
+        for w in [w for w in own.keys() & carried.keys() if len(own[w].samples) < own[w].keep]:
+            # Noise, weighed by count: one noisy timing of a width the call rarely verifies must not
+            # price it all call long. Below the carried ratio, or a full window of its own: the call's.
+            timings = own.pop(w)
+            pooled = statistics.median([*carried[w], *(s / plain for s in timings.samples)])
+            steady[w] = min(timings.value / plain, pooled)
         steady |= {w: t.value / plain for w, t in own.items() if t.confirmed}
         once = {w: t.value / plain for w, t in own.items() if not t.confirmed}
         if len(steady) > 1 or once:

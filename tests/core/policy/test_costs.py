@@ -171,14 +171,18 @@ def test_a_timing_above_the_carried_ratio_is_pooled_with_the_carried_timings():
     """On a noisy machine one timing of a width at 1.45x a plain step, where sixteen carried ones
     say 1.1x, priced that width at 1.45x for the rest of the call (the call rarely verified it
     again): drafts were cut short. Above the carried ratio the call's timings join the carried ones,
-    each one vote; below it they are taken (a change past 1.5x either way sets the prior aside)."""
+    one vote each, until the call has a full window of its own (`_Recent.keep`): then its median
+    prices the width, so a device slower by less than 1.5x (which no timing flags as out of line)
+    is seen within the call. Below the carried ratio the call's figure counts at once."""
     carried = [_measured({1: 1.0, 9: 1.1}, times=5) for _ in range(4)]
     costs = _after(*carried)
     assert costs.prior[(), 0, 1][9].samples == [1.1] * 16
     costs.add_verify(1, 1, 1.0)
-    for _ in range(5):  # all the call keeps of a width
+    for _ in range(4):
         costs.add_verify(1, 9, 1.45)
-        assert costs.verify(1, 9) == pytest.approx(1.1)
+        assert costs.verify(1, 9) == pytest.approx(1.1) and not costs.suspect
+    costs.add_verify(1, 9, 1.45)  # a full window: the call's own
+    assert costs.verify(1, 9) == pytest.approx(1.45)
     cheaper = _after(*carried)
     cheaper.add_verify(1, 1, 1.0)
     cheaper.add_verify(1, 9, 0.9)
