@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from .options import add_runtime_options
+from .options import add_runtime_options, one_of
 
 if TYPE_CHECKING:
     from hf_specdec import SpeculativeStats
@@ -40,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--draft-dtype",
         default=None,
-        choices=["float32", "bfloat16", "float16"],
+        type=one_of("hf_specdec.loading:DTYPE_CHOICES", "float32"),
         help="load the draft in this dtype (default: the target's; e.g. a bfloat16 copy of an fp32 target)",
     )
     parser.set_defaults(func=run)

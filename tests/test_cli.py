@@ -23,7 +23,11 @@ ROOT = Path(__file__).resolve().parents[1]
 # `hf_specdec` fails here) on each argv, then reports the exit codes and the heavy modules loaded.
 # The last argv is the control: `--device` is checked with torch, so torch must show up after it.
 _CHILD = """
-import importlib, json, sys, tomllib
+import importlib, json, sys
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 entry = tomllib.load(open("pyproject.toml", "rb"))["project"]["scripts"]["hf-specdec"]
 module, _, name = entry.partition(":")
 main = getattr(importlib.import_module(module), name)
@@ -97,5 +101,11 @@ def test_a_name_the_library_does_not_list_is_refused_with_the_librarys_names(arg
     assert all(name in err for name in listed), err
 
 
-def test_python_m_hf_specdec_cli_runs_the_same_command():
+@pytest.mark.parametrize("module", ["hf_specdec_cli", "hf_specdec.cli"])
+def test_python_m_runs_the_command_line(module):
+    """`python -m hf_specdec_cli` (fast) and `python -m hf_specdec.cli` (imports the package first)."""
+    child = subprocess.run(
+        [sys.executable, "-m", module, "--help"], cwd=ROOT, env=child_env(), capture_output=True, text=True
+    )
+    assert child.returncode == 0 and child.stdout.startswith("usage: hf-specdec"), child.stderr
     assert cli.main is main

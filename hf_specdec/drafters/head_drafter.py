@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class HeadDrafterConfig(ChainTreeConfig):
-    """Settings of the `eagle` and `medusa` drafters.
+    """Settings of the head drafters: `eagle` (and `mtp`, drafting as it does) and `medusa`.
 
     Args:
         min_confidence: stop a greedy draft once the head's probability of its next token falls

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 from pathlib import Path
 
@@ -330,9 +329,6 @@ def test_cli_text_lists_published_heads_offline(
     assert "head:" not in out and "speculative=dict" not in out
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("hf_specdec_cli.demo") is None, reason="hf_specdec.cli needs every command"
-)
 def test_cli_main(capsys: pytest.CaptureFixture[str]) -> None:
     from hf_specdec.cli import main
 
