@@ -40,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--draft-dtype",
         default=None,
-        type=one_of("hf_specdec.loading:DTYPE_CHOICES", "float32"),
+        type=one_of("hf_specdec.loading:DTYPE_CHOICES"),
         help="load the draft in this dtype (default: the target's; e.g. a bfloat16 copy of an fp32 target)",
     )
     parser.set_defaults(func=run)

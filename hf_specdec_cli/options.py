@@ -7,16 +7,18 @@ import importlib
 from collections.abc import Callable
 
 
-def one_of(names: str, default: str) -> Callable[[str], str]:
-    """An argparse type: `default`, or a name the library lists (`names`: "module:ATTRIBUTE"), read
-    only for an option given: importing the library takes seconds, and neither `--help` nor an
-    error in another argument should wait for it (argparse passes string defaults through too)."""
+def one_of(names: str, default: str | None = None) -> Callable[[str], str]:
+    """An argparse type: the option's string `default`, or a name the library lists (`names`:
+    "module:ATTRIBUTE"), read only for an option given: importing the library takes seconds, and
+    neither `--help` nor an error in another argument should wait for it (argparse passes string
+    defaults through the type too, hence `default` passes without the import)."""
     module, attribute = names.split(":")
 
     def check(value: str) -> str:
         if value == default:
             return value
-        choices = list(dict.fromkeys([default, *getattr(importlib.import_module(module), attribute)]))
+        listed = getattr(importlib.import_module(module), attribute)
+        choices = list(dict.fromkeys([*([default] if default else []), *listed]))
         if value not in choices:
             raise argparse.ArgumentTypeError(f"{value!r} is none of {', '.join(choices)}")
         return value
