@@ -75,7 +75,8 @@ class Draft:
     tokens: torch.Tensor  # [B, k], padding past each row's length is ignored
     lengths: list[int]  # [B]
     probs: torch.Tensor | None = None  # [B, k, V] the processed distributions sampled from; None = certain
-    # [B, k] the drafter's estimate that token i is accepted given tokens < i were; None = no estimate.
+    # [B, k] the drafter's estimate that token i is accepted given tokens < i were (a tree's node:
+    # given its parent was); None = no estimate.
     confidence: torch.Tensor | None = None
     # Of the time this draft took, what went into catching the draft up (on the prompt at first, on
     # the tokens of plain steps later; see `DraftRequest.is_catch_up`). Not a cost of draft tokens:

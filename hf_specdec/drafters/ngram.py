@@ -183,41 +183,47 @@ OTHER_MATCH_PRIOR = 0.2
 
 
 def _trie(
-    continuations: list[tuple[list[int], int]],
+    continuations: list[list[int]],
     budget: int,
     alpha: float = PRIOR_ACCEPTANCE,
     gamma: float = OTHER_MATCH_PRIOR,
-) -> tuple[list[int], list[int], list[int]]:
+    lead_odds: list[float] | None = None,
+) -> tuple[list[int], list[int], list[float]]:
     """Merge continuations, best first, into a trie and keep its `budget` likeliest nodes, likeliest
-    first: tokens, parents (-1: a child of the last token) and the match size each node came from.
+    first: tokens, parents (-1: a child of the last token) and each node's odds of acceptance once
+    its parent held.
 
-    A node's likelihood of lying on the accepted path is the product down its path of α for a
-    node that continues its parent's best continuation (the first one through the parent) and
-    (1 - α)·γ·2^-(j-1) for the parent's j-th other child (where another match leaves the trie):
-    α is how often a best continuation's next token is accepted, γ how often another match has
-    the token when the best does not. Children are less likely than their parents, so the order
-    keeps parents first and any prefix of the nodes is a tree: where the best continuation is
-    mostly right (α high) the trie is nearly a chain, where it often fails early the other
-    matches' tokens come in.
+    A node's likelihood of lying on the accepted path is the product of those odds down its path:
+    α for a node that continues its parent's best continuation (the first one through the parent;
+    `lead_odds[i]` for the best continuation's own i-th token, as a chain of it would be judged)
+    and (1 - a)·γ·2^-(j-1) for the parent's j-th other child, a the odds of its first child: α is
+    how often a best continuation's next token is accepted, γ how often another match has the
+    token when the best does not. Children are less likely than their parents, so the order keeps
+    parents first and any prefix of the nodes is a tree: where the best continuation is mostly
+    right the trie is nearly a chain, where it often fails early the other matches' tokens come in.
     """
     tokens: list[int] = []
     parents: list[int] = []
-    sizes: list[int] = []
     likelihood: list[float] = []
+    odds: list[float] = []
     children: dict[tuple[int, int], int] = {}
+    first_child: dict[int, int] = {}
     child_count: dict[int, int] = {}
-    for continuation, size in continuations:
+    for c, continuation in enumerate(continuations):
         parent = -1
-        for token in continuation:
+        for i, token in enumerate(continuation):
             node = children.get((parent, token))
             if node is None:
-                j = child_count.get(parent, 0)
-                child_count[parent] = j + 1
-                factor = alpha if j == 0 else (1 - alpha) * gamma * 0.5 ** (j - 1)
                 node = children[(parent, token)] = len(tokens)
+                j = child_count[parent] = child_count.get(parent, 0) + 1
+                if j == 1:
+                    first_child[parent] = node
+                    factor = lead_odds[i] if c == 0 and lead_odds and i < len(lead_odds) else alpha
+                else:
+                    factor = (1 - odds[first_child[parent]]) * gamma * 0.5 ** (j - 2)
                 tokens.append(token)
                 parents.append(parent)
-                sizes.append(size)
+                odds.append(factor)
                 likelihood.append((likelihood[parent] if parent >= 0 else 1.0) * factor)
             parent = node
     kept = sorted(range(len(tokens)), key=lambda i: (-likelihood[i], i))[:budget]
@@ -225,7 +231,7 @@ def _trie(
     return (
         [tokens[i] for i in kept],
         [where[parents[i]] if parents[i] >= 0 else -1 for i in kept],
-        [sizes[i] for i in kept],
+        [odds[i] for i in kept],
     )
 
 
@@ -336,15 +342,12 @@ class NgramDrafter(Drafter):
             elif request.tree:
                 odds = self.trie_odds
                 # The voted continuation leads, so it is the trie's best path.
-                chain, size, _ = index.lookup(budget)
-                tokens, parents, match_sizes = _trie(
-                    [(chain, size), *index.matches(budget)], budget, odds.alpha, odds.gamma
+                chain, size, agreement = index.lookup(budget)
+                continuations = [chain, *(tokens for tokens, _ in index.matches(budget))]
+                tokens, parents, confidence = _trie(
+                    continuations, budget, odds.alpha, odds.gamma, chain_odds(size, agreement)
                 )
                 index.last_trie = (tokens, parents)
-                # A trie mixes occurrences: each node is taken as backed by one (the policy sizes
-                # trees by what trees gained, not by these). A node right after the last token is
-                # a draft's first token, any deeper one a later token.
-                confidence = [token_odds(n, ONE, parent < 0) for n, parent in zip(match_sizes, parents)]
                 proposals.append((tokens, parents, confidence))
             else:
                 chain, size, agreement = index.lookup(budget)

@@ -6,11 +6,13 @@ import pytest
 import torch
 
 from hf_specdec.core.draft import DraftRequest
+from hf_specdec.core.policy import PRIOR_ACCEPTANCE
 from hf_specdec.drafters.ngram import (
     ALL,
     FIRST_TOKEN_ODDS,
     LATER_TOKEN_ODDS,
     ONE,
+    OTHER_MATCH_PRIOR,
     SPLIT,
     NgramConfig,
     NgramDrafter,
@@ -60,12 +62,16 @@ def test_a_token_its_occurrences_disagree_on_is_less_likely_than_one_they_agree_
         assert all(odds[SPLIT] < odds[ONE] <= odds[ALL] for odds in table.values())
 
 
-def test_a_tries_first_nodes_carry_first_token_odds_and_deeper_ones_later_odds():
-    context = [10, 11, 12, 7, 10, 11, 13, 8, 10, 11]  # "10 11" went on with 12 then with 13
+def test_a_tries_nodes_carry_their_odds_given_their_parent_held():
+    """The voted chain's nodes carry a chain's odds; another match's token where the chain's first
+    token may fail, (1 - its odds) times γ; that branch's own continuation α (priors: nothing seen)."""
+    context = [10, 11, 12, 7, 10, 11, 13, 8, 10, 11]  # "10 11" went on with 12, then with 13
     draft = _propose(context, 8, tree=True)
-    parents = draft.parents[0, : draft.lengths[0]].tolist()
-    confidence = draft.confidence[0, : draft.lengths[0]].tolist()
-    assert parents.count(-1) == 2 and any(p >= 0 for p in parents)  # two branches, and depth
-    for parent, odds in zip(parents, confidence):
-        table = FIRST_TOKEN_ODDS if parent < 0 else LATER_TOKEN_ODDS
-        assert any(odds == pytest.approx(v[ONE]) for v in table.values())
+    n = draft.lengths[0]
+    nodes = list(zip(draft.tokens[0, :n].tolist(), draft.parents[0, :n].tolist()))
+    odds = dict(zip(nodes, draft.confidence[0, :n].tolist()))
+    voted = FIRST_TOKEN_ODDS[2][SPLIT]  # 13, the most recent of a tied vote
+    assert odds[13, -1] == pytest.approx(voted)
+    assert odds[8, nodes.index((13, -1))] == pytest.approx(LATER_TOKEN_ODDS[2][ONE])
+    assert odds[12, -1] == pytest.approx((1 - voted) * OTHER_MATCH_PRIOR)
+    assert odds[7, nodes.index((12, -1))] == pytest.approx(PRIOR_ACCEPTANCE)

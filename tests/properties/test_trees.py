@@ -15,20 +15,29 @@ from ..helpers.trees import BRANCHING_PROMPT, repetitive_batch, sample_trees, wa
 
 
 def test_trie_keeps_its_likeliest_nodes_first():
-    continuations = [([7, 8, 9, 10], 3), ([7, 8, 5], 2), ([4, 4], 2)]
+    continuations = [[7, 8, 9, 10], [7, 8, 5], [4, 4]]
     # Best continuations mostly right (α 0.6, γ 0.2): its four tokens, then where [4, 4] leaves.
-    tokens, parents, sizes = _trie(continuations, budget=5)
+    tokens, parents, odds = _trie(continuations, budget=5)
     assert tokens == [7, 8, 9, 10, 4]
     assert parents == [-1, 0, 1, 2, -1]
-    assert sizes == [3, 3, 3, 3, 2]
+    assert odds == pytest.approx([0.6, 0.6, 0.6, 0.6, 0.4 * 0.2])
     # Often wrong at once, while other matches often have the token (α 0.3, γ 0.5): the other
     # match's first token (0.7 * 0.5) ranks before the best's (0.3); parents still come first.
-    tokens, parents, sizes = _trie(continuations, budget=5, alpha=0.3, gamma=0.5)
+    tokens, parents, odds = _trie(continuations, budget=5, alpha=0.3, gamma=0.5)
     assert tokens == [4, 7, 4, 8, 5]
     assert parents == [-1, -1, 0, 1, 3]
-    assert sizes == [2, 3, 2, 3, 2]
-    assert _trie([([7, 8, 9, 10], 3)], 3)[0] == [7, 8, 9]
-    assert _trie([([7, 8, 9, 10], 3), ([7, 8, 9, 10], 2)], 4)[0] == [7, 8, 9, 10]
+    assert odds == pytest.approx([0.35, 0.3, 0.3, 0.3, 0.35])
+    assert _trie([[7, 8, 9, 10]], 3)[0] == [7, 8, 9]
+    assert _trie([[7, 8, 9, 10], [7, 8, 9, 10]], 4)[0] == [7, 8, 9, 10]
+
+
+def test_trie_judges_the_best_continuation_by_its_own_odds():
+    # Its third token doubtful (0.2): the other match's token after [7, 8] (0.8 * 0.5 given [7, 8])
+    # ranks before it, and each node's odds are given its parent held.
+    tokens, parents, odds = _trie([[7, 8, 9, 10], [7, 8, 5], [4, 4]], 4, 0.6, 0.5, [0.9, 0.9, 0.2, 0.2])
+    assert tokens == [7, 8, 5, 9]
+    assert parents == [-1, 0, 1, 1]
+    assert odds == pytest.approx([0.9, 0.9, 0.4, 0.2])
 
 
 def test_trie_odds_learn_from_what_followed():

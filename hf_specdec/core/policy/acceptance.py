@@ -67,7 +67,7 @@ def _bucket(confidence: float, position: int) -> int:
 class TreeAcceptance:
     """β_i: how often node i (best first) lies on the accepted path; a tree's first n nodes add
     Σ_{i<n} β_i tokens (`gains`), and cost a forward a level where a drafter grows trees so
-    (`levels`). A node never drafted is guessed as likely as the one before it."""
+    (`levels`)."""
 
     def __init__(
         self,
@@ -83,15 +83,26 @@ class TreeAcceptance:
     def observed(self) -> bool:
         return self.drafted[0] > 0
 
-    def betas(self) -> list[float]:
+    def betas(self, odds: list[float] | None = None, parents: list[int] | None = None) -> list[float]:
+        """β per node as trees so far measured it at its place, from a prior: where the drafter
+        gives each node's `odds` given its parent held, its odds of lying on the accepted path (its
+        own times its parent's, down the tree's `parents`; as many nodes as it gives), else as
+        likely as the node before it (optimistic: a tree grows to find out)."""
+        if odds is not None and parents is not None:
+            path: list[float] = []
+            for p, parent in zip(odds, parents):
+                path.append(p * (path[parent] if parent >= 0 else 1.0))
+            return [
+                beta_mean(h, n, p, self.prior_weight) for h, n, p in zip(self.on_path, self.drafted, path)
+            ]
         prior = self.prior_acceptance
         return [
             prior := beta_mean(hits, n, prior, self.prior_weight)
             for hits, n in zip(self.on_path, self.drafted)
         ]
 
-    def gains(self) -> list[float]:
-        return list(itertools.accumulate(self.betas()))
+    def gains(self, odds: list[float] | None = None, parents: list[int] | None = None) -> list[float]:
+        return list(itertools.accumulate(self.betas(odds, parents)))
 
     def levels(self) -> list[float]:
         """levels[n - 1]: the first n nodes' depth; a size never drafted as deep as the largest drafted."""

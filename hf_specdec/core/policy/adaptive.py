@@ -158,11 +158,16 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         return draft.widened(fed - 1) if fed > k + 1 else draft
 
     def _row_gains(self, draft: Draft) -> list[list[float]]:
-        """A tree's by what trees gained; a sampled draft's by position alone (cut by its own tokens
-        it would no longer follow the target's distribution); a greedy chain's by its tokens' odds."""
+        """A sampled draft's by position alone (cut by its own tokens it would no longer follow the
+        target's distribution); else a chain's by its tokens' odds, a tree's by its nodes' where the
+        drafter gives them, and by what trees gained."""
+        scored = draft.confidence is not None and draft.probs is None
+        if draft.parents is not None and scored:
+            rows = zip(draft.confidence.tolist(), draft.parents.tolist(), draft.lengths)
+            return [self.trees.gains(odds[:n], parents[:n]) for odds, parents, n in rows]
         if draft.parents is not None and self.trees.observed:
             return [self.trees.gains()[:n] for n in draft.lengths]
-        if draft.probs is not None or draft.confidence is None or draft.parents is not None:
+        if not scored or draft.parents is not None:
             return [expected_gains(self.acceptance.alphas())[:n] for n in draft.lengths]
         rows = zip(draft.confidence.tolist(), draft.lengths)
         return [expected_gains([self._token_odds(c, i) for i, c in enumerate(row[:n])]) for row, n in rows]

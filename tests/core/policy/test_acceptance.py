@@ -74,6 +74,16 @@ def test_tree_acceptance_counts_nodes_on_the_accepted_path():
     assert trees.gains() == pytest.approx([b0, b0 + b1, b0 + b1 + b2, b0 + b1 + 2 * b2])
 
 
+def test_tree_nodes_a_drafter_gives_odds_for_start_from_their_odds_down_the_path():
+    trees = TreeAcceptance(max_k=4, prior_acceptance=0.6, prior_weight=2.0)
+    trees.observe([1], [[0]])  # one node drafted and accepted
+    odds, parents = [0.5, 0.8, 0.5, 0.9], [-1, 0, -1, 1]  # 0 - 1 - 3 | 2
+    on_path = [0.5, 0.5 * 0.8, 0.5, 0.5 * 0.8 * 0.9]
+    b0 = (1 + on_path[0] * 2) / (1 + 2)
+    assert trees.betas(odds, parents) == pytest.approx([b0, *on_path[1:]])  # not each as likely as node 0
+    assert trees.gains(odds[:2], parents[:2]) == pytest.approx([b0, b0 + on_path[1]])
+
+
 def test_tree_levels_count_the_depth_of_each_prefix():
     trees = TreeAcceptance(max_k=6)
     four_roots = [-1, -1, -1, -1, 0, 1]

@@ -376,6 +376,23 @@ def test_a_tree_is_priced_by_its_depth_not_its_nodes():
     assert policy.draft_length(1) >= 6
 
 
+def test_a_tree_is_sized_by_its_nodes_odds_where_the_drafter_gives_them():
+    """One node looked at and accepted: without odds every node of a tree is guessed as likely as
+    it, and where each fed token costs 60% of a step the whole tree looks worth verifying; with the
+    drafter's odds (a likely first token, then nodes its parent rarely leads to) only the first."""
+    costs = {w: 1.0 + 0.6 * (w - 1) for w in range(1, 18)}
+    odds = [0.9] + [0.1] * 7
+    for given in (None, odds):
+        policy = AdaptiveDraftLength()
+        policy.update(1, _draft([0]), [0], 0.0, costs[1])
+        policy.update(1, _tree([1]), [1], 0.0, costs[2], paths=[[0]])
+        policy.costs.add_verify(1, 9, costs[9])
+        tree = _tree([8])
+        tree.confidence = None if given is None else torch.tensor([given])
+        cut = policy.trim(tree, 1).lengths[0]
+        assert cut == 8 if given is None else cut == 1
+
+
 # --- decisions in device regimes (the cost profiles of hf_specdec.bench.regimes, a fake clock) ---
 
 
