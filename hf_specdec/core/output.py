@@ -13,6 +13,7 @@ from transformers import GenerationConfig, StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .draft import DraftRequest
+from .processing import as_row, indexes_rows
 from .stats import SpeculativeStats
 
 if TYPE_CHECKING:
@@ -125,7 +126,7 @@ class OutputCollector:
             # Criteria are called on this row's exact sequence, as plain generate calls them: with
             # every step's scores so far when output_scores keeps them, else None.
             step_scores = tuple(self.scores[row]) if self.keep_scores else None
-            if bool(stopping_criteria(self.row(row), step_scores)[0]):
+            if self._stops(row, stopping_criteria, step_scores):
                 self.finished[row] = True
                 break
         if self.lengths[row] >= self.capacity:
@@ -138,6 +139,17 @@ class OutputCollector:
             self.hidden_states[row].extend(extras.hidden_states[:n])
         if self.streamer is not None and n:
             self.streamer.put(tokens[:n].cpu())
+
+    def _stops(
+        self, row: int, criteria: StoppingCriteriaList, scores: tuple[torch.Tensor, ...] | None
+    ) -> bool:
+        """Whether a criterion ends the row (each called, as `StoppingCriteriaList` calls them all)."""
+        ids, batch = self.row(row), self.tokens.shape[0]
+        done = [
+            as_row(c, row, batch, ids, scores) if indexes_rows(c) and batch > 1 else c(ids, scores)
+            for c in criteria
+        ]
+        return any(bool(d[0]) for d in done)
 
     def emit_verdict(
         self,

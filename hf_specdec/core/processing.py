@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
@@ -44,6 +46,44 @@ _NO_TOKENS = torch.zeros(1, 0, dtype=torch.long)
 # Processor attributes that hold one entry per row of the user's batch (transformers builds the
 # repetition penalty with each row's left-padding length, so padding is never penalised).
 _PER_ROW_ATTRIBUTES = ("prompt_ignore_length",)
+
+# transformers' processors that treat a row by its index in the batch: `prefix_allowed_tokens_fn`
+# gets it as `batch_id`, the encoder's ids are one row per row of the batch.
+_ROW_INDEXED = ("PrefixConstrainedLogitsProcessor", "EncoderRepetitionPenaltyLogitsProcessor")
+_ROW_INDEXED += ("EncoderNoRepeatNGramLogitsProcessor",)
+
+
+def indexes_rows(callable_: object) -> bool:
+    """Whether a logits processor or stopping criterion may treat a row by its index in the batch:
+    transformers' own do not (but `_ROW_INDEXED`); a user's own may (a bias per row, a budget per
+    row), so it is shown the whole batch (`as_row`)."""
+    kind = type(callable_)
+    return not kind.__module__.startswith("transformers.") or kind.__name__ in _ROW_INDEXED
+
+
+def as_row(call: Callable[..., Any], row: int, batch_size: int, ids: torch.Tensor, scores: Any) -> Any:
+    """`call(ids, scores)` for row `row` of a batch of `batch_size` rows, called with the whole batch
+    as plain `generate` calls it: every row this row's ids [1, L] and scores ([1, V], or a tuple of
+    them, or None), and row `row` of what it returns taken. Rows verified apart sit at different
+    lengths, so no one batch holds them all; a callable that reads other rows than its own cannot
+    be shown theirs."""
+
+    def batch(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return x.expand(batch_size, *x.shape[1:]).clone()
+        return tuple(batch(t) for t in x) if isinstance(x, tuple) else x
+
+    return call(batch(ids), batch(scores))[row : row + 1]
+
+
+class _AsRow(lp.LogitsProcessor):
+    """A processor that may index rows, called for one row of the user's batch (`as_row`)."""
+
+    def __init__(self, processor: lp.LogitsProcessor, row: int, batch_size: int) -> None:
+        self.processor, self.row, self.batch_size = processor, row, batch_size
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        return as_row(self.processor, self.row, self.batch_size, input_ids, scores)
 
 
 class ScoreProcessor:
@@ -109,6 +149,8 @@ class ScoreProcessor:
                 if sliced:
                     processor = copy.copy(processor)
                     processor.__dict__.update(sliced)
+                if indexes_rows(processor) and self.batch_size > 1:
+                    processor = _AsRow(processor, row_id, self.batch_size)
                 row.append(processor)
             self._row_processors[row_id] = row
         return self._row_processors[row_id]

@@ -138,3 +138,17 @@ def test_prefix_ids_lay_each_path_after_its_context():
 )
 def test_other_processors_stay_row_by_row(processors):
     assert not ScoreProcessor(LogitsProcessorList(processors), VOCAB, BATCH).batched
+
+
+def test_processors_that_may_index_rows_are_shown_the_whole_batch():
+    from transformers import LogitsProcessor, PrefixConstrainedLogitsProcessor
+
+    from hf_specdec.core.processing import indexes_rows
+
+    class Mine(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            return scores
+
+    assert indexes_rows(Mine()) and indexes_rows(PrefixConstrainedLogitsProcessor(lambda b, ids: [1], 1))
+    assert not indexes_rows(MinLengthLogitsProcessor(5, eos_token_id=2))
+    assert not indexes_rows(_penalty())

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 import torch
-from transformers import StoppingCriteria, StoppingCriteriaList
+from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from hf_specdec import SpeculativeConfig
 
@@ -440,3 +440,57 @@ def test_stopping_criteria_that_read_scores(target, drafts, method):
     assert plain.sequences.shape[1] < input_ids.shape[1] + 16  # the criterion did stop rows early
     out = target.generate(**kwargs, stopping_criteria=stop, speculative=spec_for(method, drafts, 3))
     assert torch.equal(out.sequences, plain.sequences)
+
+
+class _BiasPerRow(LogitsProcessor):
+    """A user's processor that steers each row of the batch its own way: row b may emit only its own
+    band of token ids (a bias tensor of one row per row, as the user built it for the batch)."""
+
+    def __init__(self, batch: int, vocab: int = 64) -> None:
+        self.bias = torch.full((batch, vocab), -1e4)
+        for b in range(batch):
+            self.bias[b, _band(b)] = 0.0
+
+    def __call__(self, input_ids, scores):
+        return scores + self.bias
+
+
+class _BudgetPerRow(StoppingCriteria):
+    """A user's criterion that stops row b after `budgets[b]` new tokens."""
+
+    def __init__(self, budgets: list[int], prompt_len: int) -> None:
+        self.budgets, self.prompt_len = torch.tensor(budgets), prompt_len
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids.shape[1] - self.prompt_len >= self.budgets
+
+
+def _band(row: int) -> list[int]:
+    return list(range(6 + 14 * row, 20 + 14 * row))
+
+
+@pytest.mark.parametrize(
+    "option",
+    ["bias_per_row", "prefix_allowed_tokens_fn", "encoder_repetition_penalty", "encoder_no_repeat", "budget"],
+)
+@pytest.mark.parametrize("method", ["ngram", "good"])
+def test_processors_and_criteria_that_tell_rows_apart_by_index(target, drafts, option, method):
+    """Plain `generate` calls processors and criteria on the whole batch; verifying rows apart, each
+    is shown its row in a batch of the user's size, so one that indexes rows treats each its way."""
+    input_ids, attention_mask = random_batch(7, 4, min_len=2, max_len=30)
+    kwargs = {
+        "bias_per_row": dict(logits_processor=LogitsProcessorList([_BiasPerRow(4)])),
+        "prefix_allowed_tokens_fn": dict(prefix_allowed_tokens_fn=lambda batch_id, ids: _band(batch_id)),
+        "encoder_repetition_penalty": dict(encoder_repetition_penalty=1.5),
+        "encoder_no_repeat": dict(encoder_no_repeat_ngram_size=2),
+        "budget": dict(
+            stopping_criteria=StoppingCriteriaList([_BudgetPerRow([3, 9, 5, 14], input_ids.shape[1])])
+        ),
+    }[option]
+    common = dict(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=16, do_sample=False)
+    plain = target.generate(**common, **kwargs)
+    out = target.generate(**common, **kwargs, speculative=spec_for(method, drafts, 4))
+    assert_same_as_plain(target, out, plain, attention_mask)
+    if option in ("bias_per_row", "prefix_allowed_tokens_fn"):  # each row kept to its own band
+        for b, row in enumerate(out[:, input_ids.shape[1] :].tolist()):
+            assert set(row) <= set(_band(b))
