@@ -73,9 +73,7 @@ class CostModel:
     times: dict[tuple[int, int], _Recent] = field(default_factory=dict)  # (batch, width fed) -> seconds
     # What a width's first call in a call cost above its second, where over twice it (else 0), at
     # shapes new to the process (False) and at shapes earlier calls verified (True: paid every call).
-    one_offs: dict[bool, _Recent] = field(
-        default_factory=lambda: {False: _Recent(keep=8), True: _Recent(keep=8)}
-    )
+    one_offs: dict[bool, _Recent] = field(default_factory=lambda: {s: _Recent(keep=8) for s in (False, True)})
     prior: dict[Key, dict[int, _Recent]] = field(default_factory=dict)
     plains: dict[Key, _Recent] = field(default_factory=dict)
     shape: VerifyShape = field(default_factory=VerifyShape)
@@ -273,13 +271,13 @@ class CostModel:
         keep = lambda key: earlier.trusts_prior or key[0] != pads  # noqa: E731
         self.prior = copy.deepcopy({key: curve for key, curve in earlier.prior.items() if keep(key)})
         self.plains = copy.deepcopy({key: r for key, r in earlier.plains.items() if keep(key)})
-        for batch in (b for b, w in earlier.times if w == 1):  # as its ratios were: capped by wider widths
-            self.plains.setdefault((pads, earlier.bucket, batch), _Recent()).add(earlier.verify(batch, 1))
         first = int(earlier.new_shapes_are_dear())  # a width's first call then paid a one-off: not carried
         for (batch, width), timings in earlier.times.items():
-            if width > 1 and (plain := earlier.verify(batch, 1)) and timings.samples[first:]:
-                curve = self.prior.setdefault((pads, earlier.bucket, batch), {})
-                ratios = curve.setdefault(width, _Recent(keep=CARRIED_TIMINGS))
+            key, plain = (pads, earlier.bucket, batch), earlier.verify(batch, 1)
+            if width == 1:  # as its ratios were: capped by wider widths
+                self.plains.setdefault(key, _Recent()).add(plain)
+            elif plain and timings.samples[first:]:
+                ratios = self.prior.setdefault(key, {}).setdefault(width, _Recent(keep=CARRIED_TIMINGS))
                 for seconds in timings.samples[first:]:  # each as timed: a median of minima would guess low
                     ratios.add(seconds / plain)
         self.one_offs = copy.deepcopy(earlier.one_offs)
