@@ -4,7 +4,7 @@ holds no figure about any device: a width never timed is read off those that wer
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import math
 import statistics
 from collections.abc import Callable
@@ -144,8 +144,7 @@ class CostModel:
             self.trusts_prior, self.streak, self.suspect = False, [], False
 
     def verify(self, batch: int, width: int) -> float | None:
-        """Predicted seconds; None until a plain step is timed (at `batch`, or the nearest batch size
-        timed) or carried."""
+        """Predicted seconds; None until a plain step was timed (at the nearest batch size) or carried."""
         key = (batch, self.shape.padded(width))
         if key not in self._cache:
             self._cache[key] = self._predict(*key)
@@ -267,10 +266,12 @@ class CostModel:
         to its plain step, and its one-offs; where it found its prior wrong, its own replace it."""
         if earlier is None:
             return
-        pads = earlier.shape.widths
+        pads, copy = earlier.shape.widths, lambda r: dataclasses.replace(r, samples=list(r.samples))
         keep = lambda key: earlier.trusts_prior or key[0] != pads  # noqa: E731
-        self.prior = copy.deepcopy({key: curve for key, curve in earlier.prior.items() if keep(key)})
-        self.plains = copy.deepcopy({key: r for key, r in earlier.plains.items() if keep(key)})
+        self.prior = {
+            key: {w: copy(r) for w, r in curve.items()} for key, curve in earlier.prior.items() if keep(key)
+        }
+        self.plains = {key: copy(r) for key, r in earlier.plains.items() if keep(key)}
         first = int(earlier.new_shapes_are_dear())  # a width's first call then paid a one-off: not carried
         for (batch, width), timings in earlier.times.items():
             key, plain = (pads, earlier.bucket, batch), earlier.verify(batch, 1)
@@ -280,5 +281,5 @@ class CostModel:
                 ratios = self.prior.setdefault(key, {}).setdefault(width, _Recent(keep=CARRIED_TIMINGS))
                 for seconds in timings.samples[first:]:  # each as timed: a median of minima would guess low
                     ratios.add(seconds / plain)
-        self.one_offs = copy.deepcopy(earlier.one_offs)
+        self.one_offs = {seen: copy(r) for seen, r in earlier.one_offs.items()}
         self._read_prior()
