@@ -101,9 +101,8 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             feeding = self.costs.feeding(batch, widen=not self.drafting_trees)
             gains = self.trees.gains() if self.drafting_trees else expected_gains(self.acceptance.alphas())
             k, _ = fastest_width([gains], self._drafting, lambda w: feeding(w)[1], margin=self._margin(batch))
-        realized = len(self.realized) < s.realized_window or _beats_plain(
-            *map(sum, zip(*self.realized)), plain
-        )
+        window = self.realized
+        realized = len(window) < s.realized_window or _beats_plain(*map(sum, zip(*window)), plain)
         if k == 0 or not realized:  # what asks gave shows what no estimate sees (a batch's slowest row)
             self._probing = self._probe_due()
             return self._first_k if self._probing else 0
@@ -205,9 +204,8 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             return
         tokens, seconds = 1 + accepted[min(self._critical, len(accepted) - 1)], draft_seconds + verify
         fresh = self._probing and _beats_plain(tokens, seconds, plain)  # what held asks back may be gone
-        self.realized = [*([] if fresh else self.realized), (tokens, seconds)][
-            -self.settings.realized_window :
-        ]
+        window = [] if fresh else self.realized
+        self.realized = [*window, (tokens, seconds)][-self.settings.realized_window :]
 
 
 class DeviceCosts(weakref.WeakKeyDictionary):

@@ -73,9 +73,7 @@ class CostModel:
     times: dict[tuple[int, int], _Recent] = field(default_factory=dict)  # (batch, width fed) -> seconds
     # What a width's first call in a call cost above its second, where over twice it (else 0), at
     # shapes new to the process (False) and at shapes earlier calls verified (True: paid every call).
-    one_offs: dict[bool, _Recent] = field(
-        default_factory=lambda: {False: _Recent(keep=8), True: _Recent(keep=8)}
-    )
+    one_offs: dict[bool, _Recent] = field(default_factory=lambda: {s: _Recent(keep=8) for s in (False, True)})
     prior: dict[Key, dict[int, _Recent]] = field(default_factory=dict)
     plains: dict[Key, _Recent] = field(default_factory=dict)
     shape: VerifyShape = field(default_factory=VerifyShape)
@@ -83,18 +81,32 @@ class CostModel:
     trusts_prior: bool = True
     suspect: bool = False  # the last timing judged was out of line with the prior: set it aside
     streak: list[float] = field(default_factory=list)  # log ratios out of line with the prior, in a row
-    # Read every step, rebuilt only when what they are read from changes: predictions and curves
-    # after each timing (`_forget`), the prior as read at this padding in each call (`_forget_prior`).
+    # Read every step, so kept: predictions and curves until the next timing; the prior as read at
+    # this padding and context (`_read_prior`: per batch size its widths, and those verified).
     _cache: dict[tuple[int, int], float | None] = field(default_factory=dict, repr=False)
     _curves: dict[int, tuple[float | None, Curve, Curve]] = field(default_factory=dict, repr=False)
-    _before: set[tuple[int, int]] | None = field(default=None, repr=False)
-    _priors: dict[tuple[int, bool], tuple[Curve, dict[int, list[float]]]] = field(
-        default_factory=dict, repr=False
-    )
+    _here: dict[int, dict[int, _Recent]] = field(default_factory=dict, repr=False)
+    _before: set[tuple[int, int]] = field(default_factory=set, repr=False)
+
+    def __post_init__(self) -> None:
+        self._read_prior()
 
     def begin(self, shape: VerifyShape, context: int) -> None:
         self.shape, self.bucket = shape, context_bucket(context)
-        self._forget_prior()
+        self._read_prior()
+
+    def _read_prior(self) -> None:
+        """Per batch size, each width as carried at this padding in this context bucket, else in the
+        nearest bucket that carried it from `CARRIED_MIN` timings; and every (batch, width) carried."""
+        here = [key for key in self.prior if key[0] == self.shape.widths]
+        self._before = {(key[2], width) for key in here for width in self.prior[key]}
+        enough = {k: {w: r for w, r in self.prior[k].items() if len(r.samples) >= CARRIED_MIN} for k in here}
+        self._here = {key[2]: {} for key in here if enough[key]}  # in the order first carried
+        for key in sorted(here, key=lambda k: -abs(k[1] - self.bucket)):
+            if enough[key]:
+                self._here[key[2]] |= enough[key]
+        self._cache.clear()
+        self._curves.clear()
 
     def add_verify(self, batch: int, width: int, seconds: float) -> None:
         width = self.shape.padded(width)
@@ -102,19 +114,20 @@ class CostModel:
         if width > 1:
             self._judge(batch, width, seconds, timings)
         if len(timings.samples) == 1 and width > 1:
-            first, seen = timings.samples[0], (batch, width) in self._verified_before()
+            first, seen = timings.samples[0], (batch, width) in self._before
             self.one_offs[seen].add(first - seconds if first > 2 * seconds else 0.0)
         self.times[batch, width] = timings
         timings.add(seconds)
-        self._forget()
+        self._cache.clear()
+        self._curves.clear()
 
     def _judge(self, batch: int, width: int, seconds: float, timings: _Recent) -> None:
         """Count the timings in a row out of line with the prior (one-offs expected) on one side."""
-        prior, plain, dear = self._carried(batch, exact=False), self._plain(batch), self.new_shapes_are_dear()
+        prior, plain, dear = self._prior_near(batch), self._plain(batch), self.new_shapes_are_dear()
         if not self.trusts_prior or not prior or not plain or seconds <= 0:
             return
         expected = plain * _from_widths({1: 1.0} | prior, width) + self.first_call_seconds(batch, width)
-        seen, error = (batch, width) in self._verified_before(), math.log(seconds / expected)
+        seen, error = (batch, width) in self._before, math.log(seconds / expected)
         known = self.one_offs[seen].confirmed or not dear and any(r.confirmed for r in self.one_offs.values())
         carried = self.plain_is_carried(batch)
         if dear and not carried and not self.times.get((batch, 1), _Recent()).confirmed:
@@ -130,18 +143,8 @@ class CostModel:
         if len(self.streak) >= REGIME_TIMINGS:
             self.trusts_prior, self.streak, self.suspect = False, [], False
 
-    def _forget(self) -> None:
-        self._cache.clear()
-        self._curves.clear()
-
-    def _forget_prior(self) -> None:
-        self._forget()
-        self._before = None
-        self._priors.clear()
-
     def verify(self, batch: int, width: int) -> float | None:
-        """Predicted seconds; None until a plain step is timed (at `batch`, or the nearest batch size
-        timed) or carried."""
+        """Predicted seconds; None until a plain step was timed (at the nearest batch size) or carried."""
         key = (batch, self.shape.padded(width))
         if key not in self._cache:
             self._cache[key] = self._predict(*key)
@@ -168,15 +171,12 @@ class CostModel:
         the narrowest wider width timed: plain steps are not timed while drafting goes on, and ones
         timed in a stall made drafts that never held look cheap."""
         at = self._timed_batch(batch)
-        carried = self.plains.get((self.shape.widths, self.bucket, at))
-        if (at, 1) in self.times:
-            plain = self.times[at, 1].value
-        elif carried is None or not self.trusts_prior or not self.carried_at(at):
+        in_use = self.trusts_prior and self.carried_at(at)
+        timed = self.times.get((at, 1)) or in_use and self.plains.get((self.shape.widths, self.bucket, at))
+        if not timed:
             return None
-        else:
-            plain = carried.value
         wider = [w for b, w in self.times if b == at and w > 1]
-        return min(plain, self.times[at, min(wider)].value) if wider else plain
+        return min(timed.value, self.times[at, min(wider)].value) if wider else timed.value
 
     def plain_is_carried(self, batch: int) -> bool:
         """Whether a plain step at `batch` is priced as earlier calls timed it: none timed here."""
@@ -188,13 +188,13 @@ class CostModel:
         batch size verified nothing, the nearest one's that did, else the prior's at the nearest."""
         in_use = self.trusts_prior and not self.suspect
         own = {w: t for (b, w), t in self.times.items() if b == batch and w > 1}
-        steady = {1: 1.0} | (self._carried(batch, exact=True) if in_use else {})
-        carried = self._carried_samples(batch) if in_use else {}
+        carried = self._here.get(batch, {}) if in_use else {}
+        steady = {1: 1.0} | {w: r.value for w, r in carried.items()}
         for w in [w for w in own.keys() & carried.keys() if len(own[w].samples) < own[w].keep]:
             # Noise, weighed by count: one noisy timing of a width the call rarely verifies must not
             # price it all call long. Below the carried ratio, or a full window of its own: the call's.
             timings = own.pop(w)
-            pooled = statistics.median([*carried[w], *(s / plain for s in timings.samples)])
+            pooled = statistics.median([*carried[w].samples, *(s / plain for s in timings.samples)])
             steady[w] = min(timings.value / plain, pooled)
         steady |= {w: t.value / plain for w, t in own.items() if t.confirmed}
         once = {w: t.value / plain for w, t in own.items() if not t.confirmed}
@@ -202,47 +202,24 @@ class CostModel:
             return steady, once
         others = [b for b, w in self.times if w > 1 and (b, 1) in self.times]
         if not others:
-            return {1: 1.0} | (self._carried(batch, exact=False) if in_use else {}), {}
+            return {1: 1.0} | (self._prior_near(batch) if in_use else {}), {}
         nearest = min(others, key=lambda b: abs(b - batch))
         steady, once = self._curve(nearest, self._plain(nearest))
         return steady | once, {}
 
-    def _carried(self, batch: int, exact: bool) -> Curve:
-        """The prior at this padding and `batch` (or the nearest batch size): each width as carried
-        in this context bucket, else in the nearest bucket that carried it."""
-        if (batch, exact) in self._priors:
-            return self._priors[batch, exact][0]
-        usable = lambda key: any(len(r.samples) >= CARRIED_MIN for r in self.prior[key].values())  # noqa: E731
-        pads = self.shape.widths
-        keys = [k for k in self.prior if k[0] == pads and (k[2] == batch or not exact) and usable(k)]
-        at = min((k[2] for k in keys), key=lambda b: abs(b - batch), default=None)
-        carried: dict[int, _Recent] = {}
-        for key in sorted((k for k in keys if k[2] == at), key=lambda k: -abs(k[1] - self.bucket)):
-            carried |= {w: r for w, r in self.prior[key].items() if len(r.samples) >= CARRIED_MIN}
-        curve = {w: r.value for w, r in carried.items()}
-        self._priors[batch, exact] = curve, {w: r.samples for w, r in carried.items()}
-        return curve
-
-    def _carried_samples(self, batch: int) -> dict[int, list[float]]:
-        """The ratios behind `_carried(batch, exact=True)`, each width's as carried."""
-        self._carried(batch, exact=True)
-        return self._priors[batch, True][1]
+    def _prior_near(self, batch: int) -> Curve:
+        """The prior at `batch`, or at the nearest batch size earlier calls verified drafts at."""
+        near = min(self._here, key=lambda b: abs(b - batch), default=None)
+        return {w: r.value for w, r in self._here.get(near, {}).items()}
 
     def carried_at(self, batch: int) -> bool:
         """Whether earlier calls verified drafts at this batch size (else the prior is another's)."""
-        return bool(self._carried(batch, exact=True))
-
-    def _verified_before(self) -> set[tuple[int, int]]:
-        """(batch, width) pairs earlier calls verified at this padding."""
-        if self._before is None:
-            carried = ((b, curve) for (pads, _, b), curve in self.prior.items() if pads == self.shape.widths)
-            self._before = {(b, w) for b, curve in carried for w in curve}
-        return self._before
+        return batch in self._here
 
     def first_call_seconds(self, batch: int, width: int) -> float:
         """The one-off a width not yet verified in this call is expected to cost, once learnt."""
         key = (batch, self.shape.padded(width))
-        excess = self.one_offs[key in self._verified_before()]
+        excess = self.one_offs[key in self._before]
         return (excess.value or 0.0) if key not in self.times and excess.confirmed else 0.0
 
     def feeding(
@@ -251,12 +228,11 @@ class CostModel:
         """Per width, the width to feed it at and its cost: `verify`, plus its one-off spread over the
         steps it can serve (`uses`, fewer with few `tokens_left`), or where the cache feeds holes past
         a draft the next wider width already paid for, if cheaper. As it is until one-offs were timed."""
-        if not any(r.confirmed for r in self.one_offs.values()):
-            return lambda width: (width, self.verify(batch, width))
         paid = {w for b, w in self.times if b == batch}
         if not (self.one_offs[True].confirmed and self.one_offs[True].value):  # paid once a process
-            paid |= {w for b, w in self._verified_before() if b == batch}
-        widths, widen = tuple(sorted(paid)), widen and self.shape.feeds_holes
+            paid |= {w for b, w in self._before if b == batch}
+        widths = tuple(sorted(paid))
+        widen = widen and self.shape.feeds_holes and any(r.confirmed for r in self.one_offs.values())
 
         def feed(width: int) -> tuple[int, float | None]:
             seconds = self.verify(batch, width)
@@ -273,7 +249,7 @@ class CostModel:
 
     def measured_wide(self) -> bool:
         """Whether a wide verify was timed here, or enough of them by earlier calls at this padding."""
-        return self.verified_here() or bool(self._carried(1, exact=False))
+        return self.verified_here() or bool(self._here)
 
     def settled(self, batch: int) -> bool:
         """Whether a wide width was timed a full window here: no stall then sets its figure."""
@@ -296,14 +272,14 @@ class CostModel:
             key: {w: copy(r) for w, r in curve.items()} for key, curve in earlier.prior.items() if keep(key)
         }
         self.plains = {key: copy(r) for key, r in earlier.plains.items() if keep(key)}
-        for batch in (b for b, w in earlier.times if w == 1):  # as its ratios were: capped by wider widths
-            self.plains.setdefault((pads, earlier.bucket, batch), _Recent()).add(earlier.verify(batch, 1))
         first = int(earlier.new_shapes_are_dear())  # a width's first call then paid a one-off: not carried
         for (batch, width), timings in earlier.times.items():
-            if width > 1 and (plain := earlier.verify(batch, 1)) and timings.samples[first:]:
-                curve = self.prior.setdefault((pads, earlier.bucket, batch), {})
-                ratios = curve.setdefault(width, _Recent(keep=CARRIED_TIMINGS))
+            key, plain = (pads, earlier.bucket, batch), earlier.verify(batch, 1)
+            if width == 1:  # as its ratios were: capped by wider widths
+                self.plains.setdefault(key, _Recent()).add(plain)
+            elif plain and timings.samples[first:]:
+                ratios = self.prior.setdefault(key, {}).setdefault(width, _Recent(keep=CARRIED_TIMINGS))
                 for seconds in timings.samples[first:]:  # each as timed: a median of minima would guess low
                     ratios.add(seconds / plain)
         self.one_offs = {seen: copy(r) for seen, r in earlier.one_offs.items()}
-        self._forget_prior()
+        self._read_prior()
