@@ -462,6 +462,25 @@ def _run_batch_whose_slowest_row_never_drafts(settings: AdaptiveSettings, steps:
     return asked
 
 
+def test_a_probe_that_pays_starts_what_asks_gave_afresh():
+    """The batch's slowest row finds nothing for 60 steps, so asks stop (probes only); then it
+    starts copying too. The first probe after that pays, and what asks gave before it no longer
+    holds drafting back: the policy drafts nearly every step from then on, where a window still
+    full of the failed asks would keep it to probes, backing off."""
+    profile, policy, asked = PROFILES["flat"], AdaptiveDraftLength(), []
+    for step in range(160):
+        k = policy.draft_length(2)
+        asked.append(k)
+        draft = _draft([k, k], 0.9) if k else Draft.empty(2, torch.device("cpu"))
+        draft = policy.trim(draft, 2, [1000 - step, 500 - step])
+        copying = step >= 60
+        accepted = [draft.lengths[0] if copying else 0, draft.lengths[1]]
+        seconds = profile.seconds(Forward(2, max(draft.lengths) + 1, 200))
+        policy.update(2, draft, accepted, 0.3 * profile.step if k else 0.0, seconds)
+    assert sum(k > 0 for k in asked[40:60]) <= 4  # probes only
+    assert sum(k > 0 for k in asked[100:]) >= 55
+
+
 def test_asks_that_the_batch_cannot_use_stop():
     asked = _run_batch_whose_slowest_row_never_drafts(AdaptiveSettings())
     assert sum(k > 0 for k in asked[40:]) <= 8  # probes only, backing off
