@@ -26,6 +26,7 @@ class RepeatDrafter(Drafter):
     its last token."""
 
     name: ClassVar[str] = "repeat"  # SpeculativeConfig(method="repeat")
+    takes_draft: ClassVar[bool] = False  # drafts from the text alone: a draft= given is refused
     max_period: ClassVar[int] = 4
 
     @classmethod

@@ -31,9 +31,10 @@ class SpeculativeConfig:
             for `method="onnx"`: a folder exported with `hf-specdec export-onnx`; for
             `method="assistant"`: an official assistant (Gemma 4's `*-assistant`), loaded or named;
             for `method="mtp"`: None (the target's own MTP layers, read out of its checkpoint), or
-            transformers' `MtpModel` of them.
+            transformers' `MtpModel` of them. Drafters that take none (`ngram`, `suffix`,
+            `quantized`) refuse one given.
         draft_tokenizer: the draft's tokenizer when `draft` is a loaded model; lets the
-            compatibility check compare vocabularies instead of sizes.
+            compatibility check compare vocabularies instead of sizes. Refused without a `draft`.
         num_draft_tokens: tokens drafted per step (tree nodes, with `tree`): an integer for a fixed
             length, or `"auto"` (default) to choose it each step from measured acceptance and costs
             (state kept for the call).
@@ -91,6 +92,12 @@ class SpeculativeConfig:
             _check_draft_location(str(self.draft))
         elif self.draft is not None:
             _check_draft_object(self.draft)
+        elif self.draft_tokenizer is not None:
+            raise ValueError(
+                "`draft_tokenizer` is the tokenizer of the draft model given as draft=, and no draft was "
+                f"given (method={self.method!r}): pass draft=<your draft model> with it, or drop "
+                "draft_tokenizer=."
+            )
 
     def _take_old_tree_spelling(self) -> None:
         """`tree=<n>`, deprecated: a tree of at most n nodes."""

@@ -17,6 +17,7 @@ import functools
 import inspect
 from typing import Any
 
+import torch
 from transformers import GenerationConfig, StaticCache, StoppingCriteriaList
 from transformers.generation.stopping_criteria import StopStringCriteria
 from transformers.generation.utils import GenerationMixin
@@ -88,6 +89,7 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
     tokenizer = kwargs.get("tokenizer")
     streamer = kwargs.get("streamer")
     _take_stop_strings(model, kwargs, tokenizer)
+    _heal_prompt(model, kwargs, tokenizer)
 
     # `custom_generate` callables receive (model, input_ids, logits_processor, stopping_criteria,
     # generation_config, **model_kwargs): generate's prepared state, handed on to the loop.
@@ -197,6 +199,55 @@ def _take_stop_strings(model: Any, kwargs: dict[str, Any], tokenizer: Any) -> No
     criteria = StoppingCriteriaList(kwargs.get("stopping_criteria") or [])
     criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings))
     kwargs["stopping_criteria"] = criteria
+
+
+def _heal_prompt(model: Any, kwargs: dict[str, Any], tokenizer: Any) -> None:
+    """`token_healing`: heal the prompt here, with transformers' own `heal_tokens`, and give
+    `generate` the healed prompt: `generate` heals only after dropping the tokenizer, which a custom
+    loop such as ours is not handed. Plain `generate` heals the prompt it has prepared and keeps the
+    attention mask it had: the one given, or the one it inferred from the pad tokens of the prompt
+    before healing (healing writes the tokenizer's pad over BOS). That mask goes with it here too."""
+    if not _generation_field(model, kwargs, "token_healing"):
+        return
+    given = kwargs.get("generation_config")
+    if "token_healing" in kwargs or given is None:
+        kwargs["token_healing"] = False
+    else:  # a copy of the caller's config: an argument beside it would draw a deprecation warning
+        kwargs["generation_config"] = GenerationConfig.from_dict({**given.to_dict(), "token_healing": False})
+    key = "input_ids" if kwargs.get("input_ids") is not None else "inputs"
+    prompt = kwargs.get(key)
+    if prompt is None:
+        raise ValueError("token_healing heals the prompt's last token: pass the prompt as input_ids.")
+    healed = model.heal_tokens(prompt, tokenizer)  # transformers' own error where tokenizer is None
+    mask = kwargs.get("attention_mask")
+    pad = _generation_field(model, kwargs, "pad_token_id")
+    eos = _generation_field(model, kwargs, "eos_token_id")
+    if mask is None and pad is not None and pad not in (eos if isinstance(eos, list) else [eos]):
+        mask = prompt.ne(pad).long()  # generate infers a mask from a pad token that is not an EOS token
+    if mask is not None and mask.shape != healed.shape:
+        # Healing re-tokenizes the prompt's text (special tokens left out), which can change its
+        # width. Plain generate drops a mask of all ones; another it would lay over other tokens.
+        if not bool(mask.all()):
+            raise ValueError(
+                f"token_healing re-tokenized the padded prompt to {healed.shape[-1]} columns from "
+                f"{mask.shape[-1]}: plain generate would lay its attention mask over other tokens. Heal the "
+                "prompts one at a time, or heal them first (model.heal_tokens(input_ids, tokenizer)) and "
+                "pass the healed ids with their own attention mask."
+            )
+        mask = torch.ones_like(healed, dtype=mask.dtype)
+    kwargs[key] = healed
+    if mask is not None:
+        kwargs["attention_mask"] = mask
+
+
+def _generation_field(model: Any, kwargs: dict[str, Any], name: str) -> Any:
+    """A generation-config field as `generate` resolves it: given to generate, else set in the
+    generation config given, else in the model's."""
+    if name in kwargs:
+        return kwargs[name]
+    given = kwargs.get("generation_config")
+    value = None if given is None else getattr(given, name)
+    return value if value is not None else getattr(model.generation_config, name)
 
 
 # A text-generation pipeline keeps only the tensors of generate's dict output: with

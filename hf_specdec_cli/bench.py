@@ -74,8 +74,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--sample", action="store_true", help="sample (do_sample=True) instead of greedy")
     parser.add_argument("--num-draft-tokens", default="auto", help='an integer, or "auto" (default)')
     template = parser.add_mutually_exclusive_group()
-    template.add_argument("--chat-template", dest="chat_template", action="store_true", default=None)
-    template.add_argument("--no-chat-template", dest="chat_template", action="store_false")
+    template.add_argument(
+        "--chat-template",
+        dest="chat_template",
+        action="store_true",
+        default=None,
+        help="wrap each prompt (code completions aside) as a user message in the tokenizer's chat "
+        "template (default: when the tokenizer has one); refused for a tokenizer without one",
+    )
+    template.add_argument(
+        "--no-chat-template",
+        dest="chat_template",
+        action="store_false",
+        help="feed each prompt as plain text, without the chat template",
+    )
     parser.add_argument(
         "--no-transformers", action="store_true", help="skip transformers' prompt lookup / assisted rows"
     )

@@ -30,7 +30,9 @@ DEMO_PROMPTS = [
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("demo", help="compare plain and speculative generation on SmolLM2-135M")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=128, help="tokens generated per prompt (default: 128)"
+    )
     parser.add_argument("--method", default="auto", help="speculative method (default: auto)")
     parser.add_argument(
         "--model", default=None, help="a model folder or repo id (default: the offline demo model)"

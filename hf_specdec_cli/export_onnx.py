@@ -14,7 +14,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("model", help="a transformers folder or Hub repo id")
     parser.add_argument("out", help="output folder")
-    parser.add_argument("--dtype", choices=["fp32", "fp16"], default="fp32")
+    parser.add_argument(
+        "--dtype", choices=["fp32", "fp16"], default="fp32", help="weights and KV cache (default: fp32)"
+    )
     parser.add_argument(
         "--quantize", choices=["int8"], default=None, help="int8 weights in blocks of 32 (MatMulNBits)"
     )

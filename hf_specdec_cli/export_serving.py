@@ -18,7 +18,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "engine's layout beside it) and print the command.",
     )
     parser.add_argument("model", metavar="MODEL", help="the target: a Hub repo id or a local folder")
-    parser.add_argument("--engine", choices=["vllm", "sglang"], required=True)
+    parser.add_argument(
+        "--engine",
+        choices=["vllm", "sglang"],
+        required=True,
+        help="the serving engine to write the command for",
+    )
     parser.add_argument(
         "--method",
         default="auto",

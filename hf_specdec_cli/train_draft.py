@@ -60,7 +60,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="EAGLE: token loss on prompt positions too (more labels when answers are few; see README)",
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seeds the held-out split, the order of the data and the head's initial weights (default: 0)",
+    )
     parser.set_defaults(func=run)
 
 

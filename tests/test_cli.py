@@ -45,9 +45,23 @@ for argv in json.loads(sys.argv[1]):
 """
 
 
-def _subcommands() -> list[str]:
+def _subparsers() -> dict[str, argparse.ArgumentParser]:
     (action,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
-    return list(action.choices)
+    return dict(action.choices)
+
+
+def _subcommands() -> list[str]:
+    return list(_subparsers())
+
+
+def test_every_option_says_what_it_does():
+    silent = [
+        f"{name} {'/'.join(option.option_strings) or option.dest}"
+        for name, parser in _subparsers().items()
+        for option in parser._actions
+        if not option.help and not isinstance(option, argparse._HelpAction)
+    ]
+    assert not silent, f"options without help text: {silent}"
 
 
 def test_help_and_argument_errors_import_neither_torch_nor_the_library():

@@ -43,17 +43,24 @@ def _generate(target, speculative):
     return out.speculative_stats
 
 
-def test_the_docstring_names_exactly_the_drafters_that_grow_trees():
+@pytest.mark.parametrize(
+    "sentence, named_if",
+    [
+        (r"Drafters that grow trees:(.*?)\.(?: |$)", lambda cls: cls.supports_tree),
+        (r"Drafters that take none \((.*?)\) refuse one given", lambda cls: not cls.takes_draft),
+    ],
+    ids=["tree", "draft"],
+)
+def test_the_docstring_names_exactly_the_drafters_it_says(sentence, named_if):
     """config.py sits below the drafters and cannot ask the registry, so it names them in prose."""
     doc = " ".join(SpeculativeConfig.__doc__.split())
-    sentence = re.search(r"Drafters that grow trees:(.*?)\.(?: |$)", doc).group(1)
-    named = set(re.findall(r"`(\w+)`", sentence))
+    named = set(re.findall(r"`(\w+)`", re.search(sentence, doc).group(1)))
     builtin = {
         name
         for name, cls in DRAFTERS.items()
-        if cls.supports_tree and cls.__module__.startswith("hf_specdec.drafters.")
+        if named_if(cls) and cls.__module__.startswith("hf_specdec.drafters.")
     }
-    assert named == builtin, f"the docstring of SpeculativeConfig.tree names {sorted(named)}"
+    assert named == builtin, f"the docstring of SpeculativeConfig names {sorted(named)}"
 
 
 def test_a_policy_object_goes_in_policy_and_is_used(target):

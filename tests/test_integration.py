@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import copy
+
+import pytest
 import torch
-from transformers import TextIteratorStreamer, pipeline
+from transformers import GenerationConfig, TextIteratorStreamer, pipeline
 
 from hf_specdec.integration import _ORIGINAL_GENERATE
+
+from .conftest import tiny_llama
+from .helpers.tokenizers import metaspace_bpe
 
 MESSAGES = [
     {
@@ -148,3 +154,77 @@ def test_auto_calls_on_one_model_start_from_what_verifying_cost_before_and_stay_
         out = target.generate(input_ids=ids, max_new_tokens=24, do_sample=False, speculative="ngram")
         assert torch.equal(out, plain)
     assert DEVICE_COSTS.policy(target).costs.measured_wide()  # carried: the next call needs no first look
+
+
+@pytest.fixture(scope="module")
+def left_padding(smollm2):
+    """SmolLM2's tokenizer padding on the left, a copy: heal_tokens re-pads with its own side."""
+    tokenizer = copy.deepcopy(smollm2[1])
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+@pytest.mark.parametrize("case", ["with_its_mask", "without_a_mask", "chat_narrowed", "padded_batch"])
+def test_token_healing_matches_plain(smollm2, left_padding, case):
+    """generate heals the prompt after dropping the tokenizer a custom loop would need: healed
+    before handing over, with the attention mask plain keeps. SmolLM2 heals "http:" to "http://"
+    and "goi" to "goin"."""
+    model, tokenizer = smollm2[0], left_padding
+    inputs = {
+        "with_its_mask": lambda: dict(tokenizer(["Read it at http:"], return_tensors="pt")),
+        "without_a_mask": lambda: dict(
+            input_ids=tokenizer(["He said he was goi"], return_tensors="pt").input_ids
+        ),
+        # Healing decodes without special tokens: 26 columns from 32, the mask of ones with them.
+        "chat_narrowed": lambda: dict(_inputs(tokenizer)),
+        "padded_batch": lambda: dict(
+            tokenizer(["Read it at http:", "He said he was goi"], return_tensors="pt", padding=True)
+        ),
+    }[case]()
+    kwargs = dict(max_new_tokens=8, do_sample=False, token_healing=True, tokenizer=tokenizer)
+    plain = model.generate(**inputs, **kwargs)
+    spec = model.generate(**inputs, **kwargs, speculative="ngram")
+    assert torch.equal(spec, plain)
+    prompt = inputs["input_ids"]
+    assert not torch.equal(spec[:, : prompt.shape[1]], prompt)  # healed, not passed through
+
+
+def test_token_healing_set_in_a_generation_config(smollm2):
+    model, tokenizer = smollm2
+    inputs = tokenizer(["Read it at http:"], return_tensors="pt")
+    config = GenerationConfig(
+        token_healing=True, max_new_tokens=8, do_sample=False, eos_token_id=2, pad_token_id=2
+    )
+    plain = model.generate(**inputs, generation_config=config, tokenizer=tokenizer)
+    assert torch.equal(
+        model.generate(**inputs, generation_config=config, tokenizer=tokenizer, speculative="ngram"), plain
+    )
+    assert config.token_healing  # the caller's config is left as it was
+
+
+def test_token_healing_over_a_bos_matches_plain_without_a_mask():
+    """Healing writes the pad token over BOS: plain generate inferred its mask (all ones) from the
+    prompt before, which a mask inferred from the healed prompt would not be."""
+    tokenizer = metaspace_bpe(160)  # Gemma-style: a BOS before every text
+    tokenizer.pad_token = "<unk>"  # a pad that is not EOS: generate infers masks from it
+    model = tiny_llama(0, vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    kwargs = dict(max_new_tokens=8, do_sample=False, token_healing=True, tokenizer=tokenizer)
+    healed = 0
+    for text in ["The rabbit said that the fore", "the riv", "walked al"]:
+        ids = tokenizer([text], return_tensors="pt").input_ids
+        plain = model.generate(ids, **kwargs)
+        assert torch.equal(model.generate(ids, **kwargs, speculative="ngram"), plain)
+        healed += not torch.equal(plain[:, 1 : ids.shape[1]], ids[:, 1:])
+    assert healed >= 2
+
+
+def test_token_healing_refuses_a_padded_batch_it_narrows(smollm2, left_padding):
+    """Plain generate would lay the batch's mask over the narrower healed prompts."""
+    model, left = smollm2[0], left_padding
+    chat = left.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
+    inputs = left(["Hello wor", chat], return_tensors="pt", padding=True)
+    with pytest.raises(
+        ValueError, match=r"re-tokenized the padded prompt to \d+ columns from \d+: plain generate"
+    ):
+        model.generate(**inputs, max_new_tokens=4, token_healing=True, tokenizer=left, speculative="ngram")

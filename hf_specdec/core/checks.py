@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, StaticCache
 from transformers.cache_utils import DynamicLayer
-from transformers.generation import logits_process
+from transformers.generation import GenerationMode, logits_process
 
 from .compat import generate_cache
 from .inputs import cached_columns, check_forwarded
@@ -19,6 +19,22 @@ _ASSISTED_DECODING = {
     "prompt_lookup_num_tokens": "speculative='ngram' drafts by prompt lookup (num_draft_tokens=<n> for a "
     "fixed length); or drop speculative=.",
     "assistant_early_exit": "Drop one of them.",
+    "use_mtp": "speculative=True drafts with the model's own multi-token-prediction layers where its "
+    "checkpoint has them (speculative='mtp' to insist on them); or drop speculative=.",
+}
+
+# Decoding modes other than greedy and sampling (beam search aside), which a verify cannot
+# reproduce: what sets each, and the option to drop for speculative decoding. transformers runs them
+# from the Hub (`custom_generate` repos), a route a `custom_generate` loop such as ours closes, so
+# unrefused they would decode greedily without a word.
+_OTHER_MODES = {
+    GenerationMode.CONTRASTIVE_SEARCH: ("contrastive search", ("penalty_alpha", "top_k"), "penalty_alpha="),
+    GenerationMode.DOLA_GENERATION: ("DoLa decoding", ("dola_layers",), "dola_layers="),
+    GenerationMode.CONSTRAINED_BEAM_SEARCH: (
+        "constrained beam search",
+        ("force_words_ids", "constraints"),
+        "force_words_ids= / constraints=",
+    ),
 }
 
 
@@ -46,6 +62,7 @@ def check_supported(
             f"{type(model).__name__} keeps a recurrent state that cannot be rolled back after a rejection; "
             "speculative decoding needs an attention KV cache."
         )
+    check_mode(config)
     if config.num_beams > 1:
         raise ValueError(
             f"speculative= cannot be combined with beam search (num_beams={config.num_beams}); "
@@ -53,14 +70,6 @@ def check_supported(
         )
     if not config.use_cache:
         raise ValueError("speculative= needs the KV cache; remove use_cache=False.")
-    # Set in the generation config, these choose transformers' own assisted decoding, which
-    # speculative= replaces: refused by name rather than dropped without a word.
-    for name, instead in _ASSISTED_DECODING.items():
-        if (value := getattr(config, name, None)) is not None:
-            raise ValueError(
-                f"`{name}` cannot be combined with `speculative=` (it is {value}, in generate's arguments "
-                f"or the generation config): both choose how to draft. {instead}"
-            )
     cache = generate_cache(model_kwargs)
     if type(cache) is StaticCache:
         check_static_cache(model, input_ids, config, cache)
@@ -75,6 +84,36 @@ def check_supported(
     if cache is not None and cache.get_seq_length() > 0:
         check_continued(input_ids, cache, _mask_length(config, model_kwargs))
     check_forwarded(input_ids, model_kwargs)
+
+
+def check_mode(config: GenerationConfig) -> None:
+    """Refuse the decoding modes other than greedy and sampling that the generation config selects,
+    by transformers' own reading of it (`get_generation_mode`), naming the options that set them."""
+    mode = config.get_generation_mode()
+    if mode in _OTHER_MODES:
+        described, options, drop = _OTHER_MODES[mode]
+        given = ", ".join(
+            _shown(name, getattr(config, name)) for name in options if getattr(config, name) is not None
+        )
+        raise ValueError(
+            f"speculative= decodes greedily or by sampling, not by {described} ({given}, in generate's "
+            f"arguments or the generation config). Drop {drop} for speculative decoding, or drop "
+            f"speculative= for {described}."
+        )
+    if mode is GenerationMode.ASSISTED_GENERATION:
+        # These choose transformers' own assisted decoding, which speculative= replaces: refused by
+        # name rather than dropped without a word. (`use_mtp=False` leaves the mode greedy or sampling.)
+        for name, instead in _ASSISTED_DECODING.items():
+            if (value := getattr(config, name, None)) is not None:
+                raise ValueError(
+                    f"`{name}` cannot be combined with `speculative=` (it is {value}, in generate's "
+                    f"arguments or the generation config): both choose how to draft. {instead}"
+                )
+
+
+def _shown(name: str, value: Any) -> str:
+    """An option as an error message names it: with its value where that is short."""
+    return f"{name}={value!r}" if isinstance(value, (int, float, str)) else name
 
 
 def _mask_length(config: GenerationConfig, model_kwargs: dict[str, Any]) -> int | None:

@@ -198,6 +198,10 @@ class Drafter:
     # Whether `propose` reads the target's own KV cache (`DraftRequest.target_kv`): an assistant that
     # attends to the target's keys and values rather than keeping a cache of its own (Gemma 4's).
     reads_target_kv: ClassVar[bool] = False
+    # Whether `from_config` reads `SpeculativeConfig.draft` (a model, a head, a folder): False for a
+    # drafter that needs none of the user's (prompt lookup, a copy of the target it builds itself),
+    # to which a draft given is refused rather than left unused.
+    takes_draft: ClassVar[bool] = True
     # Whether `propose` can answer `DraftRequest.tree` with a tree of candidates (`Draft.parents`);
     # `SpeculativeConfig(tree=True)` is refused for drafters that only draft chains.
     supports_tree: ClassVar[bool] = False

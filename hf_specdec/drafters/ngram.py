@@ -306,6 +306,7 @@ class NgramDrafter(Drafter):
     supports_sampling: ClassVar[bool] = True
     supports_tree: ClassVar[bool] = True  # a trie of the continuations of several matches
     draft_cost: ClassVar[DraftCost] = DraftCost.FREE  # a look-up in the text, whatever its length
+    takes_draft: ClassVar[bool] = False
 
     def __init__(self, config: NgramConfig) -> None:
         self.config = config

@@ -22,6 +22,7 @@ class QuantizedDrafter(OnnxDrafter):
     """Drafts with an int8 ONNX copy of the target, exported on first use."""
 
     name: ClassVar[str] = "quantized"
+    takes_draft: ClassVar[bool] = False  # an int8 copy of the target, exported here
 
     @classmethod
     def from_config(

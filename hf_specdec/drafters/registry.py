@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from typing import TYPE_CHECKING, Any
 
 from .base import Drafter
@@ -53,4 +54,15 @@ def build_drafter(config: SpeculativeConfig, target: PreTrainedModel, tokenizer:
     except KeyError:
         valid = ", ".join(sorted(["auto", *DRAFTERS]))
         raise ValueError(f"Unknown speculative method {config.method!r}; valid methods: {valid}.") from None
+    if config.draft is not None and not cls.takes_draft:
+        given = (
+            repr(config.draft)
+            if isinstance(config.draft, (str, os.PathLike))
+            else type(config.draft).__name__
+        )
+        raise ValueError(
+            f"method={config.method!r} drafts without a draft of yours, and draft={given} would go "
+            "unused: drop draft= (and draft_tokenizer=), or pass method='draft_model' to draft with it "
+            "(method='auto' chooses the method for the draft given)."
+        )
     return cls.from_config(config, target, tokenizer)

@@ -281,6 +281,7 @@ class SuffixDrafter(Drafter):
     supports_sampling: ClassVar[bool] = True  # its drafts are a function of the context: certain
     supports_tree: ClassVar[bool] = True
     draft_cost: ClassVar[DraftCost] = DraftCost.FREE
+    takes_draft: ClassVar[bool] = False
 
     def __init__(self, config: SuffixConfig, corpus: SuffixCorpus | None) -> None:
         self.config = config

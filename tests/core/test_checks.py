@@ -86,6 +86,44 @@ def _cases(target, small_vocab_draft):
             ValueError,
             r"`assistant_early_exit` cannot be combined with `speculative=`",
         ),
+        "use_mtp": (  # drafted greedily with ngram instead, without a word
+            dict(speculative=NGRAM, use_mtp=True),
+            ValueError,
+            r"`use_mtp` cannot be combined with `speculative=`.*speculative=True drafts with the model's own "
+            r"multi-token-prediction layers.*speculative='mtp'",
+        ),
+        "use_mtp_in_a_generation_config": (
+            dict(speculative=True, generation_config=GenerationConfig(use_mtp=True, max_new_tokens=4)),
+            ValueError,
+            r"`use_mtp` cannot be combined with `speculative=` \(it is True, in generate's arguments",
+        ),
+        # Modes transformers now runs from the Hub: with our custom_generate loop they decoded greedily.
+        "contrastive_search": (
+            dict(speculative=NGRAM, penalty_alpha=0.6, top_k=4),
+            ValueError,
+            r"not by contrastive search \(penalty_alpha=0\.6, top_k=4, in generate's arguments.*"
+            r"Drop penalty_alpha= for speculative decoding, or drop speculative= for contrastive search",
+        ),
+        "dola": (
+            dict(speculative=NGRAM, dola_layers="high"),
+            ValueError,
+            r"not by DoLa decoding \(dola_layers='high'.*Drop dola_layers=",
+        ),
+        "dola_sampled": (
+            dict(speculative=NGRAM, dola_layers="low", do_sample=True),
+            ValueError,
+            r"not by DoLa decoding \(dola_layers='low'",
+        ),
+        "force_words": (
+            dict(speculative=NGRAM, force_words_ids=[[7, 8]]),
+            ValueError,
+            r"not by constrained beam search \(force_words_ids, in.*Drop force_words_ids= / constraints=",
+        ),
+        "constraints": (  # transformers 5 keeps the field; the constraint classes went to the Hub repo
+            dict(speculative=NGRAM, constraints=[[7, 8]]),
+            ValueError,
+            r"not by constrained beam search \(constraints, in",
+        ),
         "classifier_free_guidance": (  # its unconditional cache went on from rejected drafts: wrong text
             dict(speculative=NGRAM, guidance_scale=2.0),
             ValueError,
@@ -232,6 +270,19 @@ def test_a_streamer_given_by_position_is_found_by_name(target):
         target.generate(
             batch, *positional[1:], attention_mask=batch_mask, max_new_tokens=6, speculative=NGRAM
         )
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(use_mtp=False), dict(penalty_alpha=0.6, top_k=1), dict(dola_layers=None)],
+    ids=["use_mtp_false", "penalty_alpha_top_k_1", "dola_layers_none"],
+)
+def test_options_that_leave_greedy_decoding_are_not_refused(target, options):
+    """The mode refusals read transformers' own mode: these options select greedy decoding."""
+    input_ids, attention_mask = random_batch(1, 2)
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=8, do_sample=False)
+    plain = _ORIGINAL_GENERATE(target, **kwargs, **options)
+    assert torch.equal(target.generate(**kwargs, **options, speculative=NGRAM), plain)
 
 
 @pytest.mark.parametrize("off", [False, None])

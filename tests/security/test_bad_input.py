@@ -29,6 +29,7 @@ from hf_specdec.store.manifest import MANIFEST_NAME
 
 from ..conftest import tiny_llama
 from ..heads.test_published import write_eagle1
+from ..helpers.tokenizers import word_level
 
 PROMPT = torch.tensor([[1, 7, 8, 9, 7, 8]])
 
@@ -169,6 +170,29 @@ CASES: dict[str, tuple[Callable[..., None], type[Exception], str]] = {
         _generate(method="draft_model", draft=123),
         TypeError,
         r"`draft` must be a local folder, a Hub repo id, or a loaded model .*got 123 \(int\)",
+    ),
+    # Drafters that take no draft of the user's ran without it, without a word.
+    "draft_given_to_ngram": (
+        _generate(method="ngram", draft=_weak_draft()),
+        ValueError,
+        r"method='ngram' drafts without a draft of yours, and draft=LlamaForCausalLM would go unused: drop "
+        r"draft= \(and draft_tokenizer=\), or pass method='draft_model' to draft with it",
+    ),
+    "draft_repo_given_to_suffix": (
+        _generate(method="suffix", draft="some/repo"),
+        ValueError,
+        r"method='suffix' drafts without a draft of yours, and draft='some/repo' would go unused",
+    ),
+    "draft_given_to_quantized": (  # it drafts with an int8 copy of the target, exported here
+        _generate(method="quantized", draft=_weak_draft()),
+        ValueError,
+        r"method='quantized' drafts without a draft of yours",
+    ),
+    "draft_tokenizer_without_a_draft": (
+        _generate(method="ngram", draft_tokenizer=word_level(["<unk>", "fox"])),
+        ValueError,
+        r"`draft_tokenizer` is the tokenizer of the draft model given as draft=, and no draft was given "
+        r"\(method='ngram'\): pass draft=<your draft model> with it, or drop draft_tokenizer=",
     ),
     "encoder_decoder_draft": (
         _encoder_decoder_draft,
