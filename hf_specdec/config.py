@@ -34,7 +34,9 @@ class SpeculativeConfig:
             transformers' `MtpModel` of them. Drafters that take none (`ngram`, `suffix`,
             `quantized`) refuse one given.
         draft_tokenizer: the draft's tokenizer when `draft` is a loaded model; lets the
-            compatibility check compare vocabularies instead of sizes. Refused without a `draft`.
+            compatibility check compare vocabularies instead of sizes. Refused where nothing would
+            read it: without a `draft`, beside a draft named by folder or repo (loaded with its
+            own), and for drafters in the target's own tokens (heads, assistants).
         num_draft_tokens: tokens drafted per step (tree nodes, with `tree`): an integer for a fixed
             length, or `"auto"` (default) to choose it each step from measured acceptance and costs
             (state kept for the call).

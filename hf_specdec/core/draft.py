@@ -202,6 +202,10 @@ class Drafter:
     # drafter that needs none of the user's (prompt lookup, a copy of the target it builds itself),
     # to which a draft given is refused rather than left unused.
     takes_draft: ClassVar[bool] = True
+    # Whether `from_config` reads `SpeculativeConfig.draft_tokenizer` (a loaded draft model's own):
+    # False for a drafter whose draft speaks the target's tokenizer (a head, an assistant), to
+    # which one given is refused rather than left unused.
+    takes_draft_tokenizer: ClassVar[bool] = True
     # Whether `propose` can answer `DraftRequest.tree` with a tree of candidates (`Draft.parents`);
     # `SpeculativeConfig(tree=True)` is refused for drafters that only draft chains.
     supports_tree: ClassVar[bool] = False

@@ -41,6 +41,7 @@ class AssistantDrafter(Drafter):
     supports_sampling: ClassVar[bool] = True
     supports_tree: ClassVar[bool] = True
     reads_target_kv: ClassVar[bool] = True
+    takes_draft_tokenizer: ClassVar[bool] = False  # an assistant shares the target's vocabulary
     draft_cost: ClassVar[DraftCost] = DraftCost.PER_TOKEN
     hidden_state_layers: tuple[int, ...] = (
         -1,

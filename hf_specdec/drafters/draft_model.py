@@ -180,6 +180,11 @@ class DraftModelDrafter(DecoderDrafter):
                 "SpeculativeConfig(method='draft_model', draft='repo/or/path') or draft=<a loaded model>."
             )
         if isinstance(config.draft, (str, Path)):
+            if config.draft_tokenizer is not None:
+                raise ValueError(
+                    f"The draft {str(config.draft)!r} is loaded with its own tokenizer, and draft_tokenizer= "
+                    "would go unused: drop it, or pass the draft loaded (draft=<model>) with it."
+                )
             draft, draft_tokenizer = _load_named_draft(
                 str(config.draft), target, trust_remote_code=config.trust_remote_code
             )

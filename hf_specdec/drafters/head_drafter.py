@@ -48,6 +48,7 @@ class HeadDrafter(Drafter):
 
     supports_sampling: ClassVar[bool] = True
     supports_tree: ClassVar[bool] = True
+    takes_draft_tokenizer: ClassVar[bool] = False  # a head reads the target's tokens
     options_class: ClassVar[type] = HeadDrafterConfig  # the dataclass `SpeculativeConfig.options` fill
 
     def __init__(self, head: Any, config: HeadDrafterConfig, vocab_size: int, device: torch.device) -> None:

@@ -65,4 +65,9 @@ def build_drafter(config: SpeculativeConfig, target: PreTrainedModel, tokenizer:
             "unused: drop draft= (and draft_tokenizer=), or pass method='draft_model' to draft with it "
             "(method='auto' chooses the method for the draft given)."
         )
+    if config.draft_tokenizer is not None and not cls.takes_draft_tokenizer:
+        raise ValueError(
+            f"method={config.method!r} drafts in the target's own tokens, and draft_tokenizer= would go "
+            "unused: drop it (it is for a draft model with a tokenizer of its own, method='draft_model')."
+        )
     return cls.from_config(config, target, tokenizer)

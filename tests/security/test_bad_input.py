@@ -194,6 +194,23 @@ CASES: dict[str, tuple[Callable[..., None], type[Exception], str]] = {
         r"`draft_tokenizer` is the tokenizer of the draft model given as draft=, and no draft was given "
         r"\(method='ngram'\): pass draft=<your draft model> with it, or drop draft_tokenizer=",
     ),
+    # A draft_tokenizer that no drafter would read: a head's, an assistant's, or beside a draft named
+    # by folder or repo (loaded with its own).
+    "draft_tokenizer_given_to_eagle": (
+        _generate(method="eagle", draft="some/head", draft_tokenizer=word_level(["<unk>", "fox"])),
+        ValueError,
+        r"method='eagle' drafts in the target's own tokens, and draft_tokenizer= would go unused: drop it",
+    ),
+    "draft_tokenizer_given_to_assistant": (
+        _generate(method="assistant", draft="some/assistant", draft_tokenizer=word_level(["<unk>", "fox"])),
+        ValueError,
+        r"method='assistant' drafts in the target's own tokens",
+    ),
+    "draft_tokenizer_beside_a_named_draft": (
+        _generate(method="draft_model", draft="drafts/small", draft_tokenizer=word_level(["<unk>", "fox"])),
+        ValueError,
+        r"The draft 'drafts/small' is loaded with its own tokenizer, and draft_tokenizer= would go unused",
+    ),
     "encoder_decoder_draft": (
         _encoder_decoder_draft,
         ValueError,
