@@ -129,6 +129,7 @@ class HubServer:
         self.repos: dict[str, Repo] = {}  # each repo's latest commit (its `main`)
         self.commits: dict[tuple[str, str], Repo] = {}  # (repo id, sha) -> that commit, kept by `push`
         self.requests: list[tuple[str, str]] = []  # (method, path)
+        self.failing: dict[str, int] = {}  # path prefix -> the status every request under it gets
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
         # Polled every 50 ms for `stop` (the default 0.5 s would be most of a small test's time).
         self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), daemon=True)
@@ -199,6 +200,10 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             parts = urlsplit(self.path)
             path = unquote(parts.path)
             hub.requests.append((self.command, path))
+            if status := next(
+                (code for prefix, code in hub.failing.items() if path.startswith(prefix)), None
+            ):
+                return self._error(status, "Failing", "The Hub fails for now", body)
             if path == "/api/models":
                 return self._list(parse_qs(parts.query), body)
             if match := _TREE.match(path):

@@ -4,13 +4,14 @@ model's own heads, then a published block draft for the target, see `block`, the
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any
 
 from ..config import SpeculativeConfig
 from ..drafters.draft_model import is_assistant
 from ..ort.layout import is_onnx_folder
 from .block import block_method, published_block_draft
-from .choice import DRAFT_FREE_AUTO, DRAFT_FREE_METHOD
+from .choice import DRAFT_FREE_AUTO, DRAFT_FREE_METHOD, DraftSelectionError
 from .select import select_draft, speculative_draft
 
 
@@ -33,7 +34,11 @@ def _choose_method(config: SpeculativeConfig, model: Any) -> tuple[SpeculativeCo
     if config.draft is not None:
         method = block_method(config.draft) or "draft_model"
         return dataclasses.replace(config, method=method), "the draft given as draft="
-    choice = select_draft(model, trust_remote_code=config.trust_remote_code)
+    try:
+        choice = select_draft(model, trust_remote_code=config.trust_remote_code)
+    except DraftSelectionError as err:  # the Hub's answer on the target (private, gated, gone)
+        warnings.warn(f"{err} Speculating without a draft model ({DRAFT_FREE_AUTO}) instead.", stacklevel=4)
+        return dataclasses.replace(config, method=DRAFT_FREE_AUTO), f"no draft could be chosen: {err}"
     block = published_block_draft(model, choice)
     if block is not None:
         method, draft, reason = block

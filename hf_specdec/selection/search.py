@@ -182,8 +182,8 @@ def _target_info(api: Any, repo_id: str, revision: str | None) -> Any:
         raise DraftSelectionError(f"{repo_id} has no revision {revision!r} on the Hub.") from err
     except RepositoryNotFoundError as err:
         raise DraftSelectionError(
-            f"{repo_id} was not found on the Hub ({hub_endpoint()}). If it is private, pass a token "
-            "with read access (token=... or --token)."
+            f"{repo_id} was not found on the Hub ({hub_endpoint()}). If it is private, give a token "
+            "with read access (HF_TOKEN, or select_draft(token=...) / --token)."
         ) from err
 
 
@@ -199,7 +199,13 @@ def _target_tokenizer(
         return _load_tokenizer(folder, trust_remote_code), None
     except GatedRepoError as err:
         raise DraftSelectionError(_gated_message(repo_id)) from err
-    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as err:
+    except HfHubHTTPError as err:
+        if transient(err):
+            raise
+        raise DraftSelectionError(f"Could not get the tokenizer of {repo_id} from the Hub: {err}") from err
+    except (OSError, ValueError) as err:
+        if isinstance(err, LocalEntryNotFoundError):  # the Hub failing for now, its retries spent
+            raise
         raise DraftSelectionError(f"Could not get the tokenizer of {repo_id} from the Hub: {err}") from err
 
 
@@ -250,7 +256,9 @@ def _infos(api: Any, repo_ids: tuple[str, ...], token: str | None, rejected: lis
     for draft in repo_ids:
         try:
             infos.append(api.model_info(draft, expand=_EXPAND, token=token))
-        except (RepositoryNotFoundError, GatedRepoError, HfHubHTTPError) as err:
+        except HfHubHTTPError as err:
+            if transient(err):
+                raise
             rejected.append(f"{draft}: not available on the Hub ({type(err).__name__})")
     return infos
 
@@ -300,13 +308,26 @@ def _check_candidate(
         return _GATED_CANDIDATE
     except RepositoryNotFoundError:
         return "no longer available on the Hub"
-    except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as err:
-        return f"tokenizer could not be fetched or loaded ({type(err).__name__})"
+    except HfHubHTTPError as err:
+        if transient(err):
+            raise
+        return f"tokenizer could not be fetched ({type(err).__name__})"
+    except (OSError, ValueError) as err:
+        if isinstance(err, LocalEntryNotFoundError):  # the Hub failing for now, its retries spent
+            raise
+        return f"tokenizer could not be loaded ({type(err).__name__})"
     check = compare_tokenizers(target_tok, draft_tok)
     cand.tokenizer_note = check.explain()
     cand.tokenizer_fingerprint = tokenizer_fingerprint(draft_tok)
     cand.tokenizer = draft_tok
     return None if check.compatible else check.explain()
+
+
+def transient(err: HfHubHTTPError) -> bool:
+    """Whether the Hub failed for now (a server error, a rate limit) rather than answered: a search
+    it cut short is not an answer to keep (`select._cached_or_searched`)."""
+    status = None if err.response is None else err.response.status_code
+    return status is None or status >= 500 or status == 429
 
 
 def _has_safetensors(info: Any) -> bool:

@@ -38,7 +38,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from huggingface_hub.errors import HFValidationError
+from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalEntryNotFoundError
 from huggingface_hub.utils import validate_repo_id
 
 from ..drafters import draft_model, mtp
@@ -393,10 +393,15 @@ def _cached_or_searched(
             trust_remote_code=trust_remote_code,
             cross_tokenizer_drafts=registry_cross_tokenizer_drafts(),
         )
-    except HubUnreachable as err:  # as offline, but not cached: the next call searches again
+    except (HubUnreachable, HfHubHTTPError, LocalEntryNotFoundError, json.JSONDecodeError) as err:
+        # As offline, but not cached: the next call searches again. What reaches here is the Hub
+        # unreachable, failing for now (`search.transient`; a file it could not give, retries
+        # spent), or answering with what is not JSON (a proxy's page); its definite answers
+        # (missing, gated) are DraftSelectionErrors.
+        why = f"{type(err).__name__}: {str(err).splitlines()[0]}"  # its first line: one sentence
         reason = (
-            f"{repo_id} is not in the registry and the Hub ({hub_endpoint()}) could not be reached "
-            f"({err}), so no draft could be searched for; speculating from n-grams of the text instead."
+            f"{repo_id} is not in the registry and the Hub ({hub_endpoint()}) could not be searched "
+            f"({why}); speculating from n-grams of the text instead."
         )
         return DraftChoice(DRAFT_FREE_METHOD, None, reason, target=repo_id, source="offline")
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -182,8 +182,50 @@ def test_an_unreachable_hub_is_draft_free_and_not_cached(
     monkeypatch.setenv("HF_SPECDEC_CACHE", str(tmp_path))
     choice = select_draft("nobody/Unknown-7B")
     assert (choice.method, choice.source) == ("ngram", "offline")
-    assert "could not be reached" in choice.reason
+    assert "could not be searched" in choice.reason
     assert not list(tmp_path.rglob("*.json"))  # the next call searches again
+
+
+@pytest.mark.parametrize("status", [500, 429])
+def test_a_hub_failing_for_now_is_draft_free_and_not_cached(hub: HubServer, status: int) -> None:
+    """A server error or a rate limit on the target's info raised out of `select_draft` (so out of
+    `generate(speculative=True)`); a failing candidate was cached as rejected for good."""
+    hub.failing = {f"/api/models/{TARGET}": status}
+    try:
+        choice = select_draft(TARGET)
+    finally:
+        hub.failing = {}
+    assert (choice.method, choice.source) == ("ngram", "offline")
+    assert "could not be searched (HfHubHTTPError: " in choice.reason and str(status) in choice.reason
+    assert "\n" not in choice.reason  # one sentence: the error's first line
+    assert select_draft(TARGET).draft == GOOD_DRAFT  # not cached: searched again once the Hub answers
+
+
+def test_a_cross_tokenizer_candidate_failing_for_now_leaves_no_choice_cached(
+    hub: HubServer, cross_drafts
+) -> None:
+    hub.failing = {f"/api/models/{CROSS_DRAFT}": 503}
+    try:
+        choice = select_draft(ALONE)
+    finally:
+        hub.failing = {}
+    assert (choice.method, choice.source) == ("ngram", "offline")
+    assert select_draft(ALONE).draft == CROSS_DRAFT
+
+
+def test_generate_on_a_target_the_hub_will_not_show_speculates_without_a_draft(hub: HubServer) -> None:
+    """A model loaded with a token (or since deleted) whose repo the Hub will not show now: the
+    search's refusal ended `generate(speculative=True)`; it now warns and drafts without a model."""
+    config = LlamaConfig(
+        vocab_size=16, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2
+    )
+    model = LlamaForCausalLM(config)
+    model.name_or_path = "acme/Gone-160M-Instruct"  # not served
+    ids = torch.tensor([[5, 6, 7, 8]])
+    plain = model.generate(ids, max_new_tokens=6, do_sample=False)
+    with pytest.warns(UserWarning, match="was not found on the Hub .* Speculating without a draft model"):
+        out = model.generate(ids, max_new_tokens=6, do_sample=False, speculative=True)
+    assert torch.equal(out, plain)
 
 
 # --- Hub search -----------------------------------------------------------------------------------
