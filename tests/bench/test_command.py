@@ -261,6 +261,9 @@ def test_unknown_suite_lists_the_valid_ones(capsys):
         ('{"prompt": "ok"}\n\n["a list"]\n', "line 3: expected a JSON object"),
         ('{"category": "qa"}\n', "line 1: needs a non-empty 'prompt'"),
         ('{"turns": []}\n', "line 1: needs a non-empty 'prompt'"),
+        # paired speedups are keyed by prompt id: two prompts under one id would divide one by the other
+        ('{"prompt": "b", "id": 1}\n{"prompt": "c", "id": 1}\n', "line 2: prompt id '1' is already line 1's"),
+        ('{"prompt": "b", "id": 2}\n{"prompt": "c"}\n', "line 2: prompt id '2' is already line 1's"),
     ],
 )
 def test_prompt_file_errors_name_the_line(tmp_path, content, message):
