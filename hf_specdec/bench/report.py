@@ -104,11 +104,15 @@ def _paired(group: list[Measurement], plain: list[Measurement]) -> list[float]:
 def _stats_figures(group: list[Measurement]) -> dict[str, Any]:
     stats = [m.stats for m in group if m.stats is not None]
     if not stats:
-        return dict.fromkeys(_STATS_FIGURES)
+        return dict.fromkeys(("speculative_steps", *_STATS_FIGURES))
     merged = SpeculativeStats()
     for s in stats:
         merged.merge(s)
-    return {name: getattr(merged, name) for name in _STATS_FIGURES}
+    # The steps that verified a draft: none, and the figures' 0s mean "nothing drafted", not "all rejected".
+    return {
+        "speculative_steps": merged.speculative_steps,
+        **{name: getattr(merged, name) for name in _STATS_FIGURES},
+    }
 
 
 # The derived figures of `SpeculativeStats` a report shows; the table's τ is the speculative one.
@@ -268,10 +272,15 @@ def _category_table(category: str, entries: list[dict]) -> list[str]:
     ]
     for e in entries:
         error = f"{e['errors']}/{e['runs']}: {_short(e['error'])}" if e["errors"] else ""
+        drafted = e.get("speculative_steps") != 0  # results written before the count: as they were
+        acceptance, tau, nodes = (
+            (e["acceptance_rate"], e["mean_accepted_length_speculative"], e["mean_nodes_verified"])
+            if drafted
+            else (None, None, None)
+        )
         lines.append(
             f"| {e['row']} | {_num(e['median_tokens_per_s'])} | {_x(e['speedup'])} | "
-            f"{_x(e['paired_speedup'])} | {_pct(e['acceptance_rate'])} | "
-            f"{_num(e['mean_accepted_length_speculative'], 2)} | {_num(e['mean_nodes_verified'])} | "
+            f"{_x(e['paired_speedup'])} | {_pct(acceptance)} | {_num(tau, 2)} | {_num(nodes)} | "
             f"{_lossless(e)} | {error} |"
         )
     return [*lines, ""]

@@ -63,7 +63,21 @@ def load_prompt_file(path: Path | str) -> list[Prompt]:
         raise ValueError(f"Prompt file {path} is a folder: pass a JSONL file, one JSON object a line.")
     if not path.is_file():
         raise ValueError(f"Prompt file {path} does not exist.")
-    prompts = [_parse_line(line, path, number) for number, line in _numbered_lines(path) if line.strip()]
+    prompts = []
+    line_of: dict[str, int] = {}
+    for number, line in _numbered_lines(path):
+        if not line.strip():
+            continue
+        prompt = _parse_line(line, path, number)
+        # Paired speedups match each run to plain's by prompt id: a shared id would divide one
+        # prompt's time by another's.
+        if prompt.id in line_of:
+            raise ValueError(
+                f"{path}, line {number}: prompt id {prompt.id!r} is already line {line_of[prompt.id]}'s "
+                "(a prompt without 'id' takes its line number); give each prompt its own id."
+            )
+        line_of[prompt.id] = number
+        prompts.append(prompt)
     if not prompts:
         raise ValueError(f"Prompt file {path} is empty: it needs one JSON object a line with a 'prompt'.")
     return prompts

@@ -3,6 +3,7 @@ error a refusal raises."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,9 +52,11 @@ class ServingPlan:
     engine_caveats: dict[str, list[str]] = field(default_factory=dict)
 
 
-def not_carried(options: Options) -> list[str]:
-    """A caveat naming drafter options the engines have no equivalent of, if any."""
-    if not options:
+def not_carried(options: Options, carried: Collection[str] = ()) -> list[str]:
+    """A caveat naming the drafter options, other than those a plan `carried` over, that the engines
+    have no equivalent of, if any."""
+    dropped = {key: value for key, value in options.items() if key not in carried}
+    if not dropped:
         return []
-    names = ", ".join(f"{key}={value!r}" for key, value in sorted(options.items()))
+    names = ", ".join(f"{key}={value!r}" for key, value in sorted(dropped.items()))
     return [f"Options {names} have no equivalent in vLLM or SGLang and are not carried over."]

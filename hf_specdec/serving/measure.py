@@ -14,11 +14,12 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
+from ..bench.runner import TREE_SUFFIX
 from ..bench.suites import builtin_suite_path, load_prompt_file, take_per_category
 from ..core.stats import SpeculativeStats
 from ..loading import encode_prompts, pad_token_id, use_chat_template
 from .base import ServingExportError, ServingPlan
-from .sources import load_target
+from .sources import hub_origin, load_target
 
 
 def draft_length(
@@ -38,7 +39,7 @@ def draft_length(
             raise ValueError(f'num_draft_tokens must be a positive integer or "auto", got {n!r}.')
         return n, ""
     if from_bench is not None:
-        counts = _bench_counts(Path(from_bench), plan.method)
+        counts = _bench_counts(Path(from_bench), model, plan)
         k = median_draft_length(*counts)
         return k, (
             f"num_speculative_tokens {k} is the median draft length our adaptive policy verified for "
@@ -107,17 +108,21 @@ def measure_draft_length(
     return (stats.speculative_steps, stats.position_drafted), where
 
 
-def _bench_counts(path: Path, method: str) -> tuple[int, list[int]]:
-    """(speculative_steps, position_drafted) summed over `method`'s measurements in a results.json."""
+def _bench_counts(path: Path, model: str, plan: ServingPlan) -> tuple[int, list[int]]:
+    """(speculative_steps, position_drafted) summed over the chain measurements of the plan's method
+    in a results.json of `model` (the engines draft chains: a `+tree` row's nodes say nothing of a
+    chain's length)."""
+    method = plan.method
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise ValueError(f"Cannot read the benchmark results {path}: {err}.") from None
+    _check_bench_settings(path, data.get("settings") or {}, model, plan)
     steps, drafted, seen = 0, [], set()
     for measurement in data.get("measurements", []):
         stats = measurement.get("stats") or {}
         seen.add(stats.get("method") or measurement.get("row"))
-        if stats.get("method") != method:
+        if stats.get("method") != method or str(measurement.get("row", "")).endswith(TREE_SUFFIX):
             continue
         if int(stats.get("speculative_steps", 0)) and "position_drafted" not in stats:
             # Without them every median came out as 1: bench once wrote only the derived rates.
@@ -134,3 +139,28 @@ def _bench_counts(path: Path, method: str) -> tuple[int, list[int]]:
         found = ", ".join(sorted(str(m) for m in seen if m)) or "none"
         raise ValueError(f"The benchmark {path} has no {method} measurements (it has: {found}).")
     return steps, drafted
+
+
+def _check_bench_settings(path: Path, settings: dict[str, Any], model: str, plan: ServingPlan) -> None:
+    """Refuse the results of another target or draft (a file without the setting is not checked)."""
+    measured = settings.get("model")
+    if measured is not None and not _same_model(str(measured), model):
+        raise ValueError(
+            f"The benchmark {path} measured {measured}, not {model}: its draft lengths are another "
+            f"model's. Run `hf-specdec bench {model}` and pass its results, or --num-draft-tokens N."
+        )
+    draft, bench_draft = plan.measure.get("draft"), settings.get("draft")
+    if isinstance(draft, str) and bench_draft is not None and not _same_model(str(bench_draft), draft):
+        raise ValueError(
+            f"The benchmark {path} drafted with {bench_draft}, not {draft}: its draft lengths are "
+            "another draft's. Bench that draft and pass its results, or --num-draft-tokens N."
+        )
+
+
+def _same_model(a: str, b: str) -> bool:
+    """Whether two model names (Hub ids or folders) are the same model: equal, one folder, or a
+    folder whose config.json names the other's Hub id."""
+    if a == b or (Path(a).exists() and Path(b).exists() and Path(a).resolve() == Path(b).resolve()):
+        return True
+    origins = {hub_origin(a), hub_origin(b)} - {None}
+    return len(origins) == 1 and all(hub_origin(m) is not None for m in (a, b))

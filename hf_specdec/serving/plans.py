@@ -13,6 +13,7 @@ from typing import Any
 
 from ..drafters.base import options_to_config
 from ..drafters.draft_model import DraftModelConfig
+from ..drafters.head_drafter import HeadDrafterConfig
 from ..drafters.mtp import own_layers
 from ..drafters.ngram import NgramConfig
 from ..drafters.registry import DRAFTERS
@@ -57,6 +58,14 @@ def plan_for(method: str, model: str, draft: Source, head: Source, options: Opti
     """The plan that serves `method`; `ServingExportError` when no engine has an equivalent."""
     if method in REFUSALS:
         raise ServingExportError(REFUSALS[method])
+    drafter = DRAFTERS.get(method)
+    given = next((flag for flag, path in (("--draft", draft), ("--head", head)) if path is not None), None)
+    if drafter is not None and not drafter.takes_draft and given is not None:
+        raise ValueError(
+            f"method {method!r} drafts without a draft of yours, and {given} {draft or head} would go "
+            f"unused: drop {given}, or export --method draft_model (a draft model) or --method eagle (a "
+            "head) to serve it (with no --method, the method is chosen for the draft given)."
+        )
     planner = PLANS.get(method)
     if planner is not None:
         return planner(model, draft, head, options)
@@ -76,6 +85,7 @@ def plan_ngram(model: str, draft: Source, head: Source, options: Options) -> Ser
         {"vllm": "ngram", "sglang": "NGRAM"},
         measure={"method": "ngram", "options": options},
         ngram=(config.min_ngram, config.max_ngram),
+        caveats=not_carried(options, carried=("min_ngram", "max_ngram")),
     )
 
 
@@ -106,6 +116,8 @@ def plan_suffix(model: str, draft: Source, head: Source, options: Options) -> Se
         {"vllm": "suffix", "sglang": "NGRAM"},
         measure={"method": "suffix", "options": options},
         ngram=(config.min_ngram, config.max_ngram),
+        # The rest have caveats of their own above (vLLM's) or in the rendering of `ngram` (SGLang's).
+        caveats=not_carried(options, carried=_SUFFIX_CARRIED),
         engine_options={
             "vllm": {
                 "suffix_decoding_max_spec_factor": config.max_spec_factor,
@@ -114,6 +126,16 @@ def plan_suffix(model: str, draft: Source, head: Source, options: Options) -> Se
         },
         engine_caveats={"vllm": vllm, "sglang": sglang},
     )
+
+
+_SUFFIX_CARRIED = (
+    "min_ngram",
+    "max_ngram",
+    "max_spec_factor",
+    "min_token_prob",
+    "max_spec_offset",
+    "recency_half_life",
+)
 
 
 def plan_draft_model(model: str, draft: Source, head: Source, options: Options) -> ServingPlan:
@@ -146,7 +168,7 @@ def plan_onnx(model: str, draft: Source, head: Source, options: Options) -> Serv
     shared = {key: value for key, value in options.items() if key in DraftModelConfig.__dataclass_fields__}
     plan = plan_draft_model(model, source, head, shared)
     plan.method = "onnx"
-    plan.caveats += not_carried({key: v for key, v in options.items() if key not in shared})
+    plan.caveats += not_carried(options, carried=shared)
     plan.caveats.append(
         f"The ONNX draft {draft} is served as the model it was exported from ({source}), run by the "
         "engine's own kernels: it drafts as an fp32 export does (an int8 export drafts a little "
@@ -182,12 +204,14 @@ def _plan_registry_head(model: str, known: dict[str, Any], options: Options) -> 
             "head only drafts for the model it was trained on. `hf-specdec select TARGET` lists the heads "
             "known for a target."
         )
+    options_to_config(HeadDrafterConfig, options)  # unknown options are named now
     three = known.get("layout") == "EAGLE-3"
     plan = ServingPlan(
         "eagle",
         {"vllm": "eagle3" if three else "eagle", "sglang": "EAGLE3" if three else "EAGLE"},
         draft=known["head"],
         measure={"method": "eagle", "draft": known["head"], "options": options},
+        caveats=not_carried(options),
     )
     if origin is None:
         plan.caveats.append(

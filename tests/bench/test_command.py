@@ -109,6 +109,26 @@ def test_the_paired_mean_takes_each_prompt_against_its_own_plain_run(result):
     assert "| geometric mean over prompts, paired | | | 1.73x |" in to_markdown(report)
 
 
+def test_a_row_that_drafted_nothing_shows_no_acceptance_or_tau(result):
+    """Stats report 0 for τ and acceptance when nothing was drafted; the table says there is none."""
+    from hf_specdec.bench.result import Measurement
+    from hf_specdec.core.stats import SpeculativeStats
+
+    idle, busy = SpeculativeStats(method="ngram"), SpeculativeStats(method="suffix")
+    idle.record_step(0, 0)  # plain steps only: the policy never drafted
+    busy.record_step(4, 2)
+    measurements = [
+        Measurement(1, "qa", ["a"], "plain", seconds=1.0, new_tokens=10),
+        Measurement(1, "qa", ["a"], "ngram", seconds=1.0, new_tokens=10, stats=idle),
+        Measurement(1, "qa", ["a"], "suffix", seconds=1.0, new_tokens=10, stats=busy),
+    ]
+    markdown = to_markdown(
+        hf_specdec.bench.BenchResult({**result.settings, "batch_sizes": [1]}, measurements)
+    )
+    assert "| ngram | 10.0 | 1.00x | 1.00x | – | – | – |" in markdown
+    assert "| suffix | 10.0 | 1.00x | 1.00x | 50% | 3.00 | 4.0 |" in markdown
+
+
 def test_save_writes_json_markdown_and_plots(result, tmp_path):
     pytest.importorskip("matplotlib")
     written = save(result, tmp_path)
@@ -261,6 +281,9 @@ def test_unknown_suite_lists_the_valid_ones(capsys):
         ('{"prompt": "ok"}\n\n["a list"]\n', "line 3: expected a JSON object"),
         ('{"category": "qa"}\n', "line 1: needs a non-empty 'prompt'"),
         ('{"turns": []}\n', "line 1: needs a non-empty 'prompt'"),
+        # paired speedups are keyed by prompt id: two prompts under one id would divide one by the other
+        ('{"prompt": "b", "id": 1}\n{"prompt": "c", "id": 1}\n', "line 2: prompt id '1' is already line 1's"),
+        ('{"prompt": "b", "id": 2}\n{"prompt": "c"}\n', "line 2: prompt id '2' is already line 1's"),
     ],
 )
 def test_prompt_file_errors_name_the_line(tmp_path, content, message):

@@ -18,6 +18,9 @@ from pathlib import Path
 import pytest
 
 import hf_specdec
+from hf_specdec.config import SpeculativeConfig
+from hf_specdec.selection.choice import DRAFT_FREE_AUTO
+from hf_specdec.selection.method import resolve_method
 from hf_specdec.serving import ServingExportError, export_serving
 
 from .conftest import CASES, export_case
@@ -48,8 +51,13 @@ def test_serving_json_matches_golden(models, tmp_path, engine, case):
 
 def test_no_method_exports_what_speculative_true_picks(models, tmp_path):
     result = export_serving(str(models / "target"), "vllm", num_draft_tokens=2, out=tmp_path)
-    assert result["method"] == "ngram"  # a local folder with no Hub origin: draft-free
-    assert result["caveats"][0].startswith("Chosen as speculative=True would")
+    runs, _ = resolve_method(SpeculativeConfig(method="auto"), str(models / "target"))
+    assert result["method"] == runs.method == DRAFT_FREE_AUTO  # a local folder, no Hub origin: draft-free
+    chosen = f"Chosen as speculative=True would for {models / 'target'}: suffix ("
+    assert result["caveats"][0].startswith(chosen)
+    sglang = export_serving(str(models / "target"), "sglang", num_draft_tokens=2)
+    assert sglang["engine_method"] == "NGRAM"  # SGLang has no suffix decoding: it says what it serves
+    assert any("no suffix decoding" in caveat for caveat in sglang["caveats"])
     with_draft = export_serving(
         str(models / "target"), "sglang", draft=str(models / "draft"), num_draft_tokens=2
     )

@@ -108,3 +108,30 @@ def test_auto_length_is_measured_with_the_adaptive_policy(tmp_path, smollm2_path
     result = export_serving(str(folder), "vllm", out=tmp_path / "o", **source)
     assert isinstance(result["num_draft_tokens"], int) and result["num_draft_tokens"] >= 1
     assert any("adaptive policy verified on 3 built-in prompts" in c for c in result["caveats"])
+
+
+def test_from_bench_counts_the_chain_rows_only(models, tmp_path):
+    """The engines draft chains: a `+tree` row's drafts (its nodes) say nothing of a chain's length."""
+    path = _bench(tmp_path, "ngram", [10, 9, 7, 3, 1], steps=10)
+    data = json.loads(path.read_text())
+    tree = {"method": "ngram", "speculative_steps": 10, "position_drafted": [10] * 8, "tree_steps": 10}
+    data["measurements"].append({"row": "ngram+tree", "stats": tree})
+    path.write_text(json.dumps(data))
+    result = export_serving(str(models / "target"), "vllm", method="ngram", from_bench=path)
+    assert result["num_draft_tokens"] == 3  # as the chain rows alone give (test above); with the tree's, 4
+
+
+def test_from_bench_refuses_the_results_of_another_model(models, tmp_path):
+    target = str(models / "target")
+    path = _bench(tmp_path, "ngram", [10, 9, 7, 3, 1], steps=10)
+    data = json.loads(path.read_text())
+    for settings, message in [
+        ({"model": "HuggingFaceTB/SmolLM2-360M"}, "measured HuggingFaceTB/SmolLM2-360M, not"),
+        ({"model": target, "draft": str(models / "draft-vocab96")}, "drafted with .*draft-vocab96, not"),
+    ]:
+        path.write_text(json.dumps({**data, "settings": settings}))
+        with pytest.raises(ValueError, match=message):
+            export_serving(target, "vllm", draft=str(models / "draft"), from_bench=path)
+    same = {"model": str(models / "target" / ".." / "target"), "draft": None}  # the same folder
+    path.write_text(json.dumps({**data, "settings": same}))
+    assert export_serving(target, "vllm", method="ngram", from_bench=path)["num_draft_tokens"] == 3

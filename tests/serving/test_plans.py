@@ -159,3 +159,42 @@ def test_suffix_is_served_as_vllms_suffix_decoding_and_as_sglangs_prompt_lookup(
         export_serving(
             str(models / "target"), "vllm", method="suffix", options={"nope": 1}, num_draft_tokens=4
         )
+
+
+@pytest.mark.parametrize(
+    "target, arguments, options, dropped",
+    [
+        ("target", {"method": "ngram"}, {"max_matches": 2, "max_ngram": 3}, "max_matches=2"),
+        ("target", {"method": "suffix"}, {"min_gain": 1.2, "max_spec_factor": 2.0}, "min_gain=1.2"),
+        (
+            "meta-llama/Llama-3.1-8B-Instruct",
+            {"method": "eagle", "head": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"},
+            {"tree_top_k": 8, "min_confidence": 0.5},
+            "min_confidence=0.5, tree_top_k=8",
+        ),
+    ],
+)
+def test_every_plan_names_the_options_it_does_not_carry(models, target, arguments, options, dropped):
+    model = str(models / target) if target == "target" else target
+    result = export_serving(model, "vllm", options=options, num_draft_tokens=3, **arguments)
+    caveats = " ".join(result["caveats"])
+    assert f"Options {dropped} have no equivalent" in caveats
+    carried = {"max_ngram": 3, "max_spec_factor": 2.0}
+    assert not any(f"{key}={value!r}" in caveats for key, value in carried.items())
+    with pytest.raises(ValueError, match="Unknown option\\(s\\) \\['nope'\\]"):
+        export_serving(model, "vllm", options={"nope": 1}, num_draft_tokens=3, **arguments)
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+@pytest.mark.parametrize("given", ["draft", "head"])
+def test_a_draft_given_to_a_draft_free_method_is_refused(models, method, given):
+    with pytest.raises(
+        ValueError, match=f"method '{method}' drafts without a draft of yours.*drop --{given}"
+    ):
+        export_serving(
+            str(models / "target"),
+            "vllm",
+            method=method,
+            num_draft_tokens=3,
+            **{given: str(models / "draft")},
+        )
