@@ -15,6 +15,13 @@ DRAFT_FREE_METHOD = "ngram"
 # corpus of earlier calls wherever its replays show that it beats prompt lookup alone
 # (`drafters/suffix.py`); until then its drafts are prompt lookup's.
 DRAFT_FREE_AUTO = "suffix"
+
+
+def auto_method(method: str) -> str:
+    """The drafter `speculative=True` runs for a choice of `method`: `DRAFT_FREE_AUTO` for draft-free."""
+    return DRAFT_FREE_AUTO if method == DRAFT_FREE_METHOD else method
+
+
 # The target's own draft heads (its MTP layers, its official assistant): chosen before any other draft.
 OWN_HEAD_METHODS = ("mtp", "assistant")
 _SIZE = re.compile(r"(?:^|[-_])(?:\d+x)?(\d+(?:\.\d+)?)([MmBb])(?=$|[-_])")

@@ -11,7 +11,7 @@ from ..config import SpeculativeConfig
 from ..drafters.draft_model import is_assistant
 from ..ort.layout import is_onnx_folder
 from .block import block_method, published_block_draft
-from .choice import DRAFT_FREE_AUTO, DRAFT_FREE_METHOD, DraftSelectionError
+from .choice import DRAFT_FREE_AUTO, DraftSelectionError, auto_method
 from .select import select_draft, speculative_draft
 
 
@@ -48,7 +48,7 @@ def _choose_method(config: SpeculativeConfig, model: Any) -> tuple[SpeculativeCo
         model, choice, trust_remote_code=config.trust_remote_code
     )
     if draft is None:
-        method = DRAFT_FREE_AUTO if choice.method == DRAFT_FREE_METHOD else choice.method
+        method = auto_method(choice.method)
         return dataclasses.replace(config, method=method), choice.reason
     if choice.translation is not None:  # a draft of another tokenizer, chosen for how it translates
         extra = {"translation": choice.translation}

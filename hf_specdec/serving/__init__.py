@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..selection.block import block_method, registry_block_heads
-from ..selection.choice import DRAFT_FREE_AUTO, DRAFT_FREE_METHOD
+from ..selection.choice import auto_method
 from ..selection.select import select_draft
 from .base import ENGINES, SGLANG_VERSION, VLLM_VERSION, ServingExportError, ServingPlan
 from .engines import RENDERERS
@@ -131,6 +131,6 @@ def _resolve_method(
         return block["method"], block["head"], why
     # speculative=True runs the draft-free pick as suffix decoding (its drafts are prompt lookup's
     # until its corpus of earlier calls pays); the plan says what an engine without it serves.
-    method = DRAFT_FREE_AUTO if choice.method == DRAFT_FREE_METHOD else choice.method
+    method = auto_method(choice.method)
     why = f"Chosen as speculative=True would for {model}: {method} ({choice.reason})"
     return method, choice.draft, why
