@@ -149,7 +149,9 @@ def _check_bench_settings(path: Path, settings: dict[str, Any], model: str, plan
             f"The benchmark {path} measured {measured}, not {model}: its draft lengths are another "
             f"model's. Run `hf-specdec bench {model}` and pass its results, or --num-draft-tokens N."
         )
-    draft, bench_draft = plan.measure.get("draft"), settings.get("draft")
+    # A head ran its method's rows (bench's settings keep it by method); the --draft model the rest.
+    draft = plan.measure.get("draft")
+    bench_draft = (settings.get("heads") or {}).get(plan.method, settings.get("draft"))
     if isinstance(draft, str) and bench_draft is not None and not _same_model(str(bench_draft), draft):
         raise ValueError(
             f"The benchmark {path} drafted with {bench_draft}, not {draft}: its draft lengths are "

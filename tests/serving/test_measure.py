@@ -135,3 +135,18 @@ def test_from_bench_refuses_the_results_of_another_model(models, tmp_path):
     same = {"model": str(models / "target" / ".." / "target"), "draft": None}  # the same folder
     path.write_text(json.dumps({**data, "settings": same}))
     assert export_serving(target, "vllm", method="ngram", from_bench=path)["num_draft_tokens"] == 3
+
+
+def test_from_bench_checks_a_heads_rows_against_the_head_that_ran_them(tmp_path):
+    """bench keeps a head by its method (`settings["heads"]`), beside the --draft model: an eagle
+    export of head H was refused as "drafted with D, not H" for a bench run with --draft D --head eagle=H."""
+    from types import SimpleNamespace
+
+    from hf_specdec.serving.measure import _check_bench_settings
+
+    plan = SimpleNamespace(method="eagle", measure={"draft": "org/eagle-head"})
+    settings = {"model": "org/target", "draft": "org/small-draft", "heads": {"eagle": "org/eagle-head"}}
+    _check_bench_settings(tmp_path / "results.json", settings, "org/target", plan)
+    settings["heads"] = {"eagle": "org/other-head"}
+    with pytest.raises(ValueError, match="drafted with org/other-head, not org/eagle-head"):
+        _check_bench_settings(tmp_path / "results.json", settings, "org/target", plan)
