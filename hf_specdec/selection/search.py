@@ -199,12 +199,8 @@ def _target_tokenizer(
         return _load_tokenizer(folder, trust_remote_code), None
     except GatedRepoError as err:
         raise DraftSelectionError(_gated_message(repo_id)) from err
-    except HfHubHTTPError as err:
+    except (OSError, ValueError) as err:  # an HfHubHTTPError is an OSError
         if transient(err):
-            raise
-        raise DraftSelectionError(f"Could not get the tokenizer of {repo_id} from the Hub: {err}") from err
-    except (OSError, ValueError) as err:
-        if isinstance(err, LocalEntryNotFoundError):  # the Hub failing for now, its retries spent
             raise
         raise DraftSelectionError(f"Could not get the tokenizer of {repo_id} from the Hub: {err}") from err
 
@@ -308,14 +304,10 @@ def _check_candidate(
         return _GATED_CANDIDATE
     except RepositoryNotFoundError:
         return "no longer available on the Hub"
-    except HfHubHTTPError as err:
+    except (OSError, ValueError) as err:  # an HfHubHTTPError is an OSError
         if transient(err):
             raise
-        return f"tokenizer could not be fetched ({type(err).__name__})"
-    except (OSError, ValueError) as err:
-        if isinstance(err, LocalEntryNotFoundError):  # the Hub failing for now, its retries spent
-            raise
-        return f"tokenizer could not be loaded ({type(err).__name__})"
+        return f"tokenizer could not be fetched or loaded ({type(err).__name__})"
     check = compare_tokenizers(target_tok, draft_tok)
     cand.tokenizer_note = check.explain()
     cand.tokenizer_fingerprint = tokenizer_fingerprint(draft_tok)
@@ -323,9 +315,14 @@ def _check_candidate(
     return None if check.compatible else check.explain()
 
 
-def transient(err: HfHubHTTPError) -> bool:
-    """Whether the Hub failed for now (a server error, a rate limit) rather than answered: a search
-    it cut short is not an answer to keep (`select._cached_or_searched`)."""
+def transient(err: Exception) -> bool:
+    """Whether the Hub failed for now rather than answered: a server error, a rate limit, no
+    response, or a file it could not give once huggingface_hub's retries were spent. A search it
+    cut short is not an answer to keep (`select._cached_or_searched`)."""
+    if isinstance(err, LocalEntryNotFoundError):
+        return True
+    if not isinstance(err, HfHubHTTPError):
+        return False
     status = None if err.response is None else err.response.status_code
     return status is None or status >= 500 or status == 429
 

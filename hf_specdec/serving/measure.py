@@ -164,5 +164,5 @@ def _same_model(a: str, b: str) -> bool:
     folder whose config.json names the other's Hub id."""
     if a == b or (Path(a).exists() and Path(b).exists() and Path(a).resolve() == Path(b).resolve()):
         return True
-    origins = {hub_origin(a), hub_origin(b)} - {None}
-    return len(origins) == 1 and all(hub_origin(m) is not None for m in (a, b))
+    origin = hub_origin(a)
+    return origin is not None and origin == hub_origin(b)
