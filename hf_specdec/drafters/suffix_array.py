@@ -195,11 +195,15 @@ class Snapshot:
         return Match(self, occurrences, self.weights(occurrences, half_life), size) if size else None
 
     def weights(self, occurrences: np.ndarray, half_life: float | None) -> np.ndarray:
-        """Each occurrence's vote: 2^(-age / half_life), age in sequences added after its own."""
+        """Each occurrence's vote: 2^(-age / half_life), age in sequences added after its own.
+
+        Votes are only ever compared with each other, so ages count from the newest occurrence's
+        sequence, and a vote is never under the smallest positive float: past ~1075 half-lives
+        2^(-age / half_life) is 0, and a vote among occurrences all that old would divide by 0."""
         if half_life is None or not len(occurrences):
             return np.ones(len(occurrences))
         numbers = self.numbers[np.searchsorted(self.starts, occurrences, side="right") - 1]
-        return np.exp2((numbers - self.numbers[-1]) / half_life)
+        return np.maximum(np.exp2((numbers - numbers.max()) / half_life), np.finfo(np.float64).tiny)
 
 
 @dataclass

@@ -26,6 +26,16 @@ def test_the_vote_goes_by_frequency_then_by_recency():
     assert chain(snapshot, [1, 2], half_life=1.0, max_spec_offset=1).tokens[0] == 4
 
 
+def test_occurrences_older_than_a_thousand_half_lives_still_vote():
+    """2^(-age / half_life) underflows to 0 past ~1075 half-lives: a match found only in such old
+    sequences must still vote, by recency among them, in a chain and in a tree."""
+    snapshot = corpus([1, 2, 5, 6], [1, 2, 3, 4], [1, 2, 3, 4], *[[0]] * 1100, bound=2000)
+    assert chain(snapshot, [1, 2], half_life=1.0, max_spec_offset=8).tokens == [3, 4]
+    match = snapshot.match([1, 2], 1.0)
+    nodes = corpus_tree(match, 4, 4, 0.0, CorpusOdds())  # min_token_prob 0: the runner-up grows too
+    assert [t for t, _, _ in nodes][:2] == [3, 4] and 5 in [t for t, _, _ in nodes]
+
+
 def test_a_chain_says_how_its_occurrences_agreed_and_stops_where_their_vote_thins():
     snapshot = corpus([1, 2, 3, 4, 5], [1, 2, 3, 4, 6], [1, 2, 3, 7])
     drafted = chain(snapshot, [1, 2], max_spec_offset=8, min_token_prob=0.1)
