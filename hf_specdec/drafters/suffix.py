@@ -166,6 +166,7 @@ class SuffixCorpus:
     they replay the call's rows against the corpus and build the next snapshot."""
 
     def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size  # the model's when the corpus was made: its keys' width
         self.snapshot = Snapshot.empty(unit_bytes(vocab_size))
         self.odds = CorpusOdds()
         # Per replayed row: (steps, tokens prompt lookup alone would have given, tokens ours would have).
@@ -254,11 +255,14 @@ _CORPORA_LOCK = threading.Lock()
 
 
 def corpus_for(model: Any) -> SuffixCorpus:
-    """The corpus of `model` (made empty on first use; it goes with the model, held weakly)."""
+    """The corpus of `model` (made empty on first use; it goes with the model, held weakly). A
+    model whose vocabulary was resized since starts a new one: its keys may need wider units, and
+    the old text may hold ids the model no longer has."""
+    vocab_size = model.config.get_text_config().vocab_size
     with _CORPORA_LOCK:
         corpus = _CORPORA.get(model)
-        if corpus is None:
-            corpus = _CORPORA[model] = SuffixCorpus(model.config.get_text_config().vocab_size)
+        if corpus is None or corpus.vocab_size != vocab_size:
+            corpus = _CORPORA[model] = SuffixCorpus(vocab_size)
         return corpus
 
 

@@ -171,6 +171,21 @@ def test_concurrent_generate_calls_each_match_plain_and_all_reach_the_corpus(tar
     assert len(corpus_for(target_no_eos).snapshot.starts) == 2 * len(batches)
 
 
+def test_a_model_whose_vocabulary_was_resized_drafts_from_a_new_corpus():
+    """`resize_token_embeddings` past 65533 ids: the corpus keyed tokens in two bytes, and a token
+    id that needs three must not reach it (it raised OverflowError); the resized model starts a new
+    corpus, and its outputs are plain's."""
+    model = tiny_llama(0, vocab_size=65_500, eos_token_id=None)
+    spec = SpeculativeConfig(method="suffix", options={"min_gain": 0.0})
+    model.generate(torch.tensor([[7, 8, 9, 7, 8]]), max_new_tokens=4, do_sample=False, speculative=spec)
+    model.resize_token_embeddings(66_000)
+    ids = torch.tensor([[65_900, 65_901, 7, 8, 65_900, 65_901, 7]])
+    plain = model.generate(ids, max_new_tokens=6, do_sample=False)
+    for _ in range(2):  # the second call drafts from the first's output
+        assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False, speculative=spec), plain)
+    assert held(corpus_for(model).snapshot)[0] == plain[0].tolist()
+
+
 def test_no_corpus_makes_it_prompt_lookup(target_no_eos):
     input_ids, attention_mask = random_batch(6, 2)
     spec = dict(method="suffix", options={"max_corpus_tokens": 0}, num_draft_tokens=4)
