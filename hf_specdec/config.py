@@ -12,6 +12,7 @@ from typing import Any, Literal
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 from torch import nn
+from transformers import PreTrainedTokenizerBase
 
 # The methods a policy object needs (`policy.DraftLengthPolicy`'s, which has defaults for all but
 # `draft_length`): one that does not subclass it needs these four, and gets the defaults of the rest.
@@ -94,7 +95,9 @@ class SpeculativeConfig:
             _check_draft_location(str(self.draft))
         elif self.draft is not None:
             _check_draft_object(self.draft)
-        elif self.draft_tokenizer is not None:
+        if self.draft_tokenizer is not None:
+            check_tokenizer(self.draft_tokenizer, "SpeculativeConfig(draft_tokenizer=...)")
+        if self.draft is None and self.draft_tokenizer is not None:
             raise ValueError(
                 "`draft_tokenizer` is the tokenizer of the draft model given as draft=, and no draft was "
                 f"given (method={self.method!r}): pass draft=<your draft model> with it, or drop "
@@ -218,6 +221,16 @@ def _check_draft_length(n: Any, policy: Any) -> None:
             f"The draft-length policy {type(policy).__name__} lacks {missing}: a policy object needs "
             "draft_length, trim, update and expect_draft_cost (subclass hf_specdec."
             "DraftLengthPolicy to inherit its no-op expect_draft_cost; FixedDraftLength is the simplest one)."
+        )
+
+
+def check_tokenizer(tokenizer: Any, argument: str) -> None:
+    """A tokenizer argument must be a loaded tokenizer: a path or repo id would fail deep inside, or
+    go unread where the draft's vocabulary happens to be the target's size."""
+    if not isinstance(tokenizer, PreTrainedTokenizerBase):
+        raise TypeError(
+            f"{argument} must be a loaded tokenizer, e.g. AutoTokenizer.from_pretrained(...), got "
+            f"{tokenizer!r} ({type(tokenizer).__name__})."
         )
 
 

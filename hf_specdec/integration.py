@@ -23,7 +23,7 @@ from transformers.generation.stopping_criteria import StopStringCriteria
 from transformers.generation.utils import GenerationMixin
 from transformers.pipelines.text_generation import TextGenerationPipeline
 
-from .config import SpeculativeConfig
+from .config import SpeculativeConfig, check_tokenizer
 from .core.checks import check_drafter_continues, check_processors, check_supported
 from .core.compat import generate_cache
 from .core.draft import Draft, Drafter
@@ -87,6 +87,8 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
                 "Use speculative=SpeculativeConfig(method='draft_model', draft=<your assistant>) instead."
             )
     tokenizer = kwargs.get("tokenizer")
+    if tokenizer is not None:
+        check_tokenizer(tokenizer, "generate(tokenizer=...)")
     streamer = kwargs.get("streamer")
     _take_stop_strings(model, kwargs, tokenizer)
     _heal_prompt(model, kwargs, tokenizer)

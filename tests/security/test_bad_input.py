@@ -159,6 +159,26 @@ def _weak_draft():
     return tiny_llama(1)
 
 
+def _cross_tokenizer_generate(draft_words: int, tokenizer: Any = None) -> Callable[..., None]:
+    """Generate with `_weak_draft()` (64 ids) through the shared tokens, the target's tokenizer a
+    word-level one of 64 words (or `tokenizer`, as given), the draft's one of `draft_words`, which
+    spells the target's words past its 64th id (PROMPT's among them)."""
+
+    def call(target, tmp_path, monkeypatch):
+        words = ["<unk>", *(f"w{i}" for i in range(1, 64))]
+        spelled = ["<unk>", *(f"d{i}" for i in range(1, 64)), *words[4 : draft_words - 60]]  # w4...
+        spec = dict(
+            method="draft_model",
+            draft=_weak_draft(),
+            draft_tokenizer=word_level(spelled),
+            options=dict(translation="intersection"),
+        )
+        given = word_level(words) if tokenizer is None else tokenizer
+        target.generate(input_ids=PROMPT, max_new_tokens=4, tokenizer=given, speculative=spec)
+
+    return call
+
+
 # name -> (what to run with (target, tmp_path, monkeypatch), exception type, regex for the message's fix)
 CASES: dict[str, tuple[Callable[..., None], type[Exception], str]] = {
     "inputs_embeds_without_input_ids": (
@@ -210,6 +230,19 @@ CASES: dict[str, tuple[Callable[..., None], type[Exception], str]] = {
         _generate(method="draft_model", draft="drafts/small", draft_tokenizer=word_level(["<unk>", "fox"])),
         ValueError,
         r"The draft 'drafts/small' is loaded with its own tokenizer, and draft_tokenizer= would go unused",
+    ),
+    # Tokenizers given as paths (an AttributeError deep inside, or unread beside a draft of the
+    # target's vocabulary size).
+    "draft_tokenizer_a_path": (
+        _generate(method="draft_model", draft=_weak_draft(), draft_tokenizer="drafts/small"),
+        TypeError,
+        r"SpeculativeConfig\(draft_tokenizer=\.\.\.\) must be a loaded tokenizer, e\.g\. "
+        r"AutoTokenizer\.from_pretrained\(\.\.\.\), got 'drafts/small' \(str\)",
+    ),
+    "target_tokenizer_a_path": (
+        _cross_tokenizer_generate(draft_words=70, tokenizer="models/target"),
+        TypeError,
+        r"generate\(tokenizer=\.\.\.\) must be a loaded tokenizer, e\.g\. AutoTokenizer\.from_pretrained",
     ),
     "encoder_decoder_draft": (
         _encoder_decoder_draft,
