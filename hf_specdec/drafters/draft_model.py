@@ -228,6 +228,13 @@ def _translation(
     if tokenizer is None or draft_tokenizer is None:
         check_compatible(target, tokenizer, draft, draft_tokenizer)
         return SHARED
+    draft_vocab = draft.config.get_text_config().vocab_size
+    if len(draft_tokenizer) > draft_vocab:  # the draft would be fed ids its embedding does not have
+        raise ValueError(
+            f"draft_tokenizer= has {len(draft_tokenizer)} tokens but the draft model's vocabulary "
+            f"has only {draft_vocab} ids: pass the draft's own tokenizer, or resize the draft's embeddings "
+            f"(draft.resize_token_embeddings({len(draft_tokenizer)})) if tokens were added to it."
+        )
     if compare_tokenizers_once(tokenizer, draft_tokenizer).compatible:
         return SHARED
     return choose_translation(
@@ -235,7 +242,7 @@ def _translation(
         draft_tokenizer,
         requested,
         target.config.get_text_config().vocab_size,
-        draft.config.get_text_config().vocab_size,
+        draft_vocab,
         execution_device(target),
     )
 

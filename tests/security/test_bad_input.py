@@ -244,6 +244,13 @@ CASES: dict[str, tuple[Callable[..., None], type[Exception], str]] = {
         TypeError,
         r"generate\(tokenizer=\.\.\.\) must be a loaded tokenizer, e\.g\. AutoTokenizer\.from_pretrained",
     ),
+    # A draft tokenizer with ids the draft cannot embed (the draft's IndexError before).
+    "draft_tokenizer_larger_than_the_draft": (
+        _cross_tokenizer_generate(draft_words=70),
+        ValueError,
+        r"draft_tokenizer= has 70 tokens but the draft model's vocabulary has only 64 ids: pass the "
+        r"draft's own tokenizer, or resize the draft's embeddings \(draft\.resize_token_embeddings\(70\)\)",
+    ),
     "encoder_decoder_draft": (
         _encoder_decoder_draft,
         ValueError,
