@@ -54,6 +54,10 @@ class OutputCollector:
         self.attention_mask = self.mask[:, : self.prompt_len]
         self.lengths = [self.prompt_len] * batch
         self.finished = [self.prompt_len >= self.capacity] * batch
+        # Per row, its length when a stopping criterion ended it; and the length every row ends at:
+        # max_length, or, where plain generate keeps decoding stopped rows, where the last one stopped.
+        self.stopped: list[int | None] = [None] * batch
+        self.limit = self.capacity
         self.streamer = streamer
         returned = bool(generation_config.return_dict_in_generate)
         self.keep_scores = returned and bool(generation_config.output_scores)
@@ -72,8 +76,8 @@ class OutputCollector:
         return [r for r, done in enumerate(self.finished) if not done]
 
     def room(self, row: int) -> int:
-        """Tokens row `row` may still emit before `max_length`."""
-        return self.capacity - self.lengths[row]
+        """Tokens row `row` may still emit before `max_length` (or the length every row ends at)."""
+        return self.limit - self.lengths[row]
 
     def row(self, row: int) -> torch.Tensor:
         return self.tokens[row : row + 1, : self.lengths[row]]
@@ -112,8 +116,10 @@ class OutputCollector:
         extras: TokenOutputs | None = None,  # attentions and hidden states, when returned
     ) -> None:
         """Append tokens to a row one at a time, stopping at the first that ends the row."""
+        if self.finished[row]:  # cut back to where the batch's last row stopped, earlier in this step
+            return
         start = self.lengths[row]
-        tokens = tokens[: self.capacity - start]  # what fits before max_length
+        tokens = tokens[: self.limit - start]  # what fits before max_length
         # Written at once (positions past the row's length are not part of it yet), then shown
         # to the criteria one token at a time, as plain generate would have.
         self.tokens[row, start : start + len(tokens)] = tokens
@@ -126,10 +132,12 @@ class OutputCollector:
             # Criteria are called on this row's exact sequence, as plain generate calls them: with
             # every step's scores so far when output_scores keeps them, else None.
             step_scores = tuple(self.scores[row]) if self.keep_scores else None
-            if self._stops(row, stopping_criteria, step_scores):
-                self.finished[row] = True
-                break
-        if self.lengths[row] >= self.capacity:
+            if self.stopped[row] is None and self._stops(row, stopping_criteria, step_scores):
+                self.stopped[row] = self.lengths[row]
+                if _pads_stopped_rows(stopping_criteria):
+                    self.finished[row] = True
+                    break
+        if self.lengths[row] >= self.limit:
             self.finished[row] = True
         self.emitted += n
         if self.keep_logits:
@@ -139,6 +147,20 @@ class OutputCollector:
             self.hidden_states[row].extend(extras.hidden_states[:n])
         if self.streamer is not None and n:
             self.streamer.put(tokens[:n].cpu())
+        if self.limit == self.capacity and None not in self.stopped:
+            self._end_at(max(self.stopped))
+
+    def _end_at(self, limit: int) -> None:
+        """Every row ends at `limit` tokens, where the last row stopped: plain generate, which keeps
+        decoding stopped rows, stops the batch there. Rows decoded past it are cut back to it."""
+        self.limit = limit
+        for row, length in enumerate(self.lengths):
+            if length >= limit:
+                self.emitted -= length - limit
+                self.lengths[row] = limit
+                for per_token in (self.scores, self.logits, self.attentions, self.hidden_states):
+                    del per_token[row][limit - self.prompt_len :]
+                self.finished[row] = True
 
     def _stops(
         self, row: int, criteria: StoppingCriteriaList, scores: tuple[torch.Tensor, ...] | None
@@ -215,6 +237,12 @@ class OutputCollector:
             torch.cat([row[step] if step < len(row) else finished for row in per_row])
             for step in range(steps)
         )
+
+
+def _pads_stopped_rows(criteria: StoppingCriteriaList) -> bool:
+    """Whether plain generate pads a row once a criterion has stopped it, as it does only where an EOS
+    criterion is among them (its `has_eos_stopping_criteria`); else it keeps decoding the row."""
+    return any(hasattr(criterion, "eos_token_id") for criterion in criteria)
 
 
 def _per_step_layers(

@@ -405,10 +405,16 @@ def test_output_scores_and_logits_match_plain(target_no_eos, drafts):
     plain = target_no_eos.generate(**kwargs)
     for method in ("ngram", "good"):
         out = target_no_eos.generate(**kwargs, speculative=spec_for(method, drafts, 3))
-        assert torch.equal(out.sequences, plain.sequences)
-        assert len(out.scores) == len(plain.scores) == len(out.logits) == 8
-        for mine, theirs in zip(out.scores + out.logits, plain.scores + plain.logits):
-            torch.testing.assert_close(mine, theirs, atol=1e-4, rtol=1e-4)
+        assert_scores_like_plain(out, plain)
+        assert len(out.scores) == 8
+
+
+def assert_scores_like_plain(out, plain) -> None:
+    """The same sequences, and per generated token the same processed scores and raw logits."""
+    assert torch.equal(out.sequences, plain.sequences)
+    assert len(out.scores) == len(plain.scores) == len(out.logits) == len(plain.logits)
+    for mine, theirs in zip(out.scores + out.logits, plain.scores + plain.logits):
+        torch.testing.assert_close(mine, theirs, atol=1e-4, rtol=1e-4)
 
 
 class _UnsureStop(StoppingCriteria):
@@ -463,6 +469,28 @@ class _BudgetPerRow(StoppingCriteria):
 
     def __call__(self, input_ids, scores, **kwargs):
         return input_ids.shape[1] - self.prompt_len >= self.budgets
+
+
+@pytest.mark.parametrize("method", ["ngram", "good"])
+def test_rows_a_criterion_stops_without_an_eos_keep_decoding_as_plain(target_no_eos, drafts, method):
+    """Plain `generate` pads a finished row only where an EOS criterion is among its stopping
+    criteria; without one, a row a criterion stopped keeps decoding until every row has stopped.
+    Speculation returns the same tokens and scores there, not padding and -inf."""
+    input_ids, attention_mask = random_batch(7, 4, min_len=2, max_len=30)
+    budget = StoppingCriteriaList([_BudgetPerRow([3, 9, 5, 12], input_ids.shape[1])])
+    kwargs = dict(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=16,
+        do_sample=False,
+        return_dict_in_generate=True,
+        output_scores=True,
+        output_logits=True,
+        stopping_criteria=budget,
+    )
+    plain = target_no_eos.generate(**kwargs)
+    assert plain.sequences.shape[1] == input_ids.shape[1] + 12  # stopped by the last row's budget
+    assert_scores_like_plain(target_no_eos.generate(**kwargs, speculative=spec_for(method, drafts, 4)), plain)
 
 
 def _band(row: int) -> list[int]:
