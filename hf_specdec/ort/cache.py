@@ -52,18 +52,26 @@ def quantized_copy(target: PreTrainedModel, tokenizer: Any = None) -> Path:
     return folder
 
 
-# Fingerprints by model object: reading every weight costs a device sync and an fp32 copy per
-# tensor, which one model should pay once, not on every `generate` call.
-_FINGERPRINTS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+# Fingerprints by model object, with the `weights_state` they were read at: reading every weight
+# costs a device sync and an fp32 copy per tensor, which one model should pay once, not on every
+# `generate` call, nor miss when the model is fine-tuned in place.
+_FINGERPRINTS: weakref.WeakKeyDictionary[Any, tuple[tuple, str]] = weakref.WeakKeyDictionary()
 
 
 def weights_fingerprint(model: PreTrainedModel) -> str:
-    """Identifies a model's weights: computed on first use, then remembered for as long as the model
-    object lives. Weights changed in place afterwards (training the same object) are not noticed:
-    delete the copy's folder to rebuild it."""
-    if model not in _FINGERPRINTS:
-        _FINGERPRINTS[model] = _read_fingerprint(model)
-    return _FINGERPRINTS[model]
+    """Identifies a model's weights: read on first use, and read again only once a weight changed
+    in place (an optimizer step, `load_state_dict`) or was replaced since."""
+    state = weights_state(model)
+    known = _FINGERPRINTS.get(model)
+    if known is None or known[0] != state:
+        _FINGERPRINTS[model] = (state, _read_fingerprint(model))
+    return _FINGERPRINTS[model][1]
+
+
+def weights_state(model: PreTrainedModel) -> tuple:
+    """Where each weight lives and its version counter, which every in-place write bumps: tells a
+    changed weight apart without reading any."""
+    return tuple((t.data_ptr(), t._version) for t in model.state_dict().values())
 
 
 def clear_fingerprints() -> None:

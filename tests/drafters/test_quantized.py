@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pytest
+import torch
 
+from hf_specdec.ort import cache as ort_cache
 from hf_specdec.ort.cache import quantized_copy
 
-from ..conftest import assert_greedy_match, random_batch
+from ..conftest import assert_greedy_match, random_batch, tiny_llama
 
 
 def test_quantized_self_drafting(target, quantized_cache):
@@ -38,6 +41,38 @@ def test_weights_are_fingerprinted_once_per_model(target, quantized_cache, monke
     def no_weight_reads(*args, **kwargs):
         raise AssertionError("the target's weights were read again")
 
-    monkeypatch.setattr(target, "state_dict", no_weight_reads)
-    monkeypatch.setattr(target, "parameters", no_weight_reads)
+    monkeypatch.setattr(ort_cache, "_read_fingerprint", no_weight_reads)
     assert quantized_copy(target) == folder
+
+
+def test_weights_changed_in_place_rebuild_the_copy(tmp_path, monkeypatch):
+    """A target fine-tuned in place after its copy was built (the same object, an optimizer step,
+    `load_state_dict`) gets a copy of its new weights: the old one would still be lossless but
+    would draft for weights the target no longer has, silently slow."""
+    monkeypatch.setenv("HF_SPECDEC_CACHE", str(tmp_path))
+    exported = []
+
+    def export(model, out_dir, *args, **kwargs):  # the cache's part only; tests/ort exports for real
+        exported.append(model)
+        Path(out_dir).mkdir(parents=True)
+        (Path(out_dir) / "model.onnx").write_bytes(b"onnx")
+        return Path(out_dir) / "model.onnx"
+
+    monkeypatch.setattr(ort_cache, "export_onnx", export)
+    model = tiny_llama(3, layers=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        folder = quantized_copy(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.tensor([[6, 7, 8]]), labels=torch.tensor([[6, 7, 8]])).loss.backward()
+    optimizer.step()
+    with pytest.warns(UserWarning, match="Rebuilding the int8 ONNX copy"):
+        assert quantized_copy(model) == folder
+    model.load_state_dict({k: v + 1 for k, v in model.state_dict().items()})
+    with pytest.warns(UserWarning, match="Rebuilding the int8 ONNX copy"):
+        quantized_copy(model)
+    assert len(exported) == 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # unchanged since: the copy is reused
+        quantized_copy(model)
+    assert len(exported) == 3
