@@ -12,6 +12,7 @@ that a crashed process left behind are removed by the next build. A leaf: it imp
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import shutil
@@ -101,18 +102,38 @@ def staging_folder(parent: Path) -> Iterator[Path]:
     It is locked while in use; unlocked ones that a crashed or killed process left in `parent` are
     removed first, so they never pile up (an interrupted int8 export of a large model leaves GBs).
     """
-    parent.mkdir(parents=True, exist_ok=True)
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        # Locked before it gets its `tmp*` name: a folder under that name is held from the first moment.
+        hidden = Path(tempfile.mkdtemp(prefix="." + STAGING_PREFIX, dir=parent))
+    except OSError as err:  # anything here is about the cache folder itself
+        raise _unwritable(parent, err) from err
     remove_stale_staging(parent)
-    # Locked before it gets its `tmp*` name: a folder under that name is held from the first moment.
-    hidden = Path(tempfile.mkdtemp(prefix="." + STAGING_PREFIX, dir=parent))
     folder = hidden.with_name(hidden.name[1:])
     try:
         with _locked(hidden):
             hidden.rename(folder)
             yield folder
+    except OSError as err:
+        if err.errno in _WRITE_FAILURES:  # a build's other errors (a source it reads) are its own
+            raise _unwritable(parent, err) from err
+        raise
     finally:
         shutil.rmtree(folder, ignore_errors=True)
         shutil.rmtree(hidden, ignore_errors=True)
+
+
+# What a write into a full or read-only cache fails with (EFBIG: a file-size limit).
+_WRITE_FAILURES = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
+
+
+def _unwritable(parent: Path, err: OSError) -> OSError:
+    """`err`, saying which cache could not be written and how to put it elsewhere."""
+    return type(err)(
+        err.errno,
+        f"Cannot write to the hf-specdec cache {parent} ({err.strerror or err}): free space there, or "
+        "point HF_SPECDEC_CACHE at a writable folder with room.",
+    )
 
 
 def remove_stale_staging(parent: Path) -> list[Path]:

@@ -9,6 +9,7 @@ The draft-selection cache (`selections/`) is tested with the selection code.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -166,6 +167,29 @@ def test_a_crashed_export_leaves_no_staging_folder_behind(tmp_path, target, int8
         warnings.simplefilter("error", UserWarning)  # its copy is cached: nothing is exported
         assert quantized_copy(target) == folder
     assert sorted(p.name for p in (cache / "onnx").iterdir()) == [folder.name]
+
+
+@pytest.mark.parametrize("errno_", [errno.ENOSPC, errno.EROFS])
+def test_a_full_or_read_only_cache_says_what_to_do(tmp_path, errno_):
+    """A build that cannot write (disk full, read-only) fails naming the cache and the variable that
+    moves it, and leaves no staging folder."""
+    with pytest.raises(OSError, match=r"HF_SPECDEC_CACHE") as caught, staging_folder(tmp_path / "onnx"):
+        raise OSError(errno_, os.strerror(errno_))
+    assert caught.value.errno == errno_ and str(tmp_path / "onnx") in str(caught.value)
+    assert list((tmp_path / "onnx").iterdir()) == []
+
+
+def test_a_cache_that_cannot_be_created_says_what_to_do(tmp_path):
+    (tmp_path / "file").write_text("")
+    unwritable = pytest.raises(OSError, match=r"Cannot write to the hf-specdec cache .*HF_SPECDEC_CACHE")
+    with unwritable, staging_folder(tmp_path / "file" / "onnx"):
+        pass
+
+
+def test_other_errors_of_a_build_pass_through(tmp_path):
+    passed = pytest.raises(PermissionError, match=r"^\[Errno 13\] the source$")  # reading a source, say
+    with passed, staging_folder(tmp_path):
+        raise PermissionError(errno.EACCES, "the source")
 
 
 def test_a_staging_folder_in_use_is_kept(tmp_path):
