@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..store.manifest import (
+    build_lock,
     manifest_problem,
     remove_stale_staging,
     replace_folder,
@@ -35,20 +36,23 @@ def quantized_copy(target: PreTrainedModel, tokenizer: Any = None) -> Path:
     folder = cache_dir() / "onnx" / f"{name}-{weights.split(':')[0]}-int8"
     built_from = {"format": INT8_FORMAT, "weights": weights}
     remove_stale_staging(folder.parent)  # what crashed exports of any model left (GBs for a large one)
-    problem = manifest_problem(folder, built_from)
-    if problem is None:
+    if manifest_problem(folder, built_from) is None:
         return folder
-    if folder.exists():
-        warnings.warn(f"Rebuilding the int8 ONNX copy in {folder}: {problem}.", stacklevel=5)
-    warnings.warn(
-        f"Building an int8 ONNX copy of the target in {folder} (once; minutes for a 100M+ model).",
-        stacklevel=5,
-    )
-    with staging_folder(folder.parent) as tmp:  # removes the staging folders of crashed exports
-        staging = tmp / "model"
-        export_onnx(target, staging, quantize="int8", tokenizer=tokenizer)
-        write_manifest(staging, built_from)
-        replace_folder(folder, staging)
+    with build_lock(folder):
+        problem = manifest_problem(folder, built_from)
+        if problem is None:  # another process built it while this one waited
+            return folder
+        if folder.exists():
+            warnings.warn(f"Rebuilding the int8 ONNX copy in {folder}: {problem}.", stacklevel=5)
+        warnings.warn(
+            f"Building an int8 ONNX copy of the target in {folder} (once; minutes for a 100M+ model).",
+            stacklevel=5,
+        )
+        with staging_folder(folder.parent) as tmp:  # removes the staging folders of crashed exports
+            staging = tmp / "model"
+            export_onnx(target, staging, quantize="int8", tokenizer=tokenizer)
+            write_manifest(staging, built_from)
+            replace_folder(folder, staging)
     return folder
 
 

@@ -5,8 +5,9 @@ manifest: each file's size and SHA-256 and what the folder was built from, writt
 atomically, so that a folder without a valid manifest is one whose writing did not finish. A reader
 checks the manifest before trusting the folder, and rebuilds (or, for what it cannot rebuild, refuses
 with the path to delete) instead of handing a truncated or overwritten file to ONNX Runtime or
-safetensors. Folders are built in a locked staging folder beside their final place; staging folders
-that a crashed process left behind are removed by the next build. A leaf: it imports nothing of ours.
+safetensors. Folders are built in a locked staging folder beside their final place, by one process at
+a time (`build_lock`); staging folders that a crashed process left behind are removed by the next
+build. A leaf: it imports nothing of ours.
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ def staging_folder(parent: Path) -> Iterator[Path]:
     remove_stale_staging(parent)
     folder = hidden.with_name(hidden.name[1:])
     try:
-        with _locked(hidden):
+        with _locked(hidden / _LOCK_NAME):
             hidden.rename(folder)
             yield folder
     except OSError as err:
@@ -134,6 +135,20 @@ def _unwritable(parent: Path, err: OSError) -> OSError:
         f"Cannot write to the hf-specdec cache {parent} ({err.strerror or err}): free space there, or "
         "point HF_SPECDEC_CACHE at a writable folder with room.",
     )
+
+
+@contextlib.contextmanager
+def build_lock(folder: Path) -> Iterator[None]:
+    """Held while `folder` is checked and built: a process that asks for a folder another one is
+    building waits for it, then finds the folder whole, instead of building its own copy alongside."""
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        lock = folder.parent / f".{folder.name}.lock"
+        lock.touch()
+    except OSError as err:
+        raise _unwritable(folder.parent, err) from err
+    with _locked(lock):
+        yield
 
 
 def remove_stale_staging(parent: Path) -> list[Path]:
@@ -172,13 +187,14 @@ def _files_under(folder: Path) -> list[str]:
 
 
 @contextlib.contextmanager
-def _locked(folder: Path) -> Iterator[None]:
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on the file `path`, held until exit (a process that dies releases it)."""
     try:
         import fcntl
-    except ImportError:  # Windows: staging folders are removed by age only
+    except ImportError:  # Windows: staging folders are removed by age only, builds are not serialised
         yield
         return
-    with (folder / _LOCK_NAME).open("w") as lock:
+    with path.open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -24,7 +27,7 @@ def test_quantized_self_drafting(target, quantized_cache):
         )
     assert_greedy_match(target, plain, spec.sequences, mask)
     assert spec.speculative_stats.acceptance_rate > 0.6  # int8 in blocks of 32 still mostly agrees
-    folders = list((quantized_cache / "onnx").iterdir())
+    folders = [f for f in (quantized_cache / "onnx").iterdir() if not f.name.startswith(".")]  # .*.lock
     assert [f.name for f in folders] == ["LlamaForCausalLM-float32-int8"]
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # cached: no rebuild the second time
@@ -45,20 +48,28 @@ def test_weights_are_fingerprinted_once_per_model(target, quantized_cache, monke
     assert quantized_copy(target) == folder
 
 
-def test_weights_changed_in_place_rebuild_the_copy(tmp_path, monkeypatch):
-    """A target fine-tuned in place after its copy was built (the same object, an optimizer step,
-    `load_state_dict`) gets a copy of its new weights: the old one would still be lossless but
-    would draft for weights the target no longer has, silently slow."""
+@pytest.fixture
+def exported(tmp_path, monkeypatch) -> list[Any]:
+    """The models `quantized_copy` exported, into a private cache; the export itself is a stub
+    (this is the cache's part; tests/ort exports for real)."""
     monkeypatch.setenv("HF_SPECDEC_CACHE", str(tmp_path))
-    exported = []
+    models: list[Any] = []
 
-    def export(model, out_dir, *args, **kwargs):  # the cache's part only; tests/ort exports for real
-        exported.append(model)
+    def export(model, out_dir, *args, **kwargs):
+        models.append(model)
+        time.sleep(0.2)  # long enough for a second process to arrive while it runs
         Path(out_dir).mkdir(parents=True)
         (Path(out_dir) / "model.onnx").write_bytes(b"onnx")
         return Path(out_dir) / "model.onnx"
 
     monkeypatch.setattr(ort_cache, "export_onnx", export)
+    return models
+
+
+def test_weights_changed_in_place_rebuild_the_copy(exported):
+    """A target fine-tuned in place after its copy was built (the same object, an optimizer step,
+    `load_state_dict`) gets a copy of its new weights: the old one would still be lossless but
+    would draft for weights the target no longer has, silently slow."""
     model = tiny_llama(3, layers=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
@@ -76,3 +87,18 @@ def test_weights_changed_in_place_rebuild_the_copy(tmp_path, monkeypatch):
         warnings.simplefilter("error", UserWarning)  # unchanged since: the copy is reused
         quantized_copy(model)
     assert len(exported) == 3
+
+
+def test_callers_asking_at_once_export_once(exported):
+    """Processes (here threads: each takes the lock through a file of its own) that ask for the same
+    copy at once wait for the first one's export, instead of each exporting alongside it: N times
+    the minutes, the memory and the disk."""
+    model = tiny_llama(3, layers=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        with ThreadPoolExecutor(3) as pool:
+            folders = list(pool.map(lambda _: quantized_copy(model), range(3)))
+    assert len(exported) == 1 and len(set(folders)) == 1
+    assert sorted(p.name for p in folders[0].parent.iterdir() if not p.name.startswith(".")) == [
+        folders[0].name
+    ]
