@@ -64,6 +64,7 @@ def build_sequences(
     """
     if answers_per_prompt < 1:
         raise ValueError(f"answers_per_prompt must be at least 1, got {answers_per_prompt}.")
+    max_length = min(max_length, _context(model) or max_length)  # the target reads every sequence whole
     if batch_size is None:  # a GPU generates a wide batch for about the price of a narrow one
         batch_size = 128 if model.device.type == "cuda" else 16
     key = {
@@ -118,6 +119,11 @@ def read_cache_file(path: Path) -> dict[str, Any] | None:
     return cached if isinstance(cached, dict) else None
 
 
+def _context(model: Any) -> int | None:
+    """How many positions the target reads (None: its config does not say)."""
+    return getattr(model.config.get_text_config(), "max_position_embeddings", None)
+
+
 def _corpus_sequences(tokenizer: Any, chunks: list[str], max_length: int) -> list[Sequence]:
     ids = [t for chunk in chunks for t in tokenizer(chunk + "\n\n")["input_ids"]]
     starts = range(0, len(ids), max_length)
@@ -136,16 +142,33 @@ def _generated_sequences(
 ) -> list[Sequence]:
     chat = use_chat_template(tokenizer)
     pad = pad_token_id(tokenizer, model)
+    context = _context(model)
+    room = context - max_new_tokens if context else None  # prompt tokens that fit before the answer
+    if room is not None and room < 1:
+        raise ValueError(
+            f"max_new_tokens={max_new_tokens} leaves no room for a prompt in the target's context of "
+            f"{context} tokens: lower max_new_tokens."
+        )
     eos = model.generation_config.eos_token_id
     eos = set([eos] if isinstance(eos, int) else eos or [])
     # Similar lengths share a batch, so little time goes into padding.
-    order = sorted(prompts, key=lambda p: len(prompt_token_ids(tokenizer, p, chat)))
+    length = {id(p): len(prompt_token_ids(tokenizer, p, chat)) for p in prompts}
+    order = sorted(prompts, key=lambda p: length[id(p)])
+    too_long = sum(n > room for n in length.values()) if room is not None else 0
+    if too_long:
+        warnings.warn(
+            f"{too_long} of {len(order)} prompts are longer than the target's context less the answer "
+            f"({context} - {max_new_tokens} tokens); they keep their last {room} tokens.",
+            stacklevel=3,
+        )
     sequences = []
     desc = "sampling training answers" if sample else "generating training answers"
     with tqdm(total=len(order), desc=desc, unit="prompt") as bar:
         for i in range(0, len(order), batch_size):
             batch = order[i : i + batch_size]
             inputs = encode_prompts(tokenizer, batch, chat, pad, model.device)
+            if room is not None:  # left-padded: each row's last `room` tokens
+                inputs = {name: tensor[:, -room:] for name, tensor in inputs.items()}
             out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=sample, pad_token_id=pad)
             for b in range(len(batch)):
                 prompt = inputs["input_ids"][b][inputs["attention_mask"][b].bool()]

@@ -215,6 +215,33 @@ def test_sampled_answers_add_sequences_after_the_greedy_ones(smollm2_path, tmp_p
         build_sequences(model, tokenizer, source, tmp_path / "none.pt", answers_per_prompt=0)
 
 
+def test_prompts_and_corpus_longer_than_the_context_are_cut_to_it(smollm2_path, tmp_path, monkeypatch):
+    """A prompt longer than the target's context (less the answer's tokens) keeps its end, with a
+    warning, and a corpus is cut into chunks the target can read: a GPT-2 (learned positions) failed
+    with `IndexError: index out of range` once generation reached the longest prompts, and a Llama
+    generated past its context without a word."""
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    monkeypatch.setattr("hf_specdec.train.data.MIN_TOKENS", 1)
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
+    tokenizer.chat_template = None  # raw prompts: a tokenizer without a chat template works too
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=4, n_positions=48)
+    model = GPT2LMHeadModel(config).eval()
+    words = "the quick brown fox jumps over the lazy dog " * 12
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["Hello there", words]))
+    with pytest.warns(UserWarning, match=r"1 of 2 prompts are longer than the target's context"):
+        sequences = build_sequences(model, tokenizer, load_prompts(None, prompts), tmp_path / "a.pt", 8)
+    assert [len(s.ids) for s in sequences] == [len(tokenizer("Hello there")["input_ids"]) + 8, 48]
+    assert sequences[1].answer_start == 40  # the prompt's last 40 tokens, then its 8 answer tokens
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(words)
+    chunks = build_sequences(model, tokenizer, load_prompts(None, corpus), tmp_path / "b.pt")
+    assert len(chunks) > 1 and max(len(s.ids) for s in chunks) == 48
+    target_features(model, chunks + sequences, layers=(-1,))  # the target reads them all
+
+
 @pytest.mark.parametrize(
     "fields, message",
     [
