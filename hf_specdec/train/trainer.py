@@ -29,7 +29,7 @@ from ..core.timing import clock
 from ..heads import TRAINED_METHODS
 from ..heads.dflash import BlockDraftConfig
 from ..heads.eagle import EagleHeadConfig
-from ..heads.io import build_head, check_saved_head, load_state, read_weights, save_head
+from ..heads.io import CONFIG_NAME, build_head, check_saved_head, load_state, read_weights, save_head
 from ..heads.medusa import MedusaHeadConfig
 from .block import acceptance, block_loss, default_target_layers, loss_decay
 from .features import Example
@@ -431,9 +431,31 @@ def _resume(folder: Path, head: Any, optimizer: Any, state: dict[str, Any]) -> b
         ) from None
     weights = read_weights(folder / "head.safetensors")
     check_saved_head(folder)
+    _check_same_run(folder, head)
     if "draft_vocab" in weights:
         head.set_draft_vocab(weights["draft_vocab"])
     load_state(head, weights, folder / "head.safetensors")
     optimizer.load_state_dict(saved.pop("optimizer"))
     state.update(saved)
     return True
+
+
+def _check_same_run(folder: Path, head: Any) -> None:
+    """Refuse a checkpoint whose head differs from the one this run trains (another method, draft
+    vocabulary or target): resuming it would train on from another run's weights and budget.
+    Fields one side does not record (a checkpoint of an older version) are not compared."""
+    try:
+        saved = json.loads((folder / CONFIG_NAME).read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"The training checkpoint {folder / CONFIG_NAME} cannot be read ({err}).") from None
+    now = head.config.to_dict()
+    differs = [
+        f"{name}: {saved[name]!r} in the checkpoint, {now[name]!r} now"
+        for name in sorted(saved.keys() & now.keys())
+        if saved[name] != now[name]
+    ]
+    if differs:
+        raise ValueError(
+            f"The training checkpoint in {folder} was saved for another run ({'; '.join(differs)}). "
+            f"Delete {folder} to train this head from the start, or write it to another folder."
+        )

@@ -116,6 +116,26 @@ def test_an_interrupted_run_resumes_where_it_stopped(target, examples, tmp_path)
     assert second["train_seconds"] >= 0.1 * 60 - 1
 
 
+def test_a_checkpoint_of_another_run_is_not_resumed(target, examples, tmp_path):
+    """Resuming takes the step count, time spent and weights of the checkpoint in `out`: one saved
+    for another head (method, draft vocabulary) or another target is refused, naming what differs
+    and the folder to delete, instead of training on from it (a head trained for another model, or
+    a draft vocabulary other than the one asked for, and the budget already spent)."""
+    train_head(target, examples, tmp_path, TrainConfig(minutes=5, max_steps=1, draft_vocab_size=48))
+    other = tiny_llama(41, vocab_size=80, layers=1, eos_token_id=None)
+    other.name_or_path = "another/model"
+    for model, settings, differs in [
+        (target, {"method": "medusa"}, r"method: 'eagle' in the checkpoint, 'medusa' now"),
+        (target, {"draft_vocab_size": 32}, r"draft_vocab_size: 48 in the checkpoint, 32 now"),
+        (other, {}, r"target: '' in the checkpoint, 'another/model' now"),
+    ]:
+        config = TrainConfig(minutes=5, max_steps=2, **{"draft_vocab_size": 48, **settings})
+        with pytest.raises(ValueError, match=rf"saved for another run \(.*{differs}.*\)\. Delete {tmp_path}"):
+            train_head(model, examples, tmp_path, config)
+    resumed = train_head(target, examples, tmp_path, TrainConfig(minutes=5, max_steps=2, draft_vocab_size=48))
+    assert resumed["resumed_at_step"] == 1
+
+
 def test_empty_and_short_data_are_refused(target, tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
