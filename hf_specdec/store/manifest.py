@@ -54,7 +54,9 @@ def write_manifest(folder: Path, built_from: dict[str, Any], files: Iterable[str
 
 def manifest_problem(folder: Path, built_from: dict[str, Any]) -> str | None:
     """Why `folder` is not what its manifest says it was built as (None when it is): no folder, no
-    manifest, one built from something else, or a file missing, resized or changed since."""
+    manifest, one built from something else, one naming a file outside the folder, or a file
+    missing, resized or changed since. Symlinks are followed: the Hub cache's snapshots (a head
+    uploaded with its manifest) are links into its blobs."""
     if not folder.is_dir():
         return "it does not exist"
     try:
@@ -68,6 +70,8 @@ def manifest_problem(folder: Path, built_from: dict[str, Any]) -> str | None:
     if recorded_from != built_from:
         return f"it was built from {recorded_from}, not {built_from}"
     for name, entry in recorded.items():
+        if Path(name).is_absolute() or ".." in Path(name).parts:  # never read what it names
+            return f"it names {name!r}, not a file in {folder}"
         path = folder / name
         if not path.is_file():
             return f"{name} is missing"

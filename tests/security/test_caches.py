@@ -28,10 +28,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf_specdec import demo_model
 from hf_specdec.heads.eagle import EagleHeadConfig
-from hf_specdec.heads.io import CONFIG_NAME, WEIGHTS_NAME, build_head, save_head
+from hf_specdec.heads.io import CONFIG_NAME, WEIGHTS_NAME, build_head, check_saved_head, save_head
 from hf_specdec.ort import cache as ort_cache
 from hf_specdec.ort.cache import quantized_copy
-from hf_specdec.store.manifest import MANIFEST_NAME, remove_stale_staging, staging_folder
+from hf_specdec.store.manifest import MANIFEST_NAME, file_digest, remove_stale_staging, staging_folder
 from hf_specdec.train.data import Sequence
 from hf_specdec.train.features import cached_target_features
 from hf_specdec.train.trainer import CHECKPOINT_DIR, STATE_NAME, TrainConfig, train_head
@@ -320,6 +320,21 @@ def test_a_corrupt_head_is_refused_naming_its_path(target, tmp_path, name, corru
             speculative=dict(method="eagle", draft=str(folder)),
         )
     assert str(folder) in str(refused.value)
+
+
+@pytest.mark.parametrize("outside", ["../outside.bin", "{tmp}/outside.bin", "sub/../../outside.bin"])
+def test_a_manifest_naming_files_outside_its_folder_is_refused(target, tmp_path, outside):
+    """A manifest (a head's may come from the Hub) vouches for the files of its own folder only: one
+    naming others (`..`, an absolute path) is refused before any of them is read, even when the file
+    it names is there and matches."""
+    folder = save_head(build_head(EagleHeadConfig.for_target(target), target), tmp_path / "head")
+    (tmp_path / "outside.bin").write_bytes(b"not the head")
+    name = outside.format(tmp=tmp_path)
+    manifest = json.loads((folder / MANIFEST_NAME).read_text())
+    manifest["files"][name] = {"size": 12, "sha256": file_digest(tmp_path / "outside.bin")}
+    (folder / MANIFEST_NAME).write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=rf"is corrupt \(it names {re.escape(repr(name))}, not a file in"):
+        check_saved_head(folder)
 
 
 # --- train-draft's checkpoint and data caches --------------------------------------------------------
