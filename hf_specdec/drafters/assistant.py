@@ -129,8 +129,14 @@ class AssistantDrafter(Drafter):
         places = counted.cumsum(dim=1) - 1
         query = counted.sum(dim=1, keepdim=True)  # the place the last token would take
         masks = {"full_attention": mask, "sliding_attention": mask & (query - places < self.window)}
+        # In the assistant's dtype, which its queries have: an assistant loaded in another dtype than
+        # its target (fp32 beside a bf16 target) reads a cast copy, one per step.
+        dtype = self.assistant.pre_projection.weight.dtype
         states = {
-            kind: (rows.gather(kv.cache.layers[i].keys), rows.gather(kv.cache.layers[i].values))
+            kind: (
+                rows.gather(kv.cache.layers[i].keys).to(dtype),
+                rows.gather(kv.cache.layers[i].values).to(dtype),
+            )
             for kind, i in self.layers.items()
         }
         position = rows.gather(kv.lengths) + (0 if kv.offsets is None else rows.gather(kv.offsets))

@@ -106,6 +106,22 @@ def test_scores_logits_and_hidden_states_like_plain(drafts):
         assert_close_steps(layers, expected, f"hidden_states[{step}]")
 
 
+@pytest.mark.parametrize("in_bf16", ["target", "assistant"])
+def test_an_assistant_in_another_dtype_than_its_target(in_bf16):
+    """A bf16 target with an fp32 assistant, and the reverse: the assistant attends to the target's
+    keys and values in its own dtype."""
+    target, helper = assistant.pair()
+    (target if in_bf16 == "target" else helper).to(torch.bfloat16)
+    inputs = assistant.prompts(3)
+    kwargs = dict(**inputs, max_new_tokens=12, do_sample=False)
+    with torch.no_grad():
+        plain = target.generate(**kwargs)
+        spec = dict(method="assistant", draft=helper, num_draft_tokens=3)
+        out = target.generate(**kwargs, speculative=spec, return_dict_in_generate=True)
+    assert_greedy_match(target, plain, out.sequences, inputs["attention_mask"])
+    assert out.speculative_stats.accepted > 0
+
+
 def test_an_assistant_is_recognised_as_one(pair, tmp_path):
     """As draft= with method 'auto' or 'draft_model', loaded or saved: it drafts as an assistant."""
     target, helper = pair
