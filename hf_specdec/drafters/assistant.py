@@ -33,6 +33,32 @@ if TYPE_CHECKING:
     from ..config import SpeculativeConfig
 
 
+def stored_layers(text: Any) -> dict[str, int]:
+    """The target's layer (text config) whose keys and values each kind of assistant layer reads: its
+    last layer of that kind that stores them ("store" in `kv_sharing_modes`)."""
+    return {text.layer_types[i]: i for i, mode in enumerate(text.kv_sharing_modes) if mode == "store"}
+
+
+def kv_mismatch(assistant: Any, target: Any) -> str | None:
+    """Why the assistant's layers (its text config) cannot attend to the target's shared keys and
+    values: a kind of layer the target stores none of, or keys and values of another shape; None
+    where they fit."""
+    stored = stored_layers(target)
+    for j, kind in enumerate(assistant.layer_types):
+        if kind not in stored:
+            return (
+                f"has {kind} layers, and the target keeps no such layer's keys and values (it keeps "
+                f"{', '.join(sorted(stored))})"
+            )
+        ours, theirs = assistant.per_layer_config[j], target.per_layer_config[stored[kind]]
+        if (ours.num_key_value_heads, ours.head_dim) != (theirs.num_key_value_heads, theirs.head_dim):
+            return (
+                f"attends in its {kind} layers to {ours.num_key_value_heads} key-value heads of size "
+                f"{ours.head_dim}; the target's are {theirs.num_key_value_heads} of size {theirs.head_dim}"
+            )
+    return None
+
+
 @register_drafter
 class AssistantDrafter(Drafter):
     """Drafts with an official assistant (`draft=` a loaded one, its folder or Hub repo id)."""
@@ -53,10 +79,7 @@ class AssistantDrafter(Drafter):
         text = target.config.get_text_config()
         self.vocab_size = text.vocab_size
         self.embed = target.get_input_embeddings()
-        # The target's layer whose keys and values each kind of assistant layer reads ("store" layers).
-        self.layers = {
-            text.layer_types[i]: i for i, mode in enumerate(text.kv_sharing_modes) if mode == "store"
-        }
+        self.layers = stored_layers(text)
         self.window = text.sliding_window
         self.attention = assistant.config.get_text_config()._attn_implementation
         self.hidden: list[torch.Tensor] = []  # per row: the target's last hidden state, [H]
@@ -89,6 +112,10 @@ class AssistantDrafter(Drafter):
                 f"The assistant was trained on a target of hidden size {backbone}; this target's is "
                 f"{text.hidden_size}: it is another model's assistant."
             )
+        problem = kv_mismatch(draft.config.get_text_config(), text)
+        if problem:
+            kind = type(draft).__name__
+            raise ValueError(f"The assistant {kind} {problem}: it is another model's assistant.")
         options = options_to_config(ChainTreeConfig, config.options)
         return cls(draft.eval(), target, options)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import Gemma4ForCausalLM
 from transformers.generation.candidate_generator import SinglePositionMultiTokenCandidateGenerator
 
 from hf_specdec import SpeculativeConfig
@@ -157,6 +158,29 @@ def test_what_cannot_work_is_refused(pair):
         )
     with pytest.raises(ValueError, match="is not one: use method='draft_model'"):
         target.generate(**inputs, max_new_tokens=3, speculative=dict(method="assistant", draft=target))
+
+
+@pytest.mark.parametrize(
+    "other",
+    [dict(num_key_value_heads=4), dict(head_dim=16, global_head_dim=16), "full attention only"],
+    ids=["kv-heads", "head-size", "layer-kinds"],
+)
+def test_an_assistant_of_another_attention_layout_is_refused(pair, other):
+    """Of the same hidden size, but attending to keys and values of another shape, or of a kind of
+    layer (sliding) the target keeps none of: another model's assistant, refused before drafting."""
+    target, helper = pair
+    if other == "full attention only":
+        config = assistant.text_config(4, ["full_attention"] * 4, 4, num_kv_shared_layers=2)
+        target = Gemma4ForCausalLM._from_config(config).eval()
+        match = "sliding_attention layers, and the target keeps no such layer's keys and values"
+    else:
+        helper = assistant.pair(**other)[1]
+        shape = "(4 key-value heads of size 8|2 key-value heads of size 16)"
+        match = rf"sliding_attention layers to {shape}; the target's are 2 of size 8"
+    with pytest.raises(ValueError, match=match + ".*another model's assistant"):
+        target.generate(
+            **assistant.prompts(1), max_new_tokens=3, speculative=dict(method="assistant", draft=helper)
+        )
 
 
 def test_rows_that_finish_early_leave_the_batch(pair):
