@@ -79,9 +79,10 @@ class BlockDrafterConfig(ChainTreeConfig):
             below this; 0 leaves the cut to the draft-length policy.
         tree_top_k: with `SpeculativeConfig(tree=...)`: the children drafted per expanded node and
             the nodes expanded per level (EAGLE-2's top-k over the block's positions).
-        confidence_threshold: DSpark drafts: end each row's draft before the first position whose
+        confidence_threshold: DSpark drafts: end each row's chain before the first position whose
             confidence-head estimate is below this (DeepSpec's variable verify length); 0 keeps the
-            whole block and leaves the cut to the policy, which reads the same estimates.
+            whole block and leaves the cut to the policy, which reads the same estimates. Refused
+            for a draft without a confidence head, and with trees, which would ignore it.
     """
 
     confidence_threshold: float = 0.0
@@ -154,6 +155,17 @@ class DFlashDrafter(RowState, HeadDrafter):
         head = load_block_draft(config.draft, target)
         cls.check_draft(head, config.draft)
         options = options_to_config(cls.options_class, config.options)
+        threshold = options.confidence_threshold
+        if threshold > 0 and head.confidence_head is None:
+            raise ValueError(
+                f"options confidence_threshold={threshold} cuts drafts by DSpark's confidence head, and "
+                f"the draft ({head.config.layout}) has no confidence head: drop the option."
+            )
+        if threshold > 0 and config.tree:
+            raise ValueError(
+                f"options confidence_threshold={threshold} cuts chain drafts; trees do not read it "
+                f"(tree={config.tree!r}): drop tree= or the option."
+            )
         return cls(head, options, target.config.get_text_config().vocab_size, execution_device(target))
 
     @classmethod

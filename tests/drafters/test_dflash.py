@@ -192,6 +192,18 @@ def test_dspark_needs_dspark_heads(tmp_path, target):
         )
 
 
+@pytest.mark.parametrize("case", ["no confidence head", "tree", "tree auto"])
+def test_a_confidence_threshold_that_would_cut_nothing_is_refused(target, case):
+    """The threshold cuts chains by DSpark's confidence head: a draft without one, or a tree (which
+    ignores it), would silently draft as if it were not set."""
+    head = random_block_draft(target, (0, 1), block_size=4, confidence_head=case != "no confidence head")
+    tree = {"no confidence head": False, "tree": True, "tree auto": "auto"}[case]
+    spec = dict(method="dflash", draft=head, tree=tree, options={"confidence_threshold": 0.5})
+    match = "has no confidence head" if case == "no confidence head" else "trees do not read it"
+    with pytest.raises(ValueError, match=f"confidence_threshold=0.5.*{match}"):
+        target.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=2, speculative=spec)
+
+
 def test_dflash_without_a_draft_says_where_to_get_one(target):
     with pytest.raises(
         ValueError, match=r"needs a block draft.*train-draft --target <model> --method dflash"
