@@ -73,6 +73,21 @@ def layers_for(target: Any) -> nn.Module:
     return mtp
 
 
+def check_layers_fit(mtp: MtpModel, target: Any) -> MtpModel:
+    """`mtp` (given as `draft=`) if it was built for a model of `target`'s hidden and vocabulary
+    sizes; ValueError naming the size that differs otherwise."""
+    text = target.config.get_text_config()
+    for field in ("hidden_size", "vocab_size"):
+        theirs, ours = getattr(mtp.config, field), getattr(text, field)
+        if theirs != ours:
+            raise ValueError(
+                f"draft= holds the MTP layers of a model of {field}={theirs}; this target's is {ours}: "
+                "build them for it with transformers' MtpModel.from_pretrained(target), or drop draft= "
+                "(method='mtp' reads the target's own out of its checkpoint)."
+            )
+    return mtp
+
+
 @register_drafter
 class MtpDrafter(EagleDrafter):
     """Drafts with the target's own MTP layers, or with an MTP head trained for it (one depth).
@@ -105,7 +120,7 @@ class MtpDrafter(EagleDrafter):
         options = options_to_config(cls.options_class, config.options)
         draft = config.draft
         if draft is None or isinstance(draft, MtpModel):
-            mtp = layers_for(target) if draft is None else draft
+            mtp = layers_for(target) if draft is None else check_layers_fit(draft, target)
             return cls([MtpDepth(mtp, k) for k in range(len(mtp.layers))], options, target)
         if isinstance(draft, nn.Module) and not isinstance(draft, EagleHead):
             raise ValueError(

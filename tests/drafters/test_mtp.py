@@ -117,6 +117,18 @@ def test_a_draft_that_is_no_mtp_layers_is_refused():
         target.generate(**mtp.prompts(1), max_new_tokens=3, speculative=dict(method="mtp", draft=target))
 
 
+@pytest.mark.parametrize("other", [dict(hidden_size=48), dict(vocab_size=24)], ids=["hidden", "vocab"])
+def test_mtp_layers_of_another_model_are_refused(other):
+    """transformers' MtpModel built for a target of another hidden or vocabulary size: refused
+    before drafting, naming the sizes."""
+    target, _ = target_and_layers(1)
+    _, layers = target_and_layers(1, **other)
+    ((field, size),) = other.items()
+    match = rf"{field}={size}; this target's is (32|16).*from_pretrained\(target\)"
+    with pytest.raises(ValueError, match=match):
+        target.generate(**mtp.prompts(1), max_new_tokens=3, speculative=dict(method="mtp", draft=layers))
+
+
 def test_rows_that_finish_early_leave_the_batch():
     """EOS ends two of three rows early: the finished rows leave the layers' caches with the target's."""
     target, layers = target_and_layers(2)
