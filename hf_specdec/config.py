@@ -27,7 +27,8 @@ class SpeculativeConfig:
 
     Args:
         method: a drafter name (`"ngram"`, `"draft_model"`, ...) or `"auto"`, which uses the draft
-            model given in `draft` when there is one and otherwise chooses for the target.
+            given in `draft` when there is one (a draft head, block draft, assistant or `MtpModel`
+            by its own method) and otherwise chooses for the target.
         draft: for `method="draft_model"`: a local folder, a Hub repo id, or a loaded model;
             for `method="onnx"`: a folder exported with `hf-specdec export-onnx`; for
             `method="assistant"`: an official assistant (Gemma 4's `*-assistant`), loaded or named;

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..config import SpeculativeConfig
 from ..drafters.draft_model import is_assistant
+from ..drafters.head_drafter import head_method
 from ..ort.layout import is_onnx_folder
 from .block import block_method, published_block_draft
 from .choice import DRAFT_FREE_AUTO, DraftSelectionError, auto_method
@@ -32,7 +33,7 @@ def resolve_method(config: SpeculativeConfig, model: Any) -> tuple[SpeculativeCo
 
 def _choose_method(config: SpeculativeConfig, model: Any) -> tuple[SpeculativeConfig, str]:
     if config.draft is not None:
-        method = block_method(config.draft) or "draft_model"
+        method = block_method(config.draft) or head_method(config.draft) or "draft_model"
         return dataclasses.replace(config, method=method), "the draft given as draft="
     try:
         choice = select_draft(model, trust_remote_code=config.trust_remote_code)
