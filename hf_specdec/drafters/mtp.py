@@ -29,7 +29,7 @@ from ..core.draft import Draft, DraftRequest
 from ..core.kv import RaggedKV
 from ..heads.checkpoint import load_head
 from ..heads.eagle import EagleHead
-from ..heads.mtp import MtpDepth, load_mtp_layers, own_mtp_weights
+from ..heads.mtp import MtpDepth, load_mtp_layers, own_mtp_weights, placed_with
 from .base import Drafter, options_to_config
 from .chain import chain, real_tokens, right_aligned
 from .eagle import EagleDrafter
@@ -66,9 +66,10 @@ def own_layers(target: Any) -> str | None:
 
 
 def layers_for(target: Any) -> nn.Module:
-    """`target`'s MTP layers, read out of its checkpoint once per model (`load_mtp_layers`)."""
+    """`target`'s MTP layers, read out of its checkpoint once per model (`load_mtp_layers`), and again
+    once the model has moved to another dtype or device (`placed_with`)."""
     mtp = _LOADED.get(target)
-    if mtp is None:
+    if mtp is None or not placed_with(mtp, target):
         mtp = _LOADED[target] = load_mtp_layers(target)
     return mtp
 

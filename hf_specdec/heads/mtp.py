@@ -171,7 +171,7 @@ def load_mtp_layers(target: Any) -> nn.Module:
             f"as its config (num_mtp_layers={mtp_layer_count(target)}) promises. Checkpoints converted or "
             "quantized without their MTP layers have none: use another method (speculative=True chooses one)."
         )
-    device = next(target.get_decoder().layers[-1].parameters()).device
+    device, dtype = mtp_placement(target)
     report = _LoadReport()
     try:
         with report.listening():
@@ -182,6 +182,11 @@ def load_mtp_layers(target: Any) -> nn.Module:
             f"load as {kind}'s MTP layers: {err}{report.problems()}. The checkpoint's MTP layers do not "
             "match its config: use another method (speculative=True chooses one)."
         ) from None
+    # MtpModel reads them in the config's dtype, which `model.to(dtype)` does not update; the
+    # embedding and head they share with the model are in the model's.
+    mtp.layers.to(dtype)
+    if mtp.use_shared_post_norm:
+        mtp.shared_post_norm.to(dtype)
     layer_types = set(getattr(mtp.config, "layer_types", None) or ["full_attention"])
     if layer_types != {"full_attention"}:
         raise ValueError(
@@ -189,6 +194,19 @@ def load_mtp_layers(target: Any) -> nn.Module:
             "full attention only (their cache is rolled back after a rejected draft)."
         )
     return mtp.eval()
+
+
+def mtp_placement(target: Any) -> tuple[torch.device, torch.dtype]:
+    """The device and dtype `target`'s MTP layers run in: those of its last decoder layer."""
+    weight = next(target.get_decoder().layers[-1].parameters())
+    return weight.device, weight.dtype
+
+
+def placed_with(mtp: nn.Module, target: Any) -> bool:
+    """Whether `mtp`'s own layers still sit where `target`'s MTP layers run (`mtp_placement`): not
+    after `target.to(...)` moved the model, and with it the embedding and head the layers share."""
+    weight = next(mtp.layers.parameters())
+    return (weight.device, weight.dtype) == mtp_placement(target)
 
 
 class _LoadReport(logging.Handler):

@@ -63,6 +63,22 @@ def test_the_layers_are_read_once_per_model(tmp_path, monkeypatch):
     assert len(reads) == 2
 
 
+def test_the_layers_follow_the_model_to_another_dtype(tmp_path):
+    """Read in fp32, then the model cast to bf16 (`model.to`): the layers, whose embedding and head
+    are the model's and moved with it, run in bf16 too."""
+    target = load("glm4_moe", mtp.checkpoint(tmp_path, "glm4_moe", agree=AGREE))
+    inputs = mtp.prompts(2)
+    for dtype in (torch.float32, torch.bfloat16):
+        target.to(dtype)
+        kwargs = dict(**inputs, max_new_tokens=8, do_sample=False)
+        with torch.no_grad():
+            plain = target.generate(**kwargs)
+            spec = dict(method="mtp", num_draft_tokens=3)
+            out = target.generate(**kwargs, speculative=spec, return_dict_in_generate=True)
+        assert_greedy_match(target, plain, out.sequences, inputs["attention_mask"])
+        assert out.speculative_stats.accepted > 0
+
+
 def test_a_checkpoint_without_mtp_weights_names_the_keys_looked_for(tmp_path):
     """DeepSeek-V3's config declares one MTP layer by default, converted checkpoints often lack it."""
     target = load("deepseek_v3", mtp.checkpoint(tmp_path, mtp=False))
