@@ -44,6 +44,13 @@ def load_head(source: Any, target: Any, method: str | None = None) -> nn.Module:
     """
     if isinstance(source, nn.Module):
         head = source
+        if not isinstance(getattr(head, "config", None), tuple(_CONFIGS.values())):
+            wanted = f"a {method} head" if method else "a draft head"
+            raise ValueError(
+                f"{type(head).__name__} is not {wanted}: draft= takes a head hf-specdec built or loaded, "
+                "or a head's folder or Hub repo id. Another kind of draft: pass it with method='auto', "
+                "which runs a draft by what it is."
+            )
     else:
         folder = _local_folder(source)
         if (folder / CONFIG_NAME).is_file():

@@ -1,0 +1,18 @@
+"""`load_head` given a module: one of our heads is checked against the target; any other module (a
+model's own MTP layers, an assistant, a whole model) is refused by what it is, before it is run."""
+
+from __future__ import annotations
+
+import pytest
+
+from ..conftest import tiny_llama
+from ..helpers import assistant, mtp
+
+
+@pytest.mark.parametrize("method", ["eagle", "medusa", "dflash"])
+def test_a_module_that_is_no_head_of_ours_is_refused(method):
+    target, layers = mtp.target_and_layers(num_hidden_layers=2, first_k_dense_replace=2)
+    for draft in (layers, assistant.pair()[1], tiny_llama(1, vocab_size=mtp.VOCAB)):
+        kind = type(draft).__name__
+        with pytest.raises(ValueError, match=rf"{kind} is not a {method} head.*method='auto'"):
+            target.generate(**mtp.prompts(1), max_new_tokens=3, speculative=dict(method=method, draft=draft))
