@@ -23,6 +23,8 @@ from ..hub.download import HubFileError, download_model
 from ..hub.tokenizer_check import compare_tokenizers_once
 from .base import Drafter, options_to_config
 from .decoder import DecoderDrafter, TorchDecoder
+from .dflash import block_draft_method
+from .head_drafter import head_method
 from .registry import register_drafter
 from .text_aligned import TextAlignedDrafter
 from .vocabulary import SHARED, TRANSLATIONS, Translation, choose_translation, clear_translations
@@ -194,6 +196,12 @@ class DraftModelDrafter(DecoderDrafter):
             raise ValueError(
                 f"The draft {type(draft).__name__} is an official assistant, which drafts from the target's "
                 "own KV cache and hidden state: use speculative=dict(method='assistant', draft=...)."
+            )
+        own = head_method(draft) or block_draft_method(draft)
+        if own is not None:
+            raise ValueError(
+                f"The draft {type(draft).__name__} is a {own} draft, which reads the target's hidden "
+                f"states, not a draft model: use speculative=dict(method={own!r}, draft=...)."
             )
         if draft is target:
             warnings.warn(

@@ -1,15 +1,21 @@
-"""The draft-model drafter's own timings: what the policy learns draft costs from."""
+"""The draft-model drafter's own timings: what the policy learns draft costs from; drafts that are no
+draft model, refused."""
 
 from __future__ import annotations
 
 import warnings
 
+import pytest
 import torch
 
 from hf_specdec.config import SpeculativeConfig
 from hf_specdec.core.draft import DraftRequest
 from hf_specdec.core.processing import ScoreProcessor
 from hf_specdec.drafters.draft_model import DraftModelDrafter
+
+from ..helpers import mtp
+from ..helpers.block_drafts import random_block_draft
+from ..helpers.heads import copied_layer_eagle
 
 
 def _request(tokens: torch.Tensor, k: int) -> DraftRequest:
@@ -77,3 +83,18 @@ def test_a_tokenizer_grown_in_place_is_compared_again(smollm2_path):
     other.add_tokens(["<only-in-the-draft>"])
     one.add_tokens(["<only-in-the-target>"])  # the same new id means another string
     assert not compare_tokenizers_once(one, other).compatible
+
+
+def test_a_draft_head_given_as_a_draft_model_names_its_method(target):
+    """transformers' MtpModel, a head or a block draft of ours is no draft model: refused with the
+    method that runs it, before the draft model's first forward would fail inside it."""
+    mtp_target, layers = mtp.target_and_layers(num_hidden_layers=2, first_k_dense_replace=2)
+    drafts = [
+        (mtp_target, layers, "mtp"),
+        (target, copied_layer_eagle(target), "eagle"),
+        (target, random_block_draft(target, (0, 1)), "dflash"),
+    ]
+    for model, draft, method in drafts:
+        spec = dict(method="draft_model", draft=draft)
+        with pytest.raises(ValueError, match=rf"is a {method} draft.*method='{method}'"):
+            model.generate(torch.tensor([[2, 3, 4]]), max_new_tokens=3, speculative=spec)
