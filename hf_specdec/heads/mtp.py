@@ -141,7 +141,8 @@ def load_mtp_layers(target: Any) -> nn.Module:
     Raises:
         ValueError: the architecture has no MTP layers transformers loads, the model was not loaded
             from a checkpoint, the checkpoint holds no MTP weights (the keys looked for are named)
-            or malformed ones, or its MTP layers attend otherwise than to the whole context.
+            or malformed ones, or its MTP layers attend otherwise than to the whole context, or
+            through an attention implementation whose masks `MtpDepth` cannot build.
     """
     from transformers.modeling_layers import MtpModel
 
@@ -187,6 +188,7 @@ def load_mtp_layers(target: Any) -> nn.Module:
     mtp.layers.to(dtype)
     if mtp.use_shared_post_norm:
         mtp.shared_post_norm.to(dtype)
+    check_attention(mtp)
     layer_types = set(getattr(mtp.config, "layer_types", None) or ["full_attention"])
     if layer_types != {"full_attention"}:
         raise ValueError(
@@ -194,6 +196,19 @@ def load_mtp_layers(target: Any) -> nn.Module:
             "full attention only (their cache is rolled back after a rejected draft)."
         )
     return mtp.eval()
+
+
+def check_attention(mtp: nn.Module) -> str:
+    """The attention implementation `mtp`'s layers run (their config's, the model's); ValueError where
+    it is not one whose masks `MtpDepth` can build."""
+    attention = mtp.config._attn_implementation
+    if attention not in ("sdpa", "eager"):
+        raise ValueError(
+            f"method='mtp' builds the MTP layers' attention masks itself (holes of a batch, trees), "
+            f"which needs attn_implementation 'sdpa' or 'eager' (the model has {attention!r}): "
+            "load it with attn_implementation='sdpa'."
+        )
+    return attention
 
 
 def mtp_placement(target: Any) -> tuple[torch.device, torch.dtype]:
@@ -267,13 +282,7 @@ class MtpDepth(nn.Module):
         self.mtp = mtp
         self.depth = depth
         self.config = mtp.config
-        self.attention = mtp.config._attn_implementation
-        if self.attention not in ("sdpa", "eager"):
-            raise ValueError(
-                f"method='mtp' builds the MTP layers' attention masks itself (holes of a batch, trees), "
-                f"which needs attn_implementation 'sdpa' or 'eager' (the model has {self.attention!r}): "
-                "load it with attn_implementation='sdpa'."
-            )
+        self.attention = check_attention(mtp)
 
     def forward(
         self,

@@ -60,6 +60,26 @@ def test_layers_that_do_not_load_leave_the_choice_to_the_next(tmp_path):
     assert torch.equal(out.sequences, target.generate(**inputs, max_new_tokens=6))
 
 
+def test_layers_our_masks_cannot_drive_leave_the_choice_to_the_next(folder):
+    """A model loaded with an attention implementation other than sdpa or eager (flash attention on
+    a GPU; here sdpa registered under another name) keeps that in its MTP layers' config, whose masks
+    method='mtp' builds itself: speculative=True passes them over with a warning, as layers that do
+    not load."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register("renamed_sdpa", sdpa_attention_forward)
+    AttentionMaskInterface.register("renamed_sdpa", sdpa_mask)
+    clear_cache()
+    target = mtp.model_class("glm4_moe").from_pretrained(folder, attn_implementation="renamed_sdpa").eval()
+    inputs = mtp.prompts(1)
+    with pytest.warns(UserWarning, match="attn_implementation 'sdpa' or 'eager'.*Choosing another"):
+        out = target.generate(**inputs, max_new_tokens=6, speculative=True, return_dict_in_generate=True)
+    assert out.speculative_stats.method == DRAFT_FREE_AUTO
+    assert torch.equal(out.sequences, target.generate(**inputs, max_new_tokens=6))
+
+
 def test_select_command_names_the_own_layers(folder, capsys):
     from hf_specdec_cli import select
 
