@@ -14,6 +14,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
 from .draft import Draft, Drafter, DraftRequest
+from .draws import PlainDraws, default_generator
 from .features import DrafterFeatures
 from .inputs import ModelInputs
 from .kv import Slots, positions
@@ -54,6 +55,9 @@ def speculative_decode(
     target = target_cache(model, batch, device, generation_config, model_kwargs)
     features = DrafterFeatures(drafter.hidden_state_layers, batch, device)
     returned = ReturnedStates(out, target, bool(drafter.hidden_state_layers))
+    # Sampling takes each token with plain decoding's draw at its position (`draws`).
+    generator = default_generator(device) if generation_config.do_sample else None
+    draws = PlainDraws(batch, input_ids.shape[1], generator) if generator is not None else None
 
     def request(rows: list[int], k: int) -> DraftRequest:
         hidden_states = features.take(rows) if k > 0 else None  # kept for the next draft
@@ -73,7 +77,7 @@ def speculative_decode(
     if out.active_rows:  # none when the prompt already fills max_length
         rows = out.active_rows
         no_draft = Draft.empty(len(rows), device)
-        first = accept(request(rows, 0), no_draft, prefill.logits[rows])
+        first = accept(request(rows, 0), no_draft, prefill.logits[rows], draws)
         stats.record_forward(0, 1)  # a target forward, but no step: it verified nothing
         _emit(out, rows, first, returned.prompt(prefill, rows), stopping_criteria)
 
@@ -121,7 +125,7 @@ def speculative_decode(
         slots = Slots(where, len(cached_rows), device)
         switches = returned.switches | inputs.step(width, cached_rows)
         output = target.forward_rows(slots, feed, valid, draft.parents, **switches)
-        verdict = accept(asked, draft, slots.gather(output.logits))
+        verdict = accept(asked, draft, slots.gather(output.logits), draws)
         extras = returned.step(output, slots.rows, verdict, width)  # before the cache is rolled back
         # Keep the fed last token and the accepted drafts; the row's new token is not in the cache yet.
         rejected = [n - a for n, a in zip(draft.lengths, verdict.accepted)]
@@ -143,6 +147,8 @@ def speculative_decode(
     # past its end cached: the cache handed back holds each row's sequence but its last token, as
     # plain decoding's does, so that a next turn can continue it.
     target.truncate(out.cached_lengths(cached_rows))
+    if draws is not None:
+        draws.finish(max(out.lengths) - input_ids.shape[1])
     finishing = clock(device)
     drafter.finish(*out.sequences())  # what a drafter learning across calls keeps of this one
     stats.finish_seconds = clock(device) - finishing

@@ -1,7 +1,8 @@
 """Accepting draft tokens: the rule (`accept`) and the pure tensor functions it chooses from.
 
-`accept` scores a step's draft with the target's logits and picks the rule: greedy acceptance,
-rejection sampling, or the walk down a tree draft; it refuses what no rule here verifies exactly.
+`accept` scores a step's draft with the target's logits and picks the rule: the longest prefix of
+the target's own picks (greedy; sampling a draft chosen without draws), rejection sampling (a draft
+sampled from q), or the walk down a tree draft; it refuses what no rule here verifies exactly.
 
 The functions after it are batched over rows and share one vocabulary. Each takes the draft of a
 step and the target's *processed* scores at the k + 1 positions the target just computed (after
@@ -20,6 +21,7 @@ import torch
 
 if TYPE_CHECKING:
     from .draft import Draft, DraftRequest
+    from .draws import PlainDraws
 
 
 @dataclass
@@ -43,9 +45,12 @@ def accept(
     request: DraftRequest,
     draft: Draft,
     logits: torch.Tensor,  # [B, k + 1, V] the target's, after the row's last token and each draft token
+    draws: PlainDraws | None = None,
 ) -> Verdict:
-    """Score each row's draft with the target's `logits` and accept what the target agrees with
-    (greedy) or what rejection sampling keeps; a tree draft is walked down the target's choices."""
+    """Score each row's draft with the target's `logits` and keep the longest prefix equal to the
+    target's own picks (greedy: its argmax; sampling: plain decoding's draw at that position, from
+    `draws`, or a fresh one), walking a tree down them; a draft sampled from a distribution q
+    goes through rejection sampling."""
     # Only processors that read tokens need each row's sequence (plain greedy has none).
     reads = request.processor.reads_context
     contexts = [request.row(b) for b in range(len(request.row_ids))] if reads else []
@@ -55,16 +60,42 @@ def accept(
     if draft.parents is not None:
         if draft.probs is not None:  # the walk is exact only for trees chosen without draws
             raise NotImplementedError("Sampled tree drafts need multi-draft rejection sampling.")
-        paths, tokens = tree_verify(draft.tokens, draft.lengths, draft.parents, scores, request.do_sample)
+        picks = _picks(request, draft, scores, draws)
+        paths, tokens = tree_verify(draft.tokens, draft.lengths, draft.parents, picks)
         return Verdict([len(path) for path in paths], tokens, scores, logits, paths)
     if not request.do_sample and not any(draft.lengths):  # nothing drafted: a plain greedy step
         return Verdict([0] * len(draft.lengths), scores.argmax(dim=-1), scores, logits)
     draft_lengths = torch.tensor(draft.lengths, device=logits.device)
-    if request.do_sample:
+    if request.do_sample and (draft.probs is not None or draws is None):
         accepted, tokens = rejection_sample(draft.tokens, draft_lengths, draft.probs, scores.softmax(-1))
     else:
-        accepted, tokens = greedy_verify(draft.tokens, draft_lengths, scores)
+        accepted, tokens = prefix_verify(draft.tokens, draft_lengths, _picks(request, draft, scores, draws))
     return Verdict(accepted.tolist(), tokens, scores, logits)
+
+
+def _picks(
+    request: DraftRequest, draft: Draft, scores: torch.Tensor, draws: PlainDraws | None
+) -> torch.Tensor:
+    """The target's own token at each fed position [B, n + 1]: greedy, its argmax; sampling, a draw
+    from its processed distribution there: plain decoding's (`draws`: a chain's column j is j
+    tokens past the row's next, a tree's node as deep as it lies), else an independent one."""
+    if not request.do_sample:
+        return scores.argmax(dim=-1)
+    probs = scores.softmax(dim=-1)
+    if draws is None:
+        return torch.multinomial(probs.flatten(0, 1), 1).view(probs.shape[:2])
+    width = scores.shape[1]
+    steps = draws.step(request.lengths)
+    if draft.parents is None:
+        positions = [[t + j for j in range(width)] for t in steps]
+    else:
+        positions = []
+        for t, row, n in zip(steps, draft.parents.tolist(), draft.lengths):
+            depth = [0]  # column 0: after the row's last token; column 1 + i: after node i (holes: 1)
+            for i in range(width - 1):
+                depth.append(depth[row[i] + 1] + 1 if i < n else 1)
+            positions.append([t + d for d in depth])
+    return draws.picks(request.row_ids, positions, probs)
 
 
 def greedy_verify(
@@ -78,12 +109,22 @@ def greedy_verify(
     Because accepted drafts equal the target's argmax, the emitted tokens are exactly what the
     target would have chosen one step at a time.
     """
+    return prefix_verify(draft_tokens, draft_lengths, target_scores.argmax(dim=-1))
+
+
+def prefix_verify(
+    draft_tokens: torch.Tensor,  # [B, k]
+    draft_lengths: torch.Tensor,  # [B], real draft tokens per row (<= k)
+    picks: torch.Tensor,  # [B, k + 1] the target's own token at each position
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keep the longest draft prefix equal to the target's `picks`; emit it and the next pick. The
+    emitted tokens are the target's picks, whatever the draft: greedy's argmax, or, where each pick
+    is plain sampling's draw at that position, plain sampling's tokens."""
     k = draft_tokens.shape[1]
-    target_tokens = target_scores.argmax(dim=-1)  # [B, k + 1]
     positions = torch.arange(k, device=draft_tokens.device)
-    matches = (draft_tokens == target_tokens[:, :k]) & (positions < draft_lengths[:, None])
+    matches = (draft_tokens == picks[:, :k]) & (positions < draft_lengths[:, None])
     accepted = matches.to(torch.int64).cumprod(dim=-1).sum(dim=-1)
-    return accepted, target_tokens
+    return accepted, picks
 
 
 def rejection_sample(
@@ -144,8 +185,7 @@ def tree_verify(
     draft_tokens: torch.Tensor,  # [B, n] tree nodes, each after its parent
     draft_lengths: list[int],  # [B] real nodes per row
     parents: torch.Tensor,  # [B, n] node i's parent node, -1 for a child of the last token
-    target_scores: torch.Tensor,  # [B, n + 1, V] processed scores: after the last token, then after node i
-    do_sample: bool,
+    picks: torch.Tensor,  # [B, n + 1] the target's token after the last token, then after node i
 ) -> tuple[list[list[int]], torch.Tensor]:
     """Walk each row's draft tree down the target's own choices (SpecInfer, Miao et al. 2024).
 
@@ -156,18 +196,14 @@ def tree_verify(
     greedy output is plain greedy's and samples follow the target's distribution exactly. (This is
     exact for trees chosen without drawing: n-gram tries, and draft-model trees of the top-k
     children by draft probability, a function of the context alone. Drafts sampled from a
-    distribution q would be better served by SpecInfer's multi-draft residuals.) The picks are drawn for
-    every node at once: only those on the walked path are used, each independent of the others.
+    distribution q would be better served by SpecInfer's multi-draft residuals.) `picks` holds the
+    target's choice after every node: only those on the walked path are used, each independent of
+    the others (sampled, nodes of one depth may share their draw: no path holds two of them).
 
     Returns per row the accepted path (node indices, root first) and `tokens` [B, n + 1], of which
     row b emits `tokens[b, : len(path_b) + 1]`.
     """
-    batch, n_plus_1, vocab = target_scores.shape
-    if do_sample:
-        flat = target_scores.reshape(-1, vocab).softmax(-1)
-        picks = torch.multinomial(flat, 1).reshape(batch, n_plus_1)
-    else:
-        picks = target_scores.argmax(dim=-1)  # [B, n + 1]
+    batch, n_plus_1 = picks.shape
     picks_host, tokens_host, parents_host = picks.tolist(), draft_tokens.tolist(), parents.tolist()
     paths, emitted = [], []
     for b in range(batch):

@@ -35,10 +35,10 @@ def sample_trees(
     verify = verifier or hf_specdec.core.verify.tree_verify
     branched = []
 
-    def spy(draft_tokens, draft_lengths, parents, scores, do_sample):
+    def spy(draft_tokens, draft_lengths, parents, picks):
         for row, n in zip(parents.tolist(), draft_lengths):  # two nodes with one parent: a branch
             branched.append(len(set(row[:n])) < n)
-        return verify(draft_tokens, draft_lengths, parents, scores, do_sample)
+        return verify(draft_tokens, draft_lengths, parents, picks)
 
     monkeypatch.setattr(hf_specdec.core.verify, "tree_verify", spy)
     input_ids = torch.tensor([BRANCHING_PROMPT]).repeat(ROWS, 1)
@@ -60,13 +60,13 @@ def sample_trees(
     return continuation_index(out.sequences[:, : len(BRANCHING_PROMPT) + NEW], len(BRANCHING_PROMPT))
 
 
-def walk_preferring_drafts(draft_tokens, draft_lengths, parents, scores, do_sample):
+def walk_preferring_drafts(draft_tokens, draft_lengths, parents, picks):
     """`tree_verify`, except that half of the times the target's pick is no root child it accepts
     the first root child anyway: it favours drafted tokens, which the exactness tests must catch."""
-    paths, tokens = tree_verify(draft_tokens, draft_lengths, parents, scores, do_sample)
+    paths, tokens = tree_verify(draft_tokens, draft_lengths, parents, picks)
     for b, path in enumerate(paths):
         if not path and draft_lengths[b] > 0 and torch.rand(()) < 0.5:
             path.append(0)
             tokens[b, 0] = draft_tokens[b, 0]
-            tokens[b, 1] = torch.multinomial(scores[b, 1].softmax(-1), 1)[0]
+            tokens[b, 1] = picks[b, 1]  # the target's pick after node 0
     return paths, tokens

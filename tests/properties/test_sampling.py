@@ -234,3 +234,27 @@ def test_suffix_samples_from_a_filled_corpus_follow_target_distribution(models, 
     assert stats.drafter_counters["corpus_drafts"] >= ROWS and 0 < stats.accepted < stats.drafted
     samples = continuation_index(out.sequences, len(FRESH_PROMPT))
     assert chi2_pvalue(samples, exact_distribution(target, settings, FRESH_PROMPT)) > ALPHA
+
+
+@pytest.mark.parametrize("tree", [False, True])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_seeded_call_samples_what_plain_samples(models, tree, batch):
+    """Drafts chosen without draws (n-gram chains and tries) are verified with plain sampling's own
+    draw at each position: the same seed gives plain's tokens, and leaves the generator where plain
+    leaves it, whatever the draft lengths (left padding too: each row's positions are its own)."""
+    target, _ = models
+    input_ids = torch.tensor([PROMPT, [0, 0, *PROMPT[2:]], [0, *PROMPT[1:]]][:batch])
+    mask = (torch.arange(len(PROMPT)) >= torch.tensor([0, 2, 1][:batch])[:, None]).long()
+    kwargs = dict(
+        attention_mask=mask, max_new_tokens=24, do_sample=True, pad_token_id=0, **SETTINGS["topk_topp"]
+    )
+    spec = dict(method="ngram", tree=tree, options=dict(min_ngram=1))
+    accepted = 0
+    for seed in range(4):
+        torch.manual_seed(seed)
+        plain, plain_after = target.generate(input_ids, **kwargs), torch.rand(3)
+        torch.manual_seed(seed)
+        out = target.generate(input_ids, **kwargs, speculative=spec, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, plain) and torch.equal(torch.rand(3), plain_after)
+        accepted += out.speculative_stats.accepted
+    assert accepted > 10  # drafts held, so positions were verified several a forward

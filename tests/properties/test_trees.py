@@ -51,14 +51,14 @@ def test_trie_odds_learn_from_what_followed():
     assert odds.alpha == pytest.approx((2 + 1.2) / 6) and odds.gamma == pytest.approx((1 + 0.4) / 3)
 
 
-def test_tree_verify_greedy_follows_the_argmax_down_the_tree():
+def test_tree_verify_follows_the_picks_down_the_tree():
     vocab = 10
     draft = torch.tensor([[3, 4, 5, 6]])
     parents = torch.tensor([[-1, -1, 1, 2]])  # 3 | 4 - 5 - 6
     scores = torch.full((1, 5, vocab), -1.0)
     for column, best in enumerate([4, 0, 5, 9, 0]):  # after last: 4; after node 1 (4): 5; after 5: 9
         scores[0, column, best] = 1.0
-    paths, tokens = tree_verify(draft, [4], parents, scores, do_sample=False)
+    paths, tokens = tree_verify(draft, [4], parents, scores.argmax(dim=-1))
     assert paths == [[1, 2]]  # 4 then 5 accepted, 6 rejected
     assert tokens[0, :3].tolist() == [4, 5, 9]
 

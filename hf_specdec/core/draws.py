@@ -1,0 +1,90 @@
+"""The random numbers plain `generate` samples each token with, drawn by position.
+
+Plain sampling picks token t of every row as `torch.multinomial(p_t, 1)`: `argmax(p_t / E_t)` with
+E_t ~ Exp(1) of shape [batch, vocab], the t-th such draw from the device's default generator
+(Gumbel-max; PyTorch's one-sample path). A draft chosen without draws (n-gram, suffix, any tree)
+needs no other randomness to be verified: the target's token at each fed position is that argmax,
+the draft holds while it matches (each token accepted with probability p_t(x), as rejection sampling
+of a certain draft accepts it), and the first mismatch is the target's own token. Taken by position,
+not by step, the draws are the ones plain takes whatever the draft lengths: a seeded call samples
+what plain samples (rounding near-ties of p aside) and leaves the generator where plain leaves it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+# Positions whose draws are kept at once; one let go is drawn again from its generator state. Rows
+# of a batch drift apart, and each position holds batch x vocab floats.
+KEPT_POSITIONS = 32
+
+
+def default_generator(device: torch.device) -> torch.Generator | None:
+    """The generator `torch.multinomial` draws from on `device` (None where not known here)."""
+    if device.type == "cpu":
+        return torch.default_generator
+    if device.type == "cuda":
+        return torch.cuda.default_generators[
+            device.index if device.index is not None else torch.cuda.current_device()
+        ]
+    return None
+
+
+class PlainDraws:
+    """E_t for each position t of a call's rows, as plain decoding of this `batch` would draw them
+    from the device's default generator, which is left where plain leaves it (`finish`)."""
+
+    def __init__(self, batch: int, prompt_width: int, default: torch.Generator) -> None:
+        self.batch, self.prompt_width, self.default = batch, prompt_width, default
+        self.generator = torch.Generator(device=default.device)
+        self.generator.set_state(default.get_state())
+        self.states: list[torch.Tensor] = []  # states[t]: the generator's before E_t was drawn
+        self.noise: dict[int, torch.Tensor] = {}  # t -> E_t [batch, vocab], positions in flight
+        self.vocab = 0
+        # A draft model sampling its drafts draws from the default generator: not these numbers.
+        digest = hashlib.blake2b(default.get_state().cpu().numpy().tobytes(), digest_size=8).digest()
+        default.manual_seed(int.from_bytes(digest, "little") >> 1)
+
+    def picks(self, rows: list[int], positions: list[list[int]], probs: torch.Tensor) -> torch.Tensor:
+        """The token plain sampling picks from `probs` [B, n, V] of row `rows[b]` at the step
+        `positions[b][j]` (tokens generated before it), [B, n]."""
+        self.vocab = probs.shape[-1]
+        noise = torch.stack(
+            [torch.stack([self._noise(t)[row] for t in ts]) for row, ts in zip(rows, positions)]
+        )
+        slowest = min(ts[0] for ts in positions)  # no row needs a position before its next token again
+        for t in [t for t in self.noise if t < slowest] + sorted(self.noise)[KEPT_POSITIONS:]:
+            self.noise.pop(t, None)
+        return (probs / noise).argmax(dim=-1)
+
+    def step(self, lengths: list[int]) -> list[int]:
+        """Each row's next position: tokens generated so far, from its sequence's `lengths`."""
+        return [n - self.prompt_width for n in lengths]
+
+    def finish(self, generated: int) -> None:
+        """The call generated `generated` positions (its longest row's): leave the default generator
+        after as many draws, where plain decoding leaves it."""
+        while len(self.states) < generated:
+            self._noise(len(self.states))
+        state = self.states[generated] if generated < len(self.states) else self.generator.get_state()
+        self.default.set_state(state)
+
+    def _noise(self, t: int) -> torch.Tensor:
+        if t in self.noise:
+            return self.noise[t]
+        while len(self.states) <= t:  # in order, as plain draws them
+            self.states.append(self.generator.get_state())
+            self.noise[len(self.states) - 1] = self._draw(self.generator)
+        if t not in self.noise:  # let go earlier: the same numbers again from its state
+            again = torch.Generator(device=self.generator.device)
+            again.set_state(self.states[t])
+            self.noise[t] = self._draw(again)
+        return self.noise[t]
+
+    def _draw(self, generator: torch.Generator) -> torch.Tensor:
+        device = generator.device
+        return torch.empty(self.batch, self.vocab, device=device, dtype=torch.float32).exponential_(
+            generator=generator
+        )
