@@ -270,13 +270,13 @@ def test_real_call_counts_the_nodes_it_verified(target_no_eos, tree, monkeypatch
     nodes, depths, trees = 0, 0, 0
     accept = hf_specdec.core.loop.accept
 
-    def spy(request, draft, logits):
+    def spy(request, draft, logits, draws):
         nonlocal nodes, depths, trees
         nodes += sum(draft.lengths)
         if draft.parents is not None:
             depths += sum(draft.depths())
             trees += sum(n > 0 for n in draft.lengths)
-        return accept(request, draft, logits)
+        return accept(request, draft, logits, draws)
 
     monkeypatch.setattr(hf_specdec.core.loop, "accept", spy)
     input_ids, attention_mask = repetitive_batch(1, 3)
