@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -70,6 +71,13 @@ def check_supported(
         )
     if not config.use_cache:
         raise ValueError("speculative= needs the KV cache; remove use_cache=False.")
+    if getattr(config, "prefill_chunk_size", None):
+        warnings.warn(
+            f"prefill_chunk_size={config.prefill_chunk_size} is not honoured by speculative=: the prompt is "
+            "prefilled in one forward, with the memory peak that has (the output is the same). Drop "
+            "speculative= where a chunked prefill is needed to fit the prompt.",
+            stacklevel=6,
+        )
     cache = generate_cache(model_kwargs)
     if type(cache) is StaticCache:
         check_static_cache(model, input_ids, config, cache)

@@ -370,3 +370,14 @@ def test_empty_prompt(target):
 def test_missing_draft_folder_is_named_up_front(draft):
     with pytest.raises(FileNotFoundError, match=r"not a folder that exists, nor a Hub repo id"):
         SpeculativeConfig(method="draft_model", draft=draft)
+
+
+def test_a_chunked_prefill_is_named_as_not_honoured(target):
+    """`prefill_chunk_size` bounds plain generate's prefill memory; speculative= prefills in one forward:
+    said, not dropped without a word, and the output stays plain's."""
+    input_ids, attention_mask = random_batch(0, 2)
+    kwargs = dict(attention_mask=attention_mask, max_new_tokens=8, do_sample=False, prefill_chunk_size=4)
+    plain = target.generate(input_ids, **kwargs)
+    with pytest.warns(UserWarning, match="prefill_chunk_size=4 is not honoured"):
+        ours = target.generate(input_ids, **kwargs, speculative="ngram")
+    assert torch.equal(ours, plain)
