@@ -27,6 +27,7 @@ from .config import SpeculativeConfig, check_tokenizer
 from .core.checks import check_drafter_continues, check_processors, check_supported
 from .core.compat import generate_cache
 from .core.draft import Draft, Drafter
+from .core.draws import generators_untouched
 from .core.loop import speculative_decode
 from .core.policy import DEVICE_COSTS, DraftLengthPolicy, FixedDraftLength
 from .drafters import DRAFTERS, build_drafter
@@ -100,8 +101,9 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
     ):
         check_supported(model, input_ids, generation_config, model_kwargs, streamer)
         check_processors(logits_processor)
-        resolved, reason = resolve_method(config, model)
-        drafter = build_drafter(resolved, model, tokenizer)
+        with generators_untouched(input_ids.device):  # as plain's: a seeded sample starts there
+            resolved, reason = resolve_method(config, model)
+            drafter = build_drafter(resolved, model, tokenizer)
         check_drafter_continues(drafter, resolved.method, model_kwargs)
         if generation_config.do_sample and not drafter.supports_sampling:
             raise ValueError(

@@ -8,9 +8,11 @@ import pytest
 import torch
 from transformers import GenerationConfig, TextIteratorStreamer, pipeline
 
+from hf_specdec.heads.io import save_head
 from hf_specdec.integration import _ORIGINAL_GENERATE
 
 from .conftest import tiny_llama
+from .helpers.heads import copied_layer_eagle
 from .helpers.tokenizers import metaspace_bpe
 
 MESSAGES = [
@@ -228,3 +230,20 @@ def test_token_healing_refuses_a_padded_batch_it_narrows(smollm2, left_padding):
         ValueError, match=r"re-tokenized the padded prompt to \d+ columns from \d+: plain generate"
     ):
         model.generate(**inputs, max_new_tokens=4, token_healing=True, tokenizer=left, speculative="ngram")
+
+
+def test_a_draft_loaded_in_the_call_leaves_the_seeded_sample_plains(tmp_path):
+    """Loading a head from its folder initialises modules, which draws from torch's generator: plain
+    generate does not, so the sample and the generator after would be another seed's. A seeded tree
+    call (chosen without draws: plain's sample) must not see the load."""
+    target = tiny_llama(31, vocab_size=8, layers=1, eos_token_id=None)
+    folder = save_head(copied_layer_eagle(target), tmp_path / "head")
+    input_ids = torch.tensor([[1, 3, 4, 3, 4, 3, 4, 6, 3, 4]])
+    kwargs = dict(max_new_tokens=8, do_sample=True, temperature=0.5)
+    torch.manual_seed(0)
+    plain, plain_after = target.generate(input_ids, **kwargs), torch.rand(3)
+    torch.manual_seed(0)
+    ours = target.generate(
+        input_ids, **kwargs, speculative=dict(method="eagle", draft=str(folder), tree=True)
+    )
+    assert torch.equal(ours, plain) and torch.equal(torch.rand(3), plain_after)

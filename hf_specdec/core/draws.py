@@ -12,7 +12,9 @@ what plain samples (rounding near-ties of p aside) and leaves the generator wher
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+from collections.abc import Iterator
 
 import torch
 
@@ -30,6 +32,23 @@ def default_generator(device: torch.device) -> torch.Generator | None:
             device.index if device.index is not None else torch.cuda.current_device()
         ]
     return None
+
+
+@contextlib.contextmanager
+def generators_untouched(device: torch.device) -> Iterator[None]:
+    """Leave torch's default generators (the CPU's and `device`'s) as they were, for work plain
+    `generate` does not do: building a drafter can initialise modules (a head from its folder) before
+    their weights load, and a seeded sample must start from the generator plain starts from."""
+    generators = [torch.default_generator]
+    on_device = default_generator(device)
+    if on_device is not None and on_device is not torch.default_generator:
+        generators.append(on_device)
+    states = [generator.get_state() for generator in generators]
+    try:
+        yield
+    finally:
+        for generator, state in zip(generators, states):
+            generator.set_state(state)
 
 
 class PlainDraws:
