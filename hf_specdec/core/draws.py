@@ -18,9 +18,10 @@ from collections.abc import Iterator
 
 import torch
 
-# Positions whose draws are kept at once; one let go is drawn again from its generator state. Rows
-# of a batch drift apart, and each position holds batch x vocab floats.
-KEPT_POSITIONS = 32
+# Draws kept at once, at most so many positions and bytes (each position is batch x vocab floats:
+# 39 MB at batch 64 and 152k ids); one let go is drawn again from its generator state when a row that
+# fell behind needs it.
+KEPT_POSITIONS, KEPT_BYTES = 32, 256 * 2**20
 
 
 def default_generator(device: torch.device) -> torch.Generator | None:
@@ -59,7 +60,8 @@ class PlainDraws:
         self.batch, self.prompt_width, self.default = batch, prompt_width, default
         self.generator = torch.Generator(device=default.device)
         self.generator.set_state(default.get_state())
-        self.states: list[torch.Tensor] = []  # states[t]: the generator's before E_t was drawn
+        # states[t]: the generator's before E_t was drawn (None once every row is past t).
+        self.states: list[torch.Tensor | None] = []
         self.noise: dict[int, torch.Tensor] = {}  # t -> E_t [batch, vocab], positions in flight
         self.vocab = 0
         # A draft model sampling its drafts draws from the default generator: not these numbers.
@@ -70,12 +72,19 @@ class PlainDraws:
         """The token plain sampling picks from `probs` [B, n, V] of row `rows[b]` at the step
         `positions[b][j]` (tokens generated before it), [B, n]."""
         self.vocab = probs.shape[-1]
-        noise = torch.stack(
-            [torch.stack([self._noise(t)[row] for t in ts]) for row, ts in zip(rows, positions)]
-        )
         slowest = min(ts[0] for ts in positions)  # no row needs a position before its next token again
-        for t in [t for t in self.noise if t < slowest] + sorted(self.noise)[KEPT_POSITIONS:]:
-            self.noise.pop(t, None)
+        for t in [t for t in self.noise if t < slowest]:
+            del self.noise[t]
+        self.states[:slowest] = [None] * min(slowest, len(self.states))
+        noise = torch.empty_like(probs)
+        by_position: dict[int, list[tuple[int, int]]] = {}
+        for b, ts in enumerate(positions):
+            for j, t in enumerate(ts):
+                by_position.setdefault(t, []).append((b, j))
+        for t, places in sorted(by_position.items()):
+            drawn = self._noise(t)
+            for b, j in places:
+                noise[b, j] = drawn[rows[b]]
         return (probs / noise).argmax(dim=-1)
 
     def step(self, lengths: list[int]) -> list[int]:
@@ -91,16 +100,22 @@ class PlainDraws:
         self.default.set_state(state)
 
     def _noise(self, t: int) -> torch.Tensor:
-        if t in self.noise:
-            return self.noise[t]
-        while len(self.states) <= t:  # in order, as plain draws them
-            self.states.append(self.generator.get_state())
-            self.noise[len(self.states) - 1] = self._draw(self.generator)
-        if t not in self.noise:  # let go earlier: the same numbers again from its state
-            again = torch.Generator(device=self.generator.device)
-            again.set_state(self.states[t])
-            self.noise[t] = self._draw(again)
+        if t not in self.noise:
+            while len(self.states) <= t:  # in order, as plain draws them
+                self.states.append(self.generator.get_state())
+                self._keep(len(self.states) - 1, self._draw(self.generator))
+            if t not in self.noise:  # let go earlier: the same numbers again from its state
+                again = torch.Generator(device=self.generator.device)
+                again.set_state(self.states[t])
+                self._keep(t, self._draw(again))
         return self.noise[t]
+
+    def _keep(self, t: int, drawn: torch.Tensor) -> None:
+        """Keep E_t, letting the earliest kept go past `KEPT_POSITIONS` or `KEPT_BYTES`."""
+        kept = max(1, min(KEPT_POSITIONS, KEPT_BYTES // drawn.nbytes))
+        while len(self.noise) >= kept:
+            del self.noise[min(self.noise)]
+        self.noise[t] = drawn
 
     def _draw(self, generator: torch.Generator) -> torch.Tensor:
         device = generator.device

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+import hf_specdec.core.draws
 from hf_specdec.core.draws import KEPT_POSITIONS, PlainDraws
 
 
@@ -14,26 +16,35 @@ def _plain_picks(probs: torch.Tensor, seed: int) -> tuple[list[torch.Tensor], to
     return picks, torch.default_generator.get_state()
 
 
-def test_picks_by_position_in_any_order_are_plains_and_the_generator_ends_where_plains_does():
+@pytest.mark.parametrize("kept_bytes", [None, 2 * 3 * 11 * 4])
+def test_picks_by_position_in_any_order_are_plains_and_the_generator_ends_where_plains_does(
+    kept_bytes, monkeypatch
+):
+    """As the loop asks them, and with room for only two positions' draws (a large batch x vocab)."""
     steps, batch, vocab = KEPT_POSITIONS + 8, 3, 11
+    if kept_bytes is not None:
+        monkeypatch.setattr(hf_specdec.core.draws, "KEPT_BYTES", kept_bytes)
     probs = torch.rand(steps, batch, vocab).pow(4).softmax(-1)
     plain, after = _plain_picks(probs, seed=7)
 
-    def ask(row: int, positions: list[int]) -> list[int]:
-        return draws.picks([row], [positions], torch.stack([probs[t, row] for t in positions])[None])[
-            0
-        ].tolist()
+    def ask(positions: list[list[int]]) -> list[list[int]]:
+        """One step's picks of every row, as the loop asks them: row b at `positions[b]`."""
+        asked = torch.stack([torch.stack([probs[t, row] for t in ts]) for row, ts in enumerate(positions)])
+        return draws.picks([0, 1, 2], positions, asked).tolist()
+
+    def plains(positions: list[list[int]]) -> list[list[int]]:
+        return [[plain[t][row].item() for t in ts] for row, ts in enumerate(positions)]
 
     torch.manual_seed(7)
     draws = PlainDraws(batch, prompt_width=5, default=torch.default_generator)
-    # Rows apart (row 2 ahead), positions asked again after a rejection, and more positions in
-    # flight than are kept: the far ones drawn in order, the early ones drawn again from their state.
-    for row, positions in [(0, [0, 1, 2]), (2, [0, 1, 2, 3]), (0, [2, 3]), (2, [4, 5, 6]), (1, [0, 1])]:
-        assert ask(row, positions) == [plain[t][row].item() for t in positions]
-    far = list(range(steps - 6, steps))
-    assert ask(2, far) == [plain[t][2].item() for t in far]
-    assert ask(1, [2, 3]) == [plain[t][1].item() for t in (2, 3)]
-    assert len(draws.noise) <= KEPT_POSITIONS
+    # Rows apart (row 2 ahead), positions asked again after a rejection, and row 1 fallen further
+    # behind than the positions kept: the far ones drawn in order, the early ones again from their state.
+    for positions in ([[0, 1, 2], [0, 1, 2], [0, 1, 2]], [[2, 3, 4], [1, 2, 3], [3, 4, 5]]):
+        assert ask(positions) == plains(positions)
+    far = [[3, 4, 5], [2, 3, 4], list(range(steps - 3, steps))]
+    assert ask(far) == plains(far)
+    assert draws.states[1] is None and draws.states[2] is not None  # no row needs position 1 again
+    assert len(draws.noise) <= (KEPT_POSITIONS if kept_bytes is None else 2)
     draws.finish(steps)
     assert torch.equal(torch.default_generator.get_state(), after)
 
