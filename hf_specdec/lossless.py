@@ -1,7 +1,9 @@
 """What "lossless" means for greedy decoding, checked: identical, a rounding tie, or a mismatch.
 
-Sampling is exact in distribution (Leviathan et al. 2023, Theorem 1). Greedy speculative output is
-plain greedy `generate`'s, token for token, up to floating-point rounding: the target verifying
+Sampling is exact in distribution (Leviathan et al. 2023, Theorem 1), and with drafts chosen without
+draws a seeded call gives plain's sample, up to the same rounding (docs/lossless.md). Greedy
+speculative output is plain greedy `generate`'s, token for token, up to floating-point rounding:
+the target verifying
 several tokens in one forward computes each position's scores with other kernels and summation
 orders than one-token decoding does (plain `generate` itself is not batch-invariant either), so
 where the target's two best tokens score within a rounding error of each other either one is the
