@@ -58,7 +58,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--prompt-token-loss",
         action="store_true",
-        help="EAGLE: token loss on prompt positions too (more labels when answers are few; see README)",
+        help="EAGLE: token loss on prompt positions too (more labels when answers are few; "
+        "see docs/methods.md)",
     )
     parser.add_argument(
         "--seed",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +63,17 @@ def test_every_option_says_what_it_does():
         if not option.help and not isinstance(option, argparse._HelpAction)
     ]
     assert not silent, f"options without help text: {silent}"
+
+
+def test_a_help_text_that_says_see_a_page_names_one_that_documents_the_option():
+    wrong = []
+    for name, parser in _subparsers().items():
+        for option in parser._actions:
+            for page in re.findall(r"\bsee ([\w/.-]+)", option.help or ""):
+                file = ROOT / page
+                if not (file.is_file() and any(s in file.read_text() for s in option.option_strings)):
+                    wrong.append(f"{name} {'/'.join(option.option_strings)}: see {page}")
+    assert not wrong, wrong
 
 
 def test_help_and_argument_errors_import_neither_torch_nor_the_library():
