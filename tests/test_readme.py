@@ -139,7 +139,7 @@ def test_cited_hf_specdec_options_exist(sub, option, capsys):
 
 def test_cited_paths_exist():
     """Scripts run with python/bash and files named by their path in the repository."""
-    paths = _cited(r"(?:^|[\s(])((?:bench|examples|configs|tests|hf_specdec)/[\w./*-]*\w)")
+    paths = _cited(r"(?:^|[\s(])((?:benchmarks|docs|examples|configs|tests|hf_specdec)/[\w./*-]*\w)")
     missing = [f"{p} ({page})" for p, page in paths.items() if not any(ROOT.glob(p))]
     assert not missing, missing
 
