@@ -28,6 +28,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hf_specdec.selection.choice import auto_method
     from hf_specdec.selection.select import DraftSelectionError, select_draft
 
     try:
@@ -37,13 +38,24 @@ def run(args: argparse.Namespace) -> int:
     except (DraftSelectionError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    print(json.dumps(choice.to_dict(), indent=2) if args.json else _describe(choice))
+    if args.json:  # `method` as the choice is cached and exported; `auto_method`, what generate runs
+        print(json.dumps({**choice.to_dict(), "auto_method": auto_method(choice.method)}, indent=2))
+    else:
+        print(_describe(choice))
     return 0
 
 
 def _describe(choice: DraftChoice) -> str:
+    from hf_specdec.selection.choice import auto_method
+
+    runs = auto_method(choice.method)
     lines = [
-        f"method:    {choice.method}",
+        f"method:    {runs}"
+        + (
+            f" (draft-free: {choice.method} plus the corpus of earlier calls)"
+            if runs != choice.method
+            else ""
+        ),
         f"draft:     {choice.draft or '-'}",
         *(
             [f"revision:  {choice.revision} (the commit checked; the draft is loaded from it)"]

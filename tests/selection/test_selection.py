@@ -448,3 +448,16 @@ def test_select_draft_is_public_api() -> None:
 
     assert hf_specdec.select_draft is select_draft
     assert "select_draft" in hf_specdec.__all__ and "DraftChoice" in hf_specdec.__all__
+
+
+def test_cli_names_what_speculative_true_runs_for_a_draft_free_choice(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A draft-free choice is cached and exported as `ngram`; `speculative=True` runs `suffix` for it."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    assert _select_cli(["select", "acme/Unknown-1B-Instruct"]) == 0
+    assert "method:    suffix (draft-free: ngram plus" in capsys.readouterr().out
+    assert _select_cli(["select", "acme/Unknown-1B-Instruct", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["method"] == "ngram" and data["auto_method"] == "suffix"
