@@ -31,10 +31,12 @@ class SpeculativeConfig:
             by its own method) and otherwise chooses for the target.
         draft: for `method="draft_model"`: a local folder, a Hub repo id, or a loaded model;
             for `method="onnx"`: a folder exported with `hf-specdec export-onnx`; for
+            `method="eagle"` / `"medusa"`: a trained head (loaded, folder or Hub repo); for
             `method="assistant"`: an official assistant (Gemma 4's `*-assistant`), loaded or named;
-            for `method="mtp"`: None (the target's own MTP layers, read out of its checkpoint), or
-            transformers' `MtpModel` of them. Drafters that take none (`ngram`, `suffix`,
-            `quantized`) refuse one given.
+            for `method="mtp"`: None (the target's own MTP layers, read out of its checkpoint),
+            transformers' `MtpModel` of them, or an MTP head we trained; for `method="dflash"` /
+            `"dspark"`: a block draft (loaded, folder or Hub repo). Drafters that take none
+            (`ngram`, `suffix`, `quantized`) refuse one given.
         draft_tokenizer: the draft's tokenizer when `draft` is a loaded model; lets the
             compatibility check compare vocabularies instead of sizes. Refused where nothing would
             read it: without a `draft`, beside a draft named by folder or repo (loaded with its
@@ -220,8 +222,8 @@ def _check_draft_length(n: Any, policy: Any) -> None:
     if missing:
         raise TypeError(
             f"The draft-length policy {type(policy).__name__} lacks {missing}: a policy object needs "
-            "draft_length, trim, update and expect_draft_cost (subclass hf_specdec."
-            "DraftLengthPolicy to inherit its no-op expect_draft_cost; FixedDraftLength is the simplest one)."
+            "draft_length, trim, update and expect_draft_cost (subclass hf_specdec.DraftLengthPolicy "
+            "to inherit defaults for all but draft_length; FixedDraftLength is the simplest one)."
         )
 
 
