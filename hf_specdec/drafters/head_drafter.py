@@ -13,6 +13,7 @@ from transformers.modeling_layers import MtpModel
 
 from ..core.devices import execution_device
 from ..core.draft import DraftRequest
+from ..heads import TRAINED_METHODS
 from ..heads.checkpoint import load_head
 from ..heads.eagle import EagleHead
 from ..heads.eagle3 import Eagle3Head
@@ -30,12 +31,14 @@ if TYPE_CHECKING:
     from ..config import SpeculativeConfig
 
 
-HEAD_METHODS = ("eagle", "medusa", "mtp")  # the methods a head of ours names in its config
+# The methods a chain head of ours names in its config: the trained ones but block drafts
+# (`dflash.block_draft_method` answers for those).
+CHAIN_HEAD_METHODS = tuple(method for method in TRAINED_METHODS if method != "dflash")
 
 
 def head_method(draft: Any) -> str | None:
     """The method a draft head given as `draft=` drafts with: `"mtp"` for transformers' `MtpModel` (a
-    model's own MTP layers); the method a head of ours names in its config (`HEAD_METHODS`), loaded
+    model's own MTP layers); the method a head of ours names in its config (`CHAIN_HEAD_METHODS`), loaded
     or in the folder it was saved to; None for anything else (block drafts: `dflash.block_draft_method`)."""
     if isinstance(draft, MtpModel):
         return "mtp"
@@ -43,7 +46,7 @@ def head_method(draft: Any) -> str | None:
         return draft.config.method
     if isinstance(draft, (str, Path)) and (Path(draft).expanduser() / CONFIG_NAME).is_file():
         method = read_json_object(Path(draft).expanduser() / CONFIG_NAME).get("method")
-        return method if method in HEAD_METHODS else None
+        return method if method in CHAIN_HEAD_METHODS else None
     return None
 
 

@@ -31,6 +31,7 @@ from ..heads.dflash import BlockDraftConfig
 from ..heads.eagle import EagleHeadConfig
 from ..heads.io import CONFIG_NAME, build_head, check_saved_head, load_state, read_weights, save_head
 from ..heads.medusa import MedusaHeadConfig
+from ..heads.published import read_json_object
 from .block import acceptance, block_loss, default_target_layers, loss_decay
 from .features import Example
 
@@ -444,10 +445,7 @@ def _check_same_run(folder: Path, head: Any) -> None:
     """Refuse a checkpoint whose head differs from the one this run trains (another method, draft
     vocabulary or target): resuming it would train on from another run's weights and budget.
     Fields one side does not record (a checkpoint of an older version) are not compared."""
-    try:
-        saved = json.loads((folder / CONFIG_NAME).read_text())
-    except (OSError, ValueError) as err:
-        raise ValueError(f"The training checkpoint {folder / CONFIG_NAME} cannot be read ({err}).") from None
+    saved = read_json_object(folder / CONFIG_NAME)
     now = head.config.to_dict()
     differs = [
         f"{name}: {saved[name]!r} in the checkpoint, {now[name]!r} now"
