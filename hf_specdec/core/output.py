@@ -123,7 +123,7 @@ class OutputCollector:
         # Written at once (positions past the row's length are not part of it yet), then shown
         # to the criteria one token at a time, as plain generate would have.
         self.tokens[row, start : start + len(tokens)] = tokens
-        n = 0
+        n, ended = 0, False
         for i in range(len(tokens)):
             self.lengths[row] += 1
             n += 1
@@ -137,6 +137,10 @@ class OutputCollector:
                 if _pads_stopped_rows(stopping_criteria):
                     self.finished[row] = True
                     break
+                if None not in self.stopped:  # the last row to stop: every row ends at the last stop
+                    self.limit, ended = max(self.stopped), True
+            if self.lengths[row] >= self.limit:
+                break
         if self.lengths[row] >= self.limit:
             self.finished[row] = True
         self.emitted += n
@@ -147,12 +151,13 @@ class OutputCollector:
             self.hidden_states[row].extend(extras.hidden_states[:n])
         if self.streamer is not None and n:
             self.streamer.put(tokens[:n].cpu())
-        if self.limit == self.capacity and None not in self.stopped:
-            self._end_at(max(self.stopped))
+        if ended:
+            self._end_at(self.limit)
 
     def _end_at(self, limit: int) -> None:
         """Every row ends at `limit` tokens, where the last row stopped: plain generate, which keeps
-        decoding stopped rows, stops the batch there. Rows decoded past it are cut back to it."""
+        decoding stopped rows, stops the batch there. Rows decoded past it earlier in the step are cut
+        back to it (the row that stopped last emitted no token past it)."""
         self.limit = limit
         for row, length in enumerate(self.lengths):
             if length >= limit:

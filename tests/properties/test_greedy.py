@@ -493,6 +493,39 @@ def test_rows_a_criterion_stops_without_an_eos_keep_decoding_as_plain(target_no_
     assert_scores_like_plain(target_no_eos.generate(**kwargs, speculative=spec_for(method, drafts, 4)), plain)
 
 
+class _Collect:
+    """A streamer that keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+
+    def put(self, value: torch.Tensor) -> None:
+        self.tokens += value.flatten().tolist()
+
+    def end(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("method", ["ngram", "self"])
+def test_a_streamer_gets_no_token_past_a_stop_without_an_eos(target_no_eos, drafts, method):
+    """The stop of the batch's last row ends it inside a step's accepted drafts: nothing past it is
+    streamed, as plain streams nothing past it."""
+    input_ids, attention_mask = random_batch(7, 1, min_len=2, max_len=30)
+    streamed = {}
+    for name, extra in (("plain", {}), ("ours", {"speculative": spec_for(method, drafts, 4)})):
+        streamed[name] = _Collect()
+        target_no_eos.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=16,
+            do_sample=False,
+            stopping_criteria=StoppingCriteriaList([_BudgetPerRow([5], input_ids.shape[1])]),
+            streamer=streamed[name],
+            **extra,
+        )
+    assert streamed["ours"].tokens == streamed["plain"].tokens
+
+
 def _band(row: int) -> list[int]:
     return list(range(6 + 14 * row, 20 + 14 * row))
 
