@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -19,6 +20,79 @@ from transformers import PreTrainedTokenizerBase
 POLICY_METHODS = ("draft_length", "trim", "update", "expect_draft_cost")
 # The rest: a subclass of `DraftLengthPolicy` may override them (added after policies were written).
 OPTIONAL_POLICY_METHODS = ("begin_call", "keeps_batch_shape")
+
+
+@dataclass(frozen=True)
+class Drafting:
+    """How one `generate` call drafts, known once its drafter is built: what decides which settings
+    it reads (`ReadWhen`)."""
+
+    do_sample: bool
+    tree: bool  # tree drafts (after tree="auto" is resolved), else chains
+    compiled: bool  # the target decodes on a compiled static cache
+    translated: bool  # the draft's tokens are another tokenizer's, translated to the target's
+    loads_draft_code: bool  # a draft is chosen (method="auto") or loaded by name through Auto classes
+
+
+@dataclass(frozen=True)
+class ReadWhen:
+    """When a setting is read, declared with its field (`read_when`): `reads(settings, drafting)`,
+    and for the warning where a call does not read it, why and what to do."""
+
+    reads: Callable[[Any, Drafting], bool]
+    unread: str  # completes "`name`=value ...": what it is for and why this call does not read it
+    remedy: str
+
+
+TREES = ReadWhen(
+    lambda settings, drafting: drafting.tree,
+    "shapes tree drafts, and this call drafts chains",
+    "pass tree=True with a drafter that grows trees (tree='auto' drafts chains where the drafter or a "
+    "static cache cannot), or drop it",
+)
+CHAINS = ReadWhen(
+    lambda settings, drafting: not drafting.tree,
+    "cuts chain drafts, and this call drafts trees",
+    "drop tree= or the option",
+)
+GREEDY_CHAINS_AND_TREES = ReadWhen(
+    lambda settings, drafting: drafting.tree or not drafting.do_sample,
+    "stops greedy chain drafts (and prunes trees), and this call samples chains, which draft their "
+    "full length for the draft-length policy to cut",
+    "drop it, or decode greedily (do_sample=False)",
+)
+COMPILED = ReadWhen(
+    lambda settings, drafting: drafting.compiled,
+    "applies where the target decodes on a compiled static cache, and this call's target decodes eagerly",
+    "drop it, or compile the target's decoding (cache_implementation='static', with a compile_config "
+    "where the device does not compile by default)",
+)
+TRANSLATED = ReadWhen(
+    lambda settings, drafting: drafting.translated,
+    "chooses how a draft of another tokenizer is translated, and this draft's tokens are the target's",
+    "drop it",
+)
+CORPUS = ReadWhen(
+    lambda settings, drafting: settings.max_corpus_tokens > 0,
+    "tunes drafting from the corpus of earlier calls, and max_corpus_tokens=0 keeps none",
+    "drop it, or give the corpus room (max_corpus_tokens > 0)",
+)
+DRAFT_CODE = ReadWhen(
+    lambda settings, drafting: drafting.loads_draft_code,
+    "lets a draft named by folder or repo (method='draft_model' or 'assistant') or chosen by "
+    "method='auto' run its repo's code, and this call loads none (a loaded draft is used as it is; "
+    "prompt lookup, heads, block drafts, ONNX exports and the target's own MTP layers run no repo code)",
+    "drop it",
+)
+
+
+READ_WHEN = "read_when"  # the key of a field's metadata that holds its `ReadWhen`
+
+
+def read_when(rule: ReadWhen, default: Any) -> Any:
+    """A dataclass field read only where `rule` holds: a value other than its default given for a
+    call that does not read it draws a warning (`SpeculativeConfig.warn_unused`)."""
+    return field(default=default, metadata={READ_WHEN: rule})
 
 
 @dataclass
@@ -57,13 +131,20 @@ class SpeculativeConfig:
             Python code its repo ships (`auto_map` in its config), as `from_pretrained(...,
             trust_remote_code=True)` would. Off by default: such a draft is refused when named, and
             skipped by the automatic choice, never asked about. A loaded model given as `draft` is
-            used as it is.
+            used as it is, and heads, block drafts, ONNX exports and the target's own MTP layers
+            run no repo code: there it is not read (a warning says so).
         policy: a draft-length policy object that chooses the draft length instead (leave
             `num_draft_tokens` at "auto"), e.g. `AdaptiveDraftLength()`, which keeps what it learns
             across the calls it is passed to: any object with the `DraftLengthPolicy` methods
             `draft_length`, `trim`, `update` and `expect_draft_cost`.
         max_tree_nodes: with `tree`, the most nodes a tree may have, whatever length the policy
-            asks for; None (default): no cap of its own.
+            asks for; None (default): no cap of its own. A call that drafts chains does not read
+            it (a warning says so).
+
+    A setting given that the call does not read (a tree setting where it drafts chains, a cut of
+    greedy drafts where it samples) draws one warning that names it and what to do: each field
+    declares when it is read (`read_when`), and `warn_unused` checks them all, here and in the
+    drafters' options, once the drafter is built.
 
     Deprecated spellings, kept for one release with a `DeprecationWarning`: a policy object as
     `num_draft_tokens` (now `policy=`), and `tree=<n>` (now `tree=True, max_tree_nodes=<n>`).
@@ -75,10 +156,10 @@ class SpeculativeConfig:
     num_draft_tokens: int | Literal["auto"] = "auto"
     options: dict[str, Any] = field(default_factory=dict)
     tree: bool | Literal["auto"] = False
-    trust_remote_code: bool = False
+    trust_remote_code: bool = read_when(DRAFT_CODE, False)
     # New fields go last: earlier ones may be given by position.
     policy: Any = None
-    max_tree_nodes: int | None = None
+    max_tree_nodes: int | None = read_when(TREES, None)
 
     def __post_init__(self) -> None:
         if not isinstance(self.trust_remote_code, bool):
@@ -142,6 +223,26 @@ class SpeculativeConfig:
         )
         self.policy, self.num_draft_tokens = n, "auto"
 
+    def warn_unused(
+        self, resolved: SpeculativeConfig, options_class: type | None, drafting: Drafting
+    ) -> None:
+        """Warn, once, about the settings given (other than their defaults) that this call does not
+        read, each named with what to do, as transformers' `GenerationConfig.validate` warns about
+        sampling flags under greedy decoding: the call drafts as if they were not given, which is
+        harmless but not what was asked. Each field declares when it is read (`read_when`), here
+        and in the drafters' options dataclasses. `resolved`: this config with "auto" made concrete
+        (its options are the ones the drafter read); `options_class`: the drafter's
+        (`Drafter.options_class`), None where it declares none."""
+        unread = _unread(self, {f.name for f in dataclasses.fields(self)}, drafting, "")
+        if options_class is not None:
+            unread += _unread(options_class(**resolved.options), set(self.options), drafting, "options ")
+        if unread:
+            warnings.warn(
+                f"speculative= settings this call (method={resolved.method!r}) does not read; it drafts "
+                "as if they were not given:\n" + "\n".join(unread),
+                stacklevel=2,
+            )
+
     @classmethod
     def from_user(cls, value: Any) -> SpeculativeConfig | None:
         """Normalise what `speculative=` accepts: True/False/None, a method name, a dict, a config."""
@@ -165,6 +266,18 @@ class SpeculativeConfig:
             "`speculative` must be True, False, None, a method name, a dict or a SpeculativeConfig; "
             f"got {type(value).__name__}."
         )
+
+
+def _unread(settings: Any, given: set[str], drafting: Drafting, prefix: str) -> list[str]:
+    """A line per field of `settings` named in `given`, set to other than its default, whose
+    `ReadWhen` says this call does not read it."""
+    lines = []
+    for f in dataclasses.fields(settings):
+        rule, value = f.metadata.get(READ_WHEN), getattr(settings, f.name)
+        if rule is None or f.name not in given or value == f.default or rule.reads(settings, drafting):
+            continue
+        lines.append(f"- {prefix}{f.name}={value!r} {rule.unread}: {rule.remedy}.")
+    return lines
 
 
 def _is_count(value: Any) -> bool:
@@ -191,11 +304,6 @@ def _check_tree(tree: Any, max_tree_nodes: Any) -> None:
         )
     if max_tree_nodes < 1:
         raise ValueError(f"`max_tree_nodes` must be a positive integer or None, got {max_tree_nodes}.")
-    if tree is False:
-        raise ValueError(
-            f"max_tree_nodes={max_tree_nodes} caps tree drafts, and tree=False drafts chains: pass "
-            "tree=True (or 'auto') with it, or drop max_tree_nodes."
-        )
 
 
 def _check_draft_length(n: Any, policy: Any) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import os
 from typing import Any
 
 import torch
@@ -23,9 +24,9 @@ from transformers.generation.stopping_criteria import StopStringCriteria
 from transformers.generation.utils import GenerationMixin
 from transformers.pipelines.text_generation import TextGenerationPipeline
 
-from .config import SpeculativeConfig, check_tokenizer
+from .config import Drafting, SpeculativeConfig, check_tokenizer
 from .core.checks import check_drafter_continues, check_processors, check_supported
-from .core.compat import generate_cache
+from .core.compat import compiles_decoding, generate_cache
 from .core.draft import Draft, Drafter
 from .core.draws import generators_untouched
 from .core.loop import speculative_decode
@@ -110,6 +111,16 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
                 f"method={resolved.method!r} supports greedy decoding only{_with_this_draft(drafter)}; "
                 "pass do_sample=False."
             )
+        static = isinstance(generate_cache(model_kwargs), StaticCache)
+        tree = _drafts_trees(resolved, drafter, static)
+        drafting = Drafting(
+            do_sample=bool(generation_config.do_sample),
+            tree=tree,
+            compiled=static and compiles_decoding(model, generation_config, model_kwargs),
+            translated=bool(drafter.translation),
+            loads_draft_code=_loads_draft_code(config, resolved),
+        )
+        config.warn_unused(resolved, DRAFTERS[resolved.method].options_class, drafting)
         out = speculative_decode(
             model,
             input_ids,
@@ -118,7 +129,7 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
             generation_config,
             drafter=drafter,
             policy=_policy(resolved, model),
-            tree=_drafts_trees(resolved, drafter, isinstance(generate_cache(model_kwargs), StaticCache)),
+            tree=tree,
             max_tree_nodes=resolved.max_tree_nodes,
             streamer=streamer,
             **model_kwargs,
@@ -147,6 +158,16 @@ def _drafts_trees(config: SpeculativeConfig, drafter: Drafter, static_cache: boo
             f"a drafter that grows trees (method={growers}), or drop tree=."
         )
     return config.tree
+
+
+def _loads_draft_code(config: SpeculativeConfig, resolved: SpeculativeConfig) -> bool:
+    """Whether this call reads `trust_remote_code`: the automatic choice of a draft (it skips drafts
+    with code unless trusted), or a draft named by folder or repo to a drafter that loads it through
+    transformers' Auto classes (`takes_trust_remote_code`)."""
+    if config.method == "auto" and config.draft is None:
+        return True
+    named = isinstance(resolved.draft, (str, os.PathLike))
+    return named and DRAFTERS[resolved.method].takes_trust_remote_code
 
 
 def _with_this_draft(drafter: Drafter) -> str:

@@ -1,7 +1,8 @@
 """`SpeculativeConfig`: a field says one thing, the old spellings keep working for a release with a
 warning that names the new one, and the docstring's list of tree-growing drafters is the registry's.
 
-Refusals of bad values are cases of tests/security/test_bad_input.py.
+Refusals of bad values are cases of tests/security/test_bad_input.py; here, the warning for settings
+a call does not read (a tree setting where it drafts chains, ...), and its silence where it reads them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 from hf_specdec import FixedDraftLength, SpeculativeConfig
+from hf_specdec.config import DRAFT_CODE
 from hf_specdec.drafters import DRAFTERS
 
 from .conftest import assert_greedy_match
@@ -127,3 +129,131 @@ def test_the_new_fields_come_last():
         "tree",
         "trust_remote_code",
     ]
+
+
+# A setting given that the call does not read draws one warning naming it and what to do
+# (`SpeculativeConfig.warn_unused`, as transformers' `GenerationConfig.validate` warns about sampling
+# flags under greedy decoding); where the call reads it, nothing is said.
+UNREAD = "speculative= settings"
+
+
+def _draft_model(draft, **fields):
+    return dict(method="draft_model", draft=draft, num_draft_tokens=3, **fields)
+
+
+# name -> (speculative= given the weak draft, generate's own arguments, the warning's line)
+UNREAD_CASES = {
+    "tree_top_k, chains": (
+        lambda d: _draft_model(d, options={"tree_top_k": 2}),
+        {},
+        r"- options tree_top_k=2 shapes tree drafts, and this call drafts chains: pass tree=True",
+    ),
+    "tree_top_k, tree='auto' over a static cache": (
+        lambda d: _draft_model(d, tree="auto", options={"tree_top_k": 2}),
+        {"cache_implementation": "static"},
+        r"- options tree_top_k=2 shapes tree drafts, and this call drafts chains",
+    ),
+    "max_tree_nodes, chains": (
+        lambda d: dict(method="ngram", max_tree_nodes=4),
+        {},
+        r"- max_tree_nodes=4 shapes tree drafts, and this call drafts chains: pass tree=True",
+    ),
+    "min_confidence, sampled chains": (
+        lambda d: _draft_model(d, options={"min_confidence": 0.3}),
+        {"do_sample": True},
+        r"- options min_confidence=0.3 stops greedy chain drafts .*this call samples chains.*: drop it, "
+        r"or decode greedily \(do_sample=False\)",
+    ),
+    "trust_remote_code, prompt lookup": (
+        lambda d: dict(method="ngram", trust_remote_code=True),
+        {},
+        r"method='ngram'.*\n- trust_remote_code=True lets a draft named by folder or repo .*this call loads "
+        r"none.*: drop it",
+    ),
+    "trust_remote_code, a loaded draft": (
+        lambda d: _draft_model(d, trust_remote_code=True),
+        {},
+        r"- trust_remote_code=True .*a loaded draft is used as it is",
+    ),
+    "suffix options, no corpus": (
+        lambda d: dict(method="suffix", options={"max_corpus_tokens": 0, "min_match": 3}),
+        {},
+        r"- options min_match=3 tunes drafting from the corpus of earlier calls, and max_corpus_tokens=0 "
+        r"keeps none",
+    ),
+    "compile_with_target, an eager target": (
+        lambda d: _draft_model(d, options={"compile_with_target": False}),
+        {},
+        r"- options compile_with_target=False applies where the target decodes on a compiled static cache",
+    ),
+    "translation, one tokenizer": (
+        lambda d: _draft_model(d, options={"translation": "text"}),
+        {},
+        r"- options translation='text' chooses how a draft of another tokenizer is translated, and this "
+        r"draft's tokens are the target's: drop it",
+    ),
+}
+
+
+def _call(target, speculative, **kwargs):
+    torch.manual_seed(0)
+    kwargs.setdefault("do_sample", False)
+    return target.generate(PROMPT, max_new_tokens=4, speculative=speculative, **kwargs)
+
+
+@pytest.mark.parametrize("case", list(UNREAD_CASES))
+def test_a_setting_the_call_does_not_read_is_named_with_what_to_do(target, weak_draft, case):
+    speculative, kwargs, line = UNREAD_CASES[case]
+    with pytest.warns(UserWarning, match=UNREAD) as caught:
+        _call(target, speculative(weak_draft), **kwargs)
+    (warning,) = [w for w in caught if UNREAD in str(w.message)]
+    assert re.search(line, str(warning.message)), str(warning.message)
+
+
+# The same settings where the call reads them (or left at their defaults): not a word.
+READ_CASES = {
+    "tree_top_k, trees": (lambda d: _draft_model(d, tree=True, options={"tree_top_k": 2}), {}),
+    "tree_top_k at its default, chains": (lambda d: _draft_model(d, options={"tree_top_k": 4}), {}),
+    "max_tree_nodes, trees": (lambda d: dict(method="ngram", tree=True, max_tree_nodes=4), {}),
+    "min_confidence, greedy chains": (lambda d: _draft_model(d, options={"min_confidence": 0.3}), {}),
+    "min_confidence, sampled trees": (
+        lambda d: _draft_model(d, tree=True, options={"min_confidence": 0.3}),
+        {"do_sample": True},
+    ),
+    "suffix options, a corpus": (lambda d: dict(method="suffix", options={"min_match": 3}), {}),
+}
+
+
+@pytest.mark.parametrize("case", list(READ_CASES))
+def test_a_setting_the_call_reads_draws_no_warning(target, weak_draft, case):
+    speculative, kwargs = READ_CASES[case]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=UNREAD)
+        _call(target, speculative(weak_draft), **kwargs)
+
+
+def test_trust_remote_code_for_a_draft_named_by_folder_draws_no_warning(target, weak_draft, tmp_path):
+    weak_draft.save_pretrained(tmp_path / "draft")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=UNREAD)
+        _call(target, _draft_model(str(tmp_path / "draft"), trust_remote_code=True))
+
+
+def test_every_unread_setting_of_a_call_is_in_one_warning(target, weak_draft):
+    spec = _draft_model(weak_draft, trust_remote_code=True, options={"tree_top_k": 2, "min_confidence": 0.3})
+    with pytest.warns(UserWarning, match=UNREAD) as caught:
+        _call(target, spec, do_sample=True)
+    (warning,) = [w for w in caught if UNREAD in str(w.message)]
+    named = re.findall(r"^- (?:options )?(\w+)=", str(warning.message), flags=re.MULTILINE)
+    assert named == ["trust_remote_code", "min_confidence", "tree_top_k"]
+
+
+def test_the_drafters_named_as_reading_trust_remote_code_are_those_that_do():
+    """config.py sits below the drafters and cannot ask the registry, so it names them in prose."""
+    named = set(re.findall(r"'(\w+)'", DRAFT_CODE.unread)) - {"auto"}
+    builtin = {
+        name
+        for name, cls in DRAFTERS.items()
+        if cls.takes_trust_remote_code and cls.__module__.startswith("hf_specdec.drafters.")
+    }
+    assert named == builtin

@@ -206,6 +206,14 @@ class Drafter:
     # False for a drafter whose draft speaks the target's tokenizer (a head, an assistant), to
     # which one given is refused rather than left unused.
     takes_draft_tokenizer: ClassVar[bool] = True
+    # Whether `from_config` reads `SpeculativeConfig.trust_remote_code`: True for a drafter that loads
+    # a draft named by folder or repo through transformers' Auto classes, which run the code it ships.
+    # Elsewhere, trust_remote_code=True draws a warning that it is not read.
+    takes_trust_remote_code: ClassVar[bool] = False
+    # The dataclass `SpeculativeConfig.options` fill (unknown keys refused by `options_to_config`),
+    # whose fields say when a call reads them (`config.read_when`); None: the drafter declares none,
+    # and its options are its own to check.
+    options_class: ClassVar[type | None] = None
     # Whether `propose` can answer `DraftRequest.tree` with a tree of candidates (`Draft.parents`);
     # `SpeculativeConfig(tree=True)` is refused for drafters that only draft chains.
     supports_tree: ClassVar[bool] = False

@@ -68,6 +68,8 @@ class AssistantDrafter(Drafter):
     supports_tree: ClassVar[bool] = True
     reads_target_kv: ClassVar[bool] = True
     takes_draft_tokenizer: ClassVar[bool] = False  # an assistant shares the target's vocabulary
+    takes_trust_remote_code: ClassVar[bool] = True  # an assistant named by folder or repo
+    options_class: ClassVar[type] = ChainTreeConfig
     draft_cost: ClassVar[DraftCost] = DraftCost.PER_TOKEN
     hidden_state_layers: tuple[int, ...] = (
         -1,
@@ -116,7 +118,7 @@ class AssistantDrafter(Drafter):
         if problem:
             kind = type(draft).__name__
             raise ValueError(f"The assistant {kind} {problem}: it is another model's assistant.")
-        options = options_to_config(ChainTreeConfig, config.options)
+        options = options_to_config(cls.options_class, config.options)
         return cls(draft.eval(), target, options)
 
     @torch.no_grad()

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from ..config import CHAINS, read_when
 from ..core.devices import execution_device
 from ..core.draft import Draft, DraftCost, DraftRequest
 from ..core.fields import check_fields
@@ -82,10 +83,10 @@ class BlockDrafterConfig(ChainTreeConfig):
         confidence_threshold: DSpark drafts: end each row's chain before the first position whose
             confidence-head estimate is below this (DeepSpec's variable verify length); 0 keeps the
             whole block and leaves the cut to the policy, which reads the same estimates. Refused
-            for a draft without a confidence head, and with trees, which would ignore it.
+            for a draft without a confidence head; trees do not read it (a warning says so).
     """
 
-    confidence_threshold: float = 0.0
+    confidence_threshold: float = read_when(CHAINS, 0.0)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -160,11 +161,6 @@ class DFlashDrafter(RowState, HeadDrafter):
             raise ValueError(
                 f"options confidence_threshold={threshold} cuts drafts by DSpark's confidence head, and "
                 f"the draft ({head.config.layout}) has no confidence head: drop the option."
-            )
-        if threshold > 0 and config.tree:
-            raise ValueError(
-                f"options confidence_threshold={threshold} cuts chain drafts; trees do not read it "
-                f"(tree={config.tree!r}): drop tree= or the option."
             )
         return cls(head, options, target.config.get_text_config().vocab_size, execution_device(target))
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from ..config import COMPILED, GREEDY_CHAINS_AND_TREES, TRANSLATED, TREES, read_when
 from ..core.devices import execution_device
 from ..core.fields import check_fields
 from ..hub.config_check import checkpoint_problem
@@ -40,27 +41,30 @@ class DraftModelConfig:
     """Settings of the `draft_model` drafter.
 
     Args:
-        min_confidence: stop a greedy draft early once the draft's own probability of its next
-            token falls below this (llama.cpp's `--draft-p-min`); 0 always drafts the full length.
+        min_confidence: stop a greedy chain draft early once the draft's own probability of its
+            next token falls below this (llama.cpp's `--draft-p-min`), and leave out tree nodes
+            whose path is less probable; 0 always drafts the full length. A sampled chain does
+            not read it.
         tokenizer_verified: the pair's tokenizers are known to agree (set by automatic draft
             selection, which compared them), so no vocabulary-size check is needed.
         tree_top_k: with `SpeculativeConfig(tree=...)`, the children drafted per expanded node and
-            the nodes expanded per level (EAGLE-2's top-k).
+            the nodes expanded per level (EAGLE-2's top-k). Chains do not read it.
         compile_with_target: where the target decodes on a compiled static cache (`compile_config`),
             compile the draft's forwards alike (`Drafter.compile_forwards`); False
             keeps them eager (a draft dynamo cannot trace as one graph, or to spare its compiles).
+            An eager target does not read it.
         translation: for a draft whose tokenizer differs from the target's, how its drafts become
             the target's tokens: "auto" chooses from the two tokenizers (`choose_translation`),
             "intersection" drafts over the tokens both vocabularies share (token-level intersection,
             TLI: exact for sampling too), "text" re-tokenizes the draft's text (universal assisted
-            decoding, UAD: greedy only). Needs both tokenizers; unused where they agree.
+            decoding, UAD: greedy only). Needs both tokenizers; not read where they agree.
     """
 
-    min_confidence: float = 0.0
+    min_confidence: float = read_when(GREEDY_CHAINS_AND_TREES, 0.0)
     tokenizer_verified: bool = False
-    tree_top_k: int = 4
-    compile_with_target: bool = True
-    translation: str = "auto"
+    tree_top_k: int = read_when(TREES, 4)
+    compile_with_target: bool = read_when(COMPILED, True)
+    translation: str = read_when(TRANSLATED, "auto")
 
     def __post_init__(self) -> None:
         check_fields(
@@ -173,6 +177,8 @@ class DraftModelDrafter(DecoderDrafter):
     name: ClassVar[str] = "draft_model"
     supports_sampling: ClassVar[bool] = True
     supports_tree: ClassVar[bool] = True  # top-k branching by cumulative draft probability
+    takes_trust_remote_code: ClassVar[bool] = True  # a draft named by folder or repo
+    options_class: ClassVar[type] = DraftModelConfig
 
     @classmethod
     def from_config(cls, config: SpeculativeConfig, target: PreTrainedModel, tokenizer: Any) -> Drafter:
@@ -207,7 +213,7 @@ class DraftModelDrafter(DecoderDrafter):
             warnings.warn(
                 "The draft is the target itself: every draft is accepted but nothing is gained.", stacklevel=4
             )
-        options = options_to_config(DraftModelConfig, config.options)
+        options = options_to_config(cls.options_class, config.options)
         if tokenizer is None and draft_tokenizer is not None and not options.tokenizer_verified:
             tokenizer = _local_tokenizer(target)
         translation = (

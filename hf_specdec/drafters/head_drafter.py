@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from transformers.modeling_layers import MtpModel
 
+from ..config import COMPILED, read_when
 from ..core.devices import execution_device
 from ..core.draft import DraftRequest
 from ..heads import TRAINED_METHODS
@@ -52,21 +53,15 @@ def head_method(draft: Any) -> str | None:
 
 @dataclass
 class HeadDrafterConfig(ChainTreeConfig):
-    """Settings of the head drafters: `eagle` (and `mtp`, drafting as it does) and `medusa`.
+    """Settings of the `eagle` drafter: `ChainTreeConfig`'s (`min_confidence`, `tree_top_k`) and
 
     Args:
-        min_confidence: stop a greedy draft once the head's probability of its next token falls
-            below this; 0 leaves the cut to the draft-length policy.
-        tree_top_k: with `SpeculativeConfig(tree=...)`: for `eagle`, the children drafted per
-            expanded node and the nodes expanded per level (EAGLE-2's top-k); for `medusa`, the
-            guesses per head whose combinations make the tree (Medusa's top-k per head).
-        compile_with_target: for `eagle`, where the target decodes on a compiled static cache
+        compile_with_target: where the target decodes on a compiled static cache
             (`compile_config`), compile the head's per-token forwards alike
-            (`Drafter.compile_forwards`); False keeps them eager. Medusa's heads run once per
-            step on the target's features, with nothing per token to compile.
+            (`Drafter.compile_forwards`); False keeps them eager. An eager target does not read it.
     """
 
-    compile_with_target: bool = True
+    compile_with_target: bool = read_when(COMPILED, True)
 
 
 class HeadDrafter(Drafter):
@@ -76,7 +71,7 @@ class HeadDrafter(Drafter):
     supports_sampling: ClassVar[bool] = True
     supports_tree: ClassVar[bool] = True
     takes_draft_tokenizer: ClassVar[bool] = False  # a head reads the target's tokens
-    options_class: ClassVar[type] = HeadDrafterConfig  # the dataclass `SpeculativeConfig.options` fill
+    options_class: ClassVar[type] = HeadDrafterConfig
 
     def __init__(self, head: Any, config: HeadDrafterConfig, vocab_size: int, device: torch.device) -> None:
         self.head = head

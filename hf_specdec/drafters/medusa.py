@@ -11,8 +11,9 @@ import torch
 
 from ..core.draft import Draft, DraftCost, DraftRequest
 from .chain import chain
-from .head_drafter import HeadDrafter, HeadDrafterConfig
+from .head_drafter import HeadDrafter
 from .registry import register_drafter
+from .tree import ChainTreeConfig
 
 
 @register_drafter
@@ -26,8 +27,10 @@ class MedusaDrafter(HeadDrafter):
     name: ClassVar[str] = "medusa"
     # Every head reads the same feature, in one pass: a draft (or a tree) of any length costs one.
     draft_cost: ClassVar[DraftCost] = DraftCost.PER_BLOCK
+    # Its heads run once per step on the target's features, with nothing per token to compile.
+    options_class: ClassVar[type] = ChainTreeConfig
 
-    def __init__(self, head: Any, config: HeadDrafterConfig, vocab_size: int, device: torch.device) -> None:
+    def __init__(self, head: Any, config: ChainTreeConfig, vocab_size: int, device: torch.device) -> None:
         super().__init__(head, config, vocab_size, device)
         self.last_feature: dict[int, torch.Tensor] = {}  # per user row: the newest target feature
 

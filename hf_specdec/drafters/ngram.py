@@ -307,6 +307,7 @@ class NgramDrafter(Drafter):
     supports_tree: ClassVar[bool] = True  # a trie of the continuations of several matches
     draft_cost: ClassVar[DraftCost] = DraftCost.FREE  # a look-up in the text, whatever its length
     takes_draft: ClassVar[bool] = False
+    options_class: ClassVar[type] = NgramConfig
 
     def __init__(self, config: NgramConfig) -> None:
         self.config = config
@@ -315,7 +316,7 @@ class NgramDrafter(Drafter):
 
     @classmethod
     def from_config(cls, config: SpeculativeConfig, target: PreTrainedModel, tokenizer: Any) -> NgramDrafter:
-        return cls(options_to_config(NgramConfig, config.options))
+        return cls(options_to_config(cls.options_class, config.options))
 
     def propose(self, request: DraftRequest) -> Draft:
         return pack(self.proposals(request), request.tokens.device, request.tree)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ..config import GREEDY_CHAINS_AND_TREES, TREES, read_when
 from ..core.devices import execution_device
 from ..core.fields import check_fields
 from ..ort.session import PROVIDERS, OnnxDecoder
@@ -42,9 +43,9 @@ class OnnxDraftConfig:
 
     provider: str = "auto"
     threads: int = 0
-    min_confidence: float = 0.0
+    min_confidence: float = read_when(GREEDY_CHAINS_AND_TREES, 0.0)
     tokenizer_verified: bool = False
-    tree_top_k: int = 4
+    tree_top_k: int = read_when(TREES, 4)
 
     def __post_init__(self) -> None:
         check_fields(
@@ -63,6 +64,7 @@ class OnnxDrafter(DecoderDrafter):
     # Top-k branching as for `draft_model`: under our exports' `tree_attention_mask`, and for graphs
     # without it (the Hub's) each node in a batch row of its own (`decoder.BranchRows`).
     supports_tree: ClassVar[bool] = True
+    options_class: ClassVar[type] = OnnxDraftConfig
 
     @classmethod
     def from_config(cls, config: SpeculativeConfig, target: PreTrainedModel, tokenizer: Any) -> OnnxDrafter:
@@ -71,7 +73,7 @@ class OnnxDrafter(DecoderDrafter):
                 f"method={cls.name!r} needs draft= a folder exported with `hf-specdec export-onnx` "
                 "(holding model.onnx or onnx/model.onnx)."
             )
-        options = options_to_config(OnnxDraftConfig, config.options)
+        options = options_to_config(cls.options_class, config.options)
         decoder = load_decoder(config.draft, options, target)
         if not options.tokenizer_verified:
             check_compatible(target, tokenizer, decoder, config.draft_tokenizer or decoder.tokenizer)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from ..core.devices import execution_device
 from ..ort.cache import quantized_copy
 from .base import options_to_config
-from .onnx import OnnxDraftConfig, OnnxDrafter, load_decoder
+from .onnx import OnnxDrafter, load_decoder
 from .registry import register_drafter
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ class QuantizedDrafter(OnnxDrafter):
     def from_config(
         cls, config: SpeculativeConfig, target: PreTrainedModel, tokenizer: Any
     ) -> QuantizedDrafter:
-        options = options_to_config(OnnxDraftConfig, config.options)
+        options = options_to_config(cls.options_class, config.options)
         folder = quantized_copy(target, tokenizer)
         decoder = load_decoder(folder, options, target)
         return cls(decoder, options.min_confidence, execution_device(target), options.tree_top_k)

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from ..config import CORPUS, read_when
 from ..core.draft import Draft, DraftCost, DraftRequest
 from ..core.fields import check_fields
 from ..core.policy.acceptance import MAX_DRAFT
@@ -86,12 +87,12 @@ class SuffixConfig(NgramConfig):
     """
 
     max_corpus_tokens: int = 1 << 18
-    min_match: int = 1
-    max_spec_factor: float = 1.0
-    max_spec_offset: float = 8.0
-    min_token_prob: float = 0.1
-    recency_half_life: float | None = 256.0
-    min_gain: float = 1.05
+    min_match: int = read_when(CORPUS, 1)
+    max_spec_factor: float = read_when(CORPUS, 1.0)
+    max_spec_offset: float = read_when(CORPUS, 8.0)
+    min_token_prob: float = read_when(CORPUS, 0.1)
+    recency_half_life: float | None = read_when(CORPUS, 256.0)
+    min_gain: float = read_when(CORPUS, 1.05)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -286,6 +287,7 @@ class SuffixDrafter(Drafter):
     supports_tree: ClassVar[bool] = True
     draft_cost: ClassVar[DraftCost] = DraftCost.FREE
     takes_draft: ClassVar[bool] = False
+    options_class: ClassVar[type] = SuffixConfig
 
     def __init__(self, config: SuffixConfig, corpus: SuffixCorpus | None) -> None:
         self.config = config
@@ -297,7 +299,7 @@ class SuffixDrafter(Drafter):
 
     @classmethod
     def from_config(cls, config: SpeculativeConfig, target: PreTrainedModel, tokenizer: Any) -> SuffixDrafter:
-        options = options_to_config(SuffixConfig, config.options)
+        options = options_to_config(cls.options_class, config.options)
         return cls(options, corpus_for(target) if options.max_corpus_tokens else None)
 
     def propose(self, request: DraftRequest) -> Draft:

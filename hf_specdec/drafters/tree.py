@@ -15,24 +15,27 @@ from dataclasses import dataclass
 
 import torch
 
+from ..config import GREEDY_CHAINS_AND_TREES, TREES, read_when
 from ..core.draft import Draft, DraftRequest
 from ..core.fields import check_fields
 
 
 @dataclass
 class ChainTreeConfig:
-    """Settings of a drafter that chains its own predictions and grows EAGLE-2 trees from them (the
-    `mtp` and `assistant` drafters; the head drafters add their own).
+    """Settings of a drafter that chains its own predictions and grows trees from them (the `mtp`,
+    `assistant` and `medusa` drafters; `eagle`'s and the block drafts' add their own).
 
     Args:
-        min_confidence: stop a greedy draft once the draft's probability of its next token falls
-            below this; 0 leaves the cut to the draft-length policy.
+        min_confidence: stop a greedy chain draft once the draft's probability of its next token
+            falls below this, and leave out tree nodes whose path is less probable; 0 leaves the
+            cut to the draft-length policy. A sampled chain does not read it.
         tree_top_k: with `SpeculativeConfig(tree=...)`: the children drafted per expanded node and the
-            nodes expanded per level (EAGLE-2's top-k).
+            nodes expanded per level (EAGLE-2's top-k); for `medusa`, the guesses per head whose
+            combinations make the tree (Medusa's top-k per head). Chains do not read it.
     """
 
-    min_confidence: float = 0.0
-    tree_top_k: int = 4
+    min_confidence: float = read_when(GREEDY_CHAINS_AND_TREES, 0.0)
+    tree_top_k: int = read_when(TREES, 4)
 
     def __post_init__(self) -> None:
         check_fields(self, ranges={"min_confidence": (0, 1), "tree_top_k": (1, None)})

@@ -149,6 +149,7 @@ def test_muse_glimmer_drafts_what_transformers_drafts(tmp_path, target, monkeypa
     assert len(ours) - len(theirs) in (0, 1) and all(o == t[: len(o)] and o for o, t in zip(ours, theirs))
 
 
+@pytest.mark.filterwarnings("error:speculative= settings")  # chains read the threshold
 def test_dspark_confidence_estimates_are_the_drafts_and_cut_them(tmp_path, target, monkeypatch):
     folder = write_dspark(tmp_path / "dspark", target)
     seen = []
@@ -192,15 +193,26 @@ def test_dspark_needs_dspark_heads(tmp_path, target):
         )
 
 
-@pytest.mark.parametrize("case", ["no confidence head", "tree", "tree auto"])
-def test_a_confidence_threshold_that_would_cut_nothing_is_refused(target, case):
-    """The threshold cuts chains by DSpark's confidence head: a draft without one, or a tree (which
-    ignores it), would silently draft as if it were not set."""
-    head = random_block_draft(target, (0, 1), block_size=4, confidence_head=case != "no confidence head")
-    tree = {"no confidence head": False, "tree": True, "tree auto": "auto"}[case]
+def test_a_confidence_threshold_for_a_draft_without_a_confidence_head_is_refused(target):
+    """The threshold cuts chains by DSpark's confidence head: a draft without one would silently
+    draft as if it were not set."""
+    head = random_block_draft(target, (0, 1), block_size=4, confidence_head=False)
+    spec = dict(method="dflash", draft=head, options={"confidence_threshold": 0.5})
+    with pytest.raises(ValueError, match="confidence_threshold=0.5.*has no confidence head"):
+        target.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=2, speculative=spec)
+
+
+@pytest.mark.parametrize("tree", [True, "auto"])
+def test_a_confidence_threshold_beside_trees_is_named_as_unread(target, tree):
+    """Trees do not read the threshold: the call drafts as without it, and a warning says so (the
+    chain that reads it draws none: `test_dspark_confidence_estimates_are_the_drafts_and_cut_them`)."""
+    head = random_block_draft(target, (0, 1), block_size=4, confidence_head=True)
     spec = dict(method="dflash", draft=head, tree=tree, options={"confidence_threshold": 0.5})
-    match = "has no confidence head" if case == "no confidence head" else "trees do not read it"
-    with pytest.raises(ValueError, match=f"confidence_threshold=0.5.*{match}"):
+    with pytest.warns(
+        UserWarning,
+        match=r"- options confidence_threshold=0.5 cuts chain drafts, and this call "
+        r"drafts trees: drop tree= or the option",
+    ):
         target.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=2, speculative=spec)
 
 

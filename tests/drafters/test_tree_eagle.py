@@ -55,12 +55,13 @@ def test_top_1_tree_drafts_what_the_chain_drafts(one_layer, batch, monkeypatch):
         monkeypatch.setattr(
             EagleDrafter, "observe", lambda self, draft, accepted, seen=seen: seen.append(draft)
         )
+        top_1 = {"tree_top_k": 1} if tree else {}  # a chain reads no tree_top_k
         one_layer.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,
             max_new_tokens=30,
             do_sample=False,
-            speculative=_spec(head, tree, length=4, tree_top_k=1),
+            speculative=_spec(head, tree, length=4, **top_1),
         )
     assert len(drafts[True]) == len(drafts[False]) > 3
     for chain, tree in zip(drafts[False], drafts[True]):

@@ -118,7 +118,8 @@ def test_top_1_tree_drafts_what_the_chain_drafts(one_layer, batch, monkeypatch):
         monkeypatch.setattr(
             MedusaDrafter, "observe", lambda self, draft, accepted, seen=seen: seen.append(draft)
         )
-        _generate(one_layer, batch, _spec(head, tree, length=3, tree_top_k=1))
+        top_1 = {"tree_top_k": 1} if tree else {}  # a chain reads no tree_top_k
+        _generate(one_layer, batch, _spec(head, tree, length=3, **top_1))
     assert len(drafts[True]) == len(drafts[False]) > 3
     for chain, tree in zip(drafts[False], drafts[True]):
         assert tree.lengths == chain.lengths

@@ -63,6 +63,15 @@ def test_the_layers_are_read_once_per_model(tmp_path, monkeypatch):
     assert len(reads) == 2
 
 
+def test_trust_remote_code_is_named_as_unread(tmp_path):
+    """The layers are read out of the target's own checkpoint, with no repo code to run: a
+    trust_remote_code=True given is said to be unread (no draft is loaded through Auto classes)."""
+    target = load("glm4_moe", mtp.checkpoint(tmp_path, "glm4_moe"))
+    spec = dict(method="mtp", trust_remote_code=True)
+    with pytest.warns(UserWarning, match=r"method='mtp'.*\n- trust_remote_code=True .*this call loads none"):
+        target.generate(**mtp.prompts(1), max_new_tokens=3, speculative=spec)
+
+
 def test_the_layers_follow_the_model_to_another_dtype(tmp_path):
     """Read in fp32, then the model cast to bf16 (`model.to`): the layers, whose embedding and head
     are the model's and moved with it, run in bf16 too."""

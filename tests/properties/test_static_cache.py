@@ -333,6 +333,7 @@ def test_calls_of_new_batch_sizes_keep_compiling(good_draft, fresh_dynamo, metho
         assert out.tolist() == plain.tolist()
 
 
+@pytest.mark.filterwarnings("error:speculative= settings")  # a compiled target reads the option
 def test_a_draft_asked_not_to_compile_drafts_eagerly(good_draft, fresh_dynamo, monkeypatch):
     """`options={"compile_with_target": False}`: the draft keeps its dynamic cache beside a compiled
     target."""

@@ -112,6 +112,17 @@ def _with_head_config(edit: Callable[[dict], Any], method: str = "eagle") -> Cal
     return call
 
 
+def _medusa(**options: Any) -> Callable[..., None]:
+    """Generate with a Medusa head built for `target`, given `options`."""
+
+    def call(target, tmp_path, monkeypatch):
+        head = build_head(MedusaHeadConfig.for_target(target), target)
+        spec = dict(method="medusa", draft=head, options=options)
+        target.generate(input_ids=PROMPT, max_new_tokens=4, speculative=spec)
+
+    return call
+
+
 def _with_published_config(edit: Callable[[dict], Any]) -> Callable[..., None]:
     """Generate with an EAGLE-1 head in the reference layout whose config.json is `edit(config)`."""
 
@@ -299,12 +310,6 @@ CASES: dict[str, tuple[Callable[..., None], type[Exception], str]] = {
         ValueError,
         r"`max_tree_nodes` must be a positive integer or None, got 0",
     ),
-    "max_tree_nodes_without_tree": (
-        _generate(method="ngram", max_tree_nodes=4),
-        ValueError,
-        r"max_tree_nodes=4 caps tree drafts, and tree=False drafts chains: pass tree=True \(or 'auto'\) with "
-        r"it, or drop max_tree_nodes",
-    ),
     "tree_a_number_beside_max_tree_nodes": (
         _generate(method="ngram", tree=5, max_tree_nodes=3),
         ValueError,
@@ -440,6 +445,12 @@ CASES: dict[str, tuple[Callable[..., None], type[Exception], str]] = {
         r"config.json does not describe a valid EagleHeadConfig: `head_dim` of EagleHeadConfig must be an "
         r"integer >= 1, got -8",
     ),
+    "medusa_compile_with_target": (  # its heads run once per step: nothing per token to compile
+        _medusa(compile_with_target=False),
+        ValueError,
+        r"Unknown option\(s\) \['compile_with_target'\] for ChainTreeConfig; valid: \['min_confidence', "
+        r"'tree_top_k'\]",
+    ),
     "medusa_head_config_zero_heads": (
         _with_head_config(_set(num_heads=0), method="medusa"),
         ValueError,
@@ -479,10 +490,9 @@ def test_cases_cover_every_options_class():
     """Every drafter's options dataclass refuses a value of the wrong type by name (one home: fields.py)."""
     import dataclasses
 
-    from hf_specdec.drafters.draft_model import DraftModelConfig
-    from hf_specdec.drafters.ngram import NgramConfig
-
-    for config_cls in (NgramConfig, DraftModelConfig, OnnxDraftConfig, HeadDrafterConfig):
+    declared = {cls.options_class for cls in DRAFTERS.values() if cls.options_class is not None}
+    assert {OnnxDraftConfig, HeadDrafterConfig} <= declared
+    for config_cls in declared:
         for field in dataclasses.fields(config_cls):
             with pytest.raises(TypeError, match=rf"`{field.name}` of {config_cls.__name__} must be"):
                 config_cls(**{field.name: object()})
