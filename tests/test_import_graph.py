@@ -191,7 +191,7 @@ LAYERS: dict[str, set[str]] = {
     "loading": {"core", "demo_model"},
     "lossless": {"loading"},
     "bench": {"config", "core", "drafters", "heads", "loading", "lossless", "ort"},
-    "train": {"bench", "core", "heads", "loading"},
+    "train": {"bench", "core", "heads", "loading", "store"},
     # vLLM, SGLang
     "serving": {"bench", "core", "drafters", "heads", "hub", "loading", "selection", "version"},
     "__init__": {"config", "core", "demo_model", "drafters", "integration", "memory", "selection", "version"},

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..core.devices import execution_device
-from ..store.manifest import MANIFEST_NAME, manifest_problem, write_manifest
+from ..store.manifest import MANIFEST_NAME, manifest_problem, write_atomically, write_manifest
 from .dflash import BlockDraft, BlockDraftConfig
 from .eagle import EagleHead, EagleHeadConfig
 from .eagle3 import Eagle3Head
@@ -34,10 +34,10 @@ def save_head(head: nn.Module, folder: str | Path) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     state = {name: tensor.detach().contiguous().cpu() for name, tensor in head.state_dict().items()}
-    tmp = folder / (WEIGHTS_NAME + ".tmp")
-    save_file(state, str(tmp), metadata={"format": "pt", "producer": "hf-specdec"})
-    tmp.replace(folder / WEIGHTS_NAME)  # never leave a half-written checkpoint under the real name
-    (folder / CONFIG_NAME).write_text(json.dumps({"format": "hf-specdec", **head.config.to_dict()}, indent=2))
+    metadata = {"format": "pt", "producer": "hf-specdec"}
+    write_atomically(folder / WEIGHTS_NAME, lambda tmp: save_file(state, str(tmp), metadata=metadata))
+    config = json.dumps({"format": "hf-specdec", **head.config.to_dict()}, indent=2)
+    write_atomically(folder / CONFIG_NAME, lambda tmp: tmp.write_text(config))
     write_manifest(folder, _BUILT_FROM, files=[CONFIG_NAME, WEIGHTS_NAME])  # last: the folder is complete
     return folder
 

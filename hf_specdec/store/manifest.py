@@ -16,11 +16,13 @@ import contextlib
 import errno
 import hashlib
 import json
+import os
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator
+import uuid
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +49,27 @@ def write_manifest(folder: Path, built_from: dict[str, Any], files: Iterable[str
         path = folder / name
         entries[name] = {"size": path.stat().st_size, "sha256": file_digest(path)}
     manifest = {"format": 1, "built_from": built_from, "files": entries}
-    tmp = folder / (MANIFEST_NAME + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
-    tmp.replace(folder / MANIFEST_NAME)  # atomic: a reader sees the whole manifest or none
+    write_atomically(
+        folder / MANIFEST_NAME, lambda tmp: tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    )
+
+
+def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
+    """Write `path` as `write(tmp)` writes `tmp`, a file beside it that no other writer names, then
+    rename `tmp` over `path`: a reader finds the old file or the whole new one, never half of one, and
+    writers at once (two saves into one folder) each finish, the last rename winning, instead of
+    writing into one shared temporary file and failing to rename it once the other has.
+
+    The name is unique by a random suffix rather than `tempfile.mkstemp`, which creates files
+    readable by their owner only: the file keeps the permissions any file written there gets.
+    """
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:16]}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()  # what a failed write left
 
 
 def manifest_problem(folder: Path, built_from: dict[str, Any]) -> str | None:

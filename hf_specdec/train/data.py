@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from ..bench.suites import Prompt, load_prompt_file, load_suite
 from ..loading import encode_prompts, pad_token_id, prompt_token_ids, use_chat_template
+from ..store.manifest import write_atomically
 
 MIN_TOKENS = 2_000  # less than this cannot train anything; say so instead of producing a useless head
 
@@ -93,16 +94,12 @@ def build_sequences(
             f"at least {MIN_TOKENS}. Give more prompts (--suite specbench-train) or a longer corpus (--data)."
         )
     cache_file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache_file.with_suffix(".tmp")
-    torch.save(
-        {
-            "key": json.dumps(key),
-            "ids": [s.ids for s in sequences],
-            "answer_starts": [s.answer_start for s in sequences],
-        },
-        tmp,
-    )
-    tmp.replace(cache_file)  # an interrupted save never leaves a cache that looks complete
+    saved = {
+        "key": json.dumps(key),
+        "ids": [s.ids for s in sequences],
+        "answer_starts": [s.answer_start for s in sequences],
+    }
+    write_atomically(cache_file, lambda tmp: torch.save(saved, tmp))  # never one that looks complete
     return sequences
 
 

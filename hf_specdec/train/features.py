@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from ..store.manifest import write_atomically
 from .data import Sequence, read_cache_file
 
 
@@ -35,11 +36,8 @@ def cached_target_features(
             for s, features, labels in zip(sequences, cached["features"], cached["labels"])
         ]
     examples = target_features(model, sequences, layers)
-    tmp = cache_file.with_suffix(".tmp")
-    torch.save(
-        {"key": key, "features": [e.features for e in examples], "labels": [e.labels for e in examples]}, tmp
-    )
-    tmp.replace(cache_file)
+    saved = {"key": key, "features": [e.features for e in examples], "labels": [e.labels for e in examples]}
+    write_atomically(cache_file, lambda tmp: torch.save(saved, tmp))
     return examples
 
 
