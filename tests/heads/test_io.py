@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 import torch
 from safetensors.torch import save_file as real_save_file
 
@@ -12,7 +14,7 @@ from hf_specdec.heads import io
 from hf_specdec.heads.checkpoint import load_head
 from hf_specdec.heads.io import WEIGHTS_NAME, check_saved_head, save_head
 
-from ..conftest import tiny_llama
+from ..conftest import random_batch, tiny_llama
 from ..helpers.heads import copied_layer_eagle
 
 
@@ -41,3 +43,30 @@ def test_two_saves_into_one_folder_at_once_both_finish(tmp_path, monkeypatch):
     check_saved_head(folder)
     loaded = load_head(folder, target, method="eagle")
     assert torch.equal(loaded.draft_vocab.cpu(), head.draft_vocab.cpu())
+
+
+@pytest.mark.parametrize(
+    "last_id, problem",
+    [
+        (70, r"maps 1 of its 60 tokens to ids outside this target's vocabulary of 64 \(0\.\.63\): 70"),
+        (-1, r"maps 1 of its 60 tokens to ids outside this target's vocabulary of 64 \(0\.\.63\): -1"),
+        (4, r"gives 1 of its 60 tokens an id another one already has"),
+    ],
+)
+def test_a_saved_draft_vocabulary_outside_the_targets_is_refused_at_load(tmp_path, last_id, problem):
+    """A head whose draft ids (`draft_vocab`) are not distinct ids of the target's vocabulary is
+    refused when it is loaded, naming the file and what to do: one out of range failed the first
+    draft step with `IndexError: index 70 is out of bounds for dimension 0 with size 64`."""
+    target = tiny_llama(30, layers=1)
+    head = copied_layer_eagle(target, torch.arange(4, 64))
+    head.draft_vocab[-1] = last_id
+    folder = save_head(head, tmp_path / "head")
+    message = rf"Head weights {re.escape(str(folder / WEIGHTS_NAME))}: the draft vocabulary \(draft_vocab\) "
+    ids, mask = random_batch(seed=1, batch=1)
+    with pytest.raises(ValueError, match=message + problem + r"\..*hf-specdec train-draft --target"):
+        target.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=4,
+            speculative=dict(method="eagle", draft=str(folder)),
+        )
