@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -171,7 +172,7 @@ def build_lock(folder: Path) -> Iterator[None]:
         lock.touch()
     except OSError as err:
         raise _unwritable(folder.parent, err) from err
-    with _locked(lock):
+    with _locked(lock, waiting=f"Waiting for another process building {folder} to finish (it holds {lock})."):
         yield
 
 
@@ -211,15 +212,23 @@ def _files_under(folder: Path) -> list[str]:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive lock on the file `path`, held until exit (a process that dies releases it)."""
+def _locked(path: Path, waiting: str | None = None) -> Iterator[None]:
+    """An exclusive lock on the file `path`, held until exit (a process that dies releases it).
+    `waiting`: a warning to give once if another process holds it, so that a call waiting minutes
+    for another's export says why it does not return."""
     try:
         import fcntl
     except ImportError:  # Windows: staging folders are removed by age only, builds are not serialised
         yield
         return
     with path.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if waiting:
+                # stacklevel 5: past this generator, `build_lock`'s and contextlib's frames, to its caller
+                warnings.warn(waiting, stacklevel=5)
+            fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
 
