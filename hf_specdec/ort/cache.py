@@ -28,12 +28,12 @@ if TYPE_CHECKING:
 
 def quantized_copy(target: PreTrainedModel, tokenizer: Any = None) -> Path:
     """The int8 ONNX copy of `target` under `cache_dir()/onnx/<name>-<dtype>-int8`, exported on first
-    use. The target's dtype is in the name: a bf16 and an fp32 load of one checkpoint have different
-    weights, and each keeps its own copy instead of rebuilding the other's. A copy whose files do
-    not match the manifest written with them (truncated, overwritten, deleted) is rebuilt."""
-    name = Path(str(getattr(target, "name_or_path", "") or "")).name or type(target).__name__
+    use (`copy_name` gives `<name>`). The target's dtype is in the name: a bf16 and an fp32 load of
+    one checkpoint have different weights, and each keeps its own copy instead of rebuilding the
+    other's. A copy whose files do not match the manifest written with them (truncated,
+    overwritten, deleted) is rebuilt."""
     weights = weights_fingerprint(target)  # "<dtype>:<digest>"
-    folder = cache_dir() / "onnx" / f"{name}-{weights.split(':')[0]}-int8"
+    folder = cache_dir() / "onnx" / f"{copy_name(target)}-{weights.split(':')[0]}-int8"
     built_from = {"format": INT8_FORMAT, "weights": weights}
     remove_stale_staging(folder.parent)  # what crashed exports of any model left (GBs for a large one)
     if manifest_problem(folder, built_from) is None:
@@ -54,6 +54,19 @@ def quantized_copy(target: PreTrainedModel, tokenizer: Any = None) -> Path:
             write_manifest(staging, built_from)
             replace_folder(folder, staging)
     return folder
+
+
+def copy_name(model: PreTrainedModel) -> str:
+    """`<basename>-<8 hex digits>`: the last part of the model's Hub id or folder, to read, and a
+    digest of the whole id (a folder: its absolute path), so that `org-a/x` and `org-b/x` keep a
+    copy each instead of rebuilding one folder at every switch. A model with no id or folder (built
+    in code) is named by its class: such models share a copy, rebuilt when the weights differ."""
+    source = str(getattr(model, "name_or_path", "") or "")
+    if not source:
+        return type(model).__name__
+    path = Path(source).expanduser()
+    identity = str(path.resolve()) if path.exists() else source  # one folder by any relative path
+    return f"{path.name}-{hashlib.sha256(identity.encode()).hexdigest()[:8]}"
 
 
 # Fingerprints by model object, with the `weights_state` they were read at: reading every weight
