@@ -14,6 +14,7 @@ import torch
 
 from hf_specdec.ort import cache as ort_cache
 from hf_specdec.ort.cache import quantized_copy
+from hf_specdec.store import fingerprint
 
 from ..conftest import assert_greedy_match, random_batch, tiny_llama
 
@@ -45,7 +46,7 @@ def test_weights_are_fingerprinted_once_per_model(target, quantized_cache, monke
     def no_weight_reads(*args, **kwargs):
         raise AssertionError("the target's weights were read again")
 
-    monkeypatch.setattr(ort_cache, "_read_fingerprint", no_weight_reads)
+    monkeypatch.setattr(fingerprint, "_read_fingerprint", no_weight_reads)
     assert quantized_copy(target) == folder
 
 
