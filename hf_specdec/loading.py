@@ -273,7 +273,13 @@ def encode_prompts(
     device: torch.device | str = "cpu",
 ) -> dict[str, torch.Tensor]:
     """Left-padded `input_ids` and `attention_mask` (padded here: the tokenizer is left untouched)."""
-    ids = [prompt_token_ids(tokenizer, p, chat) for p in prompts]
+    return left_padded([prompt_token_ids(tokenizer, p, chat) for p in prompts], pad_id, device)
+
+
+def left_padded(
+    ids: Sequence[Sequence[int]], pad_id: int, device: torch.device | str = "cpu"
+) -> dict[str, torch.Tensor]:
+    """Token id rows as left-padded `input_ids` and `attention_mask`."""
     width = max(len(x) for x in ids)
     input_ids = torch.full((len(ids), width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((len(ids), width), dtype=torch.long)

@@ -9,7 +9,8 @@ import torch
 from .core.policy import DEVICE_COSTS
 from .drafters import draft_model, mtp, suffix
 from .hub.tokenizer_check import clear_checks
-from .ort import cache, session
+from .ort import session
+from .store.fingerprint import clear_fingerprints
 
 
 def clear_cache() -> None:
@@ -29,7 +30,7 @@ def clear_cache() -> None:
     draft_model.clear_loaded()
     mtp.clear_loaded()
     session.clear_loaded()
-    cache.clear_fingerprints()
+    clear_fingerprints()
     clear_checks()
     DEVICE_COSTS.clear()
     suffix.clear_corpora()

@@ -179,7 +179,7 @@ LAYERS: dict[str, set[str]] = {
     "version": set(),
     "config": set(),  # SpeculativeConfig: what the user asks for, plain data
     "core": {"config"},  # the decode engine: loop, verify, kv, draft protocol, policy, output
-    "store": set(),  # cache folders on disk and their manifests
+    "store": set(),  # cache folders on disk, their manifests, and what identifies a model's weights
     "hub": {"store"},  # fetching and checking checkpoints
     "heads": {"core", "hub", "store"},  # EAGLE / Medusa modules and their checkpoints
     "ort": {"core", "store"},  # ONNX Runtime export, sessions, int8 copies
@@ -187,11 +187,11 @@ LAYERS: dict[str, set[str]] = {
     "selection": {"config", "core", "drafters", "hub", "ort", "store"},  # which draft for a target
     "integration": {"config", "core", "drafters", "selection"},  # generate(speculative=), pipelines
     "demo_model": {"store"},
-    "memory": {"core", "drafters", "hub", "ort"},
+    "memory": {"core", "drafters", "hub", "ort", "store"},
     "loading": {"core", "demo_model"},
     "lossless": {"loading"},
     "bench": {"config", "core", "drafters", "heads", "loading", "lossless", "ort"},
-    "train": {"bench", "core", "heads", "loading"},
+    "train": {"bench", "core", "heads", "loading", "store"},
     # vLLM, SGLang
     "serving": {"bench", "core", "drafters", "heads", "hub", "loading", "selection", "version"},
     "__init__": {"config", "core", "demo_model", "drafters", "integration", "memory", "selection", "version"},

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..core.devices import execution_device
-from ..store.manifest import MANIFEST_NAME, manifest_problem, write_manifest
+from ..store.manifest import MANIFEST_NAME, manifest_problem, write_atomically, write_manifest
 from .dflash import BlockDraft, BlockDraftConfig
 from .eagle import EagleHead, EagleHeadConfig
 from .eagle3 import Eagle3Head
@@ -34,10 +34,10 @@ def save_head(head: nn.Module, folder: str | Path) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     state = {name: tensor.detach().contiguous().cpu() for name, tensor in head.state_dict().items()}
-    tmp = folder / (WEIGHTS_NAME + ".tmp")
-    save_file(state, str(tmp), metadata={"format": "pt", "producer": "hf-specdec"})
-    tmp.replace(folder / WEIGHTS_NAME)  # never leave a half-written checkpoint under the real name
-    (folder / CONFIG_NAME).write_text(json.dumps({"format": "hf-specdec", **head.config.to_dict()}, indent=2))
+    metadata = {"format": "pt", "producer": "hf-specdec"}
+    write_atomically(folder / WEIGHTS_NAME, lambda tmp: save_file(state, str(tmp), metadata=metadata))
+    config = json.dumps({"format": "hf-specdec", **head.config.to_dict()}, indent=2)
+    write_atomically(folder / CONFIG_NAME, lambda tmp: tmp.write_text(config))
     write_manifest(folder, _BUILT_FROM, files=[CONFIG_NAME, WEIGHTS_NAME])  # last: the folder is complete
     return folder
 
@@ -162,4 +162,34 @@ def load_state(head: nn.Module, state: dict[str, torch.Tensor], path: Path) -> N
             if items
         ]
         raise ValueError(f"Head weights {path} do not fit the head its config describes; " + "; ".join(parts))
+    if "draft_vocab" in state:
+        check_draft_vocab(state["draft_vocab"], head.config.vocab_size, path)
     head.load_state_dict(state)
+
+
+def check_draft_vocab(
+    vocab: torch.Tensor, vocab_size: int, path: Path, read_from: str = "draft_vocab"
+) -> None:
+    """Refuse a draft vocabulary (draft index -> target token id, [draft_vocab_size]) that is not
+    distinct ids of the target's `vocab_size`: the head's logits are scattered to those ids at every
+    step, where an id out of range fails with a bare IndexError and a repeated one drops a logit.
+    `read_from`: the tensor of `path` the ids came from, as the error names it."""
+    problem = None
+    if vocab.dtype.is_floating_point or vocab.dtype == torch.bool or vocab.dim() != 1:
+        problem = f"is a {vocab.dtype} tensor of shape {tuple(vocab.shape)}, not a list of token ids"
+    elif len(vocab) and (int(vocab.min()) < 0 or int(vocab.max()) >= vocab_size):
+        outside = vocab[(vocab < 0) | (vocab >= vocab_size)]
+        shown = ", ".join(str(int(i)) for i in outside[:4]) + (" ..." if len(outside) > 4 else "")
+        problem = (
+            f"maps {len(outside)} of its {len(vocab)} tokens to ids outside this target's vocabulary of "
+            f"{vocab_size} (0..{vocab_size - 1}): {shown}"
+        )
+    elif len(torch.unique(vocab)) != len(vocab):
+        repeats = len(vocab) - len(torch.unique(vocab))
+        problem = f"gives {repeats} of its {len(vocab)} tokens an id another one already has"
+    if problem is not None:
+        raise ValueError(
+            f"Head weights {path}: the draft vocabulary ({read_from}) {problem}. The head was written for "
+            "a target with another vocabulary, or the file is corrupt: train a head for this target "
+            "(`hf-specdec train-draft --target <this model>`), or download the head again."
+        )

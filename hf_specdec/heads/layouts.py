@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..store.manifest import write_atomically
 from .dflash import BlockDraft
 from .eagle3 import Eagle3Head, default_feature_layers
 
@@ -241,8 +242,8 @@ def _write(folder: Path, config: dict[str, Any], state: dict[str, torch.Tensor])
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / (WEIGHTS + ".tmp")
-    save_file(state, str(tmp), metadata={"format": "pt", "producer": "hf-specdec"})
-    tmp.replace(folder / WEIGHTS)  # never a half-written checkpoint under the real name
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    metadata = {"format": "pt", "producer": "hf-specdec"}
+    write_atomically(folder / WEIGHTS, lambda tmp: save_file(state, str(tmp), metadata=metadata))
+    text = json.dumps(config, indent=2) + "\n"
+    write_atomically(folder / "config.json", lambda tmp: tmp.write_text(text))
     return folder

@@ -33,6 +33,7 @@ from .io import (
     CONFIG_NAME,
     WEIGHTS_NAME,
     build_head,
+    check_draft_vocab,
     check_head_matches,
     head_config,
     load_state,
@@ -147,12 +148,29 @@ def _eagle3(
         if d2t.shape != vocab.shape:
             raise ValueError(f"{path}: d2t has shape {tuple(d2t.shape)}, expected ({draft_vocab_size},).")
         vocab = vocab + d2t.long()  # draft index i is target token i + d2t[i]
-    if int(vocab.min()) < 0 or int(vocab.max()) >= text.vocab_size:
-        raise ValueError(f"{path}: d2t maps draft tokens outside the target's {text.vocab_size} ids.")
+    check_draft_vocab(vocab, text.vocab_size, path, "d2t: draft index i is target token i + d2t[i]")
+    _check_t2d(state.get("t2d"), vocab, text.vocab_size, path)
     ours = {name: t for name, t in state.items() if name not in ("d2t", "t2d", "embed_tokens.weight")}
     ours["draft_vocab"] = vocab
     load_state(head, ours, path)
     return head
+
+
+def _check_t2d(t2d: torch.Tensor | None, vocab: torch.Tensor, vocab_size: int, path: Path) -> None:
+    """Refuse a `t2d` (a flag per target token: in the draft vocabulary) that disagrees with `d2t`'s
+    ids `vocab`: engines read one or the other, so the head would draft different tokens in each."""
+    if t2d is None:
+        return
+    if t2d.shape != (vocab_size,):
+        problem = f"has shape {tuple(t2d.shape)}, not one flag per target token ({vocab_size},)"
+    elif not torch.equal(t2d.nonzero().flatten(), vocab.sort().values):
+        problem = f"marks {int(t2d.count_nonzero())} target tokens, not the {len(vocab)} ids d2t maps to"
+    else:
+        return
+    raise ValueError(
+        f"Head weights {path}: t2d {problem}. The head was written for a target with another "
+        "vocabulary, or the file is corrupt: use a head made for this target, or download the head again."
+    )
 
 
 def _eagle3_layers(raw: dict[str, Any], num_layers: int, folder: Path) -> tuple[int, ...]:

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
+from ..store.fingerprint import weights_fingerprint
 from ..store.manifest import (
     build_lock,
     manifest_problem,
@@ -28,12 +26,12 @@ if TYPE_CHECKING:
 
 def quantized_copy(target: PreTrainedModel, tokenizer: Any = None) -> Path:
     """The int8 ONNX copy of `target` under `cache_dir()/onnx/<name>-<dtype>-int8`, exported on first
-    use. The target's dtype is in the name: a bf16 and an fp32 load of one checkpoint have different
-    weights, and each keeps its own copy instead of rebuilding the other's. A copy whose files do
-    not match the manifest written with them (truncated, overwritten, deleted) is rebuilt."""
-    name = Path(str(getattr(target, "name_or_path", "") or "")).name or type(target).__name__
+    use (`copy_name` gives `<name>`). The target's dtype is in the name: a bf16 and an fp32 load of
+    one checkpoint have different weights, and each keeps its own copy instead of rebuilding the
+    other's. A copy whose files do not match the manifest written with them (truncated,
+    overwritten, deleted) is rebuilt."""
     weights = weights_fingerprint(target)  # "<dtype>:<digest>"
-    folder = cache_dir() / "onnx" / f"{name}-{weights.split(':')[0]}-int8"
+    folder = cache_dir() / "onnx" / f"{copy_name(target)}-{weights.split(':')[0]}-int8"
     built_from = {"format": INT8_FORMAT, "weights": weights}
     remove_stale_staging(folder.parent)  # what crashed exports of any model left (GBs for a large one)
     if manifest_problem(folder, built_from) is None:
@@ -56,44 +54,14 @@ def quantized_copy(target: PreTrainedModel, tokenizer: Any = None) -> Path:
     return folder
 
 
-# Fingerprints by model object, with the `weights_state` they were read at: reading every weight
-# costs a device sync and an fp32 copy per tensor, which one model should pay once, not on every
-# `generate` call, nor miss when the model is fine-tuned in place.
-_FINGERPRINTS: weakref.WeakKeyDictionary[Any, tuple[tuple, str]] = weakref.WeakKeyDictionary()
-
-
-def weights_fingerprint(model: PreTrainedModel) -> str:
-    """Identifies a model's weights: read on first use, and read again only once a weight changed
-    in place (an optimizer step, `load_state_dict`) or was replaced since."""
-    state = weights_state(model)
-    known = _FINGERPRINTS.get(model)
-    if known is None or known[0] != state:
-        _FINGERPRINTS[model] = (state, _read_fingerprint(model))
-    return _FINGERPRINTS[model][1]
-
-
-def weights_state(model: PreTrainedModel) -> tuple:
-    """Where each weight lives and its version counter, which every in-place write bumps: tells a
-    changed weight apart without reading any."""
-    return tuple((t.data_ptr(), t._version) for t in model.state_dict().values())
-
-
-def clear_fingerprints() -> None:
-    """Forget the fingerprints read so far: the next `quantized_copy` of a model reads its weights again."""
-    _FINGERPRINTS.clear()
-
-
-def _read_fingerprint(model: PreTrainedModel) -> str:
-    """A sum and a few values of every tensor, with its name and shape.
-
-    Not the config: `generate` writes into it (attention implementation, cache flags), which must
-    not trigger a rebuild.
-    """
-    digest = hashlib.sha256(type(model).__name__.encode())
-    dtype = str(model.dtype).removeprefix("torch.")
-    with torch.no_grad():
-        for name, p in model.state_dict().items():
-            flat = p.detach().flatten()
-            summary = torch.cat([flat[:8].float().cpu(), flat.float().sum().cpu()[None]])
-            digest.update(f"{name}{tuple(p.shape)}".encode() + summary.numpy().tobytes())
-    return f"{dtype}:{digest.hexdigest()}"
+def copy_name(model: PreTrainedModel) -> str:
+    """`<basename>-<8 hex digits>`: the last part of the model's Hub id or folder, to read, and a
+    digest of the whole id (a folder: its absolute path), so that `org-a/x` and `org-b/x` keep a
+    copy each instead of rebuilding one folder at every switch. A model with no id or folder (built
+    in code) is named by its class: such models share a copy, rebuilt when the weights differ."""
+    source = str(getattr(model, "name_or_path", "") or "")
+    if not source:
+        return type(model).__name__
+    path = Path(source).expanduser()
+    identity = str(path.resolve()) if path.exists() else source  # one folder by any relative path
+    return f"{path.name}-{hashlib.sha256(identity.encode()).hexdigest()[:8]}"

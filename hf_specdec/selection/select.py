@@ -53,6 +53,7 @@ from ..hub.download import (
     local_snapshot,
 )
 from ..hub.tokenizer_check import tokenizer_fingerprint
+from ..store.manifest import write_atomically
 from ..store.paths import cache_dir
 from .choice import (
     DRAFT_FREE_AUTO,
@@ -405,9 +406,8 @@ def _cached_or_searched(
         )
         return DraftChoice(DRAFT_FREE_METHOD, None, reason, target=repo_id, source="offline")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(choice.to_dict(), indent=2))
-    tmp.replace(path)  # atomic: a crash never leaves half a decision behind
+    text = json.dumps(choice.to_dict(), indent=2)
+    write_atomically(path, lambda tmp: tmp.write_text(text))  # a crash never leaves half a decision behind
     return choice
 
 

@@ -16,11 +16,14 @@ import contextlib
 import errno
 import hashlib
 import json
+import os
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator
+import uuid
+import warnings
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +50,27 @@ def write_manifest(folder: Path, built_from: dict[str, Any], files: Iterable[str
         path = folder / name
         entries[name] = {"size": path.stat().st_size, "sha256": file_digest(path)}
     manifest = {"format": 1, "built_from": built_from, "files": entries}
-    tmp = folder / (MANIFEST_NAME + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
-    tmp.replace(folder / MANIFEST_NAME)  # atomic: a reader sees the whole manifest or none
+    write_atomically(
+        folder / MANIFEST_NAME, lambda tmp: tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    )
+
+
+def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
+    """Write `path` as `write(tmp)` writes `tmp`, a file beside it that no other writer names, then
+    rename `tmp` over `path`: a reader finds the old file or the whole new one, never half of one, and
+    writers at once (two saves into one folder) each finish, the last rename winning, instead of
+    writing into one shared temporary file and failing to rename it once the other has.
+
+    The name is unique by a random suffix rather than `tempfile.mkstemp`, which creates files
+    readable by their owner only: the file keeps the permissions any file written there gets.
+    """
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:16]}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()  # what a failed write left
 
 
 def manifest_problem(folder: Path, built_from: dict[str, Any]) -> str | None:
@@ -151,7 +172,7 @@ def build_lock(folder: Path) -> Iterator[None]:
         lock.touch()
     except OSError as err:
         raise _unwritable(folder.parent, err) from err
-    with _locked(lock):
+    with _locked(lock, waiting=f"Waiting for another process building {folder} to finish (it holds {lock})."):
         yield
 
 
@@ -191,15 +212,23 @@ def _files_under(folder: Path) -> list[str]:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive lock on the file `path`, held until exit (a process that dies releases it)."""
+def _locked(path: Path, waiting: str | None = None) -> Iterator[None]:
+    """An exclusive lock on the file `path`, held until exit (a process that dies releases it).
+    `waiting`: a warning to give once if another process holds it, so that a call waiting minutes
+    for another's export says why it does not return."""
     try:
         import fcntl
     except ImportError:  # Windows: staging folders are removed by age only, builds are not serialised
         yield
         return
     with path.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if waiting:
+                # stacklevel 5: past this generator, `build_lock`'s and contextlib's frames, to its caller
+                warnings.warn(waiting, stacklevel=5)
+            fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
 

@@ -7,8 +7,10 @@ used as it is. The target's features and next-token predictions are computed lat
 
 from __future__ import annotations
 
+import hashlib
 import json
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,9 @@ import torch
 from tqdm.auto import tqdm
 
 from ..bench.suites import Prompt, load_prompt_file, load_suite
-from ..loading import encode_prompts, pad_token_id, prompt_token_ids, use_chat_template
+from ..loading import left_padded, pad_token_id, prompt_token_ids, use_chat_template
+from ..store.fingerprint import weights_fingerprint
+from ..store.manifest import write_atomically
 
 MIN_TOKENS = 2_000  # less than this cannot train anything; say so instead of producing a useless head
 
@@ -61,30 +65,51 @@ def build_sequences(
     Each prompt gets `answers_per_prompt` answers: the first greedy, the others sampled from the
     target's own distribution (its generation config), which shows the head more contexts it must
     draft from; the labels stay the target's greedy choices either way (`features`).
+
+    The cache is used only where its key, a digest of everything that decides the sequences, is
+    this call's: every prompt's token ids as the target reads them (chat template applied), or the
+    corpus's; and for generated answers the target's weights (`weights_fingerprint`), context
+    length and generation config, the padding id, and the settings here.
     """
     if answers_per_prompt < 1:
         raise ValueError(f"answers_per_prompt must be at least 1, got {answers_per_prompt}.")
     max_length = min(max_length, _context(model) or max_length)  # the target reads every sequence whole
     if batch_size is None:  # a GPU generates a wide batch for about the price of a narrow one
         batch_size = 128 if model.device.type == "cuda" else 16
-    key = {
-        "items": len(source),
-        "first": str(source[0])[:200],
-        "max_new_tokens": max_new_tokens,
-        "max_length": max_length,
-        "answers_per_prompt": answers_per_prompt,
-        "target": str(getattr(model, "name_or_path", "")),
-    }
+    corpus = isinstance(source[0], str)
+    if corpus:
+        inputs = [[t for chunk in source for t in tokenizer(chunk + "\n\n")["input_ids"]]]
+        settings: dict[str, Any] = {"corpus": True, "max_length": max_length}
+    else:
+        chat = use_chat_template(tokenizer)
+        inputs = [prompt_token_ids(tokenizer, prompt, chat) for prompt in source]
+        generation = model.generation_config.to_json_string(use_diff=True, ignore_metadata=True)
+        settings = {
+            "max_new_tokens": max_new_tokens,
+            "max_length": max_length,
+            "answers_per_prompt": answers_per_prompt,
+            "pad_token_id": pad_token_id(tokenizer, model),
+            "context": _context(model),
+            "generation_config": json.loads(generation),
+            "weights": weights_fingerprint(model),
+        }
+    key = token_digest(settings, inputs)
     cached = read_cache_file(cache_file)
-    if cached is not None and cached.get("key") == json.dumps(key):
+    if cached is not None and cached.get("key") == key:
         return [Sequence(ids, int(start)) for ids, start in zip(cached["ids"], cached["answer_starts"])]
-    if isinstance(source[0], str):
-        sequences = _corpus_sequences(tokenizer, source, max_length)
+    if corpus:
+        sequences = _corpus_sequences(inputs[0], max_length)
     else:
         sequences = []
         for answer in range(answers_per_prompt):
             sequences += _generated_sequences(
-                model, tokenizer, source, max_new_tokens, batch_size, max_length, sample=answer > 0
+                model,
+                inputs,
+                settings["pad_token_id"],
+                max_new_tokens,
+                batch_size,
+                max_length,
+                sample=answer > 0,
             )
     total = sum(len(s.ids) for s in sequences)
     if total < MIN_TOKENS:
@@ -93,17 +118,23 @@ def build_sequences(
             f"at least {MIN_TOKENS}. Give more prompts (--suite specbench-train) or a longer corpus (--data)."
         )
     cache_file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache_file.with_suffix(".tmp")
-    torch.save(
-        {
-            "key": json.dumps(key),
-            "ids": [s.ids for s in sequences],
-            "answer_starts": [s.answer_start for s in sequences],
-        },
-        tmp,
-    )
-    tmp.replace(cache_file)  # an interrupted save never leaves a cache that looks complete
+    saved = {
+        "key": key,
+        "ids": [s.ids for s in sequences],
+        "answer_starts": [s.answer_start for s in sequences],
+    }
+    write_atomically(cache_file, lambda tmp: torch.save(saved, tmp))  # never one that looks complete
     return sequences
+
+
+def token_digest(settings: dict[str, Any], rows: Iterable[list[int] | torch.Tensor]) -> str:
+    """The SHA-256 of `settings` (as JSON) and of every row of token ids with its length: the key of
+    a cache computed from exactly these rows with these settings."""
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
+    for row in rows:
+        ids = torch.as_tensor(row, dtype=torch.int64).cpu()
+        digest.update(len(ids).to_bytes(8, "little") + ids.numpy().tobytes())
+    return digest.hexdigest()
 
 
 def read_cache_file(path: Path) -> dict[str, Any] | None:
@@ -124,8 +155,8 @@ def _context(model: Any) -> int | None:
     return getattr(model.config.get_text_config(), "max_position_embeddings", None)
 
 
-def _corpus_sequences(tokenizer: Any, chunks: list[str], max_length: int) -> list[Sequence]:
-    ids = [t for chunk in chunks for t in tokenizer(chunk + "\n\n")["input_ids"]]
+def _corpus_sequences(ids: list[int], max_length: int) -> list[Sequence]:
+    """The corpus's token ids cut into sequences the target reads whole."""
     starts = range(0, len(ids), max_length)
     return [Sequence(torch.tensor(ids[i : i + max_length]), 0) for i in starts if len(ids[i:]) > 8]
 
@@ -133,15 +164,14 @@ def _corpus_sequences(tokenizer: Any, chunks: list[str], max_length: int) -> lis
 @torch.no_grad()
 def _generated_sequences(
     model: Any,
-    tokenizer: Any,
-    prompts: list[Prompt],
+    prompts: list[list[int]],
+    pad: int,
     max_new_tokens: int,
     batch_size: int,
     max_length: int,
     sample: bool = False,
 ) -> list[Sequence]:
-    chat = use_chat_template(tokenizer)
-    pad = pad_token_id(tokenizer, model)
+    """Each prompt's token ids followed by the target's answer (greedy, or `sample`d)."""
     context = _context(model)
     room = context - max_new_tokens if context else None  # prompt tokens that fit before the answer
     if room is not None and room < 1:
@@ -152,9 +182,8 @@ def _generated_sequences(
     eos = model.generation_config.eos_token_id
     eos = set([eos] if isinstance(eos, int) else eos or [])
     # Similar lengths share a batch, so little time goes into padding.
-    length = {id(p): len(prompt_token_ids(tokenizer, p, chat)) for p in prompts}
-    order = sorted(prompts, key=lambda p: length[id(p)])
-    too_long = sum(n > room for n in length.values()) if room is not None else 0
+    order = sorted(prompts, key=len)
+    too_long = sum(len(p) > room for p in prompts) if room is not None else 0
     if too_long:
         warnings.warn(
             f"{too_long} of {len(order)} prompts are longer than the target's context less the answer "
@@ -166,7 +195,7 @@ def _generated_sequences(
     with tqdm(total=len(order), desc=desc, unit="prompt") as bar:
         for i in range(0, len(order), batch_size):
             batch = order[i : i + batch_size]
-            inputs = encode_prompts(tokenizer, batch, chat, pad, model.device)
+            inputs = left_padded(batch, pad, model.device)
             if room is not None:  # left-padded: each row's last `room` tokens
                 inputs = {name: tensor[:, -room:] for name, tensor in inputs.items()}
             out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=sample, pad_token_id=pad)

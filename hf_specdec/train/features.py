@@ -9,7 +9,9 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from .data import Sequence, read_cache_file
+from ..store.fingerprint import weights_fingerprint
+from ..store.manifest import write_atomically
+from .data import Sequence, read_cache_file, token_digest
 
 
 @dataclass
@@ -26,8 +28,11 @@ def cached_target_features(
     model: Any, sequences: list[Sequence], layers: tuple[int, ...], cache_file: Path
 ) -> list[Example]:
     """`target_features`, kept in `cache_file` so that resuming (or training another head on the
-    same text) does not run the target over everything again."""
-    key = [len(sequences), sum(len(s.ids) for s in sequences), list(layers), str(model.name_or_path)]
+    same text) does not run the target over everything again: the cache is used where its key, a
+    digest of every sequence's token ids, the layers read and the target's weights, is this call's."""
+    key = token_digest(
+        {"layers": list(layers), "weights": weights_fingerprint(model)}, (s.ids for s in sequences)
+    )
     cached = read_cache_file(cache_file)
     if cached is not None and cached.get("key") == key:
         return [
@@ -35,11 +40,8 @@ def cached_target_features(
             for s, features, labels in zip(sequences, cached["features"], cached["labels"])
         ]
     examples = target_features(model, sequences, layers)
-    tmp = cache_file.with_suffix(".tmp")
-    torch.save(
-        {"key": key, "features": [e.features for e in examples], "labels": [e.labels for e in examples]}, tmp
-    )
-    tmp.replace(cache_file)
+    saved = {"key": key, "features": [e.features for e in examples], "labels": [e.labels for e in examples]}
+    write_atomically(cache_file, lambda tmp: torch.save(saved, tmp))
     return examples
 
 

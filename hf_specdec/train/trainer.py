@@ -32,6 +32,7 @@ from ..heads.eagle import EagleHeadConfig
 from ..heads.io import CONFIG_NAME, build_head, check_saved_head, load_state, read_weights, save_head
 from ..heads.medusa import MedusaHeadConfig
 from ..heads.published import read_json_object
+from ..store.manifest import write_atomically
 from .block import acceptance, block_loss, default_target_layers, loss_decay
 from .features import Example
 
@@ -408,9 +409,8 @@ def _describe(entry: dict[str, Any]) -> str:
 
 def _checkpoint(folder: Path, head: Any, optimizer: Any, state: dict[str, Any]) -> None:
     save_head(head, folder)
-    tmp = folder / (STATE_NAME + ".tmp")
-    torch.save({"optimizer": optimizer.state_dict(), **state}, tmp)
-    tmp.replace(folder / STATE_NAME)
+    saved = {"optimizer": optimizer.state_dict(), **state}
+    write_atomically(folder / STATE_NAME, lambda tmp: torch.save(saved, tmp))
 
 
 def _resume(folder: Path, head: Any, optimizer: Any, state: dict[str, Any]) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -13,6 +14,7 @@ import torch
 
 from hf_specdec.ort import cache as ort_cache
 from hf_specdec.ort.cache import quantized_copy
+from hf_specdec.store import fingerprint
 
 from ..conftest import assert_greedy_match, random_batch, tiny_llama
 
@@ -44,7 +46,7 @@ def test_weights_are_fingerprinted_once_per_model(target, quantized_cache, monke
     def no_weight_reads(*args, **kwargs):
         raise AssertionError("the target's weights were read again")
 
-    monkeypatch.setattr(ort_cache, "_read_fingerprint", no_weight_reads)
+    monkeypatch.setattr(fingerprint, "_read_fingerprint", no_weight_reads)
     assert quantized_copy(target) == folder
 
 
@@ -87,6 +89,26 @@ def test_weights_changed_in_place_rebuild_the_copy(exported):
         warnings.simplefilter("error", UserWarning)  # unchanged since: the copy is reused
         quantized_copy(model)
     assert len(exported) == 3
+
+
+@pytest.mark.parametrize("ids", [("org-a/x", "org-b/x"), ("a/x", "b/x")], ids=["hub", "folders"])
+def test_models_of_one_basename_keep_a_copy_each(exported, tmp_path, monkeypatch, ids):
+    """Two models whose id or folder ends in the same name get a folder each, named by that name and
+    a digest of the whole id: sharing one, every switch between them rebuilt the copy (minutes)."""
+    monkeypatch.chdir(tmp_path)
+    models = [tiny_llama(seed, layers=1) for seed in (3, 4)]
+    for model, name in zip(models, ids):
+        if ids[0] == "a/x":
+            (tmp_path / name).mkdir(parents=True)  # a local folder: named by its absolute path
+        model.name_or_path = name
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        folders = [quantized_copy(model) for model in (*models, models[0])]
+    assert len(exported) == 2 and folders[0] == folders[2] != folders[1]
+    assert all(re.fullmatch(r"x-[0-9a-f]{8}-float32-int8", folder.name) for folder in folders)
+    if ids[0] == "a/x":  # the same folder by its absolute path: the same copy
+        models[0].name_or_path = str(tmp_path / "a" / "x")
+        assert quantized_copy(models[0]) == folders[0] and len(exported) == 2
 
 
 def test_callers_asking_at_once_export_once(exported):

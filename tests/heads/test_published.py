@@ -583,6 +583,34 @@ def test_eagle3_needs_three_distinct_target_layers(tmp_path, target, target8):
     assert load_head(folder, target).feature_layers == (0, 1, 2)
 
 
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (
+            lambda w: w["d2t"].__setitem__(-1, w["d2t"][-1] + 100),
+            r"the draft vocabulary \(d2t: draft index i is target token i \+ d2t\[i\]\) maps 1 of its "
+            r"40 tokens to ids outside this target's vocabulary of 64",
+        ),
+        (lambda w: w.__setitem__("t2d", w["t2d"][:48]), r"t2d has shape \(48,\), not one flag per target"),
+        (
+            lambda w: w["t2d"].__setitem__(int(torch.arange(64)[~w["t2d"]][0]), True),
+            r"t2d marks 41 target tokens, not the 40 ids d2t maps to",
+        ),
+    ],
+)
+def test_eagle3_draft_vocabulary_maps_outside_the_target_are_refused(tmp_path, target8, edit, message):
+    """d2t (draft index -> target id) must land in the target's vocabulary and t2d (a flag per target
+    token) must mark the same ids: an engine reads one or the other."""
+    folder = write_eagle3(tmp_path / "eagle3", target8)
+    weights = _raw(folder / "model.safetensors")
+    edit(weights)
+    _save(weights, folder / "model.safetensors")
+    with pytest.raises(
+        ValueError, match=rf"Head weights .*model\.safetensors: {message}.*download the head again"
+    ):
+        load_head(folder, target8)
+
+
 def test_incomplete_medusa_weights_name_the_missing_heads(tmp_path, target):
     folder = write_medusa(tmp_path / "m", target, heads=2)
     config = json.loads((folder / "config.json").read_text())

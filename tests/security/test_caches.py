@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -31,7 +32,13 @@ from hf_specdec.heads.eagle import EagleHeadConfig
 from hf_specdec.heads.io import CONFIG_NAME, WEIGHTS_NAME, build_head, check_saved_head, save_head
 from hf_specdec.ort import cache as ort_cache
 from hf_specdec.ort.cache import quantized_copy
-from hf_specdec.store.manifest import MANIFEST_NAME, file_digest, remove_stale_staging, staging_folder
+from hf_specdec.store.manifest import (
+    MANIFEST_NAME,
+    build_lock,
+    file_digest,
+    remove_stale_staging,
+    staging_folder,
+)
 from hf_specdec.train.data import Sequence
 from hf_specdec.train.features import cached_target_features
 from hf_specdec.train.trainer import CHECKPOINT_DIR, STATE_NAME, TrainConfig, train_head
@@ -211,6 +218,37 @@ def test_unlocked_staging_folders_are_removed_once_old(tmp_path):
     os.utime(old, (hours_ago, hours_ago))
     assert remove_stale_staging(tmp_path) == [old]
     assert recent.is_dir() and not old.exists()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="builds are not locked without fcntl")
+def test_waiting_for_a_build_lock_another_process_holds_says_so(tmp_path):
+    """A call that finds another process building the same folder (an int8 export takes minutes)
+    says, once, that it waits and for which lock file, instead of hanging without a word; a free
+    lock says nothing. (Threads stand for processes: each takes the lock through a file of its own.)"""
+    folder = tmp_path / "onnx" / "model-int8"
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with build_lock(folder):
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(30)
+    threading.Timer(0.3, release.set).start()
+    lock = folder.parent / f".{folder.name}.lock"
+    with pytest.warns(UserWarning) as caught, build_lock(folder):
+        assert release.is_set()  # taken only once the holder let it go
+    holder.join()
+    assert [str(w.message) for w in caught] == [
+        f"Waiting for another process building {folder} to finish (it holds {lock})."
+    ]
+    assert caught[0].filename == __file__  # attributed to the caller of build_lock
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with build_lock(folder):
+            pass
 
 
 # --- the demo model (`demo_model_path()`) -----------------------------------------------------------

@@ -173,19 +173,18 @@ def test_train_draft_command_on_the_real_demo_model(smollm2_path, tmp_path, caps
     assert (out / "head.safetensors").is_file() and (out / "training.png").is_file()
 
 
-def test_features_are_cached_for_resuming(target, examples, tmp_path):
+def test_features_are_cached_for_resuming(target, examples, tmp_path, monkeypatch):
+    from hf_specdec.train import features
     from hf_specdec.train.features import cached_target_features
 
     sequences = [Sequence(e.ids, e.answer_start) for e in examples[:4]]
     first = cached_target_features(target, sequences, (-1,), tmp_path / "features.pt")
 
-    class Unusable:  # the second call must not run the target
-        name_or_path = target.name_or_path
+    def unusable(*args, **kwargs):  # the second call must not run the target
+        raise AssertionError("the target ran again")
 
-        def __call__(self, *args, **kwargs):
-            raise AssertionError("the target ran again")
-
-    again = cached_target_features(Unusable(), sequences, (-1,), tmp_path / "features.pt")
+    monkeypatch.setattr(features, "target_features", unusable)
+    again = cached_target_features(target, sequences, (-1,), tmp_path / "features.pt")
     assert all(
         torch.equal(a.features, b.features) and torch.equal(a.labels, b.labels) for a, b in zip(first, again)
     )

@@ -1,0 +1,57 @@
+"""What identifies a model's weights, for the caches built from a model object (int8 ONNX copies,
+`train-draft`'s data): a digest read from the weights themselves, since a model object may carry no
+id, and one with an id may have been fine-tuned in place since it was loaded."""
+
+from __future__ import annotations
+
+import hashlib
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+# Fingerprints by model object, with the `weights_state` they were read at: reading every weight
+# costs a device sync and an fp32 copy per tensor, which one model should pay once, not on every
+# `generate` call, nor miss when the model is fine-tuned in place.
+_FINGERPRINTS: weakref.WeakKeyDictionary[Any, tuple[tuple, str]] = weakref.WeakKeyDictionary()
+
+
+def weights_fingerprint(model: PreTrainedModel) -> str:
+    """Identifies a model's weights: read on first use, and read again only once a weight changed
+    in place (an optimizer step, `load_state_dict`) or was replaced since."""
+    state = weights_state(model)
+    known = _FINGERPRINTS.get(model)
+    if known is None or known[0] != state:
+        _FINGERPRINTS[model] = (state, _read_fingerprint(model))
+    return _FINGERPRINTS[model][1]
+
+
+def weights_state(model: PreTrainedModel) -> tuple:
+    """Where each weight lives and its version counter, which every in-place write bumps: tells a
+    changed weight apart without reading any."""
+    return tuple((t.data_ptr(), t._version) for t in model.state_dict().values())
+
+
+def clear_fingerprints() -> None:
+    """Forget the fingerprints read so far: the next `weights_fingerprint` of a model reads its
+    weights again."""
+    _FINGERPRINTS.clear()
+
+
+def _read_fingerprint(model: PreTrainedModel) -> str:
+    """A sum and a few values of every tensor, with its name and shape.
+
+    Not the config: `generate` writes into it (attention implementation, cache flags), which must
+    not trigger a rebuild.
+    """
+    digest = hashlib.sha256(type(model).__name__.encode())
+    dtype = str(model.dtype).removeprefix("torch.")
+    with torch.no_grad():
+        for name, p in model.state_dict().items():
+            flat = p.detach().flatten()
+            summary = torch.cat([flat[:8].float().cpu(), flat.float().sum().cpu()[None]])
+            digest.update(f"{name}{tuple(p.shape)}".encode() + summary.numpy().tobytes())
+    return f"{dtype}:{digest.hexdigest()}"
