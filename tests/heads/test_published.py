@@ -11,7 +11,6 @@ import json
 import math
 from pathlib import Path
 
-import huggingface_hub.constants
 import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
@@ -25,12 +24,8 @@ from hf_specdec.selection.select import DraftChoice, known_heads, select_draft
 from hf_specdec.store.manifest import MANIFEST_NAME
 
 from ..conftest import assert_greedy_match, random_batch, tiny_llama
+from ..helpers.hub import local_hub
 from ..helpers.published import save_state, shape_of, write_eagle1, write_eagle3, write_medusa
-
-try:  # `python -m pytest` from the repo root, or --import-mode=importlib
-    from tests.hub_server import HubServer
-except ImportError:  # plain `pytest`: the tests folder itself is on sys.path
-    from hub_server import HubServer
 
 
 @pytest.fixture(scope="module")
@@ -455,14 +450,7 @@ def test_incomplete_medusa_weights_name_the_missing_heads(tmp_path, target):
 @pytest.fixture
 def hub(tmp_path, monkeypatch):
     """A local Hub; HF_ENDPOINT and HF_HUB_CACHE point at it (read when a head is downloaded)."""
-    server = HubServer().start()
-    monkeypatch.setenv("HF_ENDPOINT", server.url)
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))  # a login
+    server = local_hub(tmp_path, monkeypatch)
     yield server
     server.stop()
 

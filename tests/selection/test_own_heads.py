@@ -17,6 +17,7 @@ from hf_specdec.selection.method import DRAFT_FREE_AUTO
 from hf_specdec.selection.select import select_draft
 
 from ..helpers import assistant, mtp
+from ..helpers.hub import local_hub
 
 
 @pytest.fixture(scope="module")
@@ -153,21 +154,11 @@ def hub_with_assistant(tmp_path, monkeypatch):
     """A local Hub serving a tiny assistant as the one the registry names for ASSISTANT_TARGET."""
     from hf_specdec.selection.select import assistant_lookup
 
-    try:  # `python -m pytest` from the repo root, or --import-mode=importlib
-        from tests.hub_server import HubServer
-    except ImportError:  # plain `pytest`: the tests folder itself is on sys.path
-        from hub_server import HubServer
-
     target, helper = assistant.pair()
     helper.save_pretrained(tmp_path / "assistant")
-    server = HubServer()
+    server = local_hub(tmp_path, monkeypatch)
     server.add(assistant_lookup(ASSISTANT_TARGET).draft, tmp_path / "assistant")
-    server.start()
-    monkeypatch.setenv("HF_ENDPOINT", server.url)
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
     monkeypatch.setenv("HF_SPECDEC_CACHE", str(tmp_path / "specdec"))
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     clear_cache()
     yield target
     server.stop()
