@@ -116,6 +116,12 @@ def test_a_hub_head_with_pickled_weights_only_is_refused_naming_its_method(tmp_p
     assert _method_of(target8, repo, PROMPT, method="eagle") == "eagle"
 
 
+def test_a_draft_named_as_the_method_is_told_where_it_goes():
+    target = tiny_llama(30, layers=1)
+    with pytest.raises(ValueError, match=r"speculative=dict\(draft='org/eagle-head'\)"):
+        target.generate(**PROMPT, max_new_tokens=3, speculative="org/eagle-head")
+
+
 def test_a_head_the_registry_lists_takes_its_method_offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert given_method("yuhuili/EAGLE3-LLaMA3.1-Instruct-8B") == "eagle"
