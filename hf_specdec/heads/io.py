@@ -150,7 +150,10 @@ def weight_names(path: Path) -> list[str]:
         if path.suffix == ".safetensors":
             with safe_open(str(path), framework="pt") as f:
                 return list(f.keys())
-        return list(torch.load(path, map_location="cpu", weights_only=True, mmap=True))
+        try:
+            return list(torch.load(path, map_location="cpu", weights_only=True, mmap=True))
+        except RuntimeError:  # the legacy (not zip) format cannot be mapped: read it whole
+            return list(torch.load(path, map_location="cpu", weights_only=True))
 
 
 @contextmanager

@@ -71,6 +71,8 @@ def published_layout(
     if "speculators_model_type" in config:
         return "speculators"
     tensors = tensor_names(eagle)
+    if "fc.weight" not in tensors:  # both fuse their inputs in `fc`; a causal LM has no such tensor
+        return None
     if any(name.startswith("midlayer.") for name in tensors):
         return "eagle3"
     if any(name.startswith("layers.") for name in tensors):
@@ -96,8 +98,8 @@ def load_published(folder: Path, target: Any) -> nn.Module:
         return _eagle1(folder, eagle, read(eagle.name), target)
     if eagle is not None and config is not None:
         raise ValueError(
-            f"{eagle} holds neither an EAGLE-1/2 layer (layers.0.*) nor an EAGLE-3 one (midlayer.*); "
-            f"its tensors: {some_tensors(read(eagle.name))}. Supported layouts: {LAYOUTS}."
+            f"{eagle} holds neither an EAGLE-1/2 layer (fc.*, layers.0.*) nor an EAGLE-3 one (fc.*, "
+            f"midlayer.*); its tensors: {some_tensors(read(eagle.name))}. Supported layouts: {LAYOUTS}."
         )
     raise ValueError(
         f"Draft head folder {folder} is not in a layout hf-specdec knows: it holds "

@@ -399,6 +399,9 @@ def test_eagle_weights_of_another_kind_are_refused(tmp_path, target):
     torch.save({"blocks.0.weight": torch.zeros(2)}, folder / "pytorch_model.bin")
     with pytest.raises(ValueError, match=r"neither an EAGLE-1/2 layer .*blocks\.0\.weight"):
         load_head(folder, target)
+    torch.save({"layers.0.mlp.up_proj.weight": torch.zeros(2)}, folder / "pytorch_model.bin")  # no fc
+    with pytest.raises(ValueError, match=r"neither an EAGLE-1/2 layer \(fc\.\*, layers\.0\.\*\)"):
+        load_head(folder, target)
 
 
 @pytest.mark.parametrize("layout", ["eagle1", "medusa"])

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from safetensors.torch import load_file
+from transformers import LlamaModel
 
 from hf_specdec import clear_cache
 from hf_specdec.drafters.kind import draft_method
@@ -80,6 +82,14 @@ def test_a_published_head_folder_given_as_draft_drafts_with_its_method(tmp_path,
     folder = write(tmp_path / layout, target8)
     assert draft_method(str(folder)) == method
     assert _method_of(target8, str(folder), PROMPT) == method
+
+
+def test_a_model_saved_without_its_prefix_is_still_a_draft_model(tmp_path):
+    """Its `layers.*` keys are EAGLE-1's names, but it has no `fc` (both EAGLE layouts fuse in one)."""
+    LlamaModel(tiny_llama(0).config).save_pretrained(tmp_path)
+    keys = set(load_file(tmp_path / "model.safetensors"))
+    assert {"layers.0.mlp.up_proj.weight", "embed_tokens.weight"} <= keys
+    assert draft_method(str(tmp_path)) is None
 
 
 @pytest.fixture
