@@ -23,7 +23,8 @@ from ..core.draft import Draft, DraftCost, DraftRequest
 from ..core.kv import RaggedKV, Slots
 from .base import Drafter, options_to_config
 from .chain import chain
-from .draft_model import ASSISTANT_TYPES, is_assistant, load_draft
+from .draft_model import load_draft
+from .kind import ASSISTANT_TYPES, is_assistant
 from .registry import register_drafter
 from .tree import ChainTreeConfig, Level, grow_tree
 

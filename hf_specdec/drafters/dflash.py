@@ -21,7 +21,6 @@ decision to draft token i never depends on token i itself.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -33,9 +32,6 @@ from ..core.fields import check_fields
 from ..core.timing import clock
 from ..heads.checkpoint import load_head
 from ..heads.dflash import BlockDraft, attention_masks
-from ..heads.dflash_published import has_dspark_heads, is_block_draft_folder
-from ..heads.io import CONFIG_NAME
-from ..heads.published import read_json_object
 from .base import Drafter, RowState, elapsed, options_to_config
 from .chain import chain, right_aligned
 from .head_drafter import HeadDrafter
@@ -54,21 +50,6 @@ BLOCK_METHODS = ("dflash", "dspark")
 def load_block_draft(source: Any, target: PreTrainedModel) -> BlockDraft:
     """The block draft `source` names (a folder, a Hub repo id or a module), checked against `target`."""
     return load_head(source, target, method="dflash")
-
-
-def block_draft_method(draft: Any) -> str | None:
-    """`"dspark"` for a block draft with DSpark's heads, `"dflash"` for another block draft (a loaded
-    one, or a local folder holding one, ours or in a published layout), None for anything else."""
-    if isinstance(draft, BlockDraft):
-        return "dspark" if draft.markov_head is not None or draft.confidence_head is not None else "dflash"
-    if not isinstance(draft, (str, Path)) or not Path(draft).expanduser().is_dir():
-        return None
-    folder = Path(draft).expanduser()
-    if (folder / CONFIG_NAME).is_file():  # ours: its config names its method
-        return "dflash" if read_json_object(folder / CONFIG_NAME).get("method") == "dflash" else None
-    if not is_block_draft_folder(folder):
-        return None
-    return "dspark" if has_dspark_heads(folder) else "dflash"
 
 
 @dataclass

@@ -7,7 +7,6 @@ both vocabularies share (token-level intersection, in `DecoderDrafter`), or thro
 from __future__ import annotations
 
 import functools
-import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,13 +18,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from ..config import COMPILED, GREEDY_CHAINS_AND_TREES, TRANSLATED, TREES, read_when
 from ..core.devices import execution_device
 from ..core.fields import check_fields
-from ..hub.config_check import checkpoint_problem
+from ..hub.config_check import NO_PICKLES, checkpoint_problem
 from ..hub.download import HubFileError, download_model
 from ..hub.tokenizer_check import compare_tokenizers_once
 from .base import Drafter, options_to_config
 from .decoder import DecoderDrafter, TorchDecoder
-from .dflash import block_draft_method
-from .head_drafter import head_method
+from .kind import clear_kinds, draft_method
 from .registry import register_drafter
 from .text_aligned import TextAlignedDrafter
 from .vocabulary import SHARED, TRANSLATIONS, Translation, choose_translation, clear_translations
@@ -74,26 +72,6 @@ class DraftModelConfig:
         )
 
 
-# Assistants that draft from their target's shared KV (`drafters.assistant`), no draft models: their
-# model types, and their classes' names.
-ASSISTANT_TYPES = ("gemma4_assistant", "gemma4_unified_assistant")
-_ASSISTANT_CLASSES = ("Gemma4Assistant", "Gemma4UnifiedAssistant")
-
-
-def is_assistant(draft: Any) -> bool:
-    """Whether `draft` (a loaded model, or a folder with its config.json) is an assistant that drafts
-    from its target's shared KV (`method="assistant"`) rather than a draft model of its own."""
-    if isinstance(draft, torch.nn.Module):
-        return type(draft).__name__.startswith(_ASSISTANT_CLASSES)
-    config = Path(str(draft)).expanduser() / "config.json" if draft is not None else None
-    if config is None or not config.is_file():
-        return False
-    try:
-        return json.loads(config.read_text()).get("model_type") in ASSISTANT_TYPES
-    except (ValueError, AttributeError):
-        return False
-
-
 # Loaded drafts by (name, dtype, device, trust_remote_code): loading takes seconds, a generate call
 # should not. `clear_loaded()` (called by `hf_specdec.clear_cache()`) frees it.
 _LOADED: dict[tuple[str, torch.dtype, str, bool], tuple[Any, Any]] = {}
@@ -116,6 +94,12 @@ def load_draft(
         local = Path(name).expanduser().is_dir()
         folder = Path(name).expanduser() if local else download_model(str(name))
         problem = checkpoint_problem(folder, trust_remote_code=trust_remote_code, from_hub=not local)
+        if problem == NO_PICKLES:  # what a pickle holds is not read: it may be a head, published so
+            problem += (
+                ". If it is a draft head the authors published pickled (EAGLE's are), pass "
+                f"speculative=dict(method='eagle', draft={str(name)!r}): a head's weights are read with "
+                "torch.load(weights_only=True)"
+            )
         if problem:
             raise ValueError(f"The draft {name} cannot be used: {problem}.")
         model = AutoModelForCausalLM.from_pretrained(
@@ -133,11 +117,12 @@ def load_draft(
 
 
 def clear_loaded() -> None:
-    """Forget the draft `load_draft` keeps loaded, the tokenizers read from targets' folders and
-    the translations chosen between tokenizers."""
+    """Forget the draft `load_draft` keeps loaded, the tokenizers read from targets' folders, the
+    translations chosen between tokenizers and what Hub repos given as drafts were told to be."""
     _LOADED.clear()
     _load_tokenizer.cache_clear()
     clear_translations()
+    clear_kinds()
 
 
 def check_compatible(
@@ -187,6 +172,7 @@ class DraftModelDrafter(DecoderDrafter):
                 "method='draft_model' needs a draft: "
                 "SpeculativeConfig(method='draft_model', draft='repo/or/path') or draft=<a loaded model>."
             )
+        _check_is_draft_model(config.draft)
         if isinstance(config.draft, (str, Path)):
             if config.draft_tokenizer is not None:
                 raise ValueError(
@@ -198,17 +184,6 @@ class DraftModelDrafter(DecoderDrafter):
             )
         else:
             draft, draft_tokenizer = config.draft, config.draft_tokenizer
-        if is_assistant(draft):
-            raise ValueError(
-                f"The draft {type(draft).__name__} is an official assistant, which drafts from the target's "
-                "own KV cache and hidden state: use speculative=dict(method='assistant', draft=...)."
-            )
-        own = head_method(draft) or block_draft_method(draft)
-        if own is not None:
-            raise ValueError(
-                f"The draft {type(draft).__name__} is a {own} draft, which reads the target's hidden "
-                f"states, not a draft model: use speculative=dict(method={own!r}, draft=...)."
-            )
         if draft is target:
             warnings.warn(
                 "The draft is the target itself: every draft is accepted but nothing is gained.", stacklevel=4
@@ -230,6 +205,23 @@ class DraftModelDrafter(DecoderDrafter):
         drafter = cls(decoder, options.min_confidence, device, options.tree_top_k, translation.vocabulary)
         drafter.translation = translation.statement
         return drafter
+
+
+def _check_is_draft_model(draft: Any) -> None:
+    """Refuse a draft that `kind.draft_method` tells is of another method, naming it."""
+    own = draft_method(draft)
+    if own is None:
+        return
+    name = str(draft) if isinstance(draft, (str, Path)) else type(draft).__name__
+    what = (
+        "an official assistant, which drafts from the target's own KV cache and hidden state"
+        if own == "assistant"
+        else f"a {own} draft, which reads the target's hidden states"
+    )
+    raise ValueError(
+        f"The draft {name} is not a draft model but {what}: use speculative=dict(method={own!r}, "
+        "draft=...), or method='auto', which runs a draft by what it is."
+    )
 
 
 def _translation(

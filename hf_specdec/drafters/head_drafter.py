@@ -5,23 +5,15 @@ into the full vocabulary."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-from transformers.modeling_layers import MtpModel
 
 from ..config import COMPILED, read_when
 from ..core.devices import execution_device
 from ..core.draft import DraftRequest
-from ..heads import TRAINED_METHODS
 from ..heads.checkpoint import load_head
-from ..heads.eagle import EagleHead
-from ..heads.eagle3 import Eagle3Head
-from ..heads.io import CONFIG_NAME
 from ..heads.layers import is_whole_vocab
-from ..heads.medusa import MedusaHead
-from ..heads.published import read_json_object
 from .base import Drafter, options_to_config
 from .chain import arrived
 from .tree import ChainTreeConfig
@@ -30,25 +22,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
     from ..config import SpeculativeConfig
-
-
-# The methods a chain head of ours names in its config: the trained ones but block drafts
-# (`dflash.block_draft_method` answers for those).
-CHAIN_HEAD_METHODS = tuple(method for method in TRAINED_METHODS if method != "dflash")
-
-
-def head_method(draft: Any) -> str | None:
-    """The method a draft head given as `draft=` drafts with: `"mtp"` for transformers' `MtpModel` (a
-    model's own MTP layers); the method a head of ours names in its config (`CHAIN_HEAD_METHODS`), loaded
-    or in the folder it was saved to; None for anything else (block drafts: `dflash.block_draft_method`)."""
-    if isinstance(draft, MtpModel):
-        return "mtp"
-    if isinstance(draft, (EagleHead, Eagle3Head, MedusaHead)):
-        return draft.config.method
-    if isinstance(draft, (str, Path)) and (Path(draft).expanduser() / CONFIG_NAME).is_file():
-        method = read_json_object(Path(draft).expanduser() / CONFIG_NAME).get("method")
-        return method if method in CHAIN_HEAD_METHODS else None
-    return None
 
 
 @dataclass

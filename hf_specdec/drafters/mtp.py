@@ -29,7 +29,14 @@ from ..core.draft import Draft, DraftRequest
 from ..core.kv import RaggedKV
 from ..heads.checkpoint import load_head
 from ..heads.eagle import EagleHead
-from ..heads.mtp import MtpDepth, load_mtp_layers, own_mtp_weights, placed_with
+from ..heads.mtp import (
+    MtpDepth,
+    checkpoint_folder,
+    checkpoint_model,
+    load_mtp_layers,
+    mtp_weight_keys,
+    placed_with,
+)
 from .base import Drafter, options_to_config
 from .chain import chain, real_tokens, right_aligned
 from .eagle import EagleDrafter
@@ -52,16 +59,25 @@ def clear_loaded() -> None:
 
 def own_layers(target: Any) -> str | None:
     """Why `target` (a loaded model, a model folder, or a Hub repo id in the local Hub cache) drafts
-    with its own MTP layers, in a sentence; None where its checkpoint here holds none transformers
-    loads. Nothing is downloaded."""
-    found = own_mtp_weights(target)
-    if found is None:
+    with its own MTP layers, in a sentence; None where it has none here (its config declares none
+    transformers loads, or its checkpoint is not here). Decided as method='mtp' loads them
+    (`load_mtp_layers`): a loaded model's once (`layers_for`, kept for the drafter); a folder's onto
+    the meta device. Nothing is downloaded.
+
+    Raises:
+        ValueError: its config declares MTP layers and its checkpoint is here, but they do not load
+            (none in the checkpoint, weights missing or misshapen, ...); the message says why.
+    """
+    model = checkpoint_model(target)
+    if model is None:
         return None
-    folder, keys, _ = found
+    mtp = layers_for(model) if model is target else load_mtp_layers(model)
+    folder = checkpoint_folder(model)
+    keys, _ = mtp_weight_keys(model, folder)
     under = os.path.commonprefix(keys).rpartition(".")[0] or keys[0]
     return (
-        f"its checkpoint ({folder}) carries its own multi-token-prediction layers ({len(keys)} weights "
-        f"under {under}), which draft for it: nothing to download"
+        f"its checkpoint ({folder}) carries its own multi-token-prediction layers ({len(mtp.layers)}, "
+        f"{len(keys)} weights under {under}), which draft for it: nothing to download"
     )
 
 

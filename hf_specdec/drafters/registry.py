@@ -53,7 +53,17 @@ def build_drafter(config: SpeculativeConfig, target: PreTrainedModel, tokenizer:
         cls = DRAFTERS[config.method]
     except KeyError:
         valid = ", ".join(sorted(["auto", *DRAFTERS]))
-        raise ValueError(f"Unknown speculative method {config.method!r}; valid methods: {valid}.") from None
+        # No method is named with a slash: a repo id or a path, which goes in `draft`.
+        draft = "/" in config.method or os.sep in config.method
+        where = (
+            f" A draft goes in draft=: speculative=dict(draft={config.method!r}), which method 'auto' "
+            "runs by what it is."
+            if draft
+            else ""
+        )
+        raise ValueError(
+            f"Unknown speculative method {config.method!r}; valid methods: {valid}.{where}"
+        ) from None
     if config.draft is not None and not cls.takes_draft:
         given = (
             repr(config.draft)

@@ -1,18 +1,24 @@
 """Loading a draft head from a folder or the Hub: our format (see `io`), or the authors' layouts:
-EAGLE and Medusa (via `published`), DFlash, DSpark and MuseGlimmer block drafts (`dflash_published`)."""
+EAGLE and Medusa (via `published`), DFlash, DSpark and MuseGlimmer block drafts (`dflash_published`);
+and telling, before loading anything, which of them a folder or a Hub repo holds (`checkpoint_method`)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from huggingface_hub.errors import HfHubHTTPError, SafetensorsParsingError
 from torch import nn
 
 from ..core.devices import execution_device
-from ..hub.download import download_repo_files
+from ..hub.config_check import read_json
+from ..hub.download import HubFileError, HubUnreachable, download_repo_files, repo_files, safetensors_names
+from . import TRAINED_METHODS
 from .dflash import BlockDraftConfig
-from .dflash_published import is_block_draft_folder, load_block_draft
+from .dflash_published import has_dspark_heads, is_block_draft_folder, load_block_draft
 from .eagle import EagleHeadConfig
 from .io import (
     CONFIG_NAME,
@@ -24,9 +30,10 @@ from .io import (
     head_config,
     load_state,
     read_weights,
+    weight_names,
 )
 from .medusa import MedusaHeadConfig
-from .published import load_published
+from .published import LAYOUT_METHODS, load_published, published_layout, read_json_object
 
 _CONFIGS = {
     "eagle": EagleHeadConfig,
@@ -66,6 +73,65 @@ def load_head(source: Any, target: Any, method: str | None = None) -> nn.Module:
         )
     check_head_matches(head.config, target, name)  # a module's name, not its whole listing
     return head.to(device=execution_device(target)).eval()
+
+
+@dataclass(frozen=True)
+class CheckpointFiles:
+    """A checkpoint as far as its kind is told from it: `folder` holds its JSON files (a Hub repo's
+    snapshot, no more), `names` all its files, `tensor_names(file)` the tensors one of its weights
+    files holds; `commit`, the Hub commit they are of (None: a folder, or the Hub cache's copy)."""
+
+    folder: Path
+    names: frozenset[str]
+    tensor_names: Callable[[str], Collection[str]]
+    commit: str | None = None
+
+
+def checkpoint_method(files: CheckpointFiles) -> str | None:
+    """The method of the head or block draft `files` hold, told as `load_head` tells which loader
+    reads them (in its order): ours, the method its config names; a block draft's layout, "dflash"
+    or "dspark"; an EAGLE or Medusa layout of the authors', "eagle" or "medusa"
+    (`published_layout`); None for none of them (a draft model's checkpoint, say)."""
+    folder = files.folder
+    if CONFIG_NAME in files.names:
+        method = read_json_object(folder / CONFIG_NAME).get("method")
+        return method if method in TRAINED_METHODS else None
+    if is_block_draft_folder(folder):
+        return "dspark" if has_dspark_heads(folder) else "dflash"
+    # One that cannot be read (not JSON, too large) tells nothing: the loader asked next says why.
+    config = read_json(folder / "config.json")[0] if "config.json" in files.names else None
+    config = config if isinstance(config, dict) else None
+    return LAYOUT_METHODS.get(published_layout(files.names, config, files.tensor_names))
+
+
+def folder_files(folder: Path) -> CheckpointFiles:
+    """A local folder's files, its weights' tensor names read from their headers."""
+    names = frozenset(path.name for path in folder.iterdir())
+    return CheckpointFiles(folder, names, lambda name: weight_names(folder / name))
+
+
+def hub_files(repo_id: str) -> CheckpointFiles | None:
+    """A Hub repo's files at the commit `main` is at: its listing, its JSON files (downloaded into the
+    Hub cache) and the tensor names in its safetensors headers (range requests; the tensors are not
+    downloaded). Offline, or where the Hub cannot be reached, what the Hub cache holds of it; None
+    where the repo cannot be had (the loader asked next says why). Those of a pickled weights file
+    (`pytorch_model.bin`) are not read: its kind is not told."""
+    try:
+        files = repo_files(repo_id, lambda name: name in ("config.json", CONFIG_NAME), what="draft")
+    except HubFileError:
+        return None
+
+    def tensor_names(name: str) -> Collection[str]:
+        if (files.folder / name).is_file():  # the Hub cache's copy
+            return weight_names(files.folder / name)
+        if not name.endswith(".safetensors") or files.commit is None:  # a pickle; offline, not cached
+            return ()
+        try:
+            return safetensors_names(repo_id, name, commit=files.commit)
+        except (HfHubHTTPError, HubUnreachable, SafetensorsParsingError):
+            return ()  # not told: taken for a draft model, whose loading says what is wrong
+
+    return CheckpointFiles(files.folder, files.names, tensor_names, files.commit)
 
 
 def _load_ours(folder: Path, target: Any) -> nn.Module:

@@ -9,10 +9,13 @@ head are never copied).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -134,10 +137,30 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     """A safetensors or torch file's tensors; a missing or damaged file gets a clear error."""
     if not path.is_file():
         raise ValueError(f"Head weights {path} are missing: the checkpoint is incomplete.")
-    try:
+    with _readable(path):
         if path.suffix == ".safetensors":
             return load_file(str(path))
         return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def weight_names(path: Path) -> list[str]:
+    """The tensor names in a safetensors or torch weights file, without reading the tensors (a
+    safetensors header; a torch file mapped, unpickled with `weights_only=True`)."""
+    with _readable(path):
+        if path.suffix == ".safetensors":
+            with safe_open(str(path), framework="pt") as f:
+                return list(f.keys())
+        try:
+            return list(torch.load(path, map_location="cpu", weights_only=True, mmap=True))
+        except RuntimeError:  # the legacy (not zip) format cannot be mapped: read it whole
+            return list(torch.load(path, map_location="cpu", weights_only=True))
+
+
+@contextmanager
+def _readable(path: Path) -> Iterator[None]:
+    """A damaged weights file as a clear error."""
+    try:
+        yield
     except Exception as err:  # safetensors and torch raise many kinds for a damaged file
         raise ValueError(
             f"Head weights {path} cannot be read ({type(err).__name__}: {err}): "

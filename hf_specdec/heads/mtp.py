@@ -18,7 +18,6 @@ import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -84,29 +83,24 @@ def _checkpoint_keys(folder: Path) -> list[str]:
     return keys
 
 
-def own_mtp_weights(target: Any) -> tuple[Path, list[str], str] | None:
-    """Where `target` (a loaded model, a model folder, or a Hub repo id whose snapshot is in the local
-    Hub cache) keeps MTP weights transformers loads: (its folder, the keys, the pattern looked for);
-    None when it has none, or its checkpoint is not here. Reads configs and safetensors headers
-    only, downloads nothing, runs no code (a config that needs remote code counts as none)."""
+def checkpoint_model(target: Any) -> Any | None:
+    """The model whose own MTP layers `target` (a loaded model, a model folder, or a Hub repo id whose
+    snapshot is in the local Hub cache) names: the loaded model itself, or one built from the
+    folder's config on the meta device (no weights: what `load_mtp_layers` needs of a model, its
+    config, its classes and where its checkpoint is); None where its config declares no MTP layers
+    transformers loads, or its checkpoint is not here. Downloads nothing, runs no code (a config
+    that needs remote code counts as none)."""
     if hasattr(target, "config"):
-        folder = checkpoint_folder(target)
-        model = target
+        model = target if checkpoint_folder(target) is not None else None
     else:
         folder = _local_folder(str(target))
-        model = _stand_in(folder) if folder is not None else None
-    if folder is None or model is None or mtp_layer_count(model) == 0:
-        return None
-    try:
-        keys, pattern = mtp_weight_keys(model, folder)
-    except (ValueError, TypeError, OSError):  # no MTP pattern registered, unreadable files
-        return None
-    return (folder, keys, pattern) if keys else None
+        model = _meta_model(folder) if folder is not None else None
+    return model if model is not None and mtp_layer_count(model) > 0 else None
 
 
-def _stand_in(folder: Path) -> Any | None:
-    """What `MtpModel.get_mtp_weights_regex` reads of a model (its config, and its class's MTP key
-    patterns), from a folder's config.json without building the model."""
+def _meta_model(folder: Path) -> Any | None:
+    """The causal LM `folder`'s config.json describes, built on the meta device (its config's name is
+    the folder, so `checkpoint_folder` finds the checkpoint)."""
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
@@ -117,11 +111,8 @@ def _stand_in(folder: Path) -> Any | None:
         cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
     except (ValueError, KeyError, OSError):
         return None
-    return SimpleNamespace(
-        config=config,
-        _keys_to_ignore_on_load_unexpected=cls._keys_to_ignore_on_load_unexpected or [],
-        _keys_shared_with_mtp=getattr(cls, "_keys_shared_with_mtp", None) or [],
-    )
+    with torch.device("meta"):
+        return cls(config)
 
 
 def unloadable_mtp_keys(target: Any, folder: Path) -> list[str]:
@@ -136,7 +127,10 @@ def unloadable_mtp_keys(target: Any, folder: Path) -> list[str]:
 
 def load_mtp_layers(target: Any) -> nn.Module:
     """`target`'s MTP layers, read out of its checkpoint by transformers' `MtpModel.from_pretrained`
-    (safetensors only), on the device of its last decoder layer, in its dtype.
+    (safetensors only), on the device of its last decoder layer, in its dtype. The one rule for
+    whether a model drafts with its own MTP layers: `method="mtp"` loads them so, and automatic
+    selection asks it too (of a `checkpoint_model` on the meta device, whose layers are checked
+    against the weights and keep none of them).
 
     Raises:
         ValueError: the architecture has no MTP layers transformers loads, the model was not loaded

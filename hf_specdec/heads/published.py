@@ -18,8 +18,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -51,29 +52,59 @@ LAYOUTS = (
 )
 
 
+# The method each layout's head drafts with.
+LAYOUT_METHODS = {"medusa": "medusa", "speculators": "eagle", "eagle3": "eagle", "eagle1": "eagle"}
+
+
+def published_layout(
+    names: Collection[str], config: dict[str, Any] | None, tensor_names: Callable[[str], Collection[str]]
+) -> str | None:
+    """Which of the layouts above a checkpoint holds (a key of `LAYOUT_METHODS`), from the names of
+    its files, its config.json (None: it has none) and `tensor_names(file)`, the tensors one of its
+    weights files holds (asked only of an EAGLE weights file whose config says no more); None for
+    none of them. What `load_published` reads a folder by, and what tells a head from a draft model
+    given as `draft=`."""
+    if any(name in names for name in MEDUSA_WEIGHTS):
+        return "medusa"
+    eagle = next((name for name in EAGLE_WEIGHTS if name in names), None)
+    if eagle is None or config is None:
+        return None
+    if "speculators_model_type" in config:
+        return "speculators"
+    tensors = tensor_names(eagle)
+    if "fc.weight" not in tensors:  # both fuse their inputs in `fc`; a causal LM has no such tensor
+        return None
+    if any(name.startswith("midlayer.") for name in tensors):
+        return "eagle3"
+    if any(name.startswith("layers.") for name in tensors):
+        return "eagle1"
+    return None
+
+
 def load_published(folder: Path, target: Any) -> nn.Module:
     """The head in `folder` (an EAGLE-1/2, EAGLE-3 or Medusa layout) as our module, for `target`."""
     folder = Path(folder)
-    medusa = _first(folder, MEDUSA_WEIGHTS)
-    if medusa is not None:
+    names = {path.name for path in folder.iterdir()} if folder.is_dir() else set()
+    config = read_config(folder) if "config.json" in names else None
+    read = functools.cache(lambda name: read_weights(folder / name))
+    layout = published_layout(names, config, read)
+    medusa, eagle = _first(folder, MEDUSA_WEIGHTS), _first(folder, EAGLE_WEIGHTS)
+    if layout == "medusa":
         return _medusa(folder, medusa, target)
-    eagle = _first(folder, EAGLE_WEIGHTS)
-    if eagle is not None and (folder / "config.json").is_file():
-        if "speculators_model_type" in read_config(folder):
-            return _speculators(folder, eagle, target)
-        state = read_weights(eagle)
-        if any(name.startswith("midlayer.") for name in state):
-            return _eagle3(folder, eagle, state, target)
-        if any(name.startswith("layers.") for name in state):
-            return _eagle1(folder, eagle, state, target)
+    if layout == "speculators":
+        return _speculators(folder, eagle, target)
+    if layout == "eagle3":
+        return _eagle3(folder, eagle, read(eagle.name), target)
+    if layout == "eagle1":
+        return _eagle1(folder, eagle, read(eagle.name), target)
+    if eagle is not None and config is not None:
         raise ValueError(
-            f"{eagle} holds neither an EAGLE-1/2 layer (layers.0.*) nor an EAGLE-3 one (midlayer.*); "
-            f"its tensors: {some_tensors(state)}. Supported layouts: {LAYOUTS}."
+            f"{eagle} holds neither an EAGLE-1/2 layer (fc.*, layers.0.*) nor an EAGLE-3 one (fc.*, "
+            f"midlayer.*); its tensors: {some_tensors(read(eagle.name))}. Supported layouts: {LAYOUTS}."
         )
-    found = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
     raise ValueError(
         f"Draft head folder {folder} is not in a layout hf-specdec knows: it holds "
-        f"{', '.join(found) or 'no files'}. Supported layouts: {LAYOUTS}."
+        f"{', '.join(sorted(names)) or 'no files'}. Supported layouts: {LAYOUTS}."
     )
 
 

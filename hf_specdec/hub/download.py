@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from huggingface_hub import HfApi, constants, hf_hub_download, snapshot_download
@@ -107,6 +108,17 @@ def local_snapshot(repo_id: str, revision: str | None) -> Path | None:
         return None
 
 
+@dataclass(frozen=True)
+class RepoFiles:
+    """Some files of one commit of a Hub repo: `folder`, its snapshot in the Hub cache, holds those
+    downloaded; `names`, every file of the commit (what the cache's copy holds, where the Hub was
+    not asked); `commit`, its sha (None where the Hub was not asked)."""
+
+    folder: Path
+    names: frozenset[str]
+    commit: str | None
+
+
 def download_repo_files(
     repo_id: str,
     wanted: Callable[[str], bool],
@@ -126,22 +138,33 @@ def download_repo_files(
         HubFileError: the repo, revision or a file is missing, gated or private; or the files are not
             in the cache and the Hub cannot be reached or is offline. The message says what to do.
     """
+    return repo_files(repo_id, wanted, token=token, revision=revision, what=what).folder
+
+
+def repo_files(
+    repo_id: str,
+    wanted: Callable[[str], bool],
+    *,
+    token: str | None = None,
+    revision: str | None = None,
+    what: str = "model",
+) -> RepoFiles:
+    """`download_repo_files`, with the names of all the commit's files and its sha. Raises as it."""
     endpoint = hub_endpoint()
     try:
         if hub_offline():
-            return _cached_snapshot(repo_id, revision)
+            return _cached_files(repo_id, revision)
         try:
             info = HfApi(endpoint=endpoint, token=token).model_info(
                 repo_id, revision=revision, expand=["sha", "siblings"]
             )
         except HubUnreachable:  # what the cache holds, as snapshot_download does
-            return _cached_snapshot(repo_id, revision)
-        names = [
-            s.rfilename for s in info.siblings or [] if is_safe_filename(s.rfilename) and wanted(s.rfilename)
-        ]
+            return _cached_files(repo_id, revision)
+        listed = frozenset(s.rfilename for s in info.siblings or [] if is_safe_filename(s.rfilename))
+        names = sorted(name for name in listed if wanted(name))
         if not names:
             raise HubFileError(f"The {what} {repo_id} has none of the files needed to load it.", lasting=True)
-        return download_files(repo_id, names, token=token, revision=info.sha)
+        return RepoFiles(download_files(repo_id, names, token=token, revision=info.sha), listed, info.sha)
     except HubFileError:
         raise
     except HFValidationError:
@@ -195,6 +218,18 @@ def download_files(repo_id: str, names: list[str], *, token: str | None, revisio
         for name in names
     ]
     return Path(paths[0]).parents[len(Path(names[0]).parts) - 1]
+
+
+def safetensors_names(repo_id: str, filename: str, *, commit: str, token: str | None = None) -> list[str]:
+    """The tensor names in one safetensors file of `repo_id` at `commit`, read from its header (a
+    range request: the tensors are not downloaded). Raises huggingface_hub's errors."""
+    api = HfApi(endpoint=hub_endpoint(), token=token)
+    return list(api.parse_safetensors_file_metadata(repo_id, filename, revision=commit).tensors)
+
+
+def _cached_files(repo_id: str, revision: str | None) -> RepoFiles:
+    folder = _cached_snapshot(repo_id, revision)
+    return RepoFiles(folder, frozenset(p.name for p in folder.iterdir()), None)
 
 
 def _cached_snapshot(repo_id: str, revision: str | None) -> Path:

@@ -15,7 +15,8 @@ from typing import Any
 
 from torch import nn
 
-from ..drafters.dflash import BLOCK_METHODS, block_draft_method, load_block_draft
+from ..drafters.dflash import BLOCK_METHODS, load_block_draft
+from ..drafters.kind import local_draft_method
 from .choice import OWN_HEAD_METHODS, DraftChoice
 from .select import registry_head
 
@@ -49,8 +50,8 @@ def registry_block_heads(choice: DraftChoice) -> list[dict[str, Any]]:
 def block_method(draft: Any) -> str | None:
     """`"dflash"` or `"dspark"` when `draft` (a folder, Hub repo id or module) is a block draft: a
     loaded one, a folder holding one (ours or a published layout), or a repo the registry lists as
-    one; None otherwise (a draft model)."""
-    method = block_draft_method(draft)
+    one; None otherwise. Asks nothing of the Hub (`export-serving` reads it)."""
+    method = local_draft_method(draft)
     if method is None and isinstance(draft, str) and (entry := registry_head(draft)) is not None:
-        return entry["method"] if entry["method"] in BLOCK_METHODS else None
-    return method
+        method = entry["method"]
+    return method if method in BLOCK_METHODS else None

@@ -1,5 +1,6 @@
-"""`method="auto"` made concrete before the loop starts: the draft given, else the one chosen (the
-model's own heads, then a published block draft for the target, see `block`, then the rest)."""
+"""`method="auto"` made concrete before the loop starts: the draft given, run by what it is
+(`drafters.kind`), else the one chosen (the model's own heads, then a published block draft for the
+target, see `block`, then the rest)."""
 
 from __future__ import annotations
 
@@ -8,23 +9,26 @@ import warnings
 from typing import Any
 
 from ..config import SpeculativeConfig
-from ..drafters.draft_model import is_assistant
-from ..drafters.head_drafter import head_method
+from ..drafters.kind import draft_method
 from ..ort.layout import is_onnx_folder
-from .block import block_method, published_block_draft
+from .block import published_block_draft
 from .choice import DRAFT_FREE_AUTO, DraftSelectionError, auto_method
-from .select import select_draft, speculative_draft
+from .select import registry_head, select_draft, speculative_draft
 
 
 def resolve_method(config: SpeculativeConfig, model: Any) -> tuple[SpeculativeConfig, str]:
     """Turn `method="auto"` into a concrete drafter, a draft folder that only ONNX Runtime can load
-    into `method="onnx"`, and an official assistant (a loaded one, or its folder) into
-    `method="assistant"`, without touching the user's config object; with why that drafter ("" for
-    a method the user named)."""
+    into `method="onnx"`, and an official assistant given to `"auto"` or `"draft_model"` (loaded,
+    its folder or repo: transformers calls it an assistant model) into `method="assistant"`, without
+    touching the user's config object; with why that drafter ("" for a method the user named)."""
     reason = ""
-    if config.method in ("auto", "draft_model") and is_assistant(config.draft):
+    given = given_method(config.draft) if config.method in ("auto", "draft_model") else None
+    if given == "assistant":
         return dataclasses.replace(config, method="assistant"), "the official assistant given as draft="
-    if config.method == "auto":
+    if config.method == "auto" and config.draft is not None:  # run by what it is
+        config = dataclasses.replace(config, method=given or "draft_model")
+        reason = "the draft given as draft="
+    elif config.method == "auto":
         config, reason = _choose_method(config, model)
     if config.method == "draft_model" and is_onnx_folder(config.draft):  # an export, no PyTorch weights
         return dataclasses.replace(config, method="onnx"), reason
@@ -32,9 +36,6 @@ def resolve_method(config: SpeculativeConfig, model: Any) -> tuple[SpeculativeCo
 
 
 def _choose_method(config: SpeculativeConfig, model: Any) -> tuple[SpeculativeConfig, str]:
-    if config.draft is not None:
-        method = block_method(config.draft) or head_method(config.draft) or "draft_model"
-        return dataclasses.replace(config, method=method), "the draft given as draft="
     try:
         choice = select_draft(model, trust_remote_code=config.trust_remote_code)
     except DraftSelectionError as err:  # the Hub's answer on the target (private, gated, gone)
@@ -63,3 +64,11 @@ def _choose_method(config: SpeculativeConfig, model: Any) -> tuple[SpeculativeCo
         config, method=choice.method, draft=draft, draft_tokenizer=draft_tokenizer, options=options
     )
     return resolved, choice.reason
+
+
+def given_method(draft: Any) -> str | None:
+    """The method that runs a draft given as `draft=`: the registry's for a published head or block
+    draft it lists (offline too), else what the draft is (`drafters.kind.draft_method`); None for a
+    draft model."""
+    entry = registry_head(draft) if isinstance(draft, str) else None
+    return entry["method"] if entry is not None else draft_method(draft)

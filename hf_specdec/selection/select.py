@@ -4,7 +4,8 @@ another tokenizer where none does (drafting over the tokens both share), or none
 `select_draft(target)` answers from, in order:
 
 0. the target's own draft heads: multi-token-prediction layers in its checkpoint (`method="mtp"`),
-   when the checkpoint is here (a loaded model's folder, a local folder, or the Hub cache), then
+   when the checkpoint is here (a loaded model's folder, a local folder, or the Hub cache) and they
+   load as `method="mtp"` loads them (declared layers that do not are passed over with a warning), then
    the official assistant the reviewed registry lists for it (`method="assistant"`);
 1. the reviewed registry `configs/draft_pairs.toml` (works offline);
 2. an earlier decision cached under `cache_dir() / "selections"` (works offline);
@@ -90,15 +91,21 @@ def select_draft(
         token: a Hugging Face token, needed when the target or a candidate is gated or private.
         revision: the target's revision (branch, tag or commit) on the Hub.
         trust_remote_code: allow drafts whose config needs custom code (`auto_map`); off by default.
-        own_heads: consider the target's own draft heads (MTP layers in its checkpoint) first.
+        own_heads: consider the target's own draft heads (MTP layers in its checkpoint) first. They
+            are chosen where they load as `method="mtp"` loads them (`mtp.own_layers`); layers its
+            config declares that do not load are passed over with a warning saying why.
 
     Raises:
         DraftSelectionError: the target is gated, private or missing on the Hub.
     """
     repo_id, note = _resolve_target(target)
-    own = mtp.own_layers(target) if own_heads else None
+    name = repo_id or getattr(target, "name_or_path", None) or str(target)
+    try:
+        own = mtp.own_layers(target) if own_heads else None
+    except ValueError as err:  # declared and here, but they do not load: the next choice, saying why
+        warnings.warn(f"{name}: {err} Choosing another draft.", UserWarning, stacklevel=2)
+        own, note = None, "; ".join(filter(None, [note, f"its own MTP layers are not used: {err}"]))
     if own is not None:
-        name = repo_id or getattr(target, "name_or_path", None) or str(target)
         return DraftChoice("mtp", None, f"{name}: {own}.", target=repo_id, source="checkpoint")
     if repo_id is None:
         return DraftChoice(DRAFT_FREE_METHOD, None, note, source="local")
@@ -164,15 +171,9 @@ def speculative_draft(
     draft model, its tokenizer),
     the draft loaded by `load_draft`. A draft that cannot be loaded so gives (a draft-free choice,
     None, None) and a one-line warning; the cached choice is deleted unless the failure may pass
-    (offline, the Hub unreachable). The target's own MTP layers are read here (`mtp.layers_for`,
-    kept for the drafter): layers that do not load give the choice made without them, with a warning."""
+    (offline, the Hub unreachable). A choice of the target's own MTP layers was made by loading
+    them (`select_draft`), so it stands."""
     choice = choice or select_draft(target, trust_remote_code=trust_remote_code)
-    if choice.method == "mtp":
-        try:
-            mtp.layers_for(target)
-        except ValueError as err:
-            warnings.warn(f"speculative=True: {err} Choosing another draft.", UserWarning, stacklevel=2)
-            choice = select_draft(target, trust_remote_code=trust_remote_code, own_heads=False)
     if choice.draft is None:
         return choice, None, None
     try:

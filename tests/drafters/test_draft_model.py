@@ -12,10 +12,12 @@ from hf_specdec.config import SpeculativeConfig
 from hf_specdec.core.draft import DraftRequest
 from hf_specdec.core.processing import ScoreProcessor
 from hf_specdec.drafters.draft_model import DraftModelDrafter
+from hf_specdec.heads.io import save_head
 
 from ..helpers import mtp
 from ..helpers.block_drafts import random_block_draft
 from ..helpers.heads import copied_layer_eagle
+from ..helpers.published import write_medusa
 
 
 def _request(tokens: torch.Tensor, k: int) -> DraftRequest:
@@ -96,5 +98,17 @@ def test_a_draft_head_given_as_a_draft_model_names_its_method(target):
     ]
     for model, draft, method in drafts:
         spec = dict(method="draft_model", draft=draft)
-        with pytest.raises(ValueError, match=rf"is a {method} draft.*method='{method}'"):
+        with pytest.raises(ValueError, match=rf"is not a draft model.*method='{method}'"):
             model.generate(torch.tensor([[2, 3, 4]]), max_new_tokens=3, speculative=spec)
+
+
+def test_a_draft_head_named_as_a_draft_model_is_refused_before_loading(target, tmp_path):
+    """Named by its folder, it is told by what the head loaders read (`drafters.kind`), before
+    transformers is asked to load it as a causal LM: ours, an authors' layout, a block draft."""
+    save_head(copied_layer_eagle(target), tmp_path / "ours")
+    save_head(random_block_draft(target, (0, 1)), tmp_path / "block")
+    write_medusa(tmp_path / "medusa", target)
+    for name, method in (("ours", "eagle"), ("block", "dflash"), ("medusa", "medusa")):
+        spec = dict(method="draft_model", draft=str(tmp_path / name))
+        with pytest.raises(ValueError, match=rf"is not a draft model.*method='{method}'"):
+            target.generate(torch.tensor([[2, 3, 4]]), max_new_tokens=3, speculative=spec)

@@ -11,10 +11,8 @@ import json
 import math
 from pathlib import Path
 
-import huggingface_hub.constants
 import pytest
 import torch
-from safetensors.torch import save_file
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from hf_specdec.heads.checkpoint import load_head
@@ -26,159 +24,14 @@ from hf_specdec.selection.select import DraftChoice, known_heads, select_draft
 from hf_specdec.store.manifest import MANIFEST_NAME
 
 from ..conftest import assert_greedy_match, random_batch, tiny_llama
-
-try:  # `python -m pytest` from the repo root, or --import-mode=importlib
-    from tests.hub_server import HubServer
-except ImportError:  # plain `pytest`: the tests folder itself is on sys.path
-    from hub_server import HubServer
+from ..helpers.hub import local_hub
+from ..helpers.published import save_state, shape_of, write_eagle1, write_eagle3, write_medusa
 
 
 @pytest.fixture(scope="module")
 def target8():
     """An 8-layer target: EAGLE-3 reads the inputs of its layers 2, 4 and 5."""
     return tiny_llama(0, layers=8)
-
-
-# --- writers of the reference layouts -------------------------------------------------------------
-
-
-def _shape(target) -> dict:
-    text = target.config.get_text_config()
-    return dict(
-        hidden=text.hidden_size,
-        heads=text.num_attention_heads,
-        kv=text.num_key_value_heads,
-        head_dim=text.hidden_size // text.num_attention_heads,
-        inter=text.intermediate_size,
-        vocab=text.vocab_size,
-    )
-
-
-def _llama_config(s: dict, **extra) -> dict:
-    """A reference head's config.json: LlamaConfig fields of a one-layer model."""
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_act": "silu",
-        "hidden_size": s["hidden"],
-        "intermediate_size": s["inter"],
-        "num_attention_heads": s["heads"],
-        "num_key_value_heads": s["kv"],
-        "num_hidden_layers": 1,
-        "vocab_size": s["vocab"],
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 500.0,  # not the 10000 default: a config value that is ignored would show
-        **extra,
-    }
-
-
-def _rand(*shape: int, scale: float = 0.3) -> torch.Tensor:
-    return torch.randn(*shape) * scale
-
-
-def _save(state: dict, path: Path) -> None:
-    if path.suffix == ".safetensors":
-        save_file({k: v.contiguous() for k, v in state.items()}, str(path))
-    else:
-        torch.save(state, path)
-
-
-def _attention(s: dict, prefix: str, width: int) -> dict:
-    q, kv = s["heads"] * s["head_dim"], s["kv"] * s["head_dim"]
-    return {
-        f"{prefix}.self_attn.q_proj.weight": _rand(q, width),
-        f"{prefix}.self_attn.k_proj.weight": _rand(kv, width),
-        f"{prefix}.self_attn.v_proj.weight": _rand(kv, width),
-        f"{prefix}.self_attn.o_proj.weight": _rand(s["hidden"], q),
-        f"{prefix}.post_attention_layernorm.weight": 1 + _rand(s["hidden"], scale=0.1),
-        f"{prefix}.mlp.gate_proj.weight": _rand(s["inter"], s["hidden"]),
-        f"{prefix}.mlp.up_proj.weight": _rand(s["inter"], s["hidden"]),
-        f"{prefix}.mlp.down_proj.weight": _rand(s["hidden"], s["inter"]),
-    }
-
-
-def write_eagle1(
-    folder: Path,
-    target,
-    *,
-    weights: str = "pytorch_model.bin",
-    bias: bool = True,
-    hidden: int | None = None,
-    qkv_bias: bool = False,
-    extra: dict | None = None,
-) -> Path:
-    """SafeAILab/EAGLE `cnets1.Model` as saved: fc over cat(embedding, feature), layers.0 (no input norm);
-    `qkv_bias` as the reference's Qwen heads (`qkv_bias` in its config)."""
-    torch.manual_seed(1)
-    s = _shape(target)
-    if hidden is not None:
-        s = {**s, "hidden": hidden, "head_dim": hidden // s["heads"]}
-    h = s["hidden"]
-    state = {"fc.weight": _rand(h, 2 * h), **_attention(s, "layers.0", h)}
-    if bias:
-        state["fc.bias"] = _rand(h)
-    if qkv_bias:
-        q, kv = s["heads"] * s["head_dim"], s["kv"] * s["head_dim"]
-        for name, width in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
-            state[f"layers.0.self_attn.{name}.bias"] = _rand(width)
-    state["embed_tokens.weight"] = _rand(s["vocab"], h)  # saved by the reference, unused by us
-    folder.mkdir(parents=True, exist_ok=True)
-    config = _llama_config(s, bias=bias, **({"qkv_bias": True} if qkv_bias else {}))
-    (folder / "config.json").write_text(json.dumps({**config, **(extra or {})}))
-    _save(state, folder / weights)
-    return folder
-
-
-def write_eagle3(folder: Path, target, *, draft_vocab: int = 40, extra: dict | None = None) -> Path:
-    """SafeAILab/EAGLE `cnets.Model` (EAGLE-3) as saved: fc over 3 layers, midlayer, norm, lm_head, d2t."""
-    torch.manual_seed(2)
-    s = _shape(target)
-    h = s["hidden"]
-    kept = torch.randperm(s["vocab"])[:draft_vocab].sort().values  # target ids of the draft vocabulary
-    state = {
-        "fc.weight": _rand(h, 3 * h, scale=0.1),
-        **_attention(s, "midlayer", 2 * h),
-        "midlayer.hidden_norm.weight": 1 + _rand(h, scale=0.1),
-        "midlayer.input_layernorm.weight": 1 + _rand(h, scale=0.1),
-        "norm.weight": 1 + _rand(h, scale=0.1),
-        "lm_head.weight": _rand(draft_vocab, h),
-        "d2t": kept - torch.arange(draft_vocab),
-        "t2d": torch.zeros(s["vocab"], dtype=torch.bool).index_fill_(0, kept, True),
-    }
-    state["midlayer.self_attn.o_proj.weight"] = _rand(h, s["heads"] * s["head_dim"])
-    folder.mkdir(parents=True, exist_ok=True)
-    config = _llama_config(s, draft_vocab_size=draft_vocab, architectures=["LlamaForCausalLMEagle3"])
-    (folder / "config.json").write_text(json.dumps({**config, **(extra or {})}))
-    _save(state, folder / "model.safetensors")
-    return folder
-
-
-def write_medusa(
-    folder: Path,
-    target,
-    *,
-    weights: str = "medusa_lm_head.safetensors",
-    heads: int = 3,
-    layers: int = 1,
-    hidden: int | None = None,
-) -> Path:
-    """FasterDecoding/Medusa `medusa_head` as saved: {i}.{j}.linear.* blocks, {i}.{layers}.weight LM head."""
-    torch.manual_seed(3)
-    s = _shape(target)
-    h = hidden or s["hidden"]
-    # each head's LM head starts as the target's (as the reference initialises it), then drifts
-    lm_head = target.lm_head.weight.detach().float() if hidden is None else _rand(s["vocab"], h)
-    state = {}
-    for i in range(heads):
-        for j in range(layers):
-            state[f"{i}.{j}.linear.weight"] = _rand(h, h, scale=0.1)
-            state[f"{i}.{j}.linear.bias"] = _rand(h, scale=0.1)
-        state[f"{i}.{layers}.weight"] = lm_head + _rand(s["vocab"], h, scale=0.05)
-    folder.mkdir(parents=True, exist_ok=True)
-    config = {"medusa_num_heads": heads, "medusa_num_layers": layers, "base_model_name_or_path": "tiny"}
-    (folder / "config.json").write_text(json.dumps(config))
-    _save(state, folder / weights)
-    return folder
 
 
 # --- the reference formulas, from the raw tensors ---------------------------------------------------
@@ -276,7 +129,7 @@ def test_eagle1_matches_reference_formula(tmp_path, target, weights, bias, qkv_b
     assert head.config.attention_bias == qkv_bias == (head.layer.self_attn.k_proj.bias is not None)
     assert head.config.rope_parameters["rope_theta"] == 500.0
 
-    w, s = _raw(folder / weights), _shape(target)
+    w, s = _raw(folder / weights), shape_of(target)
     ids = torch.randint(0, s["vocab"], (2, 7))
     feats = torch.randn(2, 7, s["hidden"])
     embed, lm_head = target.model.embed_tokens.weight.detach(), target.lm_head.weight.detach()
@@ -302,7 +155,7 @@ def test_eagle3_matches_reference_formula(tmp_path, target8):
     assert head.config.method == "eagle" and head.config.draft_vocab_size == 40
     assert (head.config.variant, head.config.feature_layers) == ("eagle3", [2, 4, 5])
 
-    w, s = _raw(folder / "model.safetensors"), _shape(target8)
+    w, s = _raw(folder / "model.safetensors"), shape_of(target8)
     torch.testing.assert_close(head.draft_vocab, torch.arange(40) + w["d2t"])  # target id = i + d2t[i]
     assert bool(w["t2d"][head.draft_vocab].all())
     ids = torch.randint(0, s["vocab"], (2, 6))
@@ -328,7 +181,7 @@ def test_medusa_matches_reference_formula(tmp_path, target, weights):
     assert isinstance(head, MedusaHead) and head.lm_heads is not None
     assert (head.config.num_heads, head.config.num_layers) == (3, 2)
     w = _raw(folder / weights)
-    feats = torch.randn(5, _shape(target)["hidden"])
+    feats = torch.randn(5, shape_of(target)["hidden"])
     with torch.no_grad():
         logits = head(feats)  # [5, heads, V]
     for i in range(3):  # medusa_head[i] = Sequential(ResBlock x layers, Linear(H, V))
@@ -508,12 +361,12 @@ def test_exact_eagle1_head_is_accepted_in_full(tmp_path):
         target.model.layers[0].mlp.down_proj.weight.zero_()
     folder = write_eagle1(tmp_path / "exact", target, weights="model.safetensors")
     state = _raw(folder / "model.safetensors")
-    h = _shape(target)["hidden"]
+    h = shape_of(target)["hidden"]
     state["fc.weight"] = torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1)  # cat(embedding, feature)
     state["fc.bias"] = torch.zeros(h)
     state["layers.0.self_attn.o_proj.weight"].zero_()
     state["layers.0.mlp.down_proj.weight"].zero_()
-    _save(state, folder / "model.safetensors")
+    save_state(state, folder / "model.safetensors")
     input_ids, attention_mask = random_batch(seed=5, batch=2, min_len=3, max_len=9)
     kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, do_sample=False, max_new_tokens=20)
     plain = target.generate(**kwargs)
@@ -545,6 +398,9 @@ def test_eagle_weights_of_another_kind_are_refused(tmp_path, target):
     folder = write_eagle1(tmp_path / "odd", target)
     torch.save({"blocks.0.weight": torch.zeros(2)}, folder / "pytorch_model.bin")
     with pytest.raises(ValueError, match=r"neither an EAGLE-1/2 layer .*blocks\.0\.weight"):
+        load_head(folder, target)
+    torch.save({"layers.0.mlp.up_proj.weight": torch.zeros(2)}, folder / "pytorch_model.bin")  # no fc
+    with pytest.raises(ValueError, match=r"neither an EAGLE-1/2 layer \(fc\.\*, layers\.0\.\*\)"):
         load_head(folder, target)
 
 
@@ -625,14 +481,7 @@ def test_incomplete_medusa_weights_name_the_missing_heads(tmp_path, target):
 @pytest.fixture
 def hub(tmp_path, monkeypatch):
     """A local Hub; HF_ENDPOINT and HF_HUB_CACHE point at it (read when a head is downloaded)."""
-    server = HubServer().start()
-    monkeypatch.setenv("HF_ENDPOINT", server.url)
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))  # a login
+    server = local_hub(tmp_path, monkeypatch)
     yield server
     server.stop()
 

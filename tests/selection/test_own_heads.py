@@ -1,6 +1,7 @@
 """`speculative=True` prefers the model's own draft heads: a checkpoint carrying MTP layers drafts
 with them (`method="mtp"`, nothing downloaded), and says so in `speculative_stats.selection` and
-in `hf-specdec select`; layers that do not load leave the choice to what comes after."""
+in `hf-specdec select`; layers that do not load (as `method="mtp"` loads them) are not chosen:
+the choice is what comes after, with a warning saying why, and generate drafts with it."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hf_specdec import clear_cache
+from hf_specdec.selection.choice import auto_method
 from hf_specdec.selection.method import DRAFT_FREE_AUTO
 from hf_specdec.selection.select import select_draft
 
 from ..helpers import assistant, mtp
+from ..helpers.hub import local_hub
 
 
 @pytest.fixture(scope="module")
@@ -40,24 +43,56 @@ def test_a_checkpoint_with_mtp_layers_drafts_with_them(folder, monkeypatch):
     assert out.speculative_stats.to_dict()["selection"] == out.speculative_stats.selection
 
 
-def test_without_mtp_weights_the_choice_is_todays(tmp_path):
+def test_without_mtp_weights_the_choice_is_todays_and_says_why(tmp_path):
+    """A config that declares MTP layers its checkpoint lacks (converted or quantized without them)."""
     folder = mtp.checkpoint(tmp_path, "glm4_moe", mtp=False)
     target = mtp.model_class("glm4_moe").from_pretrained(folder)
-    assert select_draft(target).method == "ngram"
+    with pytest.warns(UserWarning, match="holds no MTP weights.*Choosing another draft"):
+        chosen = select_draft(target)
+    assert chosen.method == "ngram" and "own MTP layers are not used" in chosen.reason
 
 
-def test_layers_that_do_not_load_leave_the_choice_to_the_next(tmp_path):
-    folder = mtp.checkpoint(tmp_path, "glm4_moe")
+def _broken(folder, damage: str):
+    """The checkpoint in `folder` with its MTP layer's `eh_proj` cut to the wrong shape, or gone."""
     weights = load_file(folder / "model.safetensors")
-    weights["model.layers.46.eh_proj.weight"] = weights["model.layers.46.eh_proj.weight"][:, :8].contiguous()
+    eh_proj = weights.pop("model.layers.46.eh_proj.weight")
+    if damage == "misshapen":
+        weights["model.layers.46.eh_proj.weight"] = eh_proj[:, :8].contiguous()
     save_file(weights, folder / "model.safetensors", {"format": "pt"})
     clear_cache()
+    return folder
+
+
+WHY = {
+    "misshapen": "do not load as Glm4MoeForCausalLM's MTP layers.*eh_proj.*MISMATCH",
+    "missing": "do not load as Glm4MoeForCausalLM's MTP layers.*missing.*eh_proj",
+}
+
+
+@pytest.mark.parametrize("damage", list(WHY))
+def test_layers_that_do_not_load_are_not_chosen(tmp_path, damage, capsys):
+    """`select_draft` decides by loading the layers as method='mtp' does (a folder's onto the meta
+    device): MTP keys that are there but do not load are not reported as the choice, the warning
+    says why, and generate drafts with what was reported."""
+    folder = _broken(mtp.checkpoint(tmp_path, "glm4_moe"), damage)
     target = mtp.model_class("glm4_moe").from_pretrained(folder).eval()
+    for given in (target, str(folder)):
+        with pytest.warns(UserWarning, match=WHY[damage] + ".*Choosing another draft"):
+            chosen = select_draft(given)
+        assert (chosen.method, chosen.source) == ("ngram", "local")
+        assert "own MTP layers are not used" in chosen.reason
     inputs = mtp.prompts(1)
-    with pytest.warns(UserWarning, match="do not load as Glm4MoeForCausalLM's MTP layers.*Choosing another"):
+    with pytest.warns(UserWarning, match=WHY[damage] + ".*Choosing another draft"):
         out = target.generate(**inputs, max_new_tokens=6, speculative=True, return_dict_in_generate=True)
-    assert out.speculative_stats.method == DRAFT_FREE_AUTO  # no draft model: auto's draft-free method
+    assert out.speculative_stats.method == DRAFT_FREE_AUTO == auto_method(chosen.method)
+    assert "own MTP layers are not used" in out.speculative_stats.selection
     assert torch.equal(out.sequences, target.generate(**inputs, max_new_tokens=6))
+
+    capsys.readouterr()
+    with pytest.warns(UserWarning, match=WHY[damage]):
+        assert _select_command(str(folder)) == 0
+    out = capsys.readouterr().out
+    assert f"method:    {DRAFT_FREE_AUTO}" in out and "own MTP layers are not used" in out
 
 
 def test_layers_our_masks_cannot_drive_leave_the_choice_to_the_next(folder):
@@ -80,13 +115,17 @@ def test_layers_our_masks_cannot_drive_leave_the_choice_to_the_next(folder):
     assert torch.equal(out.sequences, target.generate(**inputs, max_new_tokens=6))
 
 
-def test_select_command_names_the_own_layers(folder, capsys):
+def _select_command(*argv: str) -> int:
     from hf_specdec_cli import select
 
     parser = argparse.ArgumentParser()
     select.register(parser.add_subparsers())
-    args = parser.parse_args(["select", str(folder)])
-    assert args.func(args) == 0
+    args = parser.parse_args(["select", *argv])
+    return args.func(args)
+
+
+def test_select_command_names_the_own_layers(folder, capsys):
+    assert _select_command(str(folder)) == 0
     out = capsys.readouterr().out
     assert "method:    mtp" in out and "source:    checkpoint" in out
 
@@ -115,21 +154,11 @@ def hub_with_assistant(tmp_path, monkeypatch):
     """A local Hub serving a tiny assistant as the one the registry names for ASSISTANT_TARGET."""
     from hf_specdec.selection.select import assistant_lookup
 
-    try:  # `python -m pytest` from the repo root, or --import-mode=importlib
-        from tests.hub_server import HubServer
-    except ImportError:  # plain `pytest`: the tests folder itself is on sys.path
-        from hub_server import HubServer
-
     target, helper = assistant.pair()
     helper.save_pretrained(tmp_path / "assistant")
-    server = HubServer()
+    server = local_hub(tmp_path, monkeypatch)
     server.add(assistant_lookup(ASSISTANT_TARGET).draft, tmp_path / "assistant")
-    server.start()
-    monkeypatch.setenv("HF_ENDPOINT", server.url)
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
     monkeypatch.setenv("HF_SPECDEC_CACHE", str(tmp_path / "specdec"))
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     clear_cache()
     yield target
     server.stop()
