@@ -174,6 +174,14 @@ def _geomean(values: list[float]) -> float:
     return math.exp(sum(map(math.log, values)) / len(values))
 
 
+def _draws(data: list[dict], profile: CostProfile, noise_seeds: tuple[int, ...]):
+    """(noise seed, the prompt's place, prompt) for each draw of a noisy profile's noise (`--noise-
+    seeds`: one draw's figures per category move by a few percent), one draw where it has none."""
+    for noise_seed in noise_seeds if profile.noise or profile.drift else noise_seeds[:1]:
+        for seed, row in enumerate(data):
+            yield noise_seed, seed, row
+
+
 def evaluate(
     data: list[dict],
     profile: CostProfile,
@@ -181,27 +189,26 @@ def evaluate(
     tree: bool,
     host_seconds: float,
     carry: bool = True,
-    noise_seed: int = 0,
+    noise_seeds: tuple[int, ...] = (0,),
 ) -> dict:
     by_category: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    # The one-offs already paid, per row: each row runs as a process of its own, so none pays for
-    # the shapes another row's calls fed first.
-    shapes: dict[Any, set[tuple[int, int]]] = defaultdict(set)
-    device_costs = None  # what auto measured in the calls before (`carry`), as generate keeps it
-    for seed, row in enumerate(data):
+    for noise_seed, seed, row in _draws(data, profile, noise_seeds):
+        if seed == 0:  # each draw of the noise is a process of its own
+            # The one-offs already paid, per row: each row runs as a process of its own, so none
+            # pays for the shapes another row's calls fed first.
+            shapes: dict[Any, set[tuple[int, int]]] = defaultdict(set)
+            device_costs = None  # what auto measured in the calls before (`carry`), as generate keeps it
 
-        def run(name: Any, policy: DraftLengthPolicy, row=row, seed=seed, **kwargs: Any) -> dict[str, float]:
+        def run(
+            name: Any,
+            policy: DraftLengthPolicy,
+            row=row,
+            seed=seed + noise_seed,
+            shapes=shapes,
+            **kwargs: Any,
+        ) -> dict[str, float]:
             prompts, answers_ = [row["prompt"]], [row["answer"]]
-            return replay(
-                prompts,
-                answers_,
-                policy,
-                profile,
-                host_seconds,
-                shapes[name],
-                seed=seed + noise_seed,
-                **kwargs,
-            )
+            return replay(prompts, answers_, policy, profile, host_seconds, shapes[name], seed=seed, **kwargs)
 
         plain = run("plain", FixedDraftLength(0))["seconds"]
         policy = AdaptiveDraftLength(device_costs=device_costs)
@@ -259,17 +266,21 @@ def evaluate_batches(
     host_seconds: float,
     batch: int,
     carry: bool = True,
-    noise_seed: int = 0,
+    noise_seeds: tuple[int, ...] = (0,),
 ) -> dict[str, float]:
     """Batches of `batch` prompts (`batches`). Speedups over plain batched decoding of the same
-    batch (geometric mean over batches); the oracle is each batch's best fixed k."""
+    batch (geometric mean over batches and draws of the noise); the oracle is each batch's best
+    fixed k."""
     groups = batches(data, batch)
-    shapes: dict[Any, set[tuple[int, int]]] = defaultdict(set)  # per row, as in `evaluate`
-    device_costs = None
     results: dict[str, list[float]] = defaultdict(list)
-    for seed, group in enumerate(groups):
+    for noise_seed, seed, group in _draws(groups, profile, noise_seeds):
+        if seed == 0:
+            shapes: dict[Any, set[tuple[int, int]]] = defaultdict(set)  # per row, as in `evaluate`
+            device_costs = None
 
-        def run(name: Any, policy: DraftLengthPolicy, group=group, seed=seed) -> dict[str, float]:
+        def run(
+            name: Any, policy: DraftLengthPolicy, group=group, seed=seed + noise_seed, shapes=shapes
+        ) -> dict[str, float]:
             prompts, answers_ = [r["prompt"] for r in group], [r["answer"] for r in group]
             return replay(
                 prompts,
@@ -279,7 +290,7 @@ def evaluate_batches(
                 host_seconds,
                 shapes[name],
                 tree=tree,
-                seed=seed + noise_seed,
+                seed=seed,
             )
 
         plain = run("plain", FixedDraftLength(0))["seconds"]
@@ -368,10 +379,10 @@ def main() -> None:
         help="each call's policy starts from nothing (generate carries verify costs from call to call)",
     )
     parser.add_argument(
-        "--noise-seed",
-        type=int,
-        default=0,
-        help="added to each prompt's seed of a noisy profile's jitter (default 0): other draws of the noise",
+        "--noise-seeds",
+        default="0",
+        help="comma-separated, each added to every prompt's seed of a noisy profile's jitter (default 0):"
+        " the figures of noisy profiles pool as many draws of the noise, each a process of its own",
     )
     parser.add_argument(
         "--batch-sizes",
@@ -384,14 +395,13 @@ def main() -> None:
     ASK_SECONDS = None if args.ask_ms is None else args.ask_ms / 1000
     data = answers(args)
     ks = [int(k) for k in args.ks.split(",")]
+    seeds = tuple(int(s) for s in args.noise_seeds.split(","))
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     print(f"{args.suite}: {len(data)} prompts, {args.max_new_tokens} greedy tokens, fixed k {ks}")
     profiles = args.profiles.split(",")
     if 1 in batch_sizes:
         results = {
-            name: evaluate(
-                data, PROFILES[name], ks, args.tree, args.host_ms / 1000, not args.no_carry, args.noise_seed
-            )
+            name: evaluate(data, PROFILES[name], ks, args.tree, args.host_ms / 1000, not args.no_carry, seeds)
             for name in profiles
         }
         print(markdown(results, args.tree))
@@ -406,7 +416,7 @@ def main() -> None:
                     args.host_ms / 1000,
                     b,
                     not args.no_carry,
-                    args.noise_seed,
+                    seeds,
                 )
                 for b in wide
             }
