@@ -460,7 +460,7 @@ def test_eagle3_draft_vocabulary_maps_outside_the_target_are_refused(tmp_path, t
     folder = write_eagle3(tmp_path / "eagle3", target8)
     weights = _raw(folder / "model.safetensors")
     edit(weights)
-    _save(weights, folder / "model.safetensors")
+    save_state(weights, folder / "model.safetensors")
     with pytest.raises(
         ValueError, match=rf"Head weights .*model\.safetensors: {message}.*download the head again"
     ):
