@@ -7,7 +7,8 @@ the target verifying
 several tokens in one forward computes each position's scores with other kernels and summation
 orders than one-token decoding does (plain `generate` itself is not batch-invariant either), so
 where the target's two best tokens score within a rounding error of each other either one is the
-target's choice. `check_greedy` classifies each output row:
+target's choice. `check_greedy` classifies each output row (`check_sampled` a seeded sampled one, on
+the scores less the logarithm of plain's draws):
 
 - `identical`: the generated tokens (up to and including the first EOS) equal plain `generate`'s;
 - `tie`: at the first position where they differ, the plain target's processed scores, recomputed
@@ -34,7 +35,7 @@ or seven tokens at a time moved such a gap between 0.016 and 0.20).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -123,22 +124,69 @@ def check_greedy(
     """
     if eos_token_ids is None:
         eos_token_ids = eos_token_ids_of(model)
-    eos = set(eos_token_ids)
-    prompt_length = input_ids.shape[1]
-    checks = []
+    prompt_length, checks = input_ids.shape[1], []
+    first = _first_differences(plain, speculative, prompt_length, set(eos_token_ids))
     for row in range(plain.shape[0]):
-        ours = _generated(plain[row, prompt_length:].tolist(), eos)
-        theirs = _generated(speculative[row, prompt_length:].tolist(), eos)
-        if ours == theirs:
+        if row not in first:
             checks.append(RowCheck(IDENTICAL))
             continue
-        at = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
-        if at is None:  # one is a strict prefix of the other: no tie can explain that
-            checks.append(RowCheck(MISMATCH, position=min(len(ours), len(theirs))))
+        at, plain_token, spec_token = first[row]
+        if plain_token is None or spec_token is None:
+            checks.append(RowCheck(MISMATCH, position=at))
             continue
         mask = None if attention_mask is None else attention_mask[row]
         scores = _scores_after(model, plain[row, : prompt_length + at], mask, logits_processor)
-        checks.append(_classify(scores, at, ours[at], theirs[at], _compute_dtype(model)))
+        checks.append(_classify(scores, at, plain_token, spec_token, _bound(scores, _compute_dtype(model))))
+    return checks
+
+
+@torch.no_grad()
+def check_sampled(
+    plain: torch.Tensor,  # [B, P + N] plain seeded sampling's sequences
+    plain_scores: Sequence[torch.Tensor],  # N x [B, V]: its `scores` (output_scores=True), sampled from
+    speculative: torch.Tensor,  # [B, P + N'] speculative sampling's, seeded alike
+    prompt_length: int,
+    seed: int,  # what `torch.manual_seed` was given before each of the two calls
+    dtype: torch.dtype,  # the dtype the target computed in
+    *,
+    eos_token_ids: Iterable[int],
+) -> list[RowCheck]:
+    """Classify each row of a seeded sampled `speculative` output against plain's, as `check_greedy`
+    does greedy output. Plain sampling takes argmax(p_t / E_t), E_t the t-th Exp(1) draw [B, V] of
+    the seeded default generator, i.e. the argmax of u_t = s_t - log E_t over its processed scores
+    s_t; with drafts chosen without draws, speculation takes the same argmax over its verify
+    forward's scores (docs/lossless.md#sampling). So at the first difference the two tokens are a
+    `tie` where both lie within `rounding_bound` of the largest u_t (the scores' rounding, not the
+    draw's, moves u_t), else a `mismatch`. E_t is drawn again here (CPU and CUDA, as `core.draws`);
+    plain's own token must be the argmax it reproduces, else this raises."""
+    eos, checks = set(eos_token_ids), []
+    first = _first_differences(plain, speculative, prompt_length, eos)
+    generator = torch.Generator(device=plain_scores[0].device).manual_seed(seed)
+    noise = []
+    for t in range(max((at for at, token, _ in first.values() if token is not None), default=-1) + 1):
+        noise.append(
+            torch.empty(plain_scores[t].shape, device=generator.device, dtype=torch.float32).exponential_(
+                generator=generator
+            )
+        )
+    for row in range(plain.shape[0]):
+        if row not in first:
+            checks.append(RowCheck(IDENTICAL))
+            continue
+        at, plain_token, spec_token = first[row]
+        if plain_token is None or spec_token is None:
+            checks.append(RowCheck(MISMATCH, position=at))
+            continue
+        scores = plain_scores[at][row].float()
+        drawn = scores - noise[at][row].log()
+        if int(drawn.argmax()) != plain_token:
+            raise ValueError(
+                f"Row {row}: plain's token at generated position {at} is not the argmax of its scores over "
+                f"the Exp(1) draws of seed {seed}: pass the seed given to torch.manual_seed before both "
+                "calls, on the device the scores are on, and plain's own `scores`."
+            )
+        bound = _bound(scores, dtype)
+        checks.append(_classify(drawn, at, plain_token, spec_token, bound))
     return checks
 
 
@@ -150,17 +198,33 @@ def count_kinds(checks: Iterable[RowCheck]) -> dict[str, int]:
     return counts
 
 
-def _classify(
-    scores: torch.Tensor, at: int, plain_token: int, spec_token: int, dtype: torch.dtype
-) -> RowCheck:
+def _first_differences(
+    plain: torch.Tensor, speculative: torch.Tensor, prompt_length: int, eos: set[int]
+) -> dict[int, tuple[int, int | None, int | None]]:
+    """Per row that differs: (generated position, plain's token, speculation's token) of its first
+    difference; the tokens None where one row is a strict prefix of the other (no tie explains that)."""
+    out: dict[int, tuple[int, int | None, int | None]] = {}
+    for row in range(plain.shape[0]):
+        ours = _generated(plain[row, prompt_length:].tolist(), eos)
+        theirs = _generated(speculative[row, prompt_length:].tolist(), eos)
+        if ours != theirs:
+            at = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+            out[row] = (min(len(ours), len(theirs)), None, None) if at is None else (at, ours[at], theirs[at])
+    return out
+
+
+def _bound(scores: torch.Tensor, dtype: torch.dtype) -> float:
+    finite = scores[torch.isfinite(scores)]  # processors mask tokens with -inf
+    return rounding_bound(float(finite.abs().max()), dtype)
+
+
+def _classify(scores: torch.Tensor, at: int, plain_token: int, spec_token: int, bound: float) -> RowCheck:
     values, tokens = scores.topk(2)
     top_two = (int(tokens[0]), int(tokens[1]))
     best = float(values[0])
     # How far below the best score the further of the two tokens lies (the top-two gap when they
     # are the top two).
     gap = best - min(float(scores[plain_token]), float(scores[spec_token]))
-    finite = scores[torch.isfinite(scores)]  # processors mask tokens with -inf
-    bound = rounding_bound(float(finite.abs().max()), dtype)
     return RowCheck(TIE if gap <= bound else MISMATCH, at, plain_token, spec_token, top_two, gap, bound)
 
 

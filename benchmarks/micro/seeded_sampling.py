@@ -9,7 +9,8 @@ SmolLM2-135M-Instruct (the offline demo model), Spec-Bench prompts (every 40th o
 plain sampling and again before speculative sampling. Drafts chosen without draws (`ngram`,
 `suffix`, trees) are verified with plain sampling's own draw at each position (docs/lossless.md),
 so the outputs agree except where the verify forward's rounding moves a draw across p (bf16
-most). Prints, per dtype, each prompt's first differing new token, and the count identical.
+most). Prints, per dtype, each prompt's first differing new token and how `check_sampled` reads it
+(a rounding tie of plain's draw, or a mismatch), and the counts.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import torch
 
 import hf_specdec
 from hf_specdec.bench.suites import data_dir
-from hf_specdec.loading import load_model
+from hf_specdec.loading import eos_token_ids, load_model
+from hf_specdec.lossless import IDENTICAL, check_sampled, count_kinds
 
 
 def main() -> None:
@@ -36,7 +38,7 @@ def main() -> None:
     prompts = [json.loads(line)["turns"][0] for line in lines][::40][: args.prompts]
     for dtype in args.dtypes.split(","):
         model, tokenizer = load_model(hf_specdec.demo_model_path(), dtype=getattr(torch, dtype))
-        identical = 0
+        checks = []
         for i, prompt in enumerate(prompts):
             messages = [{"role": "user", "content": prompt}]
             inputs = tokenizer.apply_chat_template(
@@ -44,20 +46,28 @@ def main() -> None:
             )
             settings = dict(max_new_tokens=args.max_new_tokens, do_sample=True, temperature=args.temperature)
             torch.manual_seed(i)
-            plain = model.generate(**inputs, **settings)[0, inputs["input_ids"].shape[1] :]
+            plain = model.generate(**inputs, **settings, output_scores=True, return_dict_in_generate=True)
             torch.manual_seed(i)
-            ours = model.generate(**inputs, **settings, speculative=args.method)[
-                0, inputs["input_ids"].shape[1] :
-            ]
-            n = min(len(plain), len(ours))
-            differ = (plain[:n] != ours[:n]).nonzero()
-            same = torch.equal(plain, ours)
-            identical += same
-            where = (
-                "identical" if same else f"first differs at new token {int(differ[0]) if len(differ) else n}"
+            ours = model.generate(**inputs, **settings, speculative=args.method)
+            prompt_length = inputs["input_ids"].shape[1]
+            (check,) = check_sampled(
+                plain.sequences,
+                plain.scores,
+                ours,
+                prompt_length,
+                i,
+                model.dtype,
+                eos_token_ids=eos_token_ids(model),
             )
-            print(f"{dtype} prompt {i}: {where}", flush=True)
-        print(f"{dtype}: {identical} of {len(prompts)} identical to plain's seeded sample", flush=True)
+            checks.append(check)
+            print(f"{dtype} prompt {i}: {check.describe()}", flush=True)
+        counts = count_kinds(checks)
+        print(
+            f"{dtype}: {counts[IDENTICAL]} of {len(prompts)} identical to plain's seeded sample; "
+            f"first differing at a rounding tie of its draw: {counts['tie']}; "
+            f"mismatches: {counts['mismatch']}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -1,11 +1,19 @@
-"""`hf_specdec.lossless.check_greedy` on controls: identical rows, a constructed tie, and mismatches."""
+"""`hf_specdec.lossless.check_greedy` and `check_sampled` on controls: identical rows, ties, mismatches."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from hf_specdec.lossless import IDENTICAL, MISMATCH, TIE, check_greedy, count_kinds, rounding_bound
+from hf_specdec.lossless import (
+    IDENTICAL,
+    MISMATCH,
+    TIE,
+    check_greedy,
+    check_sampled,
+    count_kinds,
+    rounding_bound,
+)
 
 from ..conftest import random_batch, tiny_llama
 
@@ -140,3 +148,78 @@ def test_padding_after_eos_is_ignored_and_a_short_row_is_a_mismatch(model, ragge
     checks = check_greedy(model, input_ids, plain, shorter, attention_mask, eos_token_ids=[])
     assert [c.kind for c in checks] == [MISMATCH] * 3
     assert "lengths differ" in checks[0].describe()
+
+
+# --- check_sampled: seeded sampling against plain's sample ---
+
+
+@pytest.fixture(scope="module")
+def sampled(model):
+    """Plain seeded sampling of a left-padded batch of three, with the scores it sampled from."""
+    input_ids, attention_mask = random_batch(seed=6, batch=3)
+    torch.manual_seed(11)
+    out = model.generate(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=10,
+        do_sample=True,
+        temperature=0.8,
+        top_k=0,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    return input_ids, attention_mask, out
+
+
+def _check(out, spec, prompt_length, seed=11, scores=None):
+    return check_sampled(
+        out.sequences, scores or out.scores, spec, prompt_length, seed, torch.float32, eos_token_ids=[]
+    )
+
+
+def test_a_seeded_speculative_sample_is_identical_and_a_changed_token_a_mismatch(model, sampled):
+    """The seeded ngram call samples plain's tokens (drafts chosen without draws); row 2 changed to
+    a token plain's draw ranks far down is a mismatch, and a wrong seed cannot reproduce plain's
+    draws: refused, not misread."""
+    input_ids, attention_mask, out = sampled
+    torch.manual_seed(11)
+    ours = model.generate(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=10,
+        do_sample=True,
+        temperature=0.8,
+        top_k=0,
+        speculative="ngram",
+    )
+    prompt_length = input_ids.shape[1]
+    assert [c.kind for c in _check(out, ours, prompt_length)] == [IDENTICAL] * 3
+    spec, at = out.sequences.clone(), prompt_length + 5
+    noise = torch.Generator().manual_seed(11)
+    drawn = [torch.empty(s.shape).exponential_(generator=noise) for s in out.scores[:6]]
+    spec[2, at] = int((out.scores[5][2] - drawn[5][2].log()).argmin())
+    checks = _check(out, spec, prompt_length)
+    assert [c.kind for c in checks] == [IDENTICAL, IDENTICAL, MISMATCH]
+    assert checks[2].position == 5 and checks[2].gap > checks[2].bound
+    with pytest.raises(ValueError, match="not the argmax of its scores over the Exp"):
+        _check(out, spec, prompt_length, seed=12)
+
+
+def test_a_draw_that_rounding_can_flip_is_a_tie(sampled):
+    """Control: plain's scores at one position made to put the runner-up of s - log E within the
+    rounding bound of plain's token (as a verify forward's rounding can); the speculative row took
+    that runner-up. Just over the bound, the same row is a mismatch."""
+    input_ids, _, out = sampled
+    prompt_length, at = input_ids.shape[1], 4
+    noise = torch.Generator().manual_seed(11)
+    drawn = [torch.empty(s.shape).exponential_(generator=noise) for s in out.scores[: at + 1]]
+    u = out.scores[at][0] - drawn[at][0].log()
+    top, runner = u.topk(2).indices.tolist()
+    bound = rounding_bound(float(out.scores[at][0].abs().max()), torch.float32)
+    spec = out.sequences.clone()
+    spec[0, prompt_length + at] = runner
+    for slack, kind in ((0.5, TIE), (1.5, MISMATCH)):
+        scores = [s.clone() for s in out.scores]
+        scores[at][0, runner] += float(u[top] - u[runner]) - slack * bound  # `runner` `slack` bounds below
+        checks = _check(out, spec, prompt_length, scores=scores)
+        assert checks[0].kind == kind and checks[0].gap == pytest.approx(slack * bound, rel=1e-2)
