@@ -129,9 +129,18 @@ class MtpDrafter(EagleDrafter):
     options_class: ClassVar[type] = ChainTreeConfig
 
     def __init__(self, depths: list[nn.Module], config: ChainTreeConfig, target: PreTrainedModel) -> None:
-        """`depths`: one module per MTP depth (`MtpDepth`), or a trained head."""
+        """`depths`: one module per MTP depth (`MtpDepth`), or a trained head.
+
+        The layers' caches, inputs and outputs live where the layers compute (`MtpDepth.device`,
+        beside the target's last decoder layer, which a device_map may put on another device than
+        the one the target computes on); the target's tokens and hidden states are moved there,
+        and the logits drafted from come back (`full_vocab`)."""
         text = target.config.get_text_config()
-        super().__init__(depths[0], config, text.vocab_size, execution_device(target))
+        self.target_device = execution_device(target)
+        head = depths[0]
+        super().__init__(
+            head, config, text.vocab_size, head.device if isinstance(head, MtpDepth) else self.target_device
+        )
         self.depths = depths
         self.hidden_size = text.hidden_size
         # Depth 0's cache and real indices per row are EAGLE's `kv` and `done`; per deeper depth, its
@@ -236,9 +245,10 @@ class MtpDrafter(EagleDrafter):
         return output, chained
 
     def full_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        """Logits over the target's whole vocabulary: a trained head's draft vocabulary scattered
-        into it; the model's own layers' shared head, cut to the unpadded vocabulary
-        (`MtpModel._project_to_logits`), padded back at -inf."""
+        """Logits over the target's whole vocabulary, where the target computes: a trained head's
+        draft vocabulary scattered into it; the model's own layers' shared head, cut to the
+        unpadded vocabulary (`MtpModel._project_to_logits`), padded back at -inf."""
+        logits = logits.to(self.target_device)
         if not isinstance(self.head, MtpDepth):
             return super().full_vocab(logits)
         missing = self.vocab_size - logits.shape[-1]

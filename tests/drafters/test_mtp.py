@@ -14,6 +14,9 @@ from transformers.modeling_layers import MtpModel
 
 from hf_specdec import SpeculativeConfig
 from hf_specdec.drafters import build_drafter
+from hf_specdec.drafters.mtp import MtpDrafter
+from hf_specdec.drafters.tree import ChainTreeConfig
+from hf_specdec.heads.mtp import MtpDepth
 
 from ..conftest import assert_greedy_match, random_batch, tiny_llama
 from ..helpers import mtp
@@ -147,6 +150,18 @@ def test_mtp_layers_off_the_targets_last_layer_are_refused_naming_both():
     layers.layers.to("meta")
     with pytest.raises(ValueError, match="MtpModel given as draft= has no weights"):
         target.generate(**mtp.prompts(1), max_new_tokens=3, speculative=dict(method="mtp", draft=layers))
+
+
+def test_the_layers_are_fed_where_their_weights_are():
+    """Each depth computes on its layer's device, read from its parameters, not on the device the
+    target computes on (which a device_map may make another: its first, where the layers sit beside
+    its last); the drafts' logits go back to the target's. The layers on `meta` here: where the
+    drafter puts its caches and inputs is all this checks, since a `meta` layer computes nothing."""
+    target, layers = target_and_layers(2)
+    layers.layers.to("meta")
+    drafter = MtpDrafter([MtpDepth(layers, k) for k in range(2)], ChainTreeConfig(), target)
+    assert drafter.device == torch.device("meta") and drafter.target_device == torch.device("cpu")
+    assert [depth.embed_device for depth in drafter.depths] == [torch.device("cpu")] * 2
 
 
 def test_rows_that_finish_early_leave_the_batch():

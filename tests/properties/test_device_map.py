@@ -17,7 +17,8 @@ from hf_specdec.heads.eagle import EagleHeadConfig
 from hf_specdec.heads.io import build_head, save_head
 from hf_specdec.heads.medusa import MedusaHeadConfig
 
-from ..conftest import tiny_llama
+from ..conftest import assert_greedy_speculation, tiny_llama
+from ..helpers import mtp
 
 pytest.importorskip("accelerate")
 
@@ -96,3 +97,19 @@ def test_a_draft_model_given_offloaded_runs_where_it_computes(folders):
         out = target.generate(**kwargs, speculative=spec, return_dict_in_generate=True)
     assert torch.equal(out.sequences, target.generate(**kwargs))
     assert out.speculative_stats.accepted > 0
+
+
+def test_mtp_layers_beside_an_offloaded_last_layer(tmp_path):
+    """The model's MTP layers are read out of its checkpoint onto the device its last decoder layer
+    computes on, as transformers places them: with that layer offloaded to disk (its weights on
+    `meta`), its hook's device, the CPU. Before, they were read onto `meta` and failed in the first
+    draft."""
+    folder = mtp.checkpoint(tmp_path / "glm", "glm4_moe", agree=0.002)
+    last = mtp.LAYOUTS["glm4_moe"] - 1
+    split = {name: "cpu" for name in ("model.embed_tokens", "model.norm", "model.rotary_emb", "lm_head")}
+    split |= {f"model.layers.{i}": "cpu" for i in range(last)} | {f"model.layers.{last}": "disk"}
+    target = mtp.model_class("glm4_moe").from_pretrained(
+        folder, device_map=split, offload_folder=str(tmp_path / "offload")
+    )
+    assert next(target.model.layers[last].parameters()).device.type == "meta"  # really offloaded
+    assert_greedy_speculation(target, mtp.prompts(2), 8, method="mtp", num_draft_tokens=2)
