@@ -28,9 +28,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--method",
         default="auto",
         type=one_of("hf_specdec.drafters:DRAFTERS", "auto"),
-        help="a drafter's name (ngram, eagle, mtp ...; default auto: what speculative=True picks for MODEL)",
+        help="a drafter's name (ngram, eagle, mtp ...; default auto: what speculative=True picks for MODEL, "
+        "or what runs the --draft given, by what it is)",
     )
-    parser.add_argument("--draft", default=None, help="draft model (draft_model) or ONNX folder (onnx)")
+    parser.add_argument(
+        "--draft",
+        default=None,
+        help="a folder or Hub repo id: a draft model, an ONNX export, a head or block draft, an assistant",
+    )
     parser.add_argument("--head", default=None, help="draft head folder (eagle), ours or published")
     parser.add_argument(
         "--num-draft-tokens",

@@ -178,6 +178,18 @@ def assert_greedy_match(
     return checks
 
 
+def assert_greedy_speculation(model, inputs: dict, max_new_tokens: int, **speculative):
+    """Greedy `generate(speculative=speculative)` on `inputs` (with their attention mask) holds to
+    plain greedy's output (`assert_greedy_match`) with some drafts accepted; its statistics."""
+    kwargs = dict(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+    with torch.no_grad():
+        plain = model.generate(**kwargs)
+        out = model.generate(**kwargs, speculative=speculative, return_dict_in_generate=True)
+    assert_greedy_match(model, plain, out.sequences, inputs["attention_mask"])
+    assert out.speculative_stats.accepted > 0
+    return out.speculative_stats
+
+
 def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
     """The folder `build(folder)` fills, built once per test run: by the first xdist worker that asks,
     while the others wait for it (an ONNX export costs up to a minute of a busy 2-core machine, and

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import nn
 
+from ..core.devices import check_placed, execution_device
 from ..core.draft import Draft, DraftCost, DraftRequest
 from ..core.kv import RaggedKV, Slots
 from .base import Drafter, options_to_config
@@ -96,7 +97,7 @@ class AssistantDrafter(Drafter):
                 "loaded Gemma4AssistantForCausalLM, its folder or Hub repo id, e.g. "
                 "'google/gemma-4-E2B-it-assistant'), or speculative=True to choose a known one."
             )
-        if not isinstance(draft, nn.Module):
+        if not isinstance(draft, nn.Module):  # loaded where the target computes
             draft = load_draft(str(draft), target, trust_remote_code=config.trust_remote_code)[0]
         if not is_assistant(draft):
             raise ValueError(
@@ -119,6 +120,16 @@ class AssistantDrafter(Drafter):
         if problem:
             kind = type(draft).__name__
             raise ValueError(f"The assistant {kind} {problem}: it is another model's assistant.")
+        # It reads the target's cache, embedding and hidden states at every draft token: moving them
+        # to it each time would cost more than the draft saves (transformers moves nothing either).
+        device = execution_device(target)
+        check_placed(
+            draft,
+            device,
+            f"The assistant {type(draft).__name__}",
+            "it reads the target's KV cache and hidden states at every draft token. Move it there "
+            f"(assistant.to({str(device)!r})), or pass its folder or repo id, which is loaded there.",
+        )
         options = options_to_config(cls.options_class, config.options)
         return cls(draft.eval(), target, options)
 

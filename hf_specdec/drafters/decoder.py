@@ -12,6 +12,7 @@ import torch
 from transformers import StaticCache
 from transformers.cache_utils import StaticLayer
 
+from ..core.devices import execution_device
 from ..core.draft import DraftCost
 from ..core.kv import RaggedKV
 from ..core.static_kv import DraftRows, StaticKV
@@ -83,6 +84,8 @@ class TorchDecoder:
     def __init__(self, model: PreTrainedModel, compile_with_target: bool = True) -> None:
         self.model = model.eval()
         self.config = model.config
+        # Where it computes: not `model.device`, which is `meta` where device_map offloaded its first weights.
+        self.device = execution_device(model)
         self.compile_with_target = compile_with_target  # see `DraftModelConfig`
         self.compiled: tuple[Any, int, tuple[int, ...]] | None = None  # (CompileConfig, capacity, widths)
 
@@ -90,10 +93,6 @@ class TorchDecoder:
         """From now on `new_cache` gives static caches of `capacity` positions, forwards padded to
         `widths` and compiled by `config`."""
         self.compiled = (config, capacity, widths)
-
-    @property
-    def device(self) -> torch.device:
-        return self.model.device
 
     def can_compile(self) -> bool:
         """Whether to compile it alike with a compiled target: asked to (`compile_with_target`), and
@@ -108,11 +107,11 @@ class TorchDecoder:
 
     def new_cache(self, batch_size: int) -> RaggedKV | StaticKV:
         if self.compiled is None:
-            return RaggedKV(self.model, None, batch_size, self.model.device)
+            return RaggedKV(self.model, None, batch_size, self.device)
         config, capacity, widths = self.compiled
         cache = StaticCache(config=self.model.config, max_cache_len=capacity)
         decode = self.model.get_compiled_call(config)
-        return StaticKV(self.model, cache, batch_size, self.model.device, widths, decode, config)
+        return StaticKV(self.model, cache, batch_size, self.device, widths, decode, config)
 
 
 class DecoderDrafter(RowState, Drafter):

@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ..config import COMPILED, GREEDY_CHAINS_AND_TREES, TRANSLATED, TREES, read_when
-from ..core.devices import execution_device
+from ..core.devices import check_placed, execution_device
 from ..core.fields import check_fields
 from ..hub.config_check import NO_PICKLES, checkpoint_problem
 from ..hub.download import HubFileError, download_model
@@ -184,6 +184,10 @@ class DraftModelDrafter(DecoderDrafter):
             )
         else:
             draft, draft_tokenizer = config.draft, config.draft_tokenizer
+            # Run where it is, as transformers' assisted generation runs an assistant model: tokens
+            # go to its device and its logits come back (`DecoderDrafter`). Only one without weights
+            # is refused.
+            check_placed(draft, None, f"The draft {type(draft).__name__}", "")
         if draft is target:
             warnings.warn(
                 "The draft is the target itself: every draft is accepted but nothing is gained.", stacklevel=4

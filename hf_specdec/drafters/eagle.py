@@ -95,7 +95,8 @@ class EagleDrafter(RowState, HeadDrafter):
         # A copy: a compiled forward's outputs may be its CUDA graph's, overwritten by the next;
         # with a contiguous layout, as a compiled graph is specialized on strides.
         predicted = output.hidden_states[:, -1:].clone(memory_format=torch.contiguous_format)
-        return kv.forward(previous[:, None], fed, logits_to_keep=1, features=predicted)
+        tokens = previous[:, None].to(self.device)  # drafted where the target computes (`MtpDrafter`)
+        return kv.forward(tokens, fed, logits_to_keep=1, features=predicted)
 
     def compile_forwards(self, config: Any, capacity: int, widths: tuple[int, ...], batch_size: int) -> None:
         """The head gets a static cache of the call's batch size whose forwards after the first are
@@ -125,6 +126,7 @@ class EagleDrafter(RowState, HeadDrafter):
         ]  # [B, 1, H] the predicted feature after the last token, then per level
 
         def feed(level: Level) -> torch.Tensor:
+            level = level.to(self.device)  # grown where the target computes (`MtpDrafter`)
             predicted = torch.cat(fed, dim=1)  # column 0: the last token's; tree column c at 1 + c
             rows = torch.arange(len(max_tokens), device=self.device)[:, None]
             features = predicted[rows, level.parent_columns + 1]  # each node reads its parent's

@@ -24,7 +24,7 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.modeling_layers import MtpModel
 
-from ..core.devices import execution_device
+from ..core.devices import check_placed, execution_device
 from ..core.draft import Draft, DraftRequest
 from ..core.kv import RaggedKV
 from ..heads.checkpoint import load_head
@@ -34,6 +34,7 @@ from ..heads.mtp import (
     checkpoint_folder,
     checkpoint_model,
     load_mtp_layers,
+    mtp_placement,
     mtp_weight_keys,
     placed_with,
 )
@@ -92,7 +93,8 @@ def layers_for(target: Any) -> nn.Module:
 
 def check_layers_fit(mtp: MtpModel, target: Any) -> MtpModel:
     """`mtp` (given as `draft=`) if it was built for a model of `target`'s hidden and vocabulary
-    sizes; ValueError naming the size that differs otherwise."""
+    sizes and sits where the target's MTP layers run (`mtp_placement`); ValueError naming the size or
+    the devices that differ otherwise."""
     text = target.config.get_text_config()
     for field in ("hidden_size", "vocab_size"):
         theirs, ours = getattr(mtp.config, field), getattr(text, field)
@@ -102,6 +104,16 @@ def check_layers_fit(mtp: MtpModel, target: Any) -> MtpModel:
                 "build them for it with transformers' MtpModel.from_pretrained(target), or drop draft= "
                 "(method='mtp' reads the target's own out of its checkpoint)."
             )
+    device, _ = mtp_placement(target)
+    check_placed(
+        mtp.layers,
+        device,
+        "The MtpModel given as draft=",
+        "a model's MTP layers run beside its last decoder layer, as transformers places them. Build them "
+        f"there (MtpModel.from_pretrained(target, device_map={{'': {str(device)!r}}})) or move them "
+        f"(draft.layers.to({str(device)!r}); not draft.to(), which moves the target's embedding and LM "
+        "head with them), or drop draft= (method='mtp' reads the target's own there).",
+    )
     return mtp
 
 
@@ -117,9 +129,18 @@ class MtpDrafter(EagleDrafter):
     options_class: ClassVar[type] = ChainTreeConfig
 
     def __init__(self, depths: list[nn.Module], config: ChainTreeConfig, target: PreTrainedModel) -> None:
-        """`depths`: one module per MTP depth (`MtpDepth`), or a trained head."""
+        """`depths`: one module per MTP depth (`MtpDepth`), or a trained head.
+
+        The layers' caches, inputs and outputs live where the layers compute (`MtpDepth.device`,
+        beside the target's last decoder layer, which a device_map may put on another device than
+        the one the target computes on); the target's tokens and hidden states are moved there,
+        and the logits drafted from come back (`full_vocab`)."""
         text = target.config.get_text_config()
-        super().__init__(depths[0], config, text.vocab_size, execution_device(target))
+        self.target_device = execution_device(target)
+        head = depths[0]
+        super().__init__(
+            head, config, text.vocab_size, head.device if isinstance(head, MtpDepth) else self.target_device
+        )
         self.depths = depths
         self.hidden_size = text.hidden_size
         # Depth 0's cache and real indices per row are EAGLE's `kv` and `done`; per deeper depth, its
@@ -224,9 +245,10 @@ class MtpDrafter(EagleDrafter):
         return output, chained
 
     def full_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        """Logits over the target's whole vocabulary: a trained head's draft vocabulary scattered
-        into it; the model's own layers' shared head, cut to the unpadded vocabulary
-        (`MtpModel._project_to_logits`), padded back at -inf."""
+        """Logits over the target's whole vocabulary, where the target computes: a trained head's
+        draft vocabulary scattered into it; the model's own layers' shared head, cut to the
+        unpadded vocabulary (`MtpModel._project_to_logits`), padded back at -inf."""
+        logits = logits.to(self.target_device)
         if not isinstance(self.head, MtpDepth):
             return super().full_vocab(logits)
         missing = self.vocab_size - logits.shape[-1]

@@ -10,6 +10,7 @@ only where a child carries the target's own token, so every emitted token is the
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -59,6 +60,10 @@ class Level:
     visible: torch.Tensor  # [B, W, F] which of the F tree columns fed so far (this level last) each sees
     parent_columns: torch.Tensor  # [B, W] the tree column each node's parent was fed at; -1: the last token
     depths: torch.Tensor  # [B, W] position after the row's real-token count before this level (see RaggedKV)
+
+    def to(self, device: torch.device) -> Level:
+        """The level on `device`, for a draft that computes elsewhere than the target."""
+        return Level(*(getattr(self, field.name).to(device) for field in dataclasses.fields(self)))
 
 
 def grow_tree(

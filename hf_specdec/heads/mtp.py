@@ -26,6 +26,7 @@ from safetensors import safe_open
 from torch import nn
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES, model_type_to_module_name
 
+from ..core.devices import module_device
 from ..hub.download import SAFETENSORS_INDEX, local_snapshot
 from .eagle import HeadOutput, causal_mask
 
@@ -206,16 +207,17 @@ def check_attention(mtp: nn.Module) -> str:
 
 
 def mtp_placement(target: Any) -> tuple[torch.device, torch.dtype]:
-    """The device and dtype `target`'s MTP layers run in: those of its last decoder layer."""
-    weight = next(target.get_decoder().layers[-1].parameters())
-    return weight.device, weight.dtype
+    """The device and dtype `target`'s MTP layers run in: those of its last decoder layer, where
+    transformers' `MTPCandidateGenerator` puts them; under a device_map, the device that layer
+    computes on (`module_device`: not `meta` where it was offloaded)."""
+    last = target.get_decoder().layers[-1]
+    return module_device(last), next(last.parameters()).dtype
 
 
 def placed_with(mtp: nn.Module, target: Any) -> bool:
     """Whether `mtp`'s own layers still sit where `target`'s MTP layers run (`mtp_placement`): not
     after `target.to(...)` moved the model, and with it the embedding and head the layers share."""
-    weight = next(mtp.layers.parameters())
-    return (weight.device, weight.dtype) == mtp_placement(target)
+    return (module_device(mtp.layers), next(mtp.layers.parameters()).dtype) == mtp_placement(target)
 
 
 class _LoadReport(logging.Handler):
@@ -265,6 +267,10 @@ class MtpDepth(nn.Module):
 
     The parts are transformers' (`MtpModel.layers[k]`, its rotary and shared head); the masks are
     ours: a ragged batch's holes and a tree's, which `MtpModel.forward_layer` cannot take.
+
+    Each part runs where its weights are: the layer on its own device (`device`, beside the
+    target's last decoder layer), the embedding and LM head, which are the target's, on theirs
+    (its first and last devices where a device_map split it). Outputs are on `device`.
     """
 
     # The target's hidden states depth 0 reads: its last, post-norm ones, as transformers'
@@ -277,6 +283,9 @@ class MtpDepth(nn.Module):
         self.depth = depth
         self.config = mtp.config
         self.attention = check_attention(mtp)
+        self.device = module_device(mtp.layers[depth])
+        self.embed_device = module_device(mtp.embed_tokens)
+        self.head_device = module_device(mtp.shared_head)
 
     def forward(
         self,
@@ -288,22 +297,23 @@ class MtpDepth(nn.Module):
         logits_to_keep: int = 0,
         **_: Any,
     ) -> HeadOutput:
-        mtp = self.mtp
-        embeds = mtp.embed_tokens(input_ids).to(features.device)
+        mtp, device = self.mtp, self.device
+        embeds = mtp.embed_tokens(input_ids.to(self.embed_device)).to(device)
         past = cache.get_seq_length(self.depth) if cache is not None else 0
-        queries = past + torch.arange(input_ids.shape[1], device=input_ids.device)
-        if position_ids is None:
-            position_ids = (queries + self.depth + 1)[None]
+        queries = past + torch.arange(input_ids.shape[1], device=device)
+        position_ids = (queries + self.depth + 1)[None] if position_ids is None else position_ids.to(device)
+        if attention_mask is not None:
+            attention_mask = attention_mask.to(device)
         mask = causal_mask(queries, past + input_ids.shape[1], attention_mask)[:, None]  # [B, 1, T, total]
         if self.attention == "eager":
             mask = torch.where(mask, 0.0, torch.finfo(embeds.dtype).min).to(embeds.dtype)
         rope = {"layer_type": mtp.config.layer_types[self.depth]} if mtp.has_per_layer_rope else {}
-        rotary = (
-            mtp.rotary_emb(embeds, position_ids=position_ids, **rope) if mtp.rotary_emb is not None else None
-        )
+        rotary = None
+        if mtp.rotary_emb is not None:  # the target's: under a device_map its hook computes on its device
+            rotary = tuple(t.to(device) for t in mtp.rotary_emb(embeds, position_ids=position_ids, **rope))
         hidden = mtp.layers[self.depth](
             embeds,
-            features.to(embeds.dtype),
+            features.to(device, embeds.dtype),
             position_embeddings=rotary,
             attention_mask=mask,
             position_ids=position_ids,
@@ -312,4 +322,5 @@ class MtpDepth(nn.Module):
         if mtp.use_shared_post_norm:
             hidden = mtp.shared_post_norm(hidden)
         kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
-        return HeadOutput(logits=mtp._project_to_logits(kept), hidden_states=hidden)
+        logits = mtp._project_to_logits(kept.to(self.head_device)).to(device)
+        return HeadOutput(logits=logits, hidden_states=hidden)

@@ -1,5 +1,5 @@
-"""Block drafts for `speculative=`: a published DFlash / DSpark draft trained for the target, and
-telling a block draft apart from a draft model when one is given.
+"""Block drafts for `speculative=`: a published DFlash / DSpark draft trained for the target (one
+given as `draft=` is told apart from a draft model by `drafters.kind`).
 
 A block draft the reviewed registry lists for the target's Hub name (`[[head]]` entries of method
 `dflash` or `dspark`: each names the exact model it was trained on) is what `speculative=True`
@@ -16,9 +16,7 @@ from typing import Any
 from torch import nn
 
 from ..drafters.dflash import BLOCK_METHODS, load_block_draft
-from ..drafters.kind import local_draft_method
 from .choice import OWN_HEAD_METHODS, DraftChoice
-from .select import registry_head
 
 
 def published_block_draft(model: Any, choice: DraftChoice) -> tuple[str, nn.Module, str] | None:
@@ -45,13 +43,3 @@ def registry_block_heads(choice: DraftChoice) -> list[dict[str, Any]]:
     if choice.method in OWN_HEAD_METHODS:
         return []
     return [entry for entry in choice.heads if entry["method"] in BLOCK_METHODS]
-
-
-def block_method(draft: Any) -> str | None:
-    """`"dflash"` or `"dspark"` when `draft` (a folder, Hub repo id or module) is a block draft: a
-    loaded one, a folder holding one (ours or a published layout), or a repo the registry lists as
-    one; None otherwise. Asks nothing of the Hub (`export-serving` reads it)."""
-    method = local_draft_method(draft)
-    if method is None and isinstance(draft, str) and (entry := registry_head(draft)) is not None:
-        method = entry["method"]
-    return method if method in BLOCK_METHODS else None

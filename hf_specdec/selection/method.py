@@ -22,13 +22,13 @@ def resolve_method(config: SpeculativeConfig, model: Any) -> tuple[SpeculativeCo
     its folder or repo: transformers calls it an assistant model) into `method="assistant"`, without
     touching the user's config object; with why that drafter ("" for a method the user named)."""
     reason = ""
-    given = given_method(config.draft) if config.method in ("auto", "draft_model") else None
-    if given == "assistant":
-        return dataclasses.replace(config, method="assistant"), "the official assistant given as draft="
     if config.method == "auto" and config.draft is not None:  # run by what it is
-        config = dataclasses.replace(config, method=given or "draft_model")
-        reason = "the draft given as draft="
-    elif config.method == "auto":
+        method = method_of_draft(config.draft)
+        given = "the official assistant" if method == "assistant" else "the draft"
+        return dataclasses.replace(config, method=method), f"{given} given as draft="
+    if config.method == "draft_model" and given_method(config.draft) == "assistant":
+        return dataclasses.replace(config, method="assistant"), "the official assistant given as draft="
+    if config.method == "auto":
         config, reason = _choose_method(config, model)
     if config.method == "draft_model" and is_onnx_folder(config.draft):  # an export, no PyTorch weights
         return dataclasses.replace(config, method="onnx"), reason
@@ -64,6 +64,14 @@ def _choose_method(config: SpeculativeConfig, model: Any) -> tuple[SpeculativeCo
         config, method=choice.method, draft=draft, draft_tokenizer=draft_tokenizer, options=options
     )
     return resolved, choice.reason
+
+
+def method_of_draft(draft: Any) -> str:
+    """The method `method="auto"` runs a draft given as `draft=` with: what it is (`given_method`),
+    else `onnx` for a folder holding only an ONNX export, else `draft_model`. `export-serving` with
+    no `--method` exports a `--draft` by it too."""
+    method = given_method(draft) or "draft_model"
+    return "onnx" if method == "draft_model" and is_onnx_folder(draft) else method
 
 
 def given_method(draft: Any) -> str | None:

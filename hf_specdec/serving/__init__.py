@@ -19,8 +19,9 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from ..selection.block import block_method, registry_block_heads
+from ..selection.block import registry_block_heads
 from ..selection.choice import auto_method
+from ..selection.method import given_method, method_of_draft
 from ..selection.select import select_draft
 from .base import ENGINES, SGLANG_VERSION, VLLM_VERSION, ServingExportError, ServingPlan
 from .engines import RENDERERS
@@ -63,8 +64,9 @@ def export_serving(
         model: the target: a Hub repo id or a local folder (what the engine loads).
         engine: "vllm" or "sglang".
         method: one of our methods; None: what `speculative=True` picks for `model` (`select_draft`),
-            `draft_model` when `draft` is given, `eagle` when `head` is given (`dflash` / `dspark`
-            when either is a block draft).
+            or, for a `draft` or `head` given, the method `speculative=dict(draft=...)` runs it with
+            (`selection.method.method_of_draft`: an EAGLE, Medusa or block draft, an assistant, an
+            ONNX export, else a draft model; a `head` of no known kind is taken for an EAGLE head).
         draft: the draft model (`draft_model`) or exported ONNX folder (`onnx`).
         head: a draft head folder (`eagle`): ours, published (EAGLE-1/2, EAGLE-3) or speculators.
         num_draft_tokens: an integer, or "auto": measured with our adaptive policy, on a few built-in
@@ -113,13 +115,12 @@ def _resolve_method(
     """(method, draft, why it was chosen when the caller did not say)."""
     if method not in (None, "auto"):
         return method, draft, ""
-    block = block_method(draft or head) if (draft or head) is not None else None
-    if block is not None:  # a block draft given as the draft or head: run as one, as speculative= does
-        return block, draft or head, ""
+    # What is given is exported as speculative=dict(draft=...) runs it: by what it is, told as generate
+    # tells it (a Hub repo from its listing and headers), a head the registry lists by its entry.
     if head is not None:
-        return "eagle", draft, ""
+        return given_method(head) or "eagle", draft, ""
     if draft is not None:
-        return "draft_model", draft, ""
+        return method_of_draft(draft), draft, ""
 
     choice = select_draft(model)
     block = next(iter(registry_block_heads(choice)), None)

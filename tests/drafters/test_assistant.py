@@ -5,12 +5,15 @@ says how the tiny pair is made to agree part of the time."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from transformers import Gemma4ForCausalLM
 from transformers.generation.candidate_generator import SinglePositionMultiTokenCandidateGenerator
 
 from hf_specdec import SpeculativeConfig
+from hf_specdec.drafters import build_drafter
 
 from ..conftest import assert_greedy_match, tiny_llama
 from ..helpers import assistant
@@ -158,6 +161,25 @@ def test_what_cannot_work_is_refused(pair):
         )
     with pytest.raises(ValueError, match="is not one: use method='draft_model'"):
         target.generate(**inputs, max_new_tokens=3, speculative=dict(method="assistant", draft=target))
+
+
+def test_an_assistant_off_the_targets_device_is_refused_naming_both():
+    """It reads the target's cache and hidden states at every draft token, so it must be where the
+    target computes; one given elsewhere is refused before drafting, not left to fail in a forward.
+    Two real devices here: the assistant on the CPU, the target on `meta` (built there, never run:
+    the refusal comes first); and an assistant on `meta`, which holds no weights at all."""
+    target, helper = assistant.pair()
+    on_meta = copy.deepcopy(target).to("meta")
+    with pytest.raises(
+        ValueError,
+        match=r"assistant Gemma4Assistant\w* is on cpu, and must run on meta: .*"
+        r"assistant\.to\('meta'\)",
+    ):
+        build_drafter(SpeculativeConfig(method="assistant", draft=helper), on_meta, None)
+    with pytest.raises(ValueError, match=r"assistant Gemma4Assistant\w* has no weights: .*meta device"):
+        target.generate(
+            **assistant.prompts(1), max_new_tokens=3, speculative=dict(draft=copy.deepcopy(helper).to("meta"))
+        )
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@ draft model, refused."""
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
@@ -112,3 +113,11 @@ def test_a_draft_head_named_as_a_draft_model_is_refused_before_loading(target, t
         spec = dict(method="draft_model", draft=str(tmp_path / name))
         with pytest.raises(ValueError, match=rf"is not a draft model.*method='{method}'"):
             target.generate(torch.tensor([[2, 3, 4]]), max_new_tokens=3, speculative=spec)
+
+
+def test_a_draft_without_weights_is_refused(target, good_draft):
+    """A draft built on the `meta` device (never loaded) is refused before its first forward, which
+    failed in torch ("Tensor.item() cannot be called on meta tensors")."""
+    empty = copy.deepcopy(good_draft).to("meta")
+    with pytest.raises(ValueError, match=r"draft LlamaForCausalLM has no weights: .*meta device"):
+        _drafter(target, empty)

@@ -13,6 +13,10 @@ import torch
 from transformers.modeling_layers import MtpModel
 
 from hf_specdec import SpeculativeConfig
+from hf_specdec.drafters import build_drafter
+from hf_specdec.drafters.mtp import MtpDrafter
+from hf_specdec.drafters.tree import ChainTreeConfig
+from hf_specdec.heads.mtp import MtpDepth
 
 from ..conftest import assert_greedy_match, random_batch, tiny_llama
 from ..helpers import mtp
@@ -127,6 +131,37 @@ def test_mtp_layers_of_another_model_are_refused(other):
     match = rf"{field}={size}; this target's is (32|16).*from_pretrained\(target\)"
     with pytest.raises(ValueError, match=match):
         target.generate(**mtp.prompts(1), max_new_tokens=3, speculative=dict(method="mtp", draft=layers))
+
+
+def test_mtp_layers_off_the_targets_last_layer_are_refused_naming_both():
+    """transformers puts a model's MTP layers beside its last decoder layer; ones given elsewhere are
+    refused before drafting, naming both devices and how to move them without the shared embedding
+    and head. Two real devices: the layers on the CPU with the target's last layer on `meta` (never
+    run: the refusal comes first); and layers on `meta`, which hold no weights."""
+    target, layers = target_and_layers(1)
+    target.get_decoder().layers[-1].to("meta")
+    with pytest.raises(
+        ValueError,
+        match=r"MtpModel given as draft= is on cpu, and must run on meta: .*"
+        r"device_map=\{'': 'meta'\}.*draft\.layers\.to\('meta'\); not draft\.to\(\)",
+    ):
+        build_drafter(SpeculativeConfig(method="mtp", draft=layers), target, None)
+    target, layers = target_and_layers(1)
+    layers.layers.to("meta")
+    with pytest.raises(ValueError, match="MtpModel given as draft= has no weights"):
+        target.generate(**mtp.prompts(1), max_new_tokens=3, speculative=dict(method="mtp", draft=layers))
+
+
+def test_the_layers_are_fed_where_their_weights_are():
+    """Each depth computes on its layer's device, read from its parameters, not on the device the
+    target computes on (which a device_map may make another: its first, where the layers sit beside
+    its last); the drafts' logits go back to the target's. The layers on `meta` here: where the
+    drafter puts its caches and inputs is all this checks, since a `meta` layer computes nothing."""
+    target, layers = target_and_layers(2)
+    layers.layers.to("meta")
+    drafter = MtpDrafter([MtpDepth(layers, k) for k in range(2)], ChainTreeConfig(), target)
+    assert drafter.device == torch.device("meta") and drafter.target_device == torch.device("cpu")
+    assert [depth.embed_device for depth in drafter.depths] == [torch.device("cpu")] * 2
 
 
 def test_rows_that_finish_early_leave_the_batch():

@@ -14,7 +14,7 @@ from transformers import LlamaForCausalLM
 from hf_specdec import SpeculativeConfig, clear_cache
 from hf_specdec.heads.mtp import checkpoint_folder, load_mtp_layers, mtp_architectures, mtp_weight_keys
 
-from ..conftest import assert_greedy_match, tiny_llama
+from ..conftest import assert_greedy_speculation, tiny_llama
 from ..helpers import mtp
 from ..helpers.forwards import assert_drafts_as_theirs
 
@@ -39,15 +39,7 @@ def test_the_published_layout_drafts_as_transformers_does(layout):
     ours = dict(speculative=dict(method="mtp", num_draft_tokens=1))
     assert_drafts_as_theirs(target, mtp.prompts(1), dict(use_mtp=True), ours, max_new_tokens=10)
 
-    batch = mtp.prompts(2)
-    with torch.no_grad():
-        plain = target.generate(**batch, max_new_tokens=10, do_sample=False)
-        spec = dict(method="mtp", num_draft_tokens=3)
-        out = target.generate(
-            **batch, max_new_tokens=10, do_sample=False, speculative=spec, return_dict_in_generate=True
-        )
-    assert_greedy_match(target, plain, out.sequences, batch["attention_mask"])
-    assert out.speculative_stats.accepted > 0
+    assert_greedy_speculation(target, mtp.prompts(2), 10, method="mtp", num_draft_tokens=3)
 
 
 def test_the_layers_are_read_once_per_model(tmp_path, monkeypatch):
@@ -76,16 +68,9 @@ def test_the_layers_follow_the_model_to_another_dtype(tmp_path):
     """Read in fp32, then the model cast to bf16 (`model.to`): the layers, whose embedding and head
     are the model's and moved with it, run in bf16 too."""
     target = load("glm4_moe", mtp.checkpoint(tmp_path, "glm4_moe", agree=AGREE))
-    inputs = mtp.prompts(2)
     for dtype in (torch.float32, torch.bfloat16):
         target.to(dtype)
-        kwargs = dict(**inputs, max_new_tokens=8, do_sample=False)
-        with torch.no_grad():
-            plain = target.generate(**kwargs)
-            spec = dict(method="mtp", num_draft_tokens=3)
-            out = target.generate(**kwargs, speculative=spec, return_dict_in_generate=True)
-        assert_greedy_match(target, plain, out.sequences, inputs["attention_mask"])
-        assert out.speculative_stats.accepted > 0
+        assert_greedy_speculation(target, mtp.prompts(2), 8, method="mtp", num_draft_tokens=3)
 
 
 def test_a_checkpoint_without_mtp_weights_names_the_keys_looked_for(tmp_path):

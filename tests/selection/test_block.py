@@ -11,8 +11,7 @@ import pytest
 import torch
 
 import hf_specdec.selection.select as select
-from hf_specdec.selection.block import block_method
-from hf_specdec.selection.method import DRAFT_FREE_AUTO
+from hf_specdec.selection.method import DRAFT_FREE_AUTO, method_of_draft
 
 from ..conftest import tiny_llama
 from ..heads.test_published import hub  # noqa: F401 (the local Hub fixture)
@@ -63,9 +62,9 @@ def test_a_block_draft_that_cannot_be_loaded_is_passed_over(target, registry, hu
 
 def test_a_block_draft_given_as_draft_is_run_as_one(tmp_path, target):
     zlab, dspark = write_zlab(tmp_path / "zlab", target), write_dspark(tmp_path / "dspark", target)
-    assert (block_method(str(zlab)), block_method(str(dspark))) == ("dflash", "dspark")
-    assert block_method(random_block_draft(target, (0, 1))) == "dflash"
-    assert block_method(str(tmp_path)) is None  # a folder without one: a draft model, as before
+    assert (method_of_draft(str(zlab)), method_of_draft(str(dspark))) == ("dflash", "dspark")
+    assert method_of_draft(random_block_draft(target, (0, 1))) == "dflash"
+    assert method_of_draft(str(tmp_path)) == "draft_model"  # a folder without one: a draft model, as before
     out = target.generate(
         torch.tensor([[1, 5, 6, 7]]),
         max_new_tokens=6,

@@ -18,11 +18,15 @@ from pathlib import Path
 import pytest
 
 import hf_specdec
+from hf_specdec import clear_cache
 from hf_specdec.config import SpeculativeConfig
 from hf_specdec.selection.choice import DRAFT_FREE_AUTO
 from hf_specdec.selection.method import resolve_method
 from hf_specdec.serving import ServingExportError, export_serving
 
+from ..conftest import tiny_llama
+from ..helpers.hub import local_hub
+from ..helpers.published import write_eagle3
 from .conftest import CASES, export_case
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "serving"
@@ -62,6 +66,41 @@ def test_no_method_exports_what_speculative_true_picks(models, tmp_path):
         str(models / "target"), "sglang", draft=str(models / "draft"), num_draft_tokens=2
     )
     assert (with_draft["method"], with_draft["engine_method"]) == ("draft_model", "STANDALONE")
+
+
+# With no method, what is given as --draft (or --head) is exported as speculative=dict(draft=...) runs
+# it (`selection.method.method_of_draft`), not as a draft model for being given as --draft.
+DRAFTS_BY_KIND = {
+    "eagle-head": ("target8", "head-eagle3", "eagle"),
+    "onnx-export": ("target", "draft-onnx", "onnx"),
+    "assistant": ("gemma4-target", "gemma4-assistant", "assistant"),
+    "published-eagle-head": ("target8", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", "eagle"),  # the registry's
+    "draft-model": ("target", "draft", "draft_model"),
+}
+
+
+@pytest.mark.parametrize("case", list(DRAFTS_BY_KIND))
+def test_a_draft_given_with_no_method_is_exported_as_generate_runs_it(models, tmp_path, monkeypatch, case):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the published head is told by the registry's entry
+    model, draft, method = DRAFTS_BY_KIND[case]
+    model, draft = str(models / model), str(models / draft) if (models / draft).exists() else draft
+    runs, _ = resolve_method(SpeculativeConfig(draft=draft), model)
+    result = export_serving(model, "vllm", draft=draft, num_draft_tokens=3, out=tmp_path)
+    assert result["method"] == runs.method == method
+
+
+def test_a_hub_head_given_as_draft_is_exported_as_a_head(models, tmp_path, monkeypatch):
+    """Told from its listing, config and safetensors header on the (local) Hub, as generate tells it:
+    an EAGLE-3 head the registry does not list goes to the EAGLE plan, which asks for its folder,
+    rather than into a draft-model plan that would serve it as a causal LM."""
+    hub = local_hub(tmp_path, monkeypatch)
+    try:
+        hub.add("someone/eagle3-head", write_eagle3(tmp_path / "head", tiny_llama(0, layers=8)))
+        with pytest.raises(ValueError, match="'someone/eagle3-head' is neither a local folder nor a head"):
+            export_serving(str(models / "target8"), "vllm", draft="someone/eagle3-head", num_draft_tokens=3)
+    finally:
+        hub.stop()
+        clear_cache()
 
 
 def test_a_checkpoint_with_mtp_layers_exports_them(models, tmp_path):
