@@ -19,6 +19,7 @@ from .features import DrafterFeatures
 from .inputs import ModelInputs
 from .kv import Slots, positions
 from .output import OutputCollector, ReturnedStates, TokenOutputs
+from .pad_steps import keep_pad_steps
 from .policy import DraftLengthPolicy
 from .processing import ScoreProcessor
 from .static_kv import target_cache
@@ -93,9 +94,12 @@ def speculative_decode(
     while out.active_rows:
         rows = out.active_rows
         # Finished rows stop drafting at once; the cache says when they leave its batch, unless
-        # the policy keeps the forward's shape (a device that pays a one-off per new shape).
+        # the policy keeps the forward's shape (a device that pays a one-off per new shape) or
+        # the call returns per-token outputs (their padding is fed at the end: `pad_steps`).
         if len(rows) < len(cached_rows):
-            cached_rows = target.release_rows(cached_rows, rows, keep_shape=policy.keeps_batch_shape())
+            cached_rows = target.release_rows(
+                cached_rows, rows, keep_shape=policy.keeps_batch_shape(), keep_cache=out.keeps_per_token
+            )
         fed = len(cached_rows)  # the verify forward's batch: what the policy prices
         k = policy.draft_length(fed)
         if tree and max_tree_nodes is not None:
@@ -147,6 +151,7 @@ def speculative_decode(
     # past its end cached: the cache handed back holds each row's sequence but its last token, as
     # plain decoding's does, so that a next turn can continue it.
     target.truncate(out.cached_lengths(cached_rows))
+    keep_pad_steps(target, cached_rows, out, processor, returned, inputs, stats)  # rows that stopped early
     if draws is not None:
         draws.finish(max(out.lengths) - input_ids.shape[1])
     finishing = clock(device)
