@@ -54,7 +54,8 @@ def generators_untouched(device: torch.device) -> Iterator[None]:
 
 class PlainDraws:
     """E_t for each position t of a call's rows, as plain decoding of this `batch` would draw them
-    from the device's default generator, which is left where plain leaves it (`finish`)."""
+    from the device's default generator, which is left where plain leaves it (`finish`, which the
+    loop calls whether the call ends or raises)."""
 
     def __init__(self, batch: int, prompt_width: int, default: torch.Generator) -> None:
         self.batch, self.prompt_width, self.default = batch, prompt_width, default

@@ -31,6 +31,7 @@ decoding's), and remembered (`holds_holes`) so that a call given it to continue 
 
 from __future__ import annotations
 
+import copy
 import inspect
 from typing import Any
 
@@ -259,15 +260,18 @@ class RaggedKV:
                 index = order[:, None, :, None].expand(-1, tail.shape[1], -1, tail.shape[3])
                 states[:, :, -width:] = tail.gather(2, index)
 
-    def release_rows(self, cached_rows: list[int], active: list[int], keep_shape: bool = False) -> list[int]:
+    def release_rows(
+        self, cached_rows: list[int], active: list[int], keep_shape: bool = False, keep_cache: bool = False
+    ) -> list[int]:
         """The rows of `cached_rows` (the user's rows, one per cache row) not in `active` have
         finished; returns the user rows the cache holds after, in order.
 
         They leave the batch only once half of it has finished: removing rows copies the whole cache,
         and on CPU an odd batch of 15 runs slower than 16, so dropping rows one at a time costs more
         than it saves. Until then, or always with `keep_shape` (the policy's call: a device that
-        pays a one-off per new shape), the steps feed them holes (`forward_rows`)."""
-        if keep_shape or len(active) > len(cached_rows) // 2:
+        pays a one-off per new shape) or `keep_cache` (their cache is read at the end: `rows_apart`),
+        the steps feed them holes (`forward_rows`)."""
+        if keep_shape or keep_cache or len(active) > len(cached_rows) // 2:
             return cached_rows
         self.select_rows(torch.tensor(positions(cached_rows, active), device=self.mask.device))
         return active
@@ -279,6 +283,16 @@ class RaggedKV:
         self.lengths = self.lengths[rows]
         self.offsets = None if self.offsets is None else self.offsets[rows]
         self._crop_unused_tail()
+
+    def rows_apart(self, rows: list[int]) -> RaggedKV:
+        """Cache rows `rows` (indices into the current batch) alone, over a copy of their keys and
+        values: what is fed through it leaves this cache as it is."""
+        apart = copy.copy(self)
+        apart.cache = copy.copy(self.cache)
+        apart.cache.layers = [copy.copy(layer) for layer in self.cache.layers]  # each selects a copy
+        apart.batch_size = len(rows)
+        apart.select_rows(torch.tensor(rows, device=self.mask.device))
+        return apart
 
     def _crop_unused_tail(self) -> None:
         """Drop the trailing cache columns that are holes in every row."""

@@ -19,6 +19,7 @@ from .features import DrafterFeatures
 from .inputs import ModelInputs
 from .kv import Slots, positions
 from .output import OutputCollector, ReturnedStates, TokenOutputs
+from .pad_steps import keep_pad_steps
 from .policy import DraftLengthPolicy
 from .processing import ScoreProcessor
 from .static_kv import target_cache
@@ -46,18 +47,57 @@ def speculative_decode(
     The caller has checked the inputs (`checks.check_supported`) and chosen the `drafter` and the
     draft-length `policy`; `tree`: draft trees (the drafter grows them), of at most `max_tree_nodes`.
     """
+    out = OutputCollector(input_ids, model_kwargs.get("attention_mask"), generation_config, streamer)
+    # Sampling takes each token with plain decoding's draw at its position (`draws`).
+    generator = default_generator(input_ids.device) if generation_config.do_sample else None
+    draws = PlainDraws(input_ids.shape[0], input_ids.shape[1], generator) if generator is not None else None
+    try:
+        return _decode(
+            model,
+            input_ids,
+            logits_processor,
+            stopping_criteria,
+            generation_config,
+            out,
+            draws,
+            drafter=drafter,
+            policy=policy,
+            tree=tree,
+            max_tree_nodes=max_tree_nodes,
+            **model_kwargs,
+        )
+    finally:
+        # Ended or raised (an error, a KeyboardInterrupt), the call leaves torch's default generator
+        # where plain sampling leaves it after as many tokens as the call's longest row got, never
+        # on the stream it moved it to meanwhile (docs/lossless.md#sampling).
+        if draws is not None:
+            draws.finish(max(out.lengths) - input_ids.shape[1])
+
+
+def _decode(
+    model: Any,
+    input_ids: torch.Tensor,  # [B, prompt_len], left-padded
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config: GenerationConfig,
+    out: OutputCollector,
+    draws: PlainDraws | None,
+    *,
+    drafter: Drafter,
+    policy: DraftLengthPolicy,
+    tree: bool,
+    max_tree_nodes: int | None,
+    **model_kwargs: Any,
+) -> Any:
+    """`speculative_decode`'s call, with its collector `out` and its sampling `draws` made."""
     inputs = ModelInputs(model, input_ids, model_kwargs)
     stats = SpeculativeStats(method=drafter.name, translation=drafter.translation)
     batch, device = input_ids.shape[0], input_ids.device
     vocab = model.config.get_text_config().vocab_size
     processor = ScoreProcessor(logits_processor, vocab, batch)
-    out = OutputCollector(input_ids, model_kwargs.get("attention_mask"), generation_config, streamer)
     target = target_cache(model, batch, device, generation_config, model_kwargs)
     features = DrafterFeatures(drafter.hidden_state_layers, batch, device)
     returned = ReturnedStates(out, target, bool(drafter.hidden_state_layers))
-    # Sampling takes each token with plain decoding's draw at its position (`draws`).
-    generator = default_generator(device) if generation_config.do_sample else None
-    draws = PlainDraws(batch, input_ids.shape[1], generator) if generator is not None else None
 
     def request(rows: list[int], k: int) -> DraftRequest:
         hidden_states = features.take(rows) if k > 0 else None  # kept for the next draft
@@ -93,9 +133,12 @@ def speculative_decode(
     while out.active_rows:
         rows = out.active_rows
         # Finished rows stop drafting at once; the cache says when they leave its batch, unless
-        # the policy keeps the forward's shape (a device that pays a one-off per new shape).
+        # the policy keeps the forward's shape (a device that pays a one-off per new shape) or
+        # the call returns per-token outputs (their padding is fed at the end: `pad_steps`).
         if len(rows) < len(cached_rows):
-            cached_rows = target.release_rows(cached_rows, rows, keep_shape=policy.keeps_batch_shape())
+            cached_rows = target.release_rows(
+                cached_rows, rows, keep_shape=policy.keeps_batch_shape(), keep_cache=out.keeps_per_token
+            )
         fed = len(cached_rows)  # the verify forward's batch: what the policy prices
         k = policy.draft_length(fed)
         if tree and max_tree_nodes is not None:
@@ -147,8 +190,7 @@ def speculative_decode(
     # past its end cached: the cache handed back holds each row's sequence but its last token, as
     # plain decoding's does, so that a next turn can continue it.
     target.truncate(out.cached_lengths(cached_rows))
-    if draws is not None:
-        draws.finish(max(out.lengths) - input_ids.shape[1])
+    keep_pad_steps(target, cached_rows, out, processor, returned, inputs, stats)  # rows that stopped early
     finishing = clock(device)
     drafter.finish(*out.sequences())  # what a drafter learning across calls keeps of this one
     stats.finish_seconds = clock(device) - finishing

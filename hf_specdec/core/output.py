@@ -59,11 +59,16 @@ class OutputCollector:
         self.stopped: list[int | None] = [None] * batch
         self.limit = self.capacity
         self.streamer = streamer
+        pad = generation_config._pad_token_tensor  # what plain generate writes after a row's end
+        self.pad = pad if pad is not None else 0
         returned = bool(generation_config.return_dict_in_generate)
         self.keep_scores = returned and bool(generation_config.output_scores)
         self.keep_logits = returned and bool(generation_config.output_logits)
         self.keep_attentions = returned and bool(generation_config.output_attentions)
         self.keep_hidden_states = returned and bool(generation_config.output_hidden_states)
+        self.keeps_per_token = any(
+            (self.keep_scores, self.keep_logits, self.keep_attentions, self.keep_hidden_states)
+        )
         self.scores: list[list[torch.Tensor]] = [[] for _ in range(batch)]  # per row, [1, V] a token
         self.logits: list[list[torch.Tensor]] = [[] for _ in range(batch)]
         # Per row, per token: a tuple over layers, as plain generate's step for it (see `TokenOutputs`).
@@ -144,15 +149,33 @@ class OutputCollector:
         if self.lengths[row] >= self.limit:
             self.finished[row] = True
         self.emitted += n
+        self._keep(row, n, logits, extras)
+        if self.streamer is not None and n:
+            self.streamer.put(tokens[:n].cpu())
+        if ended:
+            self._end_at(self.limit)
+
+    def _keep(self, row: int, n: int, logits: torch.Tensor | None, extras: TokenOutputs | None) -> None:
+        """Keep the logits, attentions and hidden states of row `row`'s next `n` tokens, as returned."""
         if self.keep_logits:
             self.logits[row].extend(logits[:n].float()[:, None])
         if extras is not None:
             self.attentions[row].extend(extras.attentions[:n])
             self.hidden_states[row].extend(extras.hidden_states[:n])
-        if self.streamer is not None and n:
-            self.streamer.put(tokens[:n].cpu())
-        if ended:
-            self._end_at(self.limit)
+
+    def keep_padded(
+        self,
+        row: int,
+        n: int,
+        scores: torch.Tensor | None,  # [n, V] processed scores of the row's next n steps
+        logits: torch.Tensor,  # [n, V] raw logits
+        extras: TokenOutputs | None,
+    ) -> None:
+        """Keep what plain generate returns for a finished row's next `n` steps, at which it is
+        padded (`pad_steps`): its sequence is not extended, `finish` pads it."""
+        if self.keep_scores:
+            self.scores[row].extend(scores[:, None])
+        self._keep(row, n, logits, extras)
 
     def _end_at(self, limit: int) -> None:
         """Every row ends at `limit` tokens, where the last row stopped: plain generate, which keeps
@@ -214,34 +237,35 @@ class OutputCollector:
             self.streamer.end()
         length = max(self.lengths)
         sequences = self.tokens[:, :length].clone()
-        pad = self.config._pad_token_tensor
         for row, row_length in enumerate(self.lengths):
             if row_length < length:
                 # Rows that stopped early are padded, as plain generate pads finished rows.
-                sequences[row, row_length:] = pad if pad is not None else 0
+                sequences[row, row_length:] = self.pad
         if not self.config.return_dict_in_generate:
             return sequences
         steps = length - self.prompt_len
         return SpeculativeGenerateOutput(
             sequences=sequences,
-            scores=self._per_step(self.scores, length) if self.keep_scores else None,
-            logits=self._per_step(self.logits, length) if self.keep_logits else None,
+            scores=_per_step(self.scores, steps) if self.keep_scores else None,
+            logits=_per_step(self.logits, steps) if self.keep_logits else None,
             attentions=_per_step_layers(self.attentions, steps) if self.keep_attentions else None,
             hidden_states=_per_step_layers(self.hidden_states, steps) if self.keep_hidden_states else None,
             **{_CACHE_FIELD: cache},
             speculative_stats=stats,
         )
 
-    def _per_step(self, per_row: list[list[torch.Tensor]], length: int) -> tuple[torch.Tensor, ...]:
-        """Rows' per-token tensors [1, V] regrouped per generation step, [B, V] each, as generate
-        returns them; a row that had already finished gets -inf there (plain generate scored a pad token)."""
-        steps = length - self.prompt_len
-        first = next(t for row in per_row for t in row)
-        finished = torch.full_like(first, float("-inf"))
-        return tuple(
-            torch.cat([row[step] if step < len(row) else finished for row in per_row])
-            for step in range(steps)
-        )
+
+def _per_step(per_row: list[list[torch.Tensor]], steps: int) -> tuple[torch.Tensor, ...]:
+    """Rows' per-token tensors [1, V] regrouped per generation step, [B, V] each, as generate
+    returns them (a finished row's steps included: `pad_steps`)."""
+    _check_steps(per_row, steps)
+    return tuple(torch.cat([row[step] for row in per_row]) for step in range(steps))
+
+
+def _check_steps(per_row: list[list[Any]], steps: int) -> None:
+    """Every row holds one entry per step: a missing one would shift every later step's rows."""
+    if any(len(row) != steps for row in per_row):
+        raise RuntimeError(f"rows kept {[len(row) for row in per_row]} steps of outputs, not {steps} each")
 
 
 def _pads_stopped_rows(criteria: StoppingCriteriaList) -> bool:
@@ -254,18 +278,11 @@ def _per_step_layers(
     per_row: list[list[tuple[torch.Tensor, ...]]], steps: int
 ) -> tuple[tuple[torch.Tensor, ...], ...]:
     """Rows' per-token layer tuples regrouped per generation step, each layer's tensors joined over
-    rows, as generate returns attentions and hidden states. A row that had already finished gets
-    zeros there (plain generate ran its pad token through the model)."""
-    out = []
-    for step in range(steps):
-        present = next(row[step] for row in per_row if step < len(row))  # [1, ...] per layer
-        out.append(
-            tuple(
-                torch.cat([row[step][i] if step < len(row) else torch.zeros_like(layer) for row in per_row])
-                for i, layer in enumerate(present)
-            )
-        )
-    return tuple(out)
+    rows, as generate returns attentions and hidden states."""
+    _check_steps(per_row, steps)
+    return tuple(
+        tuple(torch.cat(layer) for layer in zip(*(row[step] for row in per_row))) for step in range(steps)
+    )
 
 
 @dataclass
@@ -303,15 +320,28 @@ class ReturnedStates:
         at cache row `slots[b]`; read before the cache is rolled back (the columns each attended to)."""
         if not self.wanted:
             return None
-        past = self.target.width - width
+        return self._sliced(output, self.target, slots, [verdict.fed(b) for b in range(len(slots))], width)
+
+    def padded(self, output: Any, kv: RaggedKV, widths: list[int]) -> list[TokenOutputs] | None:
+        """A finished row's padded steps' (`pad_steps`), from a forward `output` through `kv` (the
+        rows apart) of `widths[b]` tokens for row b."""
+        fed = [list(range(n)) for n in widths]
+        return self._sliced(output, kv, list(range(len(widths))), fed, max(widths))
+
+    def _sliced(
+        self, output: Any, kv: RaggedKV, slots: list[int], fed: list[list[int]], width: int
+    ) -> list[TokenOutputs] | None:
+        if not self.wanted:
+            return None
+        past = kv.width - width
         return [
             step_outputs(
                 output,
                 slot,
-                self.target.sequence_columns(slot, past),
+                kv.sequence_columns(slot, past),
                 past,
-                verdict.fed(b),
-                self.target.layer_windows,
+                fed[b],
+                kv.layer_windows,
                 self.out.keep_attentions,
                 self.out.keep_hidden_states,
             )

@@ -66,12 +66,16 @@ def as_row(call: Callable[..., Any], row: int, batch_size: int, ids: torch.Tenso
     as plain `generate` calls it: every row this row's ids [1, L] and scores ([1, V], or a tuple of
     them, or None), and row `row` of what it returns taken. Rows verified apart sit at different
     lengths, so no one batch holds them all; a callable that reads other rows than its own cannot
-    be shown theirs."""
+    be shown theirs. A processor's scores are its own copy (it may write them in place); a
+    criterion's tuple of every step's scores is shown as views, read-only, as criteria read them:
+    a copy of each step's at every token would cost the whole tuple again per token and row."""
 
     def batch(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
             return x.expand(batch_size, *x.shape[1:]).clone()
-        return tuple(batch(t) for t in x) if isinstance(x, tuple) else x
+        if isinstance(x, tuple):
+            return tuple(t.expand(batch_size, *t.shape[1:]) for t in x)
+        return x
 
     return call(batch(ids), batch(scores))[row : row + 1]
 

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from transformers import CompileConfig, GenerationConfig, PreTrainedModel, StaticCache
+from transformers import CompileConfig, DynamicCache, GenerationConfig, PreTrainedModel, StaticCache
 from transformers.cache_utils import StaticLayer
 
 from .compat import cache_argument, compiles_decoding, generate_cache
@@ -267,12 +267,16 @@ class StaticKV:
             kept_lengths[slots.index] -= torch.tensor(rejected, device=self.mask.device)
             self.truncate(kept_lengths)
 
-    def release_rows(self, cached_rows: list[int], active: list[int], keep_shape: bool = False) -> list[int]:
+    def release_rows(
+        self, cached_rows: list[int], active: list[int], keep_shape: bool = False, keep_cache: bool = False
+    ) -> list[int]:
         """The rows of `cached_rows` (the user's rows, one per cache row) not in `active` have
         finished: they are retired, not dropped (the batch is the compiled shape, and a StaticCache
-        cannot drop rows: its shape is always kept). Returns the user rows the cache holds, unchanged."""
+        cannot drop rows: its shape is always kept), unless `keep_cache` (their cache is read at the
+        end: `rows_apart`; `compact` keeps their columns). Returns the user rows the cache holds,
+        unchanged."""
         finished = [i for i, row in enumerate(cached_rows) if row not in active]
-        if finished:
+        if finished and not keep_cache:
             self.retire(torch.tensor(finished, device=self.mask.device))
         return cached_rows
 
@@ -320,6 +324,18 @@ class StaticKV:
         self._set_write_position(self.end)
         self.all_real = bool(self.mask[:, : self.end].all())
         self.compactions += 1
+
+    def rows_apart(self, rows: list[int]) -> RaggedKV:
+        """Cache rows `rows` alone, as a dynamic cache over a copy of their columns in use (room for
+        more past them, which this cache may lack): what is fed through it leaves this cache as it is."""
+        index = torch.tensor(rows, device=self.mask.device)
+        cache = DynamicCache()
+        for i, layer in enumerate(self.cache.layers):
+            cache.update(layer.keys[index, :, : self.end], layer.values[index, :, : self.end], i)
+        mask = self.mask[index, : self.end]
+        apart = RaggedKV(self.model, cache, len(rows), self.mask.device, attention_mask=mask)
+        apart.offsets = None if self.offsets is None else self.offsets[index]
+        return apart
 
     def finished_cache(self) -> StaticCache:
         """The cache to hand back at the end of a call, its write position after the last real column."""

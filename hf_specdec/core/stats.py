@@ -11,12 +11,13 @@ class SpeculativeStats:
 
     `steps` counts verification steps of a row (one per row per target forward after the prompt's,
     which verifies nothing; `target_forwards` counts the forwards themselves, the prompt's
-    included); `speculative_steps` of them verified a non-empty draft and `plain_steps` decoded one
-    token without a draft. `drafted` and `accepted` count draft tokens; `position_drafted[i]` counts
-    drafts that had an i-th token and `position_accepted[i]` those whose first i + 1 tokens were all
-    accepted (vLLM's `num_accepted_tokens_per_pos`). `emitted` counts tokens the call produced (the
-    prompt forward's first token a row, then accepted drafts plus one target token a step, cut at
-    EOS / max length).
+    included, and the one that feeds finished rows their padding where per-token outputs are
+    returned: `pad_steps`); `speculative_steps` of them verified a non-empty draft and
+    `plain_steps` decoded one token without a draft. `drafted` and `accepted` count draft tokens;
+    `position_drafted[i]` counts drafts that had an i-th token and `position_accepted[i]` those
+    whose first i + 1 tokens were all accepted (vLLM's `num_accepted_tokens_per_pos`). `emitted`
+    counts tokens the call produced (the prompt forward's first token a row, then accepted drafts
+    plus one target token a step, cut at EOS / max length).
 
     A tree draft counts its nodes as drafted tokens: every node is fed to, and verified by, the
     target's forward, whichever path is accepted. `tree_steps` counts the speculative steps that

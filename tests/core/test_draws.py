@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 import hf_specdec.core.draws
+from hf_specdec import SpeculativeConfig
 from hf_specdec.core.draws import KEPT_POSITIONS, PlainDraws
+
+from ..conftest import random_batch
 
 
 def _plain_picks(probs: torch.Tensor, seed: int) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -60,3 +64,90 @@ def test_a_draft_sampled_meanwhile_does_not_use_the_same_numbers():
     draws.picks([0], [[0]], torch.full((1, 1, 4), 0.25))
     draws.finish(0)
     assert torch.equal(torch.rand(4), expected)  # no position generated: plain drew nothing
+
+
+class _Interrupted(Exception):
+    pass
+
+
+class _RaisesAt(StoppingCriteria):
+    """Raises once a sequence reaches `length` tokens, as a user's criterion or a Ctrl-C might."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __call__(self, input_ids, scores, **kwargs):
+        if input_ids.shape[1] >= self.length:
+            raise _Interrupted
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
+class _InterruptsAt(LogitsProcessor):
+    """A KeyboardInterrupt while the scores after `length` tokens are processed."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __call__(self, input_ids, scores):
+        if input_ids.shape[1] >= self.length:
+            raise KeyboardInterrupt
+        return scores
+
+
+def _rand_after(target, raising, speculative=None, seed=11, batch=3, **kwargs) -> torch.Tensor:
+    """The next numbers of torch's default generator after a seeded sampled call raised."""
+    input_ids, attention_mask = random_batch(4, batch, min_len=3, max_len=8)
+    torch.manual_seed(seed)
+    with pytest.raises(raising):
+        target.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=30,
+            do_sample=True,
+            speculative=speculative,
+            **kwargs,
+        )
+    return torch.rand(8)
+
+
+def _speculative(method: str, draft) -> SpeculativeConfig:
+    if method == "ngram":  # one-token matches: drafts on random prompts too
+        return SpeculativeConfig(method="ngram", num_draft_tokens=3, options=dict(min_ngram=1))
+    return SpeculativeConfig(method="draft_model", draft=draft, num_draft_tokens=3)
+
+
+def _raising_at(generated: int, batch: int) -> dict:
+    width = random_batch(4, batch, min_len=3, max_len=8)[0].shape[1]
+    return dict(stopping_criteria=StoppingCriteriaList([_RaisesAt(width + generated)]), eos_token_id=None)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_a_call_raising_in_a_criterion_leaves_the_generator_where_plain_does(
+    target, weak_draft, batch, method
+):
+    """A criterion that raises at a token: plain leaves the generator after that token's draw, and so
+    does speculation, whatever its drafts took meanwhile (a draft model samples from the default
+    generator, moved to another stream for the call)."""
+    plain = _rand_after(target, _Interrupted, batch=batch, **_raising_at(9, batch))
+    ours = _rand_after(
+        target, _Interrupted, _speculative(method, weak_draft), batch=batch, **_raising_at(9, batch)
+    )
+    assert torch.equal(ours, plain)
+
+
+def test_a_keyboard_interrupt_in_a_processor_leaves_the_generator_where_plain_would_have_been(
+    target, weak_draft
+):
+    """Interrupted while scoring the 9th token's position, plain has drawn 8 tokens; speculation,
+    which scores a step's draft positions before it keeps any, leaves the generator after the
+    tokens its longest row got, 8 or fewer: where plain's would be after as many, not elsewhere."""
+    width = random_batch(4, 3, min_len=3, max_len=8)[0].shape[1]
+    torch.manual_seed(11)
+    plains = [torch.rand(8)]  # after no token
+    plains += [_rand_after(target, _Interrupted, **_raising_at(m, 3)) for m in range(1, 9)]
+    interrupt = dict(logits_processor=LogitsProcessorList([_InterruptsAt(width + 8)]), eos_token_id=None)
+    assert torch.equal(_rand_after(target, KeyboardInterrupt, **interrupt), plains[8])
+    for method in ("ngram", "draft_model"):
+        ours = _rand_after(target, KeyboardInterrupt, _speculative(method, weak_draft), **interrupt)
+        assert any(torch.equal(ours, plain) for plain in plains), method

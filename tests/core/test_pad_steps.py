@@ -1,0 +1,114 @@
+"""A row that stops before the batch's last (`core/pad_steps.py`): plain `generate` keeps decoding it,
+fed its last token then its pad token, and returns the model's scores, logits, attentions and hidden
+states at those steps; speculation returns the same, so that `compute_transition_scores` gives what
+it gives for plain output (finite values or -inf, never NaN)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import RepetitionPenaltyLogitsProcessor
+
+from hf_specdec import SpeculativeConfig
+from hf_specdec.core.policy import FixedDraftLength
+from hf_specdec.integration import _ORIGINAL_GENERATE
+
+from ..conftest import random_batch
+from ..helpers.architectures import VOCAB, tiny
+from ..properties.test_output_contract import EVERYTHING, assert_close_steps
+
+MAX_NEW = 12
+
+
+def _inputs(seed: int = 2) -> dict[str, torch.Tensor]:
+    input_ids, attention_mask = random_batch(seed, 3, vocab=VOCAB, min_len=3, max_len=9)
+    return dict(input_ids=input_ids, attention_mask=attention_mask)
+
+
+def _eos_ending_rows_apart(model, inputs, **kwargs) -> int:
+    """A token of plain output that, made the EOS, ends rows at middle steps (as many as it can) and
+    leaves another running to the end: those rows are then padded while the batch goes on (two of
+    three: half the batch, where finished rows would leave the verify forward)."""
+    plain = _ORIGINAL_GENERATE(model, **inputs, max_new_tokens=MAX_NEW, eos_token_id=None, **kwargs)
+    new = plain[:, inputs["input_ids"].shape[1] :].tolist()
+    ended = {}
+    for token in sorted({t for row in new for t in row}):
+        firsts = [row.index(token) if token in row else None for row in new]
+        if None in firsts:
+            ended[token] = sum(f is not None and 1 <= f <= MAX_NEW - 4 for f in firsts)
+    token = max(ended, key=ended.get, default=None)
+    assert token is not None and ended[token], "no token of plain output ends a row early, another not at all"
+    return token
+
+
+def _assert_like_plain(model, inputs, speculative, **kwargs):
+    eos = _eos_ending_rows_apart(model, inputs, do_sample=False, **kwargs)
+    given = dict(inputs, max_new_tokens=MAX_NEW, eos_token_id=eos, **EVERYTHING, **kwargs)
+    plain = _ORIGINAL_GENERATE(model, **given)
+    spec = model.generate(**given, speculative=speculative)
+    assert torch.equal(spec.sequences, plain.sequences)
+    assert int((plain.sequences[:, -1] == model.config.pad_token_id).sum()) == 2  # rows padded
+    for field in ("scores", "logits"):
+        assert_close_steps(getattr(spec, field), getattr(plain, field), field)
+    for field in ("attentions", "hidden_states"):
+        assert len(getattr(spec, field)) == len(getattr(plain, field))
+        for step, (ours, theirs) in enumerate(zip(getattr(spec, field), getattr(plain, field))):
+            assert_close_steps(ours, theirs, f"{field}[{step}]")
+    for normalize in (False, True):
+        ours = model.compute_transition_scores(spec.sequences, spec.scores, normalize_logits=normalize)
+        theirs = model.compute_transition_scores(plain.sequences, plain.scores, normalize_logits=normalize)
+        assert not ours.isnan().any()
+        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+    return spec
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral"])
+@pytest.mark.parametrize("tree", [False, True])
+def test_a_padded_row_returns_plain_outputs_at_its_later_steps(name, tree):
+    """Chains (prompt lookup: mostly rejected, holes in the cache) and trees (the model as its own
+    draft: accepted, rows stopping inside a step's drafts), rows stopping at different steps; on a
+    sliding-window model each padded step's attentions are cut to the window."""
+    window = {"sliding_window": 4} if name == "mistral" else {}
+    model = tiny(name, 0, attn_implementation="eager", eos_token_id=None, **window)
+    if tree:
+        speculative = SpeculativeConfig(method="draft_model", draft=model, num_draft_tokens=3, tree=True)
+    else:
+        speculative = SpeculativeConfig(method="ngram", options=dict(min_ngram=1), policy=FixedDraftLength(3))
+    spec = _assert_like_plain(model, _inputs(), speculative)
+    assert spec.speculative_stats.accepted > 0 or not tree
+
+
+def test_a_padded_row_is_processed_after_its_pads_as_plain():
+    """A processor reading the tokens (repetition penalty) sees the padded row's sequence and its pads
+    up to each step, as plain shows it; sampled, with plain's draws (prompt lookup takes no draws)."""
+    model = tiny("llama", 0, eos_token_id=None)
+    processors = [RepetitionPenaltyLogitsProcessor(1.5)]
+    speculative = SpeculativeConfig(method="ngram", options=dict(min_ngram=1), policy=FixedDraftLength(3))
+    inputs = _inputs(5)
+    eos = _eos_ending_rows_apart(model, inputs, do_sample=False, logits_processor=processors)
+    given = dict(inputs, max_new_tokens=MAX_NEW, eos_token_id=eos, return_dict_in_generate=True)
+    given.update(output_scores=True, logits_processor=processors, do_sample=True, top_k=0, temperature=0.1)
+    torch.manual_seed(0)
+    plain = _ORIGINAL_GENERATE(model, **given)
+    torch.manual_seed(0)
+    spec = model.generate(**given, speculative=speculative)
+    assert torch.equal(spec.sequences, plain.sequences)
+    assert bool((plain.sequences[:, -1] == model.config.pad_token_id).any())
+    assert_close_steps(spec.scores, plain.scores, "scores")
+
+
+def test_a_padded_row_over_a_static_cache_returns_plain_scores():
+    """A static cache retires no finished row while outputs are kept; its pad steps run through a copy
+    of its rows, which has room past the batch's longest."""
+    model = tiny("llama", 0, eos_token_id=None)
+    inputs = _inputs()
+    eos = _eos_ending_rows_apart(model, inputs, do_sample=False)
+    given = dict(inputs, max_new_tokens=MAX_NEW, eos_token_id=eos, cache_implementation="static")
+    given.update(return_dict_in_generate=True, output_scores=True, output_logits=True)
+    plain = _ORIGINAL_GENERATE(model, **given)
+    speculative = SpeculativeConfig(method="draft_model", draft=tiny("llama", 1), num_draft_tokens=3)
+    spec = model.generate(**given, speculative=speculative)
+    assert torch.equal(spec.sequences, plain.sequences)
+    assert bool((plain.sequences[:, -1] == model.config.pad_token_id).any())
+    for field in ("scores", "logits"):
+        assert_close_steps(getattr(spec, field), getattr(plain, field), field)
