@@ -39,6 +39,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from .compat import cache_argument
+from .tree import tree_layout
 from .verify_shape import VerifyShape
 
 
@@ -344,20 +345,6 @@ def _layer_windows(model: PreTrainedModel, cache: DynamicCache) -> list[int | No
         layer.sliding_window if isinstance(layer, DynamicSlidingWindowLayer) else None
         for layer in cache.layers
     ]
-
-
-def tree_layout(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """For a forward over [last token, tree nodes...] (`parents` [B, T - 1]: node i's parent node,
-    -1 for a child of the last token): which fed tokens each one sees (its ancestors and itself),
-    [B, T, T], and each one's depth below the last token, [B, T]."""
-    rows, nodes = parents.shape
-    width = nodes + 1
-    parent_column = torch.cat([parents.new_zeros(rows, 1), parents + 1], dim=1)  # [B, T]
-    visible = torch.eye(width, dtype=torch.bool, device=parents.device).repeat(rows, 1, 1)
-    every_row = torch.arange(rows, device=parents.device)
-    for i in range(1, width):  # a parent's column comes before its children's
-        visible[:, i] |= visible[every_row, parent_column[:, i].clamp(0, i - 1)]
-    return visible, visible.sum(dim=-1) - 1
 
 
 class _Masks:

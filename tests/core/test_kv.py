@@ -7,7 +7,7 @@ import torch
 from transformers import DynamicCache
 
 from hf_specdec.core.compat import cache_argument
-from hf_specdec.core.kv import RaggedKV, Slots, tree_layout
+from hf_specdec.core.kv import RaggedKV, Slots
 
 from ..conftest import random_batch
 
@@ -47,15 +47,6 @@ def _decodes_on(kv: RaggedKV, model, sequences: list[torch.Tensor]) -> None:
     for row, sequence in enumerate(sequences):
         expected, _ = _plain(model, torch.cat([sequence, token[row]]))
         torch.testing.assert_close(logits[row], expected[-1], **CLOSE)
-
-
-def test_tree_layout_ancestors_and_depths():
-    parents = torch.tensor([[-1, 0, -1, 2, 1]])  # nodes 0-1-4 and 2-3
-    visible, depths = tree_layout(parents)
-    assert depths.tolist() == [[0, 1, 2, 1, 2, 3]]
-    # fed column 5 (node 4) sees the last token, node 0, node 1 and itself
-    assert visible[0, 5].nonzero()[:, 0].tolist() == [0, 1, 2, 5]
-    assert visible[0, 4].nonzero()[:, 0].tolist() == [0, 3, 4]
 
 
 def test_slots_gather_and_scatter_the_steps_rows():
