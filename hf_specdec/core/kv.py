@@ -39,6 +39,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from .compat import cache_argument
+from .masks import allowed_keys, cache_places, in_attention_format, spanning
 from .tree import tree_layout
 from .verify_shape import VerifyShape
 
@@ -356,12 +357,12 @@ class _Masks:
       `kv_idx > q_idx - sliding_window`, counted in places of plain decoding's cache instead of
       columns of this one, which holds holes).
     - Tree drafts: among the tokens of a forward, each sees only its ancestors and itself.
-    A hole or padding query sees only itself, so no softmax row is empty.
+    A hole or padding query sees only itself, so no softmax row is empty (`masks.allowed_keys`).
     """
 
     def __init__(self, model: PreTrainedModel | None, window: int | None, layer_types: list[str]) -> None:
         """Masks in the format of `model`'s attention; None: boolean masks (our draft heads)."""
-        self.implementation = "sdpa"
+        self.implementation, self.dtype = "sdpa", None
         if model is not None:
             self.implementation = model.config.get_text_config(decoder=True)._attn_implementation
             self.dtype = model.dtype
@@ -419,33 +420,17 @@ class _Masks:
         """One [B, 1, new, cache_len] mask, or one per layer type for models that mix them."""
         width = mask.shape[1]
         past = width - new
-        columns = torch.arange(width, device=mask.device)
-        queries = columns[past:]
-        causal = mask[:, None, :] & (columns[None, None, :] <= queries[None, :, None])  # [B, new, cache_len]
-        if visible is not None:
-            causal[:, :, width - visible.shape[2] :] &= visible
-        itself = columns[None, None, :] == queries[None, :, None]
+        visible = None if visible is None else spanning(visible, width)
+        allowed = allowed_keys(mask, torch.arange(past, width, device=mask.device), visible)
         masks = {}
         for kind in self.types:
-            allowed = causal
+            seen = allowed
             if kind == "sliding_attention":
-                # Each column's place in its row's sequence as plain decoding's cache lays it out:
-                # the prompt's columns, its padding included (transformers counts the window in
-                # cache columns), then the real tokens; holes take no place.
-                counted = mask.clone()
-                counted[:, :prompt_width] = True
-                positions = counted.cumsum(dim=1) - 1  # [B, cache_len]
+                places = cache_places(mask, prompt_width)  # [B, cache_len]
                 if new_depths is not None:  # tree nodes: siblings share a place
-                    before = positions[:, past - 1 : past] if past else positions.new_full((len(mask), 1), -1)
-                    positions[:, past:] = before + 1 + new_depths
-                distance = positions[:, past:, None] - positions[:, None, :]  # [B, new, cache_len]
-                allowed = causal & (distance < self.window)
-            masks[kind] = self._format((allowed | itself)[:, None])
+                    before = places[:, past - 1 : past] if past else places.new_full((len(mask), 1), -1)
+                    places[:, past:] = before + 1 + new_depths
+                distance = places[:, past:, None] - places[:, None, :]  # [B, new, cache_len]
+                seen = allowed & (distance < self.window)  # a query is 0 places from itself: still seen
+            masks[kind] = in_attention_format(seen, self.implementation, self.dtype)
         return masks if len(masks) > 1 else next(iter(masks.values()))
-
-    def _format(self, allowed: torch.Tensor) -> torch.Tensor:
-        """sdpa takes booleans (True: attend); eager adds the mask to its scores."""
-        if self.implementation == "sdpa":
-            return allowed
-        zero = torch.zeros((), dtype=self.dtype, device=allowed.device)
-        return torch.where(allowed, zero, torch.finfo(self.dtype).min)

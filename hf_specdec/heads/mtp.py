@@ -26,6 +26,7 @@ from safetensors import safe_open
 from torch import nn
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES, model_type_to_module_name
 
+from ..core.masks import in_attention_format
 from ..hub.download import SAFETENSORS_INDEX, local_snapshot
 from .eagle import HeadOutput, causal_mask
 
@@ -294,9 +295,8 @@ class MtpDepth(nn.Module):
         queries = past + torch.arange(input_ids.shape[1], device=input_ids.device)
         if position_ids is None:
             position_ids = (queries + self.depth + 1)[None]
-        mask = causal_mask(queries, past + input_ids.shape[1], attention_mask)[:, None]  # [B, 1, T, total]
-        if self.attention == "eager":
-            mask = torch.where(mask, 0.0, torch.finfo(embeds.dtype).min).to(embeds.dtype)
+        mask = causal_mask(queries, past + input_ids.shape[1], attention_mask)  # [B, T, total]
+        mask = in_attention_format(mask, self.attention, embeds.dtype)
         rope = {"layer_type": mtp.config.layer_types[self.depth]} if mtp.has_per_layer_rope else {}
         rotary = (
             mtp.rotary_emb(embeds, position_ids=position_ids, **rope) if mtp.rotary_emb is not None else None
