@@ -171,14 +171,11 @@ class RaggedKV:
         """
         batch, width = self.mask.shape[0], tokens.shape[1]
         tree = None if parents is None else tree_layout(parents)
-        if not slots.whole:
-            valid = tokens.new_ones(tokens.shape, dtype=torch.bool) if valid is None else valid
-            tokens = slots.scatter(tokens, tokens.new_zeros(batch, width))
-            valid = slots.scatter(valid, valid.new_zeros(batch, width))
-            if tree is not None:  # a hole sees only itself
-                visible = torch.eye(width, dtype=torch.bool, device=tokens.device).repeat(batch, 1, 1)
-                depths = torch.arange(width, device=tokens.device).repeat(batch, 1)
-                tree = slots.scatter(tree[0], visible), slots.scatter(tree[1], depths)
+        tokens, valid = slots.fed(tokens, valid)
+        if tree is not None and not slots.whole:  # a hole sees only itself
+            visible = torch.eye(width, dtype=torch.bool, device=tokens.device).repeat(batch, 1, 1)
+            depths = torch.arange(width, device=tokens.device).repeat(batch, 1)
+            tree = slots.scatter(tree[0], visible), slots.scatter(tree[1], depths)
         return self.forward(tokens, valid, logits_to_keep=width, tree=tree, **inputs)
 
     def roll_back(
@@ -201,9 +198,7 @@ class RaggedKV:
                 order[slots.rows[b], 1 : 1 + len(path)] = torch.tensor(path, device=device) + 1
             self.reorder_tail(order)
         if any(rejected):  # decided on the host: a step that kept its whole draft rolls nothing back
-            kept_lengths = self.lengths.clone()
-            kept_lengths[slots.index] -= torch.tensor(rejected, device=device)
-            self.truncate(kept_lengths)
+            self.truncate(slots.less(self.lengths, rejected))
         elif widened:  # trailing holes kept would make every later forward take an attention mask
             self._crop_unused_tail()
 
@@ -314,7 +309,7 @@ class Slots:
     batch's other rows (finished rows it still holds) take no part in the step."""
 
     def __init__(self, rows: list[int], batch_size: int, device: torch.device) -> None:
-        self.rows = rows
+        self.rows, self.batch_size = rows, batch_size
         # Known on the host, so the common step skips the work: whether the step's rows are the
         # whole batch, in order (then row b is cache row b).
         self.whole = len(rows) == batch_size
@@ -327,6 +322,27 @@ class Slots:
     def scatter(self, rows: torch.Tensor, batched: torch.Tensor) -> torch.Tensor:
         """`batched` [batch_size, ...] with the step's rows replaced by `rows` [B, ...], in place."""
         return rows if self.whole else batched.index_copy_(0, self.index, rows)
+
+    def placed(self, rows: torch.Tensor) -> torch.Tensor:
+        """`rows` [B, ...] laid into the whole batch [batch_size, ...], zeros in the other rows."""
+        return self.scatter(rows, rows.new_zeros(self.batch_size, *rows.shape[1:]))
+
+    def fed(
+        self, tokens: torch.Tensor, valid: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The step's `tokens` [B, T] and which are real (None: all) as the whole batch is fed them:
+        every other row gets T holes."""
+        if self.whole:
+            return tokens, valid
+        valid = torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid
+        return self.placed(tokens), self.placed(valid)
+
+    def less(self, batched: torch.Tensor, amounts: list[int]) -> torch.Tensor:
+        """A copy of `batched` [batch_size] with the step's row b lower by `amounts[b]` (each row's
+        real tokens kept once a step rejected some)."""
+        out = batched.clone()
+        out[self.index] -= torch.tensor(amounts, device=batched.device)
+        return out
 
 
 def _slides_by_config(model: PreTrainedModel) -> bool:

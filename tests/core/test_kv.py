@@ -61,6 +61,17 @@ def test_slots_gather_and_scatter_the_steps_rows():
     ]
 
 
+def test_slots_feed_holes_to_the_other_rows_and_lower_the_steps_own():
+    whole, some = Slots([0, 1, 2], 3, CPU), Slots([2, 0], 3, CPU)
+    tokens = torch.tensor([[7, 7], [8, 8]])
+    fed, valid = some.fed(tokens, None)
+    assert fed.tolist() == [[8, 8], [0, 0], [7, 7]] and valid.tolist() == [[1, 1], [0, 0], [1, 1]]
+    assert whole.fed(fed, None) == (fed, None)  # the whole batch: as given
+    assert some.placed(torch.ones(2, 2, 3)).sum(dim=(1, 2)).tolist() == [6, 0, 6]
+    lengths = torch.tensor([5, 5, 5])
+    assert some.less(lengths, [1, 2]).tolist() == [3, 5, 4] and lengths.tolist() == [5, 5, 5]
+
+
 def test_rows_fed_with_holes_and_rolled_back_hold_a_plain_forwards_cache(target):
     """A step of rows 0 and 2 only (row 1 finished, still cached): row 0 feeds 4 real tokens and
     keeps 3, row 2 feeds 2 real tokens and 2 holes and keeps 1. Each row's logits and cache are
