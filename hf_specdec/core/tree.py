@@ -1,8 +1,9 @@
 """What a tree draft's `parents` imply (`Draft.parents`: node i's parent node, -1 for a child of the
 row's last token, parents before children): each node's depth and its ancestors, on the host
-(`node_depths`) and on the device (`tree_layout`). The one home of that rule for the loop, the
-verification, the caches' masks, the processors, the policy and the drafters; imports nothing of
-ours, so that `draft` and everything below it can read it.
+(`node_depths`) and on the device (`tree_layout`), and the parents of a subtree kept of it
+(`kept_parents`). The one home of those rules for the loop, the verification, the caches' masks,
+the processors, the policy and the drafters; imports nothing of ours, so that `draft` and
+everything below it can read it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,13 @@ def node_depths(parents: list[int]) -> list[int]:
     for parent in parents:
         depths.append(1 if parent < 0 else depths[parent] + 1)
     return depths
+
+
+def kept_parents(parents: list[int], kept: list[int]) -> list[int]:
+    """The parents of the nodes `kept` (indices into a tree's nodes, each one's parent kept before
+    it), renumbered to their places in `kept`: the tree those nodes make, as `Draft.parents`."""
+    place = {old: new for new, old in enumerate(kept)}
+    return [place[parents[i]] if parents[i] >= 0 else -1 for i in kept]
 
 
 def tree_layout(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

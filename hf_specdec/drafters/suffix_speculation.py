@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..core.policy.acceptance import PRIOR_WEIGHT, beta_mean
-from ..core.tree import node_depths
+from ..core.tree import kept_parents, node_depths
 from .ngram import ALL, ONE, SPLIT, token_odds
 from .suffix_array import MAX_MATCH, Match
 
@@ -248,8 +248,7 @@ def merge_trees(trees: list[list[Node]], budget: int) -> tuple[list[int], list[i
     # first keeps every parent before its children.
     depth = node_depths(parents)
     kept = sorted(range(len(tokens)), key=lambda i: (-likelihood[i], depth[i], i))[:budget]
-    new = {old: i for i, old in enumerate(kept)}
-    out_parents = [new[parents[i]] if parents[i] >= 0 else -1 for i in kept]
+    out_parents = kept_parents(parents, kept)
     odds = [
         min(1.0, likelihood[i] / likelihood[parents[i]]) if parents[i] >= 0 and likelihood[parents[i]] > 0
         else likelihood[i]

@@ -18,7 +18,7 @@ import torch
 from ..config import GREEDY_CHAINS_AND_TREES, TREES, read_when
 from ..core.draft import Draft, DraftRequest
 from ..core.fields import check_fields
-from ..core.tree import node_depths
+from ..core.tree import kept_parents, node_depths
 
 
 @dataclass
@@ -198,10 +198,9 @@ def _best(nodes: list[list[_Node]], budgets: list[int], device: torch.device) ->
     parents = [[-1] * width for _ in nodes]
     confidence = [[0.0] * width for _ in nodes]
     for b, (row, keep) in enumerate(zip(nodes, kept)):
-        renumber = {old: new for new, old in enumerate(keep)}
+        parents[b][: len(keep)] = kept_parents([n.parent for n in row], keep)
         for new, old in enumerate(keep):
             tokens[b][new] = row[old].token
-            parents[b][new] = renumber[row[old].parent] if row[old].parent >= 0 else -1
             confidence[b][new] = row[old].probability
     return Draft(
         torch.tensor(tokens, dtype=torch.long, device=device).reshape(len(nodes), width),

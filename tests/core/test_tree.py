@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hf_specdec.core.tree import node_depths, tree_layout
+from hf_specdec.core.tree import kept_parents, node_depths, tree_layout
 
 PARENTS = [-1, 0, -1, 2, 1]  # nodes 0-1-4 and 2-3
 
@@ -21,3 +21,9 @@ def test_node_depths_on_the_host_are_tree_layouts():
     assert node_depths(PARENTS) == [1, 2, 1, 2, 3] == tree_layout(torch.tensor([PARENTS]))[1][0, 1:].tolist()
     assert node_depths([-1, 0, 1]) == [1, 2, 3]  # a chain
     assert node_depths([]) == []
+
+
+def test_kept_parents_renumber_a_subtree():
+    # keep nodes 2, 0, 3 of nodes 0-1-4 and 2-3: node 3's parent 2 is now node 0, node 0 is node 1
+    assert kept_parents(PARENTS, [2, 0, 3]) == [-1, -1, 0]
+    assert kept_parents(PARENTS, []) == []
