@@ -47,6 +47,9 @@ def _kept_original(cls: type, name: str) -> Any:
 
 _ORIGINAL_GENERATE = _kept_original(GenerationMixin, "generate")
 _GENERATE_SIGNATURE = inspect.signature(_ORIGINAL_GENERATE)
+# What generate takes that is no generation field: its own parameters, and what it sets aside for the
+# decoding mode before it builds the generation config.
+_NOT_GENERATION_FIELDS = frozenset([*_GENERATE_SIGNATURE.parameters, "tokenizer", "assistant_tokenizer"])
 
 
 # The statistics of the `generate` calls a text-generation pipeline's forward makes (None outside one).
@@ -92,8 +95,9 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
     if tokenizer is not None:
         check_tokenizer(tokenizer, "generate(tokenizer=...)")
     streamer = kwargs.get("streamer")
-    _take_stop_strings(model, kwargs, tokenizer)
-    _heal_prompt(model, kwargs, tokenizer)
+    fields = _generation_config(model, kwargs)
+    _take_stop_strings(kwargs, tokenizer, fields)
+    _heal_prompt(model, kwargs, tokenizer, fields)
 
     # `custom_generate` callables receive (model, input_ids, logits_processor, stopping_criteria,
     # generation_config, **model_kwargs): generate's prepared state, handed on to the loop.
@@ -209,44 +213,54 @@ class _Adopted(DraftLengthPolicy):
         self.policy.expect_draft_cost(seconds_per_token)
 
 
-def _take_stop_strings(model: Any, kwargs: dict[str, Any], tokenizer: Any) -> None:
+def _generation_config(model: Any, kwargs: dict[str, Any]) -> GenerationConfig:
+    """The generation config `generate` builds from these arguments, by transformers' own
+    `_prepare_generation_config`: the config given (else a new one), the model's where it sets
+    nothing, and the generation fields given to generate over both. A copy, read only here; what
+    this module does in generate's place (stop strings, token healing) it reads from it."""
+    fields = {name: value for name, value in kwargs.items() if name not in _NOT_GENERATION_FIELDS}
+    return model._prepare_generation_config(kwargs.get("generation_config"), **fields)[0]
+
+
+def _take_over(kwargs: dict[str, Any], name: str, value: Any) -> None:
+    """Set the generation field `name` to `value` for `generate`, where this module does its work:
+    as an argument where it was given as one or no config was given, else in a copy of the caller's
+    config (an argument beside a config would draw transformers' deprecation warning)."""
+    given = kwargs.get("generation_config")
+    if name in kwargs or given is None:
+        kwargs[name] = value
+    else:
+        kwargs["generation_config"] = GenerationConfig.from_dict({**given.to_dict(), name: value})
+
+
+def _take_stop_strings(kwargs: dict[str, Any], tokenizer: Any, config: GenerationConfig) -> None:
     """Build stop-string criteria here: `generate` drops the tokenizer before a custom loop sees it."""
-    config = kwargs.get("generation_config") or model.generation_config
-    stop_strings = kwargs.pop("stop_strings", None) or getattr(config, "stop_strings", None)
-    if not stop_strings:
+    if not config.stop_strings:
         return
     if tokenizer is None:
         raise ValueError("stop_strings need the tokenizer: pass tokenizer=<your tokenizer> to generate().")
-    if getattr(config, "stop_strings", None):
-        config = GenerationConfig.from_dict(config.to_dict())
-        config.stop_strings = None
-        kwargs["generation_config"] = config
+    _take_over(kwargs, "stop_strings", None)
     criteria = StoppingCriteriaList(kwargs.get("stopping_criteria") or [])
-    criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings))
+    criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=config.stop_strings))
     kwargs["stopping_criteria"] = criteria
 
 
-def _heal_prompt(model: Any, kwargs: dict[str, Any], tokenizer: Any) -> None:
+def _heal_prompt(model: Any, kwargs: dict[str, Any], tokenizer: Any, config: GenerationConfig) -> None:
     """`token_healing`: heal the prompt here, with transformers' own `heal_tokens`, and give
     `generate` the healed prompt: `generate` heals only after dropping the tokenizer, which a custom
     loop such as ours is not handed. Plain `generate` heals the prompt it has prepared and keeps the
     attention mask it had: the one given, or the one it inferred from the pad tokens of the prompt
     before healing (healing writes the tokenizer's pad over BOS). That mask goes with it here too."""
-    if not _generation_field(model, kwargs, "token_healing"):
+    if not config.token_healing:
         return
-    given = kwargs.get("generation_config")
-    if "token_healing" in kwargs or given is None:
-        kwargs["token_healing"] = False
-    else:  # a copy of the caller's config: an argument beside it would draw a deprecation warning
-        kwargs["generation_config"] = GenerationConfig.from_dict({**given.to_dict(), "token_healing": False})
+    _take_over(kwargs, "token_healing", False)
     key = "input_ids" if kwargs.get("input_ids") is not None else "inputs"
     prompt = kwargs.get(key)
     if prompt is None:
         raise ValueError("token_healing heals the prompt's last token: pass the prompt as input_ids.")
     healed = model.heal_tokens(prompt, tokenizer)  # transformers' own error where tokenizer is None
     mask = kwargs.get("attention_mask")
-    pad = _generation_field(model, kwargs, "pad_token_id")
-    eos = _generation_field(model, kwargs, "eos_token_id")
+    pad, eos = config.pad_token_id, config.eos_token_id
     if mask is None and pad is not None and pad not in (eos if isinstance(eos, list) else [eos]):
         mask = prompt.ne(pad).long()  # generate infers a mask from a pad token that is not an EOS token
     if mask is not None and mask.shape != healed.shape:
@@ -263,16 +277,6 @@ def _heal_prompt(model: Any, kwargs: dict[str, Any], tokenizer: Any) -> None:
     kwargs[key] = healed
     if mask is not None:
         kwargs["attention_mask"] = mask
-
-
-def _generation_field(model: Any, kwargs: dict[str, Any], name: str) -> Any:
-    """A generation-config field as `generate` resolves it: given to generate, else set in the
-    generation config given, else in the model's."""
-    if name in kwargs:
-        return kwargs[name]
-    given = kwargs.get("generation_config")
-    value = None if given is None else getattr(given, name)
-    return value if value is not None else getattr(model.generation_config, name)
 
 
 # A text-generation pipeline keeps only the tensors of generate's dict output: with

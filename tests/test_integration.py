@@ -145,6 +145,27 @@ def test_stop_strings_and_scores(smollm2):
         torch.testing.assert_close(ours, theirs, atol=1e-3, rtol=1e-4)
 
 
+@pytest.mark.parametrize("where", ["model_config", "given_config", "argument_none_over_config"])
+def test_stop_strings_are_read_where_generate_reads_them(smollm2, monkeypatch, where):
+    """From the generation config generate merges: the model's own included, and an argument (even
+    None) over the config given."""
+    model, tokenizer = smollm2
+    inputs = _inputs(tokenizer)
+    given = GenerationConfig(max_new_tokens=30, do_sample=False, stop_strings=["lazy"])
+    kwargs = {
+        "model_config": dict(max_new_tokens=30, do_sample=False),
+        "given_config": dict(generation_config=given),
+        "argument_none_over_config": dict(generation_config=given, stop_strings=None),
+    }[where]
+    if where == "model_config":
+        monkeypatch.setattr(model.generation_config, "stop_strings", ["lazy"])
+    plain = model.generate(**inputs, **kwargs, tokenizer=tokenizer)
+    spec = model.generate(**inputs, **kwargs, tokenizer=tokenizer, speculative="ngram")
+    assert torch.equal(spec, plain)
+    assert tokenizer.decode(spec[0]).endswith("lazy") == (where != "argument_none_over_config")
+    assert given.stop_strings == ["lazy"]  # the caller's config is left as it was
+
+
 def test_auto_calls_on_one_model_start_from_what_verifying_cost_before_and_stay_lossless(target):
     """Each `auto` call starts from the verify costs the calls before measured on the model
     (`DEVICE_COSTS`); that changes how much is drafted, never what is generated."""

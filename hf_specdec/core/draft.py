@@ -1,7 +1,7 @@
 """The drafter protocol: what a drafter is asked (`DraftRequest`), what it answers (`Draft`), and the
 `Drafter` base class whose methods the loop calls. Plain data shared by the loop, the drafters and the
-draft-length policy; imports nothing of ours at runtime, so that a module reading drafts (the policy)
-never loads the drafters."""
+draft-length policy; imports nothing of ours at runtime but `tree` (what a tree draft's `parents`
+imply), so that a module reading drafts (the policy) never loads the drafters."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+
+from .tree import node_depths
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -126,13 +128,7 @@ class Draft:
         """Tokens on each row's longest root-to-leaf path: its length for a chain."""
         if self.parents is None:
             return list(self.lengths)
-        out = []
-        for row, n in zip(self.parents.tolist(), self.lengths):
-            depth: list[int] = []
-            for parent in row[:n]:
-                depth.append(1 if parent < 0 else depth[parent] + 1)
-            out.append(max(depth, default=0))
-        return out
+        return [max(node_depths(row[:n]), default=0) for row, n in zip(self.parents.tolist(), self.lengths)]
 
     def check(self, vocab_size: int, drafter: str) -> None:
         """Refuse what the target cannot take or the policy cannot read: ids the target cannot

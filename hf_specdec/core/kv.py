@@ -40,6 +40,8 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from .compat import cache_argument
+from .masks import allowed_keys, cache_places, in_attention_format, spanning
+from .tree import tree_layout
 from .verify_shape import VerifyShape
 
 
@@ -170,14 +172,11 @@ class RaggedKV:
         """
         batch, width = self.mask.shape[0], tokens.shape[1]
         tree = None if parents is None else tree_layout(parents)
-        if not slots.whole:
-            valid = tokens.new_ones(tokens.shape, dtype=torch.bool) if valid is None else valid
-            tokens = slots.scatter(tokens, tokens.new_zeros(batch, width))
-            valid = slots.scatter(valid, valid.new_zeros(batch, width))
-            if tree is not None:  # a hole sees only itself
-                visible = torch.eye(width, dtype=torch.bool, device=tokens.device).repeat(batch, 1, 1)
-                depths = torch.arange(width, device=tokens.device).repeat(batch, 1)
-                tree = slots.scatter(tree[0], visible), slots.scatter(tree[1], depths)
+        tokens, valid = slots.fed(tokens, valid)
+        if tree is not None and not slots.whole:  # a hole sees only itself
+            visible = torch.eye(width, dtype=torch.bool, device=tokens.device).repeat(batch, 1, 1)
+            depths = torch.arange(width, device=tokens.device).repeat(batch, 1)
+            tree = slots.scatter(tree[0], visible), slots.scatter(tree[1], depths)
         return self.forward(tokens, valid, logits_to_keep=width, tree=tree, **inputs)
 
     def roll_back(
@@ -200,9 +199,7 @@ class RaggedKV:
                 order[slots.rows[b], 1 : 1 + len(path)] = torch.tensor(path, device=device) + 1
             self.reorder_tail(order)
         if any(rejected):  # decided on the host: a step that kept its whole draft rolls nothing back
-            kept_lengths = self.lengths.clone()
-            kept_lengths[slots.index] -= torch.tensor(rejected, device=device)
-            self.truncate(kept_lengths)
+            self.truncate(slots.less(self.lengths, rejected))
         elif widened:  # trailing holes kept would make every later forward take an attention mask
             self._crop_unused_tail()
 
@@ -326,7 +323,7 @@ class Slots:
     batch's other rows (finished rows it still holds) take no part in the step."""
 
     def __init__(self, rows: list[int], batch_size: int, device: torch.device) -> None:
-        self.rows = rows
+        self.rows, self.batch_size = rows, batch_size
         # Known on the host, so the common step skips the work: whether the step's rows are the
         # whole batch, in order (then row b is cache row b).
         self.whole = len(rows) == batch_size
@@ -339,6 +336,27 @@ class Slots:
     def scatter(self, rows: torch.Tensor, batched: torch.Tensor) -> torch.Tensor:
         """`batched` [batch_size, ...] with the step's rows replaced by `rows` [B, ...], in place."""
         return rows if self.whole else batched.index_copy_(0, self.index, rows)
+
+    def placed(self, rows: torch.Tensor) -> torch.Tensor:
+        """`rows` [B, ...] laid into the whole batch [batch_size, ...], zeros in the other rows."""
+        return self.scatter(rows, rows.new_zeros(self.batch_size, *rows.shape[1:]))
+
+    def fed(
+        self, tokens: torch.Tensor, valid: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The step's `tokens` [B, T] and which are real (None: all) as the whole batch is fed them:
+        every other row gets T holes."""
+        if self.whole:
+            return tokens, valid
+        valid = torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid
+        return self.placed(tokens), self.placed(valid)
+
+    def less(self, batched: torch.Tensor, amounts: list[int]) -> torch.Tensor:
+        """A copy of `batched` [batch_size] with the step's row b lower by `amounts[b]` (each row's
+        real tokens kept once a step rejected some)."""
+        out = batched.clone()
+        out[self.index] -= torch.tensor(amounts, device=batched.device)
+        return out
 
 
 def _slides_by_config(model: PreTrainedModel) -> bool:
@@ -360,20 +378,6 @@ def _layer_windows(model: PreTrainedModel, cache: DynamicCache) -> list[int | No
     ]
 
 
-def tree_layout(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """For a forward over [last token, tree nodes...] (`parents` [B, T - 1]: node i's parent node,
-    -1 for a child of the last token): which fed tokens each one sees (its ancestors and itself),
-    [B, T, T], and each one's depth below the last token, [B, T]."""
-    rows, nodes = parents.shape
-    width = nodes + 1
-    parent_column = torch.cat([parents.new_zeros(rows, 1), parents + 1], dim=1)  # [B, T]
-    visible = torch.eye(width, dtype=torch.bool, device=parents.device).repeat(rows, 1, 1)
-    every_row = torch.arange(rows, device=parents.device)
-    for i in range(1, width):  # a parent's column comes before its children's
-        visible[:, i] |= visible[every_row, parent_column[:, i].clamp(0, i - 1)]
-    return visible, visible.sum(dim=-1) - 1
-
-
 class _Masks:
     """4D attention masks built here rather than by the model, for what its own masks cannot say.
 
@@ -383,12 +387,12 @@ class _Masks:
       `kv_idx > q_idx - sliding_window`, counted in places of plain decoding's cache instead of
       columns of this one, which holds holes).
     - Tree drafts: among the tokens of a forward, each sees only its ancestors and itself.
-    A hole or padding query sees only itself, so no softmax row is empty.
+    A hole or padding query sees only itself, so no softmax row is empty (`masks.allowed_keys`).
     """
 
     def __init__(self, model: PreTrainedModel | None, window: int | None, layer_types: list[str]) -> None:
         """Masks in the format of `model`'s attention; None: boolean masks (our draft heads)."""
-        self.implementation = "sdpa"
+        self.implementation, self.dtype = "sdpa", None
         if model is not None:
             self.implementation = model.config.get_text_config(decoder=True)._attn_implementation
             self.dtype = model.dtype
@@ -446,33 +450,17 @@ class _Masks:
         """One [B, 1, new, cache_len] mask, or one per layer type for models that mix them."""
         width = mask.shape[1]
         past = width - new
-        columns = torch.arange(width, device=mask.device)
-        queries = columns[past:]
-        causal = mask[:, None, :] & (columns[None, None, :] <= queries[None, :, None])  # [B, new, cache_len]
-        if visible is not None:
-            causal[:, :, width - visible.shape[2] :] &= visible
-        itself = columns[None, None, :] == queries[None, :, None]
+        visible = None if visible is None else spanning(visible, width)
+        allowed = allowed_keys(mask, torch.arange(past, width, device=mask.device), visible)
         masks = {}
         for kind in self.types:
-            allowed = causal
+            seen = allowed
             if kind == "sliding_attention":
-                # Each column's place in its row's sequence as plain decoding's cache lays it out:
-                # the prompt's columns, its padding included (transformers counts the window in
-                # cache columns), then the real tokens; holes take no place.
-                counted = mask.clone()
-                counted[:, :prompt_width] = True
-                positions = counted.cumsum(dim=1) - 1  # [B, cache_len]
+                places = cache_places(mask, prompt_width)  # [B, cache_len]
                 if new_depths is not None:  # tree nodes: siblings share a place
-                    before = positions[:, past - 1 : past] if past else positions.new_full((len(mask), 1), -1)
-                    positions[:, past:] = before + 1 + new_depths
-                distance = positions[:, past:, None] - positions[:, None, :]  # [B, new, cache_len]
-                allowed = causal & (distance < self.window)
-            masks[kind] = self._format((allowed | itself)[:, None])
+                    before = places[:, past - 1 : past] if past else places.new_full((len(mask), 1), -1)
+                    places[:, past:] = before + 1 + new_depths
+                distance = places[:, past:, None] - places[:, None, :]  # [B, new, cache_len]
+                seen = allowed & (distance < self.window)  # a query is 0 places from itself: still seen
+            masks[kind] = in_attention_format(seen, self.implementation, self.dtype)
         return masks if len(masks) > 1 else next(iter(masks.values()))
-
-    def _format(self, allowed: torch.Tensor) -> torch.Tensor:
-        """sdpa takes booleans (True: attend); eager adds the mask to its scores."""
-        if self.implementation == "sdpa":
-            return allowed
-        zero = torch.zeros((), dtype=self.dtype, device=allowed.device)
-        return torch.where(allowed, zero, torch.finfo(self.dtype).min)

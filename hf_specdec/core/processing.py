@@ -11,6 +11,8 @@ from torch.nn.utils.rnn import pad_sequence
 from transformers import LogitsProcessorList
 from transformers.generation import logits_process as lp
 
+from .tree import tree_layout
+
 # Warpers that read only the scores, never the tokens: these can process every row and position
 # in one batched call. Set-based processors (below) batch too; any other processor (min length,
 # no-repeat n-gram, ...) sees the exact token sequence that plain `generate` would have shown it,
@@ -285,14 +287,8 @@ def prefix_ids(
     # on_path[b, n, j]: node j lies on the path from the root down to node n (n included)
     if parents is None:  # a chain: nodes 0..n
         on_path = torch.ones(k, k, dtype=torch.bool, device=device).tril().expand(batch, k, k)
-    else:  # parents come before their children, so k hops up reach the root from any node
-        parents = parents.to(device).clamp(-1, k - 1)  # past a row's length parents may be anything
-        on_path = torch.zeros(batch, k, k, dtype=torch.bool, device=device)
-        node = torch.arange(k, device=device).expand(batch, k)
-        for _ in range(k):
-            real = node >= 0
-            on_path |= torch.nn.functional.one_hot(node.clamp(min=0), k).bool() & real[..., None]
-            node = torch.where(real, parents.gather(1, node.clamp(min=0)), -1)
+    else:  # the tree's ancestors, the row's last token (column 0) left out
+        on_path = tree_layout(parents.to(device))[0][:, 1:, 1:]
     depth = on_path.sum(-1)  # [B, k] nodes on the path to each node, itself included
     # [B, k + 1, k] what position i shows: the path to node i - 1 (none at position 0)
     shown = torch.cat([on_path.new_zeros(batch, 1, k), on_path], dim=1)

@@ -245,12 +245,7 @@ class StaticKV:
         model's output over the whole batch, logits of all T positions."""
         if parents is not None:
             raise ValueError("tree drafts over a static cache are not built; check_supported refuses them")
-        batch, width = self.mask.shape[0], tokens.shape[1]
-        if not slots.whole:
-            valid = tokens.new_ones(tokens.shape, dtype=torch.bool) if valid is None else valid
-            tokens = slots.scatter(tokens, tokens.new_zeros(batch, width))
-            valid = slots.scatter(valid, valid.new_zeros(batch, width))
-        return self.forward(tokens, valid, logits_to_keep=width, **inputs)
+        return self.forward(*slots.fed(tokens, valid), logits_to_keep=tokens.shape[1], **inputs)
 
     def roll_back(
         self,
@@ -263,9 +258,7 @@ class StaticKV:
         """Undo what the last forward rejected: the last `rejected[b]` real tokens of row
         `slots.rows[b]` (`widened` never holds here: see `verify_shape`)."""
         if any(rejected):
-            kept_lengths = self.lengths.clone()
-            kept_lengths[slots.index] -= torch.tensor(rejected, device=self.mask.device)
-            self.truncate(kept_lengths)
+            self.truncate(slots.less(self.lengths, rejected))
 
     def release_rows(
         self, cached_rows: list[int], active: list[int], keep_shape: bool = False, keep_cache: bool = False
@@ -401,16 +394,11 @@ class DraftRows:
         if self.slots.whole:
             return self.kv.forward(tokens, valid, logits_to_keep, **inputs)
         rows, width = tokens.shape
-        valid = torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid
-
-        def place(value: torch.Tensor) -> torch.Tensor:
-            return self.slots.scatter(value, value.new_zeros(self.batch_size, *value.shape[1:]))
-
         inputs = {
-            name: place(value) if _per_position(value, rows, width) else value
+            name: self.slots.placed(value) if _per_position(value, rows, width) else value
             for name, value in inputs.items()
         }
-        out = self.kv.forward(place(tokens), place(valid), logits_to_keep, **inputs)
+        out = self.kv.forward(*self.slots.fed(tokens, valid), logits_to_keep, **inputs)
         out.logits = self.slots.gather(out.logits)
         hidden = out.get("hidden_states")
         if torch.is_tensor(hidden):

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .tree import node_depths
+
 if TYPE_CHECKING:
     from .draft import Draft, DraftRequest
     from .draws import PlainDraws
@@ -91,10 +93,9 @@ def _picks(
     else:
         positions = []
         for t, row, n in zip(steps, draft.parents.tolist(), draft.lengths):
-            depth = [0]  # column 0: after the row's last token; column 1 + i: after node i (holes: 1)
-            for i in range(width - 1):
-                depth.append(depth[row[i] + 1] + 1 if i < n else 1)
-            positions.append([t + d for d in depth])
+            # column 0: after the row's last token; column 1 + i: as deep below it as node i (holes: 1)
+            depths = [0, *node_depths(row[:n]), *[1] * (width - 1 - n)]
+            positions.append([t + d for d in depths])
     return draws.picks(request.row_ids, positions, probs)
 
 

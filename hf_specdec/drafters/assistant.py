@@ -22,6 +22,7 @@ from torch import nn
 from ..core.devices import check_placed, execution_device
 from ..core.draft import Draft, DraftCost, DraftRequest
 from ..core.kv import RaggedKV, Slots
+from ..core.masks import cache_places, in_attention_format
 from .base import Drafter, options_to_config
 from .chain import chain
 from .draft_model import load_draft
@@ -165,10 +166,8 @@ class AssistantDrafter(Drafter):
         window counted in the places plain decoding's cache gives them), and the position of each
         row's last token, where every draft query sits."""
         mask = rows.gather(kv.mask)  # [B, W]
-        counted = mask.clone()
-        counted[:, : kv.prompt_width] = True  # the prompt's columns, its padding included, take places
-        places = counted.cumsum(dim=1) - 1
-        query = counted.sum(dim=1, keepdim=True)  # the place the last token would take
+        places = cache_places(mask, kv.prompt_width)
+        query = places[:, -1:] + 1  # the place the last token would take
         masks = {"full_attention": mask, "sliding_attention": mask & (query - places < self.window)}
         # In the assistant's dtype, which its queries have: an assistant loaded in another dtype than
         # its target (fp32 beside a bf16 target) reads a cast copy, one per step.
@@ -192,12 +191,14 @@ class AssistantDrafter(Drafter):
         queries = tokens.shape[1]
         embeds = torch.cat([self.embed(tokens), hidden.to(self.embed.weight.dtype)], dim=-1)
         embeds = assistant.pre_projection(embeds.to(assistant.pre_projection.weight.dtype))
-        masks = {}
-        for kind, allowed in context["masks"].items():
-            allowed = allowed[:, None, None, :].expand(-1, 1, queries, -1)  # [B, 1, Q, W]
-            if self.attention == "eager":
-                allowed = torch.where(allowed, 0.0, torch.finfo(embeds.dtype).min).to(embeds.dtype)
-            masks[kind] = allowed
+        # Its keys are the target's cache only (`shared_kv_states`), and every query sits at its row's
+        # one position: one row of the mask, the row's real cached tokens, serves all its queries.
+        masks = {
+            kind: in_attention_format(
+                allowed[:, None, :].expand(-1, queries, -1), self.attention, embeds.dtype
+            )
+            for kind, allowed in context["masks"].items()
+        }
         out = assistant.model(
             inputs_embeds=embeds,
             attention_mask=masks,

@@ -26,6 +26,7 @@ import torch
 from ..core.draft import Draft, DraftCost, DraftRequest
 from ..core.fields import check_fields
 from ..core.policy.acceptance import PRIOR_ACCEPTANCE, beta_mean
+from ..core.tree import kept_parents
 from .base import Drafter, options_to_config
 from .registry import register_drafter
 
@@ -227,12 +228,7 @@ def _trie(
                 likelihood.append((likelihood[parent] if parent >= 0 else 1.0) * factor)
             parent = node
     kept = sorted(range(len(tokens)), key=lambda i: (-likelihood[i], i))[:budget]
-    where = {old: new for new, old in enumerate(kept)}
-    return (
-        [tokens[i] for i in kept],
-        [where[parents[i]] if parents[i] >= 0 else -1 for i in kept],
-        [odds[i] for i in kept],
-    )
+    return [tokens[i] for i in kept], kept_parents(parents, kept), [odds[i] for i in kept]
 
 
 @dataclass

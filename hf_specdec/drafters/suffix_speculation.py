@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..core.policy.acceptance import PRIOR_WEIGHT, beta_mean
+from ..core.tree import kept_parents, node_depths
 from .ngram import ALL, ONE, SPLIT, token_odds
 from .suffix_array import MAX_MATCH, Match
 
@@ -226,7 +227,6 @@ def merge_trees(trees: list[list[Node]], budget: int) -> tuple[list[int], list[i
     tokens: list[int] = []
     parents: list[int] = []
     likelihood: list[float] = []
-    depth: list[int] = []
     where: dict[tuple[int, int], int] = {}
     for tree in trees:
         merged: list[int] = []  # this tree's node -> the merged node
@@ -240,16 +240,15 @@ def merge_trees(trees: list[list[Node]], budget: int) -> tuple[list[int], list[i
                 tokens.append(token)
                 parents.append(up)
                 likelihood.append(own)
-                depth.append(depth[up] + 1 if up >= 0 else 1)
             else:
                 likelihood[node] = max(likelihood[node], own)
             merged.append(node)
             reach.append(own)
     # A node is never likelier than its parent (odds are at most 1), so among equals the shallower
     # first keeps every parent before its children.
+    depth = node_depths(parents)
     kept = sorted(range(len(tokens)), key=lambda i: (-likelihood[i], depth[i], i))[:budget]
-    new = {old: i for i, old in enumerate(kept)}
-    out_parents = [new[parents[i]] if parents[i] >= 0 else -1 for i in kept]
+    out_parents = kept_parents(parents, kept)
     odds = [
         min(1.0, likelihood[i] / likelihood[parents[i]]) if parents[i] >= 0 and likelihood[parents[i]] > 0
         else likelihood[i]

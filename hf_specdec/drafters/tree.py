@@ -19,6 +19,7 @@ import torch
 from ..config import GREEDY_CHAINS_AND_TREES, TREES, read_when
 from ..core.draft import Draft, DraftRequest
 from ..core.fields import check_fields
+from ..core.tree import kept_parents, node_depths
 
 
 @dataclass
@@ -145,19 +146,13 @@ def _path(request: DraftRequest, row: list[_Node], node: int) -> torch.Tensor:
 def _worth_expanding(row: list[_Node], depth: int, top_k: int, budget: int) -> list[int]:
     """The newest level's (unfed) nodes to expand: the `top_k` most probable whose descendants
     could still rank among the `budget` best nodes."""
-    newest = [i for i, n in enumerate(row) if n.column < 0 and _depth(row, i) == depth]
+    depths = node_depths([n.parent for n in row])
+    newest = [i for i, n in enumerate(row) if n.column < 0 and depths[i] == depth]
     newest.sort(key=lambda i: -row[i].cumulative)
     if len(row) >= budget:
         cut = sorted((n.cumulative for n in row), reverse=True)[budget - 1]
         newest = [i for i in newest if row[i].cumulative > cut]
     return newest[:top_k]
-
-
-def _depth(row: list[_Node], i: int) -> int:
-    depth = 0
-    while i >= 0:
-        depth, i = depth + 1, row[i].parent
-    return depth
 
 
 def _level(nodes: list[list[_Node]], frontier: list[list[int]], before: int, device: torch.device) -> Level:
@@ -171,6 +166,7 @@ def _level(nodes: list[list[_Node]], frontier: list[list[int]], before: int, dev
     seen_rows, seen_nodes, seen_columns = [], [], []  # where `visible` is True: node i of row b sees a column
     for b, row in enumerate(frontier):
         real_fed = sum(n.column >= 0 for n in nodes[b])  # counted in the row's length already
+        node_depth = node_depths([n.parent for n in nodes[b]])
         for i, node in enumerate(row):
             nodes[b][node].column = before + i
             tokens[b][i], valid[b][i] = nodes[b][node].token, True
@@ -180,7 +176,7 @@ def _level(nodes: list[list[_Node]], frontier: list[list[int]], before: int, dev
                 seen_nodes.append(i)
                 seen_columns.append(nodes[b][ancestor].column)
                 ancestor = nodes[b][ancestor].parent
-            depths[b][i] = _depth(nodes[b], node) - 1 - real_fed
+            depths[b][i] = node_depth[node] - 1 - real_fed
             if nodes[b][node].parent >= 0:
                 parent_columns[b][i] = nodes[b][nodes[b][node].parent].column
     visible = torch.zeros(batch, width, before + width, dtype=torch.bool)
@@ -207,10 +203,9 @@ def _best(nodes: list[list[_Node]], budgets: list[int], device: torch.device) ->
     parents = [[-1] * width for _ in nodes]
     confidence = [[0.0] * width for _ in nodes]
     for b, (row, keep) in enumerate(zip(nodes, kept)):
-        renumber = {old: new for new, old in enumerate(keep)}
+        parents[b][: len(keep)] = kept_parents([n.parent for n in row], keep)
         for new, old in enumerate(keep):
             tokens[b][new] = row[old].token
-            parents[b][new] = renumber[row[old].parent] if row[old].parent >= 0 else -1
             confidence[b][new] = row[old].probability
     return Draft(
         torch.tensor(tokens, dtype=torch.long, device=device).reshape(len(nodes), width),

@@ -392,7 +392,8 @@ def attention_masks(
 ) -> dict[tuple[int, bool], torch.Tensor]:
     """Each distinct (window, causal) of the draft's layers -> its mask [B, Q, K + Q]: a query sees
     every real context key (the context precedes the block), the whole block, or with a causal
-    layer the block up to itself, and with a window only keys within it."""
+    layer the block up to itself, and with a window only keys within it. Not `core.masks`' rules:
+    its keys are compared by position, not cache column, and a block sees all of itself."""
     q, k = query_positions[:, :, None], key_positions[:, None, :]
     base = key_valid[:, None, :].expand(-1, query_positions.shape[1], -1)
     in_block = torch.zeros_like(key_valid)

@@ -22,6 +22,7 @@ from transformers.utils import ModelOutput
 
 from ..core.devices import module_weight
 from ..core.fields import check_fields
+from ..core.masks import allowed_keys
 from .layers import DecoderLayer, RMSNorm, target_layer_shape, vocab_rows
 
 
@@ -261,11 +262,6 @@ def causal_mask(queries: torch.Tensor, total: int, attention_mask: torch.Tensor 
     tree draft: each node sees the cache, its ancestors and itself) and is used as it is."""
     if attention_mask is not None and attention_mask.dim() == 4:
         return attention_mask[:, 0]
-    query_at = queries[:, None]
-    key_at = torch.arange(total, device=queries.device)[None, :]
-    mask = key_at <= query_at
     if attention_mask is not None:
-        mask = mask[None] & attention_mask[:, None, :total].bool()
-        mask |= (key_at == query_at)[None]  # a hole attends to itself rather than to nothing (no NaN)
-        return mask
-    return mask[None]
+        return allowed_keys(attention_mask[:, :total].bool(), queries)
+    return (torch.arange(total, device=queries.device)[None, :] <= queries[:, None])[None]

@@ -27,6 +27,7 @@ from torch import nn
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES, model_type_to_module_name
 
 from ..core.devices import module_device
+from ..core.masks import in_attention_format
 from ..hub.download import SAFETENSORS_INDEX, local_snapshot
 from .eagle import HeadOutput, causal_mask
 
@@ -304,9 +305,8 @@ class MtpDepth(nn.Module):
         position_ids = (queries + self.depth + 1)[None] if position_ids is None else position_ids.to(device)
         if attention_mask is not None:
             attention_mask = attention_mask.to(device)
-        mask = causal_mask(queries, past + input_ids.shape[1], attention_mask)[:, None]  # [B, 1, T, total]
-        if self.attention == "eager":
-            mask = torch.where(mask, 0.0, torch.finfo(embeds.dtype).min).to(embeds.dtype)
+        mask = causal_mask(queries, past + input_ids.shape[1], attention_mask)  # [B, T, total]
+        mask = in_attention_format(mask, self.attention, embeds.dtype)
         rope = {"layer_type": mtp.config.layer_types[self.depth]} if mtp.has_per_layer_rope else {}
         rotary = None
         if mtp.rotary_emb is not None:  # the target's: under a device_map its hook computes on its device

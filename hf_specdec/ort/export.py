@@ -20,6 +20,7 @@ from torch.export import Dim
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from ..core.compat import cache_argument
+from ..core.masks import allowed_keys, in_attention_format
 from .graph import add_logits_to_keep, add_tree_mask_default
 from .layout import io_names, require
 from .progress import Progress, quiet
@@ -92,18 +93,12 @@ def tree_attention(
 ) -> torch.Tensor:
     """The 4D mask [B, 1, new, past + new] the model would build from `attention_mask` (each new
     token sees the real tokens up to its own column), further limited to `visible`: a tree draft's
-    node sees its ancestors only. Every token also sees itself, so no row of the softmax is ever
-    empty, whatever holes a row has (`RaggedKV`'s tree masks do the same)."""
+    node sees its ancestors only; `RaggedKV`'s tree masks, by the same rules (`core.masks`)."""
     width = attention_mask.shape[1]
-    columns = torch.arange(width, device=attention_mask.device)
-    queries = columns[width - new :]
-    causal = columns[None, :] <= queries[:, None]  # [new, past + new]
-    itself = columns[None, :] == queries[:, None]
-    allowed = ((attention_mask.bool()[:, None, :] & causal[None]) & visible) | itself[None]
-    if model.config.get_text_config(decoder=True)._attn_implementation == "sdpa":
-        return allowed[:, None]  # sdpa takes booleans (True: attend)
-    zero = torch.zeros((), dtype=model.dtype, device=allowed.device)
-    return torch.where(allowed[:, None], zero, torch.finfo(model.dtype).min)  # eager adds its mask
+    queries = torch.arange(width - new, width, device=attention_mask.device)
+    allowed = allowed_keys(attention_mask.bool(), queries, visible)
+    implementation = model.config.get_text_config(decoder=True)._attn_implementation
+    return in_attention_format(allowed, implementation, model.dtype)
 
 
 def sample_inputs(

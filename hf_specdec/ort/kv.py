@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from ..core.masks import spanning
 from .layout import LOGITS_TO_KEEP, TREE_MASK, io_names
 
 
@@ -89,7 +90,7 @@ class OrtKV:
         if self.decoder.has_cache_branch:
             feeds["use_cache_branch"] = torch.ones(1, dtype=torch.bool, device=device)
         if self.decoder.has_tree_mask:  # bound on every run: a binding outlives the run
-            feeds[TREE_MASK] = self._tree_mask(tree, new=tokens.shape[1])
+            feeds[TREE_MASK] = self._tree_mask(tree)
         for name, tensor in feeds.items():
             self._bind(name, tensor, output=False)
         computed = new  # positions the session computes logits for
@@ -110,16 +111,13 @@ class OrtKV:
         logits = self._logits_view(batch, computed)
         return SimpleNamespace(logits=(logits[:, -logits_to_keep:] if logits_to_keep else logits).clone())
 
-    def _tree_mask(self, tree: tuple[torch.Tensor, torch.Tensor] | None, new: int) -> torch.Tensor:
+    def _tree_mask(self, tree: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         """`TREE_MASK` [B, new, cache_len]: a tree's `visible` over its last columns; without a
         tree the [1, 1, 1] True that broadcasts (every column `attention_mask` allows)."""
         device = self.decoder.device
         if tree is None:
             return torch.ones(1, 1, 1, dtype=torch.bool, device=device)
-        visible = tree[0].to(device)
-        mask = torch.ones(visible.shape[0], new, self.width, dtype=torch.bool, device=device)
-        mask[:, :, self.width - visible.shape[2] :] = visible
-        return mask
+        return spanning(tree[0].to(device), self.width)
 
     def truncate(self, lengths: torch.Tensor) -> None:
         """Keep only the first `lengths[b]` real tokens of each row b; the rest become holes."""

@@ -7,7 +7,7 @@ import torch
 from transformers import DynamicCache
 
 from hf_specdec.core.compat import cache_argument
-from hf_specdec.core.kv import RaggedKV, Slots, tree_layout
+from hf_specdec.core.kv import RaggedKV, Slots
 
 from ..conftest import random_batch
 
@@ -49,15 +49,6 @@ def _decodes_on(kv: RaggedKV, model, sequences: list[torch.Tensor]) -> None:
         torch.testing.assert_close(logits[row], expected[-1], **CLOSE)
 
 
-def test_tree_layout_ancestors_and_depths():
-    parents = torch.tensor([[-1, 0, -1, 2, 1]])  # nodes 0-1-4 and 2-3
-    visible, depths = tree_layout(parents)
-    assert depths.tolist() == [[0, 1, 2, 1, 2, 3]]
-    # fed column 5 (node 4) sees the last token, node 0, node 1 and itself
-    assert visible[0, 5].nonzero()[:, 0].tolist() == [0, 1, 2, 5]
-    assert visible[0, 4].nonzero()[:, 0].tolist() == [0, 3, 4]
-
-
 def test_slots_gather_and_scatter_the_steps_rows():
     whole, some = Slots([0, 1, 2], 3, CPU), Slots([2, 0], 3, CPU)
     batched = torch.arange(6).reshape(3, 2)
@@ -68,6 +59,17 @@ def test_slots_gather_and_scatter_the_steps_rows():
         [0, 0],
         [7, 7],
     ]
+
+
+def test_slots_feed_holes_to_the_other_rows_and_lower_the_steps_own():
+    whole, some = Slots([0, 1, 2], 3, CPU), Slots([2, 0], 3, CPU)
+    tokens = torch.tensor([[7, 7], [8, 8]])
+    fed, valid = some.fed(tokens, None)
+    assert fed.tolist() == [[8, 8], [0, 0], [7, 7]] and valid.tolist() == [[1, 1], [0, 0], [1, 1]]
+    assert whole.fed(fed, None) == (fed, None)  # the whole batch: as given
+    assert some.placed(torch.ones(2, 2, 3)).sum(dim=(1, 2)).tolist() == [6, 0, 6]
+    lengths = torch.tensor([5, 5, 5])
+    assert some.less(lengths, [1, 2]).tolist() == [3, 5, 4] and lengths.tolist() == [5, 5, 5]
 
 
 def test_rows_fed_with_holes_and_rolled_back_hold_a_plain_forwards_cache(target):

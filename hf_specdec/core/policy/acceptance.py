@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 
+from ..tree import node_depths
+
 MAX_DRAFT = 16
 PRIOR_ACCEPTANCE, PRIOR_WEIGHT = 0.6, 2.0  # the prior's mean, and what it weighs in drafts
 _BUCKETS = 10
@@ -117,10 +119,9 @@ class TreeAcceptance:
     ) -> None:
         """Row b verified `lengths[b]` nodes (parents -1 at the root; None: a chain), accepted `paths[b]`."""
         for b, (n, path) in enumerate(zip(lengths, paths)):
-            depth: list[int] = []
-            for i in range(min(n, self.max_k)):
-                parent = parents[b][i] if parents is not None else i - 1
-                depth.append(1 if parent < 0 else depth[parent] + 1)
+            counted = min(n, self.max_k)
+            row = parents[b][:counted] if parents is not None else list(range(-1, counted - 1))
+            for i, depth in enumerate(itertools.accumulate(node_depths(row), max)):  # of the first i + 1
                 self.drafted[i] += 1
-                self.depth_sums[i] += max(depth)
+                self.depth_sums[i] += depth
                 self.on_path[i] += i in path
