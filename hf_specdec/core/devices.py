@@ -27,7 +27,8 @@ def execution_device(model: Any) -> torch.device:
         return torch.device(placed[0])
     if device_map:
         return torch.device("cpu")
-    return module_device(model)
+    # A target that is no torch module (an exported session's wrapper) says where it runs itself.
+    return module_device(model) if isinstance(model, nn.Module) else torch.device(model.device)
 
 
 def module_device(module: nn.Module) -> torch.device:
