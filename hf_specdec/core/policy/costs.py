@@ -129,10 +129,14 @@ class CostModel:
         expected = plain * _from_widths({1: 1.0} | prior, width) + self.first_call_seconds(batch, width)
         seen, error = (batch, width) in self._before, math.log(seconds / expected)
         known = self.one_offs[seen].confirmed or not dear and any(r.confirmed for r in self.one_offs.values())
-        if dear and not self.plain_is_carried(batch) and not self.times.get((batch, 1), _Recent()).confirmed:
+        carried = self.plain_is_carried(batch)
+        if dear and not carried and not self.times.get((batch, 1), _Recent()).confirmed:
             return  # the plain step it is held to may have paid a one-off
         if error > 0 and not timings.samples and not known:
             return  # a first call dear: a one-off, or the curve? Nothing, until one-offs are known
+        if carried and abs(error) >= OUT_OF_LINE:  # the device or the context moved: time a plain step
+            self.plains.pop((self.shape.widths, self.bucket, self._timed_batch(batch)), None)
+            return
         self.suspect = abs(error) >= OUT_OF_LINE
         same_side = self.streak and (error > 0) == (self.streak[-1] > 0)
         self.streak = [] if not self.suspect else [*self.streak, error] if same_side else [error]
