@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from .core.draws import plain_draw
 from .loading import eos_token_ids as eos_token_ids_of
 
 IDENTICAL, TIE, MISMATCH = "identical", "tie", "mismatch"
@@ -162,13 +163,8 @@ def check_sampled(
     eos, checks = set(eos_token_ids), []
     first = _first_differences(plain, speculative, prompt_length, eos)
     generator = torch.Generator(device=plain_scores[0].device).manual_seed(seed)
-    noise = []
-    for t in range(max((at for at, token, _ in first.values() if token is not None), default=-1) + 1):
-        noise.append(
-            torch.empty(plain_scores[t].shape, device=generator.device, dtype=torch.float32).exponential_(
-                generator=generator
-            )
-        )
+    last = max((at for at, token, _ in first.values() if token is not None), default=-1)
+    noise = [plain_draw(generator, *plain_scores[t].shape) for t in range(last + 1)]
     for row in range(plain.shape[0]):
         if row not in first:
             checks.append(RowCheck(IDENTICAL))

@@ -189,7 +189,7 @@ LAYERS: dict[str, set[str]] = {
     "demo_model": {"store"},
     "memory": {"core", "drafters", "hub", "ort", "store"},
     "loading": {"core", "demo_model"},
-    "lossless": {"loading"},
+    "lossless": {"core", "loading"},
     "bench": {"config", "core", "drafters", "heads", "loading", "lossless", "ort"},
     "train": {"bench", "core", "heads", "loading", "store"},
     # vLLM, SGLang

@@ -119,7 +119,12 @@ class PlainDraws:
         self.noise[t] = drawn
 
     def _draw(self, generator: torch.Generator) -> torch.Tensor:
-        device = generator.device
-        return torch.empty(self.batch, self.vocab, device=device, dtype=torch.float32).exponential_(
-            generator=generator
-        )
+        return plain_draw(generator, self.batch, self.vocab)
+
+
+def plain_draw(generator: torch.Generator, batch: int, vocab: int) -> torch.Tensor:
+    """E_t [batch, vocab], the next of plain sampling's draws from `generator`: `torch.multinomial`
+    over fp32 probabilities takes argmax(p / E) with E ~ Exp(1) of this shape."""
+    return torch.empty(batch, vocab, device=generator.device, dtype=torch.float32).exponential_(
+        generator=generator
+    )
