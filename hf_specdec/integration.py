@@ -28,7 +28,6 @@ from .config import Drafting, SpeculativeConfig, check_tokenizer
 from .core.checks import check_drafter_continues, check_processors, check_supported
 from .core.compat import compiles_decoding, generate_cache
 from .core.draft import Draft, Drafter
-from .core.draws import generators_untouched
 from .core.loop import speculative_decode
 from .core.policy import DEVICE_COSTS, DraftLengthPolicy, FixedDraftLength
 from .drafters import DRAFTERS, build_drafter
@@ -106,7 +105,10 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
     ):
         check_supported(model, input_ids, generation_config, model_kwargs, streamer)
         check_processors(logits_processor)
-        with generators_untouched(input_ids.device):  # as plain's: a seeded sample starts there
+        # Torch's default generators (the CPU's, the device's) left as they were, as plain's: building
+        # a drafter can initialise modules before their weights load; a seeded sample starts there.
+        forked = [input_ids.device] if input_ids.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=forked):
             resolved, reason = resolve_method(config, model)
             drafter = build_drafter(resolved, model, tokenizer)
         check_drafter_continues(drafter, resolved.method, model_kwargs)
