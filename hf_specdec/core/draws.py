@@ -12,9 +12,7 @@ what plain samples (rounding near-ties of p aside) and leaves the generator wher
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-from collections.abc import Iterator
 
 import torch
 
@@ -33,23 +31,6 @@ def default_generator(device: torch.device) -> torch.Generator | None:
             device.index if device.index is not None else torch.cuda.current_device()
         ]
     return None
-
-
-@contextlib.contextmanager
-def generators_untouched(device: torch.device) -> Iterator[None]:
-    """Leave torch's default generators (the CPU's and `device`'s) as they were, for work plain
-    `generate` does not do: building a drafter can initialise modules (a head from its folder) before
-    their weights load, and a seeded sample must start from the generator plain starts from."""
-    generators = [torch.default_generator]
-    on_device = default_generator(device)
-    if on_device is not None and on_device is not torch.default_generator:
-        generators.append(on_device)
-    states = [generator.get_state() for generator in generators]
-    try:
-        yield
-    finally:
-        for generator, state in zip(generators, states):
-            generator.set_state(state)
 
 
 class PlainDraws:
@@ -83,9 +64,8 @@ class PlainDraws:
             for j, t in enumerate(ts):
                 by_position.setdefault(t, []).append((b, j))
         for t, places in sorted(by_position.items()):
-            drawn = self._noise(t)
-            for b, j in places:
-                noise[b, j] = drawn[rows[b]]
+            bs, js = zip(*places)
+            noise[list(bs), list(js)] = self._noise(t)[[rows[b] for b in bs]]  # one copy a position
         return (probs / noise).argmax(dim=-1)
 
     def step(self, lengths: list[int]) -> list[int]:
