@@ -122,9 +122,11 @@ def hub_files(repo_id: str) -> CheckpointFiles | None:
         return None
 
     def tensor_names(name: str) -> Collection[str]:
+        if not name.endswith(".safetensors"):  # a pickle, cached or not: the same answer either way
+            return ()
         if (files.folder / name).is_file():  # the Hub cache's copy
             return weight_names(files.folder / name)
-        if not name.endswith(".safetensors") or files.commit is None:  # a pickle; offline, not cached
+        if files.commit is None:  # offline, not cached
             return ()
         try:
             return safetensors_names(repo_id, name, commit=files.commit)
