@@ -13,7 +13,15 @@ from ..draft import Draft, DraftCost
 from ..verify_shape import VerifyShape
 from .acceptance import MAX_DRAFT, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, AcceptanceEstimate, TreeAcceptance
 from .costs import OUT_OF_LINE, CostModel
-from .decision import PLAIN_MARGIN, drafting_seconds, expected_gains, fastest_width
+from .decision import (
+    PLAIN_MARGIN,
+    Gains,
+    Remaining,
+    drafting_seconds,
+    expected_gains,
+    fastest_width,
+    speedups,
+)
 from .protocol import DraftLengthPolicy
 
 FREE_DRAFT = 0.05  # an ask costing under this share of a plain step is free: ask every step
@@ -146,7 +154,10 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             return draft.truncated([min(n, 1) for n in draft.lengths])  # one token tells a width's cost
         feeding = self.costs.feeding(batch_size, max(remaining or [0]) or None, widen=draft.parents is None)
         verify, margin = (lambda w: feeding(w)[1]), self._margin(batch_size)
-        k, _ = fastest_width(self._row_gains(draft), lambda k: 0.0, verify, remaining, margin)
+        gains = self._row_gains(draft)
+        k, rate = fastest_width(gains, lambda k: 0.0, verify, remaining, margin)
+        seconds = verify(k + 1) if k else self.costs.verify(batch_size, 1)
+        self._earn(batch_size, gains, remaining, rate, seconds)
         if k == 0 and not self.costs.carried_at(batch_size) and self._look():
             k = 1  # priced from what another batch size cost, no draft pays: one token tests it
         if remaining:
@@ -155,6 +166,14 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         draft = draft.truncated(lengths) if lengths != draft.lengths else draft
         fed = feeding(k + 1)[0] if k else 1  # a wider width paid for: holes past the draft
         return draft.widened(fed - 1) if fed > k + 1 else draft
+
+    def _earn(self, batch: int, gains: Gains, remaining: Remaining, rate: float, seconds: float) -> None:
+        """Each width not paid for that would beat the step's (`rate` times plain's, in `seconds`) at
+        its steady cost earns the seconds it would have saved (`CostModel.regret`)."""
+        if self.costs.new_shapes_are_dear():
+            steady = speedups(gains, lambda k: 0.0, lambda w: self.costs.verify(batch, w), remaining)
+            wins = {k + 1: seconds * (1 - rate / r) for k, r in enumerate(steady) if k and r > rate}
+            self.costs.earn(batch, wins)
 
     def _row_gains(self, draft: Draft) -> list[list[float]]:
         """A sampled draft's by position alone (cut by its own tokens it would no longer follow the

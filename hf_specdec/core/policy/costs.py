@@ -74,6 +74,9 @@ class CostModel:
     # What a width's first call in a call cost above its second, where over twice it (else 0), at
     # shapes new to the process (False) and at shapes earlier calls verified (True: paid every call).
     one_offs: dict[bool, _Recent] = field(default_factory=lambda: {s: _Recent(keep=8) for s in (False, True)})
+    # Per (batch, width) not yet paid for: the seconds it would have saved so far at its steady cost
+    # (ski rental: a width whose one-off it has earned back is bought, whatever the horizon left).
+    regret: dict[tuple[int, int], float] = field(default_factory=dict)
     prior: dict[Key, dict[int, _Recent]] = field(default_factory=dict)
     plains: dict[Key, _Recent] = field(default_factory=dict)
     shape: VerifyShape = field(default_factory=VerifyShape)
@@ -111,6 +114,8 @@ class CostModel:
     def add_verify(self, batch: int, width: int, seconds: float) -> None:
         width = self.shape.padded(width)
         timings = self.times.get((batch, width), _Recent())
+        if width > 1 and not timings.samples and width not in self.paid(batch):
+            self.regret.clear()  # earned against the widths paid for until now
         if width > 1:
             self._judge(batch, width, seconds, timings)
         if len(timings.samples) == 1 and width > 1:
@@ -228,10 +233,7 @@ class CostModel:
         """Per width, the width to feed it at and its cost: `verify`, plus its one-off spread over the
         steps it can serve (`uses`, fewer with few `tokens_left`), or where the cache feeds holes past
         a draft the next wider width already paid for, if cheaper. As it is until one-offs were timed."""
-        paid = {w for b, w in self.times if b == batch}
-        if not (self.one_offs[True].confirmed and self.one_offs[True].value):  # paid once a process
-            paid |= {w for b, w in self._before if b == batch}
-        widths = tuple(sorted(paid))
+        widths = tuple(sorted(self.paid(batch)))
         widen = widen and self.shape.feeds_holes and any(r.confirmed for r in self.one_offs.values())
 
         def feed(width: int) -> tuple[int, float | None]:
@@ -239,13 +241,35 @@ class CostModel:
             if seconds is None:
                 return width, None
             serves = uses if tokens_left is None else max(1, min(uses, tokens_left // width))
-            seconds += self.first_call_seconds(batch, width) / serves
+            earned = self.regret.get((batch, self.shape.padded(width)), 0.0)
+            owed = self.first_call_seconds(batch, width) - earned
+            seconds += max(owed, 0.0) / serves
             wider = padded_width(widths, width) if widen else width
             if wider > width and (fed := self.verify(batch, wider)) is not None and fed < seconds:
                 return wider, fed
             return width, seconds
 
         return feed
+
+    def paid(self, batch: int) -> set[int]:
+        """The widths at `batch` whose one-off is paid: in this call, or in the process where one-offs
+        are paid once a process."""
+        paid = {w for b, w in self.times if b == batch}
+        if not self.per_call_one_offs():
+            paid |= {w for b, w in self._before if b == batch}
+        return paid
+
+    def earn(self, batch: int, wins: dict[int, float]) -> None:
+        """Per width, the seconds it would have saved in a step at its steady cost: earned where unpaid."""
+        earned, paid = {}, self.paid(batch)
+        for width, seconds in wins.items():  # widths fed at one padded width: the most it saves
+            padded = self.shape.padded(width)
+            earned[padded] = max(seconds, earned.get(padded, 0.0))
+        for width in earned.keys() - paid:
+            self.regret[batch, width] = self.regret.get((batch, width), 0.0) + earned[width]
+
+    def per_call_one_offs(self) -> bool:
+        return bool(self.one_offs[True].confirmed and self.one_offs[True].value)
 
     def measured_wide(self) -> bool:
         """Whether a wide verify was timed here, or enough of them by earlier calls at this padding."""
@@ -282,4 +306,6 @@ class CostModel:
                 for seconds in timings.samples[first:]:  # each as timed: a median of minima would guess low
                     ratios.add(seconds / plain)
         self.one_offs = {seen: copy(r) for seen, r in earlier.one_offs.items()}
+        if not self.per_call_one_offs():  # bought once a process: what it earned holds
+            self.regret = {key: s for key, s in earlier.regret.items() if key[1] not in earlier.paid(key[0])}
         self._read_prior()

@@ -604,6 +604,25 @@ def test_a_draft_shorter_than_a_width_paid_for_is_fed_at_that_width_not_cut():
     assert draft.lengths == [6] and draft.tokens.shape == (1, 6)
 
 
+def test_a_width_not_paid_for_is_bought_once_what_it_would_have_saved_adds_up_to_its_oneoff(monkeypatch):
+    """Ski rental: a 6-token draft is fed at the paid width 17 (holes past it) while width 7 has
+    not saved its six-step one-off; each such step it earns what it would have saved
+    (`CostModel.regret`: 0.065 of a step, priced along the curve through widths 2 and 17), and it
+    is fed at 7 once the one-off left to earn, spread over 8 steps, is less than that. Without the
+    earning, width 7 is never bought, however long the process."""
+
+    def fed_widths(steps: int) -> list[int]:
+        policy = _policy_with_paid_widths(1, 2, 17)
+        return [1 + policy.trim(_draft([6], 0.95), 1, [200]).tokens.shape[1] for _ in range(steps)]
+
+    widths = fed_widths(120)
+    bought = widths.index(7)
+    assert set(widths[:bought]) == {17} and set(widths[bought:]) == {7}
+    assert 80 <= bought <= 90  # 5.5 steps earned
+    monkeypatch.setattr(CostModel, "earn", lambda self, batch, wins: None)
+    assert set(fed_widths(120)) == {17}
+
+
 def test_where_the_cache_feeds_no_holes_widths_are_priced_as_fed():
     """A static cache declares that it feeds no holes past a draft (it pads widths its own way):
     the policy then never widens a draft, and prices each width with its one-off."""
