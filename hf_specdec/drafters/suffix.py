@@ -25,8 +25,10 @@ source. Here:
   and what this drafter would have drafted, and how many tokens of each the output held (greedy
   acceptance; a sample holds a drafted token with the probability the target gave it, as
   verification accepts it). The corpus drafts only while its recent replays gave at least
-  `min_gain` times prompt lookup's tokens per step; otherwise its drafts are prompt lookup's
-  exactly, and replays grow rarer (`MAX_REPLAY_EVERY`). `method="auto"` drafts with it wherever
+  `min_gain` times prompt lookup's tokens per step, or where a row's context ends with `MAX_MATCH`
+  tokens the corpus holds (a request repeating an earlier one: the replays of calls that were no
+  repeat say nothing of it); otherwise its drafts are prompt lookup's exactly, and replays grow
+  rarer (`MAX_REPLAY_EVERY`). `method="auto"` drafts with it wherever
   no draft model is chosen, so that a workload that repeats itself across calls gains, and one
   that does not loses nothing but the add and the occasional replay.
 
@@ -293,8 +295,10 @@ class SuffixDrafter(Drafter):
         self.config = config
         self.lookup = NgramDrafter(config)  # a SuffixConfig is an NgramConfig
         self.corpus = corpus
-        # Decided once, at the call's start, from the corpus's record (module docstring).
+        # Decided once, at the call's start: from the corpus's record (module docstring), else at its
+        # first step where a row's prompt ends as a sequence in the corpus does (`_repeats`).
         self.drafting = corpus is not None and corpus.drafts(config.min_gain)
+        self.decided = self.drafting or corpus is None or not corpus.num_tokens
         self.corpus_drafts = 0  # rows' drafts in this call that the corpus made or added nodes to
 
     @classmethod
@@ -304,9 +308,23 @@ class SuffixDrafter(Drafter):
 
     def propose(self, request: DraftRequest) -> Draft:
         proposals = self.lookup.proposals(request)
+        if not self.decided:
+            self.decided, self.drafting = True, self._repeats(request)
         if self.drafting:
             self._from_corpus(request, proposals)
         return pack(proposals, request.tokens.device, request.tree)
+
+    def _repeats(self, request: DraftRequest) -> bool:
+        """Whether a row's context ends with `MAX_MATCH` tokens the corpus holds: a request that
+        repeats an earlier one (retried, or an eval run again) drafts from the corpus at once, where
+        the replays of calls that were no repeat would hold it back."""
+        snapshot = self.corpus.snapshot
+        for row_id in request.row_ids:
+            tail = self.lookup.rows[row_id].tokens[-MAX_MATCH:]
+            match = snapshot.match(tail, None) if len(tail) == MAX_MATCH else None
+            if match is not None and match.size == MAX_MATCH:
+                return True
+        return False
 
     def _from_corpus(self, request: DraftRequest, proposals: list[Proposal]) -> None:
         """Each row's prompt-lookup proposal, in place: a corpus chain that scores better instead, or

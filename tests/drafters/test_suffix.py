@@ -243,6 +243,24 @@ def test_auto_drafts_from_the_corpus_only_once_its_replays_beat_prompt_lookup(ta
     assert counted["corpus_drafting"] == 1 and 0 < counted["corpus_drafts"] <= again.speculative_stats.steps
 
 
+def test_a_repeated_request_drafts_from_the_corpus_at_once_whatever_the_replays_say(target_no_eos):
+    """A request whose prompt ends with `MAX_MATCH` tokens the corpus holds (here: the same request
+    again) drafts from the corpus on its first repeat, though the replays (an unrelated call's: no
+    gain) say the corpus does not pay; an unrelated request still drafts as prompt lookup does."""
+    auto, ngram = SpeculativeConfig(num_draft_tokens=8), dict(method="ngram", num_draft_tokens=8)
+    request, other = random_batch(8, 1, min_len=20, max_len=24), random_batch(9, 1, min_len=20, max_len=24)
+    lookup = _generate(target_no_eos, *request, ngram, new=40)
+    _generate(target_no_eos, *request, auto, new=40)
+    unrelated = _generate(target_no_eos, *other, auto, new=40)
+    assert unrelated.speculative_stats.drafter_counters["corpus_drafting"] == 0
+    assert torch.equal(unrelated.sequences, _generate(target_no_eos, *other, ngram, new=40).sequences)
+    assert not corpus_for(target_no_eos).drafts(SuffixConfig().min_gain)  # the replays say no
+    again = _generate(target_no_eos, *request, auto, new=40)
+    assert again.speculative_stats.drafter_counters["corpus_drafting"] == 1
+    assert torch.equal(again.sequences, lookup.sequences)
+    assert again.speculative_stats.target_forwards < lookup.speculative_stats.target_forwards / 2
+
+
 def test_the_corpus_steps_aside_once_its_replays_stop_beating_prompt_lookup():
     rng = np.random.default_rng(0)
     config = SuffixConfig()
