@@ -157,7 +157,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         gains = self._row_gains(draft)
         k, rate = fastest_width(gains, lambda k: 0.0, verify, remaining, margin)
         seconds = verify(k + 1) if k else self.costs.verify(batch_size, 1)
-        self._earn(batch_size, gains, remaining, rate, seconds)
+        self._add_regret(batch_size, gains, remaining, rate, seconds)
         if k == 0 and not self.costs.carried_at(batch_size) and self._look():
             k = 1  # priced from what another batch size cost, no draft pays: one token tests it
         if remaining:
@@ -167,13 +167,15 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         fed = feeding(k + 1)[0] if k else 1  # a wider width paid for: holes past the draft
         return draft.widened(fed - 1) if fed > k + 1 else draft
 
-    def _earn(self, batch: int, gains: Gains, remaining: Remaining, rate: float, seconds: float) -> None:
+    def _add_regret(
+        self, batch: int, gains: Gains, remaining: Remaining, rate: float, seconds: float
+    ) -> None:
         """Each width not paid for that would beat the step's (`rate` times plain's, in `seconds`) at
         its steady cost earns the seconds it would have saved (`CostModel.regret`)."""
         if self.costs.new_shapes_are_dear():
             steady = speedups(gains, lambda k: 0.0, lambda w: self.costs.verify(batch, w), remaining)
             wins = {k + 1: seconds * (1 - rate / r) for k, r in enumerate(steady) if k and r > rate}
-            self.costs.earn(batch, wins)
+            self.costs.add_regret(batch, wins)
 
     def _row_gains(self, draft: Draft) -> list[list[float]]:
         """A sampled draft's by position alone (cut by its own tokens it would no longer follow the

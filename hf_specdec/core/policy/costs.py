@@ -259,7 +259,7 @@ class CostModel:
             paid |= {w for b, w in self._before if b == batch}
         return paid
 
-    def earn(self, batch: int, wins: dict[int, float]) -> None:
+    def add_regret(self, batch: int, wins: dict[int, float]) -> None:
         """Per width, the seconds it would have saved in a step at its steady cost: earned where unpaid."""
         earned, paid = {}, self.paid(batch)
         for width, seconds in wins.items():  # widths fed at one padded width: the most it saves

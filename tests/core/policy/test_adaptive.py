@@ -619,7 +619,7 @@ def test_a_width_not_paid_for_is_bought_once_what_it_would_have_saved_adds_up_to
     bought = widths.index(7)
     assert set(widths[:bought]) == {17} and set(widths[bought:]) == {7}
     assert 80 <= bought <= 90  # 5.5 steps earned
-    monkeypatch.setattr(CostModel, "earn", lambda self, batch, wins: None)
+    monkeypatch.setattr(CostModel, "add_regret", lambda self, batch, wins: None)
     assert set(fed_widths(120)) == {17}
 
 
