@@ -17,14 +17,14 @@ def clear_cache() -> None:
     """Free everything hf-specdec keeps between `generate` calls so as not to load it again.
 
     That is the last draft model loaded by name or folder (`draft=` a path or Hub id, or chosen by
-    `method="auto"`), the MTP layers read out of a target's checkpoint (`method="mtp"`), the ONNX
-    Runtime sessions of `onnx` / `quantized` drafts with their device buffers, tokenizers read from
-    a target's folder, remembered tokenizer comparisons and weight fingerprints, what verifying
-    cost on each model in earlier calls (`DEVICE_COSTS`, which the next call's draft-length policy
-    would start from), and each model's `suffix` corpus of earlier prompts and outputs. Once
-    nothing else refers to them, their memory is released, and the CUDA
-    caching allocator's unused blocks go back to the GPU (`torch.cuda.empty_cache()`, when CUDA is
-    in use).
+    `method="auto"`), the MTP layers read out of a target's checkpoint (`method="mtp"`) or why they
+    did not load, with the safetensors headers read for them, the ONNX Runtime sessions of `onnx` /
+    `quantized` drafts with their device buffers, tokenizers read from a target's folder,
+    remembered tokenizer comparisons and weight fingerprints, what verifying cost on each model in
+    earlier calls (`DEVICE_COSTS`, which the next call's draft-length policy would start from), and
+    each model's `suffix` corpus of earlier prompts and outputs. Once nothing else refers to them,
+    their memory is released, and the CUDA caching allocator's unused blocks go back to the GPU
+    (`torch.cuda.empty_cache()`, when CUDA is in use).
     The next call that needs one loads it again.
     """
     draft_model.clear_loaded()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -33,10 +34,12 @@ from ..heads.mtp import (
     MtpDepth,
     checkpoint_folder,
     checkpoint_model,
+    checkpoint_stamp,
+    clear_read_files,
     load_mtp_layers,
+    mtp_layer_count,
     mtp_placement,
     mtp_weight_keys,
-    placed_with,
 )
 from .base import Drafter, options_to_config
 from .chain import chain, real_tokens, right_aligned
@@ -49,25 +52,46 @@ if TYPE_CHECKING:
 
     from ..config import SpeculativeConfig
 
-# A target's MTP layers, kept while the target lives so that each `generate` call does not read them
-# out of its checkpoint again; `clear_loaded` (hf_specdec.clear_cache) drops them.
-_LOADED: weakref.WeakKeyDictionary[Any, nn.Module] = weakref.WeakKeyDictionary()
+
+@dataclass(frozen=True)
+class _Read:
+    """What reading a target's MTP layers out of its checkpoint gave: the layers, or why they do not
+    load; and what that depended on (`basis`: the checkpoint's files, where the layers run, the
+    attention implementation), which a later call compares to read them again only once it changed."""
+
+    basis: tuple
+    layers: nn.Module | None
+    failure: str = ""
+
+
+class RememberedFailure(ValueError):
+    """A target's MTP layers did not load on an earlier call, and nothing they depend on changed since:
+    the error then, raised again without reading anything (and, by `select_draft`, not warned again)."""
+
+
+# Per target, kept while it lives, what reading its MTP layers gave, so that each `generate` call does
+# not read them (or fail to) out of its checkpoint again; `clear_loaded` (hf_specdec.clear_cache)
+# forgets them and the files read for them.
+_READ: weakref.WeakKeyDictionary[Any, _Read] = weakref.WeakKeyDictionary()
 
 
 def clear_loaded() -> None:
-    _LOADED.clear()
+    _READ.clear()
+    clear_read_files()
 
 
 def own_layers(target: Any) -> str | None:
     """Why `target` (a loaded model, a model folder, or a Hub repo id in the local Hub cache) drafts
     with its own MTP layers, in a sentence; None where it has none here (its config declares none
     transformers loads, or its checkpoint is not here). Decided as method='mtp' loads them
-    (`load_mtp_layers`): a loaded model's once (`layers_for`, kept for the drafter); a folder's onto
-    the meta device. Nothing is downloaded.
+    (`load_mtp_layers`): a loaded model's once per checkpoint (`layers_for`, kept for the drafter); a
+    folder's onto the meta device, from its safetensors headers. Nothing is downloaded, and a call
+    after the first reads no file again while the checkpoint's files are unchanged.
 
     Raises:
         ValueError: its config declares MTP layers and its checkpoint is here, but they do not load
             (none in the checkpoint, weights missing or misshapen, ...); the message says why.
+            `RememberedFailure` where an earlier call found so of this loaded model.
     """
     model = checkpoint_model(target)
     if model is None:
@@ -84,11 +108,31 @@ def own_layers(target: Any) -> str | None:
 
 def layers_for(target: Any) -> nn.Module:
     """`target`'s MTP layers, read out of its checkpoint once per model (`load_mtp_layers`), and again
-    once the model has moved to another dtype or device (`placed_with`)."""
-    mtp = _LOADED.get(target)
-    if mtp is None or not placed_with(mtp, target):
-        mtp = _LOADED[target] = load_mtp_layers(target)
-    return mtp
+    once its checkpoint's files changed (`checkpoint_stamp`), the model moved to another dtype or
+    device (`mtp_placement`) or its attention implementation changed. Layers that do not load are
+    not read again either: `RememberedFailure` repeats why, until one of those changes.
+
+    Raises:
+        ValueError: as `load_mtp_layers`.
+    """
+    folder = checkpoint_folder(target)
+    if folder is None or mtp_layer_count(target) == 0:  # refused before any weight is read
+        return load_mtp_layers(target)
+    basis = (checkpoint_stamp(folder), mtp_placement(target), target.config._attn_implementation)
+    read = _READ.get(target)
+    if read is None or read.basis != basis:
+        try:
+            read = _Read(basis, load_mtp_layers(target))
+        except ValueError as err:
+            _READ[target] = _Read(basis, None, str(err))
+            raise
+        _READ[target] = read
+    if read.layers is None:
+        raise RememberedFailure(
+            f"{read.failure} (As an earlier call found; the checkpoint is unchanged since: "
+            "hf_specdec.clear_cache() reads it again.)"
+        )
+    return read.layers
 
 
 def check_layers_fit(mtp: MtpModel, target: Any) -> MtpModel:

@@ -16,7 +16,8 @@ import functools
 import json
 import logging
 import re
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +30,33 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES, mo
 from ..core.devices import module_device
 from ..core.masks import in_attention_format
 from ..hub.download import SAFETENSORS_INDEX, local_snapshot
+from ..store.manifest import file_stamp
 from .eagle import HeadOutput, causal_mask
 
 # Config fields under which checkpoints that transformers does not load MTP for still declare
 # such layers (MiMo, Qwen3-Next, ...): named in the error rather than "no MTP layers".
 _OTHER_MTP_FIELDS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_modules")
+
+# What was read of a checkpoint's files (a safetensors header, a shard index), by reader and path,
+# with the file's `file_stamp` then: a model's MTP layers are asked about on every `generate` call,
+# which reads a file again only once it changed. `clear_read_files` (hf_specdec.clear_cache) forgets.
+_READ_FILES: dict[tuple[str, Path], tuple[tuple[int, int, int], Any]] = {}
+
+# safetensors' dtype names, as its headers spell them.
+_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
 
 
 def mtp_layer_count(target: Any) -> int:
@@ -76,13 +99,41 @@ def mtp_weight_keys(target: Any, folder: Path) -> tuple[list[str], str]:
 def _checkpoint_keys(folder: Path) -> list[str]:
     index = folder / SAFETENSORS_INDEX
     if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
-        return sorted(weight_map) if isinstance(weight_map, dict) else []
-    keys: list[str] = []
-    for path in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(path), framework="pt") as f:
-            keys += list(f.keys())
-    return keys
+        return _read_once(index, _index_keys)
+    return [key for path in sorted(folder.glob("*.safetensors")) for key in _read_once(path, _header)]
+
+
+def checkpoint_stamp(folder: Path) -> tuple:
+    """The checkpoint in `folder` as it is now, read without opening a file: the name and `file_stamp`
+    of each safetensors file and of the shard index. A file rewritten, added or removed changes it."""
+    files = [*sorted(folder.glob("*.safetensors")), folder / SAFETENSORS_INDEX]
+    return tuple((path.name, *file_stamp(path)) for path in files if path.is_file())
+
+
+def clear_read_files() -> None:
+    """Forget the safetensors headers and shard indexes read so far."""
+    _READ_FILES.clear()
+
+
+def _read_once(path: Path, read: Callable[[Path], Any]) -> Any:
+    """`read(path)`, read again only once `path` changed since the last time (`file_stamp`)."""
+    stamp, key = file_stamp(path), (read.__name__, path)
+    known = _READ_FILES.get(key)
+    if known is None or known[0] != stamp:
+        known = _READ_FILES[key] = (stamp, read(path))
+    return known[1]
+
+
+def _index_keys(index: Path) -> list[str]:
+    weight_map = json.loads(index.read_text()).get("weight_map", {})
+    return sorted(weight_map) if isinstance(weight_map, dict) else []
+
+
+def _header(path: Path) -> dict[str, tuple[list[int], str]]:
+    """Each weight of the safetensors file `path`, by name: its shape and dtype name (its header only)."""
+    with safe_open(str(path), framework="pt") as f:
+        slices = [(key, f.get_slice(key)) for key in f.keys()]  # noqa: SIM118 (a file, not a dict)
+        return {key: (weight.get_shape(), weight.get_dtype()) for key, weight in slices}
 
 
 def checkpoint_model(target: Any) -> Any | None:
@@ -131,8 +182,9 @@ def load_mtp_layers(target: Any) -> nn.Module:
     """`target`'s MTP layers, read out of its checkpoint by transformers' `MtpModel.from_pretrained`
     (safetensors only), on the device of its last decoder layer, in its dtype. The one rule for
     whether a model drafts with its own MTP layers: `method="mtp"` loads them so, and automatic
-    selection asks it too (of a `checkpoint_model` on the meta device, whose layers are checked
-    against the weights and keep none of them).
+    selection asks it too (of a `checkpoint_model` on the meta device, whose layers keep no weights:
+    they are loaded from the safetensors headers alone, `_headers_only`, and so checked against the
+    checkpoint's names and shapes without a weight read).
 
     Raises:
         ValueError: the architecture has no MTP layers transformers loads, the model was not loaded
@@ -170,8 +222,9 @@ def load_mtp_layers(target: Any) -> nn.Module:
         )
     device, dtype = mtp_placement(target)
     report = _LoadReport()
+    reading = _headers_only() if device.type == "meta" else contextlib.nullcontext()
     try:
-        with report.listening():
+        with report.listening(), reading:
             mtp = MtpModel.from_pretrained(target, device_map={"": device}, trust_remote_code=False)
     except (RuntimeError, ValueError, KeyError) as err:
         raise ValueError(
@@ -194,6 +247,58 @@ def load_mtp_layers(target: Any) -> nn.Module:
     return mtp.eval()
 
 
+# `MtpModel.from_pretrained` takes no headers in place of files, and a second loader of ours would
+# drift from its renamings and checks: `_headers_only` swaps the opener it reads files through, one
+# such load at a time.
+_HEADERS_ONLY = threading.Lock()
+
+
+@contextlib.contextmanager
+def _headers_only() -> Iterator[None]:
+    """While open, `MtpModel.from_pretrained` called on this thread reads each safetensors file's
+    header only (`_HeaderOnly`), for layers bound for the meta device, which keep no weights: the
+    loader itself then decides whether they load (which keys, renamed how, missing or misshapen,
+    with its own messages), and nothing of the weights is read. Loads on other threads read as usual."""
+    import transformers.modeling_layers as loader
+
+    with _HEADERS_ONLY:
+        opener, thread = loader.safe_open, threading.get_ident()
+
+        def open_headers(path: str, *args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() != thread:
+                return opener(path, *args, **kwargs)
+            return _HeaderOnly(Path(path))
+
+        loader.safe_open = open_headers
+        try:
+            yield
+        finally:
+            loader.safe_open = opener
+
+
+class _HeaderOnly:
+    """A safetensors file as `MtpModel.from_pretrained` reads it under `_headers_only`: its keys, and
+    each weight a meta tensor of its shape and dtype, from the file's header (`_header`). A dtype torch
+    has no name for here is read as the loader reads it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.header = _read_once(path, _header)
+
+    def keys(self) -> list[str]:
+        return list(self.header)
+
+    def get_slice(self, key: str) -> torch.Tensor:
+        shape, dtype = self.header[key]
+        if dtype in _DTYPES:
+            return torch.empty(shape, dtype=_DTYPES[dtype], device="meta")
+        with safe_open(str(self.path), framework="pt") as f:
+            return f.get_tensor(key)
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
 def check_attention(mtp: nn.Module) -> str:
     """The attention implementation `mtp`'s layers run (their config's, the model's); ValueError where
     it is not one whose masks `MtpDepth` can build."""
@@ -213,12 +318,6 @@ def mtp_placement(target: Any) -> tuple[torch.device, torch.dtype]:
     computes on (`module_device`: not `meta` where it was offloaded)."""
     last = target.get_decoder().layers[-1]
     return module_device(last), next(last.parameters()).dtype
-
-
-def placed_with(mtp: nn.Module, target: Any) -> bool:
-    """Whether `mtp`'s own layers still sit where `target`'s MTP layers run (`mtp_placement`): not
-    after `target.to(...)` moved the model, and with it the embedding and head the layers share."""
-    return (module_device(mtp.layers), next(mtp.layers.parameters()).dtype) == mtp_placement(target)
 
 
 class _LoadReport(logging.Handler):

@@ -93,7 +93,8 @@ def select_draft(
         trust_remote_code: allow drafts whose config needs custom code (`auto_map`); off by default.
         own_heads: consider the target's own draft heads (MTP layers in its checkpoint) first. They
             are chosen where they load as `method="mtp"` loads them (`mtp.own_layers`); layers its
-            config declares that do not load are passed over with a warning saying why.
+            config declares that do not load are passed over with a warning saying why (once per
+            loaded model and checkpoint: later calls pass them over without reading them again).
 
     Raises:
         DraftSelectionError: the target is gated, private or missing on the Hub.
@@ -103,7 +104,8 @@ def select_draft(
     try:
         own = mtp.own_layers(target) if own_heads else None
     except ValueError as err:  # declared and here, but they do not load: the next choice, saying why
-        warnings.warn(f"{name}: {err} Choosing another draft.", UserWarning, stacklevel=2)
+        if not isinstance(err, mtp.RememberedFailure):  # said once, where the failure was found
+            warnings.warn(f"{name}: {err} Choosing another draft.", UserWarning, stacklevel=2)
         own, note = None, "; ".join(filter(None, [note, f"its own MTP layers are not used: {err}"]))
     if own is not None:
         return DraftChoice("mtp", None, f"{name}: {own}.", target=repo_id, source="checkpoint")

@@ -106,8 +106,7 @@ def manifest_problem(folder: Path, built_from: dict[str, Any]) -> str | None:
 
 def file_digest(path: Path) -> str:
     """The SHA-256 of `path`, remembered while its size, mtime and inode stay the same."""
-    stat = path.stat()
-    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    key = (str(path.resolve()), *file_stamp(path))
     with _DIGESTS_LOCK:
         known = _DIGESTS.get(key)
     if known is not None:
@@ -119,6 +118,14 @@ def file_digest(path: Path) -> str:
     with _DIGESTS_LOCK:
         _DIGESTS[key] = digest.hexdigest()
     return _DIGESTS[key]
+
+
+def file_stamp(path: Path) -> tuple[int, int, int]:
+    """`path`'s size, modification time and inode (of the file a link leads to, as a Hub snapshot's
+    to its blob), read without opening it: what tells a file rewritten or replaced since an earlier
+    read of it."""
+    stat = path.stat()
+    return stat.st_size, stat.st_mtime_ns, stat.st_ino
 
 
 @contextlib.contextmanager

@@ -12,7 +12,13 @@ from safetensors.torch import load_file, save_file
 from transformers import LlamaForCausalLM
 
 from hf_specdec import SpeculativeConfig, clear_cache
-from hf_specdec.heads.mtp import checkpoint_folder, load_mtp_layers, mtp_architectures, mtp_weight_keys
+from hf_specdec.heads.mtp import (
+    checkpoint_folder,
+    checkpoint_model,
+    load_mtp_layers,
+    mtp_architectures,
+    mtp_weight_keys,
+)
 
 from ..conftest import assert_greedy_speculation, tiny_llama
 from ..helpers import mtp
@@ -134,3 +140,26 @@ def test_weight_keys_and_architectures(layout):
     )
     assert all(k.startswith(f"model.layers.{index}.") for k in keys) and str(index) in pattern
     assert {"deepseek_v3", "glm4_moe", "ernie4_5_moe"} <= set(mtp_architectures())
+
+
+@pytest.mark.parametrize("damage", [None, "missing", "misshapen"])
+def test_a_folder_is_decided_from_its_headers_as_loading_decides(tmp_path, monkeypatch, damage):
+    """Of a folder (`checkpoint_model`, on the meta device), `load_mtp_layers` reads the safetensors
+    header and no weight, and decides as reading the loaded model's layers does: the same layers
+    (names, shapes, dtypes), or the same error, word for word."""
+    folder = mtp.checkpoint(tmp_path, "glm4_moe")
+    if damage is not None:
+        mtp.damage(folder, damage)
+
+    def outcome(target):
+        try:
+            layers = load_mtp_layers(target)
+        except ValueError as err:
+            return str(err)
+        return {name: (p.shape, p.dtype) for name, p in layers.layers.named_parameters()}
+
+    reads = mtp.count_reads(monkeypatch, folder)
+    decided = outcome(checkpoint_model(str(folder)))
+    assert reads == {("open", "model.safetensors"): 1}  # its header: no weight read
+    loaded = outcome(load("glm4_moe", folder))
+    assert decided == loaded and isinstance(loaded, dict) == (damage is None)

@@ -9,12 +9,19 @@ are peaked: the MTP layer then agrees with its target now and then on a vocabula
 
 from __future__ import annotations
 
+import io
+import sys
+from collections import Counter
 from pathlib import Path
 
+import safetensors
 import torch
+from huggingface_hub import save_torch_state_dict
 from safetensors.torch import load_file, save_file
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, Glm4MoeConfig, Glm4MoeForCausalLM
 from transformers.modeling_layers import MtpModel
+
+from hf_specdec.hub.download import SAFETENSORS_INDEX
 
 VOCAB = 16
 # The MTP layer's index in each layout (transformers hard-codes it per architecture).
@@ -97,10 +104,12 @@ def checkpoint(
     seed: int = 0,
     mtp: bool = True,
     agree: float = 0.0,
+    shards: int = 1,
     **overrides,
 ) -> Path:
     """Write a tiny target of `layout` to `folder` with (`mtp`) or without its MTP layer in the
-    published layout; `agree`: as `target_and_layers`."""
+    published layout, in one safetensors file or in about `shards` with their index; `agree`: as
+    `target_and_layers`."""
     target, layer = target_and_layers(layout, seed, 1, agree, **overrides)
     target.save_pretrained(folder)
     if not mtp:
@@ -111,8 +120,89 @@ def checkpoint(
         target.get_input_embeddings().weight.detach()
     )
     weights[f"model.layers.{LAYOUTS[layout]}.shared_head.head.weight"] = target.lm_head.weight.detach()
-    save_file({k: v.contiguous() for k, v in weights.items()}, folder / "model.safetensors", {"format": "pt"})
+    weights = {k: v.contiguous() for k, v in weights.items()}
+    if shards == 1:
+        save_file(weights, folder / "model.safetensors", {"format": "pt"})
+        return folder
+    (folder / "model.safetensors").unlink()
+    weights = {k: v.clone() for k, v in weights.items()}  # no two share storage (experts cut from one)
+    size = sum(w.numel() * w.element_size() for w in weights.values())
+    save_torch_state_dict(weights, folder, max_shard_size=size // shards + 1, metadata={"format": "pt"})
     return folder
+
+
+def damage(folder: Path, how: str, layout: str = "glm4_moe") -> Path:
+    """The one-file checkpoint in `folder` with its MTP layer's `eh_proj` gone (`how="missing"`) or
+    cut to the wrong shape ("misshapen")."""
+    weights = load_file(folder / "model.safetensors")
+    eh_proj = weights.pop(f"model.layers.{LAYOUTS[layout]}.eh_proj.weight")
+    if how == "misshapen":
+        weights[f"model.layers.{LAYOUTS[layout]}.eh_proj.weight"] = eh_proj[:, :8].contiguous()
+    save_file(weights, folder / "model.safetensors", {"format": "pt"})
+    return folder
+
+
+def count_reads(monkeypatch, folder: Path) -> Counter:
+    """Count, from now on, what is read of the checkpoint's weight files in `folder` (its safetensors
+    files and their index; not its config), by `(what, file name)`: `"open"` each time one is
+    opened (a safetensors file, whose header that reads, or the index), `"weight"` each time a
+    weight's data is read out of one. The real `safetensors.safe_open` (wrapped in every module that
+    imported it) and `io.open` (what `Path.read_text` opens through) do the reading."""
+    reads: Counter = Counter()
+    safe_open, open_file, folder = safetensors.safe_open, io.open, folder.resolve()
+
+    def name(path) -> str | None:
+        path = Path(path).resolve() if isinstance(path, (str, Path)) else None
+        weights = path is not None and path.name.endswith((".safetensors", SAFETENSORS_INDEX))
+        return path.name if weights and path.parent == folder else None
+
+    def count(what: str, file: str | None) -> None:
+        if file is not None:  # in `folder`
+            reads[what, file] += 1
+
+    class Slice:
+        def __init__(self, weights, file: str | None) -> None:
+            self.weights, self.file = weights, file
+
+        def __getitem__(self, index):
+            count("weight", self.file)
+            return self.weights[index]
+
+        def __getattr__(self, attribute: str):
+            return getattr(self.weights, attribute)
+
+    class Counted:
+        def __init__(self, path, *args, **kwargs) -> None:
+            self.file = name(path)
+            count("open", self.file)
+            self.opened = safe_open(path, *args, **kwargs)
+
+        def __enter__(self):
+            self.opened.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.opened.__exit__(*exc)
+
+        def get_slice(self, key: str) -> Slice:
+            return Slice(self.opened.get_slice(key), self.file)
+
+        def get_tensor(self, key: str) -> torch.Tensor:
+            count("weight", self.file)
+            return self.opened.get_tensor(key)
+
+        def __getattr__(self, attribute: str):
+            return getattr(self.opened, attribute)
+
+    def counted_open(path, *args, **kwargs):
+        count("open", name(path))
+        return open_file(path, *args, **kwargs)
+
+    for module in list(sys.modules.values()):
+        if getattr(module, "safe_open", None) is safe_open:
+            monkeypatch.setattr(module, "safe_open", Counted)
+    monkeypatch.setattr(io, "open", counted_open)
+    return reads
 
 
 def published_keys(state: dict[str, torch.Tensor], index: int) -> dict[str, torch.Tensor]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from hf_specdec.selection.method import resolve_method
 from hf_specdec.serving import ServingExportError, export_serving
 
 from ..conftest import tiny_llama
+from ..helpers import mtp
 from ..helpers.hub import local_hub
 from ..helpers.published import write_eagle3
 from .conftest import CASES, export_case
@@ -112,6 +114,29 @@ def test_a_checkpoint_with_mtp_layers_exports_them(models, tmp_path):
     assert sglang["command"][sglang["command"].index("--speculative-algorithm") + 1] == "EAGLE"
     with pytest.raises(ServingExportError, match="no engine equivalent.*drop --draft"):
         export_serving(str(models / "mtp-target"), "vllm", method="mtp", draft=str(models / "draft"))
+
+
+@pytest.mark.parametrize("damage", [None, "missing", "misshapen"])
+def test_own_mtp_layers_are_exported_as_their_headers_decide(tmp_path, monkeypatch, damage):
+    """Whether the target's own MTP layers load is asked twice (what speculative=True picks, then
+    its plan), from the checkpoint's safetensors header both times: read once, and no weight. Layers
+    that do not load are passed over, saying why, and refused when named."""
+    folder = mtp.checkpoint(tmp_path / "target", "glm4_moe")
+    if damage is not None:
+        mtp.damage(folder, damage)
+    reads = mtp.count_reads(monkeypatch, folder)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        auto = export_serving(str(folder), "vllm", num_draft_tokens=2)
+    if damage is None:
+        assert auto["speculative_config"]["method"] == "mtp" and not caught
+    else:
+        assert auto["speculative_config"]["method"] != "mtp"
+        assert any("own MTP layers are not used" in caveat for caveat in auto["caveats"])
+        assert [str(w.message) for w in caught if "MTP layers" in str(w.message)]
+        with pytest.raises(ValueError, match="do not load as Glm4MoeForCausalLM's MTP layers.*eh_proj"):
+            export_serving(str(folder), "vllm", method="mtp", num_draft_tokens=2)
+    assert reads == {("open", "model.safetensors"): 1}
 
 
 def test_bad_arguments(models):
