@@ -261,6 +261,9 @@ def _headers_only() -> Iterator[None]:
     with its own messages), and nothing of the weights is read. Loads on other threads read as usual."""
     import transformers.modeling_layers as loader
 
+    if getattr(loader, "safe_open", None) is not safe_open:  # a transformers that opens files otherwise
+        yield  # reads the weights, as before this
+        return
     with _HEADERS_ONLY:
         opener, thread = loader.safe_open, threading.get_ident()
 

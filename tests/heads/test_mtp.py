@@ -6,8 +6,11 @@ architectures transformers loads no MTP layers for."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import LlamaForCausalLM
 
@@ -163,3 +166,21 @@ def test_a_folder_is_decided_from_its_headers_as_loading_decides(tmp_path, monke
     assert reads == {("open", "model.safetensors"): 1}  # its header: no weight read
     loaded = outcome(load("glm4_moe", folder))
     assert decided == loaded and isinstance(loaded, dict) == (damage is None)
+
+
+def test_a_transformers_that_opens_files_otherwise_is_read_as_it_reads(tmp_path, monkeypatch):
+    """Where transformers' MTP loader no longer opens files through `safetensors.safe_open` by that
+    name, nothing is swapped: the folder's layers are decided by reading them, as before."""
+    import transformers.modeling_layers as loader
+
+    folder = mtp.checkpoint(tmp_path, "glm4_moe")
+    opened = []
+
+    def other_opener(path, *args, **kwargs):
+        opened.append(Path(path).name)
+        return safe_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(loader, "safe_open", other_opener)
+    layers = load_mtp_layers(checkpoint_model(str(folder)))
+    assert opened == ["model.safetensors"] and loader.safe_open is other_opener
+    assert all(p.device.type == "meta" for p in layers.parameters())
