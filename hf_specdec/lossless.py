@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from .core.draws import plain_draw
+from .core.draws import default_generator, plain_draw
 from .loading import eos_token_ids as eos_token_ids_of
 
 IDENTICAL, TIE, MISMATCH = "identical", "tie", "mismatch"
@@ -158,8 +158,17 @@ def check_sampled(
     s_t; with drafts chosen without draws, speculation takes the same argmax over its verify
     forward's scores (docs/lossless.md#sampling). So at the first difference the two tokens are a
     `tie` where both lie within `rounding_bound` of the largest u_t (the scores' rounding, not the
-    draw's, moves u_t), else a `mismatch`. E_t is drawn again here (CPU and CUDA, as `core.draws`);
-    plain's own token must be the argmax it reproduces, else this raises."""
+    draw's, moves u_t), else a `mismatch`. E_t is drawn again here, on the scores' device, which
+    must be one `can_check_sampled` names; plain's own token must be the argmax it reproduces, else
+    this raises. Only speculation that verified every step with plain's draws is expected to match
+    (`SpeculativeStats.rejection_sampled_steps` 0): rejection-sampled drafts are exact in
+    distribution, not token for token."""
+    device = plain_scores[0].device
+    if not can_check_sampled(device):
+        raise ValueError(
+            f"check_sampled cannot reproduce plain sampling's draws on {device}: only where "
+            "torch.multinomial's default generator is known (CPU and CUDA): run both calls on one of those."
+        )
     eos, checks = set(eos_token_ids), []
     first = _first_differences(plain, speculative, prompt_length, eos)
     generator = torch.Generator(device=plain_scores[0].device).manual_seed(seed)
@@ -184,6 +193,13 @@ def check_sampled(
         bound = _bound(scores, dtype)
         checks.append(_classify(drawn, at, plain_token, spec_token, bound))
     return checks
+
+
+def can_check_sampled(device: torch.device | str) -> bool:
+    """Whether `check_sampled` reproduces plain sampling's draws on `device`: where `core.draws`
+    knows the generator `torch.multinomial` draws from (CPU and CUDA), which is also where seeded
+    speculation verifies drafts chosen without draws with plain's own draws."""
+    return default_generator(torch.device(device)) is not None
 
 
 def count_kinds(checks: Iterable[RowCheck]) -> dict[str, int]:

@@ -71,7 +71,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="every row on the static cache with the decode step compiled, on a CPU too (transformers' "
         "fast path; the verify widths are compiled before timing)",
     )
-    parser.add_argument("--sample", action="store_true", help="sample (do_sample=True) instead of greedy")
+    parser.add_argument(
+        "--sample",
+        action="store_true",
+        help="sample (do_sample=True) instead of greedy; each prompt seeded alike for every row, and "
+        "rows that took plain's draws checked against plain's sample",
+    )
     parser.add_argument("--num-draft-tokens", default="auto", help='an integer, or "auto" (default)')
     template = parser.add_mutually_exclusive_group()
     template.add_argument(

@@ -199,14 +199,36 @@ def _header(result: BenchResult) -> list[str]:
         + ". "
         "τ = mean accepted length per speculative step (1 + accepted / drafts, as vLLM and "
         "Spec-Bench report it; the JSON also has `mean_accepted_length`, per step, plain ones "
-        "included). Identical / tie / mismatch = outputs equal to plain greedy `generate`'s, first "
-        "differing at a rounding tie of the target's top two scores (`hf_specdec.lossless`), or "
-        "differing otherwise (a bug).",
+        "included). " + _lossless_note(s),
         "",
     ]
     if result.interrupted:
         lines += ["**Interrupted: partial results.**", ""]
     return lines
+
+
+def _lossless_note(settings: dict[str, Any]) -> str:
+    """What the identical / tie / mismatch column compares, greedy or sampled."""
+    if not settings["sample"]:
+        return (
+            "Identical / tie / mismatch = outputs equal to plain greedy `generate`'s, first differing "
+            "at a rounding tie of the target's top two scores (`hf_specdec.lossless.check_greedy`), "
+            "or differing otherwise (a bug)."
+        )
+    if not settings.get("outputs_checked", True):
+        device = (settings.get("runtime") or {}).get("device", "this device")
+        return (
+            f"Outputs not classified: on {device} plain sampling's draws are not reproduced "
+            "(`hf_specdec.lossless.check_sampled` does so on CPU and CUDA)."
+        )
+    return (
+        "Identical / tie / mismatch = outputs equal to plain `generate`'s sample with the same seed "
+        "(`torch.manual_seed` before each row; one untimed plain call more gives the scores it "
+        "sampled from), first differing at a rounding tie of plain's draw "
+        "(`hf_specdec.lossless.check_sampled`), or differing otherwise (a bug); – where rejection "
+        "sampling chose some tokens (drafts sampled from a drafter's q: `rejection_sampled_steps`) "
+        "and for transformers' rows, which are exact in distribution, not token for token."
+    )
 
 
 def _cache(settings: dict[str, Any]) -> list[str]:

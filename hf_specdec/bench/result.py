@@ -15,9 +15,12 @@ PLAIN = "plain"
 class Measurement:
     """One timed `generate` call: a row (plain, a method, a transformers baseline) on a batch of prompts.
 
-    `lossless` counts the batch's sequences that are identical to plain greedy `generate`'s, differ
-    first at a rounding tie, or mismatch (`hf_specdec.lossless.check_greedy`; None when sampling, or
-    when plain or this row failed), and `differences` describes each row that is not identical;
+    `lossless` counts the batch's sequences that are identical to plain `generate`'s, differ first
+    at a rounding tie, or mismatch (`hf_specdec.lossless`: greedy, `check_greedy` against plain
+    greedy's; sampling, `check_sampled` against plain's sample of the same seed), None where not
+    classified: plain or this row failed, or, sampling, rejection sampling chose some of the row's
+    tokens (`SpeculativeStats.rejection_sampled_steps`), the row is transformers' own, or the device's
+    draws are not reproduced; `differences` describes each row that is not identical;
     `error` is set, and the figures are empty, when the call raised.
     """
 

@@ -2,8 +2,11 @@
 
 For every batch of prompts each row runs once (or `repeats` times, round after round, keeping the
 median time), in an order rotated from batch to batch so that a
-slow drift of the machine (other processes, thermal) falls on every row alike. Greedy outputs are
-classified against plain `generate`'s: identical, a rounding tie, or a mismatch (`hf_specdec.lossless`).
+slow drift of the machine (other processes, thermal) falls on every row alike. Outputs are
+classified against plain `generate`'s: identical, a rounding tie, or a mismatch (`hf_specdec.lossless`):
+greedy ones against plain greedy's, sampled ones against plain's sample with the same seed, where the
+row verified every step with plain's own draws (not rejection sampling, which is exact in
+distribution, not token for token).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from ..loading import (
     pad_token_id,
     use_chat_template,
 )
-from ..lossless import IDENTICAL, check_greedy, count_kinds
+from ..lossless import IDENTICAL, RowCheck, can_check_sampled, check_greedy, check_sampled, count_kinds
 from ..ort.layout import is_onnx_folder
 from .machine import OtherProcesses, load_average
 from .result import PLAIN, BenchResult, Measurement
@@ -155,6 +158,8 @@ def run_bench(
     generation.update(fast_path(static_cache, compile))
     result.settings["cache_implementation"] = generation.get("cache_implementation", "dynamic")
     result.settings["compiled"] = bool(compile)
+    # Sampled outputs are checked only where plain's draws can be drawn again (`check_sampled`).
+    result.settings["outputs_checked"] = not sample or can_check_sampled(model.device)
     others = OtherProcesses()
     try:
         _measure(model, tokenizer, rows, chosen, batch_sizes, chat, generation, result, progress, repeats)
@@ -214,8 +219,11 @@ def _measure(
                             measurement.batch_size, measurement.category = batch_size, item[0].category
                             measurement.prompt_ids = [p.id for p in item]
                             result.measurements.append(measurement)
-                if not generation["do_sample"]:
-                    _check_lossless(model, result.measurements[-len(batch_rows) :], outputs, inputs)
+                measured = result.measurements[-len(batch_rows) :]
+                if generation["do_sample"]:
+                    _check_sampled(model, measured, outputs, inputs, generation, seed=i)
+                else:
+                    _check_lossless(model, measured, outputs, inputs)
             if "compile_config" in generation:  # each a compile inside some row's timed call
                 settings = result.settings
                 settings["graphs_compiled_while_timing"] = (
@@ -308,12 +316,62 @@ def _check_lossless(
             checks = check_greedy(
                 model, inputs["input_ids"], plain.sequences, out.sequences, inputs["attention_mask"]
             )
-            m.lossless = count_kinds(checks)
-            m.differences = [
-                {"prompt_id": pid, **c.to_dict()}
-                for pid, c in zip(m.prompt_ids, checks)
-                if c.kind != IDENTICAL
-            ]
+            _record_checks(m, checks)
+
+
+def _check_sampled(
+    model: Any,
+    measurements: list[Measurement],
+    outputs: dict[str, Any],
+    inputs: dict[str, Any],
+    generation: dict[str, Any],
+    seed: int,
+) -> None:
+    """Classify each sampled row that took plain's draws (`_took_plain_draws`) against plain's
+    sample of the same seed: identical, tie or mismatch. Rows that had steps chosen by rejection
+    sampling, transformers' rows (exact in distribution, not token for token) and every row on a
+    device whose draws `check_sampled` does not reproduce stay unclassified.
+
+    One untimed plain call, seeded as the timed plain row was, returns the scores plain sampled from
+    (`check_sampled` needs them); its sequences must be the timed row's, else the bench's seeding is
+    broken and no row could be judged against it.
+    """
+    plain = outputs.get(PLAIN)
+    if plain is None or not can_check_sampled(model.device):
+        return
+    torch.manual_seed(seed)  # as `_time_row` seeds the timed plain row
+    reference = model.generate(**inputs, **generation, output_scores=True)
+    if not torch.equal(reference.sequences, plain.sequences):
+        raise RuntimeError(
+            f"Bench bug: plain sampling seeded with {seed} gave other tokens when called again with "
+            "output_scores=True; the sampled rows cannot be checked against it."
+        )
+    eos, prompt_length = eos_token_ids(model), inputs["input_ids"].shape[1]
+    for m in measurements:
+        out = outputs.get(m.row)
+        if out is None or not _took_plain_draws(m):
+            continue
+        checks = check_sampled(
+            reference.sequences, reference.scores, out.sequences, prompt_length, seed, model.dtype,
+            eos_token_ids=eos,
+        )  # fmt: skip
+        _record_checks(m, checks)
+
+
+def _took_plain_draws(measurement: Measurement) -> bool:
+    """Plain itself, or our row that verified every step with plain sampling's draws: no step's
+    tokens chosen by rejection sampling. Transformers' rows have no statistics to say so."""
+    stats = measurement.stats
+    return measurement.row == PLAIN or (stats is not None and stats.rejection_sampled_steps == 0)
+
+
+def _record_checks(measurement: Measurement, checks: list[RowCheck]) -> None:
+    measurement.lossless = count_kinds(checks)
+    measurement.differences = [
+        {"prompt_id": pid, **c.to_dict()}
+        for pid, c in zip(measurement.prompt_ids, checks)
+        if c.kind != IDENTICAL
+    ]
 
 
 def _new_tokens(sequences: torch.Tensor, inputs: dict[str, Any], eos: set[int]) -> list[list[int]]:

@@ -177,7 +177,8 @@ def _decode(
         verified_at = clock(device)
 
         drafter.observe(draft, verdict.accepted)
-        stats.record_steps(draft.lengths, verdict.accepted, None if draft.parents is None else draft.depths())
+        depths = None if draft.parents is None else draft.depths()
+        stats.record_steps(draft.lengths, verdict.accepted, depths, verdict.rejection_sampled)
         _emit(out, rows, verdict, extras, stopping_criteria)
         # The drafter's own time: the policy's cut is the loop's overhead, not a cost of drafting.
         # A compiled width's first forward is its compile, no verify cost: the policy is not told it.

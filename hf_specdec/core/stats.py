@@ -13,7 +13,12 @@ class SpeculativeStats:
     which verifies nothing; `target_forwards` counts the forwards themselves, the prompt's
     included, and the one that feeds finished rows their padding where per-token outputs are
     returned: `pad_steps`); `speculative_steps` of them verified a non-empty draft and
-    `plain_steps` decoded one token without a draft. `drafted` and `accepted` count draft tokens;
+    `plain_steps` decoded one token without a draft. `rejection_sampled_steps` of them, of either
+    kind, had their tokens chosen by rejection sampling (`verify.rejection_sample`: a draft sampled
+    from a drafter's q, as draft models and heads' chains draft) rather than by plain sampling's own
+    draws: a call with any samples exactly the target's distribution but is not expected to repeat
+    plain `generate`'s seeded sample token for token, so `hf_specdec.lossless.check_sampled` judges
+    only calls where it is 0 (always 0 greedy). `drafted` and `accepted` count draft tokens;
     `position_drafted[i]` counts drafts that had an i-th token and `position_accepted[i]` those
     whose first i + 1 tokens were all accepted (vLLM's `num_accepted_tokens_per_pos`). `emitted`
     counts tokens the call produced (the prompt forward's first token a row, then accepted drafts
@@ -43,6 +48,7 @@ class SpeculativeStats:
     steps: int = 0
     speculative_steps: int = 0
     plain_steps: int = 0
+    rejection_sampled_steps: int = 0
     drafted: int = 0
     accepted: int = 0
     emitted: int = 0
@@ -79,16 +85,28 @@ class SpeculativeStats:
         self.draft_seconds += draft_seconds
         self.verify_seconds += verify_seconds or 0.0
 
-    def record_steps(self, drafted: list[int], accepted: list[int], tree_depths: list[int] | None) -> None:
+    def record_steps(
+        self,
+        drafted: list[int],
+        accepted: list[int],
+        tree_depths: list[int] | None,
+        rejection_sampled: bool = False,
+    ) -> None:
         """Count one verify forward's steps, a row each: row b checked `drafted[b]` tokens and kept
-        `accepted[b]`; `tree_depths` is given for a tree draft, None for chains."""
+        `accepted[b]`; `tree_depths` is given for a tree draft, None for chains; `rejection_sampled`
+        where rejection sampling chose the forward's tokens (`Verdict.rejection_sampled`)."""
         for b, (n, a) in enumerate(zip(drafted, accepted)):
-            self.record_step(n, a, None if tree_depths is None else tree_depths[b])
+            self.record_step(n, a, None if tree_depths is None else tree_depths[b], rejection_sampled)
 
-    def record_step(self, drafted: int, accepted: int, tree_depth: int | None = None) -> None:
+    def record_step(
+        self, drafted: int, accepted: int, tree_depth: int | None = None, rejection_sampled: bool = False
+    ) -> None:
         """Count one verification step that checked `drafted` tokens (a tree's nodes) and kept
-        `accepted` of them; `tree_depth` is given for a tree draft, None for a chain."""
+        `accepted` of them; `tree_depth` is given for a tree draft, None for a chain;
+        `rejection_sampled` where rejection sampling chose its tokens."""
         self.steps += 1
+        if rejection_sampled:
+            self.rejection_sampled_steps += 1
         if drafted == 0:
             self.plain_steps += 1
             return
@@ -202,6 +220,7 @@ _SUMMED = (
     "steps",
     "speculative_steps",
     "plain_steps",
+    "rejection_sampled_steps",
     "drafted",
     "accepted",
     "tree_steps",

@@ -35,6 +35,9 @@ class Verdict:
     scores: torch.Tensor  # [B, k + 1, V] processed target scores at those positions
     logits: torch.Tensor  # [B, k + 1, V] raw target logits
     paths: list[list[int]] | None = None  # tree drafts: the accepted nodes of each row, root first
+    # Rejection sampling chose the tokens (a draft sampled from q): exact in distribution, but not
+    # plain sampling's draws, so a seeded call's output is not plain's seeded sample token for token.
+    rejection_sampled: bool = False
 
     def fed(self, b: int) -> list[int]:
         """The fed positions row b's emitted tokens were chosen at: along the accepted path of a tree."""
@@ -52,7 +55,8 @@ def accept(
     """Score each row's draft with the target's `logits` and keep the longest prefix equal to the
     target's own picks (greedy: its argmax; sampling: plain decoding's draw at that position, from
     `draws`, or a fresh one), walking a tree down them; a draft sampled from a distribution q
-    goes through rejection sampling."""
+    (or any sampled chain where `draws` is None: a device whose default generator is not known)
+    goes through rejection sampling, which the verdict declares (`rejection_sampled`)."""
     # Only processors that read tokens need each row's sequence (plain greedy has none).
     reads = request.processor.reads_context
     contexts = [request.row(b) for b in range(len(request.row_ids))] if reads else []
@@ -70,8 +74,8 @@ def accept(
     draft_lengths = torch.tensor(draft.lengths, device=logits.device)
     if request.do_sample and (draft.probs is not None or draws is None):
         accepted, tokens = rejection_sample(draft.tokens, draft_lengths, draft.probs, scores.softmax(-1))
-    else:
-        accepted, tokens = prefix_verify(draft.tokens, draft_lengths, _picks(request, draft, scores, draws))
+        return Verdict(accepted.tolist(), tokens, scores, logits, rejection_sampled=True)
+    accepted, tokens = prefix_verify(draft.tokens, draft_lengths, _picks(request, draft, scores, draws))
     return Verdict(accepted.tolist(), tokens, scores, logits)
 
 

@@ -144,6 +144,7 @@ def test_to_dict_is_json_and_consistent():
         "steps",
         "speculative_steps",
         "plain_steps",
+        "rejection_sampled_steps",
         "drafted",
         "accepted",
         "emitted",
@@ -180,6 +181,20 @@ def test_tree_steps_count_nodes_and_depths():
 
     chain.merge(tree)  # counters add up across calls
     assert (chain.tree_steps, chain.tree_depth, chain.drafted) == (2, 7, 20)
+
+
+def test_rejection_sampled_steps_count_rows_and_add_up():
+    """A verify forward whose tokens rejection sampling chose counts each of its rows, drafted or
+    not; merged calls add up, and the JSON carries the count."""
+    stats = SpeculativeStats()
+    stats.record_steps([2, 0], [1, 0], None, rejection_sampled=True)
+    stats.record_steps([3], [3], None)  # plain's draws (a draft chosen without draws)
+    assert (stats.steps, stats.plain_steps, stats.rejection_sampled_steps) == (3, 1, 2)
+    other = SpeculativeStats()
+    other.record_step(1, 0, rejection_sampled=True)
+    stats.merge(other)
+    assert stats.rejection_sampled_steps == 3 and stats.to_dict()["rejection_sampled_steps"] == 3
+    check_invariants(stats)
 
 
 def test_fresh_stats_do_not_share_lists():

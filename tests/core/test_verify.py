@@ -9,6 +9,7 @@ import torch
 from scipy.stats import chisquare
 
 from hf_specdec.core.draft import Draft, DraftRequest
+from hf_specdec.core.draws import PlainDraws
 from hf_specdec.core.processing import ScoreProcessor
 from hf_specdec.core.verify import accept, greedy_verify, rejection_sample
 
@@ -346,6 +347,21 @@ def test_accept_samples_by_rejection_sampling():
     assert kept.accepted == [2] and kept.tokens[0].tolist() == [3, 4, 6]
     replaced = accept(_request(do_sample=True), Draft(torch.tensor([[3, 5]]), [2]), _peaked([3, 4, 6]))
     assert replaced.accepted == [1] and replaced.tokens[0, :2].tolist() == [3, 4]
+
+
+def test_accept_declares_the_steps_rejection_sampling_chose():
+    """Sampling, a draft chosen without draws is verified with plain's draw at each position; one
+    sampled from q (it comes with its probabilities) by rejection sampling, and the verdict says so
+    (the statistics count it: a seeded call is then not plain's sample token for token)."""
+    request, logits, tokens = _request(do_sample=True), _peaked([3, 4, 6]), torch.tensor([[3, 4]])
+    with torch.random.fork_rng():  # the draws move the default generator to a stream of their own
+        draws = PlainDraws(1, prompt_width=2, default=torch.default_generator)
+        certain = accept(request, Draft(tokens, [2]), logits, draws)
+        sampled = accept(request, Draft(tokens, [2], torch.full((1, 2, 8), 1 / 8)), logits, draws)
+    assert certain.accepted == [2] and not certain.rejection_sampled
+    assert sampled.accepted == [2] and sampled.rejection_sampled
+    greedy = accept(_request(), Draft(tokens, [2]), logits)
+    assert not greedy.rejection_sampled
 
 
 def test_accept_walks_a_tree_draft_down_the_targets_choices():

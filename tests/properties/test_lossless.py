@@ -9,6 +9,7 @@ from hf_specdec.lossless import (
     IDENTICAL,
     MISMATCH,
     TIE,
+    can_check_sampled,
     check_greedy,
     check_sampled,
     count_kinds,
@@ -223,3 +224,13 @@ def test_a_draw_that_rounding_can_flip_is_a_tie(sampled):
         scores[at][0, runner] += float(u[top] - u[runner]) - slack * bound  # `runner` `slack` bounds below
         checks = _check(out, spec, prompt_length, scores=scores)
         assert checks[0].kind == kind and checks[0].gap == pytest.approx(slack * bound, rel=1e-2)
+
+
+def test_check_sampled_refuses_a_device_whose_draws_it_cannot_reproduce(sampled):
+    """Plain's draws are drawn again from the default generator of CPU or CUDA only: scores on any
+    other device are refused with a message, not judged against other numbers."""
+    input_ids, _, out = sampled
+    assert can_check_sampled("cpu") and not can_check_sampled("meta")
+    scores = [s.to("meta") for s in out.scores]
+    with pytest.raises(ValueError, match="cannot reproduce plain sampling's draws on meta"):
+        _check(out, out.sequences, input_ids.shape[1], scores=scores)
