@@ -333,19 +333,23 @@ def _check_sampled(
     device whose draws `check_sampled` does not reproduce stay unclassified.
 
     One untimed plain call, seeded as the timed plain row was, returns the scores plain sampled from
-    (`check_sampled` needs them); its sequences must be the timed row's, else the bench's seeding is
-    broken and no row could be judged against it.
+    (`check_sampled` needs them); where its sequences are not the timed row's (the bench's seeding
+    broken, or kernels that do not repeat themselves) no row is judged against it, with a warning:
+    a long run keeps its timings.
     """
     plain = outputs.get(PLAIN)
     if plain is None or not can_check_sampled(model.device):
         return
     torch.manual_seed(seed)  # as `_time_row` seeds the timed plain row
     reference = model.generate(**inputs, **generation, output_scores=True)
-    if not torch.equal(reference.sequences, plain.sequences):
-        raise RuntimeError(
-            f"Bench bug: plain sampling seeded with {seed} gave other tokens when called again with "
-            "output_scores=True; the sampled rows cannot be checked against it."
+    if not torch.equal(reference.sequences, plain.sequences):  # kernels that do not repeat (GPU)
+        warnings.warn(
+            f"Plain sampling seeded with {seed} gave other tokens when called again with "
+            "output_scores=True: this batch's sampled rows are left unclassified.",
+            UserWarning,
+            stacklevel=2,
         )
+        return
     eos, prompt_length = eos_token_ids(model), inputs["input_ids"].shape[1]
     for m in measurements:
         out = outputs.get(m.row)

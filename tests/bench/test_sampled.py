@@ -101,17 +101,19 @@ def test_a_tampered_sample_is_a_mismatch(peaked_folder, monkeypatch):
     assert "| **0 / 0 / 1** |" in to_markdown(result)
 
 
-def test_a_plain_row_seeded_otherwise_is_refused(peaked_folder, monkeypatch):
-    """Control: the timed plain row seeded with another seed than the one the check reproduces: the
-    bench's own seeding is broken, and no row is judged against a sample it did not time."""
+def test_a_plain_row_seeded_otherwise_leaves_the_rows_unclassified(peaked_folder, monkeypatch):
+    """Control: the timed plain row seeded with another seed than the one the check reproduces (the
+    bench's own seeding broken, or GPU kernels that do not repeat): no row is judged against a
+    sample it did not time, with a warning, and the timings are kept."""
     real = runner._time_row
 
     def misseeded(model, row, inputs, generation, seed):
         return real(model, row, inputs, generation, seed + (row.name == PLAIN))
 
     monkeypatch.setattr(runner, "_time_row", misseeded)
-    with pytest.raises(RuntimeError, match="Bench bug: plain sampling seeded with 0 gave other tokens"):
-        _bench(peaked_folder, prompts=PROMPTS[:1], methods=["ngram"], transformers_baselines=False)
+    with pytest.warns(UserWarning, match="Plain sampling seeded with 0 gave other tokens"):
+        result = _bench(peaked_folder, prompts=PROMPTS[:1], methods=["ngram"], transformers_baselines=False)
+    assert all(m.error is None and m.seconds > 0 and m.lossless is None for m in result.measurements)
 
 
 def test_no_row_is_classified_where_the_draws_are_not_reproduced(peaked_folder, monkeypatch):
