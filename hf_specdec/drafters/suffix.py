@@ -25,11 +25,11 @@ source. Here:
   and what this drafter would have drafted, and how many tokens of each the output held (greedy
   acceptance; a sample holds a drafted token with the probability the target gave it, as
   verification accepts it). The corpus drafts only while its recent replays gave at least
-  `min_gain` times prompt lookup's tokens per step, or where a row's context ends with `MAX_MATCH`
-  tokens the corpus holds (a request repeating an earlier one: the replays of calls that were no
-  repeat say nothing of it); otherwise its drafts are prompt lookup's exactly, and replays grow
-  rarer (`MAX_REPLAY_EVERY`). `method="auto"` drafts with it wherever
-  no draft model is chosen, so that a workload that repeats itself across calls gains, and one
+  `min_gain` times prompt lookup's tokens per step, or where a row's context begins an earlier
+  sequence (its last `MAX_MATCH` tokens held at the same offset from that sequence's start: a
+  request repeating an earlier one, of which the replays of calls that were no repeat say
+  nothing); otherwise its drafts are prompt lookup's exactly, and replays grow rarer
+  (`MAX_REPLAY_EVERY`). `method="auto"` drafts with it wherever no draft model is chosen, so that a workload that repeats itself across calls gains, and one
   that does not loses nothing but the add and the occasional replay.
 
 What the corpus holds is the users' text: in memory only, never written to disk, emptied by
@@ -44,6 +44,7 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
 import torch
 
 from ..config import CORPUS, read_when
@@ -315,14 +316,18 @@ class SuffixDrafter(Drafter):
         return pack(proposals, request.tokens.device, request.tree)
 
     def _repeats(self, request: DraftRequest) -> bool:
-        """Whether a row's context ends with `MAX_MATCH` tokens the corpus holds: a request that
-        repeats an earlier one (retried, or an eval run again) drafts from the corpus at once, where
-        the replays of calls that were no repeat would hold it back."""
+        """Whether a row's context is an earlier sequence's beginning, as far as its last `MAX_MATCH`
+        tokens and its length tell (held at the same offset from that sequence's start): a request
+        that repeats an earlier one (retried, or an eval run again) drafts from the corpus at once,
+        where the replays of calls that were no repeat would hold it back. Prompts that only end
+        alike (a shared trailing instruction) are no repeat."""
         snapshot = self.corpus.snapshot
         for row_id in request.row_ids:
-            tail = self.lookup.rows[row_id].tokens[-MAX_MATCH:]
-            match = snapshot.match(tail, None) if len(tail) == MAX_MATCH else None
-            if match is not None and match.size == MAX_MATCH:
+            tokens = self.lookup.rows[row_id].tokens
+            if len(tokens) < MAX_MATCH:
+                continue
+            occurrences, size = snapshot.occurrences(tokens[-MAX_MATCH:])
+            if size == MAX_MATCH and np.isin(occurrences - len(tokens), snapshot.starts).any():
                 return True
         return False
 

@@ -261,6 +261,26 @@ def test_a_repeated_request_drafts_from_the_corpus_at_once_whatever_the_replays_
     assert again.speculative_stats.target_forwards < lookup.speculative_stats.target_forwards / 2
 
 
+def test_a_request_that_only_ends_as_an_earlier_one_is_no_repeat(target_no_eos):
+    """Prompts sharing their last 20 tokens (a trailing instruction) and their answer's first token,
+    but not their beginning: the context's last 16 tokens are in the corpus, yet the corpus stays
+    held back by the replays (before, such a match at the end was taken for a repeat)."""
+    shared = torch.arange(6, 26)[None]  # 20 tokens every prompt ends with
+
+    def prompt(seed: int, length: int) -> torch.Tensor:
+        return torch.cat([random_batch(seed, 1, min_len=length, max_len=length)[0], shared], dim=1)
+
+    def first_token(ids: torch.Tensor) -> int:
+        return int(target_no_eos.generate(ids, max_new_tokens=1, do_sample=False)[0, -1])
+
+    first = prompt(10, 5)
+    second = next(p for seed in range(11, 400) if first_token(p := prompt(seed, 9)) == first_token(first))
+    auto = SpeculativeConfig(num_draft_tokens=8)
+    _generate(target_no_eos, first, torch.ones_like(first), auto, new=40)
+    out = _generate(target_no_eos, second, torch.ones_like(second), auto, new=40)
+    assert out.speculative_stats.drafter_counters["corpus_drafting"] == 0
+
+
 def test_the_corpus_steps_aside_once_its_replays_stop_beating_prompt_lookup():
     rng = np.random.default_rng(0)
     config = SuffixConfig()
