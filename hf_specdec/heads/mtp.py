@@ -226,6 +226,8 @@ def load_mtp_layers(target: Any) -> nn.Module:
     try:
         with report.listening(), reading:
             mtp = MtpModel.from_pretrained(target, device_map={"": device}, trust_remote_code=False)
+    except torch.OutOfMemoryError:
+        raise  # the device's state, not the checkpoint's: nothing to remember as why they do not load
     except (RuntimeError, ValueError, KeyError) as err:
         raise ValueError(
             f"The MTP weights in {folder} ({len(keys)} keys matching {pattern!r}, e.g. {keys[0]}) do not "
@@ -261,10 +263,10 @@ def _headers_only() -> Iterator[None]:
     with its own messages), and nothing of the weights is read. Loads on other threads read as usual."""
     import transformers.modeling_layers as loader
 
-    if getattr(loader, "safe_open", None) is not safe_open:  # a transformers that opens files otherwise
-        yield  # reads the weights, as before this
-        return
-    with _HEADERS_ONLY:
+    with _HEADERS_ONLY:  # the check too: another load's swap is under way until the lock is free
+        if getattr(loader, "safe_open", None) is not safe_open:  # a transformers that opens files otherwise
+            yield  # reads the weights, as before this
+            return
         opener, thread = loader.safe_open, threading.get_ident()
 
         def open_headers(path: str, *args: Any, **kwargs: Any) -> Any:

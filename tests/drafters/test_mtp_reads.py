@@ -9,6 +9,7 @@ from __future__ import annotations
 import warnings
 
 import pytest
+import torch
 
 from hf_specdec import clear_cache
 from hf_specdec.drafters.mtp import RememberedFailure
@@ -91,3 +92,23 @@ def test_layers_that_do_not_load_are_not_read_again(tmp_path, monkeypatch):
     (folder / "model.safetensors").write_bytes(good)
     out, said = speculate(target)
     assert out.speculative_stats.method == "mtp" and said == []
+
+
+def test_running_out_of_memory_is_not_remembered_as_layers_that_do_not_load(tmp_path, monkeypatch):
+    """The device's state is no property of the checkpoint: an out-of-memory error while reading the
+    layers is raised as it is, and the next call reads them again (and loads them)."""
+    from transformers.modeling_layers import MtpModel
+
+    from hf_specdec.drafters.mtp import layers_for
+
+    target = load(mtp.checkpoint(tmp_path, "glm4_moe"))
+    real = MtpModel.from_pretrained.__func__
+
+    def out_of_memory(cls, *args, **kwargs):
+        monkeypatch.setattr(MtpModel, "from_pretrained", classmethod(real))  # once
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(MtpModel, "from_pretrained", classmethod(out_of_memory))
+    with pytest.raises(torch.OutOfMemoryError):
+        layers_for(target)
+    assert layers_for(target) is not None
