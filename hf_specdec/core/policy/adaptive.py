@@ -17,6 +17,7 @@ from .decision import (
     PLAIN_MARGIN,
     Gains,
     Remaining,
+    Seconds,
     drafting_seconds,
     expected_gains,
     fastest_width,
@@ -108,7 +109,10 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         if self.draft_cost is DraftCost.PER_TOKEN:
             feeding = self.costs.feeding(batch, widen=not self.drafting_trees)
             gains = self.trees.gains() if self.drafting_trees else expected_gains(self.acceptance.alphas())
-            k, _ = fastest_width([gains], self._drafting, lambda w: feeding(w)[1], margin=self._margin(batch))
+            verify = lambda w: feeding(w)[1]  # noqa: E731
+            k, rate = fastest_width([gains], self._drafting, verify, margin=self._margin(batch))
+            seconds = self._drafting(k) + verify(k + 1) if k else plain
+            self._add_regret(batch, [gains], None, rate, seconds, self._drafting)  # its draft: k tokens
         window = self.realized
         realized = len(window) < s.realized_window or _beats_plain(*map(sum, zip(*window)), plain)
         if k == 0 or not realized:  # what asks gave shows what no estimate sees (a batch's slowest row)
@@ -156,8 +160,9 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         verify, margin = (lambda w: feeding(w)[1]), self._margin(batch_size)
         gains = self._row_gains(draft)
         k, rate = fastest_width(gains, lambda k: 0.0, verify, remaining, margin)
-        seconds = verify(k + 1) if k else self.costs.verify(batch_size, 1)
-        self._add_regret(batch_size, gains, remaining, rate, seconds)
+        if self.draft_cost is not DraftCost.PER_TOKEN:  # a draft as long as asked: `_choose` does it
+            seconds = verify(k + 1) if k else self.costs.verify(batch_size, 1)
+            self._add_regret(batch_size, gains, remaining, rate, seconds)
         if k == 0 and not self.costs.carried_at(batch_size) and self._look():
             k = 1  # priced from what another batch size cost, no draft pays: one token tests it
         if remaining:
@@ -168,12 +173,19 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         return draft.widened(fed - 1) if fed > k + 1 else draft
 
     def _add_regret(
-        self, batch: int, gains: Gains, remaining: Remaining, rate: float, seconds: float
+        self,
+        batch: int,
+        gains: Gains,
+        remaining: Remaining,
+        rate: float,
+        seconds: float,
+        drafting: Seconds | None = None,
     ) -> None:
         """Each width not paid for that would beat the step's (`rate` times plain's, in `seconds`) at
         its steady cost earns the seconds it would have saved (`CostModel.regret`)."""
         if self.costs.new_shapes_are_dear():
-            steady = speedups(gains, lambda k: 0.0, lambda w: self.costs.verify(batch, w), remaining)
+            drafting = drafting or (lambda k: 0.0)
+            steady = speedups(gains, drafting, lambda w: self.costs.verify(batch, w), remaining)
             wins = {k + 1: seconds * (1 - rate / r) for k, r in enumerate(steady) if k and r > rate}
             self.costs.add_regret(batch, wins)
 

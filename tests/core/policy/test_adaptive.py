@@ -613,6 +613,7 @@ def test_a_width_not_paid_for_is_bought_once_what_it_would_have_saved_adds_up_to
 
     def fed_widths(steps: int) -> list[int]:
         policy = _policy_with_paid_widths(1, 2, 17)
+        policy.begin_call(VerifyShape(), DraftCost.FREE, 100)  # a look-up: `trim` sizes its drafts
         return [1 + policy.trim(_draft([6], 0.95), 1, [200]).tokens.shape[1] for _ in range(steps)]
 
     widths = fed_widths(120)
@@ -621,6 +622,27 @@ def test_a_width_not_paid_for_is_bought_once_what_it_would_have_saved_adds_up_to
     assert 80 <= bought <= 90  # 5.5 steps earned
     monkeypatch.setattr(CostModel, "add_regret", lambda self, batch, wins: None)
     assert set(fed_widths(120)) == {17}
+
+
+def test_a_draft_model_buys_a_wider_width_once_it_has_earned_its_oneoff(monkeypatch):
+    """A drafter paying per token (a draft model) drafts the length `draft_length` asks, so what a
+    wider width not paid for would have saved is counted there: with widths 1, 2 and 5 paid and
+    4-token drafts that held, the policy asks for 4 tokens until a wider width (9 tokens, at the
+    prior's odds past the 4th) has earned its one-off, then for that; without the earning, for 4
+    however long."""
+
+    def asked(steps: int) -> list[int]:
+        policy = _policy_with_paid_widths(1, 2, 5)
+        policy.begin_call(VerifyShape(), DraftCost.PER_TOKEN, 100)
+        for _ in range(20):
+            policy.update(1, _draft([4], 0.9), [4], 4 * 0.01, FLAT_COSTS[5])
+        return [policy.draft_length(1) for _ in range(steps)]
+
+    lengths = asked(300)
+    bought = next(i for i, k in enumerate(lengths) if k != 4)
+    assert bought > 10 and len(set(lengths[bought:])) == 1 and lengths[bought] > 4
+    monkeypatch.setattr(CostModel, "add_regret", lambda self, batch, wins: None)
+    assert set(asked(300)) == {4}
 
 
 def test_where_the_cache_feeds_no_holes_widths_are_priced_as_fed():
