@@ -29,8 +29,9 @@ source. Here:
   sequence (its last `MAX_MATCH` tokens held at the same offset from that sequence's start: a
   request repeating an earlier one, of which the replays of calls that were no repeat say
   nothing); otherwise its drafts are prompt lookup's exactly, and replays grow rarer
-  (`MAX_REPLAY_EVERY`). `method="auto"` drafts with it wherever no draft model is chosen, so that a workload that repeats itself across calls gains, and one
-  that does not loses nothing but the add and the occasional replay.
+  (`MAX_REPLAY_EVERY`). `method="auto"` drafts with it wherever no draft model is chosen, so
+  that a workload that repeats itself across calls gains, and one that does not loses nothing but
+  the add and the occasional replay.
 
 What the corpus holds is the users' text: in memory only, never written to disk, emptied by
 `hf_specdec.clear_cache()` (docs/security.md).
