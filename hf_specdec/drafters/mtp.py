@@ -109,8 +109,9 @@ def own_layers(target: Any) -> str | None:
 def layers_for(target: Any) -> nn.Module:
     """`target`'s MTP layers, read out of its checkpoint once per model (`load_mtp_layers`), and again
     once its checkpoint's files changed (`checkpoint_stamp`), the model moved to another dtype or
-    device (`mtp_placement`) or its attention implementation changed. Layers that do not load are
-    not read again either: `RememberedFailure` repeats why, until one of those changes.
+    device (`mtp_placement`), or its attention implementation or MTP layer count changed. Layers
+    that do not load are not read again either: `RememberedFailure` repeats why, until one of those
+    changes.
 
     Raises:
         ValueError: as `load_mtp_layers`.
@@ -118,7 +119,12 @@ def layers_for(target: Any) -> nn.Module:
     folder = checkpoint_folder(target)
     if folder is None or mtp_layer_count(target) == 0:  # refused before any weight is read
         return load_mtp_layers(target)
-    basis = (checkpoint_stamp(folder), mtp_placement(target), target.config._attn_implementation)
+    basis = (
+        checkpoint_stamp(folder),
+        mtp_placement(target),
+        target.config._attn_implementation,
+        mtp_layer_count(target),
+    )
     read = _READ.get(target)
     if read is None or read.basis != basis:
         try:

@@ -112,3 +112,15 @@ def test_running_out_of_memory_is_not_remembered_as_layers_that_do_not_load(tmp_
     with pytest.raises(torch.OutOfMemoryError):
         layers_for(target)
     assert layers_for(target) is not None
+
+
+def test_a_config_mended_in_place_is_read_again(tmp_path):
+    """The MTP layer count the config declares is part of what a failure depended on: a config
+    that promised more layers than the checkpoint holds, mended in place, loads its layers."""
+    target = load(mtp.checkpoint(tmp_path, "glm4_moe"))
+    config = target.config.get_text_config()
+    declared, config.num_mtp_layers = config.num_mtp_layers, config.num_mtp_layers + 1
+    out, said = speculate(target)
+    assert out.speculative_stats.method == DRAFT_FREE_AUTO and len(said) == 1
+    config.num_mtp_layers = declared
+    assert speculate(target)[0].speculative_stats.method == "mtp"
