@@ -171,7 +171,7 @@ def check_sampled(
         )
     eos, checks = set(eos_token_ids), []
     first = _first_differences(plain, speculative, prompt_length, eos)
-    generator = torch.Generator(device=plain_scores[0].device).manual_seed(seed)
+    generator = torch.Generator(device=device).manual_seed(seed)
     last = max((at for at, token, _ in first.values() if token is not None), default=-1)
     noise = [plain_draw(generator, *plain_scores[t].shape) for t in range(last + 1)]
     for row in range(plain.shape[0]):

@@ -116,15 +116,10 @@ def layers_for(target: Any) -> nn.Module:
     Raises:
         ValueError: as `load_mtp_layers`.
     """
-    folder = checkpoint_folder(target)
-    if folder is None or mtp_layer_count(target) == 0:  # refused before any weight is read
+    folder, count = checkpoint_folder(target), mtp_layer_count(target)
+    if folder is None or count == 0:  # refused before any weight is read
         return load_mtp_layers(target)
-    basis = (
-        checkpoint_stamp(folder),
-        mtp_placement(target),
-        target.config._attn_implementation,
-        mtp_layer_count(target),
-    )
+    basis = (checkpoint_stamp(folder), mtp_placement(target), target.config._attn_implementation, count)
     read = _READ.get(target)
     if read is None or read.basis != basis:
         try:

@@ -25,6 +25,7 @@ import torch
 import transformers
 from safetensors import safe_open
 from torch import nn
+from transformers.modeling_utils import str_to_torch_dtype
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES, model_type_to_module_name
 
 from ..core.devices import module_device
@@ -41,22 +42,6 @@ _OTHER_MTP_FIELDS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_m
 # with the file's `file_stamp` then: a model's MTP layers are asked about on every `generate` call,
 # which reads a file again only once it changed. `clear_read_files` (hf_specdec.clear_cache) forgets.
 _READ_FILES: dict[tuple[str, Path], tuple[tuple[int, int, int], Any]] = {}
-
-# safetensors' dtype names, as its headers spell them.
-_DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
 
 
 def mtp_layer_count(target: Any) -> int:
@@ -283,8 +268,9 @@ def _headers_only() -> Iterator[None]:
 
 class _HeaderOnly:
     """A safetensors file as `MtpModel.from_pretrained` reads it under `_headers_only`: its keys, and
-    each weight a meta tensor of its shape and dtype, from the file's header (`_header`). A dtype torch
-    has no name for here is read as the loader reads it."""
+    each weight a meta tensor of its shape and dtype, from the file's header (`_header`; its dtype
+    names as transformers maps them, `str_to_torch_dtype`). A dtype it has no name for is read as the
+    loader reads it."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -295,8 +281,8 @@ class _HeaderOnly:
 
     def get_slice(self, key: str) -> torch.Tensor:
         shape, dtype = self.header[key]
-        if dtype in _DTYPES:
-            return torch.empty(shape, dtype=_DTYPES[dtype], device="meta")
+        if dtype in str_to_torch_dtype:
+            return torch.empty(shape, dtype=str_to_torch_dtype[dtype], device="meta")
         with safe_open(str(self.path), framework="pt") as f:
             return f.get_tensor(key)
 

@@ -111,8 +111,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             gains = self.trees.gains() if self.drafting_trees else expected_gains(self.acceptance.alphas())
             verify = lambda w: feeding(w)[1]  # noqa: E731
             k, rate = fastest_width([gains], self._drafting, verify, margin=self._margin(batch))
-            seconds = self._drafting(k) + verify(k + 1) if k else plain
-            self._add_regret(batch, [gains], None, rate, seconds, self._drafting)  # its draft: k tokens
+            self._add_regret(batch, [gains], None, k, rate, verify, self._drafting)  # its draft: k tokens
         window = self.realized
         realized = len(window) < s.realized_window or _beats_plain(*map(sum, zip(*window)), plain)
         if k == 0 or not realized:  # what asks gave shows what no estimate sees (a batch's slowest row)
@@ -161,8 +160,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         gains = self._row_gains(draft)
         k, rate = fastest_width(gains, lambda k: 0.0, verify, remaining, margin)
         if self.draft_cost is not DraftCost.PER_TOKEN:  # a draft as long as asked: `_choose` does it
-            seconds = verify(k + 1) if k else self.costs.verify(batch_size, 1)
-            self._add_regret(batch_size, gains, remaining, rate, seconds)
+            self._add_regret(batch_size, gains, remaining, k, rate, verify)
         if k == 0 and not self.costs.carried_at(batch_size) and self._look():
             k = 1  # priced from what another batch size cost, no draft pays: one token tests it
         if remaining:
@@ -177,16 +175,18 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         batch: int,
         gains: Gains,
         remaining: Remaining,
+        k: int,
         rate: float,
-        seconds: float,
-        drafting: Seconds | None = None,
+        verify: Seconds,
+        drafting: Seconds = lambda k: 0.0,
     ) -> None:
-        """Each width not paid for that would beat the step's (`rate` times plain's, in `seconds`) at
-        its steady cost earns the seconds it would have saved (`CostModel.regret`)."""
+        """Each width not paid for that would beat the step's (`k` tokens at `rate` times plain's, fed
+        at `verify`'s prices) at its steady cost earns the seconds it would have saved
+        (`CostModel.regret`)."""
         if self.costs.new_shapes_are_dear():
-            drafting = drafting or (lambda k: 0.0)
+            seconds = drafting(k) + verify(k + 1) if k else self.costs.verify(batch, 1)
             steady = speedups(gains, drafting, lambda w: self.costs.verify(batch, w), remaining)
-            wins = {k + 1: seconds * (1 - rate / r) for k, r in enumerate(steady) if k and r > rate}
+            wins = {j + 1: seconds * (1 - rate / r) for j, r in enumerate(steady) if j and r > rate}
             self.costs.add_regret(batch, wins)
 
     def _row_gains(self, draft: Draft) -> list[list[float]]:
