@@ -126,8 +126,8 @@ def replay(
             draft = drafter.propose(request)
         draft_seconds = host_clock() - started
         ask_seconds = ASK_SECONDS if ask_seconds is None else ask_seconds
-        if ask_seconds is not None and k > 0:  # a fixed cost a row: deterministic, whatever the machine
-            draft_seconds = ask_seconds * len(active)
+        if ask_seconds is not None:  # a fixed cost a row: deterministic, whatever the machine
+            draft_seconds = ask_seconds * len(active) if k > 0 else 0.0
         draft = policy.trim(draft, cached, rooms)
         accepted, paths = [], []
         for row, b in enumerate(active):
