@@ -4,10 +4,15 @@ against it. Controls show that the same test rejects samples from the wrong dist
 
 from __future__ import annotations
 
+import collections
+import random
+
 import pytest
 import torch
 
-from hf_specdec.core.policy import AdaptiveDraftLength
+from hf_specdec.bench import regimes
+from hf_specdec.core.draft import Draft
+from hf_specdec.core.policy import AdaptiveDraftLength, DraftLengthPolicy
 
 from ..conftest import tiny_llama
 from ..helpers.block_drafts import random_block_draft
@@ -236,25 +241,80 @@ def test_suffix_samples_from_a_filled_corpus_follow_target_distribution(models, 
     assert chi2_pvalue(samples, exact_distribution(target, settings, FRESH_PROMPT)) > ALPHA
 
 
-@pytest.mark.parametrize("tree", [False, True])
-@pytest.mark.parametrize("batch", [1, 3])
-def test_a_seeded_call_samples_what_plain_samples(models, tree, batch):
-    """Drafts chosen without draws (n-gram chains and tries) are verified with plain sampling's own
-    draw at each position: the same seed gives plain's tokens, and leaves the generator where plain
-    leaves it, whatever the draft lengths (left padding too: each row's positions are its own)."""
-    target, _ = models
+class _RandomLengths(DraftLengthPolicy):
+    """Draft lengths drawn from a seeded generator, no clock: each step asks 0-8 tokens (0: a plain
+    step), cuts half of the rows' drafts to a length of their own, and feeds three chain drafts in
+    ten one to three columns wider (holes past them): the shapes the adaptive policy gives, and more."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng, self.shapes = random.Random(seed), collections.Counter()
+
+    def draft_length(self, batch_size: int) -> int:
+        k = self.rng.randint(0, 8)
+        self.shapes["plain steps"] += k == 0
+        return k
+
+    def trim(self, draft: Draft, batch_size: int, remaining: list[int] | None = None) -> Draft:
+        lengths = [self.rng.randint(0, n) if self.rng.random() < 0.5 else n for n in draft.lengths]
+        self.shapes["cuts"] += lengths != draft.lengths
+        draft = draft.truncated(lengths)
+        if draft.parents is None and any(lengths) and self.rng.random() < 0.3:
+            self.shapes["holes"] += 1
+            return draft.widened(draft.tokens.shape[1] + self.rng.randint(1, 3))
+        return draft
+
+
+def _seeded_inputs(batch: int) -> tuple[torch.Tensor, dict]:
+    """The prompt in `batch` rows, left-padded by 0, 2 and 1, and plain sampling's settings."""
     input_ids = torch.tensor([PROMPT, [0, 0, *PROMPT[2:]], [0, *PROMPT[1:]]][:batch])
     mask = (torch.arange(len(PROMPT)) >= torch.tensor([0, 2, 1][:batch])[:, None]).long()
     kwargs = dict(
         attention_mask=mask, max_new_tokens=24, do_sample=True, pad_token_id=0, **SETTINGS["topk_topp"]
     )
-    spec = dict(method="ngram", tree=tree, options=dict(min_ngram=1))
-    accepted = 0
+    return input_ids, kwargs
+
+
+@pytest.mark.parametrize("tree", [False, True])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_seeded_call_samples_what_plain_samples(models, tree, batch):
+    """Drafts chosen without draws (n-gram chains and tries) are verified with plain sampling's own
+    draw at each position: the same seed gives plain's tokens, and leaves the generator where plain
+    leaves it, whatever the draft lengths (left padding too: each row's positions are its own).
+    The lengths are drawn at random, not chosen from clock timings, so the drafts that held are
+    the same on every run (the adaptive policy on a busy machine once verified too few here)."""
+    target, _ = models
+    input_ids, kwargs = _seeded_inputs(batch)
+    accepted, shapes = 0, collections.Counter()
     for seed in range(4):
         torch.manual_seed(seed)
         plain, plain_after = target.generate(input_ids, **kwargs), torch.rand(3)
+        policy = _RandomLengths(seed)
+        spec = dict(method="ngram", tree=tree, policy=policy, options=dict(min_ngram=1))
         torch.manual_seed(seed)
         out = target.generate(input_ids, **kwargs, speculative=spec, return_dict_in_generate=True)
         assert torch.equal(out.sequences, plain) and torch.equal(torch.rand(3), plain_after)
         accepted += out.speculative_stats.accepted
+        shapes += policy.shapes
     assert accepted > 10  # drafts held, so positions were verified several a forward
+    assert shapes["plain steps"] and shapes["cuts"] and (tree or shapes["holes"])
+
+
+def test_a_seeded_call_samples_what_plain_samples_under_the_adaptive_policy(models, monkeypatch):
+    """The same with the adaptive policy, each call starting from the last one's costs (as
+    `DEVICE_COSTS` carries them), on a clock that a flat cost profile alone moves: its decisions,
+    hence the drafts that held, are the same on every run, as the machine's own clock's are not."""
+    monkeypatch.setattr(regimes, "host_clock", lambda: 0.0)  # the clock: the profile's costs alone
+    target, _ = models
+    input_ids, kwargs = _seeded_inputs(3)
+    accepted, costs = 0, None
+    for seed in range(4):
+        torch.manual_seed(seed)
+        plain, plain_after = target.generate(input_ids, **kwargs), torch.rand(3)
+        policy = AdaptiveDraftLength(device_costs=costs)
+        spec = dict(method="ngram", tree=True, policy=policy, options=dict(min_ngram=1))
+        torch.manual_seed(seed)
+        with regimes.emulate(target, regimes.PROFILES["flat"]):
+            out = target.generate(input_ids, **kwargs, speculative=spec, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, plain) and torch.equal(torch.rand(3), plain_after)
+        accepted, costs = accepted + out.speculative_stats.accepted, policy.costs
+    assert accepted > 10
