@@ -101,7 +101,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             return self._first_k if pays else 0  # a first look (`trim` keeps a token)
         if not pays:  # a draft this slow never pays; verifies timed this dear, a few times, may be stalls
             dear = self._perfect_gain(batch, lambda k: 0.0) < s.min_probe_gain
-            return self._look(probe=dear and not self.costs.settled(batch))
+            return self._look(probe=dear)
         asked = self.costs.asks.value
         if self.draft_cost is DraftCost.FREE if asked is None else asked < FREE_DRAFT * plain:
             return s.max_k  # free: the draft's own confidences, read by `trim`, say more

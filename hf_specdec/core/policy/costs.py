@@ -275,10 +275,6 @@ class CostModel:
         """Whether a wide verify was timed here, or enough of them by earlier calls at this padding."""
         return self.verified_here() or bool(self._here)
 
-    def settled(self, batch: int) -> bool:
-        """Whether a wide width was timed a full window here: no stall then sets its figure."""
-        return any(len(t.samples) >= t.keep for (b, w), t in self.times.items() if b == batch and w > 1)
-
     def verified_here(self) -> bool:
         return any(w > 1 for _, w in self.times)
 
