@@ -7,7 +7,12 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, StaticCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import (
+    DummyLayer,
+    DynamicLayer,
+    LinearAttentionAndFullAttentionLayer,
+    LinearAttentionLayer,
+)
 from transformers.generation import GenerationMode, logits_process
 
 from .compat import generate_cache
@@ -16,6 +21,10 @@ from .kv import holds_holes
 from .static_kv import check_layers
 
 # Generation-config fields that select transformers' assisted decoding, and what to do instead.
+# Cache layers a filled cache may hold to be continued: full attention, recurrent states (rolled back
+# as `kv.RaggedKV` records them), and the placeholders of layers that cache nothing.
+_CONTINUED_LAYERS = (DynamicLayer, LinearAttentionLayer, LinearAttentionAndFullAttentionLayer, DummyLayer)
+
 _ASSISTED_DECODING = {
     "prompt_lookup_num_tokens": "speculative='ngram' drafts by prompt lookup (num_draft_tokens=<n> for a "
     "fixed length); or drop speculative=.",
@@ -154,11 +163,11 @@ def check_continued(input_ids: torch.Tensor, cache: Any, mask_length: int | None
             "drafts: its rows hold holes of rejected drafts, or are missing (rows that finished early), "
             "so it cannot be continued. Pass the whole conversation without cache=."
         )
-    if any(type(layer) is not DynamicLayer for layer in cache.layers):
+    if any(type(layer) not in _CONTINUED_LAYERS for layer in cache.layers):
         raise ValueError(
-            "speculative= cannot continue a cache with sliding-window layers (they keep only their "
-            "window and cannot be rolled back after a rejected draft): pass the whole conversation "
-            "without cache=."
+            "speculative= cannot continue a cache with sliding-window or quantized layers (they keep only "
+            "their window, or lossy copies, and cannot be rolled back after a rejected draft): pass the "
+            "whole conversation without cache=."
         )
     if cached >= given:
         raise ValueError(

@@ -24,6 +24,14 @@ as in plain decoding's prefill, and its positions are `generate`'s own, which la
 A cache handed in filled (a conversation continued, as plain `generate` continues one) holds the
 prompt's first columns already: the first forward feeds the rest, after them.
 
+Linear-attention and state-space layers (Qwen3.5, Qwen3-Next, Falcon-H1, Mamba, Jamba, ...) hold a
+state a row, not a column a token, so a rejected draft cannot be left as a hole: transformers'
+`activate_past_recording` keeps the state after each token fed since the last commit, and `crop(-n)`
+restores the one after the last token kept. Recording starts after the prompt's forward (it would
+keep a state per prompt token), and every token of a recorded forward goes through the model's
+one-token recurrence, as plain decoding's do. Rows that accept different numbers of drafts would
+need a state each; such models speculate one row at a time, as transformers' assisted decoding does.
+
 A batch whose rows accepted different numbers of drafts ends with holes in its cache, and rows that
 finished early gone from it; such a cache is handed back as it is (its layout is not plain
 decoding's), and remembered (`holds_holes`) so that a call given it to continue from refuses it.
@@ -37,7 +45,7 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
 
 from .compat import cache_argument
 from .masks import allowed_keys, cache_places, in_attention_format, spanning
@@ -89,6 +97,14 @@ class RaggedKV:
         self.prompt_width = 0  # columns of the prompt once fed, padding included
         self.all_real = bool(self.mask.all())  # no hole: the model then needs no attention mask
         self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.recurrent = any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in self.cache.layers)
+        self.recording = False  # recurrent states recorded per token (from the forward after the prompt's)
+        if self.recurrent and batch_size > 1:
+            raise ValueError(
+                f"{type(model).__name__} has linear-attention or state-space layers, whose recurrent state "
+                "speculative= rolls back one row at a time: call generate with one sequence at a time "
+                f"(batch size {batch_size} here), or drop speculative= for this batch."
+            )
 
     @property
     def width(self) -> int:
@@ -115,6 +131,8 @@ class RaggedKV:
         (a draft head's features, a model's extra inputs, output switches).
         """
         width = tokens.shape[1]
+        if tree is not None:
+            check_trees(self.model, self.recurrent)
         # The prompt's forward (after a filled cache's columns), or one into a cache emptied since.
         first = self.width == 0 or self.prompt_width == 0
         given = positions is not None
@@ -154,6 +172,9 @@ class RaggedKV:
         )
         if not self.keeps_logits and logits_to_keep:
             out.logits = out.logits[:, -logits_to_keep:]
+        if first and self.recurrent:  # a state per token from now on: each may be rolled back to
+            self.cache.activate_past_recording(recurrent_states_to_keep=_EVERY_TOKEN)
+            self.recording = True
         return out
 
     def forward_rows(
@@ -171,6 +192,8 @@ class RaggedKV:
         (`tree_layout`). Returns the model's output over the whole batch, logits of all T positions.
         """
         batch, width = self.mask.shape[0], tokens.shape[1]
+        if self.recording:  # the last step's tokens are kept for good: drop the states recorded for them
+            self.cache.crop(0)
         tree = None if parents is None else tree_layout(parents)
         tokens, valid = slots.fed(tokens, valid)
         if tree is not None and not slots.whole:  # a hole sees only itself
@@ -219,6 +242,9 @@ class RaggedKV:
         """The cache to hand back at the end of a call: where every row holds just its sequence (no
         holes, no row dropped), sliding-window layers go back to transformers' own, cut to their
         window as plain decoding leaves them; a ragged cache keeps its full layers."""
+        for layer in self.cache.layers if self.recording else ():
+            if isinstance(layer, LinearAttentionCacheLayerMixin):
+                layer.record_past = False  # as transformers hands a cache back: its states stop growing
         whole = self.mask.shape[0] == self.batch_size and bool(self.mask[:, self.prompt_width :].all())
         if not whole:
             setattr(self.cache, _HOLES_MARK, True)  # no call can continue it (`holds_holes`)
@@ -295,15 +321,28 @@ class RaggedKV:
         """Drop the trailing cache columns that are holes in every row."""
         used = torch.nonzero(self.mask.any(dim=0))
         drop = self.width if used.numel() == 0 else self.width - 1 - int(used[-1])
-        if drop:
+        if drop or self.recording:  # crop(0) commits the recurrent states kept so far
             self.cache.crop(-drop)
             self.mask = self.mask[:, : self.width - drop]
         self.all_real = bool(self.mask.all())
 
 
+# Recorded recurrent states a forward keeps: all of its tokens' (a forward's last n tokens, where n
+# is fewer, would go through the chunked kernel, whose states are not kept but the last).
+_EVERY_TOKEN = 1 << 20
+
 # Set on a cache handed back ragged; an attribute of the cache itself, so that its copies
 # (`copy.deepcopy`, to branch a conversation) carry it too.
 _HOLES_MARK = "_hf_specdec_holds_holes"
+
+
+def check_trees(model: PreTrainedModel, recurrent: bool) -> None:
+    """Refuse tree drafts through a model with recurrent states (`RaggedKV.recurrent`)."""
+    if recurrent:
+        raise ValueError(
+            f"{type(model).__name__} has linear-attention or state-space layers, which read a sequence "
+            "in order and cannot take a tree's branches side by side: drop tree=True."
+        )
 
 
 def holds_holes(cache: Any) -> bool:
@@ -409,6 +448,14 @@ class _Masks:
     def for_sliding_window(cls, model: PreTrainedModel, cache: DynamicCache) -> _Masks | None:
         """Masks for `model` if it has sliding-window layers (their cache layers become full ones)."""
         sliding = [isinstance(layer, DynamicSlidingWindowLayer) for layer in cache.layers]
+        if any(
+            isinstance(layer, LinearAttentionCacheLayerMixin) and is_sliding
+            for layer, is_sliding in zip(cache.layers, sliding)
+        ):
+            raise ValueError(
+                f"speculative= does not support {type(model).__name__}'s layers that keep both a sliding "
+                "window and a recurrent state (their window cannot be kept whole); use plain generate."
+            )
         # The model attends in a window as its config says, whatever the cache's layers: a cache
         # built without the config (`DynamicCache()`) has full layers only, yet holes in them
         # would still be counted in the model's own window.

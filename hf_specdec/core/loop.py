@@ -17,7 +17,7 @@ from .draft import Draft, Drafter, DraftRequest
 from .draws import PlainDraws, default_generator
 from .features import DrafterFeatures
 from .inputs import ModelInputs
-from .kv import Slots, positions
+from .kv import Slots, check_trees, positions
 from .output import OutputCollector, ReturnedStates, TokenOutputs
 from .pad_steps import keep_pad_steps
 from .policy import DraftLengthPolicy
@@ -96,6 +96,8 @@ def _decode(
     vocab = model.config.get_text_config().vocab_size
     processor = ScoreProcessor(logits_processor, vocab, batch)
     target = target_cache(model, batch, device, generation_config, model_kwargs)
+    if tree:  # before the prompt's forward: refused whatever the policy would have drafted
+        check_trees(model, target.recurrent)
     features = DrafterFeatures(drafter.hidden_state_layers, batch, device)
     returned = ReturnedStates(out, target, bool(drafter.hidden_state_layers))
 

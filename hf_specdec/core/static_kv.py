@@ -72,6 +72,7 @@ class StaticKV:
     """A `StaticCache` plus which of its columns hold real tokens, row by row."""
 
     takes_tree_masks = False  # tree drafts need 4D masks, not built here yet
+    recurrent = False  # `check_layers` admits full-attention layers only
 
     def __init__(
         self,
@@ -438,7 +439,8 @@ def check_layers(model: PreTrainedModel, cache: StaticCache) -> None:
             raise ValueError(
                 f"speculative= rolls a static cache back by moving its write position, which needs "
                 f"full-attention StaticLayers; {type(model).__name__}'s cache has a {type(layer).__name__} "
-                "(a sliding window kept as a ring buffer, whose overwritten positions cannot be restored). "
+                "(a sliding window kept as a ring buffer, or a recurrent state: moving a write position "
+                "cannot restore them). "
                 "Use the default dynamic cache (drop cache_implementation='static')."
             )
 

@@ -198,7 +198,7 @@ def test_a_sliding_window_cache_is_refused():
     model.config.layer_types = ["sliding_attention"] * model.config.num_hidden_layers
     input_ids, attention_mask = ROWS["one row"]
     first, turn, mask = _first_turn(model, input_ids, attention_mask, eos_token_id=None)
-    with pytest.raises(ValueError, match=r"cannot continue a cache with sliding-window layers"):
+    with pytest.raises(ValueError, match=r"cannot continue a cache with sliding-window or quantized layers"):
         model.generate(turn, attention_mask=mask, cache=_cache(first), max_new_tokens=4, speculative="ngram")
 
 

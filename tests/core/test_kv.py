@@ -3,6 +3,7 @@ over the kept tokens would have cached, and decode on from there as it would."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import DynamicCache
 
@@ -10,6 +11,7 @@ from hf_specdec.core.compat import cache_argument
 from hf_specdec.core.kv import RaggedKV, Slots
 
 from ..conftest import random_batch
+from ..helpers.architectures import RECURRENT, VOCAB, tiny_recurrent
 
 CPU = torch.device("cpu")
 CLOSE = dict(atol=1e-5, rtol=1e-4)  # a padded batch and one unpadded row round apart
@@ -133,3 +135,34 @@ def test_a_tree_fed_beside_a_hole_and_rolled_back_to_its_path_holds_a_plain_forw
     for row, sequence in enumerate(sequences):
         _assert_holds(kv, row, target, sequence)
     _decodes_on(kv, target, sequences)
+
+
+@pytest.mark.parametrize("name", list(RECURRENT))
+def test_a_recurrent_state_rolls_back_to_the_last_token_kept(name):
+    """Linear-attention and state-space layers hold a state a row, not a column a token: tokens fed
+    over several forwards and then cut are undone by restoring the state recorded after the last
+    token kept, so that what is fed next sees what a plain forward over the kept tokens would."""
+    model = tiny_recurrent(name, 0, eos_token_id=None)
+    kv = RaggedKV(model, None, 1, CPU)
+    assert kv.recurrent
+    prompt, fed, after = (
+        torch.randint(3, VOCAB, (1, 7)),
+        torch.randint(3, VOCAB, (1, 5)),
+        torch.randint(3, VOCAB, (1, 3)),
+    )
+    with torch.no_grad():
+        kv.forward(prompt, None, logits_to_keep=1)
+        kv.forward(fed[:, :1], None)  # a drafter's pattern: one token, then several at once
+        kv.forward(fed[:, 1:], None)
+        kv.truncate(torch.tensor([7 + 2]))  # keep two of the five
+        ours = kv.forward(after, None).logits[0]
+        plain = model(input_ids=torch.cat([prompt, fed[:, :2], after], dim=1)).logits[0, -3:]
+        kept_three = model(input_ids=torch.cat([prompt, fed[:, :3], after], dim=1)).logits[0, -3:]
+    torch.testing.assert_close(ours, plain, **CLOSE)
+    assert not torch.allclose(ours, kept_three, **CLOSE)  # the control: a state one token off differs
+    assert all(not getattr(layer, "record_past", False) for layer in kv.finished_cache().layers)
+
+
+def test_a_recurrent_state_is_rolled_back_one_row_at_a_time():
+    with pytest.raises(ValueError, match="one row at a time: call generate with one sequence"):
+        RaggedKV(tiny_recurrent("mamba", 0), None, 2, CPU)

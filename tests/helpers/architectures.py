@@ -47,3 +47,20 @@ def tiny(name: str, seed: int, **overrides) -> torch.nn.Module:
     config = AutoConfig.for_model(name, **{**kwargs, **overrides})
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config).eval()
+
+
+# Models whose cache keeps a recurrent state per row (linear attention, state-space layers) beside
+# their attention layers, if any: each config with at least one full-attention layer where the
+# architecture has both.
+RECURRENT = {
+    "qwen3_next": dict(_COMMON, num_hidden_layers=4),  # gated delta-net layers, then full attention
+    "falcon_h1": dict(_COMMON),  # a Mamba-2 mixer and attention in every layer
+    "mamba": dict(_COMMON),  # state-space layers only
+    "lfm2": dict(_COMMON, num_hidden_layers=4, layer_types=["conv", "full_attention"] * 2),
+}
+
+
+def tiny_recurrent(name: str, seed: int, **overrides) -> torch.nn.Module:
+    config = AutoConfig.for_model(name, **{**RECURRENT[name], **overrides})
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config).eval()

@@ -16,7 +16,15 @@ import hf_specdec
 from hf_specdec.core.kv import RaggedKV
 
 from ..conftest import assert_greedy_match, random_batch
-from ..helpers.architectures import FULL_ATTENTION, SLIDING_WINDOW, VOCAB, WINDOW, tiny
+from ..helpers.architectures import (
+    FULL_ATTENTION,
+    RECURRENT,
+    SLIDING_WINDOW,
+    VOCAB,
+    WINDOW,
+    tiny,
+    tiny_recurrent,
+)
 
 
 def _methods(model, weak_draft):
@@ -72,3 +80,40 @@ def test_sliding_window_masks_count_real_tokens():
     allowed = kv.window_masks.build(mask, 1)[0, 0, 0]
     # the query (position 5) sees positions 3, 4, 5: column 3, column 7 and itself; not the holes
     assert allowed.tolist() == [False, False, False, True, False, False, False, True, True]
+
+
+@pytest.mark.parametrize("name", list(RECURRENT))
+def test_recurrent_architecture_matches_plain(name):
+    """Linear-attention and state-space models (a recurrent state a row beside their attention
+    layers, if any) at batch 1: drafts rejected nearly every step roll the target's states back, and
+    a weak draft of the same kind its own; greedy and seeded sampling give plain's tokens, and the
+    cache handed back continues a conversation as plain's does."""
+    model, weak_draft = tiny_recurrent(name, 0, eos_token_id=None), tiny_recurrent(name, 1, eos_token_id=None)
+    prompt = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(0)).repeat(1, 4)
+    prompt[0, -3:] = torch.tensor([5, 6, 7])  # the copy breaks off: some drafts hold, others not
+    _check(model, weak_draft, prompt)
+    ngram = dict(method="ngram", num_draft_tokens=4, options=dict(min_ngram=1))
+    out = model.generate(prompt, max_new_tokens=24, speculative=ngram, return_dict_in_generate=True)
+    assert 0 < out.speculative_stats.accepted < out.speculative_stats.drafted  # held and rolled back
+    for seed in range(2):
+        torch.manual_seed(seed)
+        plain = model.generate(prompt, max_new_tokens=24, do_sample=True, top_k=20)
+        torch.manual_seed(seed)
+        assert torch.equal(
+            model.generate(prompt, max_new_tokens=24, do_sample=True, top_k=20, speculative="ngram"), plain
+        )
+    turn = dict(max_new_tokens=10, do_sample=False, return_dict_in_generate=True)
+    plain, spec = model.generate(prompt, **turn), model.generate(prompt, **turn, speculative=ngram)
+    follow_up = torch.cat([plain.sequences, prompt[:, :5]], dim=1)
+    expected = model.generate(follow_up, cache=plain.past_key_values, max_new_tokens=12, do_sample=False)
+    continued = model.generate(follow_up, cache=spec.past_key_values, max_new_tokens=12, speculative=ngram)
+    assert torch.equal(continued, expected)
+
+
+def test_recurrent_architecture_refuses_what_it_cannot_roll_back():
+    model = tiny_recurrent("qwen3_next", 0)
+    prompt = torch.randint(3, VOCAB, (2, 8), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="one row at a time"):
+        model.generate(prompt, max_new_tokens=4, speculative="ngram")
+    with pytest.raises(ValueError, match="cannot take a tree's branches side by side: drop tree=True"):
+        model.generate(prompt[:1], max_new_tokens=4, speculative=dict(method="ngram", tree=True))
