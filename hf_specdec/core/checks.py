@@ -20,11 +20,11 @@ from .inputs import cached_columns, check_forwarded
 from .kv import holds_holes
 from .static_kv import check_layers
 
-# Generation-config fields that select transformers' assisted decoding, and what to do instead.
 # Cache layers a filled cache may hold to be continued: full attention, recurrent states (rolled back
 # as `kv.RaggedKV` records them), and the placeholders of layers that cache nothing.
 _CONTINUED_LAYERS = (DynamicLayer, LinearAttentionLayer, LinearAttentionAndFullAttentionLayer, DummyLayer)
 
+# Generation-config fields that select transformers' assisted decoding, and what to do instead.
 _ASSISTED_DECODING = {
     "prompt_lookup_num_tokens": "speculative='ngram' drafts by prompt lookup (num_draft_tokens=<n> for a "
     "fixed length); or drop speculative=.",

@@ -11,7 +11,7 @@ from hf_specdec.core.compat import cache_argument
 from hf_specdec.core.kv import RaggedKV, Slots
 
 from ..conftest import random_batch
-from ..helpers.architectures import RECURRENT, VOCAB, tiny_recurrent
+from ..helpers.architectures import RECURRENT, VOCAB, tiny
 
 CPU = torch.device("cpu")
 CLOSE = dict(atol=1e-5, rtol=1e-4)  # a padded batch and one unpadded row round apart
@@ -142,7 +142,7 @@ def test_a_recurrent_state_rolls_back_to_the_last_token_kept(name):
     """Linear-attention and state-space layers hold a state a row, not a column a token: tokens fed
     over several forwards and then cut are undone by restoring the state recorded after the last
     token kept, so that what is fed next sees what a plain forward over the kept tokens would."""
-    model = tiny_recurrent(name, 0, eos_token_id=None)
+    model = tiny(name, 0, eos_token_id=None)
     kv = RaggedKV(model, None, 1, CPU)
     assert kv.recurrent
     prompt, fed, after = (
@@ -165,4 +165,4 @@ def test_a_recurrent_state_rolls_back_to_the_last_token_kept(name):
 
 def test_a_recurrent_state_is_rolled_back_one_row_at_a_time():
     with pytest.raises(ValueError, match="one row at a time: call generate with one sequence"):
-        RaggedKV(tiny_recurrent("mamba", 0), None, 2, CPU)
+        RaggedKV(tiny("mamba", 0), None, 2, CPU)

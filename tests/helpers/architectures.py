@@ -42,13 +42,6 @@ SLIDING_WINDOW = {
 }
 
 
-def tiny(name: str, seed: int, **overrides) -> torch.nn.Module:
-    kwargs = SLIDING_WINDOW.get(name) or _SPECIAL.get(name) or _COMMON
-    config = AutoConfig.for_model(name, **{**kwargs, **overrides})
-    torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(config).eval()
-
-
 # Models whose cache keeps a recurrent state per row (linear attention, state-space layers) beside
 # their attention layers, if any: each config with at least one full-attention layer where the
 # architecture has both.
@@ -60,7 +53,8 @@ RECURRENT = {
 }
 
 
-def tiny_recurrent(name: str, seed: int, **overrides) -> torch.nn.Module:
-    config = AutoConfig.for_model(name, **{**RECURRENT[name], **overrides})
+def tiny(name: str, seed: int, **overrides) -> torch.nn.Module:
+    kwargs = SLIDING_WINDOW.get(name) or RECURRENT.get(name) or _SPECIAL.get(name) or _COMMON
+    config = AutoConfig.for_model(name, **{**kwargs, **overrides})
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config).eval()

@@ -23,7 +23,6 @@ from ..helpers.architectures import (
     VOCAB,
     WINDOW,
     tiny,
-    tiny_recurrent,
 )
 
 
@@ -88,7 +87,7 @@ def test_recurrent_architecture_matches_plain(name):
     layers, if any) at batch 1: drafts rejected nearly every step roll the target's states back, and
     a weak draft of the same kind its own; greedy and seeded sampling give plain's tokens, and the
     cache handed back continues a conversation as plain's does."""
-    model, weak_draft = tiny_recurrent(name, 0, eos_token_id=None), tiny_recurrent(name, 1, eos_token_id=None)
+    model, weak_draft = tiny(name, 0, eos_token_id=None), tiny(name, 1, eos_token_id=None)
     prompt = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(0)).repeat(1, 4)
     prompt[0, -3:] = torch.tensor([5, 6, 7])  # the copy breaks off: some drafts hold, others not
     _check(model, weak_draft, prompt)
@@ -111,7 +110,7 @@ def test_recurrent_architecture_matches_plain(name):
 
 
 def test_recurrent_architecture_refuses_what_it_cannot_roll_back():
-    model = tiny_recurrent("qwen3_next", 0)
+    model = tiny("qwen3_next", 0)
     prompt = torch.randint(3, VOCAB, (2, 8), generator=torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="one row at a time"):
         model.generate(prompt, max_new_tokens=4, speculative="ngram")
