@@ -1,8 +1,9 @@
 """A model's own MTP layers read out of its checkpoint (`method="mtp"` with no `draft=`): tiny
 checkpoints in DeepSeek-V3's layout (the MTP layer as decoder layer 61, its experts one key each)
 and GLM-4.5-Air's (layer 46), on which transformers' own `generate(use_mtp=True)` runs as the
-reference; and the errors for checkpoints without MTP weights, with malformed ones, and for
-architectures transformers loads no MTP layers for."""
+reference; Ling's hybrid of linear-attention and MLA layers, against plain decoding; and the errors
+for checkpoints without MTP weights, with malformed ones, and for architectures transformers loads
+no MTP layers for."""
 
 from __future__ import annotations
 
@@ -49,6 +50,26 @@ def test_the_published_layout_drafts_as_transformers_does(layout):
     assert_drafts_as_theirs(target, mtp.prompts(1), dict(use_mtp=True), ours, max_new_tokens=10)
 
     assert_greedy_speculation(target, mtp.prompts(2), 10, method="mtp", num_draft_tokens=3)
+
+
+def test_a_hybrid_checkpoint_decodes_as_plain(tmp_path):
+    """`bailing_hybrid` (Ling: KDA linear-attention layers beside MLA ones, its MTP layer after the
+    last): its MTP layer drafts chains of 1 and 3, some rejected and some accepted, and the output
+    is plain greedy's (the linear layers' recurrent state rolled back to the last token kept);
+    `speculative=True` picks it. transformers 5.25's `use_mtp=True` is not identical to plain on it
+    (`tests/helpers/mtp.py`), so plain is the reference. A batch is refused, saying what to do."""
+    name = "bailing_hybrid"
+    target = load(name, mtp.checkpoint(tmp_path, name, agree=0.1))
+    for k in (1, 3):
+        stats = assert_greedy_speculation(target, mtp.prompts(1), 24, method="mtp", num_draft_tokens=k)
+        assert stats.accepted < stats.drafted
+    kwargs = dict(**mtp.prompts(1), max_new_tokens=24, do_sample=False)
+    with torch.no_grad():
+        plain = target.generate(**kwargs)
+        out = target.generate(**kwargs, speculative=True, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, plain) and out.speculative_stats.method == "mtp"
+    with pytest.raises(ValueError, match="linear-attention or state-space layers.*one sequence at a time"):
+        target.generate(**mtp.prompts(2), max_new_tokens=3, speculative=True)
 
 
 def test_the_layers_are_read_once_per_model(tmp_path, monkeypatch):
@@ -136,7 +157,7 @@ def test_weight_keys_and_architectures(layout):
     name, folder = layout
     target = load(name, folder)
     keys, pattern = mtp_weight_keys(target, checkpoint_folder(target))
-    index = mtp.LAYOUTS[name]
+    index = mtp.INDEX[name]
     assert (
         f"model.layers.{index}.eh_proj.weight" in keys
         and f"model.layers.{index}.mlp.experts.0.gate_proj.weight" in keys

@@ -1,7 +1,9 @@
 """Tiny checkpoints that carry their own MTP layers, written in the published layouts: DeepSeek-V3's
 (the MTP layer stored as decoder layer 61, `num_hidden_layers`, its MoE experts one key each, its
-own copies of the embedding and LM head) and GLM-4.5-Air's (the same as layer 46). Each loads with
-transformers' `from_pretrained`, and its `generate(use_mtp=True)` runs on it.
+own copies of the embedding and LM head), GLM-4.5-Air's (the same as layer 46), and Ling's hybrid
+(`bailing_hybrid`: linear-attention (KDA) layers and MLA layers, the MTP layer, an MLA one, stored
+after the last decoder layer). Each loads with transformers' `from_pretrained`, and its
+`generate(use_mtp=True)` runs on it.
 
 The layers' weights are random (seeded), with a large initializer range so that the distributions
 are peaked: the MTP layer then agrees with its target now and then on a vocabulary of VOCAB ids.
@@ -18,18 +20,30 @@ import safetensors
 import torch
 from huggingface_hub import save_torch_state_dict
 from safetensors.torch import load_file, save_file
-from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, Glm4MoeConfig, Glm4MoeForCausalLM
+from transformers import (
+    BailingHybridConfig,
+    BailingHybridForCausalLM,
+    DeepseekV3Config,
+    DeepseekV3ForCausalLM,
+    Glm4MoeConfig,
+    Glm4MoeForCausalLM,
+)
 from transformers.modeling_layers import MtpModel
 
 from hf_specdec.hub.download import SAFETENSORS_INDEX
 
 VOCAB = 16
-# The MTP layer's index in each layout (transformers hard-codes it per architecture).
+# The MTP layer's index in each layout (transformers hard-codes it per architecture, and for the
+# hybrid reads it after `num_hidden_layers`). transformers 5.25's own MTP drafting and prompt lookup
+# are not identical to plain greedy on the hybrid (its recurrent state is not rolled back to the
+# token kept): there plain decoding is the reference, not `use_mtp=True`.
 LAYOUTS = {"deepseek_v3": 61, "glm4_moe": 46}
+HYBRID_LAYOUTS = {"bailing_hybrid": 2}
+INDEX = LAYOUTS | HYBRID_LAYOUTS
 
 
 def config(layout: str, **overrides):
-    layers = LAYOUTS[layout]
+    layers = INDEX[layout]
     common = dict(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4,
@@ -37,14 +51,21 @@ def config(layout: str, **overrides):
         initializer_range=0.4, max_position_embeddings=256, bos_token_id=1, eos_token_id=None,
         pad_token_id=0, num_mtp_layers=1, tie_word_embeddings=False,
     )  # fmt: skip
+    mla = dict(kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)
     if layout == "deepseek_v3":
-        mla = dict(kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)
         return DeepseekV3Config(**{**common, **mla, **overrides})
+    if layout == "bailing_hybrid":  # one KDA layer, then one MLA layer; the MTP layer MLA and MoE
+        hybrid = dict(head_dim=8, layer_group_size=2, num_local_experts=4, short_conv_kernel_size=2)
+        made = BailingHybridConfig(**{**common, **mla, **hybrid, **overrides})
+        made.mtp_layer_types, made.mtp_mlp_layer_types = ["full_attention"], ["sparse"]
+        return made
     return Glm4MoeConfig(**{**common, "head_dim": 8, **overrides})
 
 
 def model_class(layout: str) -> type:
-    return DeepseekV3ForCausalLM if layout == "deepseek_v3" else Glm4MoeForCausalLM
+    return {"deepseek_v3": DeepseekV3ForCausalLM, "bailing_hybrid": BailingHybridForCausalLM}.get(
+        layout, Glm4MoeForCausalLM
+    )
 
 
 def target_and_layers(
@@ -115,11 +136,11 @@ def checkpoint(
     if not mtp:
         return folder
     weights = load_file(folder / "model.safetensors")
-    weights.update(published_keys(layer.state_dict(), LAYOUTS[layout]))
-    weights[f"model.layers.{LAYOUTS[layout]}.embed_tokens.weight"] = (
+    weights.update(published_keys(layer.state_dict(), INDEX[layout]))
+    weights[f"model.layers.{INDEX[layout]}.embed_tokens.weight"] = (
         target.get_input_embeddings().weight.detach()
     )
-    weights[f"model.layers.{LAYOUTS[layout]}.shared_head.head.weight"] = target.lm_head.weight.detach()
+    weights[f"model.layers.{INDEX[layout]}.shared_head.head.weight"] = target.lm_head.weight.detach()
     weights = {k: v.contiguous() for k, v in weights.items()}
     if shards == 1:
         save_file(weights, folder / "model.safetensors", {"format": "pt"})
@@ -135,9 +156,9 @@ def damage(folder: Path, how: str, layout: str = "glm4_moe") -> Path:
     """The one-file checkpoint in `folder` with its MTP layer's `eh_proj` gone (`how="missing"`) or
     cut to the wrong shape ("misshapen")."""
     weights = load_file(folder / "model.safetensors")
-    eh_proj = weights.pop(f"model.layers.{LAYOUTS[layout]}.eh_proj.weight")
+    eh_proj = weights.pop(f"model.layers.{INDEX[layout]}.eh_proj.weight")
     if how == "misshapen":
-        weights[f"model.layers.{LAYOUTS[layout]}.eh_proj.weight"] = eh_proj[:, :8].contiguous()
+        weights[f"model.layers.{INDEX[layout]}.eh_proj.weight"] = eh_proj[:, :8].contiguous()
     save_file(weights, folder / "model.safetensors", {"format": "pt"})
     return folder
 
