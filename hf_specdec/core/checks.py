@@ -15,7 +15,7 @@ from transformers.cache_utils import (
 )
 from transformers.generation import GenerationMode, logits_process
 
-from .compat import generate_cache
+from .compat import generate_cache, takes_dynamic_cache
 from .inputs import cached_columns, check_forwarded
 from .kv import holds_holes
 from .static_kv import check_layers
@@ -67,11 +67,7 @@ def check_supported(
         raise ValueError(
             "speculative= supports decoder-only models; encoder-decoder models are not supported yet."
         )
-    if getattr(model, "_is_stateful", False):
-        raise ValueError(
-            f"{type(model).__name__} keeps a recurrent state that cannot be rolled back after a rejection; "
-            "speculative decoding needs an attention KV cache."
-        )
+    check_rolls_back(model, "drop speculative= for this model")
     check_mode(config)
     if config.num_beams > 1:
         raise ValueError(
@@ -101,6 +97,16 @@ def check_supported(
     if cache is not None and cache.get_seq_length() > 0:
         check_continued(input_ids, cache, _mask_length(config, model_kwargs))
     check_forwarded(input_ids, model_kwargs)
+
+
+def check_rolls_back(model: Any, fix: str, role: str = "") -> None:
+    """Refuse a model (`role`: "the target", "the draft") that transformers decodes over no
+    `DynamicCache`: it would swallow the cache passed and see only the tokens fed."""
+    if not takes_dynamic_cache(model):
+        raise ValueError(
+            f"{role}{type(model).__name__} keeps its state in a cache of its own, which speculative= "
+            f"cannot roll back after a rejection (transformers' assisted decoding refuses it too): {fix}."
+        )
 
 
 def check_mode(config: GenerationConfig) -> None:

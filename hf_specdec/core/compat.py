@@ -23,6 +23,14 @@ def cache_argument(model: Any) -> str:
     return _cache_argument(type(model))
 
 
+def takes_dynamic_cache(model: Any) -> bool:
+    """Whether transformers decodes `model` over a `DynamicCache` (its private rule, by class name:
+    RWKV, xLSTM, the first MiniMax, Reformer and XLNet keep state of their own); `_is_stateful`, which
+    said so before 5.2x, is honoured too."""
+    rule = getattr(type(model), "_supports_default_dynamic_cache", None)
+    return not getattr(model, "_is_stateful", False) and (rule is None or bool(rule()))
+
+
 def generate_cache(model_kwargs: dict[str, Any]) -> Any:
     """The cache a caller passed to `generate` under either name, else None."""
     cache = model_kwargs.get("cache")

@@ -45,7 +45,12 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
+from transformers.cache_utils import (
+    CacheLayerMixin,
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    LinearAttentionCacheLayerMixin,
+)
 
 from .compat import cache_argument
 from .masks import allowed_keys, cache_places, in_attention_format, spanning
@@ -107,6 +112,12 @@ class RaggedKV:
             )
 
     @property
+    def attends(self) -> bool:
+        """Whether a layer attends to past tokens (once the cache holds its layers). Mamba's do not:
+        after the prompt plain generate feeds it no mask, and it would apply a whole one to the fed."""
+        return not self.cache.layers or any(isinstance(layer, CacheLayerMixin) for layer in self.cache.layers)
+
+    @property
     def width(self) -> int:
         return self.mask.shape[1]
 
@@ -159,7 +170,7 @@ class RaggedKV:
         else:
             # The first forward has no holes before it: the model builds its own masks, as in plain
             # decoding's prefill (a sliding window, an image's bidirectional attention).
-            attention_mask = None if self.all_real else self.mask.long()
+            attention_mask = None if self.all_real or not (first or self.attends) else self.mask.long()
         out = self.model(
             input_ids=tokens,
             attention_mask=attention_mask,

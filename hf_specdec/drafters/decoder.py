@@ -12,6 +12,7 @@ import torch
 from transformers import StaticCache
 from transformers.cache_utils import StaticLayer
 
+from ..core.checks import check_rolls_back
 from ..core.devices import execution_device
 from ..core.draft import DraftCost
 from ..core.kv import RaggedKV
@@ -82,6 +83,7 @@ class TorchDecoder:
     forwards after the first run compiled, as a compiled target's do (`StaticKV`)."""
 
     def __init__(self, model: PreTrainedModel, compile_with_target: bool = True) -> None:
+        check_rolls_back(model, "use a draft model with an attention or linear-attention cache", "The draft ")
         self.model = model.eval()
         self.config = model.config
         # Where it computes: not `model.device`, which is `meta` where device_map offloaded its first weights.

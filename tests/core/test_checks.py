@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import DynamicCache, GenerationConfig, StaticCache, SynthIDTextWatermarkingConfig
+from transformers import (
+    DynamicCache,
+    GenerationConfig,
+    RwkvConfig,
+    RwkvForCausalLM,
+    StaticCache,
+    SynthIDTextWatermarkingConfig,
+)
 from transformers.generation.streamers import BaseStreamer
 
 from hf_specdec import SpeculativeConfig
@@ -381,3 +388,24 @@ def test_a_chunked_prefill_is_named_as_not_honoured(target):
     with pytest.warns(UserWarning, match="prefill_chunk_size=4 is not honoured"):
         ours = target.generate(input_ids, **kwargs, speculative="ngram")
     assert torch.equal(ours, plain)
+
+
+@pytest.fixture(scope="module")
+def rwkv():
+    torch.manual_seed(0)
+    config = RwkvConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, attention_hidden_size=32, intermediate_size=64
+    )
+    return RwkvForCausalLM(config).eval()
+
+
+def test_a_model_with_a_state_of_its_own_is_refused(rwkv, target):
+    """RWKV takes `state=`, not a cache: fed a cache, it would swallow it and see only the tokens fed
+    (transformers 5.25 dropped the `_is_stateful` that said so; its own rule names such models). As a
+    target and as a draft, refused before anything is generated."""
+    prompt = torch.tensor([[5, 17, 23, 5, 17, 23, 5, 17]])
+    for speculative in ("ngram", dict(method="draft_model", draft=rwkv)):
+        with pytest.raises(ValueError, match="RwkvForCausalLM keeps its state in a cache of its own.*drop"):
+            rwkv.generate(prompt, max_new_tokens=4, speculative=speculative)
+    with pytest.raises(ValueError, match="The draft RwkvForCausalLM .* use a draft model with an attention"):
+        target.generate(prompt, max_new_tokens=4, speculative=dict(method="draft_model", draft=rwkv))

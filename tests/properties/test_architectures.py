@@ -109,6 +109,17 @@ def test_recurrent_architecture_matches_plain(name):
     assert torch.equal(continued, expected)
 
 
+@pytest.mark.parametrize("name", list(RECURRENT))
+def test_recurrent_architecture_with_a_left_padded_prompt(name):
+    """A prompt of one row left-padded in its attention mask (as a tokenizer pads a batch of one):
+    plain's output, with drafts rejected and with steps that draft nothing. Mamba applies whatever
+    mask it is given to the tokens fed, so after the prompt it must be given none, as plain does."""
+    model, weak_draft = tiny(name, 0, eos_token_id=None), tiny(name, 1, eos_token_id=None)
+    prompt = torch.randint(3, VOCAB, (1, 5), generator=torch.Generator().manual_seed(1)).repeat(1, 3)
+    prompt[0, :3] = 0
+    _check(model, weak_draft, prompt, attention_mask=(prompt != 0).long())
+
+
 def test_recurrent_architecture_refuses_what_it_cannot_roll_back():
     model = tiny("qwen3_next", 0)
     prompt = torch.randint(3, VOCAB, (2, 8), generator=torch.Generator().manual_seed(0))
