@@ -108,7 +108,8 @@ class RaggedKV:
             raise ValueError(
                 f"{type(model).__name__} has linear-attention or state-space layers, whose recurrent state "
                 "speculative= rolls back one row at a time: call generate with one sequence at a time "
-                f"(batch size {batch_size} here), or drop speculative= for this batch."
+                f"(batch size {batch_size} here, num_return_sequences counted), draft with a model "
+                "without such layers if this one is the draft (or method='ngram'), or drop speculative=."
             )
 
     @property
