@@ -22,7 +22,8 @@ The tests check generate's whole output contract step by step: sequences and sco
 plain greedy's, the shapes of scores, logits, attentions and hidden states per generated token,
 and the returned cache. The copy is edited twice, so that the tests run rather than pass vacuously
 or fail to import: upstream's bare `@is_flaky` (which turns the prompt-lookup test into a
-decorator factory that never runs it) becomes `@is_flaky()`; and where the checkout's test
+decorator factory that never runs it) becomes `@is_flaky()`; `model_class._is_stateful`, which
+transformers 5.2x dropped, is read with a default of False; and where the checkout's test
 plumbing imports a name from transformers that the installed version lacks (a checkout newer or
 older than the install: testers' defaults, helpers of mixin tests not run here), the conftest
 defines it from the checkout's own source and the report header lists it. Use the install's tag
@@ -105,7 +106,8 @@ def extract(source: Path, rev: str, archs: tuple[str, ...], out: Path) -> list[s
     (out / "src" / "transformers" / "__init__.py").write_text("# the installed transformers is used\n")
     shutil.copy(HERE / "upstream_conftest.py", out / "conftest.py")
     (out / "pytest.ini").write_text(PYTEST_INI)
-    return _run_flaky_tests(out / "tests" / "generation" / "test_utils.py")
+    test_utils = out / "tests" / "generation" / "test_utils.py"
+    return _run_flaky_tests(test_utils) + _read_stateful_safely(test_utils)
 
 
 def _is_git(source: Path) -> bool:
@@ -136,6 +138,15 @@ def _run_flaky_tests(test_utils: Path) -> list[str]:
     text, count = re.subn(r"^(\s*)@is_flaky\s*$", r"\1@is_flaky()", test_utils.read_text(), flags=re.M)
     test_utils.write_text(text)
     return [f"tests/generation/test_utils.py: {count} bare @is_flaky made @is_flaky()"] if count else []
+
+
+def _read_stateful_safely(test_utils: Path) -> list[str]:
+    """transformers 5.2x dropped `PreTrainedModel._is_stateful`, which older tests read off every
+    model class (every test would fail with AttributeError): read it with False as the default."""
+    pattern = r"\b(\w+)\._is_stateful\b"
+    text, count = re.subn(pattern, r'getattr(\1, "_is_stateful", False)', test_utils.read_text())
+    test_utils.write_text(text)
+    return [f"tests/generation/test_utils.py: {count} `._is_stateful` read with a default"] if count else []
 
 
 def run(tree: Path, name: str, archs: tuple[str, ...], python: str) -> dict[str, str]:
