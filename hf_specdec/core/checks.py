@@ -100,8 +100,8 @@ def check_supported(
 
 
 def check_rolls_back(model: Any, fix: str, role: str = "") -> None:
-    """Refuse a model (`role`: "the target", "the draft") that transformers decodes over no
-    `DynamicCache`: it would swallow the cache passed and see only the tokens fed."""
+    """Refuse a model that transformers decodes over no `DynamicCache` (`role` goes before its class
+    name: "The draft "): it would swallow the cache passed and see only the tokens fed."""
     if not takes_dynamic_cache(model):
         raise ValueError(
             f"{role}{type(model).__name__} keeps its state in a cache of its own, which speculative= "
