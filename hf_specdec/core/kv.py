@@ -47,6 +47,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import (
     CacheLayerMixin,
+    DummyLayer,
     DynamicLayer,
     DynamicSlidingWindowLayer,
     LinearAttentionCacheLayerMixin,
@@ -422,10 +423,23 @@ def _slides_by_config(model: PreTrainedModel) -> bool:
 
 
 def _layer_windows(model: PreTrainedModel, cache: DynamicCache) -> list[int | None]:
-    """Per cache layer, the window transformers' cache would keep it to (None: the whole context)."""
-    return [
+    """Per cache layer, the window transformers' cache would keep it to (None: the whole context). A
+    layer reading another's keys and values (Gemma 3n's last ones: a `DummyLayer` in the cache) has
+    the window of the layers of its type that keep their own."""
+    windows = [
         layer.sliding_window if isinstance(layer, DynamicSlidingWindowLayer) else None
         for layer in cache.layers
+    ]
+    if not any(isinstance(layer, DummyLayer) for layer in cache.layers):
+        return windows
+    types = getattr(model.config.get_text_config(decoder=True), "layer_types", None) or []
+    kinds = [*types, *[None] * (len(windows) - len(types))]
+    own = {
+        kind: w for kind, w, layer in zip(kinds, windows, cache.layers) if not isinstance(layer, DummyLayer)
+    }
+    return [
+        own.get(kind) if isinstance(layer, DummyLayer) else w
+        for kind, w, layer in zip(kinds, windows, cache.layers)
     ]
 
 

@@ -248,8 +248,10 @@ class OutputCollector:
             sequences=sequences,
             scores=_per_step(self.scores, steps) if self.keep_scores else None,
             logits=_per_step(self.logits, steps) if self.keep_logits else None,
-            attentions=_per_step_layers(self.attentions, steps) if self.keep_attentions else None,
-            hidden_states=_per_step_layers(self.hidden_states, steps) if self.keep_hidden_states else None,
+            attentions=_per_step_layers(self.attentions, steps, 0) if self.keep_attentions else None,
+            hidden_states=(
+                _per_step_layers(self.hidden_states, steps, _ROWS) if self.keep_hidden_states else None
+            ),
             **{_CACHE_FIELD: cache},
             speculative_stats=stats,
         )
@@ -274,14 +276,20 @@ def _pads_stopped_rows(criteria: StoppingCriteriaList) -> bool:
     return any(hasattr(criterion, "eos_token_id") for criterion in criteria)
 
 
+# A hidden state's row and position are its last dimensions but one and two: [rows, positions, hidden],
+# or with model streams before them (Gemma 3n: [altup streams, rows, positions, hidden]).
+_ROWS = -3
+
+
 def _per_step_layers(
-    per_row: list[list[tuple[torch.Tensor, ...]]], steps: int
+    per_row: list[list[tuple[torch.Tensor, ...]]], steps: int, rows: int
 ) -> tuple[tuple[torch.Tensor, ...], ...]:
     """Rows' per-token layer tuples regrouped per generation step, each layer's tensors joined over
-    rows, as generate returns attentions and hidden states."""
+    rows (their dimension `rows`), as generate returns attentions and hidden states."""
     _check_steps(per_row, steps)
     return tuple(
-        tuple(torch.cat(layer) for layer in zip(*(row[step] for row in per_row))) for step in range(steps)
+        tuple(torch.cat(layer, dim=rows) for layer in zip(*(row[step] for row in per_row)))
+        for step in range(steps)
     )
 
 
@@ -352,7 +360,7 @@ class ReturnedStates:
 def prompt_outputs(output: Any, row: int, keep_attentions: bool, keep_hidden_states: bool) -> TokenOutputs:
     """The first token's: plain decoding's first forward is the whole prompt, every position of it."""
     attentions = tuple(a[row : row + 1] for a in _attentions(output)) if keep_attentions else ()
-    hidden = tuple(h[row : row + 1] for h in output.hidden_states) if keep_hidden_states else ()
+    hidden = tuple(h[..., row : row + 1, :, :] for h in output.hidden_states) if keep_hidden_states else ()
     return TokenOutputs([attentions], [hidden])
 
 
@@ -392,5 +400,5 @@ def step_outputs(
                 for layer, window in zip(weights, layer_windows)
             )
         )
-        hidden.append(tuple(h[slot : slot + 1, query : query + 1] for h in states))
+        hidden.append(tuple(h[..., slot : slot + 1, query : query + 1, :] for h in states))
     return TokenOutputs(attentions, hidden)
