@@ -185,6 +185,8 @@ class RaggedKV:
         )
         if not self.keeps_logits and logits_to_keep:
             out.logits = out.logits[:, -logits_to_keep:]
+        if first:
+            check_kept_in(self.model, self.cache, out)
         if first and self.recurrent:  # a state per token from now on: each may be rolled back to
             self.cache.activate_past_recording(recurrent_states_to_keep=_EVERY_TOKEN)
             self.recording = True
@@ -347,6 +349,18 @@ _EVERY_TOKEN = 1 << 20
 # Set on a cache handed back ragged; an attribute of the cache itself, so that its copies
 # (`copy.deepcopy`, to branch a conversation) carry it too.
 _HOLES_MARK = "_hf_specdec_holds_holes"
+
+
+def check_kept_in(model: PreTrainedModel, cache: DynamicCache, output: Any) -> None:
+    """Refuse a model that keeps its past in a cache other than the one passed (BLT wraps it in an
+    `EncoderDecoderCache` of its own each forward): what it keeps there would be lost at every step."""
+    returned = output.get("cache", output.get("past_key_values"))
+    if returned is not None and returned is not cache:
+        raise ValueError(
+            f"{type(model).__name__} keeps its past in a cache of its own ({type(returned).__name__}) rather "
+            "than in the one it is given, which speculative= cannot roll back: drop speculative= for this "
+            "model (or draft with another model, if this one is the draft)."
+        )
 
 
 def check_trees(model: PreTrainedModel, recurrent: bool) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import (
+    BltConfig,
+    BltForCausalLM,
     DynamicCache,
     GenerationConfig,
     RwkvConfig,
@@ -409,3 +411,27 @@ def test_a_model_with_a_state_of_its_own_is_refused(rwkv, target):
             rwkv.generate(prompt, max_new_tokens=4, speculative=speculative)
     with pytest.raises(ValueError, match="The draft RwkvForCausalLM .* use a draft model with an attention"):
         target.generate(prompt, max_new_tokens=4, speculative=dict(method="draft_model", draft=rwkv))
+
+
+def test_a_model_keeping_its_past_in_a_cache_of_its_own_is_refused():
+    """BLT wraps the cache it is given in an `EncoderDecoderCache` of its own each forward, whose other
+    part holds its local decoder's past: kept nowhere we roll back, it would be lost every step (a
+    crash, or other tokens than plain's). Refused after the prompt's forward (transformers' own tests'
+    tiny BLT)."""
+    layers = dict(
+        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+        intermediate_size=32, max_position_embeddings=32, rope_parameters={"rope_type": "default"},
+    )  # fmt: skip
+    config = BltConfig(
+        vocab_size=32, max_position_embeddings=32, patch_in_forward=False, patch_size=4, cross_attn_k=2,
+        encoder_hash_byte_group_size=[2, 3], encoder_hash_byte_group_vocab=64, patcher_config=dict(layers),
+        encoder_hash_byte_group_nb_functions=1, encoder_config=dict(layers),
+        decoder_config=dict(layers, vocab_size=32, hidden_size_global=32),
+        global_config=dict(layers, hidden_size=32), rope_parameters={"rope_type": "default"},
+    )  # fmt: skip
+    config.num_attention_heads, config.num_hidden_layers, config.hidden_size = 2, 1, 16
+    torch.manual_seed(0)
+    model = BltForCausalLM(config).eval()
+    prompt = torch.tensor([[3, 5, 7, 3, 5, 7, 3]])
+    with pytest.raises(ValueError, match="BltForCausalLM keeps its past in a cache of its own"):
+        model.generate(prompt, max_new_tokens=4, pad_token_id=0, speculative=dict(method="ngram"))
