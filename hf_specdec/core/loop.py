@@ -93,8 +93,6 @@ def _decode(
     inputs = ModelInputs(model, input_ids, model_kwargs)
     stats = SpeculativeStats(method=drafter.name, translation=drafter.translation)
     batch, device = input_ids.shape[0], input_ids.device
-    vocab = model.config.get_text_config().vocab_size
-    processor = ScoreProcessor(logits_processor, vocab, batch)
     target = target_cache(model, batch, device, generation_config, model_kwargs)
     if tree:  # before the prompt's forward: refused whatever the policy would have drafted
         check_trees(model, target.recurrent)
@@ -115,6 +113,10 @@ def _decode(
     prefill = target.forward(
         new_tokens, prompt_mask, logits_to_keep=1, positions=inputs.prompt_positions, **switches
     )
+    # The target's scores are as wide as its head makes them (ImageGPT's is one id narrower than
+    # its config's vocabulary): plain generate returns and samples from that width.
+    vocab = prefill.logits.shape[-1]
+    processor = ScoreProcessor(logits_processor, vocab, batch)
     features.add(prefill, prompt_mask, list(range(batch)), slice(None))
     if out.active_rows:  # none when the prompt already fills max_length
         rows = out.active_rows

@@ -22,6 +22,8 @@ from transformers import (
     Gemma3nForCausalLM,
     Gemma3nTextConfig,
     Gemma3TextConfig,
+    ImageGPTConfig,
+    ImageGPTForCausalImageModeling,
     SiglipVisionConfig,
 )
 
@@ -242,6 +244,24 @@ def test_finished_rows_get_what_plain_ran_their_padding_through():
     draft = SpeculativeConfig(method="draft_model", draft=target)
     plain, _ = assert_like_plain(target, inputs, draft, compare_cache=False, eos_token_id=eos)
     assert bool(plain.sequences[1, -1] == 0)  # row 1 was padded
+
+
+def test_a_head_narrower_than_the_config_vocabulary():
+    """ImageGPT's head scores one id fewer than its config's `vocab_size` (no logit for its start
+    id): scores and sampling over the head's width, as plain's (a seeded sample draws per column)."""
+    torch.manual_seed(0)
+    config = ImageGPTConfig(vocab_size=VOCAB, n_positions=256, n_embd=32, n_layer=2, n_head=4)
+    target = ImageGPTForCausalImageModeling(config).eval()
+    prompt = torch.randint(2, VOCAB - 1, (1, 7), generator=torch.Generator().manual_seed(0))
+    inputs = {"input_ids": prompt, "attention_mask": torch.ones_like(prompt)}
+    plain, _ = assert_like_plain(target, inputs, SpeculativeConfig(method="ngram"), pad_token_id=0)
+    assert plain.scores[0].shape[-1] == VOCAB - 1
+    for seed in range(3):
+        torch.manual_seed(seed)
+        expected = generate(target, inputs, do_sample=True, pad_token_id=0).sequences
+        torch.manual_seed(seed)
+        sampled = generate(target, inputs, "ngram", do_sample=True, pad_token_id=0).sequences
+        assert torch.equal(sampled, expected)
 
 
 def _shapes(output, field):
