@@ -25,7 +25,7 @@ from transformers.generation.utils import GenerationMixin
 from transformers.pipelines.text_generation import TextGenerationPipeline
 
 from .config import Drafting, SpeculativeConfig, check_tokenizer
-from .core.checks import check_drafter_continues, check_processors, check_supported
+from .core.checks import check_drafter_continues, check_no_holes, check_processors, check_supported
 from .core.compat import compiles_decoding, generate_cache
 from .core.draft import Draft, Drafter
 from .core.loop import speculative_decode
@@ -61,6 +61,7 @@ _PIPELINE_STATS: contextvars.ContextVar[list[Any] | None] = contextvars.ContextV
 def generate(self: Any, *args: Any, speculative: Any = None, **kwargs: Any) -> Any:
     config = SpeculativeConfig.from_user(speculative)
     if config is None:
+        check_no_holes(generate_cache(kwargs))  # plain decoding would read the holes as tokens
         return _ORIGINAL_GENERATE(self, *args, **kwargs)
     out = _speculative_generate(self, _by_name(self, args, kwargs), config)
     seen = _PIPELINE_STATS.get()

@@ -163,12 +163,7 @@ def check_continued(input_ids: torch.Tensor, cache: Any, mask_length: int | None
             "speculative= continues a filled DynamicCache, not a filled StaticCache: pass the whole "
             "conversation without cache=, or continue a DynamicCache."
         )
-    if holds_holes(cache):
-        raise ValueError(
-            "This cache was handed back by a speculative batch whose rows accepted different numbers of "
-            "drafts: its rows hold holes of rejected drafts, or are missing (rows that finished early), "
-            "so it cannot be continued. Pass the whole conversation without cache=."
-        )
+    check_no_holes(cache)
     if any(type(layer) not in _CONTINUED_LAYERS for layer in cache.layers):
         raise ValueError(
             "speculative= cannot continue a cache with sliding-window or quantized layers (they keep only "
@@ -179,6 +174,16 @@ def check_continued(input_ids: torch.Tensor, cache: Any, mask_length: int | None
         raise ValueError(
             f"The cache holds {cached} positions and input_ids {given}: to continue a conversation, pass "
             "input_ids holding the cached tokens followed by at least one new token."
+        )
+
+
+def check_no_holes(cache: Any) -> None:
+    """Refuse to continue, speculatively or plainly, a cache a ragged speculative batch handed back."""
+    if holds_holes(cache):
+        raise ValueError(
+            "This cache was handed back by a speculative batch whose rows accepted different numbers of "
+            "drafts: its rows hold holes of rejected drafts, or are missing (rows that finished early), "
+            "so it cannot be continued. Pass the whole conversation without cache=."
         )
 
 

@@ -354,7 +354,8 @@ _HOLES_MARK = "_hf_specdec_holds_holes"
 def check_kept_in(model: PreTrainedModel, cache: DynamicCache, output: Any) -> None:
     """Refuse a model that keeps its past in a cache other than the one passed (BLT wraps it in an
     `EncoderDecoderCache` of its own each forward): what it keeps there would be lost at every step."""
-    returned = output.get("cache", output.get("past_key_values"))
+    # By the name the output holds it under: asking for the old name where it holds the new warns.
+    returned = output.get("cache") if "cache" in output else output.get("past_key_values")
     if returned is not None and returned is not cache:
         raise ValueError(
             f"{type(model).__name__} keeps its past in a cache of its own ({type(returned).__name__}) rather "

@@ -164,13 +164,16 @@ def _ragged_cache(target):
 
 
 def test_a_ragged_batch_cache_is_refused_with_what_to_do(target):
+    """By speculation and by plain generate too, which would read the holes as tokens (or fail on the
+    rows missing with a shape error)."""
     out, cache = _ragged_cache(target)
     turn = torch.cat([out.sequences, torch.tensor([NEW_TURN] * len(out.sequences))], dim=1)
     for given in (cache, copy.deepcopy(cache)):  # a copy (a conversation branched) is refused too
-        with pytest.raises(
-            ValueError, match=r"cannot be continued\. Pass the whole conversation without cache="
-        ):
-            target.generate(turn, cache=given, max_new_tokens=4, speculative="ngram")
+        for speculative in ("ngram", None):
+            with pytest.raises(
+                ValueError, match=r"cannot be continued\. Pass the whole conversation without cache="
+            ):
+                target.generate(turn, cache=given, max_new_tokens=4, speculative=speculative)
 
 
 def test_continuing_is_refused_where_the_layout_cannot_be_continued(target):
