@@ -143,7 +143,7 @@ def _run_flaky_tests(test_utils: Path) -> list[str]:
 def _read_stateful_safely(test_utils: Path) -> list[str]:
     """transformers 5.2x dropped `PreTrainedModel._is_stateful`, which older tests read off every
     model class (every test would fail with AttributeError): read it with False as the default."""
-    pattern = r"\b(\w+)\._is_stateful\b"
+    pattern = r"(?<![.\w])(\w+)\._is_stateful\b"  # a name's attribute, not one down a chain
     text, count = re.subn(pattern, r'getattr(\1, "_is_stateful", False)', test_utils.read_text())
     test_utils.write_text(text)
     return [f"tests/generation/test_utils.py: {count} `._is_stateful` read with a default"] if count else []

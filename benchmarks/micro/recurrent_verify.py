@@ -27,9 +27,8 @@ import statistics
 import torch
 from transformers import DynamicCache, Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
+from hf_specdec.core.kv import EVERY_TOKEN
 from hf_specdec.core.timing import clock
-
-_EVERY_TOKEN = 1 << 20  # as RaggedKV records
 
 
 def model(hybrid: bool, dtype: torch.dtype) -> Qwen3_5ForCausalLM:
@@ -52,7 +51,7 @@ def filled(m: Qwen3_5ForCausalLM, context: int, recording: bool) -> DynamicCache
     with torch.no_grad():
         m(input_ids=prompt, cache=cache, use_cache=True)
     if recording:
-        cache.activate_past_recording(recurrent_states_to_keep=_EVERY_TOKEN)
+        cache.activate_past_recording(recurrent_states_to_keep=EVERY_TOKEN)
     return cache
 
 

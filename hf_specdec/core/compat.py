@@ -26,9 +26,8 @@ def cache_argument(model: Any) -> str:
 def takes_dynamic_cache(model: Any) -> bool:
     """Whether transformers decodes `model` over a `DynamicCache` (its private rule, by class name:
     RWKV, xLSTM, the first MiniMax, Reformer and XLNet keep state of their own); `_is_stateful`, which
-    said so before 5.2x, is honoured too."""
-    rule = getattr(type(model), "_supports_default_dynamic_cache", None)
-    return not getattr(model, "_is_stateful", False) and (rule is None or bool(rule()))
+    releases before 5.2x set (on hybrid models too, so those releases refuse them), is honoured too."""
+    return not getattr(model, "_is_stateful", False) and bool(type(model)._supports_default_dynamic_cache())
 
 
 def generate_cache(model_kwargs: dict[str, Any]) -> Any:

@@ -188,7 +188,7 @@ class RaggedKV:
         if first:
             check_kept_in(self.model, self.cache, out)
         if first and self.recurrent:  # a state per token from now on: each may be rolled back to
-            self.cache.activate_past_recording(recurrent_states_to_keep=_EVERY_TOKEN)
+            self.cache.activate_past_recording(recurrent_states_to_keep=EVERY_TOKEN)
             self.recording = True
         return out
 
@@ -344,7 +344,7 @@ class RaggedKV:
 
 # Recorded recurrent states a forward keeps: all of its tokens' (a forward's last n tokens, where n
 # is fewer, would go through the chunked kernel, whose states are not kept but the last).
-_EVERY_TOKEN = 1 << 20
+EVERY_TOKEN = 1 << 20
 
 # Set on a cache handed back ragged; an attribute of the cache itself, so that its copies
 # (`copy.deepcopy`, to branch a conversation) carry it too.

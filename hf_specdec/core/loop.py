@@ -114,8 +114,9 @@ def _decode(
         new_tokens, prompt_mask, logits_to_keep=1, positions=inputs.prompt_positions, **switches
     )
     # The target's scores are as wide as its head makes them (ImageGPT's is one id narrower than
-    # its config's vocabulary): plain generate returns and samples from that width.
+    # its config's vocabulary, which it embeds): plain generate returns and samples from that width.
     vocab = prefill.logits.shape[-1]
+    embedded = max(vocab, model.config.get_text_config().vocab_size)
     processor = ScoreProcessor(logits_processor, vocab, batch)
     features.add(prefill, prompt_mask, list(range(batch)), slice(None))
     if out.active_rows:  # none when the prompt already fills max_length
@@ -157,7 +158,7 @@ def _decode(
         draft = drafter.propose(asked) if k > 0 else Draft.empty(len(rows), device)
         proposed_at = clock(device)
         # Checked as proposed: a bad id must not pass because the policy happened to cut it off.
-        draft.check(vocab, f"{type(drafter).__name__} (method={drafter.name!r})")
+        draft.check(embedded, f"{type(drafter).__name__} (method={drafter.name!r})")
         draft = policy.trim(draft, fed, [out.room(r) for r in rows])
         target.verify_shape.check(draft, type(policy).__name__)
         drafted_at = clock(device)

@@ -278,7 +278,7 @@ def _pads_stopped_rows(criteria: StoppingCriteriaList) -> bool:
 
 # A hidden state's row and position are its last dimensions but one and two: [rows, positions, hidden],
 # or with model streams before them (Gemma 3n: [altup streams, rows, positions, hidden]).
-_ROWS = -3
+_ROWS, _POSITIONS = -3, -2
 
 
 def _per_step_layers(
@@ -360,7 +360,7 @@ class ReturnedStates:
 def prompt_outputs(output: Any, row: int, keep_attentions: bool, keep_hidden_states: bool) -> TokenOutputs:
     """The first token's: plain decoding's first forward is the whole prompt, every position of it."""
     attentions = tuple(a[row : row + 1] for a in _attentions(output)) if keep_attentions else ()
-    hidden = tuple(h[..., row : row + 1, :, :] for h in output.hidden_states) if keep_hidden_states else ()
+    hidden = tuple(h.narrow(_ROWS, row, 1) for h in output.hidden_states) if keep_hidden_states else ()
     return TokenOutputs([attentions], [hidden])
 
 
@@ -400,5 +400,5 @@ def step_outputs(
                 for layer, window in zip(weights, layer_windows)
             )
         )
-        hidden.append(tuple(h[..., slot : slot + 1, query : query + 1, :] for h in states))
+        hidden.append(tuple(h.narrow(_ROWS, slot, 1).narrow(_POSITIONS, query, 1) for h in states))
     return TokenOutputs(attentions, hidden)

@@ -35,8 +35,8 @@ from hf_specdec.hub.download import SAFETENSORS_INDEX
 VOCAB = 16
 # The MTP layer's index in each layout (transformers hard-codes it per architecture, and for the
 # hybrid reads it after `num_hidden_layers`). transformers 5.25's own MTP drafting and prompt lookup
-# are not identical to plain greedy on the hybrid (its recurrent state is not rolled back to the
-# token kept): there plain decoding is the reference, not `use_mtp=True`.
+# differ from plain greedy on the hybrid on most prompts (not at rounding ties): there plain decoding
+# is the reference, not `use_mtp=True`.
 LAYOUTS = {"deepseek_v3": 61, "glm4_moe": 46}
 HYBRID_LAYOUTS = {"bailing_hybrid": 2}
 INDEX = LAYOUTS | HYBRID_LAYOUTS
