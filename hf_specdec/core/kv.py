@@ -365,11 +365,19 @@ def check_kept_in(model: PreTrainedModel, cache: DynamicCache, output: Any) -> N
 
 
 def check_trees(model: PreTrainedModel, recurrent: bool) -> None:
-    """Refuse tree drafts through a model with recurrent states (`RaggedKV.recurrent`)."""
+    """Refuse tree drafts through a model with recurrent states (`RaggedKV.recurrent`), or one whose
+    attention biases come from a 2D padding mask (ALiBi: BLOOM, Falcon with `alibi`), which a tree's
+    4D mask cannot reach."""
     if recurrent:
         raise ValueError(
             f"{type(model).__name__} has linear-attention or state-space layers, which read a sequence "
             "in order and cannot take a tree's branches side by side: drop tree=True."
+        )
+    config = model.config.get_text_config(decoder=True) if isinstance(model, PreTrainedModel) else None
+    if config is not None and (config.model_type == "bloom" or getattr(config, "alibi", False)):
+        raise ValueError(
+            f"{type(model).__name__} builds its ALiBi position biases from a 2D attention mask, which "
+            "cannot say which of a tree's branches a token sees: drop tree=True."
         )
 
 

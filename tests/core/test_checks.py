@@ -6,9 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import (
+    BloomConfig,
+    BloomForCausalLM,
     BltConfig,
     BltForCausalLM,
     DynamicCache,
+    FalconConfig,
+    FalconForCausalLM,
     GenerationConfig,
     RwkvConfig,
     RwkvForCausalLM,
@@ -435,3 +439,20 @@ def test_a_model_keeping_its_past_in_a_cache_of_its_own_is_refused():
     prompt = torch.tensor([[3, 5, 7, 3, 5, 7, 3]])
     with pytest.raises(ValueError, match="BltForCausalLM keeps its past in a cache of its own"):
         model.generate(prompt, max_new_tokens=4, pad_token_id=0, speculative=dict(method="ngram"))
+
+
+@pytest.mark.parametrize("alibi", ["bloom", "falcon"])
+def test_trees_through_alibi_biases_are_refused(alibi):
+    """BLOOM and Falcon with `alibi` build their position biases from a 2D mask: a tree's 4D mask
+    cannot reach them (their own code failed on it with an unpacking error)."""
+    torch.manual_seed(0)
+    if alibi == "bloom":
+        model = BloomForCausalLM(BloomConfig(vocab_size=64, hidden_size=32, n_layer=2, n_head=4)).eval()
+    else:
+        shape = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
+        model = FalconForCausalLM(FalconConfig(**shape, alibi=True)).eval()
+    prompt = torch.tensor([[5, 6, 7, 5, 6, 7, 5, 6]])
+    with pytest.raises(ValueError, match="ALiBi position biases from a 2D attention mask.*drop tree=True"):
+        model.generate(prompt, max_new_tokens=4, speculative=dict(method="ngram", tree=True))
+    chain = model.generate(prompt, max_new_tokens=8, do_sample=False, speculative="ngram")
+    assert torch.equal(chain, model.generate(prompt, max_new_tokens=8, do_sample=False))
