@@ -28,6 +28,7 @@ from .config import Drafting, SpeculativeConfig, check_tokenizer
 from .core.checks import check_drafter_continues, check_no_holes, check_processors, check_supported
 from .core.compat import compiles_decoding, generate_cache
 from .core.draft import Draft, Drafter
+from .core.kv import tree_refusal
 from .core.loop import speculative_decode
 from .core.policy import DEVICE_COSTS, DraftLengthPolicy, FixedDraftLength
 from .drafters import DRAFTERS, build_drafter
@@ -119,7 +120,7 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
                 "pass do_sample=False."
             )
         static = isinstance(generate_cache(model_kwargs), StaticCache)
-        tree = _drafts_trees(resolved, drafter, static)
+        tree = _drafts_trees(resolved, drafter, static, model)
         drafting = Drafting(
             do_sample=bool(generation_config.do_sample),
             tree=tree,
@@ -148,11 +149,12 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
     return _ORIGINAL_GENERATE(model, custom_generate=custom_generate, **kwargs)
 
 
-def _drafts_trees(config: SpeculativeConfig, drafter: Drafter, static_cache: bool) -> bool:
-    """`tree="auto"`: a tree where the drafter grows them (the policy sizes it) and the cache takes
-    them (a static cache does not yet: `StaticKV.takes_tree_masks`), else a chain."""
+def _drafts_trees(config: SpeculativeConfig, drafter: Drafter, static_cache: bool, model: Any) -> bool:
+    """`tree="auto"`: a tree where the drafter grows them (the policy sizes it) and the cache and the
+    target take them (a static cache does not yet: `StaticKV.takes_tree_masks`; nor do models with
+    recurrent states or ALiBi: `kv.tree_refusal`), else a chain."""
     if config.tree == "auto":
-        return drafter.supports_tree and not static_cache
+        return drafter.supports_tree and not static_cache and tree_refusal(model) is None
     if config.tree and static_cache:
         raise ValueError(
             "Tree drafts over a static cache are not built yet; drop tree=True (chains then), or "

@@ -105,6 +105,7 @@ class RaggedKV:
         self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.recurrent = any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in self.cache.layers)
         self.recording = False  # recurrent states recorded per token (from the forward after the prompt's)
+        self.tree_refusal = tree_refusal(model, self.recurrent)  # why no tree goes through it, if so
         if self.recurrent and batch_size > 1:
             raise ValueError(
                 f"{type(model).__name__} has linear-attention or state-space layers, whose recurrent state "
@@ -145,7 +146,7 @@ class RaggedKV:
         """
         width = tokens.shape[1]
         if tree is not None:
-            check_trees(self.model, self.recurrent)
+            check_trees(self.model, self.tree_refusal)
         # The prompt's forward (after a filled cache's columns), or one into a cache emptied since.
         first = self.width == 0 or self.prompt_width == 0
         given = positions is not None
@@ -364,21 +365,34 @@ def check_kept_in(model: PreTrainedModel, cache: DynamicCache, output: Any) -> N
         )
 
 
-def check_trees(model: PreTrainedModel, recurrent: bool) -> None:
-    """Refuse tree drafts through a model with recurrent states (`RaggedKV.recurrent`), or one whose
-    attention biases come from a 2D padding mask (ALiBi: BLOOM, Falcon with `alibi`), which a tree's
-    4D mask cannot reach."""
+def tree_refusal(model: Any, recurrent: bool | None = None) -> str | None:
+    """Why tree drafts cannot go through `model`, else None: recurrent states (`recurrent`, as its
+    cache's layers say; None: as a cache built from its config would), or attention biases built from
+    a 2D padding mask (ALiBi: BLOOM, Falcon with `alibi`), which a tree's 4D mask cannot reach."""
+    if not isinstance(model, PreTrainedModel):
+        return None  # our draft heads: trees are what they grow
+    config = model.config.get_text_config(decoder=True)
+    if recurrent is None:
+        recurrent = any(
+            isinstance(layer, LinearAttentionCacheLayerMixin) for layer in DynamicCache(config=config).layers
+        )
     if recurrent:
-        raise ValueError(
-            f"{type(model).__name__} has linear-attention or state-space layers, which read a sequence "
-            "in order and cannot take a tree's branches side by side: drop tree=True."
+        return (
+            "has linear-attention or state-space layers, which read a sequence in order and cannot "
+            "take a tree's branches side by side"
         )
-    config = model.config.get_text_config(decoder=True) if isinstance(model, PreTrainedModel) else None
-    if config is not None and (config.model_type == "bloom" or getattr(config, "alibi", False)):
-        raise ValueError(
-            f"{type(model).__name__} builds its ALiBi position biases from a 2D attention mask, which "
-            "cannot say which of a tree's branches a token sees: drop tree=True."
+    if config.model_type == "bloom" or getattr(config, "alibi", False):
+        return (
+            "builds its ALiBi position biases from a 2D attention mask, which cannot say which of a "
+            "tree's branches a token sees"
         )
+    return None
+
+
+def check_trees(model: Any, refusal: str | None) -> None:
+    """Refuse tree drafts through `model` for `refusal` (`tree_refusal`)."""
+    if refusal is not None:
+        raise ValueError(f"{type(model).__name__} {refusal}: drop tree=True.")
 
 
 def holds_holes(cache: Any) -> bool:

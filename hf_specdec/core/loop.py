@@ -95,7 +95,7 @@ def _decode(
     batch, device = input_ids.shape[0], input_ids.device
     target = target_cache(model, batch, device, generation_config, model_kwargs)
     if tree:  # before the prompt's forward: refused whatever the policy would have drafted
-        check_trees(model, target.recurrent)
+        check_trees(model, target.tree_refusal)
     features = DrafterFeatures(drafter.hidden_state_layers, batch, device)
     returned = ReturnedStates(out, target, bool(drafter.hidden_state_layers))
 

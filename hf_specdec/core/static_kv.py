@@ -72,7 +72,7 @@ class StaticKV:
     """A `StaticCache` plus which of its columns hold real tokens, row by row."""
 
     takes_tree_masks = False  # tree drafts need 4D masks, not built here yet
-    recurrent = False  # `check_layers` admits full-attention layers only
+    tree_refusal = None  # trees over a static cache are refused before (`integration._drafts_trees`)
 
     def __init__(
         self,

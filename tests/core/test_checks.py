@@ -454,5 +454,7 @@ def test_trees_through_alibi_biases_are_refused(alibi):
     prompt = torch.tensor([[5, 6, 7, 5, 6, 7, 5, 6]])
     with pytest.raises(ValueError, match="ALiBi position biases from a 2D attention mask.*drop tree=True"):
         model.generate(prompt, max_new_tokens=4, speculative=dict(method="ngram", tree=True))
-    chain = model.generate(prompt, max_new_tokens=8, do_sample=False, speculative="ngram")
-    assert torch.equal(chain, model.generate(prompt, max_new_tokens=8, do_sample=False))
+    plain = model.generate(prompt, max_new_tokens=8, do_sample=False)
+    for chains in ("ngram", dict(method="ngram", tree="auto")):  # tree="auto": chains, not a refusal
+        out = model.generate(prompt, max_new_tokens=8, do_sample=False, speculative=chains)
+        assert torch.equal(out, plain)

@@ -127,3 +127,6 @@ def test_recurrent_architecture_refuses_what_it_cannot_roll_back():
         model.generate(prompt, max_new_tokens=4, speculative="ngram")
     with pytest.raises(ValueError, match="cannot take a tree's branches side by side: drop tree=True"):
         model.generate(prompt[:1], max_new_tokens=4, speculative=dict(method="ngram", tree=True))
+    auto = dict(method="ngram", tree="auto")  # chains, not a refusal
+    out = model.generate(prompt[:1], max_new_tokens=6, speculative=auto, return_dict_in_generate=True)
+    assert out.speculative_stats.tree_steps == 0
