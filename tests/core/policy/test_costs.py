@@ -178,7 +178,7 @@ def test_a_timing_above_the_carried_ratio_is_pooled_with_the_carried_timings():
     costs = _after(*carried)
     assert costs.prior[(), 0, 1][9].samples == [1.1] * 16
     costs.add_verify(1, 1, 1.0)
-    for _ in range(4):
+    for _ in range(costs.times[1, 1].keep - 1):
         costs.add_verify(1, 9, 1.45)
         assert costs.verify(1, 9) == pytest.approx(1.1) and not costs.suspect
     costs.add_verify(1, 9, 1.45)  # a full window: the call's own
