@@ -17,6 +17,7 @@ from transformers.modeling_layers import MtpModel
 
 from ..heads.checkpoint import CheckpointFiles, checkpoint_method, folder_files, hub_files
 from ..heads.dflash import BlockDraft
+from ..heads.dflash_published import loaded_config, raw_has_dspark_heads
 from ..heads.eagle import EagleHead
 from ..heads.eagle3 import Eagle3Head
 from ..heads.medusa import MedusaHead
@@ -99,6 +100,9 @@ def _module_method(draft: nn.Module) -> str | None:
         return draft.config.method
     if isinstance(draft, BlockDraft):
         return "dspark" if draft.markov_head is not None or draft.confidence_head is not None else "dflash"
+    raw = loaded_config(draft)  # a block draft loaded by transformers (MuseGlimmer's assistant)
+    if raw is not None:
+        return "dspark" if raw_has_dspark_heads(raw) else "dflash"
     return None
 
 

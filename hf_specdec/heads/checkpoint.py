@@ -18,7 +18,13 @@ from ..hub.config_check import read_json
 from ..hub.download import HubFileError, HubUnreachable, download_repo_files, repo_files, safetensors_names
 from . import TRAINED_METHODS
 from .dflash import BlockDraftConfig
-from .dflash_published import has_dspark_heads, is_block_draft_folder, load_block_draft
+from .dflash_published import (
+    has_dspark_heads,
+    is_block_draft_folder,
+    load_block_draft,
+    loaded_block_draft,
+    loaded_config,
+)
 from .eagle import EagleHeadConfig
 from .io import (
     CONFIG_NAME,
@@ -49,7 +55,9 @@ def load_head(source: Any, target: Any, method: str | None = None) -> nn.Module:
     `method` ("eagle", "medusa", "mtp" or "dflash") is what the caller wants; a head of another kind
     is refused.
     """
-    if isinstance(source, nn.Module):
+    if isinstance(source, nn.Module) and loaded_config(source) is not None:
+        head = loaded_block_draft(source, target)  # e.g. transformers' MuseGlimmerAssistantModel
+    elif isinstance(source, nn.Module):
         head = source
         if not isinstance(getattr(head, "config", None), tuple(_CONFIGS.values())):
             wanted = f"a {method} head" if method else "a draft head"

@@ -82,14 +82,41 @@ def is_block_draft_folder(folder: Path) -> bool:
 
 def has_dspark_heads(folder: Path) -> bool:
     """Whether the block draft in `folder` has DSpark's Markov or confidence head (DeepSpec's layout)."""
-    raw = read_json_object(Path(folder) / "config.json")
+    return raw_has_dspark_heads(read_json_object(Path(folder) / "config.json"))
+
+
+def raw_has_dspark_heads(raw: dict[str, Any]) -> bool:
     return bool(raw.get("markov_rank") or raw.get("enable_confidence_head"))
+
+
+def loaded_config(module: Any) -> dict[str, Any] | None:
+    """The parsed config of a block draft loaded by transformers (a `MuseGlimmerAssistantModel`, or
+    an authors' class run with `trust_remote_code`), as its config.json holds it; None for any other
+    module."""
+    to_dict = getattr(getattr(module, "config", None), "to_dict", None)
+    raw = to_dict() if callable(to_dict) else None
+    return raw if is_block_draft(raw) else None
 
 
 def load_block_draft(folder: Path, target: Any) -> nn.Module:
     """The block draft in `folder` (any layout above) as a `BlockDraft` for `target`."""
     folder = Path(folder)
-    raw = read_config(folder)
+    return _block_draft(read_config(folder), None, folder, target)
+
+
+def loaded_block_draft(module: nn.Module, target: Any) -> nn.Module:
+    """A block draft loaded by transformers (`loaded_config` says which) as a `BlockDraft` for
+    `target`: its config and weights read as they would be from its folder (copied: the module is
+    left as it is). Messages name it as `<its class>/config.json`."""
+    raw = loaded_config(module)
+    if raw is None:
+        raise ValueError(f"{type(module).__name__} is no block draft (its config is none of {LAYOUTS}).")
+    state = {name: tensor.detach() for name, tensor in module.state_dict().items()}
+    return _block_draft(raw, state, Path(type(module).__name__), target)
+
+
+def _block_draft(raw: dict[str, Any], state: dict[str, torch.Tensor] | None, folder: Path, target: Any):
+    """The block draft of config `raw` and weights `state` (None: read from `folder`'s safetensors)."""
     names = set(raw.get("architectures") or [])
     for name, what in REFUSED.items():
         if name in names:
@@ -108,7 +135,7 @@ def load_block_draft(folder: Path, target: Any) -> nn.Module:
         fields["vocab_size"] = target.config.get_text_config().vocab_size
     config = head_config(BlockDraftConfig, fields, folder / "config.json")
     check_head_matches(config, target, str(folder))
-    state = _read_safetensors(folder)
+    state = _read_safetensors(folder) if state is None else state
     head = build_head(config, target)
     ours = {"draft_vocab": head.draft_vocab}
     for name, tensor in state.items():

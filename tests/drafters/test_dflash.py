@@ -149,6 +149,35 @@ def test_muse_glimmer_drafts_what_transformers_drafts(tmp_path, target, monkeypa
     assert len(ours) - len(theirs) in (0, 1) and all(o == t[: len(o)] and o for o, t in zip(ours, theirs))
 
 
+@pytest.mark.parametrize("method", ["dflash", "auto"])
+def test_a_loaded_muse_glimmer_assistant_drafts_as_its_folder_does(tmp_path, small_vocab, method):
+    """The MuseGlimmerAssistantModel a transformers user loads for `assistant_model=` drafts given as
+    draft= (by `dflash` or `auto`) as its folder does, and is left as it is; `draft_model` names it."""
+    target = small_vocab
+    assistant = write_muse_glimmer(tmp_path / "mg", target, window=3)
+    before = {k: v.clone() for k, v in assistant.state_dict().items()}
+    input_ids, attention_mask = random_batch(seed=7, batch=2, vocab=8, min_len=4, max_len=11)
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, do_sample=False, max_new_tokens=16)
+    folder = _generate(
+        target,
+        input_ids,
+        attention_mask,
+        dict(method="dflash", draft=str(tmp_path / "mg"), num_draft_tokens=3),
+    )
+    loaded = _generate(
+        target, input_ids, attention_mask, dict(method=method, draft=assistant, num_draft_tokens=3)
+    )
+    assert torch.equal(loaded.sequences, target.generate(**kwargs))
+    assert loaded.speculative_stats.method == "dflash"
+    assert (loaded.speculative_stats.drafted, loaded.speculative_stats.accepted) == (
+        folder.speculative_stats.drafted,
+        folder.speculative_stats.accepted,
+    )
+    assert all(torch.equal(v, before[k]) for k, v in assistant.state_dict().items())
+    with pytest.raises(ValueError, match="not a draft model but a dflash draft"):
+        target.generate(**kwargs, speculative=dict(method="draft_model", draft=assistant))
+
+
 @pytest.mark.filterwarnings("error:speculative= settings")  # chains read the threshold
 def test_dspark_confidence_estimates_are_the_drafts_and_cut_them(tmp_path, target, monkeypatch):
     folder = write_dspark(tmp_path / "dspark", target)
