@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ..config import COMPILED, GREEDY_CHAINS_AND_TREES, TRANSLATED, TREES, read_when
@@ -187,6 +188,7 @@ class DraftModelDrafter(DecoderDrafter):
             # Run where it is, as transformers' assisted generation runs an assistant model: tokens
             # go to its device and its logits come back (`DecoderDrafter`). Only one without weights
             # is refused.
+            _check_causal_lm(draft)
             check_placed(draft, None, f"The draft {type(draft).__name__}", "")
         if draft is target:
             warnings.warn(
@@ -225,6 +227,19 @@ def _check_is_draft_model(draft: Any) -> None:
     raise ValueError(
         f"The draft {name} is not a draft model but {what}: use speculative=dict(method={own!r}, "
         "draft=...), or method='auto', which runs a draft by what it is."
+    )
+
+
+def _check_causal_lm(draft: nn.Module) -> None:
+    """A loaded draft model must be a causal LM, which scores next tokens (a base model without its
+    LM head, as `AutoModel` loads one, or another module would fail deep inside)."""
+    can_generate = getattr(draft, "can_generate", None)
+    if callable(can_generate) and can_generate():
+        return
+    raise ValueError(
+        f"The draft {type(draft).__name__} is no causal LM: it has no language-model head to score next "
+        "tokens with (a base model, as AutoModel loads one, or another module). Load the draft with "
+        "AutoModelForCausalLM, or pass its folder or Hub repo id."
     )
 
 

@@ -121,3 +121,13 @@ def test_a_draft_without_weights_is_refused(target, good_draft):
     empty = copy.deepcopy(good_draft).to("meta")
     with pytest.raises(ValueError, match=r"draft LlamaForCausalLM has no weights: .*meta device"):
         _drafter(target, empty)
+
+
+@pytest.mark.parametrize("method", ["draft_model", "auto"])
+def test_a_draft_that_is_no_causal_lm_is_refused_saying_how_to_load_one(target, good_draft, method):
+    """A base model without its LM head (what AutoModel loads) or another module: was an
+    AttributeError from deep inside (`_supports_default_dynamic_cache`, `config`)."""
+    inputs = dict(input_ids=torch.tensor([[7, 8, 9]]), max_new_tokens=2, do_sample=False)
+    for draft in (good_draft.model, torch.nn.Linear(3, 3)):
+        with pytest.raises(ValueError, match=r"is no causal LM: .*AutoModelForCausalLM"):
+            target.generate(**inputs, speculative=dict(method=method, draft=draft))
