@@ -121,6 +121,19 @@ def target_fields(target: Any) -> dict[str, Any]:
     )
 
 
+def _mlp_width(text: Any) -> int:
+    """The width of the target's MLPs, under whichever name its config gives it (`intermediate_size`;
+    GPT-2's `n_inner`, Falcon's `ffn_hidden_size`, OPT's `ffn_dim`), 4x the hidden size where it
+    gives none (GPT-2's `n_inner=None`); the widest where it gives one per layer (Gemma 3n)."""
+    for name in ("intermediate_size", "n_inner", "ffn_hidden_size", "ffn_dim"):
+        width = getattr(text, name, None)
+        if isinstance(width, (list, tuple)):
+            width = max(width, default=None)
+        if width:
+            return int(width)
+    return 4 * text.hidden_size
+
+
 def target_layer_shape(target: Any) -> dict[str, Any]:
     """`target_fields` and the shape of the target's decoder layers, which a head with attention
     layers of its own (EAGLE, block drafts) copies: head counts and widths, MLP width, norm
@@ -132,7 +145,7 @@ def target_layer_shape(target: Any) -> dict[str, Any]:
         num_attention_heads=heads,
         num_key_value_heads=getattr(text, "num_key_value_heads", None) or heads,
         head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
-        intermediate_size=text.intermediate_size,
+        intermediate_size=_mlp_width(text),
         rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6),
         rope_parameters=dict(getattr(text, "rope_parameters", None) or {"rope_type": "default"}),
         max_position_embeddings=int(getattr(text, "max_position_embeddings", 0) or 0),

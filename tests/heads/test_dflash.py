@@ -22,6 +22,7 @@ from hf_specdec.heads.dflash import BlockDraft, BlockDraftConfig, attention_mask
 from hf_specdec.heads.io import build_head, save_head
 
 from ..conftest import tiny_llama
+from ..helpers.architectures import tiny
 from ..helpers.block_drafts import random_block_draft, write_dspark, write_muse_glimmer, write_zlab
 from .test_published import hub  # noqa: F401 (the local Hub fixture)
 
@@ -332,3 +333,21 @@ def test_a_published_dflash_repo_loads_without_its_code_and_pickles_are_refused(
     hub.add("evil/Pickled-DFlash", pickled)
     with pytest.raises(ValueError, match=r"never from pickles"):
         load_head("evil/Pickled-DFlash", target, method="dflash")
+
+
+@pytest.mark.parametrize("name", ["gpt2", "falcon"])
+def test_heads_for_targets_whose_configs_name_their_mlp_width_otherwise(name):
+    """GPT-2 (`n_inner`, None: 4x the hidden size) and Falcon (`ffn_hidden_size`) name no
+    `intermediate_size`: a fresh head (what train-draft trains) was an AttributeError."""
+    from hf_specdec.heads.eagle import EagleHeadConfig
+
+    target = tiny(name, 0, eos_token_id=None)
+    text = target.config
+    width = getattr(text, "n_inner", None) or getattr(text, "ffn_hidden_size", None) or 4 * text.hidden_size
+    assert EagleHeadConfig.for_target(target).intermediate_size == width
+    draft = random_block_draft(target, (0, text.num_hidden_layers - 1))
+    assert draft.config.intermediate_size == width
+    input_ids = torch.tensor([[7, 8, 9, 10, 7, 8]])
+    kwargs = dict(input_ids=input_ids, do_sample=False, max_new_tokens=8)
+    spec = target.generate(**kwargs, speculative=dict(method="dflash", draft=draft, num_draft_tokens=3))
+    assert torch.equal(spec, target.generate(**kwargs))
