@@ -21,9 +21,15 @@ class DrafterFeatures:
         request row b is row `slots[b]` of `output`."""
         if not self.layers:
             return
-        hidden = torch.cat(
-            [output.hidden_states[i][slots] for i in self.layers], dim=-1
-        )  # [B, T, layers * H]
+        states = [output.hidden_states[i] for i in self.layers]
+        if states[0].dim() != 3:
+            raise ValueError(
+                "The drafter reads the target's hidden states, and this target returns them of shape "
+                f"{tuple(states[0].shape)}, not [batch, positions, hidden] (Gemma 3n's carry their AltUp "
+                "streams first), which no head, block draft or MTP layer is built on: draft with "
+                "method='draft_model', 'ngram' or 'suffix'."
+            )
+        hidden = torch.cat([state[slots] for state in states], dim=-1)  # [B, T, layers * H]
         for b, row in enumerate(row_ids):
             self.pending[row].append(hidden[b][kept[b]])
 
