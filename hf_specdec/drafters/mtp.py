@@ -149,6 +149,13 @@ def check_layers_fit(mtp: MtpModel, target: Any) -> MtpModel:
                 "build them for it with transformers' MtpModel.from_pretrained(target), or drop draft= "
                 "(method='mtp' reads the target's own out of its checkpoint)."
             )
+    if getattr(mtp, "shared_head", None) is not target.get_output_embeddings():
+        raise ValueError(
+            "draft= holds MTP layers built for another model of the same sizes (they embed and score "
+            "with that model's embedding and LM head, not this target's): build them for it with "
+            "transformers' MtpModel.from_pretrained(target), or drop draft= (method='mtp' reads the "
+            "target's own out of its checkpoint)."
+        )
     device, _ = mtp_placement(target)
     check_placed(
         mtp.layers,

@@ -133,6 +133,17 @@ def test_mtp_layers_of_another_model_are_refused(other):
         target.generate(**mtp.prompts(1), max_new_tokens=3, speculative=dict(method="mtp", draft=layers))
 
 
+def test_mtp_layers_of_another_model_of_the_same_sizes_are_refused():
+    """Built for another model of the same sizes (another seed here, or another architecture), the
+    layers would embed and score with that model's embedding and LM head: were taken silently."""
+    target, _ = target_and_layers(1)
+    _, layers = target_and_layers(1, seed=5)
+    llama = tiny_llama(0, vocab_size=mtp.VOCAB, eos_token_id=None)
+    for model in (target, llama):
+        with pytest.raises(ValueError, match=r"built for another model of the same sizes.*from_pretrained"):
+            model.generate(**mtp.prompts(1), max_new_tokens=3, speculative=dict(method="mtp", draft=layers))
+
+
 def test_mtp_layers_off_the_targets_last_layer_are_refused_naming_both():
     """transformers puts a model's MTP layers beside its last decoder layer; ones given elsewhere are
     refused before drafting, naming both devices and how to move them without the shared embedding
