@@ -19,7 +19,7 @@ import os
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, StaticCache, StoppingCriteriaList
+from transformers import GenerationConfig, PreTrainedTokenizerBase, StaticCache, StoppingCriteriaList
 from transformers.generation.stopping_criteria import StopStringCriteria
 from transformers.generation.utils import GenerationMixin
 from transformers.pipelines.text_generation import TextGenerationPipeline
@@ -295,6 +295,14 @@ _STATS_KEY = "speculative_stats"
 
 @functools.wraps(_ORIGINAL_PIPELINE_FORWARD)
 def _pipeline_forward(self: Any, model_inputs: Any, **generate_kwargs: Any) -> Any:
+    if (
+        generate_kwargs.get("speculative") is not None
+        and generate_kwargs.get("tokenizer") is None
+        and isinstance(self.tokenizer, PreTrainedTokenizerBase)
+    ):
+        # The target's tokenizer, which a draft of another tokenizer translates through (as the
+        # pipeline passes it for transformers' `assistant_tokenizer=`); generate reads it for no more.
+        generate_kwargs["tokenizer"] = self.tokenizer
     seen: list[Any] = []
     token = _PIPELINE_STATS.set(seen)
     try:

@@ -268,3 +268,27 @@ def test_a_draft_loaded_in_the_call_leaves_the_seeded_sample_plains(tmp_path):
         input_ids, **kwargs, speculative=dict(method="eagle", draft=str(folder), tree=True)
     )
     assert torch.equal(ours, plain) and torch.equal(torch.rand(3), plain_after)
+
+
+def test_a_pipeline_hands_its_tokenizer_to_a_draft_of_another_tokenizer():
+    """A text-generation pipeline passes generate no tokenizer (only for stop strings and
+    transformers' assistant_tokenizer=): a draft of another tokenizer was refused, "no tokenizers
+    were given", though the pipeline holds the target's."""
+    from hf_specdec.hub.tokenizer_check import PROBE_TEXT, shared_token_pairs
+
+    from .helpers.tokenizers import CORPUS, byte_level_bpe, translated_copy
+
+    corpus = CORPUS + PROBE_TEXT
+    target_tok, draft_tok = byte_level_bpe(400, corpus), metaspace_bpe(200, corpus, bos=False)
+    target = tiny_llama(0, len(target_tok), eos_token_id=target_tok.eos_token_id)
+    draft = translated_copy(target, shared_token_pairs(target_tok, draft_tok), len(draft_tok), seed=1)
+    target_tok.pad_token = target_tok.eos_token
+    pipe = pipeline("text-generation", model=target, tokenizer=target_tok)
+    prompts = ["the fox walked to the", "Once upon a time there was a little"]
+    spec = dict(method="draft_model", draft=draft, draft_tokenizer=draft_tok, num_draft_tokens=4)
+    kwargs = dict(max_new_tokens=10, do_sample=False, batch_size=2, return_dict_in_generate=True)
+    out = pipe(prompts, speculative=spec, **kwargs)
+    assert [[r["generated_text"] for r in rows] for rows in out] == [
+        [r["generated_text"] for r in rows] for rows in pipe(prompts, **kwargs)
+    ]
+    assert out[0][0]["speculative_stats"].translation.startswith("token-level intersection")
