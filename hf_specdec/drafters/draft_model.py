@@ -142,11 +142,20 @@ def check_compatible(
     target_vocab = target.config.get_text_config().vocab_size
     draft_vocab = draft.config.get_text_config().vocab_size
     if target_vocab != draft_vocab:
+        missing = [
+            what
+            for what, given in [
+                ("the target's (`tokenizer=` to generate())", target_tokenizer),
+                ("the draft's (`draft_tokenizer=` in the SpeculativeConfig)", draft_tokenizer),
+            ]
+            if given is None
+        ]
         raise ValueError(
-            f"The draft's vocabulary has {draft_vocab} entries but the target's has {target_vocab}, and no "
-            "tokenizers were given to compare. Pass `draft_tokenizer=` in the SpeculativeConfig and "
-            "`tokenizer=` to generate() so the vocabularies can be compared token by token (a draft of "
-            "another tokenizer then drafts through a translation of its tokens)."
+            f"The draft's vocabulary has {draft_vocab} entries but the target's has {target_vocab}, and "
+            f"the tokenizers cannot be compared without {' and '.join(missing)}. Pass "
+            f"{'them' if len(missing) > 1 else 'it'} so the vocabularies can be "
+            "compared token by token (a draft of another tokenizer then drafts through a translation "
+            "of its tokens)."
         )
     warnings.warn(
         "Draft compatibility was judged by vocabulary size only. Pass the draft's tokenizer "

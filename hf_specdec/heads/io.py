@@ -121,7 +121,7 @@ def check_head_matches(config: Any, target: Any, source: Any) -> None:
         if head_value != target_value:
             raise ValueError(
                 f"The draft head {source!r} was trained for a target{trained_for} with {what} {head_value}, "
-                f"but this target ({getattr(target, 'name_or_path', type(target).__name__)}) has "
+                f"but this target ({getattr(target, 'name_or_path', None) or type(target).__name__}) has "
                 f"{target_value}. A head only drafts for the model it was trained on: train one with "
                 "`hf-specdec train-draft --target <this model>`."
             )

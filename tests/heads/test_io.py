@@ -70,3 +70,19 @@ def test_a_saved_draft_vocabulary_outside_the_targets_is_refused_at_load(tmp_pat
             max_new_tokens=4,
             speculative=dict(method="eagle", draft=str(folder)),
         )
+
+
+def test_a_head_of_another_target_is_refused_naming_this_one_where_it_has_no_path(tmp_path):
+    """A target built in memory has an empty `name_or_path`: the message named it as "()"."""
+    head = copied_layer_eagle(tiny_llama(30, layers=1), torch.arange(4, 64))
+    folder = save_head(head, tmp_path / "head")
+    other = tiny_llama(30, vocab_size=80, layers=1)
+    assert not other.name_or_path
+    ids, mask = random_batch(seed=1, batch=1)
+    with pytest.raises(ValueError, match=r"but this target \(LlamaForCausalLM\) has 80\."):
+        other.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=2,
+            speculative=dict(method="eagle", draft=str(folder)),
+        )
