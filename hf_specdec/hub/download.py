@@ -164,7 +164,9 @@ def repo_files(
         names = sorted(name for name in listed if wanted(name))
         if not names:
             raise HubFileError(f"The {what} {repo_id} has none of the files needed to load it.", lasting=True)
-        return RepoFiles(download_files(repo_id, names, token=token, revision=info.sha), listed, info.sha)
+        folder = download_files(repo_id, names, token=token, revision=info.sha)
+        _record_ref(folder, revision or "main", info.sha)
+        return RepoFiles(folder, listed, info.sha)
     except HubFileError:
         raise
     except HFValidationError:
@@ -225,6 +227,23 @@ def safetensors_names(repo_id: str, filename: str, *, commit: str, token: str | 
     range request: the tensors are not downloaded). Raises huggingface_hub's errors."""
     api = HfApi(endpoint=hub_endpoint(), token=token)
     return list(api.parse_safetensors_file_metadata(repo_id, filename, revision=commit).tensors)
+
+
+def _record_ref(snapshot: Path, revision: str, commit: str) -> None:
+    """Note in the Hub cache that `revision` (a branch or tag) was at `commit`, as `hf_hub_download`
+    does when it resolves one: files fetched by the commit's sha alone leave no ref behind, and an
+    offline call (`HF_HUB_OFFLINE`), which finds a repo's snapshot by the ref of its branch, would
+    then not see them."""
+    if is_commit(revision) or not is_safe_filename(revision):
+        return
+    ref = snapshot.parent.parent / "refs" / revision  # <repo folder>/snapshots/<sha> -> <repo folder>/refs
+    try:
+        if ref.is_file() and ref.read_text() == commit:
+            return
+        ref.parent.mkdir(parents=True, exist_ok=True)
+        ref.write_text(commit)
+    except OSError:  # a read-only cache: the files are still there, offline calls just will not find them
+        pass
 
 
 def _cached_files(repo_id: str, revision: str | None) -> RepoFiles:
