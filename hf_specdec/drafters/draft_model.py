@@ -103,9 +103,20 @@ def load_draft(
             )
         if problem:
             raise ValueError(f"The draft {name} cannot be used: {problem}.")
-        model = AutoModelForCausalLM.from_pretrained(
-            folder, dtype=target.dtype, trust_remote_code=trust_remote_code
+        model, info = AutoModelForCausalLM.from_pretrained(
+            folder, dtype=target.dtype, trust_remote_code=trust_remote_code, output_loading_info=True
         )
+        # transformers fills weights the checkpoint lacks with random values and only logs it: such
+        # a draft's tokens are noise, which verification rejects, so every call would run slower
+        # than plain decoding without a word. (Tied weights, stored once, are not missing.)
+        missing = sorted(info["missing_keys"])
+        if missing:
+            raise ValueError(
+                f"The draft {name} cannot be used: its checkpoint lacks {len(missing)} of its weights "
+                f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}), which transformers "
+                "would fill with random values: pass a complete checkpoint, or load it yourself and "
+                "pass the model."
+            )
         model = model.to(device).eval()
         try:
             tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)

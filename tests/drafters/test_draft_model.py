@@ -131,3 +131,20 @@ def test_a_draft_that_is_no_causal_lm_is_refused_saying_how_to_load_one(target, 
     for draft in (good_draft.model, torch.nn.Linear(3, 3)):
         with pytest.raises(ValueError, match=r"is no causal LM: .*AutoModelForCausalLM"):
             target.generate(**inputs, speculative=dict(method=method, draft=draft))
+
+
+def test_a_draft_checkpoint_missing_weights_is_refused(target, good_draft, tmp_path):
+    """transformers loads a checkpoint that lacks weights with random ones in their place and only
+    logs it: a draft whose drafts are noise, slower than no draft. Refused, naming what is missing."""
+    from safetensors.torch import load_file, save_file
+
+    from hf_specdec.drafters import draft_model
+
+    good_draft.save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    del weights["model.norm.weight"]
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"lacks 1 of its weights \(model\.norm\.weight\)"):
+        draft_model.load_draft(str(tmp_path), target)
+    with pytest.raises(ValueError, match=r"lacks 1 of its weights"):
+        target.generate(torch.tensor([[7, 8, 9]]), max_new_tokens=2, speculative=dict(draft=str(tmp_path)))
