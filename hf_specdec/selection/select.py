@@ -43,7 +43,7 @@ from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalEntry
 from huggingface_hub.utils import validate_repo_id
 
 from ..drafters import draft_model, mtp
-from ..hub.config_check import checkpoint_problem, weights_problem
+from ..hub.config_check import checkpoint_problem, read_json, weights_problem
 from ..hub.download import (
     HubFileError,
     HubUnreachable,
@@ -246,7 +246,11 @@ def _resolve_target(target: Any) -> tuple[str | None, str]:
         if not _REPO_ID.match(name):
             raise ValueError(f"{name!r} is neither a local folder nor a Hub repo id (owner/name).")
         return name, ""
-    origin = _folder_origin(Path(name))
+    config = Path(name) / "config.json"
+    data, unreadable = read_json(config, limit=None) if config.exists() else (None, None)
+    if unreadable:  # a folder the user may have rewritten since the model was loaded from it
+        return None, f"the local folder {name}'s {unreadable}, so no draft is known"
+    origin = _folder_origin(data)
     if origin is None:
         return (
             None,
@@ -255,11 +259,8 @@ def _resolve_target(target: Any) -> tuple[str | None, str]:
     return origin, f"from the local folder's config.json, which names {origin}"
 
 
-def _folder_origin(folder: Path) -> str | None:
-    config = folder / "config.json"
-    if not config.exists():
-        return None
-    data = json.loads(config.read_text())
+def _folder_origin(data: Any) -> str | None:
+    """The Hub repo a folder's parsed config.json names as its origin, if any."""
     origin = data.get("_name_or_path", "") if isinstance(data, dict) else ""
     return (
         origin if isinstance(origin, str) and _REPO_ID.match(origin) and not Path(origin).exists() else None

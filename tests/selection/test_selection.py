@@ -166,6 +166,16 @@ def test_folder_without_origin_is_draft_free(tmp_path: Path) -> None:
     assert "does not say which Hub model" in choice.reason
 
 
+@pytest.mark.parametrize("config", [b'{"_name_or_path": ', b"\xff\xfe"], ids=["truncated", "not-utf8"])
+def test_folder_with_an_unreadable_config_is_draft_free_saying_why(tmp_path: Path, config: bytes) -> None:
+    """Was json's bare error ("Expecting value: line 1 column 19"), from `select` and from generate
+    under speculative=True alike, naming no file."""
+    (tmp_path / "config.json").write_bytes(config)
+    choice = select_draft(str(tmp_path))
+    assert (choice.method, choice.source) == ("ngram", "local")
+    assert f"{tmp_path}'s config.json is not valid JSON" in choice.reason
+
+
 def test_unknown_target_offline_is_draft_free(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     choice = select_draft("nobody/Unknown-7B")
