@@ -17,13 +17,14 @@ draft-free method (`"ngram"`) with the reason. Published draft heads (EAGLE, Med
 knows for the target are listed besides, in `DraftChoice.heads` (see `known_heads`).
 
 A cached decision is a file anyone could have written: one that does not hold a choice this version
-wrote for this target (a draft named by Hub repo id and the commit it was checked at) is deleted,
-with a warning, and the choice made again. `load_draft(choice, target_model)` loads a draft from the
-commit the search checked (`DraftChoice.revision`), after checking its files again (no remote code
-unless `trust_remote_code=True`, safetensors weights, `config_check`) and that its tokenizer is the
-one compared with the target's. `speculative_draft(target)` is what `speculative=True` uses: the
-choice with its draft loaded, or, for a draft that cannot be loaded so, `"ngram"` with a one-line
-warning, the cached choice deleted when it will not load later either.
+wrote for this target (a draft named by Hub repo id, the commit it was checked at and its
+tokenizer's fingerprint) is deleted, with a warning, and the choice made again. `load_draft(choice,
+target_model)` loads a draft from the commit the search checked (`DraftChoice.revision`), after
+checking its files again (no remote code unless `trust_remote_code=True`, safetensors weights,
+`config_check`) and that its tokenizer is the one compared with the target's.
+`speculative_draft(target)` is what `speculative=True` uses: the choice with its draft loaded, or,
+for a draft that cannot be loaded so, `"ngram"` with a one-line warning, the cached choice deleted
+when it will not load later either.
 """
 
 from __future__ import annotations
@@ -455,6 +456,10 @@ def _check_cached(choice: DraftChoice, repo_id: str) -> None:
         raise ValueError(f"its draft {choice.draft!r} is not a Hub repo id (owner/name)")
     if not is_commit(choice.revision):
         raise ValueError("it does not name the commit its draft was checked at (an older version wrote it?)")
+    # The search records the fingerprint of every draft tokenizer it compared; without one nothing
+    # checks the draft's tokenizer when it loads, and it runs as one that shares the target's.
+    if choice.tokenizer_fingerprint is None:
+        raise ValueError("it does not name the tokenizer its draft was compared with")
 
 
 __all__ = [

@@ -266,6 +266,7 @@ CACHE_LIES = {
     "draft-climbs-out": lambda choice, sandbox: {**choice, "draft": "evil/.."},
     "no-revision": lambda choice, sandbox: {k: v for k, v in choice.items() if k != "revision"},
     "revision-is-a-branch": lambda choice, sandbox: {**choice, "revision": "main"},
+    "no-tokenizer-fingerprint": lambda choice, sandbox: {**choice, "tokenizer_fingerprint": None},
     "another-target": lambda choice, sandbox: {**choice, "target": "evil/Other-160M"},
     "draft-free-method-unknown": lambda choice, sandbox: {**choice, "method": "eagle", "draft": None},
     "huge": lambda choice, sandbox: {**choice, "reason": "x" * (2 << 20)},
