@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -202,11 +203,26 @@ def export_onnx_report(
             agreement = argmax_agreement(model, path)
         bar.step("saving config, generation config and tokenizer")
         model.config.save_pretrained(out)
+        _record_source(out, model_or_path)
         if model.generation_config is not None:
             model.generation_config.save_pretrained(out)
         if tokenizer is not None:
             tokenizer.save_pretrained(out)
     return ExportReport(path, diff, tolerance, agreement)
+
+
+def _record_source(out: Path, model_or_path: Any) -> None:
+    """Name the model exported in `out/config.json` (`_name_or_path`: a folder's absolute path, or a
+    Hub id), which transformers no longer writes there: `export-serving` serves an ONNX draft with
+    the model it was exported from (`serving.sources.onnx_source`), and without it refuses the folder."""
+    named = isinstance(model_or_path, (str, Path))
+    source = str(model_or_path if named else getattr(model_or_path, "name_or_path", "") or "")
+    if not source:  # a model built in memory: nothing to name
+        return
+    config_path = out / "config.json"
+    config = json.loads(config_path.read_text())
+    config["_name_or_path"] = str(Path(source).resolve()) if Path(source).is_dir() else source
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def _load(model_or_path: Any, tokenizer: Any, dtype: torch.dtype) -> tuple[PreTrainedModel, Any]:

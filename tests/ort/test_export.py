@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from hf_specdec.ort import export_onnx_report
 from hf_specdec.ort.export import _load
 from hf_specdec.ort.session import OnnxDecoder
+from hf_specdec.serving import export_serving
+from hf_specdec.serving.sources import onnx_source
 
 from ..conftest import tiny_llama
 
@@ -25,6 +29,17 @@ def test_export_writes_hub_layout_and_matches_pytorch(onnx_dirs, tmp_path):
     # check to be written): what they say does not depend on the depth, an export's cost does.
     report = export_onnx_report(tiny_llama(1, layers=1), tmp_path / "again", progress=False)
     assert report.max_abs_diff < report.tolerance <= 1e-2
+
+
+def test_an_export_names_the_model_it_came_from_so_it_can_be_served(onnx_dirs):
+    """transformers 5 writes no `_name_or_path` into config.json: the export adds it (the folder's
+    absolute path), and export-serving serves the ONNX draft with that model instead of refusing it."""
+    good, source = onnx_dirs["good"], onnx_dirs["good-hf"]
+    assert json.loads((good / "config.json").read_text())["_name_or_path"] == str(source.resolve())
+    assert onnx_source(good) == str(source.resolve())
+    served = export_serving(str(source), "vllm", draft=str(good), num_draft_tokens=3)
+    assert served["speculative_config"]["model"] == str(source.resolve())
+    OnnxDecoder.load(good)  # and the folder still loads as a draft
 
 
 def test_a_model_is_converted_tensor_by_tensor_never_duplicated_where_it_lives(weak_draft, monkeypatch):
