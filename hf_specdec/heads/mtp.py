@@ -136,6 +136,14 @@ def checkpoint_model(target: Any) -> Any | None:
     return model if model is not None and mtp_layer_count(model) > 0 else None
 
 
+def local_model(name: str) -> Any | None:
+    """The causal LM that `name` (a model folder, or a Hub repo id whose snapshot is in the local Hub
+    cache) describes, built on the meta device from its config; None where that config is not here
+    or names no causal LM transformers builds. Downloads nothing, runs no code."""
+    folder = _local_folder(name)
+    return _meta_model(folder) if folder is not None else None
+
+
 def _meta_model(folder: Path) -> Any | None:
     """The causal LM `folder`'s config.json describes, built on the meta device (its config's name is
     the folder, so `checkpoint_folder` finds the checkpoint)."""

@@ -22,6 +22,7 @@ from ..drafters.tree import ChainTreeConfig
 from ..heads.checkpoint import CONFIG_NAME, load_head
 from ..heads.eagle3 import Eagle3Head
 from ..heads.layouts import check_layout
+from ..heads.mtp import load_mtp_layers, local_model, mtp_layer_count
 from ..selection.select import registry_head
 from .base import (
     SGLANG_VERSION,
@@ -267,6 +268,12 @@ def plan_mtp(model: str, draft: Source, head: Source, options: Options) -> Servi
     options_to_config(ChainTreeConfig, options)
     caveats = not_carried(options)
     if own_layers(model) is None:
+        here = local_model(model)
+        if here is not None and mtp_layer_count(here) == 0:  # its config is here and declares none
+            try:
+                load_mtp_layers(here)  # refuses it, saying why, as method='mtp' in generate does
+            except ValueError as err:
+                raise ServingExportError(str(err)) from None
         caveats.append(
             f"Whether {model}'s checkpoint holds MTP layers could not be checked here (its files are not "
             "in this folder or the local Hub cache); the engines refuse to start when it has none."

@@ -60,6 +60,11 @@ REFUSALS_BY_CASE = {
         lambda m: dict(method="eagle", head=m / "head-ours"),
         "EAGLE-1-style head .* would draft differently",
     ),
+    "mtp-on-a-target-without-mtp-layers": (
+        lambda m: dict(method="mtp"),
+        "method='mtp' drafts with a model's own multi-token-prediction layers, and transformers .* "
+        "loads none for LlamaForCausalLM",
+    ),
     "onnx-without-source": (
         lambda m: dict(method="onnx", draft=m / "draft-onnx-bare"),
         "does not record which model it was exported from",
