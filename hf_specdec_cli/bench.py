@@ -19,7 +19,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "and PNG plots.",
     )
     parser.add_argument("--model", default=None, help="model folder or repo id (default: the demo model)")
-    parser.add_argument("--draft", default=None, help="draft model for draft_model and transformers_assisted")
+    parser.add_argument(
+        "--draft",
+        default=None,
+        help="draft model for draft_model and transformers_assisted, or an export-onnx folder for onnx",
+    )
     add_runtime_options(parser)
     parser.add_argument(
         "--head",

@@ -94,7 +94,7 @@ def run_bench(
         dtype / device: how a model given by name is loaded (`hf_specdec.loading.load_model`):
             default the checkpoint's dtype (fp32 on a CPU without native bf16) and CUDA if available.
         draft: a draft model (folder, repo id or loaded model) for `draft_model` and `auto`, and for
-            transformers' `assistant_model=` row.
+            transformers' `assistant_model=` row; or an `export-onnx` folder, for `onnx` and `auto`.
         heads: trained heads by method, e.g. `{"eagle": "my-eagle-head"}` (folders or repo ids).
         methods: our methods to time (`hf_specdec.DRAFTERS` or "auto", each optionally followed by
             "+tree" for `SpeculativeConfig(tree=True)`, e.g. "ngram+tree"); default `auto` (what
@@ -406,7 +406,7 @@ def _rows(
     for label in methods:
         method, tree = _split_tree(label)
         spec = dict(method=method, num_draft_tokens=num_draft_tokens, tree=tree)
-        if draft is not None and method in ("draft_model", "auto"):
+        if draft is not None and method in ("draft_model", "auto", "onnx"):  # onnx: an exported folder
             spec.update(draft=draft, draft_tokenizer=draft_tokenizer)
         if method in heads:
             spec.update(draft=heads[method])
@@ -442,6 +442,11 @@ def _check_methods(labels: list[str], draft: Any, heads: dict[str, Any]) -> None
     methods = [_split_tree(m)[0] for m in labels]
     if "draft_model" in methods and draft is None:
         raise ValueError("Method draft_model needs a draft model: pass --draft (draft= in Python).")
+    if "onnx" in methods and draft is None:
+        raise ValueError(
+            "Method onnx needs an ONNX draft: pass --draft FOLDER, a folder written by `hf-specdec "
+            "export-onnx` (draft= in Python)."
+        )
     for method in HEAD_METHODS:
         if method in methods and method not in heads:
             raise ValueError(

@@ -196,6 +196,7 @@ def test_cli_writes_files(tiny_folder, tmp_path, capsys):
         (["--head", "eagle"], "--head takes METHOD=FOLDER"),
         (["--categories", "poetry"], "No prompts of category poetry"),
         (["--methods", "draft_model"], "needs a draft model"),
+        (["--methods", "onnx"], "Method onnx needs an ONNX draft: pass --draft FOLDER"),
         (["--chat-template"], "has no chat template"),
         (["--batch-sizes", "0"], "positive integers"),
         # Refused before the model loads: every row failed alone, or the run was lost at the end.
@@ -230,6 +231,21 @@ def test_cli_errors(tiny_folder, tmp_path, capsys, argv, message):
         code = exit_.code
     assert code != 0
     assert message in capsys.readouterr().err
+
+
+def test_an_onnx_row_drafts_with_the_export_given_as_draft(tiny_folder, tmp_path):
+    """`--methods onnx --draft <export-onnx folder>`: the onnx row drafts with that folder (it was given
+    no draft, so every run failed with 'needs draft=')."""
+    from hf_specdec.ort import export_onnx
+
+    folder = tmp_path / "onnx"
+    export_onnx(str(tiny_folder), folder, progress=False)
+    result = run_bench(
+        tiny_folder, draft=str(folder), methods=["onnx"], limit=1, max_new_tokens=MAX_NEW, progress=False
+    )
+    rows = [m for m in result.measurements if m.row == "onnx"]
+    assert rows and all(m.error is None and m.stats.method == "onnx" for m in rows)
+    assert all(m.lossless["mismatch"] == 0 for m in rows)
 
 
 def test_unknown_suite_lists_the_valid_ones(capsys):
