@@ -33,7 +33,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--max-new-tokens", type=int, default=128, help="tokens generated per prompt (default: 128)"
     )
-    parser.add_argument("--method", default="auto", help="speculative method (default: auto)")
+    parser.add_argument(
+        "--method",
+        default="auto",
+        type=one_of("hf_specdec.drafters:DRAFTERS", "auto"),
+        help="speculative method (default: auto)",
+    )
     parser.add_argument(
         "--model", default=None, help="a model folder or repo id (default: the offline demo model)"
     )

@@ -113,6 +113,7 @@ def test_help_and_argument_errors_import_neither_torch_nor_the_library():
         (["train-draft", "--out", "x", "--method", "nope"], "hf_specdec.heads:TRAINED_METHODS"),
         (["export-serving", "m", "--engine", "vllm", "--method", "nope"], "hf_specdec.drafters:DRAFTERS"),
         (["demo", "--dtype", "nope"], "hf_specdec.loading:DTYPE_CHOICES"),
+        (["demo", "--method", "nope"], "hf_specdec.drafters:DRAFTERS"),
     ],
 )
 def test_a_name_the_library_does_not_list_is_refused_with_the_librarys_names(argv, names, capsys):
