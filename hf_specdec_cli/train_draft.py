@@ -48,7 +48,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--draft-layers", type=int, default=2, help="DFlash: transformer layers (default 2)")
     parser.add_argument(
         "--target-layers",
-        default="",
+        default=[],
+        type=_layers,
         help="DFlash: comma-separated target layers read (default: 5 spread from layer 1 to L - 3)",
     )
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default 2e-3)")
@@ -70,6 +71,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+def _layers(text: str) -> list[int]:
+    """An argparse type: comma-separated layer indices, e.g. 1,8,14."""
+    try:
+        return [int(i) for i in text.split(",") if i.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not comma-separated layer indices of the target, e.g. 1,8,14"
+        ) from None
+
+
 def run(args: argparse.Namespace) -> int:
     from hf_specdec.train import TrainConfig, train_draft
 
@@ -80,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         unrolled_steps=args.unrolled_steps,
         block_size=args.block_size,
         draft_layers=args.draft_layers,
-        target_layers=[int(i) for i in args.target_layers.split(",") if i.strip()],
+        target_layers=args.target_layers,
         medusa_heads=args.heads,
         draft_vocab_size=args.draft_vocab,
         batch_tokens=args.batch_tokens,

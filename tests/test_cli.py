@@ -86,6 +86,7 @@ def test_help_and_argument_errors_import_neither_torch_nor_the_library():
         (["demo", "--max-new-tokens", "many"], 2),
         (["export-serving", "some/model"], 2),  # --engine and --out are required
         (["train-draft", "--out", "x", "--minutes", "soon"], 2),
+        (["train-draft", "--out", "x", "--target-layers", "1,x"], 2),
     ]
     control = (["demo", "--device", "cpu", "--help"], 0)
     argvs = [argv for argv, _ in [*cases, control]]
@@ -126,6 +127,16 @@ def test_a_name_the_library_does_not_list_is_refused_with_the_librarys_names(arg
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "'nope' is none of" in err, err
     assert all(name in err for name in listed), err
+
+
+def test_target_layers_that_are_not_numbers_are_refused_naming_the_option(capsys):
+    """`--target-layers 1,x` answered "invalid literal for int() with base 10: 'x'", naming neither the
+    option nor what it takes."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["train-draft", "--out", "x", "--method", "dflash", "--target-layers", "1,x"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2, err
+    assert "argument --target-layers: '1,x' is not comma-separated layer indices" in err
 
 
 @pytest.mark.parametrize("module", ["hf_specdec_cli", "hf_specdec.cli"])
