@@ -100,8 +100,16 @@ def _spread(items: list[Prompt], limit: int | None) -> list[Prompt]:
 
 def _numbered_lines(path: Path) -> Iterable[tuple[int, str]]:
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        yield from enumerate(f, 1)
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            yield from enumerate(f, 1)
+    except UnicodeDecodeError as err:  # read in chunks: the line is not known
+        raise ValueError(
+            f"{path} is not UTF-8 text ({err.reason}); a prompt file is JSONL in UTF-8, one JSON object a "
+            'line such as {"prompt": "..."}.'
+        ) from None
+    except gzip.BadGzipFile:
+        raise ValueError(f"{path} ends in .gz but is not gzip-compressed: compress or rename it.") from None
 
 
 def _parse_line(line: str, path: Path, number: int) -> Prompt:

@@ -280,6 +280,19 @@ def test_prompt_file_errors_name_the_line(tmp_path, content, message):
         load_prompt_file(path)
 
 
+def test_a_prompt_file_that_is_not_utf8_or_not_gzip_is_named(tmp_path):
+    """Both reached the user as the codec's bare message ("'utf-8' codec can't decode byte 0xff in
+    position 0", "Not a gzipped file"), naming no file."""
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes('{"prompt": "caf\u00e9"}\n'.encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin.jsonl is not UTF-8 text \(invalid continuation byte\)"):
+        load_prompt_file(latin)
+    fake = tmp_path / "prompts.jsonl.gz"
+    fake.write_text('{"prompt": "p"}\n')
+    with pytest.raises(ValueError, match=r"prompts.jsonl.gz ends in .gz but is not gzip-compressed"):
+        load_prompt_file(fake)
+
+
 def test_a_prompt_folder_is_named_a_folder(tmp_path):
     with pytest.raises(ValueError, match="is a folder: pass a JSONL file"):
         load_prompt_file(tmp_path)
