@@ -85,6 +85,8 @@ def export_serving(
             f"num_draft_tokens={num_draft_tokens} and from_bench both set the draft length: pass one of "
             "them (--num-draft-tokens N, or --from-bench FILE for the length measured there)."
         )
+    if out is not None and Path(out).exists() and not Path(out).is_dir():  # before any measuring
+        raise ValueError(f"out={str(out)!r} is a file; pass a folder for {SERVING_FILE}.")
     check_target(str(model))
     options = dict(options or {})
     method, draft, reason = _resolve_method(model, method, draft, head)

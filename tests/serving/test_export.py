@@ -139,10 +139,14 @@ def test_own_mtp_layers_are_exported_as_their_headers_decide(tmp_path, monkeypat
     assert reads == {("open", "model.safetensors"): 1}
 
 
-def test_bad_arguments(models):
+def test_bad_arguments(models, tmp_path):
     with pytest.raises(ValueError, match="Unknown engine 'tgi'"):
         export_serving(str(models / "target"), "tgi", method="ngram", num_draft_tokens=3)
     with pytest.raises(ValueError, match="positive integer"):
         export_serving(str(models / "target"), "vllm", method="ngram", num_draft_tokens=0)
     with pytest.raises(ValueError, match="needs --draft"):
         export_serving(str(models / "target"), "vllm", method="draft_model", num_draft_tokens=3)
+    a_file = tmp_path / "serving.txt"  # was '[Errno 17] File exists', once the draft length was measured
+    a_file.write_text("")
+    with pytest.raises(ValueError, match="serving.txt' is a file; pass a folder for serving.json"):
+        export_serving(str(models / "target"), "vllm", method="ngram", out=a_file)
