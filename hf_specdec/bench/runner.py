@@ -133,6 +133,13 @@ def run_bench(
             "model's five more), so a second batch size would run eagerly while reported as compiled. "
             "Run once per batch size."
         )
+    trees = [m for m in methods if _split_tree(m)[1]]
+    if trees and (static_cache or compile):  # else each of their runs fails alone, the run exiting 0
+        raise ValueError(
+            f"{', '.join(trees)}: tree drafts over a static cache are not built yet; drop "
+            f"{'--compile' if compile else '--static-cache'} (static_cache= / compile= in Python) or "
+            f"the {TREE_SUFFIX} methods."
+        )
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}.")
     if max_new_tokens < 1:  # else every row fails alone after the model loads

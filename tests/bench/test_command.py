@@ -197,6 +197,11 @@ def test_cli_writes_files(tiny_folder, tmp_path, capsys):
         (["--categories", "poetry"], "No prompts of category poetry"),
         (["--methods", "draft_model"], "needs a draft model"),
         (["--methods", "onnx"], "Method onnx needs an ONNX draft: pass --draft FOLDER"),
+        (
+            ["--methods", "ngram,ngram+tree", "--static-cache"],
+            "ngram+tree: tree drafts over a static cache are not built yet; drop --static-cache",
+        ),
+        (["--methods", "ngram+tree", "--compile"], "drop --compile"),
         (["--chat-template"], "has no chat template"),
         (["--batch-sizes", "0"], "positive integers"),
         # Refused before the model loads: every row failed alone, or the run was lost at the end.
