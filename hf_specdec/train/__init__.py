@@ -47,6 +47,10 @@ def train_draft(
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}.")
     out = Path(out)
+    if isinstance(target, (str, Path)) and Path(target).is_dir():
+        # The head (and its checkpoint, which a rerun resumes only for the same target) names the
+        # folder as it is, not as it was typed: `../model` from elsewhere is the same target.
+        target = str(Path(target).resolve())
     model, tokenizer = load_model(target, dtype=dtype, device=device, tokenizer=tokenizer)
     name = str(model.name_or_path or type(model).__name__)
     source = load_prompts(suite, data)

@@ -441,6 +441,12 @@ def _resume(folder: Path, head: Any, optimizer: Any, state: dict[str, Any]) -> b
     return True
 
 
+def _same_folder(saved: Any, now: Any) -> bool:
+    """A target recorded as typed (a relative folder, before targets were recorded resolved) names
+    the folder now resolved, read from where this run started."""
+    return isinstance(saved, str) and Path(saved).is_dir() and Path(saved).resolve() == Path(str(now))
+
+
 def _check_same_run(folder: Path, head: Any) -> None:
     """Refuse a checkpoint whose head differs from the one this run trains (another method, draft
     vocabulary or target): resuming it would train on from another run's weights and budget.
@@ -450,7 +456,7 @@ def _check_same_run(folder: Path, head: Any) -> None:
     differs = [
         f"{name}: {saved[name]!r} in the checkpoint, {now[name]!r} now"
         for name in sorted(saved.keys() & now.keys())
-        if saved[name] != now[name]
+        if saved[name] != now[name] and not (name == "target" and _same_folder(saved[name], now[name]))
     ]
     if differs:
         raise ValueError(

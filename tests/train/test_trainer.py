@@ -173,6 +173,35 @@ def test_train_draft_command_on_the_real_demo_model(smollm2_path, tmp_path, caps
     assert (out / "head.safetensors").is_file() and (out / "training.png").is_file()
 
 
+def test_a_run_resumes_for_the_same_target_folder_however_it_is_spelled(tmp_path, monkeypatch):
+    """The checkpoint named the target as typed: the same folder given as an absolute path, or as
+    `../model` from another folder, was refused as another run's ('target: 'model' in the
+    checkpoint, '../model' now'). The head now records the folder resolved."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    import hf_specdec
+
+    from ..helpers.heads import training_corpus
+
+    folder = tmp_path / "model"
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=49152, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+    )  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(hf_specdec.demo_model_path(quiet=True)).save_pretrained(folder)
+    corpus, out = training_corpus(tmp_path), tmp_path / "head"
+    settings = dict(method="eagle", minutes=1.0, draft_vocab_size=256, batch_tokens=512)
+    monkeypatch.chdir(tmp_path)
+    train_draft("model", out, data=corpus, config=TrainConfig(max_steps=1, **settings))
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    log = train_draft("../model", out, data=corpus, config=TrainConfig(max_steps=2, **settings))
+    assert log["steps"] == 2
+    assert json.loads((out / "head_config.json").read_text())["target"] == str(folder.resolve())
+
+
 def test_features_are_cached_for_resuming(target, examples, tmp_path, monkeypatch):
     from hf_specdec.train import features
     from hf_specdec.train.features import cached_target_features
