@@ -195,7 +195,8 @@ def _cases(target, small_vocab_draft):
         "draft_vocab_mismatch": (
             dict(speculative=dict(method="draft_model", draft=small_vocab_draft)),
             ValueError,
-            r"vocabulary has 48 entries but the target's has 64.*Pass `draft_tokenizer=`",
+            r"vocabulary has 48 entries but the target's has 64.*without the target's \(`tokenizer=`"
+            r".* the draft's \(`draft_tokenizer=`",
         ),
         "unforwarded_model_input": (
             dict(speculative=NGRAM, output_router_logits=True),
