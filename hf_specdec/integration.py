@@ -92,6 +92,14 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
                 f"`{conflicting}` cannot be combined with `speculative=`: both choose how to draft. "
                 "Use speculative=SpeculativeConfig(method='draft_model', draft=<your assistant>) instead."
             )
+    if kwargs.get("cache_implementation") == "paged":
+        # generate hands this argument to continuous batching (`generate_batch`) before it reaches
+        # its `custom_generate` hook: unrefused, speculative= would be dropped without a word.
+        raise ValueError(
+            "speculative= cannot be combined with cache_implementation='paged': generate switches to "
+            "continuous batching, which does not draft. Drop cache_implementation='paged' for speculative "
+            "decoding, or drop speculative= for continuous batching."
+        )
     tokenizer = kwargs.get("tokenizer")
     if tokenizer is not None:
         check_tokenizer(tokenizer, "generate(tokenizer=...)")

@@ -292,3 +292,11 @@ def test_a_pipeline_hands_its_tokenizer_to_a_draft_of_another_tokenizer():
         [r["generated_text"] for r in rows] for rows in pipe(prompts, **kwargs)
     ]
     assert out[0][0]["speculative_stats"].translation.startswith("token-level intersection")
+
+
+def test_paged_cache_is_refused_rather_than_speculation_dropped(target):
+    """generate sends cache_implementation='paged' to continuous batching before its custom_generate
+    hook: speculative= would be dropped without a word (any draft=, even one that cannot load)."""
+    prompt = torch.tensor([[1, 7, 9, 11, 7, 9]])
+    with pytest.raises(ValueError, match="cache_implementation='paged'"):
+        target.generate(prompt, max_new_tokens=4, cache_implementation="paged", speculative=True)
