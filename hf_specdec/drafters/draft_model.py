@@ -206,8 +206,8 @@ class DraftModelDrafter(DecoderDrafter):
         else:
             draft, draft_tokenizer = config.draft, config.draft_tokenizer
             # Run where it is, as transformers' assisted generation runs an assistant model: tokens
-            # go to its device and its logits come back (`DecoderDrafter`). Only one without weights
-            # is refused.
+            # go to its device and its logits come back (`DecoderDrafter`). Only one that is no causal
+            # LM, or has no weights, is refused.
             _check_causal_lm(draft)
             check_placed(draft, None, f"The draft {type(draft).__name__}", "")
         if draft is target:

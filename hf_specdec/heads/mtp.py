@@ -131,8 +131,7 @@ def checkpoint_model(target: Any) -> Any | None:
     if hasattr(target, "config"):
         model = target if checkpoint_folder(target) is not None else None
     else:
-        folder = _local_folder(str(target))
-        model = _meta_model(folder) if folder is not None else None
+        model = local_model(str(target))
     return model if model is not None and mtp_layer_count(model) > 0 else None
 
 
