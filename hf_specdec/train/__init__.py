@@ -51,6 +51,7 @@ def train_draft(
         # The head (and its checkpoint, which a rerun resumes only for the same target) names the
         # folder as it is, not as it was typed: `../model` from elsewhere is the same target.
         target = str(Path(target).resolve())
+    _check_out(out, target)
     model, tokenizer = load_model(target, dtype=dtype, device=device, tokenizer=tokenizer)
     name = str(model.name_or_path or type(model).__name__)
     source = load_prompts(suite, data)
@@ -83,6 +84,19 @@ def train_draft(
     (out / "training.json").write_text(json.dumps(log, indent=2))
     _plot(log, out / "training.png")
     return log
+
+
+def _check_out(out: Path, target: Any) -> None:
+    """Refuse an `out` that cannot take the head, before the minutes of generating its training
+    data: a file, or the target's own folder (the head's files would mix with the model's)."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"out={str(out)!r} is a file; pass a folder for the head, its log and checkpoints.")
+    folder = target if isinstance(target, str) else getattr(target, "name_or_path", None)
+    if folder and Path(folder).is_dir() and out.resolve() == Path(folder).resolve():
+        raise ValueError(
+            f"out={str(out)!r} is the target's own folder; pass another folder for the head, its log and "
+            "checkpoints (its files would be written among the model's)."
+        )
 
 
 def _plot(log: dict[str, Any], path: Path) -> None:

@@ -304,3 +304,28 @@ def test_train_settings_are_checked_before_any_work(fields, message, tmp_path):
         TrainConfig(**fields)
     with pytest.raises(ValueError, match="max_new_tokens must be a positive integer, got 0"):
         train_draft("/no/model/needed", tmp_path, max_new_tokens=0)  # refused before loading it
+
+
+def test_an_out_that_cannot_take_the_head_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
+    """`train-draft --out FILE` generated the training data, minutes, then failed with `[Errno 20]
+    Not a directory`; `--out` the target's own folder wrote the head, its log and checkpoints among
+    the model's files. Both are refused before the target loads."""
+    from hf_specdec.cli import main
+
+    model, a_file = tmp_path / "model", tmp_path / "a-file"
+    model.mkdir()
+    a_file.write_text("")
+
+    def unusable(*args, **kwargs):
+        raise AssertionError("the target was loaded")
+
+    monkeypatch.setattr("hf_specdec.train.load_model", unusable)
+    with pytest.raises(ValueError, match="is a file; pass a folder for the head"):
+        train_draft(str(model), a_file)
+    with pytest.raises(ValueError, match="is the target's own folder; pass another folder"):
+        train_draft(str(model), model)
+    monkeypatch.chdir(model)
+    with pytest.raises(ValueError, match="is the target's own folder"):  # however it is spelled
+        train_draft("../model", ".")
+    assert main(["train-draft", "--target", str(model), "--out", str(model)]) == 2
+    assert "is the target's own folder" in capsys.readouterr().err
