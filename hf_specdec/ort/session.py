@@ -101,7 +101,15 @@ class OnnxDecoder:
         # ORT's threads spin-wait after each run by default; the target's PyTorch forward runs
         # right after a draft step on the same cores and would be starved of them.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        session = ort.InferenceSession(str(path), options, providers=providers)
+        state = ort.capi.onnxruntime_pybind11_state
+        try:
+            session = ort.InferenceSession(str(path), options, providers=providers)
+        except (state.InvalidProtobuf, state.InvalidGraph, state.InvalidArgument) as err:
+            # What ONNX Runtime says of a truncated or overwritten file; its own message names no remedy.
+            raise ValueError(
+                f"{path} is not a model ONNX Runtime can load ({err}); it may be truncated or damaged. "
+                f"Export the draft again (`hf-specdec export-onnx MODEL {folder}`), or download it again."
+            ) from err
         return cls(path, session, device)
 
 

@@ -131,6 +131,29 @@ def test_bad_folders_say_what_is_wrong(target, tmp_path):
         target.generate(input_ids=ids, max_new_tokens=4, speculative="onnx")
 
 
+@pytest.mark.parametrize("damage", ["truncated", "empty", "random"])
+def test_a_damaged_model_file_is_named_with_what_to_do(target, onnx_dirs, tmp_path, damage):
+    """A truncated, empty or overwritten model.onnx raised ONNX Runtime's own error (`InvalidProtobuf`:
+    "Protobuf parsing failed"), which names no remedy and is no ValueError, so the CLI showed a traceback."""
+    import shutil
+
+    folder = tmp_path / damage
+    shutil.copytree(onnx_dirs["weak"], folder)
+    whole = (folder / "model.onnx").read_bytes()
+    damaged = {"truncated": whole[: len(whole) // 2], "empty": b"", "random": bytes(range(256)) * 8}
+    (folder / "model.onnx").write_bytes(damaged[damage])
+    with pytest.raises(
+        ValueError,
+        match=r"model.onnx is not a model ONNX Runtime can load .*damaged. Export the draft again "
+        r"\(`hf-specdec export-onnx MODEL ",
+    ):
+        target.generate(
+            input_ids=torch.tensor([[7, 8, 9]]),
+            max_new_tokens=4,
+            speculative=dict(method="onnx", draft=str(folder)),
+        )
+
+
 def test_vocabulary_mismatch_is_refused(target, onnx_vocab8_draft):
     ids, mask = random_batch(1, 1)
     with pytest.raises(ValueError, match=r"vocabulary has 8 entries but the target's has 64"):
