@@ -25,7 +25,13 @@ from transformers.generation.utils import GenerationMixin
 from transformers.pipelines.text_generation import TextGenerationPipeline
 
 from .config import Drafting, SpeculativeConfig, check_tokenizer
-from .core.checks import check_drafter_continues, check_no_holes, check_processors, check_supported
+from .core.checks import (
+    check_drafter_continues,
+    check_no_holes,
+    check_processors,
+    check_supported,
+    warn_assistant_settings,
+)
 from .core.compat import compiles_decoding, generate_cache
 from .core.draft import Draft, Drafter
 from .core.kv import tree_refusal
@@ -104,6 +110,7 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
     if tokenizer is not None:
         check_tokenizer(tokenizer, "generate(tokenizer=...)")
     streamer = kwargs.get("streamer")
+    warn_assistant_settings(_given_fields(kwargs))
     fields = _generation_config(model, kwargs)
     _take_stop_strings(kwargs, tokenizer, fields)
     _heal_prompt(model, kwargs, tokenizer, fields)
@@ -233,6 +240,14 @@ def _generation_config(model: Any, kwargs: dict[str, Any]) -> GenerationConfig:
     this module does in generate's place (stop strings, token healing) it reads from it."""
     fields = {name: value for name, value in kwargs.items() if name not in _NOT_GENERATION_FIELDS}
     return model._prepare_generation_config(kwargs.get("generation_config"), **fields)[0]
+
+
+def _given_fields(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The generation fields this call sets: those of the generation config passed that it sets
+    (not None), and those passed to generate over them. The model's own config is not the call's."""
+    given = kwargs.get("generation_config")
+    fields = {name: value for name, value in vars(given).items() if value is not None} if given else {}
+    return {**fields, **{name: value for name, value in kwargs.items() if name not in _NOT_GENERATION_FIELDS}}
 
 
 def _take_over(kwargs: dict[str, Any], name: str, value: Any) -> None:

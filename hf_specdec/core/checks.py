@@ -33,6 +33,27 @@ _ASSISTED_DECODING = {
     "checkpoint has them (speculative='mtp' to insist on them); or drop speculative=.",
 }
 
+# Generation-config fields that only transformers' assisted decoding reads: without
+# `assistant_model=` plain `generate` ignores them, and so does `speculative=`, which says what
+# sets the same thing here.
+_ASSISTANT_SETTINGS = {
+    "num_assistant_tokens": "speculative={'num_draft_tokens': <n>} fixes the draft length "
+    "(by default it is adapted each step)",
+    "num_assistant_tokens_schedule": "speculative= adapts the draft length each step by default; "
+    "speculative={'num_draft_tokens': <n>} fixes it",
+    "assistant_confidence_threshold": "options={'min_confidence': <p>} stops a draft model's greedy "
+    "draft below that confidence",
+    "max_matching_ngram_size": "speculative={'method': 'ngram', 'options': {'max_ngram': <n>}} sets "
+    "prompt lookup's longest match",
+    "assistant_lookbehind": "speculative= aligns a draft of another tokenizer itself "
+    "(options={'translation': ...})",
+    "target_lookbehind": "speculative= aligns a draft of another tokenizer itself "
+    "(options={'translation': ...})",
+    "assistant_ensemble_weight": "speculative= verifies against the target's own distribution "
+    "(lossless), never a mixture with the draft's",
+    "speculation_type": "speculative='dflash' with draft=<a DFlash draft> drafts with a block draft",
+}
+
 # Decoding modes other than greedy and sampling (beam search aside), which a verify cannot
 # reproduce: what sets each, and the option to drop for speculative decoding. transformers runs them
 # from the Hub (`custom_generate` repos), a route a `custom_generate` loop such as ours closes, so
@@ -132,6 +153,24 @@ def check_mode(config: GenerationConfig) -> None:
                     f"`{name}` cannot be combined with `speculative=` (it is {value}, in generate's "
                     f"arguments or the generation config): both choose how to draft. {instead}"
                 )
+
+
+def warn_assistant_settings(given: dict[str, Any]) -> None:
+    """Warn, once, about the generation settings given to a `speculative=` call (`given`: name to
+    value, as passed to generate or set in the generation config passed) that only transformers'
+    assisted decoding reads: the call drafts as if they were not given, as plain `generate` does
+    without `assistant_model=`, but they were most likely meant for the drafting."""
+    lines = [
+        f"- {_shown(name, value)}: {instead}."
+        for name, instead in _ASSISTANT_SETTINGS.items()
+        if (value := given.get(name)) is not None
+    ]
+    if lines:
+        warnings.warn(
+            "generate() settings of transformers' assisted decoding (read only with assistant_model=), "
+            "which speculative= does not read; it drafts as if they were not given:\n" + "\n".join(lines),
+            stacklevel=4,
+        )
 
 
 def _shown(name: str, value: Any) -> str:

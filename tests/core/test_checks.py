@@ -397,6 +397,40 @@ def test_a_chunked_prefill_is_named_as_not_honoured(target):
     assert torch.equal(ours, plain)
 
 
+@pytest.mark.parametrize(
+    "given, named",
+    [
+        (
+            dict(num_assistant_tokens=7, max_new_tokens=8),
+            r"num_assistant_tokens=7: speculative=\{'num_draft_tokens': <n>\}",
+        ),
+        (
+            dict(speculation_type="dflash", max_new_tokens=8),
+            r"speculation_type='dflash': speculative='dflash' with draft=",
+        ),
+        (
+            dict(generation_config=GenerationConfig(assistant_confidence_threshold=0.2, max_new_tokens=8)),
+            r"assistant_confidence_threshold=0.2: options=\{'min_confidence': <p>\}",
+        ),
+    ],
+    ids=["num_assistant_tokens", "speculation_type", "in_a_generation_config"],
+)
+def test_assisted_decoding_settings_are_named_as_not_read(target, given, named):
+    """Settings only transformers' assisted decoding reads were dropped without a word beside
+    speculative=: now a warning names each with what sets the same thing here; the output stays
+    plain's, and plain generate (which ignores them without assistant_model=) is left alone."""
+    import warnings
+
+    input_ids, attention_mask = random_batch(0, 2)
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, do_sample=False, **given)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # plain generate: nothing said
+        plain = target.generate(**kwargs)
+    with pytest.warns(UserWarning, match=r"(?s)assisted decoding .* does not read.*" + named):
+        ours = target.generate(**kwargs, speculative="ngram")
+    assert torch.equal(ours, plain)
+
+
 @pytest.fixture(scope="module")
 def rwkv():
     torch.manual_seed(0)
