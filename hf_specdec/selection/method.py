@@ -5,6 +5,8 @@ target, see `block`, then the rest)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 import warnings
 from typing import Any
 
@@ -14,6 +16,8 @@ from ..ort.layout import is_onnx_folder
 from .block import published_block_draft
 from .choice import DRAFT_FREE_AUTO, DraftSelectionError, auto_method
 from .select import registry_head, select_draft, speculative_draft
+
+logger = logging.getLogger(__name__)
 
 
 def resolve_method(config: SpeculativeConfig, model: Any) -> tuple[SpeculativeConfig, str]:
@@ -30,6 +34,8 @@ def resolve_method(config: SpeculativeConfig, model: Any) -> tuple[SpeculativeCo
         return dataclasses.replace(config, method="assistant"), "the official assistant given as draft="
     if config.method == "auto":
         config, reason = _choose_method(config, model)
+        target = getattr(model, "name_or_path", "") or type(model).__name__
+        _log_once(f"speculative=True on {target} drafts with method={config.method!r}: {reason}")
     if config.method == "draft_model" and is_onnx_folder(config.draft):  # an export, no PyTorch weights
         return dataclasses.replace(config, method="onnx"), reason
     return config, reason
@@ -64,6 +70,12 @@ def _choose_method(config: SpeculativeConfig, model: Any) -> tuple[SpeculativeCo
         config, method=choice.method, draft=draft, draft_tokenizer=draft_tokenizer, options=options
     )
     return resolved, choice.reason
+
+
+@functools.lru_cache(maxsize=256)
+def _log_once(message: str) -> None:
+    """Log the choice `auto` made at INFO, once per choice: every call of a loop makes it again."""
+    logger.info(message)
 
 
 def method_of_draft(draft: Any) -> str:

@@ -137,3 +137,24 @@ def test_a_head_the_registry_lists_takes_its_method_offline(monkeypatch):
     assert given_method("yuhuili/EAGLE3-LLaMA3.1-Instruct-8B") == "eagle"
     assert given_method("FasterDecoding/medusa-vicuna-7b-v1.3") == "medusa"
     assert given_method("z-lab/Qwen3-4B-DFlash-b16") == "dflash"
+
+
+def test_the_choice_of_auto_is_logged_once_at_info(monkeypatch, caplog):
+    """What `speculative=True` chose was told only by `out.speculative_stats.selection`: it is now
+    logged at INFO by `hf_specdec.selection.method`, naming the method and why, once per choice
+    rather than at every call of a loop."""
+    import logging
+
+    from hf_specdec.selection import method
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no search: the draft-free choice, with its reason
+    method._log_once.cache_clear()
+    target = tiny_llama(5, layers=1)
+    kwargs = dict(input_ids=torch.tensor([[3, 4, 5, 3, 4]]), max_new_tokens=4, do_sample=False)
+    with caplog.at_level(logging.INFO, logger="hf_specdec.selection.method"):
+        for _ in range(2):
+            out = target.generate(**kwargs, speculative=True, return_dict_in_generate=True)
+    logged = [r for r in caplog.records if r.name == "hf_specdec.selection.method"]
+    assert len(logged) == 1 and logged[0].levelno == logging.INFO
+    stats = out.speculative_stats
+    assert f"drafts with method={stats.method!r}: {stats.selection}" in logged[0].getMessage()
