@@ -191,6 +191,14 @@ def repo_files(
             lasting=True,
         ) from err
     except LocalEntryNotFoundError as err:  # before EntryNotFoundError, its base class
+        # huggingface_hub says this of a Hub that answered with an error too, once its retries are spent.
+        answer = _error_status(err.__cause__)
+        if answer is not None:
+            raise HubFileError(
+                f"The {what} {repo_id} could not be downloaded: the Hub ({endpoint}) answered {answer}. "
+                "Try again later, or pass the folder of a downloaded copy.",
+                lasting=False,
+            ) from err
         raise HubFileError(
             f"The {what} {repo_id} is not in the local Hub cache and could not be downloaded from "
             f"{endpoint} (offline, or the Hub is unreachable): connect and unset HF_HUB_OFFLINE, or pass "
@@ -205,6 +213,16 @@ def repo_files(
         raise HubFileError(
             f"Could not download the {what} {repo_id} from {endpoint}: {err}", lasting=False
         ) from err
+
+
+def _error_status(err: BaseException | None) -> str | None:
+    """The HTTP status the Hub answered `err` with, as "HTTP 500 (Internal Server Error)"; None
+    where it gave no answer (offline, unreachable)."""
+    response = getattr(err, "response", None) if isinstance(err, HfHubHTTPError) else None
+    if response is None:
+        return None
+    reason = getattr(response, "reason_phrase", "")
+    return f"HTTP {response.status_code}" + (f" ({reason})" if reason else "")
 
 
 def download_files(repo_id: str, names: list[str], *, token: str | None, revision: str | None) -> Path:

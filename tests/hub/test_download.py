@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_specdec.hub.download import download_repo_files
+from hf_specdec.hub.download import HubFileError, download_repo_files
 
 try:  # `python -m pytest` from the repo root, or --import-mode=importlib
     from tests.hub_server import HubServer
@@ -45,3 +45,17 @@ def test_files_downloaded_from_main_are_found_offline(
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     hub.failing["/"] = 500  # nothing may be asked of the Hub now
     assert download_repo_files(REPO, lambda name: name == "config.json") == online
+
+
+def test_a_hub_that_answers_with_an_error_is_not_called_unreachable(
+    hub: HubServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 500 for a file, once huggingface_hub's retries were spent, was reported as "offline, or the
+    Hub is unreachable": the message now says what the Hub answered, and it may pass (not lasting)."""
+    monkeypatch.setattr("huggingface_hub.utils._http.time.sleep", lambda seconds: None)  # its retries' waits
+    hub.failing[f"/{REPO}/resolve/"] = 500
+    with pytest.raises(
+        HubFileError, match=r"the Hub \(http://.*\) answered HTTP 500 \(Internal Server Error\)"
+    ) as err:
+        download_repo_files(REPO, lambda name: name == "config.json")
+    assert not err.value.lasting and "unreachable" not in str(err.value)
