@@ -112,6 +112,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hf_specdec.bench import run_bench, save, to_markdown
+    from hf_specdec.bench.report import failed_rows
 
     try:
         _check_outputs(args.out, args.markdown)  # before the run, not after it: its figures would be lost
@@ -153,6 +154,10 @@ def run(args: argparse.Namespace) -> int:
     if result.interrupted:
         print("Interrupted: the files hold the results measured so far.", file=sys.stderr)
         return 130
+    failed = failed_rows(result.measurements)
+    if failed:  # the report holds the others' figures; a script must still learn that these measured nothing
+        print(f"{len(failed)} row(s) failed on every prompt:", *failed, sep="\n- ", file=sys.stderr)
+        return 1
     return 0
 
 

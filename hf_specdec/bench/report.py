@@ -69,6 +69,17 @@ def overall(
     return entries
 
 
+def failed_rows(measurements: list[Measurement]) -> list[str]:
+    """Each row, per batch size, that failed on every prompt it ran: "ROW (batch size B): its first
+    error". Such a row measured nothing, which `hf-specdec bench`'s exit status says."""
+    groups = _group(measurements, lambda m: (m.batch_size, m.row))
+    return [
+        f"{row} (batch size {batch_size}): {group[0].error.splitlines()[0]}"
+        for (batch_size, row), group in groups.items()
+        if all(m.error for m in group)
+    ]
+
+
 def _figures(group: list[Measurement], plain: list[Measurement]) -> dict[str, Any]:
     ok = [m for m in group if m.error is None]
     plain_ok = [m for m in plain if m.error is None]

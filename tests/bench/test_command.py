@@ -184,6 +184,24 @@ def test_cli_writes_files(tiny_folder, tmp_path, capsys):
     assert "## Speedup vs plain generate, batch size 1" in capsys.readouterr().out
 
 
+def test_cli_exits_1_when_a_row_failed_on_every_prompt(tiny_folder, monkeypatch, tmp_path, capsys):
+    """A row that raised on every prompt measured nothing, yet `hf-specdec bench` exited 0: a script
+    running it learnt nothing. The report is still written; the exit status is 1 and stderr names
+    the row with its error."""
+
+    def boom(self, request):
+        raise RuntimeError("drafter exploded")
+
+    monkeypatch.setattr(NgramDrafter, "proposals", boom)
+    out = tmp_path / "out"
+    argv = ["bench", "--model", str(tiny_folder), "--methods", "ngram,suffix", "--limit", "1"]
+    argv += ["--max-new-tokens", "4", "--no-transformers", "--no-plots", "--quiet", "--out", str(out)]
+    assert cli.main(argv) == 1
+    assert (out / "results.json").exists()
+    err = capsys.readouterr().err
+    assert "2 row(s) failed on every prompt:\n- ngram (batch size 1): RuntimeError: drafter exploded" in err
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
