@@ -160,6 +160,16 @@ def _resolves(name: str) -> bool:
     return False
 
 
+def test_no_script_overwrites_a_page_of_figures():
+    """BENCHMARKS*.md are written by hand from several commands' reports, each section naming its
+    command: a script that wrote one whole would drop every section it does not measure."""
+    pages = "|".join(re.escape(page.name) for page in ROOT.glob("BENCHMARKS*.md"))
+    writes = re.compile(rf"(?:>|--markdown)\s*[\"']?(?:\./)?({pages})")
+    scripts = [s for s in (ROOT / "benchmarks").rglob("*") if s.suffix in (".sh", ".py")]
+    found = [f"{s.relative_to(ROOT)} writes {m[1]}" for s in scripts for m in writes.finditer(s.read_text())]
+    assert not found, found
+
+
 def test_cited_names_import():
     """`hf_specdec.x.y` in the pages is a module or an attribute one can import."""
     names = _cited(r"\bhf_specdec(?:\.\w+)+")
