@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -37,3 +41,54 @@ def test_torch_pin_covers_the_features_used(feature):
         f"{users[0].relative_to(ROOT)} uses {feature} (torch>={'.'.join(map(str, needed))}), "
         f"but pyproject.toml pins torch>={'.'.join(map(str, _torch_pin()))}"
     )
+
+
+def test_a_wheel_carries_the_configs_the_package_reads(tmp_path):
+    """An installed copy (a wheel, no checkout beside it) reads the draft registry and the built-in
+    prompt suite from `hf_specdec/_configs`, which the build copies from `configs/`: without them
+    `speculative=True` on a model the registry could know raised FileNotFoundError, and so did
+    `hf-specdec bench`'s default suite."""
+    source = tmp_path / "source"  # a copy: pip builds in the tree it is given, leaving build/ there
+    source.mkdir()
+    for file in ROOT.glob("*.*"):  # pyproject.toml, setup.py, MANIFEST.in, the README
+        if file.is_file():
+            shutil.copy(file, source / file.name)
+    for folder in ("hf_specdec", "hf_specdec_cli", "configs"):
+        shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    wheel = [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--no-build-isolation",
+        "-q",
+        "-w",
+        str(tmp_path),
+    ]
+    build = subprocess.run([*wheel, str(source)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr[-3000:]
+    installed = tmp_path / "installed"
+    zipfile.ZipFile(next(tmp_path.glob("*.whl"))).extractall(installed)
+    shipped = installed / "hf_specdec" / "_configs"
+    assert _files(shipped) == _files(ROOT / "configs")
+    read = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from hf_specdec.selection.select import registry_path\n"
+            "from hf_specdec.bench.suites import builtin_suite_path\n"
+            "print(registry_path(), builtin_suite_path(), sep='\\n')",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(installed)},
+    )
+    assert read.returncode == 0, read.stderr[-3000:]
+    for path in read.stdout.split():
+        assert Path(path).is_relative_to(installed) and Path(path).is_file(), path
+
+
+def _files(folder: Path) -> set[Path]:
+    return {p.relative_to(folder) for p in folder.rglob("*") if p.is_file()}
