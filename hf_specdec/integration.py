@@ -92,12 +92,17 @@ def _by_name(model: Any, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def _speculative_generate(model: Any, kwargs: dict[str, Any], config: SpeculativeConfig) -> Any:
     # Arguments of generate only; those a generation config holds are checked with it (`check_supported`).
-    for conflicting in ("assistant_model", "custom_generate"):
-        if kwargs.get(conflicting) is not None:
-            raise ValueError(
-                f"`{conflicting}` cannot be combined with `speculative=`: both choose how to draft. "
-                "Use speculative=SpeculativeConfig(method='draft_model', draft=<your assistant>) instead."
-            )
+    if kwargs.get("assistant_model") is not None:
+        raise ValueError(
+            "`assistant_model` cannot be combined with `speculative=`: both choose how to draft. "
+            "Use speculative=SpeculativeConfig(method='draft_model', draft=<your assistant>) instead."
+        )
+    if kwargs.get("custom_generate") is not None:
+        raise ValueError(
+            "`custom_generate` cannot be combined with `speculative=`: both replace generate's decoding "
+            "loop (speculative= runs as a custom_generate loop of its own). Drop custom_generate= for "
+            "speculative decoding, or drop speculative= to run it."
+        )
     if kwargs.get("cache_implementation") == "paged":
         # generate hands this argument to continuous batching (`generate_batch`) before it reaches
         # its `custom_generate` hook: unrefused, speculative= would be dropped without a word.

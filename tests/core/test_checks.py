@@ -84,6 +84,12 @@ def _cases(target, small_vocab_draft):
             ValueError,
             r"`assistant_model` cannot be combined with `speculative=`.*method='draft_model'",
         ),
+        "custom_generate": (  # was told to pass its assistant as a draft model
+            dict(speculative=NGRAM, custom_generate="org/decoding-loop"),
+            ValueError,
+            r"`custom_generate` cannot be combined with `speculative=`: both replace generate's decoding "
+            r"loop.*Drop custom_generate= for speculative decoding, or drop speculative=",
+        ),
         "prompt_lookup": (
             dict(speculative=NGRAM, prompt_lookup_num_tokens=3),
             ValueError,
