@@ -196,7 +196,9 @@ class OutputCollector:
         """Whether a criterion ends the row (each called, as `StoppingCriteriaList` calls them all)."""
         ids, batch = self.row(row), self.tokens.shape[0]
         done = [
-            as_row(c, row, batch, ids, scores) if indexes_rows(c) and batch > 1 else c(ids, scores)
+            as_row(lambda i, s, c=c: _per_row(c(i, s), batch), row, batch, ids, scores)
+            if indexes_rows(c) and batch > 1
+            else _per_row(c(ids, scores), 1)
             for c in criteria
         ]
         return any(bool(d[0]) for d in done)
@@ -268,6 +270,14 @@ def _check_steps(per_row: list[list[Any]], steps: int) -> None:
     """Every row holds one entry per step: a missing one would shift every later step's rows."""
     if any(len(row) != steps for row in per_row):
         raise RuntimeError(f"rows kept {[len(row) for row in per_row]} steps of outputs, not {steps} each")
+
+
+def _per_row(answer: Any, rows: int) -> torch.Tensor:
+    """A stopping criterion's answer for a batch of `rows` rows, one entry a row. Plain generate
+    reads it as `is_done | answer`, so a bool or a 0-dim tensor (what criteria written for older
+    transformers return) answers for every row."""
+    answer = torch.as_tensor(answer)
+    return answer.expand(rows) if answer.dim() == 0 else answer
 
 
 def _pads_stopped_rows(criteria: StoppingCriteriaList) -> bool:
