@@ -299,18 +299,16 @@ class RaggedKV:
                 index = order[:, None, :, None].expand(-1, tail.shape[1], -1, tail.shape[3])
                 states[:, :, -width:] = tail.gather(2, index)
 
-    def release_rows(
-        self, cached_rows: list[int], active: list[int], keep_shape: bool = False, keep_cache: bool = False
-    ) -> list[int]:
-        """The rows of `cached_rows` (the user's rows, one per cache row) not in `active` have
-        finished; returns the user rows the cache holds after, in order.
+    def release_rows(self, cached_rows: list[int], active: list[int], keep_shape: bool = False) -> list[int]:
+        """The rows of `cached_rows` (the user's rows, one per cache row) not in `active` are no
+        longer read (finished, and not padded at the end: `rows_apart`); returns the user rows the
+        cache holds after, in order.
 
         They leave the batch only once half of it has finished: removing rows copies the whole cache,
         and on CPU an odd batch of 15 runs slower than 16, so dropping rows one at a time costs more
         than it saves. Until then, or always with `keep_shape` (the policy's call: a device that
-        pays a one-off per new shape) or `keep_cache` (their cache is read at the end: `rows_apart`),
-        the steps feed them holes (`forward_rows`)."""
-        if keep_shape or keep_cache or len(active) > len(cached_rows) // 2:
+        pays a one-off per new shape), the steps feed them holes (`forward_rows`)."""
+        if keep_shape or len(active) > len(cached_rows) // 2:
             return cached_rows
         self.select_rows(torch.tensor(positions(cached_rows, active), device=self.mask.device))
         return active

@@ -139,11 +139,10 @@ def _decode(
         rows = out.active_rows
         # Finished rows stop drafting at once; the cache says when they leave its batch, unless
         # the policy keeps the forward's shape (a device that pays a one-off per new shape) or
-        # the call returns per-token outputs (their padding is fed at the end: `pad_steps`).
-        if len(rows) < len(cached_rows):
-            cached_rows = target.release_rows(
-                cached_rows, rows, keep_shape=policy.keeps_batch_shape(), keep_cache=out.keeps_per_token
-            )
+        # their padding is fed at the end (`pad_steps`, `OutputCollector.rows_cached`).
+        kept = out.rows_cached()
+        if len(kept) < len(cached_rows):
+            cached_rows = target.release_rows(cached_rows, kept, keep_shape=policy.keeps_batch_shape())
         fed = len(cached_rows)  # the verify forward's batch: what the policy prices
         k = policy.draft_length(fed)
         if tree and max_tree_nodes is not None:

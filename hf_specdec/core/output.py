@@ -80,6 +80,17 @@ class OutputCollector:
     def active_rows(self) -> list[int]:
         return [r for r, done in enumerate(self.finished) if not done]
 
+    def rows_cached(self) -> list[int]:
+        """The rows whose cache the call still reads: those decoding and, where per-token outputs
+        are returned, those that stopped before the length every row ends at, which `pad_steps`
+        feeds their padding at the end. A row that reached that length is never padded (the limit
+        only ever moves down to the longest row), so its cache is free."""
+        return [
+            row
+            for row, done in enumerate(self.finished)
+            if not done or (self.keeps_per_token and self.room(row) > 0)
+        ]
+
     def room(self, row: int) -> int:
         """Tokens row `row` may still emit before `max_length` (or the length every row ends at)."""
         return self.limit - self.lengths[row]

@@ -4,8 +4,9 @@ Plain `generate` pads a row once a stopping criterion has ended it (where an EOS
 them), yet keeps decoding it with the batch: until the last row stops, it feeds the row its last
 token then pad tokens, and returns the model's scores, logits, attentions and hidden states at
 those steps. Speculation stops feeding a finished row at once; where a call returns any of these
-per-token outputs, the finished rows keep their cache (`release_rows(keep_cache=True)`) and one
-forward at the end feeds each what plain decoding fed it, through a copy of its cache rows.
+per-token outputs, the rows that stopped before the others keep their cache
+(`OutputCollector.rows_cached`) and one forward at the end feeds each what plain decoding fed it,
+through a copy of its cache rows.
 """
 
 from __future__ import annotations

@@ -261,16 +261,14 @@ class StaticKV:
         if any(rejected):
             self.truncate(slots.less(self.lengths, rejected))
 
-    def release_rows(
-        self, cached_rows: list[int], active: list[int], keep_shape: bool = False, keep_cache: bool = False
-    ) -> list[int]:
-        """The rows of `cached_rows` (the user's rows, one per cache row) not in `active` have
-        finished: they are retired, not dropped (the batch is the compiled shape, and a StaticCache
-        cannot drop rows: its shape is always kept), unless `keep_cache` (their cache is read at the
-        end: `rows_apart`; `compact` keeps their columns). Returns the user rows the cache holds,
-        unchanged."""
+    def release_rows(self, cached_rows: list[int], active: list[int], keep_shape: bool = False) -> list[int]:
+        """The rows of `cached_rows` (the user's rows, one per cache row) not in `active` are no
+        longer read: they are retired, not dropped (the batch is the compiled shape, and a
+        StaticCache cannot drop rows: its shape is always kept). Rows kept `active` after they
+        finished (read at the end: `rows_apart`) keep their columns through `compact`. Returns the
+        user rows the cache holds, unchanged."""
         finished = [i for i, row in enumerate(cached_rows) if row not in active]
-        if finished and not keep_cache:
+        if finished:
             self.retire(torch.tensor(finished, device=self.mask.device))
         return cached_rows
 

@@ -5,12 +5,16 @@ it gives for plain output (finite values or -inf, never NaN)."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 import torch
 from transformers import RepetitionPenaltyLogitsProcessor
 
-from hf_specdec import SpeculativeConfig
+from hf_specdec import SpeculativeConfig, register_drafter
+from hf_specdec.core.draft import Draft, DraftRequest
 from hf_specdec.core.policy import FixedDraftLength
+from hf_specdec.drafters import DRAFTERS, Drafter
 from hf_specdec.integration import _ORIGINAL_GENERATE
 
 from ..conftest import random_batch
@@ -98,8 +102,8 @@ def test_a_padded_row_is_processed_after_its_pads_as_plain():
 
 
 def test_a_padded_row_over_a_static_cache_returns_plain_scores():
-    """A static cache retires no finished row while outputs are kept; its pad steps run through a copy
-    of its rows, which has room past the batch's longest."""
+    """A static cache retires no row that stopped early while outputs are kept; its pad steps run
+    through a copy of its rows, which has room past the batch's longest."""
     model = tiny("llama", 0, eos_token_id=None)
     inputs = _inputs()
     eos = _eos_ending_rows_apart(model, inputs, do_sample=False)
@@ -110,5 +114,50 @@ def test_a_padded_row_over_a_static_cache_returns_plain_scores():
     spec = model.generate(**given, speculative=speculative)
     assert torch.equal(spec.sequences, plain.sequences)
     assert bool((plain.sequences[:, -1] == model.config.pad_token_id).any())
+    for field in ("scores", "logits"):
+        assert_close_steps(getattr(spec, field), getattr(plain, field), field)
+
+
+class _AheadInRowZero(Drafter):
+    """Drafts plain output's next tokens for the batch's row 0 (all accepted) and none for the
+    others, so that row 0 reaches max_new_tokens while the others still decode."""
+
+    name: ClassVar[str] = "_ahead_in_row_zero"
+    plain: ClassVar[torch.Tensor]  # plain's sequences [B, prompt + MAX_NEW]
+
+    @classmethod
+    def from_config(cls, config, target, tokenizer):
+        return cls()
+
+    def propose(self, request: DraftRequest) -> Draft:
+        ahead = torch.zeros(0, dtype=torch.long)
+        if 0 in request.row_ids:
+            b = request.row_ids.index(0)
+            ahead = self.plain[0, request.lengths[b] :][: max(request.max_tokens[b], 0)]
+        tokens = torch.zeros(len(request.row_ids), len(ahead), dtype=torch.long)  # no wider than row 0's
+        if len(ahead):
+            tokens[request.row_ids.index(0)] = ahead
+        return Draft(tokens, [len(ahead) if row == 0 else 0 for row in request.row_ids])
+
+
+def test_a_row_at_max_length_frees_its_static_cache_while_outputs_are_kept():
+    """The row of the widest prompt reaches max_new_tokens first, its cache then filling all of the
+    room plain static decoding takes (prompt + max_new_tokens - 1). It is never padded, so its
+    columns are given back to the rows still decoding, as where no outputs are kept."""
+    model = tiny("llama", 0, eos_token_id=None)
+    inputs = _inputs()
+    order = inputs["attention_mask"].sum(dim=1).argsort(descending=True)  # the widest prompt first
+    inputs = {name: value[order] for name, value in inputs.items()}
+    assert bool(inputs["attention_mask"][0].all())
+    given = dict(inputs, max_new_tokens=MAX_NEW, do_sample=False, cache_implementation="static")
+    given.update(return_dict_in_generate=True, output_scores=True, output_logits=True)
+    plain = _ORIGINAL_GENERATE(model, **given)
+    _AheadInRowZero.plain = plain.sequences
+    register_drafter(_AheadInRowZero)
+    try:
+        spec = model.generate(**given, speculative=dict(method="_ahead_in_row_zero", num_draft_tokens=4))
+    finally:
+        DRAFTERS.pop("_ahead_in_row_zero")
+    assert torch.equal(spec.sequences, plain.sequences)
     for field in ("scores", "logits"):
         assert_close_steps(getattr(spec, field), getattr(plain, field), field)
