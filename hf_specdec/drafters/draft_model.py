@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from ..config import COMPILED, GREEDY_CHAINS_AND_TREES, TRANSLATED, TREES, read_when
 from ..core.devices import check_placed, execution_device
 from ..core.fields import check_fields
+from ..heads.mtp import checkpoint_stamp
 from ..hub.config_check import NO_PICKLES, checkpoint_problem
 from ..hub.download import HubFileError, download_model
 from ..hub.tokenizer_check import compare_tokenizers_once
@@ -73,9 +74,9 @@ class DraftModelConfig:
         )
 
 
-# Loaded drafts by (name, dtype, device, trust_remote_code): loading takes seconds, a generate call
-# should not. `clear_loaded()` (called by `hf_specdec.clear_cache()`) frees it.
-_LOADED: dict[tuple[str, torch.dtype, str, bool], tuple[Any, Any]] = {}
+# Loaded drafts by (what was loaded, dtype, device, trust_remote_code): loading takes seconds, a
+# generate call should not. `clear_loaded()` (called by `hf_specdec.clear_cache()`) frees it.
+_LOADED: dict[tuple[tuple, torch.dtype, str, bool], tuple[Any, Any]] = {}
 
 
 def load_draft(
@@ -89,10 +90,10 @@ def load_draft(
     it is refused with a ValueError that says so (`config_check.checkpoint_problem`), never asked about.
     """
     device = execution_device(target)  # not `target.device`: `meta` when device_map offloads its weights
-    key = (str(name), target.dtype, str(device), trust_remote_code)
+    local = Path(name).expanduser().is_dir()
+    key = (_loaded_as(name, local), target.dtype, str(device), trust_remote_code)
     loaded = _LOADED.get(key)
     if loaded is None:
-        local = Path(name).expanduser().is_dir()
         folder = Path(name).expanduser() if local else download_model(str(name))
         problem = checkpoint_problem(folder, trust_remote_code=trust_remote_code, from_hub=not local)
         if problem == NO_PICKLES:  # what a pickle holds is not read: it may be a head, published so
@@ -126,6 +127,16 @@ def load_draft(
         _LOADED.clear()  # keep one draft in memory, not every one ever used
         _LOADED[key] = loaded  # returned as it is: another thread may clear the dict meanwhile
     return loaded
+
+
+def _loaded_as(name: str, local: bool) -> tuple:
+    """What a draft named `name` is loaded from: a folder by its absolute path and its weights files
+    as they are now (a relative name read from another working directory, or a draft saved again
+    into the same folder, is another draft); a Hub repo id by the id."""
+    if not local:
+        return (str(name),)
+    folder = Path(name).expanduser().resolve()
+    return (str(folder), checkpoint_stamp(folder))
 
 
 def clear_loaded() -> None:

@@ -148,3 +148,28 @@ def test_a_draft_checkpoint_missing_weights_is_refused(target, good_draft, tmp_p
         draft_model.load_draft(str(tmp_path), target)
     with pytest.raises(ValueError, match=r"lacks 1 of its weights"):
         target.generate(torch.tensor([[7, 8, 9]]), max_new_tokens=2, speculative=dict(draft=str(tmp_path)))
+
+
+def test_a_draft_named_by_folder_is_the_one_in_that_folder_now(
+    target, good_draft, weak_draft, tmp_path, monkeypatch
+):
+    """The loaded draft is kept by what it was loaded from: a draft saved again into its folder, or
+    a relative name read from another working directory, is loaded anew. It was kept by the name
+    given, so such calls drafted with the earlier draft without a word (slower, other statistics)."""
+    from hf_specdec.drafters import draft_model
+
+    monkeypatch.setattr(draft_model, "_LOADED", {})
+
+    def weight(draft):
+        return draft.model.layers[-1].mlp.down_proj.weight
+
+    weak_draft.save_pretrained(tmp_path / "draft")
+    assert torch.equal(weight(draft_model.load_draft(str(tmp_path / "draft"), target)[0]), weight(weak_draft))
+    good_draft.save_pretrained(tmp_path / "draft")  # retrained, saved over it
+    assert torch.equal(weight(draft_model.load_draft(str(tmp_path / "draft"), target)[0]), weight(good_draft))
+
+    weak_draft.save_pretrained(tmp_path / "elsewhere" / "draft")
+    monkeypatch.chdir(tmp_path)
+    assert torch.equal(weight(draft_model.load_draft("draft", target)[0]), weight(good_draft))
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert torch.equal(weight(draft_model.load_draft("draft", target)[0]), weight(weak_draft))
