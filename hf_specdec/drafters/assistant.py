@@ -132,7 +132,7 @@ class AssistantDrafter(Drafter):
             f"(assistant.to({str(device)!r})), or pass its folder or repo id, which is loaded there.",
         )
         options = options_to_config(cls.options_class, config.options)
-        return cls(draft.eval(), target, options)
+        return cls(draft, target, options)
 
     @torch.no_grad()
     def propose(self, request: DraftRequest) -> Draft:

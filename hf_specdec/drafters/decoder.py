@@ -84,7 +84,7 @@ class TorchDecoder:
 
     def __init__(self, model: PreTrainedModel, compile_with_target: bool = True) -> None:
         check_rolls_back(model, "use a draft model with an attention or linear-attention cache", "The draft ")
-        self.model = model.eval()
+        self.model = model  # in the mode it was given: plain's assistants are not switched to eval either
         self.config = model.config
         # Where it computes: not `model.device`, which is `meta` where device_map offloaded its first weights.
         self.device = execution_device(model)

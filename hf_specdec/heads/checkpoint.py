@@ -80,7 +80,8 @@ def load_head(source: Any, target: Any, method: str | None = None) -> nn.Module:
             f"{name!r} is a {kind} head, not a {method} head: use SpeculativeConfig(method={kind!r})."
         )
     check_head_matches(head.config, target, name)  # a module's name, not its whole listing
-    return head.to(device=execution_device(target)).eval()
+    head = head.to(device=execution_device(target))
+    return head if head is source else head.eval()  # a head passed in keeps its mode, as plain's models do
 
 
 @dataclass(frozen=True)

@@ -215,3 +215,11 @@ def test_rows_that_finish_early_leave_the_batch(pair):
         out = target.generate(**kwargs, speculative=dict(draft=helper, num_draft_tokens=3))
     assert (plain[:, 10:] == 14).any(dim=1).tolist() == [False, True, True]
     assert_greedy_match(target, plain, out, inputs["attention_mask"])
+
+
+def test_an_assistant_given_keeps_its_training_mode():
+    """Run in the mode it is in, as transformers runs one: it was switched to eval for good."""
+    target, helper = assistant.pair()
+    helper.train()
+    target.generate(**assistant.prompts(1), max_new_tokens=4, speculative=dict(draft=helper))
+    assert all(m.training for m in helper.modules())

@@ -173,3 +173,25 @@ def test_a_draft_named_by_folder_is_the_one_in_that_folder_now(
     assert torch.equal(weight(draft_model.load_draft("draft", target)[0]), weight(good_draft))
     monkeypatch.chdir(tmp_path / "elsewhere")
     assert torch.equal(weight(draft_model.load_draft("draft", target)[0]), weight(weak_draft))
+
+
+@pytest.mark.parametrize("which", ["draft", "target as its own draft"])
+def test_a_draft_given_keeps_its_training_mode(target, good_draft, which):
+    """A draft passed in is run in the mode it is in, as transformers runs an `assistant_model`: it
+    was switched to eval for good, so a draft mid-training (or a target in train mode passed as its
+    own draft, verified then without the dropout plain applies) came back in eval mode."""
+    model = copy.deepcopy(target).train()
+    draft = model if which != "draft" else copy.deepcopy(good_draft).train()
+    ids = torch.tensor([[7, 8, 9, 10, 7, 8, 9]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # vocabulary-size check, the target as its own draft
+        out = model.generate(
+            input_ids=ids,
+            max_new_tokens=6,
+            do_sample=False,
+            speculative=dict(method="draft_model", draft=draft),
+        )
+    assert all(m.training for m in [*model.modules(), *draft.modules()])
+    assert torch.equal(
+        out, model.generate(input_ids=ids, max_new_tokens=6, do_sample=False)
+    )  # no dropout here

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from hf_specdec.heads.checkpoint import load_head
+from hf_specdec.heads.io import save_head
+
 from ..conftest import tiny_llama
 from ..helpers import assistant, mtp
+from ..helpers.heads import copied_layer_eagle
 
 
 @pytest.mark.parametrize("method", ["eagle", "medusa", "dflash"])
@@ -16,3 +20,13 @@ def test_a_module_that_is_no_head_of_ours_is_refused(method):
         kind = type(draft).__name__
         with pytest.raises(ValueError, match=rf"{kind} is not a {method} head.*method='auto'"):
             target.generate(**mtp.prompts(1), max_new_tokens=3, speculative=dict(method=method, draft=draft))
+
+
+def test_a_head_given_keeps_its_training_mode(tmp_path):
+    """A head passed in (one mid-training, say) is not switched to eval for good; one loaded is in eval."""
+    target = tiny_llama(0)
+    head = copied_layer_eagle(target).train()
+    assert load_head(head, target, method="eagle") is head
+    assert all(m.training for m in head.modules())
+    save_head(head, tmp_path)
+    assert not any(m.training for m in load_head(str(tmp_path), target, method="eagle").modules())
