@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -178,9 +179,10 @@ def export_onnx_report(
     path = out / "model.onnx"
 
     steps = ["load", "export", "check"] + (["quantize"] if quantize else []) + ["save config"]
-    with Progress(steps, enabled=progress) as bar:
+    with Progress(steps, enabled=progress) as bar, contextlib.ExitStack() as stack:
         bar.step("loading the model")
         model, tokenizer = _load(model_or_path, tokenizer, DTYPES[dtype])
+        stack.enter_context(_in_eval_mode(model))
         out.mkdir(parents=True, exist_ok=True)  # once the model loaded: a bad name leaves no folder
         bar.step("exporting with torch.onnx (dynamo)")
         fp_path = out / "model_fp.onnx" if quantize else path
@@ -237,7 +239,20 @@ def _load(model_or_path: Any, tokenizer: Any, dtype: torch.dtype) -> tuple[PreTr
     if tokenizer is None and source:
         with contextlib.suppress(OSError, ValueError, TypeError):
             tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
-    return model.eval(), tokenizer
+    return model, tokenizer
+
+
+@contextlib.contextmanager
+def _in_eval_mode(model: PreTrainedModel) -> Iterator[None]:
+    """`model` in eval mode (no dropout traced or checked), each module back in its own mode after:
+    the caller's model (a target `method="quantized"` exports) is not left switched to eval."""
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
 
 
 def _cpu_copy(model: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:

@@ -96,3 +96,14 @@ def test_a_failed_export_leaves_no_folder_and_a_file_is_refused(tmp_path):
     (tmp_path / "a-file").write_text("")
     with pytest.raises(ValueError, match="a-file is a file; pass a folder for the ONNX export"):
         export_onnx_report("/no/such/model", tmp_path / "a-file", progress=False)
+
+
+def test_a_model_in_train_mode_is_exported_without_dropout_and_left_in_its_mode(tmp_path):
+    """Traced and checked in eval mode, then each module back in its own: the caller's model (a
+    target `method="quantized"` exports) was left switched to eval for good, its dropout off."""
+    model = tiny_llama(1, layers=1).train()
+    model.model.layers[0].self_attn.attention_dropout = 0.5  # in the export, the parity check would fail
+    model.lm_head.eval()
+    report = export_onnx_report(model, tmp_path / "trained", progress=False)
+    assert report.max_abs_diff < report.tolerance
+    assert [name for name, m in model.named_modules() if not m.training] == ["lm_head"]
