@@ -88,10 +88,12 @@ class CostModel:
     streak: list[float] = field(default_factory=list)  # log ratios out of line with the prior, in a row
     # Read every step, so kept: predictions and curves until the next timing; the prior as read at
     # this padding and context (`_read_prior`: per batch size its widths, and those verified).
-    _cache: dict[tuple[int, int], float | None] = field(default_factory=dict, repr=False)
-    _curves: dict[int, tuple[float | None, Curve, Curve]] = field(default_factory=dict, repr=False)
-    _here: dict[int, dict[int, _Recent]] = field(default_factory=dict, repr=False)
-    _before: set[tuple[int, int]] = field(default_factory=set, repr=False)
+    _cache: dict[tuple[int, int], float | None] = field(default_factory=dict, init=False, repr=False)
+    _curves: dict[int, tuple[float | None, Curve, Curve]] = field(
+        default_factory=dict, init=False, repr=False
+    )
+    _here: dict[int, dict[int, _Recent]] = field(default_factory=dict, init=False, repr=False)
+    _before: set[tuple[int, int]] = field(default_factory=set, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._read_prior()
@@ -288,6 +290,10 @@ class CostModel:
         to its plain step, and its one-offs; where it found its prior wrong, its own replace it."""
         if earlier is None:
             return
+        # Read a copy: that call may still be running in another thread, timing widths as we read.
+        earlier = dataclasses.replace(
+            earlier, times=dict(earlier.times), plains=dict(earlier.plains), regret=dict(earlier.regret)
+        )
         pads, copy = earlier.shape.widths, lambda r: dataclasses.replace(r, samples=list(r.samples))
         keep = lambda key: earlier.trusts_prior or key[0] != pads  # noqa: E731
         self.prior = {

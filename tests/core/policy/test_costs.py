@@ -309,3 +309,26 @@ def test_one_offs_expected_are_not_out_of_line():
     for width in (7, 9, 12, 15):
         costs.add_verify(1, width, FLAT[width] + 6.0)
     assert costs.trusts_prior and not costs.suspect
+
+
+def test_the_costs_of_a_call_still_running_are_carried_as_they_were():
+    """Two calls on one model in two threads: the second carries the first's costs while the first
+    still times widths. A timing between two of `carry`'s reads (a thread switch, made
+    deterministic here) changed the dicts it was reading: RuntimeError (dictionary changed size),
+    or a timing carried that the call had not made when it was read."""
+    running, quiet = _measured(FLAT), _measured(FLAT)
+    timed = running.verify
+
+    def verify(batch: int, width: int) -> float | None:  # the other thread's next timing, mid-read
+        running.add_verify(batch, 18, 1.17)  # a width new to it: one more key
+        return timed(batch, width)
+
+    running.verify = verify  # type: ignore[method-assign]
+    carried, expected = CostModel(), CostModel()
+    carried.carry(running)
+    expected.carry(quiet)
+    assert carried.prior.keys() == expected.prior.keys()
+    for key, curve in expected.prior.items():
+        assert {w: r.samples for w, r in carried.prior[key].items()} == {
+            w: r.samples for w, r in curve.items()
+        }
