@@ -143,7 +143,7 @@ class TextAlignedDrafter(DecoderDrafter):
         spellings = [_spelling(self.draft_spellings, d) for d in drafted]
         stop = next((i for i, spelling in enumerate(spellings) if spelling is None), len(drafted))
         proposed = b"".join(spellings[:stop])
-        window = b"".join(self.target_spellings[t] or b"" for t in real[-LOOKBEHIND:].tolist())
+        window = _bytes(self.target_spellings, real[-LOOKBEHIND:].tolist())
         tokens = encode(self.target_tokenizer, (window + proposed).decode("utf-8", "replace"))
         ends = list(_ends(self.target_spellings, tokens))
         if not window:
@@ -163,10 +163,16 @@ def _spelling(spellings: list[bytes | None], i: int) -> bytes | None:
     return spellings[i] if i < len(spellings) else None
 
 
+def _bytes(spellings: list[bytes | None], ids: list[int]) -> bytes:
+    """The text the tokens spell; special tokens and ids past the tokenizer's spell nothing (a
+    target with a padded head can emit those, as plain decoding does)."""
+    return b"".join(_spelling(spellings, i) or b"" for i in ids)
+
+
 def _text(spellings: list[bytes | None], ids: list[int]) -> str:
-    return b"".join(spellings[i] or b"" for i in ids).decode("utf-8", "replace")
+    return _bytes(spellings, ids).decode("utf-8", "replace")
 
 
 def _ends(spellings: list[bytes | None], ids: list[int]) -> accumulate:
     """The byte offset at which each token's spelling ends, in the text the tokens spell."""
-    return accumulate(len(spellings[i] or b"") for i in ids)
+    return accumulate(len(_spelling(spellings, i) or b"") for i in ids)

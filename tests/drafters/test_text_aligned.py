@@ -57,3 +57,25 @@ def test_the_drafts_text_becomes_the_targets_tokens_after_the_rows(drafter):
     # The draft ends the text: the target's EOS ends the draft, and nothing after it counts.
     ended = drafter._target_tokens(row, [*encode(draft, " river"), draft.eos_token_id, *encode(draft, " x")])
     assert ended == [*encode(target, " river"), target.eos_token_id]
+
+
+def test_a_target_whose_head_is_wider_than_its_tokenizer_drafts_through_text():
+    """A target with a padded head (Qwen2.5's, Phi-3's) can emit ids its tokenizer has no token for,
+    as plain decoding does: they spell no text, and the row goes on drafting through the rest."""
+    target_tok, draft_tok = byte_level_bpe(400, CORPUS + PROBE_TEXT), metaspace_bpe(90, CORPUS + PROBE_TEXT)
+    target = tiny_llama(2, len(target_tok) + 48, eos_token_id=None)
+    with torch.no_grad():
+        target.lm_head.weight[len(target_tok) :] *= 3  # the padded ids win often
+    inputs = target_tok(["the fox walked to the"], return_tensors="pt")
+    plain = target.generate(**inputs, do_sample=False, max_new_tokens=20)
+    assert (plain[0, inputs["input_ids"].shape[1] :] >= len(target_tok)).any()
+    spec = dict(
+        method="draft_model",
+        draft=tiny_llama(12, len(draft_tok), eos_token_id=None),
+        draft_tokenizer=draft_tok,
+        options=dict(translation="text"),
+    )
+    out = target.generate(
+        **inputs, do_sample=False, max_new_tokens=20, tokenizer=target_tok, speculative=spec
+    )
+    assert torch.equal(out, plain)
