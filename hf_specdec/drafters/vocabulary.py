@@ -22,13 +22,15 @@ transformers:
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import weakref
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
-from ..hub.tokenizer_check import shared_token_pairs, token_spellings, vocabulary_overlap
+from ..hub.tokenizer_check import dropping_refs, shared_token_pairs, token_spellings, vocabulary_overlap
 
 TRANSLATIONS = ("auto", "intersection", "text")  # `DraftModelConfig.translation`
 
@@ -143,6 +145,14 @@ class TokenIntersection:
         out[..., self.target_index] = draft_logits[..., self.draft_index]
         return out
 
+    def drafting_with(self, draft_tokenizer: Any) -> TokenIntersection:
+        """This translation spelling the target's other tokens with `draft_tokenizer` (None: with
+        none yet, as `choose_translation` remembers it, keeping no tokenizer alive); what it built
+        is shared."""
+        bound = copy.copy(self)
+        bound.draft_tokenizer = draft_tokenizer
+        return bound
+
     def _spell(self, target_id: int) -> torch.Tensor:
         spelled = self._spelled.get(target_id)
         if spelled is None:
@@ -185,7 +195,7 @@ def choose_translation(
     key += (requested, target_vocab_size, draft_vocab_size, str(device))
     known = _CHOSEN.get(key)
     if known is not None and known[0]() is target_tokenizer and known[1]() is draft_tokenizer:
-        return known[2]
+        return _drafting_with(known[2], draft_tokenizer)
     overlap = vocabulary_overlap(target_tokenizer, draft_tokenizer)
     coverage = (
         f"{overlap.target_coverage:.0%} of the target's tokens and {overlap.draft_coverage:.0%} of the "
@@ -222,8 +232,18 @@ def choose_translation(
             )
         translation = Translation(kind, statement, None)
     with contextlib.suppress(TypeError):  # no weak references to them: chosen every time
-        _CHOSEN[key] = (weakref.ref(target_tokenizer), weakref.ref(draft_tokenizer), translation)
+        # Gone once either tokenizer is, and holding neither: a tokenizer made for each call must
+        # not leave itself and its vocabulary's spellings behind every time.
+        refs = dropping_refs(_CHOSEN, key, target_tokenizer, draft_tokenizer)
+        _CHOSEN[key] = (*refs, _drafting_with(translation, None))
     return translation
+
+
+def _drafting_with(translation: Translation, draft_tokenizer: Any) -> Translation:
+    """`translation` with its token-level intersection spelling with `draft_tokenizer`."""
+    if not isinstance(translation.vocabulary, TokenIntersection):
+        return translation
+    return dataclasses.replace(translation, vocabulary=translation.vocabulary.drafting_with(draft_tokenizer))
 
 
 _CHOSEN: dict[tuple, tuple[weakref.ref, weakref.ref, Translation]] = {}

@@ -88,7 +88,7 @@ def compare_tokenizers_once(target: Any, draft: Any) -> TokenizerCheck:
         return known[2]
     check = compare_tokenizers(target, draft)
     with contextlib.suppress(TypeError):  # no weak references to it: checked every time
-        _CHECKED[key] = (weakref.ref(target), weakref.ref(draft), check)
+        _CHECKED[key] = (*dropping_refs(_CHECKED, key, target, draft), check)
     return check
 
 
@@ -273,5 +273,21 @@ def _remembered(memo: dict, tokenizer: Any, compute: Any) -> Any:
         return known[1]
     value = compute(tokenizer)
     with contextlib.suppress(TypeError):  # no weak references to it: computed every time
-        memo[key] = (weakref.ref(tokenizer), value)
+        memo[key] = (*dropping_refs(memo, key, tokenizer), value)
     return value
+
+
+def dropping_refs(memo: dict, key: Any, *objects: Any) -> tuple[weakref.ref, ...]:
+    """Weak references to `objects`, for an entry `memo[key] = (*refs, value)` of a memo keyed by
+    their `id()`s, that drop that entry once any of them is collected: the memo keeps nothing of
+    objects gone (a tokenizer made for each call would otherwise leave its spellings behind every
+    time). Raises TypeError for an object without weak references."""
+
+    count = len(objects)  # not `objects` in `drop`: the callback would keep them alive
+
+    def drop(ref: weakref.ref) -> None:
+        entry = memo.get(key)
+        if entry is not None and any(ref is held for held in entry[:count]):
+            memo.pop(key, None)
+
+    return tuple(weakref.ref(o, drop) for o in objects)

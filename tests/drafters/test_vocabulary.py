@@ -3,11 +3,21 @@ mapping of sequences, tokens and logits."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
+from hf_specdec.drafters import vocabulary
 from hf_specdec.drafters.vocabulary import MIN_SHARED_COVERAGE, TokenIntersection, choose_translation
-from hf_specdec.hub.tokenizer_check import PROBE_TEXT, shared_token_pairs, token_spellings
+from hf_specdec.hub import tokenizer_check
+from hf_specdec.hub.tokenizer_check import (
+    PROBE_TEXT,
+    compare_tokenizers_once,
+    shared_token_pairs,
+    token_spellings,
+)
 
 from ..helpers.tokenizers import CORPUS, byte_level_bpe, metaspace_bpe, word_level
 
@@ -39,7 +49,8 @@ def test_the_rule_picks_the_intersection_where_it_covers_enough_and_text_elsewhe
     forced = _choose(tokenizers["byte"], tokenizers["chars"], "intersection")
     assert forced.kind == "intersection" and "(as asked)" in forced.statement
     assert _choose(tokenizers["byte"], tokenizers["meta"], "text").kind == "text"
-    assert _choose(tokenizers["byte"], tokenizers["meta"]) is tli  # remembered per pair
+    remembered = _choose(tokenizers["byte"], tokenizers["meta"])  # per pair: nothing built again
+    assert remembered.vocabulary.draft_index is tli.vocabulary.draft_index
 
 
 def test_no_shared_token_leaves_only_text():
@@ -97,3 +108,24 @@ def test_the_intersection_holds_every_pair_transformers_own_translator_finds(tok
     ours = shared_token_pairs(target, draft)
     assert len(theirs) > 100 and all(ours.get(d) == t for d, t in theirs.items())
     assert len(ours) > len(theirs)
+
+
+@pytest.mark.parametrize("kept", [None, "target", "draft"])
+def test_a_remembered_translation_keeps_no_tokenizer_alive(kept):
+    """Tokenizers made for each call (a server loading them per request) go with their last
+    reference, and what was remembered of them with them: their spellings, the pair's translation.
+    A remembered translation spells with the draft tokenizer passed again."""
+    corpus = CORPUS + PROBE_TEXT
+    target, draft = byte_level_bpe(400, corpus), metaspace_bpe(200, corpus)
+    tli = _choose(target, draft)
+    assert _choose(target, draft).vocabulary.draft_tokenizer is draft
+    assert compare_tokenizers_once(target, draft).compatible is False
+    refs = {"target": weakref.ref(target), "draft": weakref.ref(draft)}
+    alive = {"target": target, "draft": draft}.get(kept)
+    del target, draft, tli
+    gc.collect()
+    assert [name for name, ref in refs.items() if ref() is not None] == ([kept] if kept else [])
+    for memo in (vocabulary._CHOSEN, tokenizer_check._CHECKED, tokenizer_check._SPELLINGS):
+        stale = [key for key, entry in memo.items() if any(held() is None for held in entry[:-1])]
+        assert not stale, "entries of tokenizers gone"
+    del alive
