@@ -285,10 +285,10 @@ def _check_steps(per_row: list[list[Any]], steps: int) -> None:
 
 def _per_row(answer: Any, rows: int) -> torch.Tensor:
     """A stopping criterion's answer for a batch of `rows` rows, one entry a row. Plain generate
-    reads it as `is_done | answer`, so a bool or a 0-dim tensor (what criteria written for older
-    transformers return) answers for every row."""
+    reads it as `is_done | answer`, broadcast: a bool or a tensor of one element (what criteria
+    written for older transformers return) answers for every row."""
     answer = torch.as_tensor(answer)
-    return answer.expand(rows) if answer.dim() == 0 else answer
+    return answer.reshape(1).expand(rows) if answer.numel() == 1 else answer
 
 
 def _pads_stopped_rows(criteria: StoppingCriteriaList) -> bool:

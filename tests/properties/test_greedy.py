@@ -508,21 +508,21 @@ def test_rows_a_criterion_stops_without_an_eos_keep_decoding_as_plain(target_no_
 
 class _LengthStop(StoppingCriteria):
     """A criterion written for older transformers: one answer for the whole batch, a Python bool or
-    a 0-dim tensor, which plain `generate` reads for every row (`is_done | answer`)."""
+    a tensor of one element (`shape`), which plain `generate` reads for every row (`is_done | answer`)."""
 
-    def __init__(self, length: int, as_tensor: bool) -> None:
-        self.length, self.as_tensor = length, as_tensor
+    def __init__(self, length: int, shape: tuple[int, ...] | None) -> None:
+        self.length, self.shape = length, shape
 
     def __call__(self, input_ids, scores, **kwargs):
         done = input_ids.shape[1] >= self.length
-        return torch.tensor(done) if self.as_tensor else done
+        return done if self.shape is None else torch.tensor(done).reshape(self.shape)
 
 
-@pytest.mark.parametrize("as_tensor", [False, True], ids=["bool", "0-dim"])
+@pytest.mark.parametrize("shape", [None, (), (1,)], ids=["bool", "0-dim", "one"])
 @pytest.mark.parametrize("batch", [1, 3])
-def test_a_criterion_answering_for_the_whole_batch(target_no_eos, drafts, batch, as_tensor):
+def test_a_criterion_answering_for_the_whole_batch(target_no_eos, drafts, batch, shape):
     input_ids, attention_mask = random_batch(5, batch)
-    stop = StoppingCriteriaList([_LengthStop(input_ids.shape[1] + 6, as_tensor)])
+    stop = StoppingCriteriaList([_LengthStop(input_ids.shape[1] + 6, shape)])
     kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=12, do_sample=False)
     plain = target_no_eos.generate(**kwargs, stopping_criteria=stop)
     assert plain.shape[1] == input_ids.shape[1] + 6
