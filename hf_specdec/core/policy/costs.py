@@ -290,11 +290,13 @@ class CostModel:
         to its plain step, and its one-offs; where it found its prior wrong, its own replace it."""
         if earlier is None:
             return
+        copy = lambda r: dataclasses.replace(r, samples=list(r.samples))  # noqa: E731
         # Read a copy: that call may still be running in another thread, timing widths as we read.
-        earlier = dataclasses.replace(
-            earlier, times=dict(earlier.times), plains=dict(earlier.plains), regret=dict(earlier.regret)
+        times, plains = (
+            {key: copy(r) for key, r in list(d.items())} for d in (earlier.times, earlier.plains)
         )
-        pads, copy = earlier.shape.widths, lambda r: dataclasses.replace(r, samples=list(r.samples))
+        earlier = dataclasses.replace(earlier, times=times, plains=plains, regret=dict(earlier.regret))
+        pads = earlier.shape.widths
         keep = lambda key: earlier.trusts_prior or key[0] != pads  # noqa: E731
         self.prior = {
             key: {w: copy(r) for w, r in curve.items()} for key, curve in earlier.prior.items() if keep(key)

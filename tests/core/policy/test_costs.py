@@ -311,21 +311,23 @@ def test_one_offs_expected_are_not_out_of_line():
     assert costs.trusts_prior and not costs.suspect
 
 
-def test_the_costs_of_a_call_still_running_are_carried_as_they_were():
+def test_the_costs_of_a_call_still_running_are_carried_as_they_were(monkeypatch):
     """Two calls on one model in two threads: the second carries the first's costs while the first
-    still times widths. A timing between two of `carry`'s reads (a thread switch, made
-    deterministic here) changed the dicts it was reading: RuntimeError (dictionary changed size),
-    or a timing carried that the call had not made when it was read."""
+    still times widths. Timings between two of `carry`'s reads (a thread switch, made deterministic
+    here) changed what it was reading: a width new to the call raised RuntimeError (dictionary changed
+    size), a width timed again carried a timing the call had not made when it was read."""
     running, quiet = _measured(FLAT), _measured(FLAT)
-    timed = running.verify
+    predict = CostModel.verify
 
-    def verify(batch: int, width: int) -> float | None:  # the other thread's next timing, mid-read
+    def verify(self: CostModel, batch: int, width: int) -> float | None:  # the other thread, mid-read
+        running.add_verify(batch, 7, 9.99)  # a width it timed: one more timing
         running.add_verify(batch, 18, 1.17)  # a width new to it: one more key
-        return timed(batch, width)
+        return predict(self, batch, width)
 
-    running.verify = verify  # type: ignore[method-assign]
+    monkeypatch.setattr(CostModel, "verify", verify)
     carried, expected = CostModel(), CostModel()
     carried.carry(running)
+    monkeypatch.undo()
     expected.carry(quiet)
     assert carried.prior.keys() == expected.prior.keys()
     for key, curve in expected.prior.items():
