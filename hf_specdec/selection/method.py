@@ -32,12 +32,14 @@ def resolve_method(config: SpeculativeConfig, model: Any) -> tuple[SpeculativeCo
         return dataclasses.replace(config, method=method), f"{given} given as draft="
     if config.method == "draft_model" and given_method(config.draft) == "assistant":
         return dataclasses.replace(config, method="assistant"), "the official assistant given as draft="
-    if config.method == "auto":
+    chosen = config.method == "auto"
+    if chosen:
         config, reason = _choose_method(config, model)
-        target = getattr(model, "name_or_path", "") or type(model).__name__
-        _log_once(f"speculative=True on {target} drafts with method={config.method!r}: {reason}")
     if config.method == "draft_model" and is_onnx_folder(config.draft):  # an export, no PyTorch weights
-        return dataclasses.replace(config, method="onnx"), reason
+        config = dataclasses.replace(config, method="onnx")
+    if chosen:
+        target = getattr(model, "name_or_path", "") or type(model).__name__
+        _log_once(f"method='auto' on {target} drafts with method={config.method!r}: {reason}")
     return config, reason
 
 
