@@ -105,10 +105,12 @@ class OnnxDecoder:
         try:
             session = ort.InferenceSession(str(path), options, providers=providers)
         except (state.InvalidProtobuf, state.InvalidGraph, state.InvalidArgument) as err:
-            # What ONNX Runtime says of a truncated or overwritten file; its own message names no remedy.
+            # What ONNX Runtime says of a truncated or overwritten file, or of a graph newer than it
+            # reads; its own message names no remedy.
             raise ValueError(
-                f"{path} is not a model ONNX Runtime can load ({err}); it may be truncated or damaged. "
-                f"Export the draft again (`hf-specdec export-onnx MODEL {folder}`), or download it again."
+                f"{path} is not a model ONNX Runtime can load ({type(err).__name__}: {err}); it may be "
+                "truncated or damaged, or exported for a newer onnxruntime. Export the draft again "
+                "(`hf-specdec export-onnx MODEL FOLDER`, then pass that folder), or download it again."
             ) from err
         return cls(path, session, device)
 
