@@ -13,7 +13,9 @@ from setuptools.command.build_py import build_py
 class BuildPyWithConfigs(build_py):
     def run(self) -> None:
         super().run()
-        shutil.copytree(Path("configs"), Path(self.build_lib) / "hf_specdec" / "_configs", dirs_exist_ok=True)
+        shipped = Path(self.build_lib) / "hf_specdec" / "_configs"
+        shutil.rmtree(shipped, ignore_errors=True)  # a build/ reused: no file removed from configs/ ships
+        shutil.copytree(Path("configs"), shipped)
 
 
 setup(cmdclass={"build_py": BuildPyWithConfigs})
