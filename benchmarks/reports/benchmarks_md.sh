@@ -33,9 +33,11 @@ if [ -f "$eagle_head/head.safetensors" ]; then
     head=(--head "eagle=$eagle_head" --note "\`eagle\` drafts with an EAGLE head trained for SmolLM2 by \`benchmarks/gpu/gpu_heads.sh\` (training log: \`$(basename "$eagle_head")/training.json\`); \`eagle+tree\` grows EAGLE-2 dynamic trees with it.")
 fi
 hf-specdec bench "${common[@]}" --limit "${LIMIT:-3}" --methods "$methods" --dtype auto "${head[@]}" \
-    --out bench_out/specbench-quick-auto --markdown bench_out/benchmarks-auto.md "${notes[@]}" "$@"
+    --out bench_out/specbench-quick-auto --markdown bench_out/benchmarks-auto.md "${notes[@]}" "$@" ||
+    [ $? -eq 1 ] # 1: a row failed on every prompt, which its table shows; the report goes on
 hf-specdec bench "${common[@]}" --limit "${LIMIT_FP32:-2}" --methods ngram,ngram+tree --dtype float32 \
-    --out bench_out/specbench-quick-fp32 --markdown bench_out/benchmarks-fp32.md "${notes[@]}" "$@"
+    --out bench_out/specbench-quick-fp32 --markdown bench_out/benchmarks-fp32.md "${notes[@]}" "$@" ||
+    [ $? -eq 1 ]
 {
     cat bench_out/benchmarks-auto.md
     printf '\n\n# The same in fp32 (verifying several tokens costs more than one: the policy drafts less)\n\n'
