@@ -19,10 +19,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from ..config import COMPILED, GREEDY_CHAINS_AND_TREES, TRANSLATED, TREES, read_when
 from ..core.devices import check_placed, execution_device
 from ..core.fields import check_fields
-from ..heads.mtp import checkpoint_stamp
 from ..hub.config_check import NO_PICKLES, checkpoint_problem
 from ..hub.download import HubFileError, download_model
 from ..hub.tokenizer_check import compare_tokenizers_once
+from ..store.manifest import checkpoint_stamp
 from .base import Drafter, options_to_config
 from .decoder import DecoderDrafter, TorchDecoder
 from .kind import clear_kinds, draft_method

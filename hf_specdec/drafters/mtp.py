@@ -34,13 +34,13 @@ from ..heads.mtp import (
     MtpDepth,
     checkpoint_folder,
     checkpoint_model,
-    checkpoint_stamp,
     clear_read_files,
     load_mtp_layers,
     mtp_layer_count,
     mtp_placement,
     mtp_weight_keys,
 )
+from ..store.manifest import checkpoint_stamp
 from .base import Drafter, options_to_config
 from .chain import chain, real_tokens, right_aligned
 from .eagle import EagleDrafter

@@ -30,8 +30,8 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES, mo
 
 from ..core.devices import module_device
 from ..core.masks import in_attention_format
-from ..hub.download import SAFETENSORS_INDEX, local_snapshot
-from ..store.manifest import file_stamp
+from ..hub.download import local_snapshot
+from ..store.manifest import SAFETENSORS_INDEX, file_stamp
 from .eagle import HeadOutput, causal_mask
 
 # Config fields under which checkpoints that transformers does not load MTP for still declare
@@ -86,13 +86,6 @@ def _checkpoint_keys(folder: Path) -> list[str]:
     if index.is_file():
         return _read_once(index, _index_keys)
     return [key for path in sorted(folder.glob("*.safetensors")) for key in _read_once(path, _header)]
-
-
-def checkpoint_stamp(folder: Path) -> tuple:
-    """The checkpoint in `folder` as it is now, read without opening a file: the name and `file_stamp`
-    of each safetensors file and of the shard index. A file rewritten, added or removed changes it."""
-    files = [*sorted(folder.glob("*.safetensors")), folder / SAFETENSORS_INDEX]
-    return tuple((path.name, *file_stamp(path)) for path in files if path.is_file())
 
 
 def clear_read_files() -> None:

@@ -25,6 +25,8 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
+from ..store.manifest import SAFETENSORS_INDEX
+
 try:  # the HTTP client's error for a Hub that cannot be reached: httpx2 in huggingface_hub 2.x, httpx in 1.x
     from httpx2 import TransportError as HubUnreachable
 except ImportError:  # pragma: no cover - huggingface_hub 1.x
@@ -43,7 +45,6 @@ TOKENIZER_FILES = (
 # The files of a model we load: config, generation config and safetensors weights (one file, or
 # shards and their index). Never pickles (`pytorch_model.bin`, `*.pt`): unpickling can run code.
 SAFETENSORS_WEIGHTS = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors$")
-SAFETENSORS_INDEX = "model.safetensors.index.json"
 _MODEL_FILES = {"config.json", "generation_config.json", SAFETENSORS_INDEX}
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 

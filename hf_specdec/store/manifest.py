@@ -120,6 +120,17 @@ def file_digest(path: Path) -> str:
     return _DIGESTS[key]
 
 
+SAFETENSORS_INDEX = "model.safetensors.index.json"  # a sharded checkpoint's map of tensors to files
+
+
+def checkpoint_stamp(folder: Path) -> tuple:
+    """The checkpoint in `folder` as it is now, read without opening a file: the name and `file_stamp`
+    of its config.json, each safetensors file and the shard index. A file rewritten, added or removed
+    changes it."""
+    files = [folder / "config.json", *sorted(folder.glob("*.safetensors")), folder / SAFETENSORS_INDEX]
+    return tuple((path.name, *file_stamp(path)) for path in files if path.is_file())
+
+
 def file_stamp(path: Path) -> tuple[int, int, int]:
     """`path`'s size, modification time and inode (of the file a link leads to, as a Hub snapshot's
     to its blob), read without opening it: what tells a file rewritten or replaced since an earlier
