@@ -13,6 +13,7 @@ from transformers import RepetitionPenaltyLogitsProcessor
 
 from hf_specdec import SpeculativeConfig, register_drafter
 from hf_specdec.core.draft import Draft, DraftRequest
+from hf_specdec.core.kv import RaggedKV
 from hf_specdec.core.policy import FixedDraftLength
 from hf_specdec.drafters import DRAFTERS, Drafter
 from hf_specdec.integration import _ORIGINAL_GENERATE
@@ -119,25 +120,28 @@ def test_a_padded_row_over_a_static_cache_returns_plain_scores():
 
 
 class _AheadInRowZero(Drafter):
-    """Drafts plain output's next tokens for the batch's row 0 (all accepted) and none for the
-    others, so that row 0 reaches max_new_tokens while the others still decode."""
+    """Drafts plain output's next tokens for the batch's `ahead` rows (all accepted; row 0 by
+    default) and none for the others, so that those reach max_new_tokens while the others decode."""
 
     name: ClassVar[str] = "_ahead_in_row_zero"
     plain: ClassVar[torch.Tensor]  # plain's sequences [B, prompt + MAX_NEW]
+    ahead: ClassVar[tuple[int, ...]] = (0,)
 
     @classmethod
     def from_config(cls, config, target, tokenizer):
         return cls()
 
     def propose(self, request: DraftRequest) -> Draft:
-        ahead = torch.zeros(0, dtype=torch.long)
-        if 0 in request.row_ids:
-            b = request.row_ids.index(0)
-            ahead = self.plain[0, request.lengths[b] :][: max(request.max_tokens[b], 0)]
-        tokens = torch.zeros(len(request.row_ids), len(ahead), dtype=torch.long)  # no wider than row 0's
-        if len(ahead):
-            tokens[request.row_ids.index(0)] = ahead
-        return Draft(tokens, [len(ahead) if row == 0 else 0 for row in request.row_ids])
+        drafts = [
+            self.plain[row, request.lengths[b] :][: max(request.max_tokens[b], 0)]
+            if row in self.ahead
+            else self.plain.new_zeros(0)
+            for b, row in enumerate(request.row_ids)
+        ]
+        tokens = torch.zeros(len(drafts), max(map(len, drafts)), dtype=torch.long)
+        for b, draft in enumerate(drafts):
+            tokens[b, : len(draft)] = draft
+        return Draft(tokens, [len(draft) for draft in drafts])
 
 
 def test_a_row_at_max_length_frees_its_static_cache_while_outputs_are_kept():
@@ -161,3 +165,33 @@ def test_a_row_at_max_length_frees_its_static_cache_while_outputs_are_kept():
     assert torch.equal(spec.sequences, plain.sequences)
     for field in ("scores", "logits"):
         assert_close_steps(getattr(spec, field), getattr(plain, field), field)
+
+
+def test_rows_at_max_length_leave_a_dynamic_cache_while_outputs_are_kept(monkeypatch):
+    """Two of three rows reach max_new_tokens first: with every per-token output asked for, they
+    leave the batch's cache as where none is (they are never padded, so nothing reads their rows
+    again), and the outputs at the steps the last row decodes alone are still plain's."""
+    model = tiny("llama", 0, attn_implementation="eager", eos_token_id=None)
+    inputs = _inputs()
+    given = dict(inputs, max_new_tokens=MAX_NEW, do_sample=False, **EVERYTHING)
+    plain = _ORIGINAL_GENERATE(model, **given)
+    kept = []
+    select_rows = RaggedKV.select_rows
+    monkeypatch.setattr(
+        RaggedKV, "select_rows", lambda kv, rows: kept.append(rows.tolist()) or select_rows(kv, rows)
+    )
+    monkeypatch.setattr(_AheadInRowZero, "plain", plain.sequences)
+    monkeypatch.setattr(_AheadInRowZero, "ahead", (0, 1))
+    register_drafter(_AheadInRowZero)
+    try:
+        spec = model.generate(**given, speculative=dict(method="_ahead_in_row_zero", num_draft_tokens=4))
+    finally:
+        DRAFTERS.pop("_ahead_in_row_zero")
+    assert kept == [[2]]  # rows 0 and 1 left
+    assert torch.equal(spec.sequences, plain.sequences)
+    for field in ("scores", "logits"):
+        assert_close_steps(getattr(spec, field), getattr(plain, field), field)
+    for field in ("attentions", "hidden_states"):
+        assert len(getattr(spec, field)) == len(getattr(plain, field)), field
+        for step, (ours, theirs) in enumerate(zip(getattr(spec, field), getattr(plain, field))):
+            assert_close_steps(ours, theirs, f"{field}[{step}]")
