@@ -33,7 +33,7 @@ import torch
 
 from ..core.draft import Draft
 from ..core.processing import ScoreProcessor
-from ..hub.tokenizer_check import token_spellings
+from ..hub.tokenizer_check import spelling, token_spellings
 from .chain import chain, real_tokens
 from .decoder import DecoderDrafter
 from .vocabulary import encode, start_tokens
@@ -140,8 +140,8 @@ class TextAlignedDrafter(DecoderDrafter):
 
     def _target_tokens(self, real: torch.Tensor, drafted: list[int]) -> list[int]:
         """The draft's tokens `drafted` as the target's, following the row's tokens `real`."""
-        spellings = [_spelling(self.draft_spellings, d) for d in drafted]
-        stop = next((i for i, spelling in enumerate(spellings) if spelling is None), len(drafted))
+        spellings = [spelling(self.draft_spellings, d) for d in drafted]
+        stop = next((i for i, text in enumerate(spellings) if text is None), len(drafted))
         proposed = b"".join(spellings[:stop])
         window = _bytes(self.target_spellings, real[-LOOKBEHIND:].tolist())
         tokens = encode(self.target_tokenizer, (window + proposed).decode("utf-8", "replace"))
@@ -158,15 +158,10 @@ class TextAlignedDrafter(DecoderDrafter):
         return after
 
 
-def _spelling(spellings: list[bytes | None], i: int) -> bytes | None:
-    """Token i's bytes; None for a special token, or an id past the tokenizer's (a padded head)."""
-    return spellings[i] if i < len(spellings) else None
-
-
 def _bytes(spellings: list[bytes | None], ids: list[int]) -> bytes:
     """The text the tokens spell; special tokens and ids past the tokenizer's spell nothing (a
     target with a padded head can emit those, as plain decoding does)."""
-    return b"".join(_spelling(spellings, i) or b"" for i in ids)
+    return b"".join(spelling(spellings, i) or b"" for i in ids)
 
 
 def _text(spellings: list[bytes | None], ids: list[int]) -> str:
@@ -175,4 +170,4 @@ def _text(spellings: list[bytes | None], ids: list[int]) -> str:
 
 def _ends(spellings: list[bytes | None], ids: list[int]) -> accumulate:
     """The byte offset at which each token's spelling ends, in the text the tokens spell."""
-    return accumulate(len(_spelling(spellings, i) or b"") for i in ids)
+    return accumulate(len(spelling(spellings, i) or b"") for i in ids)

@@ -30,7 +30,13 @@ from typing import Any, Protocol
 
 import torch
 
-from ..hub.tokenizer_check import dropping_refs, shared_token_pairs, token_spellings, vocabulary_overlap
+from ..hub.tokenizer_check import (
+    dropping_refs,
+    shared_token_pairs,
+    spelling,
+    token_spellings,
+    vocabulary_overlap,
+)
 
 TRANSLATIONS = ("auto", "intersection", "text")  # `DraftModelConfig.translation`
 
@@ -156,8 +162,8 @@ class TokenIntersection:
     def _spell(self, target_id: int) -> torch.Tensor:
         spelled = self._spelled.get(target_id)
         if spelled is None:
-            spelling = self.target_spellings[target_id] if target_id < len(self.target_spellings) else None
-            ids = [] if not spelling else encode(self.draft_tokenizer, spelling.decode("utf-8", "replace"))
+            text = spelling(self.target_spellings, target_id)
+            ids = [] if not text else encode(self.draft_tokenizer, text.decode("utf-8", "replace"))
             spelled = torch.tensor(ids, dtype=torch.long, device=self.to_draft.device)
             self._spelled[target_id] = spelled
         return spelled

@@ -168,6 +168,12 @@ def token_spellings(tokenizer: Any) -> list[bytes | None]:
     return _remembered(_SPELLINGS, tokenizer, _spell_tokens)
 
 
+def spelling(spellings: list[bytes | None], token_id: int) -> bytes | None:
+    """A token's bytes in `token_spellings`; None for a special token, or an id past the tokenizer's
+    (a model whose head is wider than its tokenizer, padded, can emit those)."""
+    return spellings[token_id] if token_id < len(spellings) else None
+
+
 def shared_token_pairs(target: Any, draft: Any) -> dict[int, int]:
     """Draft token id -> the target token id that spells the same bytes, for every token both
     vocabularies have (one id per spelling on each side: a tokenizer with two ids for one spelling,
