@@ -14,6 +14,7 @@ from transformers.cache_utils import (
     LinearAttentionLayer,
 )
 from transformers.generation import GenerationMode, logits_process
+from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
 from .compat import generate_cache, takes_dynamic_cache
 from .inputs import cached_columns, check_forwarded
@@ -88,6 +89,7 @@ def check_supported(
         raise ValueError(
             "speculative= supports decoder-only models; encoder-decoder models are not supported yet."
         )
+    check_causal(model)
     check_rolls_back(model, "drop speculative= for this model")
     check_mode(config)
     if config.num_beams > 1:
@@ -118,6 +120,25 @@ def check_supported(
     if cache is not None and cache.get_seq_length() > 0:
         check_continued(input_ids, cache, _mask_length(config, model_kwargs))
     check_forwarded(input_ids, model_kwargs)
+
+
+def check_causal(model: Any) -> None:
+    """Refuse an encoder given an LM head (`BertLMHeadModel`, RoBERTa's, ELECTRA's, ...) whose config
+    leaves `is_decoder=False`: its self-attention then runs both ways, so in a verify forward each
+    token would see the drafts after it, where plain decoding fed it alone. Encoders are the
+    architectures transformers also maps for masked LM, or whose self-attention says it is not
+    causal; a decoder's cross-attention is not causal either, hence `is_decoder` first."""
+    if getattr(model.config, "is_decoder", True):
+        return
+    if model.config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES or any(
+        getattr(module, "is_causal", True) is False for module in model.modules()
+    ):
+        raise ValueError(
+            f"{type(model).__name__} has is_decoder=False in its config, so its attention runs both ways "
+            "and a verify forward would let each token see the drafts after it: load it with "
+            "is_decoder=True (as transformers asks of a standalone causal LM of this encoder), or drop "
+            "speculative=."
+        )
 
 
 def check_rolls_back(model: Any, fix: str, role: str = "") -> None:

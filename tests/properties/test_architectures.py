@@ -130,3 +130,17 @@ def test_recurrent_architecture_refuses_what_it_cannot_roll_back():
     auto = dict(method="ngram", tree="auto")  # chains, not a refusal
     out = model.generate(prompt[:1], max_new_tokens=6, speculative=auto, return_dict_in_generate=True)
     assert out.speculative_stats.tree_steps == 0
+
+
+@pytest.mark.parametrize("name", ["bert", "bert-generation", "megatron-bert", "roberta"])
+def test_encoder_with_an_lm_head_speculates_only_as_a_decoder(name):
+    """An encoder given an LM head (`BertLMHeadModel`, ...) attends both ways unless its config says
+    is_decoder=True: a verify forward would let each token see the drafts after it (a draft of the
+    model itself gave other tokens than plain), so it is refused; as a decoder it matches plain."""
+    prompt = torch.randint(3, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0)).repeat(1, 3)
+    self_draft = dict(method="draft_model", draft=tiny(name, 0), num_draft_tokens=4)
+    for speculative in ["ngram", self_draft]:
+        with pytest.raises(ValueError, match="is_decoder=False in its config.*load it with is_decoder=True"):
+            tiny(name, 0).generate(prompt, max_new_tokens=4, speculative=speculative)
+    model, weak_draft = tiny(name, 0, is_decoder=True), tiny(name, 1, is_decoder=True)
+    _check(model, weak_draft, prompt)
