@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from typing import Any
 
@@ -143,11 +144,18 @@ def check_causal(model: Any) -> None:
 
 def check_rolls_back(model: Any, fix: str, role: str = "") -> None:
     """Refuse a model that transformers decodes over no `DynamicCache` (`role` goes before its class
-    name: "The draft "): it would swallow the cache passed and see only the tokens fed."""
+    name: "The draft "), or one that keeps no KV cache at all (OpenAI GPT): it would swallow the cache
+    passed and see only the tokens fed."""
     if not takes_dynamic_cache(model):
         raise ValueError(
             f"{role}{type(model).__name__} keeps its state in a cache of its own, which speculative= "
             f"cannot roll back after a rejection (transformers' assisted decoding refuses it too): {fix}."
+        )
+    parameters = inspect.signature(type(model).forward).parameters
+    if "cache" not in parameters and "past_key_values" not in parameters:
+        raise ValueError(
+            f"{role}{type(model).__name__} keeps no KV cache (plain generate feeds it the whole sequence "
+            f"each step), so speculative= cannot feed it only the new tokens: {fix}."
         )
 
 

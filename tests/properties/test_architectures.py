@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM
 
 import hf_specdec
 from hf_specdec.core.kv import RaggedKV
@@ -144,3 +145,20 @@ def test_encoder_with_an_lm_head_speculates_only_as_a_decoder(name):
             tiny(name, 0).generate(prompt, max_new_tokens=4, speculative=speculative)
     model, weak_draft = tiny(name, 0, is_decoder=True), tiny(name, 1, is_decoder=True)
     _check(model, weak_draft, prompt)
+
+
+def test_a_model_without_a_kv_cache_is_refused():
+    """OpenAI GPT keeps no KV cache: plain generate feeds it the whole sequence each step, and fed
+    only the new tokens it would see nothing before them (it crashed in a batch and gave other
+    tokens than plain at batch 1), as a target or as a draft."""
+    config = AutoConfig.for_model(
+        "openai-gpt", vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256
+    )
+    torch.manual_seed(0)
+    gpt = AutoModelForCausalLM.from_config(config).eval()
+    prompt = torch.randint(3, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0)).repeat(1, 3)
+    with pytest.raises(ValueError, match="OpenAIGPTLMHeadModel keeps no KV cache"):
+        gpt.generate(prompt, max_new_tokens=4, speculative="ngram")
+    draft = dict(method="draft_model", draft=gpt)
+    with pytest.raises(ValueError, match="The draft OpenAIGPTLMHeadModel keeps no KV cache"):
+        tiny("llama", 0).generate(prompt, max_new_tokens=4, speculative=draft)
