@@ -142,6 +142,13 @@ def check_causal(model: Any) -> None:
         )
 
 
+# Architectures whose forward assumes one new token a step, transformers' own `generate` being the
+# only caller it was written for: CPM-Ant ignores the attention mask and positions given and builds
+# its own for one token; XLM sizes its attention from a cache dict of its own. A verify forward of
+# several tokens fails inside them (found by a sweep of transformers 5.25's causal LMs).
+_ONE_TOKEN_A_STEP = {"cpmant", "xlm"}
+
+
 def check_rolls_back(model: Any, fix: str, role: str = "") -> None:
     """Refuse a model that transformers decodes over no `DynamicCache` (`role` goes before its class
     name: "The draft "), or one that keeps no KV cache at all (OpenAI GPT): it would swallow the cache
@@ -150,6 +157,11 @@ def check_rolls_back(model: Any, fix: str, role: str = "") -> None:
         raise ValueError(
             f"{role}{type(model).__name__} keeps its state in a cache of its own, which speculative= "
             f"cannot roll back after a rejection (transformers' assisted decoding refuses it too): {fix}."
+        )
+    if getattr(model.config, "model_type", None) in _ONE_TOKEN_A_STEP:
+        raise ValueError(
+            f"{role}{type(model).__name__} is written to be fed one new token a step, so it cannot "
+            f"verify a draft of several in one forward: {fix}."
         )
     parameters = inspect.signature(type(model).forward).parameters
     if "cache" not in parameters and "past_key_values" not in parameters:
