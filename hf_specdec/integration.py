@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, PreTrainedTokenizerBase, StaticCache, StoppingCriteriaList
 from transformers.generation.stopping_criteria import StopStringCriteria
-from transformers.generation.utils import GenerationMixin
+from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
 from transformers.pipelines.text_generation import TextGenerationPipeline
 
 from .config import Drafting, SpeculativeConfig, check_tokenizer
@@ -36,9 +36,11 @@ from .core.compat import compiles_decoding, generate_cache
 from .core.draft import Draft, Drafter
 from .core.kv import tree_refusal
 from .core.loop import speculative_decode
+from .core.output import SpeculativeGenerateOutput
 from .core.policy import DEVICE_COSTS, DraftLengthPolicy, FixedDraftLength
+from .core.stats import SpeculativeStats
 from .drafters import DRAFTERS, build_drafter
-from .selection.method import resolve_method
+from .selection.method import plain_instead, resolve_method
 
 
 def _kept_original(cls: type, name: str) -> Any:
@@ -127,6 +129,22 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
     ):
         check_supported(model, input_ids, generation_config, model_kwargs, streamer)
         check_processors(logits_processor)
+        plainly = plain_instead(config, model, input_ids.shape[0], generate_cache(model_kwargs))
+        if plainly is not None:
+            out = type(model)._sample(  # generate's own loop, as without speculative=
+                model,
+                input_ids,
+                logits_processor,
+                stopping_criteria,
+                generation_config,
+                streamer=streamer,
+                **model_kwargs,
+            )
+            if not isinstance(out, GenerateDecoderOnlyOutput):
+                return out
+            return SpeculativeGenerateOutput(
+                **out, speculative_stats=SpeculativeStats(method="plain", selection=plainly)
+            )
         # Torch's default generators (the CPU's, the device's) left as they were, as plain's: building
         # a drafter can initialise modules before their weights load; a seeded sample starts there.
         forked = [input_ids.device] if input_ids.device.type == "cuda" else []

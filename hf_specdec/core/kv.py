@@ -103,7 +103,7 @@ class RaggedKV:
         self.prompt_width = 0  # columns of the prompt once fed, padding included
         self.all_real = bool(self.mask.all())  # no hole: the model then needs no attention mask
         self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
-        self.recurrent = any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in self.cache.layers)
+        self.recurrent = keeps_recurrent_state(model, self.cache)
         self.recording = False  # recurrent states recorded per token (from the forward after the prompt's)
         self.tree_refusal = tree_refusal(model, self.recurrent)  # why no tree goes through it, if so
         if self.recurrent and batch_size > 1:
@@ -363,6 +363,14 @@ def check_kept_in(model: PreTrainedModel, cache: DynamicCache, output: Any) -> N
         )
 
 
+def keeps_recurrent_state(model: Any, cache: Any = None) -> bool:
+    """Whether `model` keeps a state a row (linear-attention or state-space layers), as `cache`'s
+    layers say, else (None) as a cache built from its config would."""
+    if cache is None:
+        cache = DynamicCache(config=model.config.get_text_config(decoder=True))
+    return any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in getattr(cache, "layers", ()))
+
+
 def tree_refusal(model: Any, recurrent: bool | None = None) -> str | None:
     """Why tree drafts cannot go through `model`, else None: recurrent states (`recurrent`, as its
     cache's layers say; None: as a cache built from its config would), or attention biases built from
@@ -370,11 +378,7 @@ def tree_refusal(model: Any, recurrent: bool | None = None) -> str | None:
     if not isinstance(model, PreTrainedModel):
         return None  # our draft heads: trees are what they grow
     config = model.config.get_text_config(decoder=True)
-    if recurrent is None:
-        recurrent = any(
-            isinstance(layer, LinearAttentionCacheLayerMixin) for layer in DynamicCache(config=config).layers
-        )
-    if recurrent:
+    if recurrent if recurrent is not None else keeps_recurrent_state(model):
         return (
             "has linear-attention or state-space layers, which read a sequence in order and cannot "
             "take a tree's branches side by side"

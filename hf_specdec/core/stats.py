@@ -38,6 +38,8 @@ class SpeculativeStats:
     and Spec-Bench's τ (how good the drafts were). They are equal when every step drafted.
     """
 
+    # The drafter's method; "plain" where `"auto"` decoded the call with generate's own loop, drafting
+    # nothing and counting nothing (`selection` says why: `selection.method.plain_instead`).
     method: str = ""
     # How the drafter's tokens became the target's, where it drafts in another vocabulary (a draft
     # model of another tokenizer: `Drafter.translation`); "" where drafts are the target's own ids.

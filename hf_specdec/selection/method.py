@@ -1,6 +1,7 @@
 """`method="auto"` made concrete before the loop starts: the draft given, run by what it is
 (`drafters.kind`), else the one chosen (the model's own heads, then a published block draft for the
-target, see `block`, then the rest)."""
+target, see `block`, then the rest); or, where no method can serve the call, plain decoding
+(`plain_instead`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import warnings
 from typing import Any
 
 from ..config import SpeculativeConfig
+from ..core.kv import keeps_recurrent_state
 from ..drafters.kind import draft_method
 from ..ort.layout import is_onnx_folder
 from .block import published_block_draft
@@ -41,6 +43,20 @@ def resolve_method(config: SpeculativeConfig, model: Any) -> tuple[SpeculativeCo
         target = getattr(model, "name_or_path", "") or type(model).__name__
         _log_once(f"method='auto' on {target} drafts with method={config.method!r}: {reason}")
     return config, reason
+
+
+def plain_instead(config: SpeculativeConfig, model: Any, batch_size: int, cache: Any = None) -> str | None:
+    """Why `"auto"` decodes this call plainly, else None: it promises the output and no less than the
+    speed of plain decoding, where a named method refuses what it cannot do (`RaggedKV`). A recurrent
+    state (linear-attention or state-space layers, as `cache` holds them) rolls back one row at a time."""
+    if config.method != "auto" or batch_size == 1 or not keeps_recurrent_state(model, cache):
+        return None
+    reason = (
+        f"{type(model).__name__} keeps a recurrent state a row (linear-attention or state-space layers), "
+        f"which speculative decoding rolls back for one row at a time, not for a batch of {batch_size}"
+    )
+    _log_once(f"method='auto' decodes plainly: {reason}")
+    return reason
 
 
 def _choose_method(config: SpeculativeConfig, model: Any) -> tuple[SpeculativeConfig, str]:

@@ -57,7 +57,8 @@ def test_a_hybrid_checkpoint_decodes_as_plain(tmp_path):
     last): its MTP layer drafts chains of 1 and 3, some rejected and some accepted, and the output
     is plain greedy's (the linear layers' recurrent state rolled back to the last token kept);
     `speculative=True` picks it. transformers 5.25's `use_mtp=True` differs from plain on most such
-    prompts (`tests/helpers/mtp.py`), so plain is the reference. A batch is refused, saying what to do."""
+    prompts (`tests/helpers/mtp.py`), so plain is the reference. A batch is refused by method="mtp", saying what to do, and decoded
+    plainly by `speculative=True`."""
     name = "bailing_hybrid"
     target = load(name, mtp.checkpoint(tmp_path, name, agree=0.1))
     for k in (1, 3):
@@ -69,7 +70,9 @@ def test_a_hybrid_checkpoint_decodes_as_plain(tmp_path):
         out = target.generate(**kwargs, speculative=True, return_dict_in_generate=True)
     assert torch.equal(out.sequences, plain) and out.speculative_stats.method == "mtp"
     with pytest.raises(ValueError, match="linear-attention or state-space layers.*one sequence at a time"):
-        target.generate(**mtp.prompts(2), max_new_tokens=3, speculative=True)
+        target.generate(**mtp.prompts(2), max_new_tokens=3, speculative="mtp")
+    batch = dict(**mtp.prompts(2), max_new_tokens=3, do_sample=False)
+    assert torch.equal(target.generate(**batch, speculative=True), target.generate(**batch))  # plainly
 
 
 def test_the_layers_are_read_once_per_model(tmp_path, monkeypatch):

@@ -133,6 +133,31 @@ def test_recurrent_architecture_refuses_what_it_cannot_roll_back():
     assert out.speculative_stats.tree_steps == 0
 
 
+@pytest.mark.parametrize("name", ["qwen3_next", "mamba"])
+def test_a_recurrent_batch_under_auto_decodes_plainly(name):
+    """`speculative=True` on a batch of a model with a recurrent state (which rolls back one row at a
+    time) decodes it with generate's own loop, saying why, where a named method refuses: plain's
+    tokens, scores and sampled sequences, and the call's statistics say it drafted nothing."""
+    model = tiny(name, 0, eos_token_id=None)
+    prompt = torch.randint(3, VOCAB, (2, 8), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(prompt)
+    mask[1, :3] = 0  # a left-padded row
+    kw = dict(attention_mask=mask, max_new_tokens=6, return_dict_in_generate=True, output_scores=True)
+    plain = model.generate(prompt, do_sample=False, **kw)
+    out = model.generate(prompt, do_sample=False, **kw, speculative=True)
+    assert torch.equal(out.sequences, plain.sequences)
+    assert all(torch.equal(a, b) for a, b in zip(out.scores, plain.scores, strict=True))
+    stats = out.speculative_stats
+    assert stats.method == "plain" and stats.drafted == 0 and "one row at a time" in stats.selection
+    torch.manual_seed(3)
+    sampled = model.generate(prompt[:1], do_sample=True, num_return_sequences=2, max_new_tokens=6)
+    torch.manual_seed(3)
+    spec = model.generate(
+        prompt[:1], do_sample=True, num_return_sequences=2, max_new_tokens=6, speculative=True
+    )
+    assert torch.equal(spec, sampled)
+
+
 @pytest.mark.parametrize("name", ["bert", "bert-generation", "megatron-bert", "roberta"])
 def test_encoder_with_an_lm_head_speculates_only_as_a_decoder(name):
     """An encoder given an LM head (`BertLMHeadModel`, ...) attends both ways unless its config says
