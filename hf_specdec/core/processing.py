@@ -49,10 +49,36 @@ _NO_TOKENS = torch.zeros(1, 0, dtype=torch.long)
 # repetition penalty with each row's left-padding length, so padding is never penalised).
 _PER_ROW_ATTRIBUTES = ("prompt_ignore_length",)
 
-# transformers' processors that treat a row by its index in the batch: `prefix_allowed_tokens_fn`
-# gets it as `batch_id`, the encoder's ids are one row per row of the batch.
-_ROW_INDEXED = ("PrefixConstrainedLogitsProcessor", "EncoderRepetitionPenaltyLogitsProcessor")
-_ROW_INDEXED += ("EncoderNoRepeatNGramLogitsProcessor",)
+
+def _prefix_constrained_row(processor: Any, row: int, batch_size: int) -> dict[str, Any]:
+    """`prefix_allowed_tokens_fn` asked about row `row` only, by its `batch_id` (a prompt's
+    `num_beams` rows share one), never about another row's sequence."""
+    allowed, batch_id = processor._prefix_allowed_tokens_fn, row // processor._num_beams
+    return {"_prefix_allowed_tokens_fn": lambda _, sent: allowed(batch_id, sent), "_num_beams": 1}
+
+
+def _encoder_ids_row(processor: Any, row: int, batch_size: int) -> dict[str, Any]:
+    """The encoder's ids of row `row`'s prompt (rows of one prompt follow each other)."""
+    ids = processor.encoder_input_ids
+    index = row // (batch_size // ids.shape[0]) if batch_size > ids.shape[0] else row
+    return {"encoder_input_ids": ids[index : index + 1]}
+
+
+def _encoder_ngrams_row(processor: Any, row: int, batch_size: int) -> dict[str, Any]:
+    """The n-grams of row `row`'s prompt, for a batch of that row alone."""
+    index = row // (batch_size // processor.batch_size)
+    return {"generated_ngrams": [processor.generated_ngrams[index]], "batch_size": 1}
+
+
+# transformers' processors that treat a row by its index in the batch (`prefix_allowed_tokens_fn`
+# gets it as `batch_id`, the encoder's ids are one row per row of the batch), each with the
+# attributes that make a copy of it treat a batch of one row as it treats row `row` of the batch:
+# each row is processed alone, at the cost of one row.
+_ROW_INDEXED: dict[str, Callable[[Any, int, int], dict[str, Any]]] = {
+    "PrefixConstrainedLogitsProcessor": _prefix_constrained_row,
+    "EncoderRepetitionPenaltyLogitsProcessor": _encoder_ids_row,
+    "EncoderNoRepeatNGramLogitsProcessor": _encoder_ngrams_row,
+}
 
 
 def indexes_rows(callable_: object) -> bool:
@@ -90,6 +116,18 @@ class _AsRow(lp.LogitsProcessor):
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         return as_row(self.processor, self.row, self.batch_size, input_ids, scores)
+
+
+def _one_row(processor: lp.LogitsProcessor, row: int, batch_size: int) -> lp.LogitsProcessor:
+    """A processor that may index rows, as it treats row `row` of a batch of `batch_size` rows,
+    called with that row alone: transformers' own (`_ROW_INDEXED`) narrowed to the row, any
+    other shown the whole batch (`_AsRow`)."""
+    kind = type(processor)
+    if kind.__module__.startswith("transformers.") and kind.__name__ in _ROW_INDEXED:
+        narrowed = copy.copy(processor)
+        narrowed.__dict__.update(_ROW_INDEXED[kind.__name__](processor, row, batch_size))
+        return narrowed
+    return _AsRow(processor, row, batch_size)
 
 
 class ScoreProcessor:
@@ -156,7 +194,7 @@ class ScoreProcessor:
                     processor = copy.copy(processor)
                     processor.__dict__.update(sliced)
                 if indexes_rows(processor) and self.batch_size > 1:
-                    processor = _AsRow(processor, row_id, self.batch_size)
+                    processor = _one_row(processor, row_id, self.batch_size)
                 row.append(processor)
             self._row_processors[row_id] = row
         return self._row_processors[row_id]

@@ -592,3 +592,19 @@ def test_processors_and_criteria_that_tell_rows_apart_by_index(target, drafts, o
     if option in ("bias_per_row", "prefix_allowed_tokens_fn"):  # each row kept to its own band
         for b, row in enumerate(out[:, input_ids.shape[1] :].tolist()):
             assert set(row) <= set(_band(b))
+
+
+@pytest.mark.parametrize("method", ["ngram", "good"])
+def test_prefix_allowed_tokens_fn_is_asked_about_each_row_by_its_own_batch_id(target, drafts, method):
+    """Plain `generate` asks `prefix_allowed_tokens_fn(batch_id, sent)` only with row batch_id's own
+    sequence: a function that allows nothing after another row's prompt (a trie per row) works."""
+    input_ids, attention_mask = random_batch(7, 4, min_len=2, max_len=30)
+    width = input_ids.shape[1]
+
+    def allowed(batch_id: int, sent: torch.Tensor) -> list[int]:
+        return _band(batch_id) if torch.equal(sent[:width], input_ids[batch_id]) else []
+
+    common = dict(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=16, do_sample=False)
+    plain = target.generate(**common, prefix_allowed_tokens_fn=allowed)
+    out = target.generate(**common, prefix_allowed_tokens_fn=allowed, speculative=spec_for(method, drafts, 4))
+    assert_same_as_plain(target, out, plain, attention_mask)
