@@ -38,9 +38,19 @@ _GENERATED_TOKENS_TAKE = {
 }
 
 
+def given_inputs(model_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The model inputs that carry something: neither None nor an empty dict (`generate` sets
+    `mm_encoder_outputs={}` for every image-text model, whether or not the call holds an image)."""
+    return {key: value for key, value in model_kwargs.items() if value is not None and not _empty(value)}
+
+
+def _empty(value: Any) -> bool:
+    return isinstance(value, dict) and not value
+
+
 def check_forwarded(input_ids: torch.Tensor, model_kwargs: dict[str, Any]) -> None:
     """Refuse a model input speculative decoding would not pass on: nothing is silently dropped."""
-    given = {key: value for key, value in model_kwargs.items() if value is not None}
+    given = given_inputs(model_kwargs)
     unknown = sorted(key for key in given if key not in _CONSUMED and key not in FORWARDED)
     cached = cached_columns(model_kwargs)
     if "cache_position" in unknown and _is_default_cache_position(given["cache_position"], input_ids, cached):
@@ -71,7 +81,7 @@ class ModelInputs:
 
     def __init__(self, model: Any, input_ids: torch.Tensor, model_kwargs: dict[str, Any]) -> None:
         """`model_kwargs` as `check_forwarded` accepted them."""
-        given = {key: value for key, value in model_kwargs.items() if value is not None}
+        given = given_inputs(model_kwargs)
         # The prompt's forward feeds its columns a filled cache does not hold yet.
         self.uncached = slice(cached_columns(model_kwargs), None)
         positions = _prompt_positions(given.get("position_ids"), input_ids)

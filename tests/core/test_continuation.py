@@ -8,7 +8,16 @@ import copy
 
 import pytest
 import torch
-from transformers import DynamicCache, MistralConfig, MistralForCausalLM, StaticCache
+from transformers import (
+    CLIPVisionConfig,
+    DynamicCache,
+    LlamaConfig,
+    LlavaConfig,
+    LlavaForConditionalGeneration,
+    MistralConfig,
+    MistralForCausalLM,
+    StaticCache,
+)
 
 from hf_specdec import SpeculativeConfig
 from hf_specdec.core.kv import holds_holes
@@ -251,3 +260,37 @@ def test_a_sliding_window_model_over_a_cache_built_without_its_config(filled):
     )
     assert torch.equal(ours.sequences, plain)
     assert ours.speculative_stats.speculative_steps > 0
+
+
+def _tiny_llava() -> LlavaForConditionalGeneration:
+    """LLaVA with a CLIP tower: a 20x20 image becomes 16 soft tokens at the image token's places."""
+    text = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, pad_token_id=0, bos_token_id=1, eos_token_id=None,
+    )  # fmt: skip
+    vision = CLIPVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, image_size=20,
+        patch_size=5,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return LlavaForConditionalGeneration(
+        LlavaConfig(text_config=text, vision_config=vision, image_token_id=4)
+    ).eval()
+
+
+def test_a_text_turn_after_an_image_turn_is_plains_continuation():
+    """generate gives every image-text model an empty `mm_encoder_outputs`, image or not: a text turn
+    over the cache of a turn with an image was refused as if it held an image."""
+    model = _tiny_llava()
+    input_ids = torch.tensor([[1, 9] + [4] * 16 + [7, 11, 13]])
+    pixel_values = torch.randn(1, 3, 20, 20, generator=torch.Generator().manual_seed(0))
+    first, turn, mask = _first_turn(model, input_ids, torch.ones_like(input_ids), pixel_values=pixel_values)
+    plain = model.generate(turn, cache=copy.deepcopy(_cache(first)), max_new_tokens=8, do_sample=False)
+    ours = model.generate(
+        turn, cache=copy.deepcopy(_cache(first)), max_new_tokens=8, do_sample=False, speculative="ngram"
+    )
+    assert ours.tolist() == plain.tolist()
+    with pytest.raises(ValueError, match=r"continues a filled cache= with a text prompt only"):
+        model.generate(
+            turn, cache=_cache(first), pixel_values=pixel_values, max_new_tokens=4, speculative="ngram"
+        )
