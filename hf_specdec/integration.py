@@ -22,6 +22,8 @@ import torch
 from transformers import GenerationConfig, PreTrainedTokenizerBase, StaticCache, StoppingCriteriaList
 from transformers.generation.stopping_criteria import StopStringCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
+from transformers.pipelines.any_to_any import AnyToAnyPipeline
+from transformers.pipelines.image_text_to_text import ImageTextToTextPipeline
 from transformers.pipelines.text_generation import TextGenerationPipeline
 
 from .config import Drafting, SpeculativeConfig, check_tokenizer
@@ -370,12 +372,51 @@ def _pipeline_postprocess(self: Any, model_outputs: Any, *args: Any, **kwargs: A
     return records
 
 
+# The image-text pipelines (image-text-to-text, any-to-any) hand the keyword arguments they do not
+# know to the processor, not to generate, which would drop `speculative=` without a word. It is taken
+# as a forward parameter of its own (kept from the pipeline's construction across calls, as
+# text-generation keeps it) and put into the generate arguments there.
+_PROCESSOR_PIPELINES = (ImageTextToTextPipeline, AnyToAnyPipeline)
+_ORIGINAL_SANITIZE = {cls: _kept_original(cls, "_sanitize_parameters") for cls in _PROCESSOR_PIPELINES}
+_ORIGINAL_FORWARD = {cls: _kept_original(cls, "_forward") for cls in _PROCESSOR_PIPELINES}
+
+
+def _takes_speculative(cls: type) -> tuple[Any, Any]:
+    """`cls`'s `_sanitize_parameters` and `_forward`, taking `speculative=` to generate."""
+    original_sanitize, original_forward = _ORIGINAL_SANITIZE[cls], _ORIGINAL_FORWARD[cls]
+
+    @functools.wraps(original_sanitize)
+    def sanitize(self: Any, *args: Any, speculative: Any = None, **kwargs: Any) -> Any:
+        preprocess, forward, postprocess = original_sanitize(self, *args, **kwargs)
+        if speculative is not None:
+            forward["speculative"] = speculative
+        return preprocess, forward, postprocess
+
+    @functools.wraps(original_forward)
+    def forward(self: Any, model_inputs: Any, speculative: Any = None, **forward_params: Any) -> Any:
+        if speculative is not None:
+            given = dict(forward_params.get("generate_kwargs") or {})
+            if given.get("speculative") is not None:
+                raise ValueError(
+                    "speculative= is given twice, as a pipeline argument and in generate_kwargs: pass one."
+                )
+            tokenizer = getattr(self.processor, "tokenizer", None)
+            if given.get("tokenizer") is None and isinstance(tokenizer, PreTrainedTokenizerBase):
+                given["tokenizer"] = tokenizer  # what a draft of another tokenizer translates through
+            forward_params["generate_kwargs"] = {**given, "speculative": speculative}
+        return original_forward(self, model_inputs, **forward_params)
+
+    return sanitize, forward
+
+
 def install() -> None:
-    """Add `speculative=` to every model's `generate` and carry its statistics through text-generation
-    pipelines (done on `import hf_specdec`; idempotent)."""
+    """Add `speculative=` to every model's `generate` and to the pipelines that generate, and carry its
+    statistics through text-generation pipelines (done on `import hf_specdec`; idempotent)."""
     GenerationMixin.generate = generate
     TextGenerationPipeline._forward = _pipeline_forward
     TextGenerationPipeline.postprocess = _pipeline_postprocess
+    for cls in _PROCESSOR_PIPELINES:
+        cls._sanitize_parameters, cls._forward = _takes_speculative(cls)
 
 
 def uninstall() -> None:
@@ -383,3 +424,5 @@ def uninstall() -> None:
     GenerationMixin.generate = _ORIGINAL_GENERATE
     TextGenerationPipeline._forward = _ORIGINAL_PIPELINE_FORWARD
     TextGenerationPipeline.postprocess = _ORIGINAL_PIPELINE_POSTPROCESS
+    for cls in _PROCESSOR_PIPELINES:
+        cls._sanitize_parameters, cls._forward = _ORIGINAL_SANITIZE[cls], _ORIGINAL_FORWARD[cls]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 from transformers import GenerationConfig, TextIteratorStreamer, pipeline
@@ -300,3 +301,73 @@ def test_paged_cache_is_refused_rather_than_speculation_dropped(target):
     prompt = torch.tensor([[1, 7, 9, 11, 7, 9]])
     with pytest.raises(ValueError, match="cache_implementation='paged'"):
         target.generate(prompt, max_new_tokens=4, cache_implementation="paged", speculative=True)
+
+
+def _tiny_llava_pipeline():
+    """An image-text-to-text pipeline over a tiny LLaVA: a word-level tokenizer (`<image>` id 4) and a
+    CLIP image processor at 20x20 pixels, 16 soft tokens an image."""
+    from transformers import (
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+        PreTrainedTokenizerFast,
+    )
+
+    from .helpers.tokenizers import word_level
+
+    words = word_level(["<unk>", "<pad>", "<s>", "</s>", "<image>"] + [f"w{i}" for i in range(5, 64)])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=words.backend_tokenizer, unk_token="<unk>", pad_token="<pad>", eos_token="</s>",
+        extra_special_tokens={"image_token": "<image>"},
+    )  # fmt: skip
+    tokenizer.chat_template = (
+        "{% for m in messages %}{% for c in m['content'] %}{% if c['type'] == 'image' %}<image> "
+        "{% else %}{{ c['text'] }} {% endif %}{% endfor %}{% endfor %}"
+    )
+    images = CLIPImageProcessor(size={"shortest_edge": 20}, crop_size={"height": 20, "width": 20})
+    processor = LlavaProcessor(
+        image_processor=images, tokenizer=tokenizer, patch_size=5, vision_feature_select_strategy="default",
+        num_additional_image_tokens=1, chat_template=tokenizer.chat_template,
+    )  # fmt: skip
+    text = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, pad_token_id=1, eos_token_id=None,
+    )  # fmt: skip
+    vision = CLIPVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, image_size=20,
+        patch_size=5,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = LlavaForConditionalGeneration(
+        LlavaConfig(text_config=text, vision_config=vision, image_token_id=4)
+    )
+    return pipeline("image-text-to-text", model=model.eval(), processor=processor)
+
+
+def test_an_image_text_to_text_pipeline_speculates(monkeypatch):
+    """image-text-to-text (and any-to-any) pipelines hand the arguments they do not know to the
+    processor, not to generate: `pipe(chat, speculative=...)` decoded plainly without a word."""
+    from PIL import Image
+
+    import hf_specdec.integration
+
+    calls = []
+    decode = hf_specdec.integration.speculative_decode
+    monkeypatch.setattr(
+        hf_specdec.integration, "speculative_decode", lambda *a, **k: calls.append(1) or decode(*a, **k)
+    )
+    pipe = _tiny_llava_pipeline()
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (32, 32, 3), dtype=np.uint8))
+    chat = [[{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": t}]}]
+            for t in ("w10 w11 w12 w10 w11", "w20 w21")]  # fmt: skip
+    plain = pipe(text=chat, max_new_tokens=12, batch_size=2)
+    assert pipe(text=chat, max_new_tokens=12, batch_size=2, speculative="ngram") == plain
+    assert calls == [1]
+    kept = pipeline("image-text-to-text", model=pipe.model, processor=pipe.processor, speculative="ngram")
+    assert kept(text=chat, max_new_tokens=12, batch_size=2) == plain  # given once, kept for every call
+    assert calls == [1, 1]
+    with pytest.raises(ValueError, match="speculative= is given twice"):
+        pipe(text=chat, max_new_tokens=4, speculative="ngram", generate_kwargs={"speculative": "ngram"})
