@@ -441,6 +441,15 @@ def check_layers(model: PreTrainedModel, cache: StaticCache) -> None:
                 "cannot restore them). "
                 "Use the default dynamic cache (drop cache_implementation='static')."
             )
+    lengths = sorted({layer.max_cache_len for layer in cache.layers})
+    if len(lengths) > 1:
+        # Mllama sizes its cross-attention layers by its images' patches, not by the text: one write
+        # position and one capacity for all layers would write past the shorter ones.
+        raise ValueError(
+            f"speculative= over a static cache needs every layer to hold the same positions; "
+            f"{type(model).__name__}'s holds {' and '.join(map(str, lengths))} (cross-attention layers sized "
+            "for its images). Use the default dynamic cache (drop cache_implementation='static')."
+        )
 
 
 def target_cache(

@@ -10,7 +10,15 @@ from __future__ import annotations
 import pytest
 import torch
 from torch._dynamo.testing import CompileCounter
-from transformers import MistralConfig, MistralForCausalLM, StaticCache
+from transformers import (
+    MistralConfig,
+    MistralForCausalLM,
+    MllamaConfig,
+    MllamaForConditionalGeneration,
+    MllamaTextConfig,
+    MllamaVisionConfig,
+    StaticCache,
+)
 
 from hf_specdec.core.static_kv import StaticKV, allow_graphs
 
@@ -166,6 +174,30 @@ def test_sliding_window_static_layers_are_refused():
     model = MistralForCausalLM(config).eval()
     with pytest.raises(ValueError, match="StaticSlidingWindowLayer"):
         StaticKV(model, StaticCache(config=config, max_cache_len=16), 1, torch.device("cpu"))
+
+
+def test_layers_of_different_lengths_are_refused():
+    """Mllama's static cache sizes its cross-attention layers by the image's patches (34 here), its
+    other layers by the text (at most 32 here): a batch of text prompts crashed inside the model (a
+    shape or an index error), the columns it counted on being the longer layers'."""
+    text = MllamaTextConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, cross_attention_layers=[1], pad_token_id=0, eos_token_id=None,
+    )  # fmt: skip
+    vision = MllamaVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_global_layers=1, num_attention_heads=4,
+        image_size=20, patch_size=5, max_num_tiles=2, intermediate_layers_indices=[0], vision_output_dim=64,
+        supported_aspect_ratios=[[1, 1], [1, 2], [2, 1]],
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = MllamaForConditionalGeneration(MllamaConfig(text_config=text, vision_config=vision)).eval()
+    input_ids, attention_mask = random_batch(0, 3, max_len=9)  # text layers of at most 9 + 24 - 1
+    kwargs = dict(attention_mask=attention_mask, max_new_tokens=MAX_NEW, cache_implementation="static")
+    model.generate(input_ids, **kwargs)  # plain static decoding takes it
+    with pytest.raises(
+        ValueError, match=r"every layer to hold the same positions; .* and 34 \(cross-attention"
+    ):
+        model.generate(input_ids, **kwargs, speculative="ngram")
 
 
 def test_allow_graphs_raises_a_limit_whose_attribute_was_hidden(fresh_dynamo):
