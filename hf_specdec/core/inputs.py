@@ -31,6 +31,10 @@ _CONSUMED = (
 # as pixels or as the features `generate` encodes them into (`mm_encoder_outputs`), usually given
 # to the prefill alone.
 FORWARDED = ("token_type_ids", "mm_token_type_ids", "pixel_values", "mm_encoder_outputs")
+# Models that count positions from 1, not 0: PaliGemma's `prepare_inputs_for_generation` adds 1 to
+# generate's position ids (and its forward does without them). RoPE would give the same attention up
+# to rounding from positions one off, but not the same scores.
+_FIRST_POSITION = {"PaliGemmaForConditionalGeneration": 1}
 # Per-token inputs: what each generated token takes (`_update_model_kwargs_for_generation`).
 _GENERATED_TOKENS_TAKE = {
     "token_type_ids": lambda prompt: prompt[:, -1],  # the row's last prompt token's type
@@ -85,6 +89,8 @@ class ModelInputs:
         # The prompt's forward feeds its columns a filled cache does not hold yet.
         self.uncached = slice(cached_columns(model_kwargs), None)
         positions = _prompt_positions(given.get("position_ids"), input_ids)
+        if positions is not None:  # later positions continue from the prompt's
+            positions = positions + _FIRST_POSITION.get(type(model).__name__, 0)
         self.prompt_positions = None if positions is None else positions[:, self.uncached]
         extras = {key: given[key] for key in FORWARDED if key in given}
         self._prefill = _passed_by_generate(model, input_ids, extras, first=True)

@@ -22,8 +22,11 @@ from transformers import (
     Gemma3nForCausalLM,
     Gemma3nTextConfig,
     Gemma3TextConfig,
+    GemmaConfig,
     ImageGPTConfig,
     ImageGPTForCausalImageModeling,
+    PaliGemmaConfig,
+    PaliGemmaForConditionalGeneration,
     SiglipVisionConfig,
 )
 from transformers.cache_utils import DummyLayer
@@ -227,6 +230,38 @@ def test_own_position_ids_like_plain():
     plain, _ = assert_like_plain(target, inputs, "ngram", compare_cache=False)
     unshifted = generate(target, {k: v for k, v in inputs.items() if k != "position_ids"})
     assert not torch.allclose(unshifted.scores[0], plain.scores[0])
+
+
+def test_paligemma_counts_positions_from_one_as_plain_does():
+    """PaliGemma's `prepare_inputs_for_generation` adds 1 to generate's position ids: plain feeds its
+    language model positions 1..n, and so does speculation (fed 0..n-1 before, RoPE rounded its
+    scores otherwise than plain's), its drafts continuing from there."""
+    text = GemmaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, pad_token_id=0, eos_token_id=None,
+    )  # fmt: skip
+    vision = SiglipVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, image_size=20,
+        patch_size=10, projection_dim=32,
+    )  # fmt: skip
+    config = PaliGemmaConfig(text_config=text, vision_config=vision, image_token_index=4, projection_dim=32)
+    config.text_config.num_image_tokens = 4
+    torch.manual_seed(0)
+    target = PaliGemmaForConditionalGeneration._from_config(config, attn_implementation="eager").eval()
+    prompt = torch.cat([torch.full((1, 4), 4), torch.randint(5, VOCAB, (1, 6)).repeat(1, 2)], dim=1)
+    inputs = dict(
+        input_ids=prompt, token_type_ids=torch.zeros_like(prompt), pixel_values=torch.randn(1, 3, 20, 20)
+    )
+    fed: list[list[int]] = []
+    hook = lambda module, args, kwargs: fed.append(kwargs["position_ids"][0].tolist())  # noqa: E731
+    target.model.language_model.register_forward_pre_hook(hook, with_kwargs=True)
+    plain = target.generate(**inputs, max_new_tokens=6, do_sample=False)
+    plain_fed, fed[:] = fed[:], []
+    ngram = dict(method="ngram", num_draft_tokens=3, options=dict(min_ngram=1))
+    ours = target.generate(**inputs, max_new_tokens=6, do_sample=False, speculative=ngram)
+    assert torch.equal(ours, plain)
+    assert fed[0] == plain_fed[0] == list(range(1, prompt.shape[1] + 1))
+    assert fed[1] == list(range(prompt.shape[1] + 1, prompt.shape[1] + 1 + len(fed[1]))) and len(fed[1]) > 1
 
 
 def test_sdpa_returns_attentions_as_plain_does():
