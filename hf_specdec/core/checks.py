@@ -88,7 +88,8 @@ def check_supported(
         )
     if model.config.is_encoder_decoder:
         raise ValueError(
-            "speculative= supports decoder-only models; encoder-decoder models are not supported yet."
+            f"speculative= supports decoder-only models, and {type(model).__name__} is an encoder-decoder "
+            "model: drop speculative= for it (transformers' assistant_model= drafts for some, e.g. Whisper)."
         )
     check_causal(model)
     check_rolls_back(model, "drop speculative= for this model")

@@ -18,6 +18,8 @@ from transformers import (
     RwkvForCausalLM,
     StaticCache,
     SynthIDTextWatermarkingConfig,
+    T5Config,
+    T5ForConditionalGeneration,
 )
 from transformers.generation.streamers import BaseStreamer
 
@@ -499,3 +501,15 @@ def test_trees_through_alibi_biases_are_refused(alibi):
     for chains in ("ngram", dict(method="ngram", tree="auto")):  # tree="auto": chains, not a refusal
         out = model.generate(prompt, max_new_tokens=8, do_sample=False, speculative=chains)
         assert torch.equal(out, plain)
+
+
+def test_an_encoder_decoder_target_is_refused_saying_what_to_do():
+    config = T5Config(
+        vocab_size=64, d_model=16, d_ff=32, d_kv=4, num_layers=1, num_heads=2, decoder_start_token_id=0
+    )
+    torch.manual_seed(0)
+    target = T5ForConditionalGeneration(config).eval()
+    with pytest.raises(
+        ValueError, match="T5ForConditionalGeneration is an encoder-decoder model: drop speculative="
+    ):
+        target.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=2, speculative="ngram")
