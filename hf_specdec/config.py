@@ -353,6 +353,17 @@ def _check_draft_object(draft: Any) -> None:
             "`draft` must be a local folder, a Hub repo id, or a loaded model (for method='eagle' or "
             f"'medusa': a head folder, repo id or module); got {draft!r} ({type(draft).__name__})."
         )
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    if isinstance(draft, OptimizedModule):
+        # It forwards attribute reads but not its class, which the drafters read (what cache the
+        # model keeps, its forward's signature).
+        raise ValueError(
+            f"The draft is wrapped by torch.compile (OptimizedModule of {type(draft._orig_mod).__name__}): "
+            "pass the model itself (draft=compiled._orig_mod), compiled in place with draft.compile() "
+            "if you want it compiled. On a compiled static cache (cache_implementation='static', compiled "
+            "as generate compiles it) a draft model's forwards are compiled alike."
+        )
     if getattr(getattr(draft, "config", None), "is_encoder_decoder", False):
         raise ValueError(
             f"The draft {type(draft).__name__} is an encoder-decoder model; a draft must be a decoder-only "

@@ -202,6 +202,16 @@ CASES: dict[str, tuple[Callable[..., None], type[Exception], str]] = {
         TypeError,
         r"`draft` must be a local folder, a Hub repo id, or a loaded model .*got 123 \(int\)",
     ),
+    # A draft wrapped by torch.compile: was an AttributeError from deep inside, for every method.
+    **{
+        f"draft_wrapped_by_torch_compile_{method}": (
+            _generate(method=method, draft=torch.compile(_weak_draft(), backend="eager")),
+            ValueError,
+            r"The draft is wrapped by torch.compile \(OptimizedModule of LlamaForCausalLM\): pass the model "
+            r"itself \(draft=compiled._orig_mod\), compiled in place with draft.compile\(\)",
+        )
+        for method in ("draft_model", "auto")
+    },
     # Drafters that take no draft of the user's ran without it, without a word.
     "draft_given_to_ngram": (
         _generate(method="ngram", draft=_weak_draft()),
