@@ -133,7 +133,10 @@ class StaticKV:
         width, where dynamo would otherwise recompile the second width with a dynamic length."""
         if not compiles_decoding(model, generation_config, model_kwargs):
             return cls(model, cache, batch_size, device)
-        config = generation_config.compile_config or CompileConfig()
+        # As transformers compiles: its default per device (TPU and Neuron take their own backends).
+        config = (
+            generation_config.compile_config or getattr(model, "_default_compile_config", CompileConfig)()
+        )
         if config.dynamic is None:
             config = dataclasses.replace(config, dynamic=False)
         return cls(model, cache, batch_size, device, COMPILED_WIDTHS, model.get_compiled_call(config), config)

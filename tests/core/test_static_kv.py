@@ -11,6 +11,8 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounter
 from transformers import (
+    CompileConfig,
+    GenerationConfig,
     MistralConfig,
     MistralForCausalLM,
     MllamaConfig,
@@ -206,3 +208,15 @@ def test_allow_graphs_raises_a_limit_whose_attribute_was_hidden(fresh_dynamo):
     del torch._dynamo.config.recompile_limit
     allow_graphs(("a model", 1, 64), 5)
     assert torch._dynamo.config.recompile_limit == 13
+
+
+def test_compiled_by_default_as_transformers_compiles_on_this_device(monkeypatch):
+    """Without a compile_config, the model's own default for its device, as transformers' decoding
+    takes it (TPU and Neuron get their own backends there, not inductor)."""
+    model = tiny_llama(0)
+    own = CompileConfig(backend="eager", dynamic=False, mode="default")
+    monkeypatch.setattr(model, "_default_compile_config", lambda: own)
+    monkeypatch.setattr("hf_specdec.core.static_kv.compiles_decoding", lambda *args: True)
+    cache = StaticCache(config=model.config, max_cache_len=16)
+    kv = StaticKV.for_generate(model, cache, 1, torch.device("cpu"), GenerationConfig(), {})
+    assert kv.compile_config == own
