@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from .core.draws import default_generator, plain_draw
+from .core.kv import takes_positions
 from .loading import eos_token_ids as eos_token_ids_of
 
 IDENTICAL, TIE, MISMATCH = "identical", "tie", "mismatch"
@@ -248,14 +249,17 @@ def _scores_after(
 ) -> torch.Tensor:
     """The target's processed scores [vocab] for the token after `prefix`, in one forward.
 
-    Positions follow the attention mask as `generate` computes them, so left padding changes nothing."""
+    Positions follow the attention mask as `generate` computes them, so left padding changes nothing
+    (for a model that takes position_ids: another counts its cache columns, as in plain decoding)."""
     device = model.device
     ids = prefix[None].to(device)
     kwargs: dict[str, Any] = {}
     if prompt_mask is not None:
         generated = torch.ones(len(prefix) - len(prompt_mask), dtype=prompt_mask.dtype, device=device)
         mask = torch.cat([prompt_mask.to(device), generated])[None]
-        kwargs = {"attention_mask": mask, "position_ids": (mask.long().cumsum(-1) - 1).clamp(min=0)}
+        kwargs = {"attention_mask": mask}
+        if takes_positions(model):  # else generate gives none: the model counts cache columns
+            kwargs["position_ids"] = (mask.long().cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=ids, **kwargs).logits[:, -1].float()  # [1, vocab]
     if logits_processor is not None:
         logits = logits_processor(ids, logits)

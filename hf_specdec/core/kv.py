@@ -103,6 +103,7 @@ class RaggedKV:
         self.prompt_width = 0  # columns of the prompt once fed, padding included
         self.all_real = bool(self.mask.all())  # no hole: the model then needs no attention mask
         self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.takes_positions = takes_positions(model)  # else generate gives none, nor do we
         self.recurrent = keeps_recurrent_state(model, self.cache)
         self.recording = False  # recurrent states recorded per token (from the forward after the prompt's)
         self.tree_refusal = tree_refusal(model, self.recurrent)  # why no tree goes through it, if so
@@ -177,7 +178,7 @@ class RaggedKV:
         out = self.model(
             input_ids=tokens,
             attention_mask=attention_mask,
-            position_ids=positions,
+            **({"position_ids": positions} if self.takes_positions else {}),
             **{cache_argument(self.model): self.cache},
             use_cache=True,
             output_hidden_states=output_hidden_states,
@@ -371,10 +372,30 @@ def keeps_recurrent_state(model: Any, cache: Any = None) -> bool:
     return any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in getattr(cache, "layers", ()))
 
 
+def takes_positions(model: Any) -> bool:
+    """Whether `model`'s forward takes `position_ids`: plain `generate` gives them only then (a
+    Whisper decoder would read ones passed on through its `**kwargs`)."""
+    return "position_ids" in inspect.signature(model.forward).parameters
+
+
+def numbers_by_column(model: Any) -> bool:
+    """Whether `model` numbers its tokens by their cache column: it takes no `position_ids` and counts
+    from the cache's length (TrOCR, the BART family's and Whisper's decoders). A hole left by a
+    rejected draft, or a tree's sibling fed beside its brother, would then move the position of every
+    token after it. BLOOM takes none either, but builds its ALiBi biases from the attention mask,
+    which skips holes; recurrent layers hold no columns."""
+    if not isinstance(model, PreTrainedModel) or takes_positions(model):
+        return False
+    config = model.config.get_text_config(decoder=True)
+    alibi = config.model_type == "bloom" or getattr(config, "alibi", False)
+    return not alibi and not keeps_recurrent_state(model)
+
+
 def tree_refusal(model: Any, recurrent: bool | None = None) -> str | None:
     """Why tree drafts cannot go through `model`, else None: recurrent states (`recurrent`, as its
-    cache's layers say; None: as a cache built from its config would), or attention biases built from
-    a 2D padding mask (ALiBi: BLOOM, Falcon with `alibi`), which a tree's 4D mask cannot reach."""
+    cache's layers say; None: as a cache built from its config would), attention biases built from
+    a 2D padding mask (ALiBi: BLOOM, Falcon with `alibi`), which a tree's 4D mask cannot reach, or
+    positions counted by cache column (`numbers_by_column`)."""
     if not isinstance(model, PreTrainedModel):
         return None  # our draft heads: trees are what they grow
     config = model.config.get_text_config(decoder=True)
@@ -387,6 +408,11 @@ def tree_refusal(model: Any, recurrent: bool | None = None) -> str | None:
         return (
             "builds its ALiBi position biases from a 2D attention mask, which cannot say which of a "
             "tree's branches a token sees"
+        )
+    if numbers_by_column(model):
+        return (
+            "numbers its tokens by their place in the cache (its forward takes no position_ids), so a "
+            "tree's branches, fed side by side, would get the positions of a chain"
         )
     return None
 

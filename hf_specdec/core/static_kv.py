@@ -39,7 +39,7 @@ from transformers import CompileConfig, DynamicCache, GenerationConfig, PreTrain
 from transformers.cache_utils import StaticLayer
 
 from .compat import cache_argument, compiles_decoding, generate_cache
-from .kv import RaggedKV, Slots
+from .kv import RaggedKV, Slots, numbers_by_column, takes_positions
 from .verify_shape import VerifyShape
 
 # The verify widths a compiled forward is padded to: one graph each (dynamo's recompile limit is 8),
@@ -116,6 +116,7 @@ class StaticKV:
         self.needs_mask = batch_size > 1  # else only once a hole appears
         self.compactions = 0
         self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.takes_positions = takes_positions(model)  # else generate gives none, nor do we
 
     @classmethod
     def for_generate(
@@ -214,7 +215,7 @@ class StaticKV:
         out = call(
             input_ids=tokens,
             attention_mask=self.mask if self.needs_mask or not self.all_real else None,
-            position_ids=positions,
+            **({"position_ids": positions} if self.takes_positions else {}),
             **{cache_argument(self.model): self.cache},
             use_cache=True,
             **inputs,
@@ -465,6 +466,13 @@ def target_cache(
     """The target's cache as `generate` prepared it: a StaticCache (`cache_implementation="static"`
     or one passed in) rolled back by its write position, compiled where transformers would compile it;
     else a DynamicCache with holes."""
+    if batch > 1 and numbers_by_column(model):
+        raise ValueError(
+            f"{type(model).__name__} numbers its tokens by their place in the cache (its forward takes no "
+            "position_ids), and the rows of a batch keep different numbers of draft tokens, whose holes "
+            "would move the positions of the tokens after them: call generate with one sequence at a time "
+            f"(batch size {batch} here, num_return_sequences counted), or drop speculative=."
+        )
     cache = generate_cache(model_kwargs)
     if isinstance(cache, StaticCache):
         return StaticKV.for_generate(model, cache, batch, device, generation_config, model_kwargs)

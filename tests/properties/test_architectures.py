@@ -210,3 +210,66 @@ def test_a_model_fed_one_token_a_step_is_refused(model_type, sizes):
         tiny("llama", 0).generate(
             prompt, max_new_tokens=4, speculative=dict(method="draft_model", draft=model)
         )
+
+
+# Decoders whose forward takes no position_ids and count their cache's columns instead; a large
+# init_std makes their position embeddings matter to the tokens chosen.
+_COLUMN_SIZES = dict(
+    d_model=64, decoder_layers=2, decoder_attention_heads=4, decoder_ffn_dim=128, init_std=0.3
+)
+_BY_COLUMN = {
+    "trocr": _COLUMN_SIZES,
+    "bart": dict(_COLUMN_SIZES, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=128),
+    "whisper": dict(
+        _COLUMN_SIZES,
+        encoder_layers=2,
+        encoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        begin_suppress_tokens=None,
+        suppress_tokens=None,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(_BY_COLUMN))
+def test_a_model_counting_cache_columns_speculates_one_row_at_a_time(name):
+    """TrOCR, the BART family's and Whisper's decoders number a token by its cache column, as plain
+    generate feeds them (it gives them no position_ids). The holes a batch's rejected drafts leave,
+    and a tree's siblings fed side by side, moved the positions of the tokens after them (other
+    tokens than plain greedy and seeded sampling), and Whisper read the positions passed through its
+    kwargs (another first token than plain for a left-padded row): one row matches plain, with drafts
+    rejected and without; a batch and a tree are refused."""
+
+    def build(seed: int) -> torch.nn.Module:
+        config = AutoConfig.for_model(
+            name, vocab_size=VOCAB, pad_token_id=0, bos_token_id=1, eos_token_id=None, **_BY_COLUMN[name]
+        )
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(config).eval()
+
+    model, weak_draft = build(0), build(1)
+    prompt = torch.randint(3, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0)).repeat(1, 3)
+    padded = torch.cat([torch.zeros(1, 4, dtype=torch.long), prompt], dim=1)
+    for input_ids in [prompt, padded]:
+        mask = (input_ids != 0).long()
+        plain = model.generate(input_ids, attention_mask=mask, max_new_tokens=24, do_sample=False)
+        for speculative in _methods(model, weak_draft).values():
+            spec = model.generate(
+                input_ids, attention_mask=mask, max_new_tokens=24, do_sample=False, speculative=speculative
+            )
+            assert torch.equal(spec, plain)
+    for seed in range(3):
+        torch.manual_seed(seed)
+        plain = model.generate(prompt, max_new_tokens=24, do_sample=True, top_k=20)
+        torch.manual_seed(seed)
+        assert torch.equal(
+            model.generate(prompt, max_new_tokens=24, do_sample=True, top_k=20, speculative="ngram"), plain
+        )
+    batch = torch.cat([prompt, prompt.flip(1)])
+    for speculative in ["ngram", dict(method="draft_model", draft=weak_draft)]:
+        with pytest.raises(ValueError, match="by their place in the cache.*one sequence at a time"):
+            model.generate(batch, max_new_tokens=4, speculative=speculative)
+    with pytest.raises(ValueError, match="numbers its tokens by their place in the cache.*drop tree=True"):
+        model.generate(prompt, max_new_tokens=4, speculative=dict(method="ngram", tree=True))
+    plain = model.generate(batch, max_new_tokens=8, do_sample=False)
+    assert torch.equal(model.generate(batch, max_new_tokens=8, do_sample=False, speculative=True), plain)
