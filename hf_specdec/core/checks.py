@@ -19,7 +19,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_N
 
 from .compat import generate_cache, takes_dynamic_cache
 from .inputs import cached_columns, check_forwarded
-from .kv import holds_holes
+from .kv import holds_holes, windows_by_column
 from .static_kv import check_layers
 
 # Cache layers a filled cache may hold to be continued: full attention, recurrent states (rolled back
@@ -308,6 +308,12 @@ def check_static_cache(
     """What speculation over a StaticCache (`core/static_kv.py`) needs: full-attention layers, masks
     it can pass, and room for the whole output, as plain static decoding."""
     check_layers(model, cache)
+    if windows_by_column(model):
+        raise ValueError(
+            f"{type(model).__name__}'s local attention counts its window back from the last column of the "
+            "cache, which a static cache holds empty (plain static decoding's output differs from dynamic "
+            "decoding's too): use the default dynamic cache (drop cache_implementation='static')."
+        )
     if cache.offloading:
         raise ValueError(
             "speculative= does not support an offloaded static cache (offloading=True / "

@@ -378,24 +378,39 @@ def takes_positions(model: Any) -> bool:
     return "position_ids" in inspect.signature(model.forward).parameters
 
 
-def numbers_by_column(model: Any) -> bool:
-    """Whether `model` numbers its tokens by their cache column: it takes no `position_ids` and counts
-    from the cache's length (TrOCR, the BART family's and Whisper's decoders). A hole left by a
-    rejected draft, or a tree's sibling fed beside its brother, would then move the position of every
-    token after it. BLOOM takes none either, but builds its ALiBi biases from the attention mask,
-    which skips holes; recurrent layers hold no columns."""
-    if not isinstance(model, PreTrainedModel) or takes_positions(model):
-        return False
+def windows_by_column(model: Any) -> bool:
+    """Whether `model` has layers that attend in a window of their own, counted back from the cache's
+    last column whatever the mask says (GPT-Neo's local layers)."""
     config = model.config.get_text_config(decoder=True)
+    return config.model_type == "gpt_neo" and "local" in getattr(config, "attention_layers", ())
+
+
+def counts_columns(model: Any) -> str | None:
+    """What `model` counts in cache columns, said for an error, else None: its positions where it takes
+    no `position_ids` and counts from the cache's length (TrOCR, the BART family's and Whisper's
+    decoders), or its attention window where it applies one of its own past the mask given (GPT-Neo's
+    local layers). A hole left by a rejected draft, or a tree's sibling fed beside its brother, would
+    then move the position or window of every token after it. BLOOM takes no `position_ids` either,
+    but builds its ALiBi biases from the attention mask, which skips holes; recurrent layers hold no
+    columns."""
+    if not isinstance(model, PreTrainedModel):
+        return None
+    if windows_by_column(model):
+        return "counts its local attention window (window_size) in cache columns"
+    config = model.config.get_text_config(decoder=True)
+    if takes_positions(model):
+        return None
     alibi = config.model_type == "bloom" or getattr(config, "alibi", False)
-    return not alibi and not keeps_recurrent_state(model)
+    if alibi or keeps_recurrent_state(model):
+        return None
+    return "numbers its tokens by their place in the cache (its forward takes no position_ids)"
 
 
 def tree_refusal(model: Any, recurrent: bool | None = None) -> str | None:
     """Why tree drafts cannot go through `model`, else None: recurrent states (`recurrent`, as its
     cache's layers say; None: as a cache built from its config would), attention biases built from
     a 2D padding mask (ALiBi: BLOOM, Falcon with `alibi`), which a tree's 4D mask cannot reach, or
-    positions counted by cache column (`numbers_by_column`)."""
+    positions or a window counted in cache columns (`counts_columns`)."""
     if not isinstance(model, PreTrainedModel):
         return None  # our draft heads: trees are what they grow
     config = model.config.get_text_config(decoder=True)
@@ -409,11 +424,9 @@ def tree_refusal(model: Any, recurrent: bool | None = None) -> str | None:
             "builds its ALiBi position biases from a 2D attention mask, which cannot say which of a "
             "tree's branches a token sees"
         )
-    if numbers_by_column(model):
-        return (
-            "numbers its tokens by their place in the cache (its forward takes no position_ids), so a "
-            "tree's branches, fed side by side, would get the positions of a chain"
-        )
+    counted = counts_columns(model)
+    if counted is not None:
+        return f"{counted}, so a tree's branches, fed side by side, would be counted as a chain"
     return None
 
 

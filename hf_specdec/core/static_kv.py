@@ -39,7 +39,7 @@ from transformers import CompileConfig, DynamicCache, GenerationConfig, PreTrain
 from transformers.cache_utils import StaticLayer
 
 from .compat import cache_argument, compiles_decoding, generate_cache
-from .kv import RaggedKV, Slots, numbers_by_column, takes_positions
+from .kv import RaggedKV, Slots, counts_columns, takes_positions
 from .verify_shape import VerifyShape
 
 # The verify widths a compiled forward is padded to: one graph each (dynamo's recompile limit is 8),
@@ -466,12 +466,12 @@ def target_cache(
     """The target's cache as `generate` prepared it: a StaticCache (`cache_implementation="static"`
     or one passed in) rolled back by its write position, compiled where transformers would compile it;
     else a DynamicCache with holes."""
-    if batch > 1 and numbers_by_column(model):
+    counted = counts_columns(model) if batch > 1 else None
+    if counted is not None:
         raise ValueError(
-            f"{type(model).__name__} numbers its tokens by their place in the cache (its forward takes no "
-            "position_ids), and the rows of a batch keep different numbers of draft tokens, whose holes "
-            "would move the positions of the tokens after them: call generate with one sequence at a time "
-            f"(batch size {batch} here, num_return_sequences counted), or drop speculative=."
+            f"{type(model).__name__} {counted}, and the rows of a batch keep different numbers of draft "
+            "tokens, whose holes would be counted too: call generate with one sequence at a time (batch "
+            f"size {batch} here, num_return_sequences counted), or drop speculative=."
         )
     cache = generate_cache(model_kwargs)
     if isinstance(cache, StaticCache):

@@ -12,7 +12,7 @@ import warnings
 from typing import Any
 
 from ..config import SpeculativeConfig
-from ..core.kv import keeps_recurrent_state, numbers_by_column
+from ..core.kv import counts_columns, keeps_recurrent_state
 from ..drafters.kind import draft_method
 from ..ort.layout import is_onnx_folder
 from .block import published_block_draft
@@ -49,7 +49,8 @@ def plain_instead(config: SpeculativeConfig, model: Any, batch_size: int, cache:
     """Why `"auto"` decodes this call plainly, else None: it promises the output and no less than the
     speed of plain decoding, where a named method refuses what it cannot do (`RaggedKV`, `target_cache`).
     A recurrent state (linear-attention or state-space layers, as `cache` holds them) rolls back one row
-    at a time; positions counted by cache column (`numbers_by_column`) hold for one row at a time."""
+    at a time; positions or a window counted in cache columns (`counts_columns`) hold for one row at a
+    time."""
     if config.method != "auto" or batch_size == 1:
         return None
     if keeps_recurrent_state(model, cache):
@@ -58,11 +59,8 @@ def plain_instead(config: SpeculativeConfig, model: Any, batch_size: int, cache:
             f"layers), which speculative decoding rolls back for one row at a time, not for a batch of "
             f"{batch_size}"
         )
-    elif numbers_by_column(model):
-        reason = (
-            f"{type(model).__name__} numbers its tokens by their place in the cache (its forward takes no "
-            f"position_ids), which the holes of a batch of {batch_size} would move"
-        )
+    elif (counted := counts_columns(model)) is not None:
+        reason = f"{type(model).__name__} {counted}, which the holes of a batch of {batch_size} would move"
     else:
         return None
     _log_once(f"method='auto' decodes plainly: {reason}")

@@ -273,3 +273,40 @@ def test_a_model_counting_cache_columns_speculates_one_row_at_a_time(name):
         model.generate(prompt, max_new_tokens=4, speculative=dict(method="ngram", tree=True))
     plain = model.generate(batch, max_new_tokens=8, do_sample=False)
     assert torch.equal(model.generate(batch, max_new_tokens=8, do_sample=False, speculative=True), plain)
+
+
+def test_gpt_neo_local_attention_speculates_one_row_at_a_time():
+    """GPT-Neo's local layers attend to the last window_size cache columns whatever the mask says:
+    the holes of a batch's rejected drafts took places in the window (other tokens than plain greedy
+    in a batch of 2), and over a static cache the window is counted from the buffer's end (plain's
+    own static output differs from its dynamic one). One row on the dynamic cache matches plain; a
+    batch, a tree and a static cache are refused."""
+
+    def build(seed: int) -> torch.nn.Module:
+        config = AutoConfig.for_model(
+            "gpt_neo",
+            vocab_size=VOCAB,
+            hidden_size=64,
+            num_layers=2,
+            num_heads=4,
+            attention_types=[[["global", "local"], 1]],
+            window_size=4,
+            initializer_range=0.3,
+            bos_token_id=1,
+            eos_token_id=None,
+        )
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(config).eval()
+
+    model, weak_draft = build(0), build(1)
+    prompt = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(1)).repeat(1, 2)
+    _check(model, weak_draft, prompt)
+    batch = torch.cat([prompt, prompt.flip(1)])
+    with pytest.raises(ValueError, match="local attention window .* cache columns.*one sequence at a"):
+        model.generate(batch, max_new_tokens=4, speculative="ngram")
+    with pytest.raises(ValueError, match="local attention window .* in cache columns.*drop tree=True"):
+        model.generate(prompt, max_new_tokens=4, speculative=dict(method="ngram", tree=True))
+    with pytest.raises(ValueError, match="counts its window back from the last column.*dynamic cache"):
+        model.generate(prompt, max_new_tokens=4, cache_implementation="static", speculative="ngram")
+    plain = model.generate(batch, max_new_tokens=8, do_sample=False)
+    assert torch.equal(model.generate(batch, max_new_tokens=8, do_sample=False, speculative=True), plain)
