@@ -189,6 +189,8 @@ class RaggedKV:
             out.logits = out.logits[:, -logits_to_keep:]
         if first:
             check_kept_in(self.model, self.cache, out)
+        elif self.recording:
+            check_recorded(self.model, self.cache, width)
         if first and self.recurrent:  # a state per token from now on: each may be rolled back to
             self.cache.activate_past_recording(recurrent_states_to_keep=EVERY_TOKEN)
             self.recording = True
@@ -349,6 +351,23 @@ EVERY_TOKEN = 1 << 20
 # Set on a cache handed back ragged; an attribute of the cache itself, so that its copies
 # (`copy.deepcopy`, to branch a conversation) carry it too.
 _HOLES_MARK = "_hf_specdec_holds_holes"
+
+
+def check_recorded(model: PreTrainedModel, cache: DynamicCache, width: int) -> None:
+    """Refuse a model whose recurrent layers recorded fewer states than the `width` tokens just fed
+    (the state before them, then one after each but the last): Zaya hands its cache only the state
+    after a forward's last token, and a rejected draft rolled back to a recorded state would take
+    another token's, or none at all."""
+    for layer in cache.layers:
+        if not isinstance(layer, LinearAttentionCacheLayerMixin):
+            continue
+        for state, kept in layer.is_recurrent_states_initialized.items():
+            if kept and len(layer.recurrent_states_history[state]) < width:
+                raise ValueError(
+                    f"{type(model).__name__}'s recurrent layers keep one state a forward, not one a token, "
+                    "so speculative= cannot roll back a rejected draft: drop speculative= for this model "
+                    "(or draft with another model, if this one is the draft)."
+                )
 
 
 def check_kept_in(model: PreTrainedModel, cache: DynamicCache, output: Any) -> None:

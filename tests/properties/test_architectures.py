@@ -310,3 +310,35 @@ def test_gpt_neo_local_attention_speculates_one_row_at_a_time():
         model.generate(prompt, max_new_tokens=4, cache_implementation="static", speculative="ngram")
     plain = model.generate(batch, max_new_tokens=8, do_sample=False)
     assert torch.equal(model.generate(batch, max_new_tokens=8, do_sample=False, speculative=True), plain)
+
+
+def test_a_model_recording_one_recurrent_state_a_forward_is_refused():
+    """Zaya hands its cache the recurrent state after a forward's last token only, where a rolled-back
+    draft needs the state after each token: rejecting one draft token restored the state from before
+    the whole forward (other tokens than plain greedy, silently), rejecting more raised an IndexError
+    from inside transformers' cache.crop. Refused at its first forward of several tokens."""
+
+    def build(seed: int) -> torch.nn.Module:
+        config = AutoConfig.for_model(
+            "zaya",
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_experts=4,
+            num_experts_per_tok=1,
+            moe_intermediate_size=32,
+            max_position_embeddings=256,
+            initializer_range=0.3,
+        )
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(config).eval()
+
+    model = build(0)
+    prompt = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(0)).repeat(1, 2)
+    one_token = dict(method="draft_model", draft=build(1), num_draft_tokens=1)
+    for speculative in [one_token, "ngram"]:
+        with pytest.raises(ValueError, match="ZayaForCausalLM's recurrent layers keep one state a forward"):
+            model.generate(prompt, max_new_tokens=24, speculative=speculative)
