@@ -149,6 +149,11 @@ def check_causal(model: Any) -> None:
 # several tokens fails inside them (found by a sweep of transformers 5.25's causal LMs).
 _ONE_TOKEN_A_STEP = {"cpmant", "xlm"}
 
+# Architectures that keep their recurrent state in their own modules, outside the cache they are
+# given (RecurrentGemma's recurrent blocks: the cache's linear-attention layers stay empty), so no
+# crop of the cache can take back the drafts a step rejected (found by the same sweep).
+_STATE_IN_MODULES = {"recurrent_gemma"}
+
 
 def check_rolls_back(model: Any, fix: str, role: str = "") -> None:
     """Refuse a model that transformers decodes over no `DynamicCache` (`role` goes before its class
@@ -163,6 +168,11 @@ def check_rolls_back(model: Any, fix: str, role: str = "") -> None:
         raise ValueError(
             f"{role}{type(model).__name__} is written to be fed one new token a step, so it cannot "
             f"verify a draft of several in one forward: {fix}."
+        )
+    if getattr(model.config, "model_type", None) in _STATE_IN_MODULES:
+        raise ValueError(
+            f"{role}{type(model).__name__} keeps its recurrent state in its own layers, outside the cache, "
+            f"which speculative= cannot roll back after a rejection: {fix}."
         )
     parameters = inspect.signature(type(model).forward).parameters
     if "cache" not in parameters and "past_key_values" not in parameters:

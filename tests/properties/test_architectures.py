@@ -342,3 +342,30 @@ def test_a_model_recording_one_recurrent_state_a_forward_is_refused():
     for speculative in [one_token, "ngram"]:
         with pytest.raises(ValueError, match="ZayaForCausalLM's recurrent layers keep one state a forward"):
             model.generate(prompt, max_new_tokens=24, speculative=speculative)
+
+
+def test_a_model_keeping_its_recurrent_state_in_its_layers_is_refused():
+    """RecurrentGemma keeps its recurrent blocks' state in the blocks themselves, not in the cache:
+    the first rolled-back draft raised a TypeError from inside transformers' cache (as a target or as
+    a draft), and nothing could have restored the state. Refused before anything runs."""
+    config = AutoConfig.for_model(
+        "recurrent_gemma",
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        lru_width=64,
+        attention_window_size=8,
+        block_types=["recurrent", "attention"],
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    prompt = torch.randint(3, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0)).repeat(1, 3)
+    with pytest.raises(ValueError, match="RecurrentGemmaForCausalLM keeps its recurrent state in its own"):
+        model.generate(prompt, max_new_tokens=8, speculative="ngram")
+    with pytest.raises(ValueError, match="The draft RecurrentGemmaForCausalLM keeps its recurrent state"):
+        tiny("llama", 0).generate(
+            prompt, max_new_tokens=8, speculative=dict(method="draft_model", draft=model)
+        )
