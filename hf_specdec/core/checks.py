@@ -145,9 +145,10 @@ def check_causal(model: Any) -> None:
 
 # Architectures whose forward assumes one new token a step, transformers' own `generate` being the
 # only caller it was written for: CPM-Ant ignores the attention mask and positions given and builds
-# its own for one token; XLM sizes its attention from a cache dict of its own. A verify forward of
-# several tokens fails inside them (found by a sweep of transformers 5.25's causal LMs).
-_ONE_TOKEN_A_STEP = {"cpmant", "xlm"}
+# its own for one token; XLM sizes its attention from a cache dict of its own; ProphetNet's decoder
+# asserts one token a step once it has a cache. A verify forward of several tokens fails inside them
+# (found by a sweep of transformers 5.25's causal LMs).
+_ONE_TOKEN_A_STEP = {"cpmant", "prophetnet", "xlm"}
 
 # Architectures that keep their recurrent state in their own modules, outside the cache they are
 # given (RecurrentGemma's recurrent blocks: the cache's linear-attention layers stay empty), so no

@@ -194,21 +194,34 @@ def test_a_model_without_a_kv_cache_is_refused():
     [
         ("cpmant", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, dim_head=16, dim_ff=128)),
         ("xlm", dict(emb_dim=64, n_layers=2, n_heads=4)),
+        (
+            "prophetnet",
+            dict(
+                hidden_size=64,
+                num_encoder_layers=2,
+                num_decoder_layers=2,
+                num_encoder_attention_heads=4,
+                num_decoder_attention_heads=4,
+                encoder_ffn_dim=128,
+                decoder_ffn_dim=128,
+            ),
+        ),
     ],
 )
 def test_a_model_fed_one_token_a_step_is_refused(model_type, sizes):
-    """CPM-Ant and XLM work out their masks and cache sizes for one new token a step: fed a draft
-    they raised a shape error from inside their forward, as a target or as a draft."""
+    """CPM-Ant and XLM work out their masks and cache sizes for one new token a step, and ProphetNet's
+    decoder asserts one: fed a draft they raised a shape or assertion error from inside their
+    forward, as a target or as a draft."""
     config = AutoConfig.for_model(model_type, vocab_size=VOCAB, **sizes)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).eval()
     prompt = torch.randint(3, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0)).repeat(1, 3)
     name = type(model).__name__
     with pytest.raises(ValueError, match=f"{name} is written to be fed one new token a step"):
-        model.generate(prompt, max_new_tokens=4, speculative="ngram")
+        model.generate(prompt, max_new_tokens=12, speculative="ngram")
     with pytest.raises(ValueError, match=f"The draft {name} is written to be fed one new token a step"):
         tiny("llama", 0).generate(
-            prompt, max_new_tokens=4, speculative=dict(method="draft_model", draft=model)
+            prompt, max_new_tokens=12, speculative=dict(method="draft_model", draft=model)
         )
 
 
