@@ -311,6 +311,8 @@ class StaticKV:
         keep[~self.active, 0] = True
         order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices  # [B, capacity]
         for layer in self.cache.layers:
+            if not layer.is_initialized:  # never written: Mllama's cross-attention layers without an image
+                continue
             for states in (layer.keys, layer.values):  # [B, heads, capacity, head_dim]
                 index = order[:, None, :, None].expand_as(states)
                 states.copy_(states.gather(2, index))

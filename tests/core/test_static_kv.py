@@ -16,6 +16,7 @@ from transformers import (
     MistralConfig,
     MistralForCausalLM,
     MllamaConfig,
+    MllamaForCausalLM,
     MllamaForConditionalGeneration,
     MllamaTextConfig,
     MllamaVisionConfig,
@@ -200,6 +201,24 @@ def test_layers_of_different_lengths_are_refused():
         ValueError, match=r"every layer to hold the same positions; .* and 34 \(cross-attention"
     ):
         model.generate(input_ids, **kwargs, speculative="ngram")
+
+
+def test_compacting_skips_layers_never_written():
+    """Mllama's text model keeps a cache layer for each cross-attention layer, which text prompts
+    never write: compacting a ragged batch's holes raised a TypeError on its empty keys."""
+    text = MllamaTextConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, cross_attention_layers=[1], pad_token_id=0, eos_token_id=None,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = MllamaForCausalLM(text).eval()
+    input_ids, attention_mask = random_batch(4, 3)
+    with torch.inference_mode():
+        plain = plain_static(model, input_ids, attention_mask)
+        kv = sized_as_generate(model, input_ids, widths=(1, 2, 4, 8))
+        spec = speculate(kv, input_ids, attention_mask, plain, k_max=7)
+    assert spec.tolist() == plain.tolist()
+    assert kv.compactions > 0
 
 
 def test_allow_graphs_raises_a_limit_whose_attribute_was_hidden(fresh_dynamo):
