@@ -14,7 +14,11 @@ the scores less the logarithm of plain's draws):
 - `tie`: at the first position where they differ, the plain target's processed scores, recomputed
   by one forward over the plain prefix, put both tokens there (plain's and speculation's) at most
   `rounding_bound` below the best score: the two are among the tokens rounding cannot tell apart
-  (usually the top two; where three or more tie, the recomputation may rank a third first);
+  (usually the top two; where three or more tie, the recomputation may rank a third first); and
+  from there on speculation's row is the target's greedy continuation of its own prefix, up to the
+  same rounding: each later token at most the bound below the best score after the tokens before
+  it (the same forward, over speculation's row). A tie ends plain's and speculation's agreement,
+  not the contract: a bug that strikes after it must not pass for the tie;
 - `mismatch`: anything else, i.e. a bug.
 
 The bound is the drift rounding can cause through the model's depth, from the dtype the target ran
@@ -34,9 +38,10 @@ or seven tokens at a time moved such a gap between 0.016 and 0.20).
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -60,7 +65,10 @@ class RowCheck:
     `position` is the index, among the generated tokens, of the first difference (None when
     identical); `top_two` the plain target's two best tokens there and `gap` how far below the best
     score the further of plain's and speculation's tokens lies,
-    `bound` the rounding bound it was held to.
+    `bound` the rounding bound it was held to. A mismatch later in a row that first differed at a
+    tie has `tie_at`, the tie's position: there `position` is the later token's, `plain_token` None
+    (plain's row went its own way at the tie), and `top_two` and `gap` are the target's scores after
+    speculation's own prefix.
     """
 
     kind: str
@@ -70,12 +78,19 @@ class RowCheck:
     top_two: tuple[int, int] | None = None
     gap: float | None = None
     bound: float | None = None
+    tie_at: int | None = None
 
     def describe(self) -> str:
         if self.kind == IDENTICAL:
             return "identical"
         if self.top_two is None:
             return f"{self.kind}: lengths differ after {self.position} equal generated tokens"
+        if self.tie_at is not None:
+            return (
+                f"{self.kind} at generated token {self.position}, after a tie at {self.tie_at}: speculative "
+                f"took {self.speculative_token}, {self.gap:.3g} below the best score after its own prefix "
+                f"(rounding bound {self.bound:.3g}; the target's top two there: {self.top_two})"
+            )
         return (
             f"{self.kind} at generated token {self.position}: plain took {self.plain_token}, speculative "
             f"{self.speculative_token}; the further of the two scores {self.gap:.3g} below the best "
@@ -126,8 +141,9 @@ def check_greedy(
     """
     if eos_token_ids is None:
         eos_token_ids = eos_token_ids_of(model)
-    prompt_length, checks = input_ids.shape[1], []
-    first = _first_differences(plain, speculative, prompt_length, set(eos_token_ids))
+    prompt_length, checks, eos = input_ids.shape[1], [], set(eos_token_ids)
+    pad = getattr(getattr(model, "generation_config", None), "pad_token_id", None)
+    first = _first_differences(plain, speculative, prompt_length, eos)
     for row in range(plain.shape[0]):
         if row not in first:
             checks.append(RowCheck(IDENTICAL))
@@ -137,8 +153,12 @@ def check_greedy(
             checks.append(RowCheck(MISMATCH, position=at))
             continue
         mask = None if attention_mask is None else attention_mask[row]
-        scores = _scores_after(model, plain[row, : prompt_length + at], mask, logits_processor)
-        checks.append(_classify(scores, at, plain_token, spec_token, _bound(scores, _compute_dtype(model))))
+        generated = _generated(speculative[row, prompt_length:].tolist(), eos)
+        generated = generated[: max(_unpadded_length(generated, eos, pad), at + 1)]
+        scores = _scores_along(
+            model, speculative[row], prompt_length, at, len(generated), mask, logits_processor
+        )
+        checks.append(_classify_along(scores, generated, at, plain_token, _compute_dtype(model)))
     return checks
 
 
@@ -241,35 +261,74 @@ def _classify(scores: torch.Tensor, at: int, plain_token: int, spec_token: int, 
     return RowCheck(TIE if gap <= bound else MISMATCH, at, plain_token, spec_token, top_two, gap, bound)
 
 
-def _scores_after(
+def _classify_along(
+    scores: torch.Tensor,  # [N' - at, V] the target's, before each of speculation's tokens from `at` on
+    generated: list[int],  # [N'] speculation's generated tokens
+    at: int,
+    plain_token: int,
+    dtype: torch.dtype,
+) -> RowCheck:
+    """The first difference, a tie or not (`_classify`); after a tie, the first of speculation's later
+    tokens that is not the target's greedy choice after its own prefix, up to rounding, is a mismatch."""
+    first = _classify(scores[0], at, plain_token, generated[at], _bound(scores[0], dtype))
+    if first.kind == MISMATCH:
+        return first
+    for t in range(at + 1, len(generated)):
+        later = _classify(scores[t - at], t, generated[t], generated[t], _bound(scores[t - at], dtype))
+        if later.kind == MISMATCH:
+            return replace(later, plain_token=None, tie_at=at)
+    return first
+
+
+def _scores_along(
     model: Any,
-    prefix: torch.Tensor,  # [P + at] the plain row up to the first difference
+    row: torch.Tensor,  # [P + N'] speculation's row
+    prompt_length: int,
+    start: int,  # the first generated position scored (the first difference)
+    end: int,  # one past the last generated position scored (the row's EOS, or its end)
     prompt_mask: torch.Tensor | None,  # [P]
     logits_processor: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None,
 ) -> torch.Tensor:
-    """The target's processed scores [vocab] for the token after `prefix`, in one forward.
+    """The target's processed scores [end - start, vocab] for generated tokens start..end - 1 of
+    `row`, each after the tokens before it, from one forward. Up to the first difference speculation's
+    prefix is plain's, so the first are the plain target's scores there.
 
     Positions follow the attention mask as `generate` computes them, so left padding changes nothing
     (for a model that takes position_ids: another counts its cache columns, as in plain decoding)."""
     device = model.device
-    ids = prefix[None].to(device)
+    ids = row[None, : prompt_length + end - 1].to(device)  # the last token scored needs no successor
     kwargs: dict[str, Any] = {}
     if prompt_mask is not None:
-        generated = torch.ones(len(prefix) - len(prompt_mask), dtype=prompt_mask.dtype, device=device)
+        generated = torch.ones(ids.shape[1] - len(prompt_mask), dtype=prompt_mask.dtype, device=device)
         mask = torch.cat([prompt_mask.to(device), generated])[None]
         kwargs = {"attention_mask": mask}
         if takes_positions(model):  # else generate gives none: the model counts cache columns
             kwargs["position_ids"] = (mask.long().cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=ids, **kwargs).logits[:, -1].float()  # [1, vocab]
-    if logits_processor is not None:
-        logits = logits_processor(ids, logits)
-    return logits[0]
+    kept = end - start
+    if "logits_to_keep" in inspect.signature(model.forward).parameters:  # the scored positions' only
+        kwargs["logits_to_keep"] = kept
+    logits = model(input_ids=ids, **kwargs).logits[0, -kept:].float()  # [end - start, vocab]
+    if logits_processor is None:
+        return logits
+    return torch.cat(
+        [logits_processor(ids[:, : prompt_length + start + i], logits[i : i + 1]) for i in range(kept)]
+    )
 
 
 def _generated(tokens: list[int], eos: set[int]) -> list[int]:
     """Generated tokens up to and including the first EOS (what follows is padding)."""
     end = next((i + 1 for i, t in enumerate(tokens) if t in eos), len(tokens))
     return tokens[:end]
+
+
+def _unpadded_length(generated: list[int], eos: set[int], pad: int | None) -> int:
+    """`generated`'s length without the padding after a row that stopped other than at an EOS (a stop
+    string): the target never chose it, so it is not held to the target's choice."""
+    end = len(generated)
+    if generated and generated[-1] not in eos:
+        while end and generated[end - 1] == pad:
+            end -= 1
+    return end
 
 
 def _compute_dtype(model: Any) -> torch.dtype:

@@ -149,7 +149,8 @@ def assert_greedy_match(
     model, plain: torch.Tensor, spec: torch.Tensor, attention_mask=None, input_ids=None, logits_processor=None
 ):
     """No row of `spec` is a mismatch for `hf_specdec.lossless.check_greedy`: each equals `plain`, or
-    first differs at a rounding tie of the target's top two scores (bound from the model's dtype).
+    first differs at a rounding tie of the target's top two scores (bound from the model's dtype) and
+    goes on as the target's greedy continuation of its own prefix, up to the same rounding.
 
     The prompt is `input_ids`, else as wide as `attention_mask`; with neither, whole sequences are
     compared (no EOS cut: the prompt's own EOS tokens must not end the comparison).

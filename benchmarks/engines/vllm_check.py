@@ -411,7 +411,7 @@ def _agreement(
     for ids, ref, got in zip(prompt_ids, reference, other):
         prompt = torch.tensor([ids])
         (check,) = check_greedy(model, prompt, torch.tensor([ids + ref]), torch.tensor([ids + got]))
-        if check.kind == "identical" or check.top_two is None:
+        if check.kind == "identical" or check.top_two is None or check.tie_at is not None:
             kinds.append(check.describe())
             continue
         kinds.append(  # check_greedy's words are plain / speculative: here they are reference / other

@@ -33,6 +33,20 @@ def ragged(model):
     return input_ids, attention_mask, plain
 
 
+def _taking(model, input_ids, attention_mask, rows, at, token):
+    """`rows` [B, P + N] with row 0 taking `token` at column `at` and going on from there as the
+    target's greedy continuation of that prefix: what speculation that took another token at a tie
+    outputs."""
+    prefix = torch.cat([rows[0, :at], torch.tensor([token])])[None]
+    mask = torch.cat([attention_mask[0], torch.ones(at + 1 - input_ids.shape[1], dtype=attention_mask.dtype)])
+    continued = model.generate(
+        input_ids=prefix, attention_mask=mask[None], max_new_tokens=rows.shape[1] - at - 1, do_sample=False
+    )
+    spec = rows.clone()
+    spec[0] = continued[0]
+    return spec
+
+
 def test_rounding_bounds():
     assert rounding_bound(20.0, torch.bfloat16) == 4 * 2.0**-3  # four bf16 steps of 1/8 at 16-32
     assert rounding_bound(-40.0, torch.bfloat16) == 4 * 2.0**-2
@@ -78,8 +92,7 @@ def test_a_tie_within_the_bound_with_both_tokens_on_top_is_a_tie(model, ragged):
         return processor
 
     runner_up = (first + 1) % model.config.vocab_size
-    spec = plain.clone()
-    spec[0, at] = runner_up
+    spec = _taking(model, input_ids, attention_mask, plain, at, runner_up)
     within = check_greedy(model, input_ids, plain, spec, attention_mask, logits_processor=tie(runner_up, 0.0))
     assert [c.kind for c in within] == [TIE, IDENTICAL, IDENTICAL]
     assert set(within[0].top_two) == {first, runner_up} and within[0].gap == 0.0
@@ -91,6 +104,33 @@ def test_a_tie_within_the_bound_with_both_tokens_on_top_is_a_tie(model, ragged):
     spec[0, at] = third  # the top two tie, but speculation took neither of them
     check = check_greedy(model, input_ids, plain, spec, attention_mask, logits_processor=tie(runner_up, 0.0))
     assert check[0].kind == MISMATCH
+
+
+def test_a_wrong_token_after_a_tie_is_a_mismatch(model, ragged):
+    """A tie ends the comparison with plain's row, not the check: from there speculation's row must
+    be the target's greedy continuation of its own prefix. Planted: a row that took the runner-up at
+    a tie and then, three tokens on, a token the target ranks far down (as a draft accepted one
+    position too far, or a rejected token left in the cache, gives); judged on its first difference
+    alone, the row passed for a tie."""
+    input_ids, attention_mask, plain = ragged
+    at = input_ids.shape[1] + 3
+    first = int(plain[0, at])
+    runner_up = (first + 1) % model.config.vocab_size
+
+    def tie(ids, scores):
+        if ids.shape[1] == at:
+            scores = scores.clone()
+            scores[:, runner_up] = scores[:, first]
+        return scores
+
+    spec = _taking(model, input_ids, attention_mask, plain, at, runner_up)
+    assert check_greedy(model, input_ids, plain, spec, attention_mask, logits_processor=tie)[0].kind == TIE
+    later = at + 3
+    spec[0, later] = (spec[0, later] + 7) % model.config.vocab_size
+    check = check_greedy(model, input_ids, plain, spec, attention_mask, logits_processor=tie)[0]
+    assert check.kind == MISMATCH and check.tie_at == 3 and check.position == 6 and check.gap > check.bound
+    assert check.plain_token is None and check.speculative_token == int(spec[0, later])
+    assert "mismatch at generated token 6, after a tie at 3" in check.describe()
 
 
 def test_the_bound_is_taken_at_the_rows_largest_score(model, ragged):
@@ -109,8 +149,7 @@ def test_the_bound_is_taken_at_the_rows_largest_score(model, ragged):
             scores[:, first], scores[:, runner_up], scores[:, far] = 3.3, 3.25, -1000.0
         return scores
 
-    spec = plain.clone()
-    spec[0, at] = runner_up
+    spec = _taking(model, input_ids, attention_mask, plain, at, runner_up)
     check = check_greedy(model, input_ids, plain, spec, attention_mask, logits_processor=small_top_two)[0]
     assert check.kind == TIE and check.bound == rounding_bound(1000.0, torch.float32)
 
@@ -131,8 +170,7 @@ def test_a_three_way_tie_is_a_tie_whichever_two_tokens_were_taken(model, ragged)
             scores[:, third] = scores[:, first]
         return scores
 
-    spec = plain.clone()
-    spec[0, at] = third
+    spec = _taking(model, input_ids, attention_mask, plain, at, third)
     check = check_greedy(model, input_ids, plain, spec, attention_mask, logits_processor=three_way)[0]
     assert check.kind == TIE and check.top_two[0] == second and first not in check.top_two[:1]
     assert check.gap <= check.bound
