@@ -133,6 +133,28 @@ def test_a_wrong_token_after_a_tie_is_a_mismatch(model, ragged):
     assert "mismatch at generated token 6, after a tie at 3" in check.describe()
 
 
+def test_the_padding_after_a_stop_string_is_not_held_to_the_target(model, ragged):
+    """A row that took a tie and was then stopped by a stop string ends in padding (no EOS to end
+    the comparison at): the padding after the stop is no choice of the target's, so the row is still
+    a tie."""
+    input_ids, attention_mask, plain = ragged
+    at = input_ids.shape[1] + 3
+    first = int(plain[0, at])
+    runner_up = (first + 1) % model.config.vocab_size
+
+    def tie(ids, scores):
+        if ids.shape[1] == at:
+            scores = scores.clone()
+            scores[:, runner_up] = scores[:, first]
+        return scores
+
+    spec = _taking(model, input_ids, attention_mask, plain, at, runner_up)
+    assert model.generation_config.pad_token_id == 0 and model.generation_config.eos_token_id is None
+    spec[0, at + 3 :] = 0  # stopped three tokens after the tie, padded
+    check = check_greedy(model, input_ids, plain, spec, attention_mask, logits_processor=tie)[0]
+    assert check.kind == TIE and check.position == 3
+
+
 def test_the_bound_is_taken_at_the_rows_largest_score(model, ragged):
     """Every score of a row carries the rounding of the same hidden state: two small top scores in
     a row that also holds a large one are held to the large one's bound (in bf16, a gap of 0.094
