@@ -19,10 +19,12 @@ Names checked against the engines' sources (the versions in `base.py`):
   `speculative_eagle_topk`, `speculative_num_draft_tokens` (the verify width: `ngram_worker.py`
   feeds that many tokens a request from its sequence length on, the first being the last sampled
   token, so k drafts are k + 1); no n-gram size flags (earlier releases' match-window flags are
-  gone). SGLang's main branch, `sglang/srt/arg_groups/speculative_hook.py`: EAGLE (and its alias
-  NEXTN) runs on the target's own NextN layers for the architectures in `_BUILTIN_MTP_MODEL_ARCHS`
-  (the draft path defaults to the target's); FROZEN_KV_MTP drafts with a Gemma 4 assistant
-  (NEXTN / EAGLE with such a draft are promoted to it, `_resolve_speculative_algorithm_alias`).
+  gone). The same wheel's `sglang/srt/arg_groups/speculative_hook.py`: EAGLE (and its alias NEXTN)
+  runs on the target's own NextN layers when the draft path is the target, which it fills in for
+  a few architectures only (`_handle_eagle_family`; `configs/model_config.py` maps the draft
+  architectures of the others), so the target is always written as the draft path; FROZEN_KV_MTP
+  drafts with a Gemma 4 assistant (NEXTN / EAGLE with such a draft are promoted to it,
+  `_resolve_speculative_algorithm_alias`).
   Launched with `python -m sglang.launch_server`.
 - Block drafts (checked against vLLM's main branch, `vllm/config/speculative.py`: methods `dflash`
   and `dspark`, `vllm/model_executor/models/qwen3_dflash.py`; and against the sglang 0.5.23 flag list,
@@ -93,6 +95,11 @@ def render_sglang(model: str, plan: ServingPlan, k: int, out: Path | None) -> di
     if plan.head is not None:
         draft, note = _write_head(plan.head, "eagle3", model, k, out)
         caveats.append(note)
+    if draft is None and algorithm == "EAGLE":
+        # The target's own MTP (NextN) layers. SGLang takes them from the draft path, which it fills
+        # in with the target itself for a few architectures only (DeepSeek-V3, GLM-4.5, Ling); the
+        # others it has MTP layers for (ERNIE 4.5, Step-3.7, Inkling, ...) fail to start without it.
+        draft = model
     command = ["python", "-m", "sglang.launch_server", "--model-path", model]
     command += ["--speculative-algorithm", algorithm]
     if draft is not None:

@@ -281,8 +281,8 @@ def plan_mtp(model: str, draft: Source, head: Source, options: Options) -> Servi
     caveats.append(
         "Past the checkpoint's MTP layers vLLM cycles through them (draft step i runs layer i mod n) "
         "where we reapply the last; with one layer (DeepSeek-V3, GLM-4.5) both reapply it. SGLang "
-        "drafts with the NextN layers of the architectures it builds in (DeepSeek-V3, GLM-4.5, "
-        "Qwen3-Next, Bailing among them) and needs --speculative-draft-model-path TARGET for others."
+        "loads the MTP layers of the architectures it has them for (the target is its draft path); "
+        "for others it fails to start."
     )
     return ServingPlan(
         "mtp",

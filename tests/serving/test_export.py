@@ -106,12 +106,21 @@ def test_a_hub_head_given_as_draft_is_exported_as_a_head(models, tmp_path, monke
 
 
 def test_a_checkpoint_with_mtp_layers_exports_them(models, tmp_path):
-    """As speculative=True chooses: the target's own MTP layers, no draft in either engine."""
-    vllm = export_serving(str(models / "mtp-target"), "vllm", num_draft_tokens=2)
+    """As speculative=True chooses: the target's own MTP layers, no draft of another model. vLLM
+    takes them with no `model`; SGLang from the target named as its draft path: sglang 0.5.23
+    (`srt/arg_groups/speculative_hook.py`, `_handle_eagle_family`) fills that in itself only for
+    DeepSeek-V3/V3.2/V4, GLM-4.5 (and Lite, DSA), Ling (BailingMoe, V2, V2.5), Mistral Large 3,
+    Pixtral, HY V3/V4 and Qwen4-Exp; the other targets whose MTP layers it loads
+    (`srt/configs/model_config.py`: Ernie4_5_MoeForCausalLM, Step3p7ForConditionalGeneration,
+    InklingForConditionalGeneration, ...) start their draft worker with no model path."""
+    target = str(models / "mtp-target")
+    vllm = export_serving(target, "vllm", num_draft_tokens=2)
     assert vllm["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 2}
-    sglang = export_serving(str(models / "mtp-target"), "sglang", num_draft_tokens=2)
-    assert sglang["method"] == "mtp" and "--speculative-draft-model-path" not in sglang["command"]
-    assert sglang["command"][sglang["command"].index("--speculative-algorithm") + 1] == "EAGLE"
+    sglang = export_serving(target, "sglang", num_draft_tokens=2)
+    command = sglang["command"]
+    assert sglang["method"] == "mtp" and sglang["draft"] == target
+    assert command[command.index("--speculative-algorithm") + 1] == "EAGLE"
+    assert command[command.index("--speculative-draft-model-path") + 1] == target
     with pytest.raises(ServingExportError, match="no engine equivalent.*drop --draft"):
         export_serving(str(models / "mtp-target"), "vllm", method="mtp", draft=str(models / "draft"))
 
