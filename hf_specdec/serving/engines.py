@@ -116,8 +116,8 @@ def render_sglang(model: str, plan: ServingPlan, k: int, out: Path | None) -> di
         # NGRAM fields: bfs breadths, match type, max_trie_depth), and an unknown flag stops the
         # server, so our n-gram sizes are not written.
         caveats.append(
-            "SGLang runs NGRAM speculation on CUDA only, matching suffixes in its own trie with its "
-            f"defaults: our n-gram sizes ({plan.ngram[0]}..{plan.ngram[1]}) are not carried over."
+            "SGLang runs NGRAM speculation (on CUDA, CPU or XPU) matching suffixes in its own trie with "
+            f"its defaults: our n-gram sizes ({plan.ngram[0]}..{plan.ngram[1]}) are not carried over."
         )
     else:  # a chain of k drafts: k steps, one candidate each
         command += ["--speculative-num-steps", str(k), "--speculative-eagle-topk", "1"]

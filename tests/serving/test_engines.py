@@ -38,6 +38,14 @@ def test_eagle3_head_is_written_in_each_engines_layout(models, tmp_path):
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 2, 5]  # SGLang's: one less
 
 
+def test_sglang_ngram_caveat_names_the_devices_sglang_runs_it_on(models, tmp_path):
+    # sglang 0.5.23, srt/arg_groups/speculative_hook.py `_handle_ngram`: "Ngram speculative decoding
+    # only supports CUDA, CPU, or XPU devices."
+    result = export_case(models, tmp_path, "sglang", "ngram")
+    caveat = next(caveat for caveat in result["caveats"] if "NGRAM" in caveat)
+    assert "CUDA only" not in caveat and "(on CUDA, CPU or XPU)" in caveat
+
+
 # --- SGLang flags, against the wheel's argument definitions -------------------------------------
 
 
