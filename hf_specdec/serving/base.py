@@ -37,6 +37,7 @@ class ServingPlan:
         engine_options: per engine, further keys of its speculative config (vLLM's
             `suffix_decoding_*`).
         engine_caveats: per engine, caveats that concern that engine alone.
+        mtp_layers: the target's own MTP layers, where the plan drafts with them and could count them.
     """
 
     method: str
@@ -50,6 +51,7 @@ class ServingPlan:
     caveats: list[str] = field(default_factory=list)
     engine_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     engine_caveats: dict[str, list[str]] = field(default_factory=dict)
+    mtp_layers: int | None = None
 
 
 def not_carried(options: Options, carried: Collection[str] = ()) -> list[str]:

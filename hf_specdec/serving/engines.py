@@ -63,6 +63,15 @@ def render_vllm(model: str, plan: ServingPlan, k: int, out: Path | None) -> dict
     config: dict[str, Any] = {"method": plan.engine_method["vllm"]}  # else vLLM guesses from the path
     if draft is not None:
         config["model"] = draft
+    n = plan.mtp_layers or 1
+    if plan.engine_method["vllm"] == "mtp" and k > n and k % n:
+        # vLLM (0.33, 0.34: `SpeculativeConfig.__post_init__`) refuses more drafts than MTP layers
+        # unless they are a multiple of them ("must be divisible by n_predict").
+        caveats.append(
+            f"vLLM takes a draft length above the target's {n} MTP layers only in multiples of {n}: "
+            f"num_speculative_tokens is {k // n * n} here, not {k}."
+        )
+        k = k // n * n
     config["num_speculative_tokens"] = k
     config.update(plan.engine_options.get("vllm", {}))
     if plan.ngram is not None and plan.engine_method["vllm"] == "ngram":

@@ -267,8 +267,8 @@ def plan_mtp(model: str, draft: Source, head: Source, options: Options) -> Servi
         )
     options_to_config(ChainTreeConfig, options)
     caveats = not_carried(options)
+    here = local_model(model)
     if own_layers(model) is None:
-        here = local_model(model)
         if here is not None and mtp_layer_count(here) == 0:  # its config is here and declares none
             try:
                 load_mtp_layers(here)  # refuses it, saying why, as method='mtp' in generate does
@@ -289,6 +289,7 @@ def plan_mtp(model: str, draft: Source, head: Source, options: Options) -> Servi
         {"vllm": "mtp", "sglang": "EAGLE"},
         measure={"method": "mtp", "options": options},
         caveats=caveats,
+        mtp_layers=mtp_layer_count(here) if here is not None else None,
     )
 
 

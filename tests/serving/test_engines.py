@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from hf_specdec.serving import SGLANG_VERSION, export_serving
+from hf_specdec.serving.base import ServingPlan
+from hf_specdec.serving.engines import render_vllm
 
 from .conftest import CASES, export_case
 
@@ -95,3 +97,14 @@ def test_the_flag_check_catches_what_sglang_would_refuse():
     assert any("'MEDUSA' is not a builtin" in p for p in problems)
     assert "--speculative-num-steps takes an integer, not 'three'" in problems
     assert "unknown flag --speculative-ngram-min-match-window-size" in problems
+
+
+@pytest.mark.parametrize(("k", "served"), [(2, 2), (3, 3), (4, 3), (5, 3), (6, 6), (7, 6)])
+def test_vllm_mtp_draft_length_is_a_multiple_of_the_layers_past_them(k, served):
+    """vLLM 0.33 / 0.34 (`vllm/config/speculative.py`, `SpeculativeConfig.__post_init__`) refuses
+    `num_speculative_tokens` above a target's MTP layer count n ("n_predict") unless it is a multiple
+    of n: with 3 layers (Step-3.5), 4 or 5 would not start."""
+    plan = ServingPlan("mtp", {"vllm": "mtp", "sglang": "EAGLE"}, mtp_layers=3)
+    rendered = render_vllm("org/target", plan, k, None)
+    assert rendered["speculative_config"]["num_speculative_tokens"] == served
+    assert any("multiples of 3" in c for c in rendered["caveats"]) == (served != k)

@@ -24,6 +24,7 @@ from hf_specdec.config import SpeculativeConfig
 from hf_specdec.selection.choice import DRAFT_FREE_AUTO
 from hf_specdec.selection.method import resolve_method
 from hf_specdec.serving import ServingExportError, export_serving
+from hf_specdec.serving.plans import plan_mtp
 
 from ..conftest import tiny_llama
 from ..helpers import mtp
@@ -121,6 +122,7 @@ def test_a_checkpoint_with_mtp_layers_exports_them(models, tmp_path):
     assert sglang["method"] == "mtp" and sglang["draft"] == target
     assert command[command.index("--speculative-algorithm") + 1] == "EAGLE"
     assert command[command.index("--speculative-draft-model-path") + 1] == target
+    assert plan_mtp(target, None, None, {}).mtp_layers == 1  # vLLM's draft length rule reads it
     with pytest.raises(ServingExportError, match="no engine equivalent.*drop --draft"):
         export_serving(str(models / "mtp-target"), "vllm", method="mtp", draft=str(models / "draft"))
 
