@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from .core.compat import greedy_processors
 from .core.draws import default_generator, plain_draw
 from .core.kv import takes_positions
 from .loading import eos_token_ids as eos_token_ids_of
@@ -136,12 +137,15 @@ def check_greedy(
     `eos_token_ids` (default: the model's generation config's) end a row's comparison, so the
     padding after it does not count. `logits_processor` (e.g. the `LogitsProcessorList` of a
     repetition penalty) turns the recomputed logits into the processed scores greedy decoding
-    compares; without one the logits are the scores (right for plain greedy `generate` unless the
-    call or the model's generation config adds processors such as `repetition_penalty`).
+    compares; without one, those plain greedy `generate` builds from the model's generation config
+    (`core.compat.greedy_processors`: a `repetition_penalty` there applies to both runs compared), so
+    only processors the call itself added need passing.
     """
     if eos_token_ids is None:
         eos_token_ids = eos_token_ids_of(model)
     prompt_length, checks, eos = input_ids.shape[1], [], set(eos_token_ids)
+    if logits_processor is None:
+        logits_processor = greedy_processors(model, prompt_length)
     pad = getattr(getattr(model, "generation_config", None), "pad_token_id", None)
     first = _first_differences(plain, speculative, prompt_length, eos)
     for row in range(plain.shape[0]):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hf_specdec import lossless
 from hf_specdec.lossless import (
     IDENTICAL,
     MISMATCH,
@@ -294,3 +295,25 @@ def test_check_sampled_refuses_a_device_whose_draws_it_cannot_reproduce(sampled)
     scores = [s.to("meta") for s in out.scores]
     with pytest.raises(ValueError, match="cannot reproduce plain sampling's draws on meta"):
         _check(out, out.sequences, input_ids.shape[1], scores=scores)
+
+
+def test_the_generation_configs_processors_score_the_rows(ragged, monkeypatch):
+    """A repetition penalty in the model's generation config (Qwen's chat models set one) applies
+    to plain greedy `generate` and to speculation alike: the target's scores a row is held to are
+    processed by it too, where the caller passes no processors (raw logits would call a row that
+    followed the penalised scores a mismatch, or one that did not a tie)."""
+    input_ids, attention_mask, plain = ragged
+    model = tiny_llama(0, eos_token_id=None)
+    model.generation_config.repetition_penalty = 1.5
+    scored = []
+    along = lossless._scores_along
+    monkeypatch.setattr(lossless, "_scores_along", lambda *a: scored.append(a[-1]) or along(*a))
+    spec = plain.clone()
+    spec[0, -1] = (spec[0, -1] + 1) % model.config.vocab_size
+    check_greedy(model, input_ids, plain, spec, attention_mask)
+    (processors,) = scored
+    assert [type(p).__name__ for p in processors] == ["RepetitionPenaltyLogitsProcessor"]
+    model.generation_config.repetition_penalty = 1.0
+    scored.clear()
+    check_greedy(model, input_ids, plain, spec, attention_mask)
+    assert scored == [None]
