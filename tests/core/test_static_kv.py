@@ -26,6 +26,7 @@ from transformers import (
 from hf_specdec.core.static_kv import StaticKV, allow_graphs
 
 from ..conftest import random_batch, tiny_llama
+from ..helpers.architectures import tiny
 
 MAX_NEW = 24
 SCHEDULE = [7, 0, 3, 7, 1, 7, 5, 2]  # drafted tokens before the first wrong one, step by step
@@ -129,6 +130,28 @@ def test_compiled_forwards_take_one_graph_per_width(model, rows, fresh_dynamo):
     assert spec.tolist() == plain.tolist()
     # With rows > 1 the mask is passed from the start, so holes appearing add no graph.
     assert widths_fed <= {1, 2, 4} and counter.frame_count == len(widths_fed)
+
+
+def test_a_row_stopped_early_is_padded_at_its_own_positions():
+    """A row that stops at an EOS is fed its padding at the end (`pad_steps`) through `rows_apart`,
+    which must keep the row's position offset: with position ids of the user's own (GPT-2's absolute
+    positions), the scores returned for its padded steps are plain static generate's."""
+    target = tiny("gpt2", 0, attn_implementation="eager", eos_token_id=None)
+    input_ids, attention_mask = random_batch(0, 2, vocab=128, min_len=7, max_len=10)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0) + torch.tensor([[5], [2]])
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    options = dict(max_new_tokens=8, do_sample=False, cache_implementation="static", pad_token_id=0)
+    with torch.no_grad():
+        first = target.generate(**inputs, **options)[:, input_ids.shape[1] :]
+        eos = int(first[0, 0])  # row 0 stops at once, row 1 decodes every step
+        assert eos not in first[1].tolist()
+        options.update(eos_token_id=eos, return_dict_in_generate=True, output_scores=True)
+        plain = target.generate(**inputs, **options)
+        spec = target.generate(**inputs, speculative="ngram", **options)
+    assert torch.equal(spec.sequences, plain.sequences)
+    assert len(spec.scores) == len(plain.scores) == 8
+    for step, (ours, theirs) in enumerate(zip(spec.scores, plain.scores)):
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4, msg=lambda m, s=step: f"step {s}: {m}")
 
 
 def test_roll_back_moves_the_write_position_and_copies_nothing(target):
