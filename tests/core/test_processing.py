@@ -17,6 +17,8 @@ from transformers import (
 
 from hf_specdec.core.processing import ScoreProcessor, path_tokens, prefix_ids
 
+from ..conftest import random_batch
+
 VOCAB, BATCH, K = 16, 3, 5
 
 
@@ -152,3 +154,22 @@ def test_processors_that_may_index_rows_are_shown_the_whole_batch():
     assert indexes_rows(Mine()) and indexes_rows(PrefixConstrainedLogitsProcessor(lambda b, ids: [1], 1))
     assert not indexes_rows(MinLengthLogitsProcessor(5, eos_token_id=2))
     assert not indexes_rows(_penalty())
+
+
+@pytest.mark.parametrize(
+    "option", [dict(encoder_repetition_penalty=3.0), dict(encoder_no_repeat_ngram_size=1)], ids=str
+)
+def test_the_sequences_of_one_prompt_read_that_prompts_encoder_ids(target, option):
+    """With num_return_sequences, generate's encoder-id processors hold one row a prompt and treat
+    row r of the batch as prompt r // num_return_sequences: each row verified apart reads its own
+    prompt's ids, so a seeded call samples what plain samples."""
+    input_ids, attention_mask = random_batch(1, 2, min_len=8, max_len=8)
+    common = dict(
+        input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=10, do_sample=True,
+        num_return_sequences=2, **option,
+    )  # fmt: skip
+    torch.manual_seed(3)
+    plain = target.generate(**common)
+    torch.manual_seed(3)
+    ours = target.generate(**common, speculative="ngram")
+    assert torch.equal(ours, plain)
