@@ -196,8 +196,8 @@ def repo_files(
         answer = _error_status(err.__cause__)
         if answer is not None:
             raise HubFileError(
-                f"The {what} {repo_id} could not be downloaded: the Hub ({endpoint}) answered {answer}. "
-                "Try again later, or pass the folder of a downloaded copy.",
+                f"The {what} {repo_id} could not be downloaded: the Hub ({endpoint}) answered {answer[1]}. "
+                f"{_remedy(answer[0])}pass the folder of a downloaded copy.",
                 lasting=False,
             ) from err
         raise HubFileError(
@@ -216,14 +216,23 @@ def repo_files(
         ) from err
 
 
-def _error_status(err: BaseException | None) -> str | None:
-    """The HTTP status the Hub answered `err` with, as "HTTP 500 (Internal Server Error)"; None
-    where it gave no answer (offline, unreachable)."""
+def _error_status(err: BaseException | None) -> tuple[int, str] | None:
+    """The HTTP status the Hub answered `err` with, and it said as "HTTP 500 (Internal Server
+    Error)"; None where it gave no answer (offline, unreachable)."""
     response = getattr(err, "response", None) if isinstance(err, HfHubHTTPError) else None
     if response is None:
         return None
     reason = getattr(response, "reason_phrase", "")
-    return f"HTTP {response.status_code}" + (f" ({reason})" if reason else "")
+    return response.status_code, f"HTTP {response.status_code}" + (f" ({reason})" if reason else "")
+
+
+def _remedy(status: int) -> str:
+    """What to do about a Hub's answer, before "or pass the folder of a downloaded copy"."""
+    if status in (401, 403):
+        return "Log in with a token that may read it (`hf auth login`, or set HF_TOKEN), or "
+    if status == 429 or status >= 500:
+        return "Try again later, or "
+    return "Check the repo on the Hub, or "
 
 
 def download_files(repo_id: str, names: list[str], *, token: str | None, revision: str | None) -> Path:

@@ -59,3 +59,21 @@ def test_a_hub_that_answers_with_an_error_is_not_called_unreachable(
     ) as err:
         download_repo_files(REPO, lambda name: name == "config.json")
     assert not err.value.lasting and "unreachable" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("status", "remedy"),
+    [
+        (403, "Log in with a token that may read it"),
+        (429, "Try again later"),
+        (404, "Check the repo on the Hub"),
+    ],
+)
+def test_what_to_do_follows_the_hubs_answer(
+    hub: HubServer, monkeypatch: pytest.MonkeyPatch, status: int, remedy: str
+) -> None:
+    """A Hub refusing a file (403) is no outage to wait out: each answer gets its own advice."""
+    monkeypatch.setattr("huggingface_hub.utils._http.time.sleep", lambda seconds: None)
+    hub.failing[f"/{REPO}/resolve/"] = status
+    with pytest.raises(HubFileError, match=rf"answered HTTP {status} .*\. {remedy}.*, or pass the folder"):
+        download_repo_files(REPO, lambda name: name == "config.json")
