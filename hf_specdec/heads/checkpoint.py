@@ -192,4 +192,6 @@ def _local_folder(source: Any) -> Path:
 
 
 def _is_head_file(name: str) -> bool:
-    return name.endswith((".json", ".safetensors", ".bin", ".pt"))
+    # Every layout read keeps its files at the repo's top level; a folder `train-draft` wrote, pushed
+    # whole, also holds its training data and checkpoint (`data/`, `checkpoint/`), gigabytes unread.
+    return "/" not in name and name.endswith((".json", ".safetensors", ".bin", ".pt"))

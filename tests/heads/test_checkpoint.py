@@ -30,3 +30,25 @@ def test_a_head_given_keeps_its_training_mode(tmp_path):
     assert all(m.training for m in head.modules())
     save_head(head, tmp_path)
     assert not any(m.training for m in load_head(str(tmp_path), target, method="eagle").modules())
+
+
+def test_a_hub_repo_of_a_whole_train_draft_folder_downloads_the_head_alone(tmp_path, monkeypatch):
+    """`train-draft --out DIR` writes the head beside its training data and checkpoint (`data/`,
+    `checkpoint/`); with DIR pushed to the Hub as it is, `draft="user/head"` downloaded them all, the
+    target's features of every training token (gigabytes for a large target), unread."""
+    from ..helpers.hub import local_hub
+
+    target = tiny_llama(0)
+    folder = save_head(copied_layer_eagle(target), tmp_path / "out")
+    head_files = {path.name for path in folder.iterdir()}
+    training = {f"checkpoint/{name}": (folder / name).read_bytes() for name in head_files}
+    training |= {"data/features.pt": b"0" * 64, "checkpoint/trainer_state.pt": b"0" * 64}
+    hub = local_hub(tmp_path, monkeypatch)
+    try:
+        hub.add("someone/eagle-head", folder)
+        hub.push("someone/eagle-head", training)
+        load_head("someone/eagle-head", target, method="eagle")
+        fetched = {name for _, name in hub.resolved("someone/eagle-head")}
+    finally:
+        hub.stop()
+    assert fetched == head_files
