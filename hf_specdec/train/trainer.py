@@ -6,8 +6,8 @@ from its own guesses and not only from the target's features. The loss per step 
 cross-entropy against the target's greedy token plus a regression onto the target's feature.
 An MTP head (DeepSeek-V3's MTP layer: the same layer with a norm on its output) unrolls the same
 way with the cross-entropy alone, as DeepSeek trains its MTP modules: its output is no estimate of
-the target's feature. Medusa head i learns the token i+1 positions after the next. DFlash block
-drafts learn whole blocks anchored at the target's answer tokens (`block.py`).
+the target's feature. Medusa head i learns the target's greedy token i+1 positions after the
+next. DFlash block drafts learn whole blocks anchored at the target's answer tokens (`block.py`).
 """
 
 from __future__ import annotations
@@ -294,7 +294,9 @@ def _loss(
         length = ids.shape[1]
         for i in range(min(config.medusa_heads, length - 2)):
             ahead = 2 + i  # head i at position t guesses x_{t+2+i}: i + 1 tokens after the next
-            label = to_draft[ids[:, ahead:]]
+            # The target's greedy choice there (in its greedy answers, the token itself; in a corpus
+            # or a sampled answer, what the target would have verified a draft against).
+            label = to_draft[labels[:, ahead - 1 : length - 1]]
             use = valid[:, ahead:] & answer[:, 1 + i : length - 1]  # drafts started in the answer
             guess = logits[:, : length - ahead, i]
             losses.append(_cross_entropy(guess[use], label[use]))

@@ -79,6 +79,26 @@ def test_training_lowers_the_loss_and_saves_a_lossless_head(target, examples, me
     assert_greedy_match(target, plain, spec, attention_mask)
 
 
+def test_medusa_learns_the_targets_greedy_tokens_not_the_texts(target, examples):
+    """In a corpus or an answer sampled from the target (`--answers-per-prompt`), the token that
+    follows is not what the target picks greedily there, which is what a draft is verified against.
+    EAGLE and DFlash learn the target's choices (`labels`); Medusa learnt the text's tokens, and its
+    held-out acceptance judged against them too, so that a head trained on a corpus learnt the
+    corpus. Its loss and verdicts are now the same whatever tokens the text holds."""
+    config = TrainConfig(method="medusa", draft_vocab_size=48)
+    head = _new_head(target, examples, config)
+    to_draft = _index_of(head.draft_vocab, 64)
+    greedy = examples[0]
+    start = greedy.answer_start
+    torch.manual_seed(0)
+    other = torch.randint(3, 64, (len(greedy.ids) - start,))
+    sampled = type(greedy)(torch.cat([greedy.ids[:start], other]), greedy.features, greedy.labels, start)
+    with torch.no_grad():
+        loss, hits = _loss(head, [greedy], to_draft, config, judge=True)
+        sampled_loss, sampled_hits = _loss(head, [sampled], to_draft, config, judge=True)
+    assert torch.equal(loss, sampled_loss) and torch.equal(hits, sampled_hits)
+
+
 def test_a_block_draft_learns_and_drafts_losslessly(target, examples, tmp_path):
     """DFlash training: blocks anchored in the answers, a held-out estimate per block position."""
     config = TrainConfig(
