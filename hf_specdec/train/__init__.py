@@ -55,6 +55,7 @@ def train_draft(
     model, tokenizer = load_model(target, dtype=dtype, device=device, tokenizer=tokenizer)
     name = str(model.name_or_path or type(model).__name__)
     source = load_prompts(suite, data)
+    layers = feature_layers(model, config)  # checked before the minutes of generating answers
     started = clock(model.device)
     sequences = build_sequences(
         model,
@@ -65,7 +66,6 @@ def train_draft(
         answers_per_prompt=answers_per_prompt,
     )
     generated_at = clock(model.device)
-    layers = feature_layers(model, config)
     examples = cached_target_features(model, sequences, layers, out / "data" / "features.pt")
     featured_at = clock(model.device)
     log = train_head(model, examples, out, config)

@@ -349,3 +349,20 @@ def test_an_out_that_cannot_take_the_head_is_refused_before_any_work(tmp_path, m
         train_draft("../model", ".")
     assert main(["train-draft", "--target", str(model), "--out", str(model)]) == 2
     assert "is the target's own folder" in capsys.readouterr().err
+
+
+def test_target_layers_the_target_lacks_are_refused_before_any_answer_is_generated(
+    target, tmp_path, monkeypatch
+):
+    """`train-draft --method dflash --target-layers 40` for a shallower target generated the training
+    answers (minutes with the default suite) before saying the layers were not the target's."""
+
+    def unusable(*args, **kwargs):
+        raise AssertionError("answers were generated")
+
+    monkeypatch.setattr("hf_specdec.train.build_sequences", unusable)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("Some text.")
+    config = TrainConfig(method="dflash", target_layers=[0, 40])
+    with pytest.raises(ValueError, match=r"target_layers \[0, 40\] are not layers of this 1-layer target"):
+        train_draft(target, tmp_path / "head", data=corpus, tokenizer=object(), config=config)
