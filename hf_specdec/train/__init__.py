@@ -13,7 +13,7 @@ from ..core.timing import clock
 from ..loading import describe_runtime, load_model
 from .data import build_sequences, load_prompts
 from .features import cached_target_features
-from .trainer import TrainConfig, feature_layers, train_head
+from .trainer import TrainConfig, check_resumable, feature_layers, train_head
 
 
 def train_draft(
@@ -54,6 +54,7 @@ def train_draft(
     _check_out(out, target)
     model, tokenizer = load_model(target, dtype=dtype, device=device, tokenizer=tokenizer)
     name = str(model.name_or_path or type(model).__name__)
+    check_resumable(out, model, config)
     source = load_prompts(suite, data)
     layers = feature_layers(model, config)  # checked before the minutes of generating answers
     started = clock(model.device)

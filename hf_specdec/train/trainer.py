@@ -360,31 +360,34 @@ def _batches(examples: list[Example], batch_tokens: int, rng: random.Random) -> 
 
 
 def _new_head(target: Any, train: list[Example], config: TrainConfig) -> Any:
-    vocab = target.config.get_text_config().vocab_size
-    size = config.draft_vocab_size if 0 < config.draft_vocab_size < vocab else vocab
+    head_config = _head_config(target, config)
+    vocab, size = head_config.vocab_size, head_config.draft_vocab_size
     counts = torch.bincount(torch.cat([e.labels for e in train] + [e.ids for e in train]), minlength=vocab)
     draft_vocab = torch.sort(torch.argsort(counts, descending=True, stable=True)[:size]).values
+    torch.manual_seed(config.seed)
+    head = build_head(head_config, target).float()
+    head.set_draft_vocab(draft_vocab)
+    return head
+
+
+def _head_config(target: Any, config: TrainConfig) -> EagleHeadConfig | MedusaHeadConfig | BlockDraftConfig:
+    """The config of the head `config` trains for `target` (what its checkpoint records)."""
+    vocab = target.config.get_text_config().vocab_size
+    size = config.draft_vocab_size if 0 < config.draft_vocab_size < vocab else vocab
     if config.method in ("eagle", "mtp"):
         mtp = config.method == "mtp"
-        head_config = EagleHeadConfig.for_target(
+        return EagleHeadConfig.for_target(
             target, draft_vocab_size=size, input_norms=True, output_norm=mtp, method=config.method
         )
-    elif config.method == "dflash":
-        head_config = BlockDraftConfig.for_target(
+    if config.method == "dflash":
+        return BlockDraftConfig.for_target(
             target,
             _block_layers(target, config),
             num_hidden_layers=config.draft_layers,
             block_size=config.block_size,
             draft_vocab_size=size,
         )
-    else:
-        head_config = MedusaHeadConfig.for_target(
-            target, draft_vocab_size=size, num_heads=config.medusa_heads
-        )
-    torch.manual_seed(config.seed)
-    head = build_head(head_config, target).float()
-    head.set_draft_vocab(draft_vocab)
-    return head
+    return MedusaHeadConfig.for_target(target, draft_vocab_size=size, num_heads=config.medusa_heads)
 
 
 def _index_of(draft_vocab: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -434,7 +437,7 @@ def _resume(folder: Path, head: Any, optimizer: Any, state: dict[str, Any]) -> b
         ) from None
     weights = read_weights(folder / "head.safetensors")
     check_saved_head(folder)
-    _check_same_run(folder, head)
+    _check_same_run(folder, head.config)
     if "draft_vocab" in weights:
         head.set_draft_vocab(weights["draft_vocab"])
     load_state(head, weights, folder / "head.safetensors")
@@ -449,12 +452,21 @@ def _same_folder(saved: Any, now: Any) -> bool:
     return isinstance(saved, str) and Path(saved).is_dir() and Path(saved).resolve() == Path(str(now))
 
 
-def _check_same_run(folder: Path, head: Any) -> None:
+def check_resumable(out: Path, target: Any, config: TrainConfig) -> None:
+    """Refuse a checkpoint in `out` that `train_head` would refuse to resume (`_check_same_run`), before
+    the minutes of generating the training data and the target's features, which would also replace
+    the data the checkpoint's own run cached."""
+    folder = out / CHECKPOINT_DIR
+    if (folder / STATE_NAME).is_file() and (folder / CONFIG_NAME).is_file():
+        _check_same_run(folder, _head_config(target, config))
+
+
+def _check_same_run(folder: Path, head_config: Any) -> None:
     """Refuse a checkpoint whose head differs from the one this run trains (another method, draft
     vocabulary or target): resuming it would train on from another run's weights and budget.
     Fields one side does not record (a checkpoint of an older version) are not compared."""
     saved = read_json_object(folder / CONFIG_NAME)
-    now = head.config.to_dict()
+    now = head_config.to_dict()
     differs = [
         f"{name}: {saved[name]!r} in the checkpoint, {now[name]!r} now"
         for name in sorted(saved.keys() & now.keys())

@@ -366,3 +366,28 @@ def test_target_layers_the_target_lacks_are_refused_before_any_answer_is_generat
     config = TrainConfig(method="dflash", target_layers=[0, 40])
     with pytest.raises(ValueError, match=r"target_layers \[0, 40\] are not layers of this 1-layer target"):
         train_draft(target, tmp_path / "head", data=corpus, tokenizer=object(), config=config)
+
+
+def test_a_checkpoint_of_another_run_is_refused_before_any_answer_is_generated(
+    target, examples, tmp_path, monkeypatch
+):
+    """`train-draft --out DIR` for another target (or method) than DIR's checkpoint generated the
+    training answers and the target's features, minutes, writing them over the ones DIR's own run had
+    cached, and only then refused the checkpoint."""
+    train_head(target, examples, tmp_path, TrainConfig(minutes=5, max_steps=1, draft_vocab_size=48))
+    other = tiny_llama(41, layers=1, eos_token_id=None)
+    other.name_or_path = "another/model"
+
+    def unusable(*args, **kwargs):
+        raise AssertionError("answers were generated")
+
+    monkeypatch.setattr("hf_specdec.train.build_sequences", unusable)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("Some text.")
+    for model, method, differs in [
+        (other, "eagle", r"target: '' in the checkpoint, 'another/model' now"),
+        (target, "medusa", r"method: 'eagle' in the checkpoint, 'medusa' now"),
+    ]:
+        config = TrainConfig(method=method, minutes=5, draft_vocab_size=48)
+        with pytest.raises(ValueError, match=rf"saved for another run \(.*{differs}"):
+            train_draft(model, tmp_path, data=corpus, tokenizer=object(), config=config)
