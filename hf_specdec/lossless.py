@@ -144,8 +144,6 @@ def check_greedy(
     if eos_token_ids is None:
         eos_token_ids = eos_token_ids_of(model)
     prompt_length, checks, eos = input_ids.shape[1], [], set(eos_token_ids)
-    if logits_processor is None:
-        logits_processor = greedy_processors(model, prompt_length)
     pad = getattr(getattr(model, "generation_config", None), "pad_token_id", None)
     first = _first_differences(plain, speculative, prompt_length, eos)
     for row in range(plain.shape[0]):
@@ -157,11 +155,12 @@ def check_greedy(
             checks.append(RowCheck(MISMATCH, position=at))
             continue
         mask = None if attention_mask is None else attention_mask[row]
+        processors = logits_processor
+        if processors is None:  # built for the row alone: its padding is spared as plain spares it
+            processors = greedy_processors(model, prompt_length, None if mask is None else mask[None])
         generated = _generated(speculative[row, prompt_length:].tolist(), eos)
         generated = generated[: max(_unpadded_length(generated, eos, pad), at + 1)]
-        scores = _scores_along(
-            model, speculative[row], prompt_length, at, len(generated), mask, logits_processor
-        )
+        scores = _scores_along(model, speculative[row], prompt_length, at, len(generated), mask, processors)
         checks.append(_classify_along(scores, generated, at, plain_token, _compute_dtype(model)))
     return checks
 

@@ -48,17 +48,21 @@ def compiles_decoding(model: Any, generation_config: Any, model_kwargs: dict[str
     return bool(criteria({**model_kwargs, "cache": generate_cache(model_kwargs)}, generation_config))
 
 
-def greedy_processors(model: Any, prompt_length: int) -> Any:
+def greedy_processors(model: Any, prompt_length: int, attention_mask: Any = None) -> Any:
     """The logits processors plain greedy `generate` builds from `model`'s generation config alone
-    for a prompt of `prompt_length` columns (Qwen's chat models set a repetition penalty), through
-    transformers' private `_prepare_special_tokens` and `_get_logits_processor`; None where it builds
-    none, or where the installed transformers has no such methods."""
+    for a prompt of `prompt_length` columns and its `attention_mask` [B, P] (Qwen's chat models set a
+    repetition penalty, which spares each row's left padding), through transformers' private
+    `_prepare_special_tokens` and `_get_logits_processor`; None where it builds none, or where the
+    installed transformers has no such methods."""
     if not hasattr(model, "_get_logits_processor") or getattr(model, "generation_config", None) is None:
         return None
     config = copy.deepcopy(model.generation_config)
     config.do_sample = False
     model._prepare_special_tokens(config, kwargs_has_attention_mask=True, device=model.device)
     processors = model._get_logits_processor(
-        generation_config=config, input_ids_seq_length=prompt_length, device=model.device
+        generation_config=config,
+        input_ids_seq_length=prompt_length,
+        device=model.device,
+        model_kwargs={"attention_mask": attention_mask},
     )
     return processors or None

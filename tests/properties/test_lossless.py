@@ -317,3 +317,27 @@ def test_the_generation_configs_processors_score_the_rows(ragged, monkeypatch):
     scored.clear()
     check_greedy(model, input_ids, plain, spec, attention_mask)
     assert scored == [None]
+
+
+def test_the_generation_configs_penalty_spares_a_rows_left_padding(ragged, monkeypatch):
+    """Plain greedy `generate` builds the repetition penalty with each row's left-padding length, so
+    the pad token (often the EOS) in a row's padding is not penalised: a row held to scores that
+    penalised it would be held to other scores than plain's. A padded row (pad id 0, in no prompt)
+    that differs at its last token is held to plain's own `scores` there."""
+    input_ids, attention_mask, _ = ragged
+    model = tiny_llama(0, eos_token_id=None)
+    model.generation_config.repetition_penalty = 1.5
+    row = int((attention_mask[:, 0] == 0).nonzero()[0])
+    plain = model.generate(
+        input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=10, do_sample=False,
+        return_dict_in_generate=True, output_scores=True,
+    )  # fmt: skip
+    assert 0 not in plain.sequences[row, input_ids.shape[1] :].tolist()  # in its padding alone
+    scored = []
+    along = lossless._scores_along
+    monkeypatch.setattr(lossless, "_scores_along", lambda *a: scored.append(along(*a)) or scored[-1])
+    spec = plain.sequences.clone()
+    spec[row, -1] = (spec[row, -1] + 1) % model.config.vocab_size
+    check_greedy(model, input_ids, plain.sequences, spec, attention_mask)
+    (scores,) = scored
+    torch.testing.assert_close(scores[0], plain.scores[-1][row], rtol=1e-5, atol=1e-5)
