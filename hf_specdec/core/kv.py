@@ -407,11 +407,11 @@ def windows_by_column(model: Any) -> bool:
 def counts_columns(model: Any) -> str | None:
     """What `model` counts in cache columns, said for an error, else None: its positions where it takes
     no `position_ids` and counts from the cache's length (TrOCR, the BART family's and Whisper's
-    decoders), or its attention window where it applies one of its own past the mask given (GPT-Neo's
-    local layers). A hole left by a rejected draft, or a tree's sibling fed beside its brother, would
-    then move the position or window of every token after it. BLOOM takes no `position_ids` either,
-    but builds its ALiBi biases from the attention mask, which skips holes; recurrent layers hold no
-    columns."""
+    decoders; MPT, whose ALiBi biases are cut from the cache's last columns), or its attention window
+    where it applies one of its own past the mask given (GPT-Neo's local layers). A hole left by a
+    rejected draft, or a tree's sibling fed beside its brother, would then move the position or window
+    of every token after it. BLOOM takes no `position_ids` either, but builds its ALiBi biases from the
+    attention mask, which skips holes; recurrent layers hold no columns."""
     if not isinstance(model, PreTrainedModel):
         return None
     if windows_by_column(model):
