@@ -155,6 +155,11 @@ _ONE_TOKEN_A_STEP = {"cpmant", "prophetnet", "xlm"}
 # crop of the cache can take back the drafts a step rejected (found by the same sweep).
 _STATE_IN_MODULES = {"recurrent_gemma"}
 
+# Architectures whose recurrent layers hand the cache the state after a forward's last token only,
+# where a rejected draft needs the state after each (`kv.check_recorded` finds any other such model
+# at its first forward of several tokens; these are refused before the call starts).
+_ONE_STATE_A_FORWARD = {"zaya"}
+
 
 def check_rolls_back(model: Any, fix: str, role: str = "") -> None:
     """Refuse a model that transformers decodes over no `DynamicCache` (`role` goes before its class
@@ -174,6 +179,11 @@ def check_rolls_back(model: Any, fix: str, role: str = "") -> None:
         raise ValueError(
             f"{role}{type(model).__name__} keeps its recurrent state in its own layers, outside the cache, "
             f"which speculative= cannot roll back after a rejection: {fix}."
+        )
+    if getattr(model.config, "model_type", None) in _ONE_STATE_A_FORWARD:
+        raise ValueError(
+            f"{role}{type(model).__name__}'s recurrent layers keep one state a forward, not one a token, "
+            f"so speculative= cannot roll back a rejected draft: {fix}."
         )
     parameters = inspect.signature(type(model).forward).parameters
     if "cache" not in parameters and "past_key_values" not in parameters:

@@ -325,11 +325,12 @@ def test_gpt_neo_local_attention_speculates_one_row_at_a_time():
     assert torch.equal(model.generate(batch, max_new_tokens=8, do_sample=False, speculative=True), plain)
 
 
-def test_a_model_recording_one_recurrent_state_a_forward_is_refused():
+def test_a_model_recording_one_recurrent_state_a_forward_is_refused(monkeypatch):
     """Zaya hands its cache the recurrent state after a forward's last token only, where a rolled-back
     draft needs the state after each token: rejecting one draft token restored the state from before
     the whole forward (other tokens than plain greedy, silently), rejecting more raised an IndexError
-    from inside transformers' cache.crop. Refused at its first forward of several tokens."""
+    from inside transformers' cache.crop. Refused before the call (a model not declared so: at its
+    first forward of several tokens)."""
 
     def build(seed: int) -> torch.nn.Module:
         config = AutoConfig.for_model(
@@ -352,8 +353,18 @@ def test_a_model_recording_one_recurrent_state_a_forward_is_refused():
     model = build(0)
     prompt = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(0)).repeat(1, 2)
     one_token = dict(method="draft_model", draft=build(1), num_draft_tokens=1)
+    refused = "ZayaForCausalLM's recurrent layers keep one state a forward"
+    fed = []
+    hook = model.register_forward_pre_hook(lambda module, args: fed.append(1))
+    for speculative in [True, "ngram"]:  # before any forward: speculative=True too, at batch 1
+        with pytest.raises(ValueError, match=refused):
+            model.generate(prompt, max_new_tokens=24, speculative=speculative)
+    assert not fed
+    hook.remove()
+    # Any other model recording so is refused at its first forward of several tokens.
+    monkeypatch.setattr("hf_specdec.core.checks._ONE_STATE_A_FORWARD", set())
     for speculative in [one_token, "ngram"]:
-        with pytest.raises(ValueError, match="ZayaForCausalLM's recurrent layers keep one state a forward"):
+        with pytest.raises(ValueError, match=refused):
             model.generate(prompt, max_new_tokens=24, speculative=speculative)
 
 
