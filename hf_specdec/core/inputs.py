@@ -90,7 +90,9 @@ class ModelInputs:
         self.uncached = slice(cached_columns(model_kwargs), None)
         positions = _prompt_positions(given.get("position_ids"), input_ids)
         if positions is not None:  # later positions continue from the prompt's
-            positions = positions + _FIRST_POSITION.get(type(model).__name__, 0)
+            positions = positions + next(
+                (_FIRST_POSITION[c.__name__] for c in type(model).__mro__ if c.__name__ in _FIRST_POSITION), 0
+            )
         self.prompt_positions = None if positions is None else positions[:, self.uncached]
         extras = {key: given[key] for key in FORWARDED if key in given}
         self._prefill = _passed_by_generate(model, input_ids, extras, first=True)

@@ -72,6 +72,11 @@ def render_vllm(model: str, plan: ServingPlan, k: int, out: Path | None) -> dict
             f"num_speculative_tokens is {k // n * n} here, not {k}."
         )
         k = k // n * n
+    elif plan.method == "mtp" and plan.mtp_layers is None and k > 1:
+        caveats.append(
+            "The target's MTP layers could not be counted here: vLLM takes a draft length above their "
+            "number n only in multiples of n; lower --num-draft-tokens if it refuses this one."
+        )
     config["num_speculative_tokens"] = k
     config.update(plan.engine_options.get("vllm", {}))
     if plan.ngram is not None and plan.engine_method["vllm"] == "ngram":

@@ -108,3 +108,10 @@ def test_vllm_mtp_draft_length_is_a_multiple_of_the_layers_past_them(k, served):
     rendered = render_vllm("org/target", plan, k, None)
     assert rendered["speculative_config"]["num_speculative_tokens"] == served
     assert any("multiples of 3" in c for c in rendered["caveats"]) == (served != k)
+
+
+def test_vllm_mtp_export_says_so_where_the_layers_could_not_be_counted():
+    plan = ServingPlan("mtp", {"vllm": "mtp", "sglang": "EAGLE"})  # a Hub id not downloaded here
+    rendered = render_vllm("org/target", plan, 4, None)
+    assert rendered["speculative_config"]["num_speculative_tokens"] == 4
+    assert any("could not be counted here" in c for c in rendered["caveats"])
