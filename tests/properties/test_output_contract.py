@@ -247,7 +247,11 @@ def test_paligemma_counts_positions_from_one_as_plain_does():
     config = PaliGemmaConfig(text_config=text, vision_config=vision, image_token_index=4, projection_dim=32)
     config.text_config.num_image_tokens = 4
     torch.manual_seed(0)
-    target = PaliGemmaForConditionalGeneration._from_config(config, attn_implementation="eager").eval()
+
+    class FineTuned(PaliGemmaForConditionalGeneration):  # a subclass counts from 1 as well
+        pass
+
+    target = FineTuned._from_config(config, attn_implementation="eager").eval()
     prompt = torch.cat([torch.full((1, 4), 4), torch.randint(5, VOCAB, (1, 6)).repeat(1, 2)], dim=1)
     inputs = dict(
         input_ids=prompt, token_type_ids=torch.zeros_like(prompt), pixel_values=torch.randn(1, 3, 20, 20)
