@@ -57,8 +57,8 @@ def test_a_hybrid_checkpoint_decodes_as_plain(tmp_path):
     last): its MTP layer drafts chains of 1 and 3, some rejected and some accepted, and the output
     is plain greedy's (the linear layers' recurrent state rolled back to the last token kept);
     `speculative=True` picks it. transformers 5.25's `use_mtp=True` differs from plain on most such
-    prompts (`tests/helpers/mtp.py`), so plain is the reference. A batch is refused by method="mtp", saying what to do, and decoded
-    plainly by `speculative=True`."""
+    prompts (`tests/helpers/mtp.py`), so plain is the reference. A batch is refused by method="mtp",
+    saying what to do, and decoded plainly by `speculative=True`."""
     name = "bailing_hybrid"
     target = load(name, mtp.checkpoint(tmp_path, name, agree=0.1))
     for k in (1, 3):
