@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessor, LogitsProcessorList
 
 import hf_specdec  # noqa: F401  (adds speculative= to generate)
+from hf_specdec.core.timing import clock
 
 
 class BiasPerRow(LogitsProcessor):
@@ -51,9 +51,9 @@ def tiny_model(vocab: int) -> LlamaForCausalLM:
 
 
 def timed(model: LlamaForCausalLM, kwargs: dict) -> tuple[float, torch.Tensor]:
-    started = time.perf_counter()
+    started = clock(model.device)
     out = model.generate(**kwargs)
-    return time.perf_counter() - started, out
+    return clock(model.device) - started, out
 
 
 def main() -> None:
