@@ -143,22 +143,26 @@ def check_causal(model: Any) -> None:
         )
 
 
-# Architectures whose forward assumes one new token a step, transformers' own `generate` being the
-# only caller it was written for: CPM-Ant ignores the attention mask and positions given and builds
-# its own for one token; XLM sizes its attention from a cache dict of its own; ProphetNet's decoder
-# asserts one token a step once it has a cache. A verify forward of several tokens fails inside them
-# (found by a sweep of transformers 5.25's causal LMs).
-_ONE_TOKEN_A_STEP = {"cpmant", "prophetnet", "xlm"}
-
-# Architectures that keep their recurrent state in their own modules, outside the cache they are
-# given (RecurrentGemma's recurrent blocks: the cache's linear-attention layers stay empty), so no
-# crop of the cache can take back the drafts a step rejected (found by the same sweep).
-_STATE_IN_MODULES = {"recurrent_gemma"}
-
-# Architectures whose recurrent layers hand the cache the state after a forward's last token only,
-# where a rejected draft needs the state after each (`kv.check_recorded` finds any other such model
-# at its first forward of several tokens; these are refused before the call starts).
-_ONE_STATE_A_FORWARD = {"zaya"}
+# Architectures that cannot roll back a rejected draft, by `model_type`, with why, said after the
+# model's class name (found by a sweep of transformers 5.25's causal LMs). Written for one new token
+# a step, transformers' own `generate` being their only caller: CPM-Ant builds its own mask and
+# positions for one token, XLM sizes its attention from a cache dict of its own, ProphetNet's
+# decoder asserts one token once it has a cache. RecurrentGemma keeps its recurrent blocks' state in
+# the blocks, outside the cache (whose linear-attention layers stay empty). Zaya's recurrent layers
+# hand the cache the state after a forward's last token only (`kv.check_recorded` finds any other
+# model that does so at its first forward of several tokens; these are refused before the call).
+_ONE_TOKEN_A_STEP = (
+    " is written to be fed one new token a step, so it cannot verify a draft of several in one forward"
+)
+_CANNOT_ROLL_BACK = {
+    "cpmant": _ONE_TOKEN_A_STEP,
+    "prophetnet": _ONE_TOKEN_A_STEP,
+    "xlm": _ONE_TOKEN_A_STEP,
+    "recurrent_gemma": " keeps its recurrent state in its own layers, outside the cache, which speculative= "
+    "cannot roll back after a rejection",
+    "zaya": "'s recurrent layers keep one state a forward, not one a token, so speculative= cannot roll "
+    "back a rejected draft",
+}
 
 
 def check_rolls_back(model: Any, fix: str, role: str = "") -> None:
@@ -170,21 +174,9 @@ def check_rolls_back(model: Any, fix: str, role: str = "") -> None:
             f"{role}{type(model).__name__} keeps its state in a cache of its own, which speculative= "
             f"cannot roll back after a rejection (transformers' assisted decoding refuses it too): {fix}."
         )
-    if getattr(model.config, "model_type", None) in _ONE_TOKEN_A_STEP:
-        raise ValueError(
-            f"{role}{type(model).__name__} is written to be fed one new token a step, so it cannot "
-            f"verify a draft of several in one forward: {fix}."
-        )
-    if getattr(model.config, "model_type", None) in _STATE_IN_MODULES:
-        raise ValueError(
-            f"{role}{type(model).__name__} keeps its recurrent state in its own layers, outside the cache, "
-            f"which speculative= cannot roll back after a rejection: {fix}."
-        )
-    if getattr(model.config, "model_type", None) in _ONE_STATE_A_FORWARD:
-        raise ValueError(
-            f"{role}{type(model).__name__}'s recurrent layers keep one state a forward, not one a token, "
-            f"so speculative= cannot roll back a rejected draft: {fix}."
-        )
+    why = _CANNOT_ROLL_BACK.get(getattr(model.config, "model_type", None))
+    if why is not None:
+        raise ValueError(f"{role}{type(model).__name__}{why}: {fix}.")
     parameters = inspect.signature(type(model).forward).parameters
     if "cache" not in parameters and "past_key_values" not in parameters:
         raise ValueError(

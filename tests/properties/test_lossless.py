@@ -48,6 +48,22 @@ def _taking(model, input_ids, attention_mask, rows, at, token):
     return spec
 
 
+def _tied_row(model, ragged, at):
+    """A processor that makes plain row 0's token at column `at` tie with the runner-up, and the
+    rows with row 0 taking the runner-up there and going on as the target would (`_taking`)."""
+    input_ids, attention_mask, plain = ragged
+    first = int(plain[0, at])
+    runner_up = (first + 1) % model.config.vocab_size
+
+    def tie(ids, scores):
+        if ids.shape[1] == at:
+            scores = scores.clone()
+            scores[:, runner_up] = scores[:, first]
+        return scores
+
+    return tie, _taking(model, input_ids, attention_mask, plain, at, runner_up)
+
+
 def test_rounding_bounds():
     assert rounding_bound(20.0, torch.bfloat16) == 4 * 2.0**-3  # four bf16 steps of 1/8 at 16-32
     assert rounding_bound(-40.0, torch.bfloat16) == 4 * 2.0**-2
@@ -115,16 +131,7 @@ def test_a_wrong_token_after_a_tie_is_a_mismatch(model, ragged):
     alone, the row passed for a tie."""
     input_ids, attention_mask, plain = ragged
     at = input_ids.shape[1] + 3
-    first = int(plain[0, at])
-    runner_up = (first + 1) % model.config.vocab_size
-
-    def tie(ids, scores):
-        if ids.shape[1] == at:
-            scores = scores.clone()
-            scores[:, runner_up] = scores[:, first]
-        return scores
-
-    spec = _taking(model, input_ids, attention_mask, plain, at, runner_up)
+    tie, spec = _tied_row(model, ragged, at)
     assert check_greedy(model, input_ids, plain, spec, attention_mask, logits_processor=tie)[0].kind == TIE
     later = at + 3
     spec[0, later] = (spec[0, later] + 7) % model.config.vocab_size
@@ -140,16 +147,7 @@ def test_the_padding_after_a_stop_string_is_not_held_to_the_target(model, ragged
     a tie."""
     input_ids, attention_mask, plain = ragged
     at = input_ids.shape[1] + 3
-    first = int(plain[0, at])
-    runner_up = (first + 1) % model.config.vocab_size
-
-    def tie(ids, scores):
-        if ids.shape[1] == at:
-            scores = scores.clone()
-            scores[:, runner_up] = scores[:, first]
-        return scores
-
-    spec = _taking(model, input_ids, attention_mask, plain, at, runner_up)
+    tie, spec = _tied_row(model, ragged, at)
     assert model.generation_config.pad_token_id == 0 and model.generation_config.eos_token_id is None
     spec[0, at + 3 :] = 0  # stopped three tokens after the tie, padded
     check = check_greedy(model, input_ids, plain, spec, attention_mask, logits_processor=tie)[0]
