@@ -116,10 +116,20 @@ def _finished(state: dict[str, Any], budget: float, max_steps: int) -> bool:
 
 
 def train_head(target: Any, examples: list[Example], out: Path, config: TrainConfig) -> dict[str, Any]:
-    """Train a head for `target` on `examples`; returns the training log (also saved in `out`)."""
+    """Train a head for `target` on `examples`; returns the training log (also saved in `out`). The
+    target is frozen meanwhile (a head shares its embedding and LM head) and handed back as given."""
+    trainable = {parameter: parameter.requires_grad for parameter in target.parameters()}
+    target.requires_grad_(False)
+    try:
+        return _train_head(target, examples, out, config)
+    finally:
+        for parameter, flag in trainable.items():
+            parameter.requires_grad_(flag)
+
+
+def _train_head(target: Any, examples: list[Example], out: Path, config: TrainConfig) -> dict[str, Any]:
     if config.method not in TRAINED_METHODS:
         raise ValueError(f"Unknown head method {config.method!r}; use {', '.join(TRAINED_METHODS)}.")
-    target.requires_grad_(False)
     rng = random.Random(config.seed)
     shuffled = [_last_positions(e, config.max_length) for e in examples]
     rng.shuffle(shuffled)

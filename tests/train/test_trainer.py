@@ -391,3 +391,13 @@ def test_a_checkpoint_of_another_run_is_refused_before_any_answer_is_generated(
         config = TrainConfig(method=method, minutes=5, draft_vocab_size=48)
         with pytest.raises(ValueError, match=rf"saved for another run \(.*{differs}"):
             train_draft(model, tmp_path, data=corpus, tokenizer=object(), config=config)
+
+
+def test_the_target_is_handed_back_as_trainable_as_it_was_given(examples, tmp_path):
+    """Training freezes the target (a head shares its embedding and LM head); a model the user goes
+    on fine-tuning afterwards must not stay frozen."""
+    model = tiny_llama(40, layers=1, eos_token_id=None)
+    model.model.norm.requires_grad_(False)  # one part frozen by the user: it stays so
+    train_head(model, examples, tmp_path, TrainConfig(minutes=5, max_steps=1, draft_vocab_size=48))
+    frozen = {name for name, parameter in model.named_parameters() if not parameter.requires_grad}
+    assert frozen == {"model.norm.weight"}
