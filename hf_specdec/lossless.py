@@ -38,7 +38,6 @@ or seven tokens at a time moved such a gap between 0.016 and 0.20).
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -46,9 +45,8 @@ from typing import Any
 
 import torch
 
-from .core.compat import greedy_processors
+from .core.compat import forward_takes, greedy_processors
 from .core.draws import default_generator, plain_draw
-from .core.kv import takes_positions
 from .loading import eos_token_ids as eos_token_ids_of
 
 IDENTICAL, TIE, MISMATCH = "identical", "tie", "mismatch"
@@ -305,10 +303,10 @@ def _scores_along(
         generated = torch.ones(ids.shape[1] - len(prompt_mask), dtype=prompt_mask.dtype, device=device)
         mask = torch.cat([prompt_mask.to(device), generated])[None]
         kwargs = {"attention_mask": mask}
-        if takes_positions(model):  # else generate gives none: the model counts cache columns
+        if forward_takes(model, "position_ids"):  # else generate gives none: the model counts cache columns
             kwargs["position_ids"] = (mask.long().cumsum(-1) - 1).clamp(min=0)
     kept = end - start
-    if "logits_to_keep" in inspect.signature(model.forward).parameters:  # the scored positions' only
+    if forward_takes(model, "logits_to_keep"):  # the scored positions' only
         kwargs["logits_to_keep"] = kept
     logits = model(input_ids=ids, **kwargs).logits[0, -kept:].float()  # [end - start, vocab]
     if logits_processor is None:

@@ -24,6 +24,12 @@ def cache_argument(model: Any) -> str:
     return _cache_argument(type(model))
 
 
+def forward_takes(model: Any, argument: str) -> bool:
+    """Whether `model`'s forward takes `argument` by name (`logits_to_keep`; `position_ids`, which plain
+    `generate` gives only then: a Whisper decoder would read ones passed on through its `**kwargs`)."""
+    return argument in inspect.signature(model.forward).parameters
+
+
 def takes_dynamic_cache(model: Any) -> bool:
     """Whether transformers decodes `model` over a `DynamicCache` (its private rule, by class name:
     RWKV, xLSTM, the first MiniMax, Reformer and XLNet keep state of their own); `_is_stateful`, which

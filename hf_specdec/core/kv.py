@@ -40,7 +40,6 @@ decoding's), and remembered (`holds_holes`) so that a call given it to continue 
 from __future__ import annotations
 
 import copy
-import inspect
 from typing import Any
 
 import torch
@@ -53,7 +52,7 @@ from transformers.cache_utils import (
     LinearAttentionCacheLayerMixin,
 )
 
-from .compat import cache_argument
+from .compat import cache_argument, forward_takes
 from .masks import allowed_keys, cache_places, in_attention_format, spanning
 from .tree import tree_layout
 from .verify_shape import VerifyShape
@@ -102,8 +101,8 @@ class RaggedKV:
         self.offsets: torch.Tensor | None = None
         self.prompt_width = 0  # columns of the prompt once fed, padding included
         self.all_real = bool(self.mask.all())  # no hole: the model then needs no attention mask
-        self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
-        self.takes_positions = takes_positions(model)  # else generate gives none, nor do we
+        self.keeps_logits = forward_takes(model, "logits_to_keep")
+        self.takes_positions = forward_takes(model, "position_ids")  # else generate gives none, nor do we
         self.recurrent = keeps_recurrent_state(model, self.cache)
         self.recording = False  # recurrent states recorded per token (from the forward after the prompt's)
         self.tree_refusal = tree_refusal(model, self.recurrent)  # why no tree goes through it, if so
@@ -391,12 +390,6 @@ def keeps_recurrent_state(model: Any, cache: Any = None) -> bool:
     return any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in getattr(cache, "layers", ()))
 
 
-def takes_positions(model: Any) -> bool:
-    """Whether `model`'s forward takes `position_ids`: plain `generate` gives them only then (a
-    Whisper decoder would read ones passed on through its `**kwargs`)."""
-    return "position_ids" in inspect.signature(model.forward).parameters
-
-
 def windows_by_column(model: Any) -> bool:
     """Whether `model` has layers that attend in a window of their own, counted back from the cache's
     last column whatever the mask says (GPT-Neo's local layers)."""
@@ -417,7 +410,7 @@ def counts_columns(model: Any) -> str | None:
     if windows_by_column(model):
         return "counts its local attention window (window_size) in cache columns"
     config = model.config.get_text_config(decoder=True)
-    if takes_positions(model):
+    if forward_takes(model, "position_ids"):
         return None
     alibi = config.model_type == "bloom" or getattr(config, "alibi", False)
     if alibi or keeps_recurrent_state(model):

@@ -58,16 +58,22 @@ def _prefix_constrained_row(processor: Any, row: int, batch_size: int) -> dict[s
 
 
 def _encoder_ids_row(processor: Any, row: int, batch_size: int) -> dict[str, Any]:
-    """The encoder's ids of row `row`'s prompt (rows of one prompt follow each other)."""
+    """The encoder's ids of row `row`'s prompt."""
     ids = processor.encoder_input_ids
-    index = row // (batch_size // ids.shape[0]) if batch_size > ids.shape[0] else row
+    index = _prompt_of(row, batch_size, ids.shape[0])
     return {"encoder_input_ids": ids[index : index + 1]}
 
 
 def _encoder_ngrams_row(processor: Any, row: int, batch_size: int) -> dict[str, Any]:
     """The n-grams of row `row`'s prompt, for a batch of that row alone."""
-    index = row // (batch_size // processor.batch_size)
+    index = _prompt_of(row, batch_size, processor.batch_size)
     return {"generated_ngrams": [processor.generated_ngrams[index]], "batch_size": 1}
+
+
+def _prompt_of(row: int, batch_size: int, prompts: int) -> int:
+    """The prompt row `row` of `batch_size` rows answers, of `prompts` (rows of one prompt follow each
+    other: num_return_sequences)."""
+    return row // max(1, batch_size // prompts)
 
 
 # transformers' processors that treat a row by its index in the batch (`prefix_allowed_tokens_fn`

@@ -30,7 +30,6 @@ truncation. `widest` says how wide a forward fits now, so a caller can shorten i
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -38,8 +37,8 @@ import torch
 from transformers import CompileConfig, DynamicCache, GenerationConfig, PreTrainedModel, StaticCache
 from transformers.cache_utils import StaticLayer
 
-from .compat import cache_argument, compiles_decoding, generate_cache
-from .kv import RaggedKV, Slots, counts_columns, takes_positions
+from .compat import cache_argument, compiles_decoding, forward_takes, generate_cache
+from .kv import RaggedKV, Slots, counts_columns
 from .verify_shape import VerifyShape
 
 # The verify widths a compiled forward is padded to: one graph each (dynamo's recompile limit is 8),
@@ -115,8 +114,8 @@ class StaticKV:
         self.all_real = True  # whether `mask[:, :end]` has no hole
         self.needs_mask = batch_size > 1  # else only once a hole appears
         self.compactions = 0
-        self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
-        self.takes_positions = takes_positions(model)  # else generate gives none, nor do we
+        self.keeps_logits = forward_takes(model, "logits_to_keep")
+        self.takes_positions = forward_takes(model, "position_ids")  # else generate gives none, nor do we
 
     @classmethod
     def for_generate(

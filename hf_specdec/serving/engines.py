@@ -63,16 +63,16 @@ def render_vllm(model: str, plan: ServingPlan, k: int, out: Path | None) -> dict
     config: dict[str, Any] = {"method": plan.engine_method["vllm"]}  # else vLLM guesses from the path
     if draft is not None:
         config["model"] = draft
-    n = plan.mtp_layers or 1
-    if plan.engine_method["vllm"] == "mtp" and k > n and k % n:
-        # vLLM (0.33, 0.34: `SpeculativeConfig.__post_init__`) refuses more drafts than MTP layers
-        # unless they are a multiple of them ("must be divisible by n_predict").
+    # vLLM (0.33, 0.34: `SpeculativeConfig.__post_init__`) refuses more drafts than a target's MTP
+    # layers unless they are a multiple of them ("must be divisible by n_predict").
+    n = plan.mtp_layers
+    if plan.method == "mtp" and n and k > n and k % n:
         caveats.append(
             f"vLLM takes a draft length above the target's {n} MTP layers only in multiples of {n}: "
             f"num_speculative_tokens is {k // n * n} here, not {k}."
         )
         k = k // n * n
-    elif plan.method == "mtp" and plan.mtp_layers is None and k > 1:
+    elif plan.method == "mtp" and n is None and k > 1:
         caveats.append(
             "The target's MTP layers could not be counted here: vLLM takes a draft length above their "
             "number n only in multiples of n; lower --num-draft-tokens if it refuses this one."
