@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +90,8 @@ def train_draft(
 
 def _check_out(out: Path, target: Any) -> None:
     """Refuse an `out` that cannot take the head, before the minutes of generating its training
-    data: a file, or the target's own folder (the head's files would mix with the model's)."""
+    data: a file, the target's own folder (the head's files would mix with the model's), or a
+    folder that cannot be written."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"out={str(out)!r} is a file; pass a folder for the head, its log and checkpoints.")
     folder = target if isinstance(target, str) else getattr(target, "name_or_path", None)
@@ -98,6 +100,13 @@ def _check_out(out: Path, target: Any) -> None:
             f"out={str(out)!r} is the target's own folder; pass another folder for the head, its log and "
             "checkpoints (its files would be written among the model's)."
         )
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out).close()
+    except OSError as error:
+        raise ValueError(
+            f"out={str(out)!r} cannot be written ({error.strerror}); pass a folder you can write to."
+        ) from error
 
 
 def _plot(log: dict[str, Any], path: Path) -> None:

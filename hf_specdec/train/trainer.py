@@ -16,7 +16,7 @@ import json
 import math
 import pickle
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,16 @@ from .features import Example
 
 CHECKPOINT_DIR = "checkpoint"
 STATE_NAME = "trainer_state.pt"
+# The settings only some methods read: set for another method, they would be ignored without a word.
+METHOD_FIELDS = {
+    "unrolled_steps": ("eagle", "mtp"),
+    "prompt_token_loss": ("eagle", "mtp"),
+    "medusa_heads": ("medusa",),
+    "block_size": ("dflash",),
+    "draft_layers": ("dflash",),
+    "target_layers": ("dflash",),
+    "anchors": ("dflash",),
+}
 
 
 @dataclass
@@ -84,6 +94,18 @@ class TrainConfig:
         for name in ("minutes", "learning_rate", "eval_every_minutes", "save_every_minutes"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"`{name}` of TrainConfig must be above 0, got {getattr(self, name)!r}.")
+        for name, methods in METHOD_FIELDS.items():
+            default = _default(name)
+            if self.method not in methods and getattr(self, name) != default:
+                raise ValueError(
+                    f"`{name}` of TrainConfig is read only when training {' or '.join(methods)}, not "
+                    f"{self.method}; leave it at its default ({default!r}) or choose that method."
+                )
+
+
+def _default(name: str) -> Any:
+    declared = TrainConfig.__dataclass_fields__[name]
+    return declared.default_factory() if declared.default is MISSING else declared.default
 
 
 def feature_layers(target: Any, config: TrainConfig) -> tuple[int, ...]:

@@ -316,6 +316,10 @@ def test_prompts_and_corpus_longer_than_the_context_are_cut_to_it(smollm2_path, 
         ({"minutes": 0}, r"`minutes` of TrainConfig must be above 0, got 0"),
         ({"medusa_heads": 0}, r"`medusa_heads` of TrainConfig must be an integer >= 1, got 0"),
         ({"method": "lookahead"}, r"`method` of TrainConfig must be one of 'eagle', 'medusa'"),
+        # `--target-layers` with `--method eagle` was ignored without a word.
+        ({"target_layers": [1]}, r"`target_layers` .* read only when training dflash, not eagle; leave"),
+        ({"method": "dflash", "medusa_heads": 3}, r"`medusa_heads` .* only when training medusa, not dflash"),
+        ({"method": "medusa", "unrolled_steps": 2}, r"`unrolled_steps` .* training eagle or mtp, not medusa"),
     ],
 )
 def test_train_settings_are_checked_before_any_work(fields, message, tmp_path):
@@ -342,6 +346,8 @@ def test_an_out_that_cannot_take_the_head_is_refused_before_any_work(tmp_path, m
     monkeypatch.setattr("hf_specdec.train.load_model", unusable)
     with pytest.raises(ValueError, match="is a file; pass a folder for the head"):
         train_draft(str(model), a_file)
+    with pytest.raises(ValueError, match=r"cannot be written \(Not a directory\); pass a folder you can"):
+        train_draft(str(model), a_file / "head")  # failed after the data, writing it
     with pytest.raises(ValueError, match="is the target's own folder; pass another folder"):
         train_draft(str(model), model)
     monkeypatch.chdir(model)
@@ -349,6 +355,8 @@ def test_an_out_that_cannot_take_the_head_is_refused_before_any_work(tmp_path, m
         train_draft("../model", ".")
     assert main(["train-draft", "--target", str(model), "--out", str(model)]) == 2
     assert "is the target's own folder" in capsys.readouterr().err
+    assert main(["train-draft", "--target", str(model), "--out", "head", "--target-layers", "1"]) == 2
+    assert "`target_layers` of TrainConfig is read only when training dflash" in capsys.readouterr().err
 
 
 def test_target_layers_the_target_lacks_are_refused_before_any_answer_is_generated(
