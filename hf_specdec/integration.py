@@ -36,6 +36,7 @@ from .core.checks import (
 )
 from .core.compat import compiles_decoding, generate_cache
 from .core.draft import Draft, Drafter
+from .core.draws import PrivateDraws
 from .core.kv import tree_refusal
 from .core.loop import speculative_decode
 from .core.output import SpeculativeGenerateOutput
@@ -147,10 +148,9 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
             return SpeculativeGenerateOutput(
                 **out, speculative_stats=SpeculativeStats(method="plain", selection=plainly)
             )
-        # Torch's default generators (the CPU's, the device's) left as they were, as plain's: building
-        # a drafter can initialise modules before their weights load; a seeded sample starts there.
-        forked = [input_ids.device] if input_ids.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=forked):
+        # Torch's default generators left as plain leaves them, on this thread and on others:
+        # building a drafter can initialise modules before their weights load.
+        with PrivateDraws():
             resolved, reason = resolve_method(config, model)
             drafter = build_drafter(resolved, model, tokenizer)
         check_drafter_continues(drafter, resolved.method, model_kwargs)

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import copy
+import threading
+from typing import ClassVar
 
 import numpy as np
 import pytest
 import torch
 from transformers import GenerationConfig, TextIteratorStreamer, pipeline
 
+from hf_specdec import register_drafter
+from hf_specdec.drafters import DRAFTERS, Draft, Drafter
 from hf_specdec.heads.io import save_head
 from hf_specdec.integration import _ORIGINAL_GENERATE
 
@@ -269,6 +273,48 @@ def test_a_draft_loaded_in_the_call_leaves_the_seeded_sample_plains(tmp_path):
         input_ids, **kwargs, speculative=dict(method="eagle", draft=str(folder), tree=True)
     )
     assert torch.equal(ours, plain) and torch.equal(torch.rand(3), plain_after)
+
+
+def test_a_drafter_built_on_another_thread_leaves_this_threads_seeded_sample_plains():
+    """A server thread seeds a request while another thread's call builds its drafter, which
+    initialises a module before its weights would load. Saving and restoring torch's generator around
+    the build (fork_rng) fed the seeded numbers to that module, then rewound the seed away."""
+    loading, loaded = threading.Event(), threading.Event()
+
+    class _LoadsSlowly(Drafter):
+        name: ClassVar[str] = "_loads_slowly"
+        takes_draft: ClassVar[bool] = False
+
+        @classmethod
+        def from_config(cls, config, target, tokenizer):
+            loading.set()
+            loaded.wait(timeout=60)
+            torch.nn.Linear(8, 8)  # initialised, then its weights would load
+            return cls()
+
+        def propose(self, request):
+            return Draft.empty(len(request.max_tokens), request.tokens.device)
+
+    target = tiny_llama(31, vocab_size=8, layers=1, eos_token_id=None)
+    input_ids = torch.tensor([[1, 3, 4, 3, 4, 3, 4, 6, 3, 4]])
+    kwargs = dict(max_new_tokens=8, do_sample=True)
+    torch.manual_seed(0)
+    plain = target.generate(input_ids, **kwargs)
+    register_drafter(_LoadsSlowly)
+    try:
+        other = threading.Thread(
+            target=target.generate,
+            args=(input_ids,),
+            kwargs=dict(max_new_tokens=2, speculative="_loads_slowly"),
+        )
+        other.start()
+        assert loading.wait(timeout=60)
+        torch.manual_seed(0)  # this thread's request, seeded while the other builds
+        loaded.set()
+        other.join()
+        assert torch.equal(target.generate(input_ids, **kwargs), plain)
+    finally:
+        DRAFTERS.pop("_loads_slowly")
 
 
 def test_a_pipeline_hands_its_tokenizer_to_a_draft_of_another_tokenizer():

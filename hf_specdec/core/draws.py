@@ -13,8 +13,10 @@ what plain samples (rounding near-ties of p aside) and leaves the generator wher
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 # Draws kept at once, at most so many positions and bytes (each position is batch x vocab floats:
 # 39 MB at batch 64 and 152k ids); one let go is drawn again from its generator state when a row that
@@ -108,3 +110,63 @@ def plain_draw(generator: torch.Generator, batch: int, vocab: int) -> torch.Tens
     return torch.empty(batch, vocab, device=generator.device, dtype=torch.float32).exponential_(
         generator=generator
     )
+
+
+# What draws from a default generator unless given `generator=`. A torch function mode sees no call
+# made inside one it intercepts: `torch.nn.init`'s that dispatch to modes themselves are listed too.
+_DRAWS = frozenset(
+    [
+        torch.nn.init.uniform_,
+        torch.nn.init.normal_,
+        torch.nn.init.kaiming_uniform_,
+        *(getattr(torch.Tensor, name) for name in ("uniform_", "normal_", "bernoulli_", "random_")),
+        *(getattr(torch.Tensor, name) for name in ("exponential_", "geometric_", "log_normal_", "cauchy_")),
+        torch.Tensor.bernoulli,
+        torch.Tensor.multinomial,
+        *(getattr(torch, name) for name in ("rand", "randn", "randint", "randperm", "normal", "poisson")),
+        *(
+            getattr(torch, name)
+            for name in ("rand_like", "randn_like", "randint_like", "bernoulli", "multinomial")
+        ),
+    ]
+)
+
+
+class PrivateDraws(TorchFunctionMode):
+    """While on, this thread's draws from torch's default generators (CPU, CUDA) come from private
+    copies of them, made as the first draw on each device needs one: the defaults are read, never
+    moved. Building a drafter can initialise modules before their weights load; a seeded sample, on
+    this thread or any other, must not see it. Saving and restoring the defaults around the build
+    (`torch.random.fork_rng`) would rewind what another thread drew from them meanwhile, and
+    replace a seed it set. Torch function modes are per thread: other threads draw as before."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.generators: dict[torch.Generator, torch.Generator] = {}  # a default's private copy
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = dict(kwargs or {})
+        if func in _DRAWS and kwargs.get("generator") is None:
+            generator = self._private(_drawn_on(args, kwargs))
+            if generator is not None:
+                kwargs["generator"] = generator
+        return func(*args, **kwargs)
+
+    def _private(self, device: torch.device) -> torch.Generator | None:
+        """This device's private generator, starting where its default stands (None: a device whose
+        default is not known here, drawn on as before)."""
+        default = default_generator(device)
+        if default is None:
+            return None
+        if default not in self.generators:  # keyed by the default: "cuda" and "cuda:0" share it
+            self.generators[default] = torch.Generator(device=default.device)
+            self.generators[default].set_state(default.get_state())
+        return self.generators[default]
+
+
+def _drawn_on(args: tuple, kwargs: dict) -> torch.device:
+    """The device a random function fills: its `device=`, else its first tensor's, else the default."""
+    if kwargs.get("device") is not None:
+        return torch.device(kwargs["device"])
+    tensor = next((arg for arg in args if isinstance(arg, torch.Tensor)), None)
+    return tensor.device if tensor is not None else torch.get_default_device()

@@ -8,7 +8,7 @@ from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria,
 
 import hf_specdec.core.draws
 from hf_specdec import SpeculativeConfig
-from hf_specdec.core.draws import KEPT_POSITIONS, PlainDraws
+from hf_specdec.core.draws import KEPT_POSITIONS, PlainDraws, PrivateDraws
 
 from ..conftest import random_batch
 
@@ -151,3 +151,20 @@ def test_a_keyboard_interrupt_in_a_processor_leaves_the_generator_where_plain_wo
     for method in ("ngram", "draft_model"):
         ours = _rand_after(target, KeyboardInterrupt, _speculative(method, weak_draft), **interrupt)
         assert any(torch.equal(ours, plain) for plain in plains), method
+
+
+def test_draws_made_privately_are_the_default_generators_next_and_leave_it_where_it_was():
+    """What building a drafter draws (a module's initialisation, through `torch.nn.init`): the same
+    numbers as from the default generator, which another thread may be sampling from meanwhile."""
+
+    def draws() -> list[torch.Tensor]:
+        return [torch.nn.Linear(4, 4).weight, torch.nn.init.normal_(torch.empty(3)), torch.randint(9, (3,))]
+
+    torch.manual_seed(0)
+    expected = draws()
+    torch.manual_seed(0)
+    before = torch.default_generator.get_state()
+    with PrivateDraws():
+        got = draws()
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert torch.equal(torch.default_generator.get_state(), before)
