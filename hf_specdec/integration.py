@@ -12,10 +12,12 @@ policy chosen, so that `core` never reaches up into the drafters or the Hub.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import inspect
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -71,15 +73,28 @@ _PIPELINE_STATS: contextvars.ContextVar[list[Any] | None] = contextvars.ContextV
 
 @functools.wraps(_ORIGINAL_GENERATE)
 def generate(self: Any, *args: Any, speculative: Any = None, **kwargs: Any) -> Any:
-    config = SpeculativeConfig.from_user(speculative)
-    if config is None:
+    if speculative is None or speculative is False:
         check_no_holes(generate_cache(kwargs))  # plain decoding would read the holes as tokens
         return _ORIGINAL_GENERATE(self, *args, **kwargs)
-    out = _speculative_generate(self, _by_name(self, args, kwargs), config)
+    kwargs = _by_name(self, args, kwargs)
+    with _ended_if_raised(kwargs.get("streamer")):
+        out = _speculative_generate(self, kwargs, SpeculativeConfig.from_user(speculative))
     seen = _PIPELINE_STATS.get()
     if seen is not None and hasattr(out, "speculative_stats"):
         seen.append(out.speculative_stats)
     return out
+
+
+@contextlib.contextmanager
+def _ended_if_raised(streamer: Any) -> Iterator[None]:
+    """A call that raises (a refusal, mostly, after generate put the prompt) ends its stream: a
+    consumer iterating it on another thread, as chat apps do, would otherwise wait forever."""
+    try:
+        yield
+    except BaseException:
+        if streamer is not None:
+            streamer.end()
+        raise
 
 
 def _by_name(model: Any, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -120,6 +120,25 @@ def test_text_iterator_streamer(smollm2):
     assert text == tokenizer.decode(out[0, prompt_len:], skip_special_tokens=False)
 
 
+def test_a_refused_call_ends_its_stream(smollm2):
+    """A refusal comes after generate put the prompt: a chat app's consumer thread, iterating the
+    stream, waited forever for its end."""
+    model, tokenizer = smollm2
+    inputs = _inputs(tokenizer)
+    recording, texts = RecordingStreamer(), TextIteratorStreamer(tokenizer, skip_prompt=True, timeout=5)
+    for streamer in (recording, texts):
+        with pytest.raises(ValueError, match="Tree drafts over a static cache"):
+            model.generate(
+                **inputs,
+                max_new_tokens=8,
+                cache_implementation="static",
+                speculative={"method": "ngram", "tree": True},
+                streamer=streamer,
+            )
+    assert recording.puts == [inputs["input_ids"][0].tolist()] and recording.ended == 1
+    assert "".join(texts) == ""  # ended: no queue.Empty after the timeout
+
+
 def test_stats_on_smollm2(smollm2):
     model, tokenizer = smollm2
     inputs = _inputs(tokenizer)
