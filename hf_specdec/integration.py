@@ -39,6 +39,7 @@ from .core.checks import (
 from .core.compat import compiles_decoding, generate_cache
 from .core.draft import Draft, Drafter
 from .core.draws import PrivateDraws
+from .core.inputs import check_fed_as_plain
 from .core.kv import tree_refusal
 from .core.loop import speculative_decode
 from .core.output import SpeculativeGenerateOutput
@@ -163,6 +164,7 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
             return SpeculativeGenerateOutput(
                 **out, speculative_stats=SpeculativeStats(method="plain", selection=plainly)
             )
+        check_fed_as_plain(model)  # what "auto" decodes plainly, a named method refuses
         # Torch's default generators left as plain leaves them, on this thread and on others:
         # building a drafter can initialise modules before their weights load.
         with PrivateDraws():

@@ -42,6 +42,44 @@ _GENERATED_TOKENS_TAKE = {
 }
 
 
+def plain_feeds_otherwise(model: Any) -> str | None:
+    """Why plain decoding of this call feeds `model` otherwise than the loop's forwards would, else None.
+
+    PEFT rewires a model for the length of its own `generate` call, and the loop, which builds every
+    forward itself, would decode as if it had not. Prompt learning (prompt tuning's virtual tokens,
+    prefix tuning's cache) replaces the model's `prepare_inputs_for_generation` on the model itself;
+    the loop does not call it. Other methods hook arguments fixed for the call into their layers'
+    forwards, written for plain decoding's batch and its one token a step: a mixed batch's adapter
+    per row (`adapter_names`) stops matching the rows once a finished row leaves the batch, and
+    aLoRA's offsets apply the adapter to the last few tokens of each forward, which a verify forward
+    of several tokens would run partly without it (so too Poly's task ids, X-LoRA's scalings)."""
+    own = type(model).prepare_inputs_for_generation
+    prepare = vars(model).get("prepare_inputs_for_generation")  # PEFT puts the model's own back after
+    if prepare is not None and getattr(prepare, "__func__", None) is not own:
+        return (
+            "its prepare_inputs_for_generation is replaced on the model itself (as PEFT's prompt tuning and "
+            "prefix tuning do, to add their virtual tokens), and speculative= builds each forward itself"
+        )
+    hooks = (getattr(hook, "func", hook) for m in model.modules() for hook in m._forward_pre_hooks.values())
+    if any((getattr(hook, "__module__", None) or "").startswith("peft.") for hook in hooks):
+        return (
+            "PEFT hooks arguments of this call into its layers' forwards (a mixed batch's adapter_names, "
+            "aLoRA's offsets, ...), set for plain decoding's rows and its one token a step"
+        )
+    return None
+
+
+def check_fed_as_plain(model: Any) -> None:
+    """Refuse a model that plain decoding would feed otherwise (`plain_feeds_otherwise`)."""
+    otherwise = plain_feeds_otherwise(model)
+    if otherwise is not None:
+        raise ValueError(
+            f"speculative= cannot decode {type(model).__name__} as plain generate does here: {otherwise}. "
+            "Drop speculative= for this call (speculative=True decodes such a call plainly); a LoRA "
+            "adapter speculates once it is the model's active one (set_adapter), or merged."
+        )
+
+
 def given_inputs(model_kwargs: dict[str, Any]) -> dict[str, Any]:
     """The model inputs that carry something: neither None nor an empty dict (`generate` sets
     `mm_encoder_outputs={}` for every image-text model, whether or not the call holds an image)."""

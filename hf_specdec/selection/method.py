@@ -12,6 +12,7 @@ import warnings
 from typing import Any
 
 from ..config import SpeculativeConfig
+from ..core.inputs import plain_feeds_otherwise
 from ..core.kv import counts_columns, keeps_recurrent_state
 from ..drafters.kind import draft_method
 from ..ort.layout import is_onnx_folder
@@ -50,10 +51,14 @@ def plain_instead(config: SpeculativeConfig, model: Any, batch_size: int, cache:
     speed of plain decoding, where a named method refuses what it cannot do (`RaggedKV`, `target_cache`).
     A recurrent state (linear-attention or state-space layers, as `cache` holds them) rolls back one row
     at a time; positions or a window counted in cache columns (`counts_columns`) hold for one row at a
-    time."""
-    if config.method != "auto" or batch_size == 1:
+    time; a model PEFT feeds otherwise for the call (`plain_feeds_otherwise`) at any batch size."""
+    if config.method != "auto":
         return None
-    if keeps_recurrent_state(model, cache):
+    if (otherwise := plain_feeds_otherwise(model)) is not None:
+        reason = f"{type(model).__name__}: {otherwise}"
+    elif batch_size == 1:
+        return None
+    elif keeps_recurrent_state(model, cache):
         reason = (
             f"{type(model).__name__} keeps a recurrent state a row (linear-attention or state-space "
             f"layers), which speculative decoding rolls back for one row at a time, not for a batch of "
