@@ -215,7 +215,7 @@ class DraftModelDrafter(DecoderDrafter):
                 str(config.draft), target, trust_remote_code=config.trust_remote_code
             )
         else:
-            draft, draft_tokenizer = config.draft, config.draft_tokenizer
+            draft, draft_tokenizer = _unwrapped_peft(config.draft), config.draft_tokenizer
             # Run where it is, as transformers' assisted generation runs an assistant model: tokens
             # go to its device and its logits come back (`DecoderDrafter`). Only one that is no causal
             # LM, or has no weights, is refused.
@@ -259,6 +259,23 @@ def _check_is_draft_model(draft: Any) -> None:
         f"The draft {name} is not a draft model but {what}: use speculative=dict(method={own!r}, "
         "draft=...), or method='auto', which runs a draft by what it is."
     )
+
+
+def _unwrapped_peft(draft: Any) -> Any:
+    """A PEFT model given as the draft, as the transformers model it wraps: LoRA and its kin live in
+    that model's layers, and PEFT's wrapper only routes to it (it is no transformers model: its class
+    has none of what a draft's cache is checked by). Prompt learning's virtual tokens are added by the
+    wrapper's own input preparation instead, which a draft's forwards never go through: refused."""
+    if not type(draft).__module__.startswith("peft.") or not hasattr(type(draft), "get_base_model"):
+        return draft
+    peft_config = draft.active_peft_config
+    if peft_config.is_prompt_learning:
+        raise ValueError(
+            f"The draft is a PEFT {peft_config.peft_type.value} model, whose virtual tokens PEFT adds in its "
+            "own generate, which a draft's forwards do not go through: pass another draft, or its base model "
+            "(draft=<peft model>.get_base_model()) to draft without them."
+        )
+    return draft.get_base_model()
 
 
 def _check_causal_lm(draft: nn.Module) -> None:

@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 import torch
+from peft import LoraConfig, PromptTuningConfig, TaskType, get_peft_model
 
 from hf_specdec.config import SpeculativeConfig
 from hf_specdec.core.draft import DraftRequest
@@ -15,6 +16,7 @@ from hf_specdec.core.processing import ScoreProcessor
 from hf_specdec.drafters.draft_model import DraftModelDrafter
 from hf_specdec.heads.io import save_head
 
+from ..conftest import random_batch, tiny_llama
 from ..helpers import mtp
 from ..helpers.block_drafts import random_block_draft
 from ..helpers.heads import copied_layer_eagle
@@ -195,3 +197,29 @@ def test_a_draft_given_keeps_its_training_mode(target, good_draft, which):
     assert torch.equal(
         out, model.generate(input_ids=ids, max_new_tokens=6, do_sample=False)
     )  # no dropout here
+
+
+def test_a_peft_model_drafts_with_its_adapter_and_prompt_learning_is_refused(target):
+    """A PEFT model given as the draft failed deep inside (its wrapper class is no transformers
+    model); a LoRA one drafts as the model it wraps, adapter and all, and a prompt-tuned one, whose
+    virtual tokens only PEFT's own generate adds, is refused naming the remedy."""
+    draft = get_peft_model(
+        tiny_llama(0), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type=TaskType.CAUSAL_LM)
+    )
+    with torch.no_grad():
+        for name, weight in draft.named_parameters():
+            if "lora_B" in name:
+                weight.normal_(0, 0.02, generator=torch.Generator().manual_seed(3))
+    input_ids, attention_mask = random_batch(3, 3)
+    kw = dict(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=16, do_sample=False)
+    plain = target.generate(**kw)
+    for speculative in (dict(method="draft_model", draft=draft), dict(draft=draft)):
+        speculative["num_draft_tokens"] = 3  # drafts every step, whatever drafting costs here
+        out = target.generate(**kw, speculative=speculative, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, plain)
+        assert out.speculative_stats.method == "draft_model" and out.speculative_stats.accepted > 0
+    prompt_tuned = get_peft_model(
+        tiny_llama(0), PromptTuningConfig(task_type=TaskType.CAUSAL_LM, num_virtual_tokens=3)
+    )
+    with pytest.raises(ValueError, match=r"PEFT PROMPT_TUNING model.*get_base_model\(\)"):
+        target.generate(**kw, speculative=dict(draft=prompt_tuned))
