@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import weakref
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -32,7 +34,11 @@ def weights_fingerprint(model: PreTrainedModel) -> str:
 def weights_state(model: PreTrainedModel) -> tuple:
     """Where each weight lives and its version counter, which every in-place write bumps: tells a
     changed weight apart without reading any."""
-    return tuple((t.data_ptr(), t._version) for t in model.state_dict().values())
+    return tuple(
+        (t.data_ptr(), t._version)
+        for weight in model.state_dict().values()
+        for _, t in _plain_tensors(weight)
+    )
 
 
 def clear_fingerprints() -> None:
@@ -50,8 +56,22 @@ def _read_fingerprint(model: PreTrainedModel) -> str:
     digest = hashlib.sha256(type(model).__name__.encode())
     dtype = str(model.dtype).removeprefix("torch.")
     with torch.no_grad():
-        for name, p in model.state_dict().items():
-            flat = p.detach().flatten()
-            summary = torch.cat([flat[:8].float().cpu(), flat.float().sum().cpu()[None]])
-            digest.update(f"{name}{tuple(p.shape)}".encode() + summary.numpy().tobytes())
+        for name, weight in model.state_dict().items():
+            for part, p in _plain_tensors(weight):
+                flat = p.detach().flatten()
+                summary = torch.cat([flat[:8].float().cpu(), flat.float().sum().cpu()[None]])
+                digest.update(f"{name}{part}{tuple(p.shape)}".encode() + summary.numpy().tobytes())
     return f"{dtype}:{digest.hexdigest()}"
+
+
+def _plain_tensors(tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+    """The plain tensors that hold a weight's values, each with its path inside it ("" for a plain
+    tensor): a quantized weight such as torchao's `Int8Tensor` is a wrapper subclass whose int8 data
+    and scales sit in inner tensors, and it refuses the views (`flatten`) read from a plain one."""
+    if not is_traceable_wrapper_subclass(tensor):
+        yield "", tensor
+        return
+    names, _ = tensor.__tensor_flatten__()
+    for name in names:
+        for part, inner in _plain_tensors(getattr(tensor, name)):
+            yield f".{name}{part}", inner

@@ -91,6 +91,53 @@ def test_weights_changed_in_place_rebuild_the_copy(exported):
     assert len(exported) == 3
 
 
+class Int8Weight(torch.Tensor):
+    """A weight kept as int8 values and a scale, in the way torchao's `Int8Tensor` keeps it: a wrapper
+    subclass whose values sit in inner tensors, refusing every op it does not implement (views)."""
+
+    @staticmethod
+    def __new__(cls, qdata: torch.Tensor, scale: torch.Tensor) -> Int8Weight:
+        return torch.Tensor._make_wrapper_subclass(cls, qdata.shape, dtype=scale.dtype)
+
+    def __init__(self, qdata: torch.Tensor, scale: torch.Tensor) -> None:
+        self.qdata, self.scale = qdata, scale
+
+    def __tensor_flatten__(self) -> tuple[list[str], None]:
+        return ["qdata", "scale"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner: dict[str, torch.Tensor], *args: Any) -> Int8Weight:
+        return Int8Weight(inner["qdata"], inner["scale"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.detach.default:
+            return Int8Weight(args[0].qdata, args[0].scale)
+        raise NotImplementedError(f"Int8Weight does not implement {func}")
+
+
+def int8_weights(model: torch.nn.Module) -> torch.nn.Module:
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            scale = module.weight.detach().abs().amax(dim=1, keepdim=True) / 127
+            qdata = (module.weight.detach() / scale).round().to(torch.int8)
+            module.weight = torch.nn.Parameter(Int8Weight(qdata, scale), requires_grad=False)
+    return model
+
+
+def test_quantized_weights_are_fingerprinted_by_their_values(exported):
+    """A target whose weights are a quantized tensor subclass (torchao's) is fingerprinted through
+    the tensors inside them: reading the weight itself raised deep inside the subclass."""
+    models = [int8_weights(tiny_llama(seed, layers=1)) for seed in (3, 4)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        folders = [quantized_copy(model) for model in models]
+    assert len(exported) == 2 and folders[0] == folders[1]  # other weights: rebuilt, not reused
+    models[1].model.layers[0].mlp.up_proj.weight.qdata.add_(1)  # changed in place
+    with pytest.warns(UserWarning, match="Rebuilding the int8 ONNX copy"):
+        quantized_copy(models[1])
+
+
 @pytest.mark.parametrize("ids", [("org-a/x", "org-b/x"), ("a/x", "b/x")], ids=["hub", "folders"])
 def test_models_of_one_basename_keep_a_copy_each(exported, tmp_path, monkeypatch, ids):
     """Two models whose id or folder ends in the same name get a folder each, named by that name and
