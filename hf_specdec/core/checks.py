@@ -109,6 +109,11 @@ def check_supported(
             stacklevel=6,
         )
     cache = generate_cache(model_kwargs)
+    if getattr(cache, "offloading", False):  # a DynamicCache or a StaticCache, whose layers wait on the CPU
+        raise ValueError(
+            "speculative= does not support an offloaded cache (offloading=True / cache_implementation="
+            "'offloaded' or 'offloaded_static'); use the default cache or cache_implementation='static'."
+        )
     if type(cache) is StaticCache:
         check_static_cache(model, input_ids, config, cache)
     elif cache is not None and (type(cache) is not DynamicCache or not getattr(cache, "is_croppable", True)):
@@ -326,12 +331,6 @@ def check_static_cache(
             f"{type(model).__name__}'s local attention counts its window back from the last column of the "
             "cache, which a static cache holds empty (plain static decoding's output differs from dynamic "
             "decoding's too): use the default dynamic cache (drop cache_implementation='static')."
-        )
-    if cache.offloading:
-        raise ValueError(
-            "speculative= does not support an offloaded static cache (offloading=True / "
-            "cache_implementation='offloaded_static'); use cache_implementation='static' or the default "
-            "cache."
         )
     attention = model.config.get_text_config(decoder=True)._attn_implementation
     if attention not in ("sdpa", "eager"):

@@ -180,6 +180,22 @@ def _cases(target, small_vocab_draft):
             ValueError,
             r"does not return attentions or hidden states over a static cache; drop",
         ),
+        "offloaded_cache": (  # a DynamicCache(offloading=True) was let through, unlike the static one
+            dict(speculative=NGRAM, cache_implementation="offloaded"),
+            ValueError,
+            r"does not support an offloaded cache \(offloading=True / cache_implementation='offloaded' or "
+            r"'offloaded_static'\); use the default cache or cache_implementation='static'",
+        ),
+        "offloaded_static_cache": (
+            dict(speculative=NGRAM, cache_implementation="offloaded_static"),
+            ValueError,
+            r"does not support an offloaded cache",
+        ),
+        "quantized_cache": (  # its quantized blocks cannot be cropped after a rejected draft
+            dict(speculative=NGRAM, cache_implementation="quantized", cache_config={"backend": "fp8"}),
+            ValueError,
+            r"needs a DynamicCache or a StaticCache it can roll back, got QuantizedCache",
+        ),
         "filled_cache_without_new_tokens": (
             dict(speculative=NGRAM, cache="filled"),
             ValueError,
