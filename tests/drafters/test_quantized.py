@@ -171,3 +171,22 @@ def test_callers_asking_at_once_export_once(exported):
     assert sorted(p.name for p in folders[0].parent.iterdir() if not p.name.startswith(".")) == [
         folders[0].name
     ]
+
+
+def test_a_target_torch_onnx_cannot_export_is_refused_saying_what_to_do(tmp_path, monkeypatch):
+    """A target torch.onnx cannot export (weights quantized by optimum-quanto: `quanto::qbytes_mm` has
+    no ONNX function) is refused naming the way out, not with the exporter's advice to report a bug
+    to PyTorch."""
+    monkeypatch.setenv("HF_SPECDEC_CACHE", str(tmp_path))
+
+    def export(*args, **kwargs):
+        raise torch.onnx.OnnxExporterError("No ONNX function found for quanto.qbytes_mm")
+
+    monkeypatch.setattr(ort_cache, "export_onnx", export)
+    model = tiny_llama(3, layers=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "Building an int8 ONNX copy"
+        with pytest.raises(
+            ValueError, match=r"torch.onnx could not export LlamaForCausalLM .*Use another method"
+        ):
+            model.generate(torch.tensor([[6, 7, 8]]), max_new_tokens=4, speculative="quantized")
