@@ -7,7 +7,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-VLLM_VERSION = "0.33.0"
+VLLM_VERSION = "0.34.0"
 SGLANG_VERSION = "0.5.23"
 VLLM_MEDUSA_LAST = "0.32"  # the last vLLM release with method="medusa"
 ENGINES = {"vllm": VLLM_VERSION, "sglang": SGLANG_VERSION}

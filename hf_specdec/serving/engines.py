@@ -8,9 +8,13 @@ Names checked against the engines' sources (the versions in `base.py`):
   literals ngram, draft_model, suffix, eagle, eagle3, MTP types (`mtp`, into which the
   model-specific `deepseek_mtp`, `glm4_moe_mtp`, `gemma4_mtp`, ... are folded, with a warning):
   `mtp` without `model` loads the MTP layers out of the target's own checkpoint, `mtp` with a
-  Gemma 4 assistant as `model` wires it to the target's KV cache. That Medusa is gone from the 0.33.0
-  wheel (0.32 keeps it) and that a missing `method` is guessed from the draft's path (so it is
-  always written) are the facts gathered in issue 15 from the released wheels, not re-checked here.
+  Gemma 4 assistant as `model` wires it to the target's KV cache. Medusa is gone (since 0.33; 0.32
+  keeps it). A missing `method` is guessed from the draft checkpoint (0.33 also overrode a given
+  `draft_model` or `mtp` by the draft's path name; 0.34 keeps a given method), so it is always
+  written. The 0.34.0 wheel (`vllm/v1/worker/gpu/spec_decode/suffix/`): `suffix` runs on the GPU
+  without arctic-inference, its corpus bounded by `suffix_decoding_corpus_tokens` (0.33 refuses
+  the key), `suffix_decoding_max_spec_factor` / `_min_token_prob` are accepted and ignored. Each
+  config we write was parsed by the 0.34.0 wheel's `SpeculativeConfig` against tiny targets.
   CLI `vllm serve TARGET --speculative-config JSON`.
 - the sglang 0.5.23 wheel, `sglang/srt/arg_groups/fields/spec.py` and `fields/model.py` (the
   `ServerArgs` fields; the CLI flag is the field name with dashes): `model_path`,

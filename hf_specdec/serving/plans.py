@@ -91,21 +91,21 @@ def plan_ngram(model: str, draft: Source, head: Source, options: Options) -> Ser
 
 
 def plan_suffix(model: str, draft: Source, head: Source, options: Options) -> ServingPlan:
-    """vLLM's `suffix` is SuffixDecoding (arctic-inference's suffix trees), with our length rule and
-    probability floor; SGLang has no equivalent and serves its own prompt lookup (NGRAM) instead."""
+    """vLLM's `suffix` is SuffixDecoding on the GPU (0.34: its own kernels, a ring of earlier responses
+    bounded in tokens); SGLang has no equivalent and serves its own prompt lookup (NGRAM) instead."""
     config = options_to_config(SuffixConfig, options)
     vllm = [
-        "vLLM's method 'suffix' needs `pip install arctic-inference` beside vLLM.",
-        "vLLM keeps earlier responses (not prompts) of up to suffix_decoding_max_cached_requests requests "
-        f"(10000 by default), where ours keeps prompts and outputs up to {config.max_corpus_tokens} tokens; "
-        "it drafts from them wherever they score better than the prompt, no replay deciding whether they "
-        "pay, and in chains only.",
+        f"vLLM {VLLM_VERSION} runs suffix decoding on the GPU with no extra package; earlier releases "
+        "needed arctic-inference and refuse suffix_decoding_corpus_tokens: serve this config with vLLM "
+        f"{VLLM_VERSION} or later.",
+        "vLLM keeps earlier responses (not prompts) in a corpus of suffix_decoding_corpus_tokens tokens "
+        f"(our max_corpus_tokens, {config.max_corpus_tokens}), where ours keeps prompts and outputs; it "
+        "drafts from them wherever their match is longer than the request's own, no replay deciding "
+        "whether they pay, and in chains only.",
+        "vLLM drafts num_speculative_tokens tokens at every step, whatever the match's length: our "
+        "length rule and probability floor (max_spec_factor, max_spec_offset, min_token_prob) have no "
+        "equivalent there.",
     ]
-    if config.max_spec_offset:
-        vllm.append(
-            f"vLLM drafts at most max_spec_factor times the match's length: our max_spec_offset "
-            f"({config.max_spec_offset}) has no equivalent, so its drafts after short matches are shorter."
-        )
     if config.recency_half_life is not None:
         vllm.append("vLLM scores continuations by frequency alone: recency_half_life is not carried over.")
     sglang = [
@@ -120,16 +120,16 @@ def plan_suffix(model: str, draft: Source, head: Source, options: Options) -> Se
         # The rest have caveats of their own above (vLLM's) or in the rendering of `ngram` (SGLang's).
         caveats=not_carried(options, carried=_SUFFIX_CARRIED),
         engine_options={
-            "vllm": {
-                "suffix_decoding_max_spec_factor": config.max_spec_factor,
-                "suffix_decoding_min_token_prob": config.min_token_prob,
-            }
+            # 0.34's keys: it ignores suffix_decoding_max_spec_factor and _min_token_prob (0.33's
+            # length rule), and 0.33 refuses suffix_decoding_corpus_tokens.
+            "vllm": {"suffix_decoding_corpus_tokens": config.max_corpus_tokens}
         },
         engine_caveats={"vllm": vllm, "sglang": sglang},
     )
 
 
 _SUFFIX_CARRIED = (
+    "max_corpus_tokens",
     "min_ngram",
     "max_ngram",
     "max_spec_factor",

@@ -147,17 +147,21 @@ def test_a_published_eagle1_folder_is_served_as_it_is(models, tmp_path, engine, 
 
 
 def test_suffix_is_served_as_vllms_suffix_decoding_and_as_sglangs_prompt_lookup(models):
-    options = {"max_spec_factor": 2.0, "min_token_prob": 0.2}
+    """vLLM 0.34 (`vllm/v1/worker/gpu/spec_decode/suffix/`) runs suffix decoding on the GPU without
+    arctic-inference, bounds its corpus by `suffix_decoding_corpus_tokens` and ignores the length
+    rule's `suffix_decoding_max_spec_factor` / `_min_token_prob`."""
+    options = {"max_spec_factor": 2.0, "min_token_prob": 0.2, "max_corpus_tokens": 5000}
     target = str(models / "target")
     vllm = export_serving(target, "vllm", method="suffix", options=options, num_draft_tokens=4)
     assert vllm["speculative_config"] == {
         "method": "suffix",
         "num_speculative_tokens": 4,
-        "suffix_decoding_max_spec_factor": 2.0,
-        "suffix_decoding_min_token_prob": 0.2,
+        "suffix_decoding_corpus_tokens": 5000,
     }
     caveats = " ".join(vllm["caveats"])
-    assert "arctic-inference" in caveats and "max_spec_offset" in caveats and "SGLang" not in caveats
+    assert "needs `pip install arctic-inference`" not in caveats and "no extra package" in caveats
+    assert "length rule and probability floor" in caveats and "SGLang" not in caveats
+    assert "no equivalent in vLLM or SGLang" not in caveats  # max_corpus_tokens is carried
     sglang = export_serving(target, "sglang", method="suffix", num_draft_tokens=4)
     assert sglang["engine_method"] == "NGRAM" and "has no suffix decoding" in " ".join(sglang["caveats"])
     with pytest.raises(ValueError, match="Unknown option\\(s\\) \\['nope'\\] for SuffixConfig"):
