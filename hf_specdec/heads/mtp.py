@@ -153,13 +153,18 @@ def _meta_model(folder: Path) -> Any | None:
         return cls(config)
 
 
+def declared_mtp_fields(
+    config: Any, fields: tuple[str, ...] = ("num_mtp_layers", *_OTHER_MTP_FIELDS)
+) -> list[str]:
+    """The `fields` of a model config (its text config) that declare MTP layers, as `config.name=value`."""
+    text = config.get_text_config()
+    return [f"config.{name}={getattr(text, name)}" for name in fields if getattr(text, name, 0)]
+
+
 def unloadable_mtp_keys(target: Any, folder: Path) -> list[str]:
     """Checkpoint keys that look like MTP layers of an architecture transformers loads none for
     (`mtp.*`, `model.mtp_layers.*`), or config fields that declare such layers."""
-    config = target.config.get_text_config()
-    declared = [
-        f"config.{name}={getattr(config, name)}" for name in _OTHER_MTP_FIELDS if getattr(config, name, 0)
-    ]
+    declared = declared_mtp_fields(target.config, _OTHER_MTP_FIELDS)
     return declared + [k for k in _checkpoint_keys(folder) if re.search(r"(^|\.)mtp", k)][:4]
 
 

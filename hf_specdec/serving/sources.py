@@ -10,6 +10,7 @@ from typing import Any
 
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from ..heads.mtp import declared_mtp_fields
 from ..hub.tokenizer_check import compare_tokenizers
 from ..loading import is_missing_path
 from ..selection.select import assistant_lookup
@@ -32,15 +33,30 @@ def load_target(model: str) -> Any:
     return AutoModelForCausalLM.from_pretrained(model, trust_remote_code=False).eval()
 
 
-def _vocab_size(name: str) -> int:
+def _config(name: str) -> Any:
     try:
-        return int(AutoConfig.from_pretrained(name, trust_remote_code=False).get_text_config().vocab_size)
+        return AutoConfig.from_pretrained(name, trust_remote_code=False)
     except (OSError, ValueError) as err:
-        raise ValueError(f"Cannot read the config of {name} to compare vocabulary sizes: {err}") from None
+        raise ValueError(f"Cannot read the config of {name} to compare it with the target's: {err}") from None
 
 
 def check_vocab(model: str, draft: str) -> None:
-    target_vocab, draft_vocab = _vocab_size(model), _vocab_size(str(draft))
+    """Refuse a draft the engines cannot serve as a draft model of `model`."""
+    draft_config = _config(str(draft))
+    declared = declared_mtp_fields(draft_config)
+    if declared:
+        # vLLM (`SpeculativeConfig.hf_config_override`, 0.33 and 0.34) and SGLang 0.5.23
+        # (`ModelConfig._config_draft_model`) turn a draft checkpoint of an architecture with MTP
+        # layers into those layers: vLLM 0.33 then serves method mtp, 0.34 runs them as a draft model.
+        raise ServingExportError(
+            f"{draft} declares MTP layers ({', '.join(declared)}): vLLM and SGLang load a draft of its "
+            "architecture as those MTP layers, not as a draft model, so it cannot be served as "
+            "draft_model (generate runs it as one). Use a draft of an architecture without MTP layers "
+            "and with the target's tokenizer, the target's own MTP layers (--method mtp) if it has "
+            "them, or --method ngram."
+        )
+    target_vocab = int(_config(model).get_text_config().vocab_size)
+    draft_vocab = int(draft_config.get_text_config().vocab_size)
     if target_vocab != draft_vocab:
         raise ServingExportError(
             f"vLLM's draft_model (and SGLang's STANDALONE) need the draft's vocab_size to equal the "

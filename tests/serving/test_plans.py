@@ -65,6 +65,13 @@ REFUSALS_BY_CASE = {
         "method='mtp' drafts with a model's own multi-token-prediction layers, and transformers .* "
         "loads none for LlamaForCausalLM",
     ),
+    # vLLM's `SpeculativeConfig.hf_config_override` and SGLang's `ModelConfig._config_draft_model`
+    # read such a draft checkpoint as its MTP layers (vLLM 0.33 switches to method mtp).
+    "draft-with-mtp-layers": (
+        lambda m: dict(model=m / "mtp-target", method="draft_model", draft=m / "mtp-target"),
+        r"mtp-target declares MTP layers \(config.num_mtp_layers=1, .*\): vLLM and SGLang load .* "
+        "as those MTP layers, not as a draft model.* --method ngram",
+    ),
     "onnx-without-source": (
         lambda m: dict(method="onnx", draft=m / "draft-onnx-bare"),
         "does not record which model it was exported from",
