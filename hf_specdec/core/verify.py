@@ -68,7 +68,7 @@ def accept(
             raise NotImplementedError("Sampled tree drafts need multi-draft rejection sampling.")
         picks = _picks(request, draft, scores, draws)
         paths, tokens = tree_verify(draft.tokens, draft.lengths, draft.parents, picks)
-        return Verdict([len(path) for path in paths], tokens, scores, logits, paths)
+        return _sampleable(Verdict([len(path) for path in paths], tokens, scores, logits, paths), request)
     if not request.do_sample and not any(draft.lengths):  # nothing drafted: a plain greedy step
         return Verdict([0] * len(draft.lengths), scores.argmax(dim=-1), scores, logits)
     draft_lengths = torch.tensor(draft.lengths, device=logits.device)
@@ -76,7 +76,29 @@ def accept(
         accepted, tokens = rejection_sample(draft.tokens, draft_lengths, draft.probs, scores.softmax(-1))
         return Verdict(accepted.tolist(), tokens, scores, logits, rejection_sampled=True)
     accepted, tokens = prefix_verify(draft.tokens, draft_lengths, _picks(request, draft, scores, draws))
-    return Verdict(accepted.tolist(), tokens, scores, logits)
+    return _sampleable(Verdict(accepted.tolist(), tokens, scores, logits), request)
+
+
+def _sampleable(verdict: Verdict, request: DraftRequest) -> Verdict:
+    """`verdict`, unless a token it emits was sampled from no distribution: where every processed
+    score is -inf (processors that ban every token) or one is NaN (logits overflowed), softmax
+    gives NaN, which plain sampling's `torch.multinomial` refuses and our draws' argmax would
+    silently read as token 0. Only the positions whose tokens the step emits count: plain never
+    reaches one past a rejected draft."""
+    if not request.do_sample:  # greedy's argmax reads such scores as plain greedy's does
+        return verdict
+    # softmax is NaN exactly where logsumexp is not finite: +inf, NaN, or no finite score at all
+    invalid = ~verdict.scores.logsumexp(dim=-1).isfinite()  # [B, k + 1]
+    if bool(invalid.any()):
+        for b, row in enumerate(request.row_ids):
+            if bool(invalid[b, verdict.fed(b)].any()):
+                raise RuntimeError(
+                    "probability tensor contains either `inf`, `nan` or element < 0: the processed "
+                    f"scores of row {row} leave no token to sample (all -inf, or NaN logits), as "
+                    "plain sampling would raise; check the processors' bans (suppress_tokens, "
+                    "bad_words_ids, ...) and the model's logits."
+                )
+    return verdict
 
 
 def _picks(

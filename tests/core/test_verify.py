@@ -380,3 +380,21 @@ def test_sampled_tree_drafts_are_refused_rather_than_walked():
     draft = Draft(torch.tensor([[3, 4]]), [2], torch.full((1, 2, 8), 1 / 8), parents=torch.tensor([[-1, -1]]))
     with pytest.raises(NotImplementedError, match="multi-draft rejection sampling"):
         accept(request, draft, torch.zeros(1, 3, 8))
+
+
+@pytest.mark.parametrize("parents", [None, torch.tensor([[-1, 0]])], ids=["chain", "tree"])
+def test_sampling_from_no_distribution_raises_as_plain_sampling_does(parents):
+    """Where every processed score is -inf (or one is NaN), plain sampling's `torch.multinomial`
+    raises; the draws' argmax would read it as token 0. Only emitted positions count: scores past
+    a rejected draft, which plain never reaches, may be anything."""
+    request, tokens = _request(do_sample=True, tree=parents is not None), torch.tensor([[3, 4]])
+    banned = _peaked([3, 4, 6])
+    banned[0, 1] = float("-inf")  # after draft token 3, no token is left
+    unreached = _peaked([5, 4, 6])  # the target picks 5: draft token 3 is rejected
+    unreached[0, 1:] = float("nan")
+    with torch.random.fork_rng():
+        draws = PlainDraws(1, prompt_width=2, default=torch.default_generator)
+        with pytest.raises(RuntimeError, match="probability tensor contains either `inf`, `nan`"):
+            accept(request, Draft(tokens, [2], parents=parents), banned, draws)
+        verdict = accept(request, Draft(tokens, [2], parents=parents), unreached, draws)
+    assert verdict.accepted == [0] and verdict.tokens[0, 0] == 5
