@@ -32,8 +32,10 @@ def next_tokens(
         possible = top > float("-inf")
         confidence = torch.where(possible, (top - torch.logsumexp(scores, dim=-1)).exp(), 0.0)
         return token, confidence, possible, None
-    possible = torch.isfinite(scores).any(dim=-1)
-    scores = torch.where(possible[:, None], scores, 0.0)  # such rows stop drafting; no NaN meanwhile
+    # A row whose scores leave nothing to sample (all -inf, or a NaN or +inf from a draft that
+    # overflowed: softmax would be NaN) stops drafting, as greedy's does; no NaN meanwhile.
+    possible = scores.logsumexp(dim=-1).isfinite()
+    scores = torch.where(possible[:, None], scores, 0.0)
     dist = scores.softmax(dim=-1)
     token = torch.multinomial(dist, 1).squeeze(1)
     return token, dist.gather(1, token[:, None]).squeeze(1), possible, dist

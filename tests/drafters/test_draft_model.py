@@ -67,6 +67,28 @@ def test_probe_times_a_draft_token_without_touching_the_drafter(target, good_dra
     assert torch.equal(probed.propose(_request(prompt, 4)).tokens, fresh.propose(_request(prompt, 4)).tokens)
 
 
+@pytest.mark.parametrize("poison", [float("nan"), float("inf")])
+def test_a_draft_whose_logits_overflowed_stops_drafting_when_sampling(target, good_draft, poison):
+    """A draft whose logits hold a NaN or +inf (an fp16 draft that overflowed) leaves no
+    distribution to sample a draft token from: its rows stop drafting, as they do greedy, and the
+    call decodes as plain would, rather than raising from the draft's torch.multinomial."""
+    draft = copy.deepcopy(good_draft)
+    draft.lm_head.register_forward_hook(
+        lambda module, args, out: out.index_fill(-1, torch.tensor([7]), poison)
+    )
+    input_ids, attention_mask = random_batch(0, 2)
+    spec = SpeculativeConfig(method="draft_model", draft=draft, num_draft_tokens=3)
+    out = target.generate(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        do_sample=True,
+        max_new_tokens=6,
+        speculative=spec,
+        return_dict_in_generate=True,
+    )
+    assert out.sequences.shape[1] > input_ids.shape[1] and out.speculative_stats.drafted == 0
+
+
 def test_tokenizer_checks_are_remembered_per_pair_of_tokenizers(smollm2_path):
     from transformers import AutoTokenizer
 
