@@ -13,7 +13,7 @@ from transformers.generation import logits_process as lp
 
 from .tree import tree_layout
 
-# Warpers that read only the scores, never the tokens: these can process every row and position
+# Processors that read only the scores, never the tokens: these can process every row and position
 # in one batched call. Set-based processors (below) batch too; any other processor (min length,
 # no-repeat n-gram, ...) sees the exact token sequence that plain `generate` would have shown it,
 # one row at a time.
@@ -27,6 +27,10 @@ _CONTEXT_FREE = tuple(
         "TypicalLogitsWarper",
         "EpsilonLogitsWarper",
         "EtaLogitsWarper",
+        "TopHLogitsWarper",
+        "SuppressTokensLogitsProcessor",
+        "InfNanRemoveLogitsProcessor",
+        "LogitNormalization",
     )
     if hasattr(lp, name)
 )

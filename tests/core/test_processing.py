@@ -6,11 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import (
+    InfNanRemoveLogitsProcessor,
+    LogitNormalization,
     LogitsProcessorList,
     MinLengthLogitsProcessor,
     NoRepeatNGramLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
+    SuppressTokensLogitsProcessor,
     TemperatureLogitsWarper,
+    TopHLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
@@ -34,6 +38,14 @@ CASES = {
         TemperatureLogitsWarper(0.9),
         TopKLogitsWarper(6),
         TopPLogitsWarper(0.9),
+    ],
+    # read the scores alone (suppress_tokens, remove_invalid_values, top_h, renormalize_logits)
+    "score_only": lambda: [
+        _penalty(),
+        SuppressTokensLogitsProcessor([3, 5]),
+        InfNanRemoveLogitsProcessor(),
+        TopHLogitsWarper(0.4),
+        LogitNormalization(),
     ],
     "two_penalties": lambda: [_penalty(1.2), TemperatureLogitsWarper(0.7), _penalty(1.5)],
     # generate's own: each row's left-padding length, one entry per row of the user's batch
