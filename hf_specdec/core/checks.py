@@ -79,7 +79,7 @@ def check_supported(
     if model_kwargs.get("inputs_embeds") is not None:
         raise ValueError(
             "speculative= needs input_ids; inputs_embeds is not supported: pass the prompt's token ids "
-            "as input_ids instead, or drop speculative=."
+            "as input_ids instead, without inputs_embeds, or drop speculative=."
         )
     if input_ids.shape[-1] == 0:
         raise ValueError(
