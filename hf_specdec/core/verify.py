@@ -26,6 +26,9 @@ if TYPE_CHECKING:
     from .draws import PlainDraws
 
 
+NO_TOKEN = -1  # a sampled pick where the scores leave nothing to sample; no draft token equals it
+
+
 @dataclass
 class Verdict:
     """What the target made of one step's draft, row by row."""
@@ -80,18 +83,12 @@ def accept(
 
 
 def _sampleable(verdict: Verdict, request: DraftRequest) -> Verdict:
-    """`verdict`, unless a token it emits was sampled from no distribution: where every processed
-    score is -inf (processors that ban every token) or one is NaN (logits overflowed), softmax
-    gives NaN, which plain sampling's `torch.multinomial` refuses and our draws' argmax would
-    silently read as token 0. Only the positions whose tokens the step emits count: plain never
-    reaches one past a rejected draft."""
-    if not request.do_sample:  # greedy's argmax reads such scores as plain greedy's does
-        return verdict
-    # softmax is NaN exactly where logsumexp is not finite: +inf, NaN, or no finite score at all
-    invalid = ~verdict.scores.logsumexp(dim=-1).isfinite()  # [B, k + 1]
-    if bool(invalid.any()):
+    """`verdict`, unless a token it emits was sampled from no distribution (`_picks` marks such
+    picks `NO_TOKEN`): plain sampling's `torch.multinomial` refuses those scores. Only the positions
+    whose tokens the step emits count: plain never reaches one past a rejected draft."""
+    if request.do_sample and bool((verdict.tokens == NO_TOKEN).any()):
         for b, row in enumerate(request.row_ids):
-            if bool(invalid[b, verdict.fed(b)].any()):
+            if NO_TOKEN in verdict.tokens[b, : verdict.accepted[b] + 1].tolist():
                 raise RuntimeError(
                     "probability tensor contains either `inf`, `nan` or element < 0: the processed "
                     f"scores of row {row} leave no token to sample (all -inf, or NaN logits), as "
@@ -122,7 +119,10 @@ def _picks(
             # column 0: after the row's last token; column 1 + i: as deep below it as node i (holes: 1)
             depths = [0, *node_depths(row[:n]), *[1] * (width - 1 - n)]
             positions.append([t + d for d in depths])
-    return draws.picks(request.row_ids, positions, probs)
+    picks = draws.picks(request.row_ids, positions, probs)
+    # Scores that leave nothing to sample (all -inf, or a NaN or +inf) have NaN probabilities, which
+    # a draw's argmax would read as a token: marked instead, and refused where emitted (`_sampleable`).
+    return torch.where(probs.gather(-1, picks[..., None]).squeeze(-1) > 0, picks, NO_TOKEN)
 
 
 def greedy_verify(

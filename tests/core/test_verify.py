@@ -396,5 +396,9 @@ def test_sampling_from_no_distribution_raises_as_plain_sampling_does(parents):
         draws = PlainDraws(1, prompt_width=2, default=torch.default_generator)
         with pytest.raises(RuntimeError, match="probability tensor contains either `inf`, `nan`"):
             accept(request, Draft(tokens, [2], parents=parents), banned, draws)
+        overflowed = _peaked([3, 4, 6])
+        overflowed[0, 1, 2] = float("nan")  # one NaN logit: softmax is NaN throughout
+        with pytest.raises(RuntimeError, match="scores of row 0 leave no token to sample"):
+            accept(request, Draft(tokens, [2], parents=parents), overflowed, draws)
         verdict = accept(request, Draft(tokens, [2], parents=parents), unreached, draws)
     assert verdict.accepted == [0] and verdict.tokens[0, 0] == 5
