@@ -336,6 +336,35 @@ def test_a_drafter_built_on_another_thread_leaves_this_threads_seeded_sample_pla
         DRAFTERS.pop("_loads_slowly")
 
 
+def test_a_drafter_that_builds_a_transformers_model_leaves_the_seeded_generator():
+    """Building a drafter that initialises a transformers model (a draft built from its config, or
+    loaded with weights missing from its checkpoint) drew from torch's default generator: the next
+    seeded sample was not plain's."""
+
+    class _BuildsAModel(Drafter):
+        name: ClassVar[str] = "_builds_a_model"
+        takes_draft: ClassVar[bool] = False
+
+        @classmethod
+        def from_config(cls, config, target, tokenizer):
+            type(target)(target.config)  # initialised under transformers' guard of torch.nn.init
+            return cls()
+
+        def propose(self, request):
+            return Draft.empty(len(request.max_tokens), request.tokens.device)
+
+    target = tiny_llama(31, vocab_size=8, layers=1, eos_token_id=None)
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    register_drafter(_BuildsAModel)
+    try:
+        torch.manual_seed(0)
+        target.generate(torch.tensor([[1, 3, 4]]), max_new_tokens=2, speculative="_builds_a_model")
+        assert torch.equal(torch.rand(3), expected)
+    finally:
+        DRAFTERS.pop("_builds_a_model")
+
+
 def test_a_pipeline_hands_its_tokenizer_to_a_draft_of_another_tokenizer():
     """A text-generation pipeline passes generate no tokenizer (only for stop strings and
     transformers' assistant_tokenizer=): a draft of another tokenizer was refused, "no tokenizers

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
+from transformers import initialization as transformers_init
 
 # Draws kept at once, at most so many positions and bytes (each position is batch x vocab floats:
 # 39 MB at batch 64 and 152k ids); one let go is drawn again from its generator state when a row that
@@ -112,13 +113,16 @@ def plain_draw(generator: torch.Generator, batch: int, vocab: int) -> torch.Tens
     )
 
 
+# `torch.nn.init`'s functions that dispatch to torch function modes themselves.
+_INIT_DRAWS = ("uniform_", "normal_", "kaiming_uniform_")
 # What draws from a default generator unless given `generator=`. A torch function mode sees no call
-# made inside one it intercepts: `torch.nn.init`'s that dispatch to modes themselves are listed too.
+# made inside one it intercepts: `torch.nn.init`'s that dispatch to modes themselves are listed too,
+# and transformers' guarded copies of them, which transformers puts in `torch.nn.init`'s place while
+# it initialises a model's weights (`guard_torch_init_functions`): torch's then dispatch as those.
 _DRAWS = frozenset(
     [
-        torch.nn.init.uniform_,
-        torch.nn.init.normal_,
-        torch.nn.init.kaiming_uniform_,
+        *(getattr(torch.nn.init, name) for name in _INIT_DRAWS),
+        *(getattr(transformers_init, name) for name in _INIT_DRAWS),
         *(getattr(torch.Tensor, name) for name in ("uniform_", "normal_", "bernoulli_", "random_")),
         *(getattr(torch.Tensor, name) for name in ("exponential_", "geometric_", "log_normal_", "cauchy_")),
         torch.Tensor.bernoulli,
@@ -165,8 +169,9 @@ class PrivateDraws(TorchFunctionMode):
 
 
 def _drawn_on(args: tuple, kwargs: dict) -> torch.device:
-    """The device a random function fills: its `device=`, else its first tensor's, else the default."""
+    """The device a random function fills: its `device=`, else its first tensor's (`torch.nn.init`
+    passes it by name, as `tensor=`), else the default."""
     if kwargs.get("device") is not None:
         return torch.device(kwargs["device"])
-    tensor = next((arg for arg in args if isinstance(arg, torch.Tensor)), None)
+    tensor = next((arg for arg in (*args, *kwargs.values()) if isinstance(arg, torch.Tensor)), None)
     return tensor.device if tensor is not None else torch.get_default_device()

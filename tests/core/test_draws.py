@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers.initialization import guard_torch_init_functions
 
 import hf_specdec.core.draws
 from hf_specdec import SpeculativeConfig
 from hf_specdec.core.draws import KEPT_POSITIONS, PlainDraws, PrivateDraws
 
-from ..conftest import random_batch
+from ..conftest import random_batch, tiny_llama
 
 
 def _plain_picks(probs: torch.Tensor, seed: int) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -168,3 +169,36 @@ def test_draws_made_privately_are_the_default_generators_next_and_leave_it_where
         got = draws()
     assert all(torch.equal(a, b) for a, b in zip(got, expected))
     assert torch.equal(torch.default_generator.get_state(), before)
+
+
+def _moves_the_default_generator(build) -> bool:
+    torch.manual_seed(0)
+    before = torch.default_generator.get_state()
+    with PrivateDraws():
+        build()
+    return not torch.equal(torch.default_generator.get_state(), before)
+
+
+def test_draws_while_transformers_initialises_a_model_are_private():
+    """transformers initialises a model's weights (built from its config, or missing from its
+    checkpoint) with torch.nn.init's functions swapped for its guarded copies, which torch's then
+    dispatch to the mode as: those draws went unseen, from the default generator."""
+    config = tiny_llama(0).config
+    assert not _moves_the_default_generator(lambda: type(tiny_llama(0))(config))
+    with guard_torch_init_functions():
+        assert not _moves_the_default_generator(lambda: torch.nn.Linear(4, 4))
+
+
+def test_a_tensor_initialised_by_torch_nn_init_is_drawn_for_on_its_own_device():
+    """torch.nn.init hands the mode its tensor by name (`tensor=`): the draw was taken to be on the
+    default device, a CUDA weight's given a CPU generator (or, as here with the default device
+    elsewhere, none at all, drawn from the default generator)."""
+
+    def initialise() -> None:
+        torch.set_default_device("meta")
+        try:
+            torch.nn.init.normal_(torch.empty(3, device="cpu"))
+        finally:
+            torch.set_default_device(None)
+
+    assert not _moves_the_default_generator(initialise)
