@@ -74,12 +74,13 @@ _PIPELINE_STATS: contextvars.ContextVar[list[Any] | None] = contextvars.ContextV
 
 @functools.wraps(_ORIGINAL_GENERATE)
 def generate(self: Any, *args: Any, speculative: Any = None, **kwargs: Any) -> Any:
-    if speculative is None or speculative is False:
+    config = SpeculativeConfig.from_user(speculative)
+    if config is None:
         check_no_holes(generate_cache(kwargs))  # plain decoding would read the holes as tokens
         return _ORIGINAL_GENERATE(self, *args, **kwargs)
     kwargs = _by_name(self, args, kwargs)
     with _ended_if_raised(kwargs.get("streamer")):
-        out = _speculative_generate(self, kwargs, SpeculativeConfig.from_user(speculative))
+        out = _speculative_generate(self, kwargs, config)
     seen = _PIPELINE_STATS.get()
     if seen is not None and hasattr(out, "speculative_stats"):
         seen.append(out.speculative_stats)
@@ -94,7 +95,8 @@ def _ended_if_raised(streamer: Any) -> Iterator[None]:
         yield
     except BaseException:
         if streamer is not None:
-            streamer.end()
+            with contextlib.suppress(Exception):  # the call's own error is the one to see
+                streamer.end()
         raise
 
 
