@@ -400,14 +400,17 @@ _ORIGINAL_SANITIZE = {cls: _kept_original(cls, "_sanitize_parameters") for cls i
 _ORIGINAL_FORWARD = {cls: _kept_original(cls, "_forward") for cls in _PROCESSOR_PIPELINES}
 
 
+_NOT_GIVEN = object()
+
+
 def _takes_speculative(cls: type) -> tuple[Any, Any]:
     """`cls`'s `_sanitize_parameters` and `_forward`, taking `speculative=` to generate."""
     original_sanitize, original_forward = _ORIGINAL_SANITIZE[cls], _ORIGINAL_FORWARD[cls]
 
     @functools.wraps(original_sanitize)
-    def sanitize(self: Any, *args: Any, speculative: Any = None, **kwargs: Any) -> Any:
+    def sanitize(self: Any, *args: Any, speculative: Any = _NOT_GIVEN, **kwargs: Any) -> Any:
         preprocess, forward, postprocess = original_sanitize(self, *args, **kwargs)
-        if speculative is not None:
+        if speculative is not _NOT_GIVEN:  # None or False at call time overrides one at construction
             forward["speculative"] = speculative
         return preprocess, forward, postprocess
 

@@ -463,5 +463,7 @@ def test_an_image_text_to_text_pipeline_speculates(monkeypatch):
     kept = pipeline("image-text-to-text", model=pipe.model, processor=pipe.processor, speculative="ngram")
     assert kept(text=chat, max_new_tokens=12, batch_size=2) == plain  # given once, kept for every call
     assert calls == [1, 1]
+    assert kept(text=chat, max_new_tokens=12, batch_size=2, speculative=None) == plain  # as text-generation
+    assert calls == [1, 1]
     with pytest.raises(ValueError, match="speculative= is given twice"):
         pipe(text=chat, max_new_tokens=4, speculative="ngram", generate_kwargs={"speculative": "ngram"})
