@@ -39,8 +39,8 @@ from .core.checks import (
 from .core.compat import compiles_decoding, generate_cache
 from .core.draft import Draft, Drafter
 from .core.draws import PrivateDraws
-from .core.inputs import check_fed_as_plain
-from .core.kv import tree_refusal
+from .core.inputs import cached_columns, check_fed_as_plain
+from .core.kv import check_rotary, tree_refusal
 from .core.loop import speculative_decode
 from .core.output import SpeculativeGenerateOutput
 from .core.policy import DEVICE_COSTS, DraftLengthPolicy, FixedDraftLength
@@ -150,7 +150,10 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
     ):
         check_supported(model, input_ids, generation_config, model_kwargs, streamer)
         check_processors(logits_processor)
-        plainly = plain_instead(config, model, input_ids.shape[0], generate_cache(model_kwargs))
+        width, max_length = input_ids.shape[1], generation_config.max_length
+        plainly = plain_instead(
+            config, model, input_ids.shape[0], generate_cache(model_kwargs), width, max_length
+        )
         if plainly is not None:
             out = type(model)._sample(  # generate's own loop, as without speculative=
                 model,
@@ -167,6 +170,7 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
                 **out, speculative_stats=SpeculativeStats(method="plain", selection=plainly)
             )
         check_fed_as_plain(model)  # what "auto" decodes plainly, a named method refuses
+        check_rotary(model, cached_columns(model_kwargs), width, max_length)
         # Torch's default generators left as plain leaves them, on this thread and on others:
         # building a drafter can initialise modules before their weights load.
         with PrivateDraws():

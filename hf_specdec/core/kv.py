@@ -418,6 +418,49 @@ def counts_columns(model: Any) -> str | None:
     return "numbers its tokens by their place in the cache (its forward takes no position_ids)"
 
 
+def rotary_refusal(model: Any, cached: int, prompt_width: int, max_length: int) -> str | None:
+    """Why a call cannot speculate through `model`'s rotary frequencies, else None. transformers sets
+    "dynamic" (NTK) and "longrope" frequencies from each forward's last position
+    (`dynamic_rope_update`): past the model's original context, "dynamic" recomputes them at every
+    position and "longrope" takes its long factors (and Phi-3's generate then recomputes the whole
+    cache once). Plain decoding feeds one token a forward, so a verify forward of several would
+    rotate its tokens otherwise; that holds only where the call's forwards stay on one side of the
+    context: all within it, or, for "longrope", all past it (`cached` columns of a filled cache
+    included). Columns bound positions, so `prompt_width` and `max_length` count the padding."""
+    if not isinstance(model, PreTrainedModel):
+        return None
+    config = model.config.get_text_config(decoder=True)
+    parameters = getattr(config, "rope_parameters", None) or {}
+    for rope in [p for p in parameters.values() if isinstance(p, dict)] or [parameters]:  # per layer type
+        kind = rope.get("rope_type", "")
+        longrope = kind == "longrope"
+        if not longrope and "dynamic" not in kind:
+            continue
+        original = rope.get("original_max_position_embeddings") if longrope else None
+        context = int(original or config.max_position_embeddings)
+        within = max_length - 1 <= context  # the last forward's length: its last token's position + 1
+        past = prompt_width > context and (cached == 0 or cached > context)  # no forward within it
+        if within or (longrope and past):
+            continue
+        return (
+            f"sets its {kind!r} rotary frequencies from each forward's length, which change past its "
+            f"original context of {context} positions, and this call runs to {max_length} tokens"
+        )
+    return None
+
+
+def check_rotary(model: Any, cached: int, prompt_width: int, max_length: int) -> None:
+    """Refuse a call whose verify forwards would rotate tokens otherwise than plain's (`rotary_refusal`)."""
+    refusal = rotary_refusal(model, cached, prompt_width, max_length)
+    if refusal is not None:
+        raise ValueError(
+            f"{type(model).__name__} {refusal}: a verify forward of several tokens would rotate them "
+            "otherwise than plain decoding's one-token forwards. Keep prompt + max_new_tokens within "
+            "that context, or pass speculative=True (which decodes such a call plainly), or drop "
+            "speculative=."
+        )
+
+
 def tree_refusal(model: Any, recurrent: bool | None = None) -> str | None:
     """Why tree drafts cannot go through `model`, else None: recurrent states (`recurrent`, as its
     cache's layers say; None: as a cache built from its config would), attention biases built from

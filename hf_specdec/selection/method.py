@@ -13,7 +13,7 @@ from typing import Any
 
 from ..config import SpeculativeConfig
 from ..core.inputs import plain_feeds_otherwise
-from ..core.kv import counts_columns, keeps_recurrent_state
+from ..core.kv import counts_columns, keeps_recurrent_state, rotary_refusal
 from ..drafters.kind import draft_method
 from ..ort.layout import is_onnx_folder
 from .block import published_block_draft
@@ -46,16 +46,27 @@ def resolve_method(config: SpeculativeConfig, model: Any) -> tuple[SpeculativeCo
     return config, reason
 
 
-def plain_instead(config: SpeculativeConfig, model: Any, batch_size: int, cache: Any = None) -> str | None:
+def plain_instead(
+    config: SpeculativeConfig,
+    model: Any,
+    batch_size: int,
+    cache: Any = None,
+    prompt_width: int = 0,
+    max_length: int = 0,
+) -> str | None:
     """Why `"auto"` decodes this call plainly, else None: it promises the output and no less than the
-    speed of plain decoding, where a named method refuses what it cannot do (`RaggedKV`, `target_cache`).
-    A recurrent state (linear-attention or state-space layers, as `cache` holds them) rolls back one row
-    at a time; positions or a window counted in cache columns (`counts_columns`) hold for one row at a
-    time; a model PEFT feeds otherwise for the call (`plain_feeds_otherwise`) at any batch size."""
+    speed of plain decoding, where a named method refuses what it cannot do (`RaggedKV`, `target_cache`,
+    `check_rotary`). A recurrent state (linear-attention or state-space layers, as `cache` holds them)
+    rolls back one row at a time; positions or a window counted in cache columns (`counts_columns`) hold
+    for one row at a time; a model PEFT feeds otherwise for the call (`plain_feeds_otherwise`), or rotary
+    frequencies that change within the call's length (`rotary_refusal`), at any batch size."""
     if config.method != "auto":
         return None
+    cached = 0 if cache is None else cache.get_seq_length()
     if (otherwise := plain_feeds_otherwise(model)) is not None:
         reason = f"{type(model).__name__}: {otherwise}"
+    elif (rotary := rotary_refusal(model, cached, prompt_width, max_length)) is not None:
+        reason = f"{type(model).__name__} {rotary}"
     elif batch_size == 1:
         return None
     elif keeps_recurrent_state(model, cache):

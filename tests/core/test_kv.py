@@ -166,3 +166,41 @@ def test_a_recurrent_state_rolls_back_to_the_last_token_kept(name):
 def test_a_recurrent_state_is_rolled_back_one_row_at_a_time():
     with pytest.raises(ValueError, match="one row at a time: call generate with one sequence"):
         RaggedKV(tiny("mamba", 0), None, 2, CPU)
+
+
+ROTARIES = {  # frequencies transformers sets from each forward's length, past a context of 32
+    "llama": dict(max_position_embeddings=32, rope_parameters={"rope_type": "dynamic", "factor": 4.0}),
+    "phi3": dict(
+        max_position_embeddings=128,
+        original_max_position_embeddings=32,
+        rope_parameters={
+            "rope_type": "longrope",
+            "short_factor": [1.0] * 8,
+            "long_factor": [4.0] * 8,
+            "original_max_position_embeddings": 32,
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROTARIES))
+def test_rotary_frequencies_set_by_a_forwards_length_never_see_a_verify_forward_cross_the_context(name):
+    model = tiny(name, 0, **ROTARIES[name])
+    prompt = torch.randint(6, VOCAB, (1, 20), generator=torch.Generator().manual_seed(3))
+
+    def generate(new: int, **speculative) -> torch.Tensor:
+        return model.generate(prompt, max_new_tokens=new, do_sample=False, **speculative)
+
+    # Within the context every forward has the trained frequencies: drafts are verified as usual.
+    ngram = {"method": "ngram", "num_draft_tokens": 5}
+    assert generate(12, speculative=ngram).tolist() == generate(12).tolist()
+    # Across it, a verify forward would rotate its tokens by its last one's length: refused by
+    # name, decoded plainly by `auto` (verify forwards of 6 tokens differ from plain at step 13).
+    with pytest.raises(ValueError, match="rotary frequencies from each forward's length.*max_new_tokens"):
+        generate(30, speculative=ngram)
+    out = model.generate(
+        prompt, max_new_tokens=30, do_sample=False, speculative=True, return_dict_in_generate=True
+    )
+    assert out.sequences.tolist() == generate(30).tolist()
+    stats = out.speculative_stats
+    assert stats.method == "plain" and "original context of 32" in stats.selection
