@@ -128,12 +128,17 @@ def _parse_line(line: str, path: Path, number: int) -> Prompt:
         text = record["turns"][0]
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"{where}: needs a non-empty 'prompt' string (or a 'turns' list of strings).")
-    return Prompt(
-        id=str(record.get("id", record.get("question_id", record.get("task_id", number)))),
-        category=str(record.get("category", "custom")),
-        text=text,
-        raw=bool(record.get("raw", False)),
-    )
+    # Checked, not cast: bool("false") is True, and str(None) would make a category called "None".
+    raw = record.get("raw", False)
+    if not isinstance(raw, bool):
+        raise ValueError(f"{where}: 'raw' is true or false (a JSON boolean), got {json.dumps(raw)}.")
+    category = record.get("category", "custom")
+    if not isinstance(category, str) or not category.strip():
+        raise ValueError(f"{where}: 'category' is a non-empty string, got {json.dumps(category)}.")
+    id_ = record.get("id", record.get("question_id", record.get("task_id", number)))
+    if isinstance(id_, bool) or not isinstance(id_, (str, int)) or not str(id_).strip():
+        raise ValueError(f"{where}: 'id' is a non-empty string or an integer, got {json.dumps(id_)}.")
+    return Prompt(id=str(id_), category=category, text=text, raw=raw)
 
 
 def _require(path: Path) -> Path:

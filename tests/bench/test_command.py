@@ -294,6 +294,14 @@ def test_unknown_suite_lists_the_valid_ones(capsys):
         # paired speedups are keyed by prompt id: two prompts under one id would divide one by the other
         ('{"prompt": "b", "id": 1}\n{"prompt": "c", "id": 1}\n', "line 2: prompt id '1' is already line 1's"),
         ('{"prompt": "b", "id": 2}\n{"prompt": "c"}\n', "line 2: prompt id '2' is already line 1's"),
+        # read as given, these were cast: "false" fed the prompt without its chat template, a null
+        # category made one called "None"
+        (
+            '{"prompt": "p", "raw": "false"}\n',
+            r"line 1: 'raw' is true or false \(a JSON boolean\), got \"false\"\.",
+        ),
+        ('{"prompt": "p", "category": null}\n', "line 1: 'category' is a non-empty string, got null"),
+        ('{"prompt": "p", "id": [1]}\n', "line 1: 'id' is a non-empty string or an integer, got \\[1\\]"),
     ],
 )
 def test_prompt_file_errors_name_the_line(tmp_path, content, message):
