@@ -474,6 +474,8 @@ def _check_methods(labels: list[str], draft: Any, heads: dict[str, Any]) -> None
 def _check_batch_sizes(batch_sizes: Sequence[int]) -> None:
     if not batch_sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batch_sizes):
         raise ValueError(f"Batch sizes must be positive integers, got {list(batch_sizes)}.")
+    if len(set(batch_sizes)) != len(batch_sizes):  # the report would merge the two runs as one
+        raise ValueError(f"Batch sizes are listed twice: {list(batch_sizes)}; list each once.")
 
 
 def _select_prompts(

@@ -222,6 +222,9 @@ def test_cli_exits_1_when_a_row_failed_on_every_prompt(tiny_folder, monkeypatch,
         (["--methods", "ngram+tree", "--compile"], "drop --compile"),
         (["--chat-template"], "has no chat template"),
         (["--batch-sizes", "0"], "positive integers"),
+        # both runs went into one report under that batch size: twice the prompts, plain paired with
+        # its other run (not 1.00x), and the section printed twice
+        (["--batch-sizes", "1,2,1"], "Batch sizes are listed twice: [1, 2, 1]; list each once."),
         # Refused before the model loads: every row failed alone, or the run was lost at the end.
         (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1, got 0"),
         (
