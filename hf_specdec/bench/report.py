@@ -263,8 +263,7 @@ def _missing_rows(settings: dict[str, Any]) -> str:
     if settings["draft"]:
         return ""
     return (
-        ". Not run: `draft_model` and `transformers_assisted`, which need a smaller draft model "
-        "sharing the target's tokenizer (`--draft`)"
+        ". Not run: `draft_model` and `transformers_assisted`, which need a smaller draft model (`--draft`)"
     )
 
 

@@ -151,7 +151,8 @@ def run_bench(
     draft_model, draft_tokenizer = _load_draft(draft, model)
     static = bool(static_cache or compile)
     baselines = transformers_baselines and not static
-    rows = _rows(methods, draft_model, draft_tokenizer, heads, num_draft_tokens, baselines)
+    target, drafting = (model, tokenizer), (draft_model, draft_tokenizer)
+    rows = _rows(methods, target, drafting, heads, num_draft_tokens, baselines, sample)
     settings = _settings(
         model_name, draft, methods, rows, suite if prompts is None else str(prompts), chosen,
         batch_sizes, max_new_tokens, sample, chat, num_draft_tokens,
@@ -403,12 +404,14 @@ def _new_tokens(sequences: torch.Tensor, inputs: dict[str, Any], eos: set[int]) 
 
 def _rows(
     methods: list[str],
-    draft: Any,
-    draft_tokenizer: Any,
+    target: tuple[Any, Any],  # (model, tokenizer)
+    drafting: tuple[Any, Any],  # (draft, its tokenizer): None, a loaded model, or an ONNX folder
     heads: dict[str, Any],
     num_draft_tokens: int | str,
     baselines: bool,
+    sample: bool,
 ) -> list[Row]:
+    draft, draft_tokenizer = drafting
     rows = [Row(PLAIN)]
     for label in methods:
         method, tree = _split_tree(label)
@@ -423,8 +426,22 @@ def _rows(
             Row("transformers_prompt_lookup", {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS}, False)
         )
         if draft is not None and not isinstance(draft, (str, Path)):  # not an ONNX folder
-            rows.append(Row("transformers_assisted", {"assistant_model": draft}, False))
+            rows.append(Row("transformers_assisted", _assisted(target, drafting, sample), False))
     return rows
+
+
+def _assisted(target: tuple[Any, Any], drafting: tuple[Any, Any], sample: bool) -> dict[str, Any]:
+    """transformers' `assistant_model=` arguments. transformers tells a draft of another tokenizer by
+    its vocabulary size and runs one only given both tokenizers (universal assisted decoding),
+    refusing `assistant_tokenizer=` for a draft of the same size."""
+    (model, tokenizer), (draft, draft_tokenizer) = target, drafting
+    kwargs = {"assistant_model": draft}
+    vocab_size = [m.config.get_text_config().vocab_size for m in (model, draft)]
+    if draft_tokenizer is not None and vocab_size[0] != vocab_size[1]:
+        kwargs.update(tokenizer=tokenizer, assistant_tokenizer=draft_tokenizer)
+        if sample:  # transformers prunes the LM head and swaps the embeddings of the draft it samples
+            kwargs["assistant_model"] = copy.deepcopy(draft)  # with: our rows keep theirs whole
+    return kwargs
 
 
 def _split_tree(label: str) -> tuple[str, bool]:

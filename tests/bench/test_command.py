@@ -7,6 +7,7 @@ import math
 from typing import ClassVar
 
 import pytest
+import torch
 from transformers import AutoTokenizer
 
 import hf_specdec
@@ -15,6 +16,8 @@ from hf_specdec.bench import SUITES, overall, run_bench, save, summarize, to_mar
 from hf_specdec.bench.suites import Prompt, load_prompt_file, load_suite, take_per_category
 from hf_specdec.drafters import DRAFTERS, Drafter, register_drafter
 from hf_specdec.drafters.ngram import NgramDrafter
+
+from ..conftest import tiny_llama
 
 MAX_NEW = 6
 
@@ -369,7 +372,7 @@ def test_tree_rows_and_their_refusals(target):
     from hf_specdec.bench.runner import _check_methods, _rows
 
     _check_methods(["ngram", "ngram+tree"], None, {})
-    rows = _rows(["ngram+tree"], None, None, {}, "auto", False)
+    rows = _rows(["ngram+tree"], (target, None), (None, None), {}, "auto", False, False)
     assert [r.name for r in rows][1:] == ["ngram+tree"]
     assert (
         rows[1].kwargs["speculative"]["tree"] is True and rows[1].kwargs["speculative"]["method"] == "ngram"
@@ -394,6 +397,42 @@ def test_tree_rows_and_their_refusals(target):
         DRAFTERS.pop("_chains_only")
     with pytest.raises(ValueError, match=r"valid methods: .*\+tree"):
         _check_methods(["nope+tree"], None, {})
+
+
+@pytest.mark.parametrize("sample", [False, True])
+def test_transformers_assisted_row_runs_a_draft_of_another_tokenizer(
+    tiny_folder, tmp_path, monkeypatch, sample
+):
+    """transformers runs a draft of another vocabulary only given both tokenizers (universal assisted
+    decoding): without them its row failed on every prompt and the run exited 1. Sampling, it prunes
+    the LM head and swaps the embeddings of the draft it is given: not the one our rows share."""
+    from hf_specdec.bench import runner
+
+    from ..helpers.tokenizers import byte_level_bpe
+
+    draft_tokenizer = byte_level_bpe(400)
+    folder = tmp_path / "other-tokenizer-draft"
+    tiny_llama(1, len(draft_tokenizer), eos_token_id=draft_tokenizer.eos_token_id).save_pretrained(folder)
+    draft_tokenizer.save_pretrained(folder)
+    real, loaded = runner._load_draft, []
+
+    def keep(draft, target):  # the draft our rows share, to look at afterwards
+        loaded.append(real(draft, target))
+        return loaded[-1]
+
+    monkeypatch.setattr(runner, "_load_draft", keep)
+    result = run_bench(
+        tiny_folder, draft=str(folder), methods=["draft_model"], prompts=[Prompt("a", "qa", "the fox ran")],
+        max_new_tokens=MAX_NEW, sample=sample, progress=False,
+    )  # fmt: skip
+    assisted = [m for m in result.measurements if m.row == "transformers_assisted"]
+    assert assisted and all(m.error is None for m in assisted), assisted[0].error
+    if not sample:
+        for m in result.measurements:
+            assert m.error is None and m.lossless == {"identical": 1, "tie": 0, "mismatch": 0}, m.row
+    draft = loaded[0][0]
+    assert draft.get_output_embeddings().weight.shape[0] == len(draft_tokenizer)
+    assert type(draft.get_input_embeddings()) is torch.nn.Embedding
 
 
 def test_repeats_time_every_row_again_and_keep_the_median(tiny_folder, monkeypatch):
