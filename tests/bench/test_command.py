@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from typing import ClassVar
 
 import pytest
@@ -236,6 +237,13 @@ def test_cli_exits_1_when_a_row_failed_on_every_prompt(tiny_folder, monkeypatch,
         ),
         (["--out", "{file}"], "is a file; pass a folder for the results"),
         (["--markdown", "/no/such/folder/report.md"], "--markdown /no/such/folder/report.md: pass a file"),
+        # a folder that exists but takes no files (as one of another user's would): the run's figures
+        # were lost when saving them failed at its end
+        pytest.param(
+            ["--out", "/proc/self"],
+            "--out /proc/self: cannot write files in that folder",
+            marks=pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="Linux /proc"),
+        ),
     ],
 )
 def test_cli_errors(tiny_folder, tmp_path, capsys, argv, message):
