@@ -43,12 +43,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--model", default=None, help="a model folder or repo id (default: the offline demo model)"
     )
     add_runtime_options(parser)
-    parser.add_argument("--draft", default=None, help="a draft model folder (implies method draft_model)")
+    parser.add_argument(
+        "--draft",
+        default=None,
+        help="the draft --method drafts with: a draft model folder or repo id (draft_model; auto, the "
+        "default, runs a draft by what it is), a trained head or block draft (eagle, medusa, dflash, "
+        "dspark), an official assistant, or an export-onnx folder (onnx)",
+    )
     parser.add_argument(
         "--draft-dtype",
         default=None,
         type=one_of("hf_specdec.loading:DTYPE_CHOICES"),
-        help="load the draft in this dtype (default: the target's; e.g. a bfloat16 copy of an fp32 target)",
+        help="load a draft model in this dtype (default: the target's; e.g. a bfloat16 copy of an fp32 "
+        "target)",
     )
     parser.set_defaults(func=run)
 
@@ -57,16 +64,24 @@ def run(args: argparse.Namespace) -> int:
     import hf_specdec  # the package: importing it adds `speculative=` to generate()
     from hf_specdec.bench.machine import OtherProcesses, busy_note
     from hf_specdec.core.timing import clock
+    from hf_specdec.drafters.kind import draft_method
     from hf_specdec.loading import describe_runtime, load_model, runtime_line
     from hf_specdec.lossless import MISMATCH, bound_formula, check_greedy, count_kinds
 
+    # A draft model is loaded here, in --draft-dtype, with its tokenizer; any other draft (a head, an
+    # assistant, an ONNX export) goes to --method as it is, which loads it.
+    loads_draft = (
+        bool(args.draft) and args.method in ("auto", "draft_model") and draft_method(args.draft) is None
+    )
+    if args.draft_dtype and not loads_draft:
+        raise ValueError("--draft-dtype loads a draft model: pass --draft with one, or drop --draft-dtype.")
     path = args.model or hf_specdec.demo_model_path()
     print(f"Loading {path}")
     model, tokenizer = load_model(path, dtype=args.dtype, device=args.device)
     print(f"Running in {runtime_line(describe_runtime(model))}")
     settings = dict(max_new_tokens=args.max_new_tokens, do_sample=False, tokenizer=tokenizer)
-    speculative = hf_specdec.SpeculativeConfig(method=args.method)
-    if args.draft:
+    speculative = hf_specdec.SpeculativeConfig(method=args.method, draft=args.draft)
+    if loads_draft:
         draft, draft_tokenizer = load_model(
             args.draft, dtype=args.draft_dtype or model.dtype, device=model.device
         )
@@ -74,8 +89,11 @@ def run(args: argparse.Namespace) -> int:
             method="draft_model", draft=draft, draft_tokenizer=draft_tokenizer
         )
 
+    # Both ways warmed up, so that neither timed run pays a first call's costs, and a method that
+    # refuses its arguments (a draft missing, or one it takes none of) says so before the prompts.
     warm = _encode(tokenizer, model, "Hello!")
     model.generate(**warm, max_new_tokens=4, do_sample=False)
+    model.generate(**warm, max_new_tokens=4, do_sample=False, speculative=speculative)
 
     plain_tokens = spec_tokens = 0
     plain_seconds = spec_seconds = 0.0
@@ -120,9 +138,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"\nOverall: plain {plain_rate:.1f} tokens/s, speculative {spec_rate:.1f} tokens/s, "
         f"speedup {spec_rate / plain_rate:.2f}x\n"
-        f"Method {stats.method}: acceptance rate {stats.acceptance_rate:.0%}, mean accepted length "
-        f"{stats.mean_accepted_length:.2f} per step, τ {stats.mean_accepted_length_speculative:.2f} "
-        "per speculative step, "
+        f"Method {stats.method}: {_overall_acceptance(stats)}, "
         f"{stats.speculative_steps} speculative and {stats.plain_steps} plain steps\n"
         f"Outputs vs plain greedy generate in {dtype}: {counts['identical']} identical, "
         f"{counts['tie']} first differing at a rounding tie (top two within {bound_formula(model.dtype)}), "
@@ -140,6 +156,16 @@ def _acceptance(stats: SpeculativeStats) -> str:
     if not stats.speculative_steps:
         return "no draft verified: plain decoding throughout"
     return f"acceptance {stats.acceptance_rate:.0%}, τ {stats.mean_accepted_length_speculative:.2f}"
+
+
+def _overall_acceptance(stats: SpeculativeStats) -> str:
+    """`_acceptance`'s figures for the whole run, with the mean accepted length over every step."""
+    if not stats.speculative_steps:
+        return "no draft verified: plain decoding throughout"
+    return (
+        f"acceptance rate {stats.acceptance_rate:.0%}, mean accepted length {stats.mean_accepted_length:.2f} "
+        f"per step, τ {stats.mean_accepted_length_speculative:.2f} per speculative step"
+    )
 
 
 def _encode(tokenizer, model, prompt: str):
