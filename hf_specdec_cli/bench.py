@@ -202,6 +202,10 @@ def _heads(values: list[str]) -> dict[str, str]:
             raise ValueError(
                 f"--head takes METHOD=FOLDER with METHOD {', '.join(TRAINED_METHODS)}, got {value!r}."
             )
+        if method in heads:  # else the first would be dropped without a word
+            raise ValueError(
+                f"--head {method}= is given twice ({heads[method]}, {folder}): benchmark one per run."
+            )
         heads[method] = folder
     return heads
 
