@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-import tempfile
 from pathlib import Path
 
 from .options import add_runtime_options, one_of
@@ -163,29 +162,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_outputs(out: Path, markdown: Path | None) -> None:
-    """The output folder can be made and the markdown file's folder exists."""
+    """The output folder can be made and the markdown file's folder exists, both taking files."""
+    from hf_specdec.store.paths import cannot_write_in
+
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; pass a folder for the results.")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ValueError(f"--out {out}: cannot make that folder ({err.strerror}).") from None
-    if problem := _cannot_write_in(out):
+    if problem := cannot_write_in(out):
         raise ValueError(f"--out {out}: cannot write files in that folder ({problem}); pass another.")
     if markdown is not None and (markdown.is_dir() or not markdown.parent.is_dir()):
         raise ValueError(f"--markdown {markdown}: pass a file in a folder that exists.")
-    if markdown is not None and (problem := _cannot_write_in(markdown.parent)):
+    if markdown is not None and (problem := cannot_write_in(markdown.parent)):
         raise ValueError(f"--markdown {markdown}: cannot write files in its folder ({problem}).")
-
-
-def _cannot_write_in(folder: Path) -> str | None:
-    """Why a file cannot be written in `folder` (a folder that exists), or None: tried, since
-    permissions alone do not tell (root, read-only mounts, /proc)."""
-    try:
-        with tempfile.TemporaryFile(dir=folder):
-            return None
-    except OSError as err:
-        return err.strerror or str(err)
 
 
 def _split(text: str | None) -> list[str]:

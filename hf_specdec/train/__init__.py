@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ import torch
 
 from ..core.timing import clock
 from ..loading import describe_runtime, load_model
+from ..store.paths import cannot_write_in
 from .data import build_sequences, load_prompts
 from .features import cached_target_features
 from .trainer import TrainConfig, check_resumable, feature_layers, train_head
@@ -102,11 +102,11 @@ def _check_out(out: Path, target: Any) -> None:
         )
     try:
         out.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=out).close()
     except OSError as error:
-        raise ValueError(
-            f"out={str(out)!r} cannot be written ({error.strerror}); pass a folder you can write to."
-        ) from error
+        message = f"out={str(out)!r} cannot be made ({error.strerror}); pass another folder."
+        raise ValueError(message) from error
+    if problem := cannot_write_in(out):
+        raise ValueError(f"out={str(out)!r} cannot be written ({problem}); pass a folder you can write to.")
 
 
 def _plot(log: dict[str, Any], path: Path) -> None:

@@ -346,7 +346,7 @@ def test_an_out_that_cannot_take_the_head_is_refused_before_any_work(tmp_path, m
     monkeypatch.setattr("hf_specdec.train.load_model", unusable)
     with pytest.raises(ValueError, match="is a file; pass a folder for the head"):
         train_draft(str(model), a_file)
-    with pytest.raises(ValueError, match=r"cannot be written \(Not a directory\); pass a folder you can"):
+    with pytest.raises(ValueError, match=r"cannot be made \(Not a directory\); pass another folder"):
         train_draft(str(model), a_file / "head")  # failed after the data, writing it
     with pytest.raises(ValueError, match="is the target's own folder; pass another folder"):
         train_draft(str(model), model)
