@@ -16,7 +16,7 @@ import json
 import math
 import pickle
 import random
-from dataclasses import MISSING, asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -38,16 +38,15 @@ from .features import Example
 
 CHECKPOINT_DIR = "checkpoint"
 STATE_NAME = "trainer_state.pt"
-# The settings only some methods read: set for another method, they would be ignored without a word.
-METHOD_FIELDS = {
-    "unrolled_steps": ("eagle", "mtp"),
-    "prompt_token_loss": ("eagle", "mtp"),
-    "medusa_heads": ("medusa",),
-    "block_size": ("dflash",),
-    "draft_layers": ("dflash",),
-    "target_layers": ("dflash",),
-    "anchors": ("dflash",),
-}
+READ_BY = "read_by"  # the key of a field's metadata that names the methods reading it (`_read_by`)
+
+
+def _read_by(*methods: str, default: Any) -> Any:
+    """A setting only `methods` read: one set to other than `default` for another method is refused
+    (it would be ignored without a word)."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={READ_BY: methods})
+    return field(default=default, metadata={READ_BY: methods})
 
 
 @dataclass
@@ -57,16 +56,16 @@ class TrainConfig:
     method: str = "eagle"
     minutes: float = 30.0  # training time, not counting data generation
     max_steps: int = 0  # stop after this many optimizer steps too (0: the time budget alone)
-    unrolled_steps: int = 3  # EAGLE: chained draft steps trained at once (training-time test)
-    medusa_heads: int = 4
+    unrolled_steps: int = _read_by("eagle", "mtp", default=3)  # chained draft steps trained at once
+    medusa_heads: int = _read_by("medusa", default=4)
     draft_vocab_size: int = 8192  # most frequent target tokens the head scores; 0 = all
     learning_rate: float = 2e-3
     batch_tokens: int = 4096
-    prompt_token_loss: bool = False  # EAGLE: token loss on prompt positions too (more, off-distribution)
-    block_size: int = 8  # DFlash: block positions, the anchor included (block_size - 1 drafts)
-    draft_layers: int = 2  # DFlash: the draft's transformer layers
-    target_layers: list[int] = field(default_factory=list)  # DFlash: layers read; empty: 5 spread out
-    anchors: int = 32  # DFlash: blocks trained per sequence and step
+    prompt_token_loss: bool = _read_by("eagle", "mtp", default=False)  # token loss on the prompt too
+    block_size: int = _read_by("dflash", default=8)  # block positions, the anchor included (size - 1 drafts)
+    draft_layers: int = _read_by("dflash", default=2)  # the draft's transformer layers
+    target_layers: list[int] = _read_by("dflash", default=[])  # layers read; empty: 5 spread out
+    anchors: int = _read_by("dflash", default=32)  # blocks trained per sequence and step
     max_length: int = 384  # train on each sequence's last positions (its answer and the prompt's end)
     holdout: float = 0.05  # share of sequences kept out of training to estimate acceptance
     eval_every_minutes: float = 3.0
@@ -94,18 +93,16 @@ class TrainConfig:
         for name in ("minutes", "learning_rate", "eval_every_minutes", "save_every_minutes"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"`{name}` of TrainConfig must be above 0, got {getattr(self, name)!r}.")
-        for name, methods in METHOD_FIELDS.items():
-            default = _default(name)
-            if self.method not in methods and getattr(self, name) != default:
+        for f in fields(self):
+            methods = f.metadata.get(READ_BY)
+            if methods is None or self.method in methods:
+                continue
+            default = f.default_factory() if f.default is MISSING else f.default
+            if getattr(self, f.name) != default:
                 raise ValueError(
-                    f"`{name}` of TrainConfig is read only when training {' or '.join(methods)}, not "
+                    f"`{f.name}` of TrainConfig is read only when training {' or '.join(methods)}, not "
                     f"{self.method}; leave it at its default ({default!r}) or choose that method."
                 )
-
-
-def _default(name: str) -> Any:
-    declared = TrainConfig.__dataclass_fields__[name]
-    return declared.default_factory() if declared.default is MISSING else declared.default
 
 
 def feature_layers(target: Any, config: TrainConfig) -> tuple[int, ...]:
