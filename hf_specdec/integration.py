@@ -150,10 +150,7 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
     ):
         check_supported(model, input_ids, generation_config, model_kwargs, streamer)
         check_processors(logits_processor)
-        width, max_length = input_ids.shape[1], generation_config.max_length
-        plainly = plain_instead(
-            config, model, input_ids.shape[0], generate_cache(model_kwargs), width, max_length
-        )
+        plainly = plain_instead(config, model, input_ids, model_kwargs, generation_config.max_length)
         if plainly is not None:
             out = type(model)._sample(  # generate's own loop, as without speculative=
                 model,
@@ -170,7 +167,7 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
                 **out, speculative_stats=SpeculativeStats(method="plain", selection=plainly)
             )
         check_fed_as_plain(model)  # what "auto" decodes plainly, a named method refuses
-        check_rotary(model, cached_columns(model_kwargs), width, max_length)
+        check_rotary(model, cached_columns(model_kwargs), input_ids.shape[1], generation_config.max_length)
         # Torch's default generators left as plain leaves them, on this thread and on others:
         # building a drafter can initialise modules before their weights load.
         with PrivateDraws():

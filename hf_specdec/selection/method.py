@@ -12,7 +12,8 @@ import warnings
 from typing import Any
 
 from ..config import SpeculativeConfig
-from ..core.inputs import plain_feeds_otherwise
+from ..core.compat import generate_cache
+from ..core.inputs import cached_columns, plain_feeds_otherwise
 from ..core.kv import counts_columns, keeps_recurrent_state, rotary_refusal
 from ..drafters.kind import draft_method
 from ..ort.layout import is_onnx_folder
@@ -47,12 +48,7 @@ def resolve_method(config: SpeculativeConfig, model: Any) -> tuple[SpeculativeCo
 
 
 def plain_instead(
-    config: SpeculativeConfig,
-    model: Any,
-    batch_size: int,
-    cache: Any = None,
-    prompt_width: int = 0,
-    max_length: int = 0,
+    config: SpeculativeConfig, model: Any, input_ids: Any, model_kwargs: dict[str, Any], max_length: int
 ) -> str | None:
     """Why `"auto"` decodes this call plainly, else None: it promises the output and no less than the
     speed of plain decoding, where a named method refuses what it cannot do (`RaggedKV`, `target_cache`,
@@ -62,7 +58,8 @@ def plain_instead(
     frequencies that change within the call's length (`rotary_refusal`), at any batch size."""
     if config.method != "auto":
         return None
-    cached = 0 if cache is None else cache.get_seq_length()
+    (batch_size, prompt_width), cache = input_ids.shape, generate_cache(model_kwargs)
+    cached = cached_columns(model_kwargs)
     if (otherwise := plain_feeds_otherwise(model)) is not None:
         reason = f"{type(model).__name__}: {otherwise}"
     elif (rotary := rotary_refusal(model, cached, prompt_width, max_length)) is not None:
