@@ -31,6 +31,7 @@ from transformers.pipelines.text_generation import TextGenerationPipeline
 from .config import Drafting, SpeculativeConfig, check_tokenizer
 from .core.checks import (
     check_drafter_continues,
+    check_mode,
     check_no_holes,
     check_processors,
     check_supported,
@@ -61,6 +62,8 @@ def _kept_original(cls: type, name: str) -> Any:
 
 _ORIGINAL_GENERATE = _kept_original(GenerationMixin, "generate")
 _GENERATE_SIGNATURE = inspect.signature(_ORIGINAL_GENERATE)
+# What transformers' `generate` sets a generation field to where neither the model nor the call did.
+_DEFAULTS: dict[str, Any] = getattr(GenerationConfig, "_get_default_generation_params", dict)()
 # What generate takes that is no generation field: its own parameters, and what it sets aside for the
 # decoding mode before it builds the generation config.
 _NOT_GENERATION_FIELDS = frozenset([*_GENERATE_SIGNATURE.parameters, "tokenizer", "assistant_tokenizer"])
@@ -148,8 +151,7 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
     def custom_generate(
         model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs
     ):
-        check_supported(model, input_ids, generation_config, model_kwargs, streamer)
-        check_processors(logits_processor)
+        check_mode(generation_config)  # modes plain decoding's own loop (`_sample`) does not run either
         plainly = plain_instead(config, model, input_ids, model_kwargs, generation_config.max_length)
         if plainly is not None:
             out = type(model)._sample(  # generate's own loop, as without speculative=
@@ -166,6 +168,8 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
             return SpeculativeGenerateOutput(
                 **out, speculative_stats=SpeculativeStats(method="plain", selection=plainly)
             )
+        check_supported(model, input_ids, generation_config, model_kwargs, streamer)
+        check_processors(logits_processor)
         check_fed_as_plain(model)  # what "auto" decodes plainly, a named method refuses
         check_rotary(model, cached_columns(model_kwargs), input_ids.shape[1], generation_config.max_length)
         # Torch's default generators left as plain leaves them, on this thread and on others:
@@ -289,9 +293,11 @@ def _generation_config(model: Any, kwargs: dict[str, Any]) -> GenerationConfig:
 
 def _given_fields(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The generation fields this call sets: those of the generation config passed that it sets
-    (not None), and those passed to generate over them. The model's own config is not the call's."""
-    given = kwargs.get("generation_config")
-    fields = {name: value for name, value in vars(given).items() if value is not None} if given else {}
+    (neither None nor transformers' default, which a config prepared by a model's own `generate`
+    holds for every field, as Whisper's passes it on), and those passed to generate over them. The
+    model's own config is not the call's."""
+    given = {} if kwargs.get("generation_config") is None else vars(kwargs["generation_config"])
+    fields = {name: value for name, value in given.items() if value not in (None, _DEFAULTS.get(name))}
     return {**fields, **{name: value for name, value in kwargs.items() if name not in _NOT_GENERATION_FIELDS}}
 
 

@@ -86,18 +86,9 @@ def check_supported(
             f"The prompt is empty (input_ids of shape {list(input_ids.shape)}); generation needs at least "
             "one token to continue from, e.g. the tokenizer's BOS token."
         )
-    if model.config.is_encoder_decoder:
+    if (why := unverifiable(model)) is not None:
         raise ValueError(
-            f"speculative= supports decoder-only models, and {type(model).__name__} is an encoder-decoder "
-            "model: drop speculative= for it (transformers' assistant_model= drafts for some, e.g. Whisper)."
-        )
-    check_causal(model)
-    check_rolls_back(model, "drop speculative= for this model")
-    check_mode(config)
-    if config.num_beams > 1:
-        raise ValueError(
-            f"speculative= cannot be combined with beam search (num_beams={config.num_beams}); "
-            "use num_beams=1, or drop speculative= for beam search."
+            f"{type(model).__name__}{why}: drop speculative= for it (speculative=True decodes it plainly)."
         )
     if not config.use_cache:
         raise ValueError("speculative= needs the KV cache; remove use_cache=False.")
@@ -129,23 +120,30 @@ def check_supported(
     check_forwarded(input_ids, model_kwargs)
 
 
-def check_causal(model: Any) -> None:
-    """Refuse an encoder given an LM head (`BertLMHeadModel`, RoBERTa's, ELECTRA's, ...) whose config
-    leaves `is_decoder=False`: its self-attention then runs both ways, so in a verify forward each
-    token would see the drafts after it, where plain decoding fed it alone. Encoders are the
-    architectures transformers also maps for masked LM, or whose self-attention says it is not
-    causal; a decoder's cross-attention is not causal either, hence `is_decoder` first."""
-    if getattr(model.config, "is_decoder", True):
-        return
-    if model.config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES or any(
-        getattr(module, "is_causal", True) is False for module in model.modules()
-    ):
-        raise ValueError(
-            f"{type(model).__name__} has is_decoder=False in its config, so its attention runs both ways "
-            "and a verify forward would let each token see the drafts after it: load it with "
-            "is_decoder=True (as transformers asks of a standalone causal LM of this encoder), or drop "
-            "speculative=."
+def unverifiable(model: Any) -> str | None:
+    """Why speculative= cannot verify drafts on `model` at all, said after its class name; else None.
+    The loop feeds decoder-only models: an encoder-decoder's decoder takes the encoder's outputs and
+    a cache of two parts. An encoder given an LM head (`BertLMHeadModel`, RoBERTa's, ELECTRA's, ...)
+    whose config leaves `is_decoder=False` attends both ways, so in a verify forward each token
+    would see the drafts after it, where plain decoding fed it alone (encoders are the architectures
+    transformers also maps for masked LM, or whose self-attention says it is not causal; a decoder's
+    cross-attention is not causal either, hence `is_decoder` first). Then what cannot roll back a
+    rejected draft (`rolls_back_refusal`)."""
+    if model.config.is_encoder_decoder:
+        return (
+            " is an encoder-decoder model, and speculative= verifies decoder-only models (transformers' "
+            "assistant_model= drafts for some, e.g. Whisper)"
         )
+    if not getattr(model.config, "is_decoder", True) and (
+        model.config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+        or any(getattr(module, "is_causal", True) is False for module in model.modules())
+    ):
+        return (
+            " has is_decoder=False in its config, so its attention runs both ways and a verify forward "
+            "would let each token see the drafts after it (load it with is_decoder=True, as transformers "
+            "asks of a standalone causal LM of this encoder)"
+        )
+    return rolls_back_refusal(model)
 
 
 # Architectures that cannot roll back a rejected draft, by `model_type`, with why, said after the
@@ -170,29 +168,42 @@ _CANNOT_ROLL_BACK = {
 }
 
 
-def check_rolls_back(model: Any, fix: str, role: str = "") -> None:
-    """Refuse a model that transformers decodes over no `DynamicCache` (`role` goes before its class
-    name: "The draft "), or one that keeps no KV cache at all (OpenAI GPT): it would swallow the cache
-    passed and see only the tokens fed."""
+def rolls_back_refusal(model: Any) -> str | None:
+    """Why `model` cannot roll back a rejected draft, said after its class name; else None: it
+    decodes over no `DynamicCache`, keeps no KV cache at all (OpenAI GPT: it would swallow the
+    cache passed and see only the tokens fed), or is one of `_CANNOT_ROLL_BACK`."""
     if not takes_dynamic_cache(model):
-        raise ValueError(
-            f"{role}{type(model).__name__} keeps its state in a cache of its own, which speculative= "
-            f"cannot roll back after a rejection (transformers' assisted decoding refuses it too): {fix}."
+        return (
+            " keeps its state in a cache of its own, which speculative= cannot roll back after a rejection "
+            "(transformers' assisted decoding refuses it too)"
         )
     why = _CANNOT_ROLL_BACK.get(getattr(model.config, "model_type", None))
     if why is not None:
-        raise ValueError(f"{role}{type(model).__name__}{why}: {fix}.")
+        return why
     parameters = inspect.signature(type(model).forward).parameters
     if "cache" not in parameters and "past_key_values" not in parameters:
-        raise ValueError(
-            f"{role}{type(model).__name__} keeps no KV cache (plain generate feeds it the whole sequence "
-            f"each step), so speculative= cannot feed it only the new tokens: {fix}."
+        return (
+            " keeps no KV cache (plain generate feeds it the whole sequence each step), so speculative= "
+            "cannot feed it only the new tokens"
         )
+    return None
+
+
+def check_rolls_back(model: Any, fix: str, role: str = "") -> None:
+    """Refuse a model that cannot roll back a rejected draft (`role` goes before its class name:
+    "The draft ")."""
+    if (why := rolls_back_refusal(model)) is not None:
+        raise ValueError(f"{role}{type(model).__name__}{why}: {fix}.")
 
 
 def check_mode(config: GenerationConfig) -> None:
     """Refuse the decoding modes other than greedy and sampling that the generation config selects,
     by transformers' own reading of it (`get_generation_mode`), naming the options that set them."""
+    if config.num_beams > 1:
+        raise ValueError(
+            f"speculative= cannot be combined with beam search (num_beams={config.num_beams}); "
+            "use num_beams=1, or drop speculative= for beam search."
+        )
     mode = config.get_generation_mode()
     if mode in _OTHER_MODES:
         described, options, drop = _OTHER_MODES[mode]

@@ -12,6 +12,7 @@ import warnings
 from typing import Any
 
 from ..config import SpeculativeConfig
+from ..core.checks import unverifiable
 from ..core.compat import generate_cache
 from ..core.inputs import cached_columns, plain_feeds_otherwise
 from ..core.kv import counts_columns, keeps_recurrent_state, rotary_refusal
@@ -52,15 +53,19 @@ def plain_instead(
 ) -> str | None:
     """Why `"auto"` decodes this call plainly, else None: it promises the output and no less than the
     speed of plain decoding, where a named method refuses what it cannot do (`RaggedKV`, `target_cache`,
-    `check_rotary`). A recurrent state (linear-attention or state-space layers, as `cache` holds them)
-    rolls back one row at a time; positions or a window counted in cache columns (`counts_columns`) hold
-    for one row at a time; a model PEFT feeds otherwise for the call (`plain_feeds_otherwise`), or rotary
-    frequencies that change within the call's length (`rotary_refusal`), at any batch size."""
+    `check_rotary`, `check_supported`). At any batch size: a model it cannot verify drafts on at all
+    (`unverifiable`: an encoder-decoder, an encoder attending both ways, one that cannot roll back a
+    draft), a model PEFT feeds otherwise for the call (`plain_feeds_otherwise`), or rotary frequencies
+    that change within the call's length (`rotary_refusal`). In a batch: a recurrent state
+    (linear-attention or state-space layers, as `cache` holds them) rolls back one row at a time, and
+    positions or a window counted in cache columns (`counts_columns`) hold for one row at a time."""
     if config.method != "auto":
         return None
     (batch_size, prompt_width), cache = input_ids.shape, generate_cache(model_kwargs)
     cached = cached_columns(model_kwargs)
-    if (otherwise := plain_feeds_otherwise(model)) is not None:
+    if (why := unverifiable(model)) is not None:
+        reason = f"{type(model).__name__}{why}"
+    elif (otherwise := plain_feeds_otherwise(model)) is not None:
         reason = f"{type(model).__name__}: {otherwise}"
     elif (rotary := rotary_refusal(model, cached, prompt_width, max_length)) is not None:
         reason = f"{type(model).__name__} {rotary}"

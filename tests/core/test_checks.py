@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import (
+    BartConfig,
+    BartForConditionalGeneration,
     BloomConfig,
     BloomForCausalLM,
     BltConfig,
@@ -20,6 +22,8 @@ from transformers import (
     SynthIDTextWatermarkingConfig,
     T5Config,
     T5ForConditionalGeneration,
+    WhisperConfig,
+    WhisperForConditionalGeneration,
 )
 from transformers.generation.streamers import BaseStreamer
 
@@ -472,6 +476,8 @@ def test_a_model_with_a_state_of_its_own_is_refused(rwkv, target):
     for speculative in ("ngram", dict(method="draft_model", draft=rwkv)):
         with pytest.raises(ValueError, match="RwkvForCausalLM keeps its state in a cache of its own.*drop"):
             rwkv.generate(prompt, max_new_tokens=4, speculative=speculative)
+    plain = rwkv.generate(prompt, max_new_tokens=4, do_sample=False)
+    assert torch.equal(rwkv.generate(prompt, max_new_tokens=4, do_sample=False, speculative=True), plain)
     with pytest.raises(ValueError, match="The draft RwkvForCausalLM .* use a draft model with an attention"):
         target.generate(prompt, max_new_tokens=4, speculative=dict(method="draft_model", draft=rwkv))
 
@@ -519,13 +525,49 @@ def test_trees_through_alibi_biases_are_refused(alibi):
         assert torch.equal(out, plain)
 
 
-def test_an_encoder_decoder_target_is_refused_saying_what_to_do():
-    config = T5Config(
-        vocab_size=64, d_model=16, d_ff=32, d_kv=4, num_layers=1, num_heads=2, decoder_start_token_id=0
-    )
+def _encoder_decoders() -> dict[str, tuple[torch.nn.Module, dict]]:
+    """Tiny random T5, BART and Whisper (Whisper's own `generate` calls generate's), with their inputs."""
     torch.manual_seed(0)
-    target = T5ForConditionalGeneration(config).eval()
+    t5_sizes = dict(d_model=16, d_ff=32, d_kv=4, num_layers=1, num_heads=2, decoder_start_token_id=0)
+    t5 = T5ForConditionalGeneration(T5Config(vocab_size=64, **t5_sizes))
+    sizes = dict(
+        d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
+        encoder_ffn_dim=32, decoder_ffn_dim=32, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        decoder_start_token_id=1,
+    )  # fmt: skip
+    bart = BartForConditionalGeneration(BartConfig(vocab_size=64, max_position_embeddings=64, **sizes))
+    audio = dict(num_mel_bins=8, max_source_positions=25, max_target_positions=32)
+    whisper = WhisperForConditionalGeneration(WhisperConfig(vocab_size=64, **audio, **sizes))
+    ids = torch.tensor([[5, 6, 7, 8, 9, 5, 6, 7], [9, 8, 7, 6, 5, 9, 8, 7]])
+    features = torch.randn(2, 8, 50, generator=torch.Generator().manual_seed(1))
+    return {
+        "t5": (t5.eval(), dict(input_ids=ids)),
+        "bart": (bart.eval(), dict(input_ids=ids)),
+        "whisper": (whisper.eval(), dict(input_features=features)),
+    }
+
+
+@pytest.mark.parametrize("name", ["t5", "bart", "whisper"])
+def test_an_encoder_decoder_target_is_decoded_plainly_under_auto_and_refused_by_a_named_method(name):
+    """speculative= verifies drafts for decoder-only models. `speculative=True` on an encoder-decoder
+    (a summarizer, a translator, Whisper) was refused, where it promises plain decoding's output at no
+    less than its speed: it now decodes with generate's own loop, output for output (Whisper's
+    generation config, which holds transformers' default for every field, draws no warning about
+    assisted-decoding settings); a named method still refuses, saying what to do."""
+    import warnings
+
+    model, inputs = _encoder_decoders()[name]
+    kwargs = dict(inputs, max_new_tokens=6, do_sample=False, return_dict_in_generate=True, output_scores=True)
+    plain = model.generate(**kwargs)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*assisted decoding")
+        out = model.generate(**kwargs, speculative=True)
+    assert torch.equal(out.sequences, plain.sequences)
+    assert all(torch.equal(a, b) for a, b in zip(out.scores, plain.scores, strict=True))
+    name = type(model).__name__
     with pytest.raises(
-        ValueError, match="T5ForConditionalGeneration is an encoder-decoder model: drop speculative="
+        ValueError,
+        match=f"{name} is an encoder-decoder model, and speculative= verifies decoder-only models.*: "
+        r"drop speculative= for it \(speculative=True decodes it plainly\)",
     ):
-        target.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=2, speculative="ngram")
+        model.generate(**inputs, max_new_tokens=2, speculative="ngram")

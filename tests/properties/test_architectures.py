@@ -168,8 +168,19 @@ def test_encoder_with_an_lm_head_speculates_only_as_a_decoder(name):
     for speculative in ["ngram", self_draft]:
         with pytest.raises(ValueError, match="is_decoder=False in its config.*load it with is_decoder=True"):
             tiny(name, 0).generate(prompt, max_new_tokens=4, speculative=speculative)
+    _decoded_plainly_under_auto(tiny(name, 0), prompt)
     model, weak_draft = tiny(name, 0, is_decoder=True), tiny(name, 1, is_decoder=True)
     _check(model, weak_draft, prompt)
+
+
+def _decoded_plainly_under_auto(model, prompt):
+    """What a named method refuses for the model itself, `speculative=True` decodes with generate's
+    own loop: plain's tokens and scores, and statistics that say so."""
+    kw = dict(max_new_tokens=4, do_sample=False, return_dict_in_generate=True, output_scores=True)
+    plain, out = model.generate(prompt, **kw), model.generate(prompt, **kw, speculative=True)
+    assert torch.equal(out.sequences, plain.sequences)
+    assert all(torch.equal(a, b) for a, b in zip(out.scores, plain.scores, strict=True))
+    assert out.speculative_stats.method == "plain" and type(model).__name__ in out.speculative_stats.selection
 
 
 def test_a_model_without_a_kv_cache_is_refused():
@@ -184,6 +195,7 @@ def test_a_model_without_a_kv_cache_is_refused():
     prompt = torch.randint(3, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0)).repeat(1, 3)
     with pytest.raises(ValueError, match="OpenAIGPTLMHeadModel keeps no KV cache"):
         gpt.generate(prompt, max_new_tokens=4, speculative="ngram")
+    _decoded_plainly_under_auto(gpt, prompt)
     draft = dict(method="draft_model", draft=gpt)
     with pytest.raises(ValueError, match="The draft OpenAIGPTLMHeadModel keeps no KV cache"):
         tiny("llama", 0).generate(prompt, max_new_tokens=4, speculative=draft)
@@ -219,6 +231,7 @@ def test_a_model_fed_one_token_a_step_is_refused(model_type, sizes):
     name = type(model).__name__
     with pytest.raises(ValueError, match=f"{name} is written to be fed one new token a step"):
         model.generate(prompt, max_new_tokens=12, speculative="ngram")
+    _decoded_plainly_under_auto(model, prompt)
     with pytest.raises(ValueError, match=f"The draft {name} is written to be fed one new token a step"):
         tiny("llama", 0).generate(
             prompt, max_new_tokens=12, speculative=dict(method="draft_model", draft=model)
@@ -330,7 +343,7 @@ def test_a_model_recording_one_recurrent_state_a_forward_is_refused(monkeypatch)
     draft needs the state after each token: rejecting one draft token restored the state from before
     the whole forward (other tokens than plain greedy, silently), rejecting more raised an IndexError
     from inside transformers' cache.crop. Refused before the call (a model not declared so: at its
-    first forward of several tokens)."""
+    first forward of several tokens); `speculative=True` decodes it plainly."""
 
     def build(seed: int) -> torch.nn.Module:
         config = AutoConfig.for_model(
@@ -356,11 +369,11 @@ def test_a_model_recording_one_recurrent_state_a_forward_is_refused(monkeypatch)
     refused = "ZayaForCausalLM's recurrent layers keep one state a forward"
     fed = []
     hook = model.register_forward_pre_hook(lambda module, args: fed.append(1))
-    for speculative in [True, "ngram"]:  # before any forward: speculative=True too, at batch 1
-        with pytest.raises(ValueError, match=refused):
-            model.generate(prompt, max_new_tokens=24, speculative=speculative)
+    with pytest.raises(ValueError, match=refused):
+        model.generate(prompt, max_new_tokens=24, speculative="ngram")
     assert not fed
     hook.remove()
+    _decoded_plainly_under_auto(model, prompt)
     # Any other model recording so is refused at its first forward of several tokens.
     monkeypatch.delitem(hf_specdec.core.checks._CANNOT_ROLL_BACK, "zaya")
     for speculative in [one_token, "ngram"]:
