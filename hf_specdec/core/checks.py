@@ -291,8 +291,8 @@ def check_no_holes(cache: Any) -> None:
     """Refuse to continue, speculatively or plainly, a cache a ragged speculative batch handed back."""
     if holds_holes(cache):
         raise ValueError(
-            "This cache was handed back by a speculative batch whose rows accepted different numbers of "
-            "drafts: its rows hold holes of rejected drafts, or are missing (rows that finished early), "
+            "This cache was handed back by a speculative batch whose rows ended at different steps: rows "
+            "that finished early are missing from it or hold fewer positions than the others, "
             "so it cannot be continued. Pass the whole conversation without cache=."
         )
 

@@ -32,9 +32,12 @@ keep a state per prompt token), and every token of a recorded forward goes throu
 one-token recurrence, as plain decoding's do. Rows that accept different numbers of drafts would
 need a state each; such models speculate one row at a time, as transformers' assisted decoding does.
 
-A batch whose rows accepted different numbers of drafts ends with holes in its cache, and rows that
-finished early gone from it; such a cache is handed back as it is (its layout is not plain
-decoding's), and remembered (`holds_holes`) so that a call given it to continue from refuses it.
+Holes do not pile up: once those past the prompt would make the cache more than `HOLES_BOUND`
+wider than its widest row needs, each row's real columns move left (`compact`): a batch's cache
+stays within that fraction of plain decoding's width. A call's cache is compacted at its end too: where its
+rows then hold the same number of tokens, it is plain decoding's cache. Where they do not (rows that
+stopped early, or finished rows gone from the batch) it is handed back as it is (its layout is not
+plain decoding's), and remembered (`holds_holes`) so that a call given it to continue from refuses it.
 """
 
 from __future__ import annotations
@@ -101,6 +104,7 @@ class RaggedKV:
         self.offsets: torch.Tensor | None = None
         self.prompt_width = 0  # columns of the prompt once fed, padding included
         self.all_real = bool(self.mask.all())  # no hole: the model then needs no attention mask
+        self.compactions = 0  # times `compact` moved the holes out
         self.keeps_logits = forward_takes(model, "logits_to_keep")
         self.takes_positions = forward_takes(model, "position_ids")  # else generate gives none, nor do we
         self.recurrent = keeps_recurrent_state(model, self.cache)
@@ -242,7 +246,7 @@ class RaggedKV:
         if any(rejected):  # decided on the host: a step that kept its whole draft rolls nothing back
             self.truncate(slots.less(self.lengths, rejected))
         elif widened:  # trailing holes kept would make every later forward take an attention mask
-            self._crop_unused_tail()
+            self._give_back_holes()
 
     def _next_positions(
         self, width: int, valid: torch.Tensor | None, tree: tuple[torch.Tensor, torch.Tensor] | None
@@ -263,6 +267,8 @@ class RaggedKV:
         for layer in self.cache.layers if self.recording else ():
             if isinstance(layer, LinearAttentionCacheLayerMixin):
                 layer.record_past = False  # as transformers hands a cache back: its states stop growing
+        if not bool(self.mask[:, self.prompt_width :].all()):  # rows that kept as many tokens then
+            self.compact()  # hold plain decoding's layout
         whole = self.mask.shape[0] == self.batch_size and bool(self.mask[:, self.prompt_width :].all())
         if not whole:
             setattr(self.cache, _HOLES_MARK, True)  # no call can continue it (`holds_holes`)
@@ -285,7 +291,7 @@ class RaggedKV:
         """Keep only the first `lengths[b]` real tokens of each row b; the rest become holes."""
         self.mask &= self.mask.cumsum(dim=1) <= lengths[:, None]
         self.lengths = self.mask.sum(dim=1)
-        self._crop_unused_tail()
+        self._give_back_holes()
 
     def reorder_tail(self, order: torch.Tensor) -> None:
         """Permute the last `order.shape[1]` cache columns of each row: column i of row b takes
@@ -321,7 +327,7 @@ class RaggedKV:
         self.mask = self.mask[rows]
         self.lengths = self.lengths[rows]
         self.offsets = None if self.offsets is None else self.offsets[rows]
-        self._crop_unused_tail()
+        self._give_back_holes()
 
     def rows_apart(self, rows: list[int]) -> RaggedKV:
         """Cache rows `rows` (indices into the current batch) alone, over a copy of their keys and
@@ -333,6 +339,52 @@ class RaggedKV:
         apart.select_rows(torch.tensor(rows, device=self.mask.device))
         return apart
 
+    def compact(self) -> None:
+        """Move each row's real columns past the prompt's to the left, in order, and drop the columns
+        that frees: the cache as wide as its widest row needs. A copy of every layer's keys and values.
+
+        Nothing a token sees or is numbered by moves with them: positions count a row's real tokens
+        (`_next_positions`), not its columns (models that count columns are refused for batches:
+        `counts_columns`); a query sees the real columns before its own, which keep their order; a
+        sliding window counts places that holes take none of (`masks.cache_places`). The prompt's
+        columns stay, padding included, as plain decoding's cache holds them. A cache with layers
+        holding columns other than keys and values (a sparse-attention indexer's keys, a recurrent
+        state) or other columns than the text's is left as it is: what they hold is not known to move.
+        """
+        start = self.prompt_width
+        layers = [layer for layer in self.cache.layers if _holds_columns(layer)]
+        if not all(self._moves_with_mask(layer) for layer in layers):
+            return
+        tail = self.mask[:, start:]  # [B, W - start]
+        kept = int(tail.sum(dim=1).max()) if len(tail) else 0
+        # Each row's real columns first, in their order, then its holes; the columns past the widest go.
+        order = torch.sort((~tail).to(torch.int8), dim=1, stable=True).indices[:, :kept]  # [B, kept]
+        columns = order + start
+        for layer in layers:
+            for name in ("keys", "values"):
+                states = getattr(layer, name)  # [B, heads, W, head_dim]
+                index = columns[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[3])
+                setattr(layer, name, torch.cat([states[:, :, :start], states.gather(2, index)], dim=2))
+        self.mask = torch.cat([self.mask[:, :start], tail.gather(1, order)], dim=1)
+        self.all_real = bool(self.mask.all())
+        self.compactions += 1
+
+    def _moves_with_mask(self, layer: Any) -> bool:
+        """Whether `layer` holds nothing but a plain layer's keys and values, a column per mask column."""
+        return type(layer) is DynamicLayer and all(
+            states.dim() == 4 and states.shape[2] == self.width for states in (layer.keys, layer.values)
+        )
+
+    def _give_back_holes(self) -> None:
+        """Drop the trailing columns that are holes in every row, and compact the cache once the holes
+        left past the prompt make it more than `HOLES_BOUND` wider than its widest row needs."""
+        self._crop_unused_tail()
+        if self.all_real or not len(self.mask):
+            return
+        needed = self.prompt_width + int(self.mask[:, self.prompt_width :].sum(dim=1).max())
+        if self.width - needed > max(HOLES_BOUND * needed, MIN_HOLES):
+            self.compact()
+
     def _crop_unused_tail(self) -> None:
         """Drop the trailing cache columns that are holes in every row."""
         used = torch.nonzero(self.mask.any(dim=0))
@@ -343,6 +395,13 @@ class RaggedKV:
         self.all_real = bool(self.mask.all())
 
 
+# A batch's cache is compacted (`RaggedKV.compact`) once the holes past its prompt exceed this fraction
+# of the columns its widest row needs, and MIN_HOLES: a compaction copies the cache, about what one
+# forward's `DynamicLayer.update` copies (it concatenates), while the holes cost every forward their
+# share of that copy and of attention. See benchmarks/micro/compaction.py.
+HOLES_BOUND = 0.25
+MIN_HOLES = 0
+
 # Recorded recurrent states a forward keeps: all of its tokens' (a forward's last n tokens, where n
 # is fewer, would go through the chunked kernel, whose states are not kept but the last).
 EVERY_TOKEN = 1 << 20
@@ -350,6 +409,12 @@ EVERY_TOKEN = 1 << 20
 # Set on a cache handed back ragged; an attribute of the cache itself, so that its copies
 # (`copy.deepcopy`, to branch a conversation) carry it too.
 _HOLES_MARK = "_hf_specdec_holds_holes"
+
+
+def _holds_columns(layer: Any) -> bool:
+    """Whether a cache layer holds any columns: not a `DummyLayer` (a layer reading another's), nor
+    one never written (Mllama's cross-attention layers without an image)."""
+    return not isinstance(layer, DummyLayer) and layer.is_initialized
 
 
 def check_recorded(model: PreTrainedModel, cache: DynamicCache, width: int) -> None:
@@ -493,7 +558,7 @@ def check_trees(model: Any, refusal: str | None) -> None:
 
 def holds_holes(cache: Any) -> bool:
     """Whether `cache` was handed back by a call whose rows ended ragged (`RaggedKV.finished_cache`):
-    holes of rejected drafts inside its rows, or rows missing."""
+    holes in its rows (rows shorter than others), or rows missing."""
     return bool(getattr(cache, _HOLES_MARK, False))
 
 

@@ -8,7 +8,7 @@ import torch
 from transformers import DynamicCache
 
 from hf_specdec.core.compat import cache_argument
-from hf_specdec.core.kv import RaggedKV, Slots
+from hf_specdec.core.kv import HOLES_BOUND, RaggedKV, Slots
 
 from ..conftest import random_batch
 from ..helpers.architectures import RECURRENT, VOCAB, tiny
@@ -135,6 +135,35 @@ def test_a_tree_fed_beside_a_hole_and_rolled_back_to_its_path_holds_a_plain_forw
     for row, sequence in enumerate(sequences):
         _assert_holds(kv, row, target, sequence)
     _decodes_on(kv, target, sequences)
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral"])
+def test_rows_that_keep_different_numbers_of_drafts_leave_no_more_holes_than_the_bound(name):
+    """Four rows feed 5 tokens a step for 40 steps and keep 1 to 5 of them, each its own number: the
+    holes left mid-cache are compacted away whenever they would make the cache more than HOLES_BOUND
+    wider than its widest row needs (without it, 1.4 times as wide by the end). Each row then holds
+    its tokens in order, and decodes on (a sliding window of 16 included) as a plain forward would."""
+    model = tiny(name, 0, **({"sliding_window": 16} if name == "mistral" else {}))
+    kv = RaggedKV(model, None, 4, CPU)
+    sequences = _prompts(kv, 2, 4)
+    prompts = [len(sequence) for sequence in sequences]
+    g = torch.Generator().manual_seed(0)
+    slots, widest = Slots([0, 1, 2, 3], 4, CPU), 0
+    for _ in range(40):
+        feed = torch.randint(6, VOCAB, (4, 5), generator=g)
+        kept = torch.randint(1, 6, (4,), generator=g).tolist()
+        with torch.no_grad():
+            kv.forward_rows(slots, feed, None)
+        kv.roll_back(slots, 5, rejected=[5 - n for n in kept])
+        sequences = [torch.cat([seq, feed[b, :n]]) for b, (seq, n) in enumerate(zip(sequences, kept))]
+        # Plain decoding's cache: the prompt's columns, then the longest row's tokens after it.
+        needed = kv.prompt_width + max(len(sequence) - n for sequence, n in zip(sequences, prompts))
+        widest = max(widest, kv.width / needed)
+    assert widest <= 1 + HOLES_BOUND
+    if name == "llama":  # a sliding window's plain cache keeps its window only
+        for row, sequence in enumerate(sequences):
+            _assert_holds(kv, row, model, sequence)
+    _decodes_on(kv, model, sequences)
 
 
 @pytest.mark.parametrize("name", list(RECURRENT))

@@ -14,6 +14,8 @@ attention.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from transformers import (
@@ -33,6 +35,7 @@ from transformers.cache_utils import DummyLayer
 
 import hf_specdec
 from hf_specdec import SpeculativeConfig
+from hf_specdec.core.kv import holds_holes
 
 from ..helpers.architectures import VOCAB, tiny
 
@@ -186,6 +189,38 @@ def test_every_output_like_plain_with_prompt_lookup(name, method):
     speculative = SpeculativeConfig(method="ngram", num_draft_tokens=3, tree=method.endswith("tree"))
     plain, spec = assert_like_plain(target, inputs, speculative, compare_cache=False, max_new_tokens=10)
     assert spec.speculative_stats.accepted > 0
+
+
+# Batches whose rows keep different numbers of drafts (holes mid-cache) yet end in the same step:
+# a row that ends alone leaves the batch (`RaggedKV.release_rows`), and the cache handed back then
+# lacks it whatever its holes.
+ENDING_TOGETHER = [("mistral", "ngram", 16), ("mistral", "ngram+tree", 16), ("gpt2", "ngram", 14),
+                   ("gpt2", "draft_model", 12)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "method", "max_new_tokens"), ENDING_TOGETHER)
+def test_a_ragged_batch_hands_back_plain_decodings_cache(name, method, max_new_tokens):
+    """The holes are compacted away (`RaggedKV.compact`, within the call and at its end), so rows that
+    end together hand back plain decoding's cache: its layers' types (a sliding window cut back to
+    it), and their keys and values."""
+    target, inputs = model(name), prompts(name, 3)
+    inputs["input_ids"][:, -6:] = inputs["input_ids"][:, -3:].repeat(1, 2)  # prompt lookup finds drafts
+    if method == "draft_model":
+        speculative = SpeculativeConfig(method="draft_model", draft=_near(target), num_draft_tokens=4)
+    else:
+        speculative = SpeculativeConfig(method="ngram", num_draft_tokens=3, tree=method.endswith("tree"))
+    plain, spec = assert_like_plain(target, inputs, speculative, max_new_tokens=max_new_tokens)
+    assert spec.speculative_stats.accepted > 0 and not holds_holes(spec.past_key_values)
+
+
+def _near(target: torch.nn.Module, scale: float = 0.3) -> torch.nn.Module:
+    """`target` with noise on its weights: a draft that agrees with it now and then."""
+    draft = copy.deepcopy(target)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale * p.std().clamp(min=1e-3))
+    return draft
 
 
 def test_gpt2_token_types_reach_the_model():
