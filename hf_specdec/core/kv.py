@@ -296,7 +296,9 @@ class RaggedKV:
     def reorder_tail(self, order: torch.Tensor) -> None:
         """Permute the last `order.shape[1]` cache columns of each row: column i of row b takes
         what column `order[b, i]` of that tail held (the accepted path of a tree draft moves to
-        its front, after which the row is truncated like a chain)."""
+        its front, after which the row is truncated like a chain). A sparse-attention indexer's keys
+        (`DynamicIndexedLayer`: DeepSeek-V3.2, GLM-MoE-DSA) move with them: it scores each column
+        by its own key to choose the columns attention reads."""
         width = order.shape[1]
         for layer in self.cache.layers:
             for name in ("keys", "values"):
@@ -306,6 +308,14 @@ class RaggedKV:
                 tail = states[:, :, -width:]
                 index = order[:, None, :, None].expand(-1, tail.shape[1], -1, tail.shape[3])
                 states[:, :, -width:] = tail.gather(2, index)
+            indexer = getattr(layer, "indexer_keys", None)  # [B, cache_len, index_head_dim]
+            if indexer is not None and indexer.dim() == 3 and indexer.shape[1] >= width:
+                index = order[:, :, None].expand(-1, -1, indexer.shape[2])
+                indexer[:, -width:] = indexer[:, -width:].gather(1, index)
+            positions = getattr(layer, "indexer_position_ids", None)  # [position_dims, B, cache_len]
+            if positions is not None and positions.shape[-1] >= width:
+                index = order[None].expand(positions.shape[0], -1, -1)
+                positions[..., -width:] = positions[..., -width:].gather(2, index)
 
     def release_rows(self, cached_rows: list[int], active: list[int], keep_shape: bool = False) -> list[int]:
         """The rows of `cached_rows` (the user's rows, one per cache row) not in `active` are no

@@ -137,6 +137,40 @@ def test_a_tree_fed_beside_a_hole_and_rolled_back_to_its_path_holds_a_plain_forw
     _decodes_on(kv, target, sequences)
 
 
+def test_a_tree_rolled_back_on_a_sparse_attention_model_moves_its_indexer_keys_with_its_keys():
+    """DeepSeek-V3.2's indexer scores every cached column by a key of its own to choose the columns
+    attention reads (`DynamicIndexedLayer.indexer_keys`): the accepted path moved to the front of a
+    tree's columns left those keys where they were, so the next steps chose columns by other tokens'
+    keys. Both move now: the cache holds what a plain forward over the kept tokens caches."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    sizes = dict(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, kv_lora_rank=8, q_lora_rank=16, qk_rope_head_dim=8,
+        v_head_dim=8, qk_nope_head_dim=8, index_topk=64, index_head_dim=16, index_n_heads=2,
+        n_routed_experts=2,
+        num_experts_per_tok=1, n_group=1, topk_group=1, first_k_dense_replace=1,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model("deepseek_v32", **sizes)).eval()
+    kv = RaggedKV(model, None, 1, CPU)
+    sequence = torch.tensor([5, 6, 7, 8, 9, 10])
+    with torch.no_grad():
+        kv.forward(sequence[None], None, logits_to_keep=1)
+        kv.forward_rows(
+            Slots([0], 1, CPU), torch.tensor([[30, 31, 32, 33, 34]]), None, torch.tensor([[-1, -1, 0, 2]])
+        )
+    kv.roll_back(Slots([0], 1, CPU), 5, rejected=[2], paths=[[0, 2]])
+    kept = torch.cat([sequence, torch.tensor([30, 31, 33])])
+    plain = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(input_ids=kept[None], use_cache=True, **{cache_argument(model): plain})
+    assert int(kv.lengths[0]) == len(kept)
+    for layer, expected in zip(kv.cache.layers, plain.layers, strict=True):
+        torch.testing.assert_close(layer.keys[0][:, kv.mask[0]], expected.keys[0], **CLOSE)
+        torch.testing.assert_close(layer.indexer_keys[0][kv.mask[0]], expected.indexer_keys[0], **CLOSE)
+
+
 @pytest.mark.parametrize("name", ["llama", "mistral"])
 def test_rows_that_keep_different_numbers_of_drafts_leave_no_more_holes_than_the_bound(name):
     """Four rows feed 5 tokens a step for 40 steps and keep 1 to 5 of them, each its own number: the
