@@ -42,6 +42,10 @@ _GENERATED_TOKENS_TAKE = {
 }
 
 
+# What plain decoding's loop asks of the model to build each forward's inputs, which the loop does itself.
+_PLAIN_LOOP_CALLS = ("prepare_inputs_for_generation", "_update_model_kwargs_for_generation")
+
+
 def plain_feeds_otherwise(model: Any) -> str | None:
     """Why plain decoding of this call feeds `model` otherwise than the loop's forwards would, else None.
 
@@ -52,7 +56,10 @@ def plain_feeds_otherwise(model: Any) -> str | None:
     forwards, written for plain decoding's batch and its one token a step: a mixed batch's adapter
     per row (`adapter_names`) stops matching the rows once a finished row leaves the batch, and
     aLoRA's offsets apply the adapter to the last few tokens of each forward, which a verify forward
-    of several tokens would run partly without it (so too Poly's task ids, X-LoRA's scalings)."""
+    of several tokens would run partly without it (so too Poly's task ids, X-LoRA's scalings).
+    A model class of a user's or of remote code may prepare its inputs its own way
+    (`prepare_inputs_for_generation` or `_update_model_kwargs_for_generation` defined outside
+    transformers): the loop never calls them either."""
     own = type(model).prepare_inputs_for_generation
     prepare = vars(model).get("prepare_inputs_for_generation")  # PEFT puts the model's own back after
     if prepare is not None and getattr(prepare, "__func__", None) is not own:
@@ -60,11 +67,21 @@ def plain_feeds_otherwise(model: Any) -> str | None:
             "its prepare_inputs_for_generation is replaced on the model itself (as PEFT's prompt tuning and "
             "prefix tuning do, to add their virtual tokens), and speculative= builds each forward itself"
         )
+    # transformers' own classes prepare their inputs as the loop knows (`FORWARDED`, `_FIRST_POSITION`);
+    # a subclass's or remote code's may feed the model anything, which the loop would never pass.
+    for name in _PLAIN_LOOP_CALLS:
+        method = getattr(type(model), name)
+        if not getattr(method, "__module__", "").startswith("transformers."):
+            return (
+                f"its {name} ({method.__qualname__}, in {method.__module__}) is not transformers' own, and "
+                "speculative= builds each forward itself without calling it"
+            )
     hooks = (getattr(hook, "func", hook) for m in model.modules() for hook in m._forward_pre_hooks.values())
     if any((getattr(hook, "__module__", None) or "").startswith("peft.") for hook in hooks):
         return (
             "PEFT hooks arguments of this call into its layers' forwards (a mixed batch's adapter_names, "
-            "aLoRA's offsets, ...), set for plain decoding's rows and its one token a step"
+            "aLoRA's offsets, ...), set for plain decoding's rows and its one token a step (a LoRA adapter "
+            "speculates once it is the model's active one, set_adapter, or merged)"
         )
     return None
 
@@ -75,8 +92,7 @@ def check_fed_as_plain(model: Any) -> None:
     if otherwise is not None:
         raise ValueError(
             f"speculative= cannot decode {type(model).__name__} as plain generate does here: {otherwise}. "
-            "Drop speculative= for this call (speculative=True decodes such a call plainly); a LoRA "
-            "adapter speculates once it is the model's active one (set_adapter), or merged."
+            "Drop speculative= for this call (speculative=True decodes such a call plainly)."
         )
 
 

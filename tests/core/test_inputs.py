@@ -4,9 +4,12 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from peft import LoraConfig, PrefixTuningConfig, PromptTuningConfig, TaskType, get_peft_model
+from transformers import LlamaForCausalLM
 
 from ..conftest import random_batch, tiny_llama
 
@@ -89,3 +92,52 @@ def test_a_lora_adapter_speculates():
         out = model.generate(**kw, speculative="ngram", return_dict_in_generate=True)
         assert torch.equal(out.sequences, plain)
         assert out.speculative_stats.method == "ngram"
+
+
+class _Boostable(LlamaForCausalLM):
+    """A user's model class whose forward reads an input of its own."""
+
+    @functools.wraps(LlamaForCausalLM.forward)
+    def forward(self, *args, boost=None, **kwargs):
+        out = super().forward(*args, **kwargs)
+        if boost is not None:
+            out.logits[..., boost] += 100.0
+        return out
+
+
+class _Boosted(_Boostable):
+    """It prepares that input for every forward."""
+
+    def prepare_inputs_for_generation(self, *args, **kwargs):
+        return {**super().prepare_inputs_for_generation(*args, **kwargs), "boost": 7}
+
+
+class _Counted(_Boostable):
+    """It carries that input from step to step (transformers' preparation passes it on)."""
+
+    def _update_model_kwargs_for_generation(self, outputs, model_kwargs, *args, **kwargs):
+        model_kwargs = super()._update_model_kwargs_for_generation(outputs, model_kwargs, *args, **kwargs)
+        return {**model_kwargs, "boost": 7}
+
+
+@pytest.mark.parametrize(
+    "cls, method",
+    [(_Boosted, "prepare_inputs_for_generation"), (_Counted, "_update_model_kwargs_for_generation")],
+)
+def test_a_model_class_preparing_its_own_inputs_decodes_plainly_under_auto_and_named_methods_refuse(
+    cls, method
+):
+    """A subclass's (or remote code's) input preparation feeds the model what plain decoding gives
+    it; the loop never called it, and decoded as if the class had not been written."""
+    model = cls(tiny_llama(0).config).eval()
+    model.load_state_dict(tiny_llama(0).state_dict())
+    input_ids, attention_mask = random_batch(3, 2)
+    kw = dict(input_ids=input_ids, attention_mask=attention_mask, **GREEDY)
+    plain = model.generate(**kw)
+    assert bool((plain[:, input_ids.shape[1] + 1 :] == 7).all())  # the class's own input counts
+    out = model.generate(**kw, speculative=True, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, plain)
+    assert out.speculative_stats.method == "plain"
+    assert f"{cls.__name__}.{method}" in out.speculative_stats.selection
+    with pytest.raises(ValueError, match=f"{method} .* is not transformers' own.*Drop speculative="):
+        model.generate(**kw, speculative="ngram")
