@@ -91,7 +91,12 @@ def check_supported(
             f"{type(model).__name__}{why}: drop speculative= for it (speculative=True decodes it plainly)."
         )
     if not config.use_cache:
-        raise ValueError("speculative= needs the KV cache; remove use_cache=False.")
+        # The model's own generation config may say so too, where the call never did.
+        raise ValueError(
+            "speculative= needs the KV cache, which this call's generation config turns off "
+            "(use_cache=False, given to generate or set in a generation config, the model's own included): "
+            "pass use_cache=True."
+        )
     if getattr(config, "prefill_chunk_size", None):
         warnings.warn(
             f"prefill_chunk_size={config.prefill_chunk_size} is not honoured by speculative=: the prompt is "

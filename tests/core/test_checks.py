@@ -239,7 +239,7 @@ def _cases(target, small_vocab_draft):
         "use_cache_false": (
             dict(speculative=NGRAM, use_cache=False),
             ValueError,
-            r"needs the KV cache; remove use_cache=False",
+            r"needs the KV cache, which this call's generation config turns off.*pass use_cache=True",
         ),
     }
 
@@ -406,6 +406,21 @@ def test_empty_prompt(target):
         ValueError, match=r"prompt is empty \(input_ids of shape \[1, 0\]\).*at least one token"
     ):
         target.generate(input_ids=empty, max_new_tokens=4, speculative=NGRAM)
+
+
+def test_use_cache_off_in_the_models_generation_config_names_the_remedy():
+    """Set off on the model's own generation config, not in the call, the KV cache's refusal said to
+    remove a use_cache=False the user never passed; use_cache=True in the call speculates."""
+    model = tiny_llama(0)
+    model.generation_config.use_cache = False
+    input_ids, attention_mask = random_batch(0, 2)
+    kw = dict(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=8, do_sample=False)
+    with pytest.raises(
+        ValueError, match=r"generation config, the model's own included\): pass use_cache=True"
+    ):
+        model.generate(**kw, speculative=NGRAM)
+    plain = model.generate(**kw, use_cache=True)
+    assert torch.equal(model.generate(**kw, use_cache=True, speculative=NGRAM), plain)
 
 
 @pytest.mark.parametrize("draft", ["/no/such/folder", "./models/none", "~/none/such/draft"])
