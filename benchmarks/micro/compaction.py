@@ -22,13 +22,13 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import time
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import hf_specdec
 from hf_specdec.core import kv as kv_module
+from hf_specdec.core.timing import clock
 from hf_specdec.loading import describe_runtime, load_model, runtime_line
 
 
@@ -116,11 +116,11 @@ def main() -> None:
             for setting in settings:
                 kv_module.HOLES_BOUND = setting
                 widths.reset()
-                start = time.perf_counter()
+                start = clock(target.device)
                 out = target.generate(
                     **inputs, **options, speculative=speculative, return_dict_in_generate=True
                 )
-                times[setting].append(time.perf_counter() - start)
+                times[setting].append(clock(target.device) - start)
                 if not torch.equal(out.sequences, plain):
                     raise SystemExit(f"bound {setting}: the output differs from plain generate's")
                 seen[setting] = (widths.widest, widths.compactions, out.speculative_stats.acceptance_rate)
