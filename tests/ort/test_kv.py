@@ -44,7 +44,9 @@ def test_ort_kv_follows_ragged_kv_through_holes_and_row_drops(onnx_dirs, weak_dr
     for kv in (ort_kv, torch_kv):
         kv.select_rows(torch.tensor([1, 0, 0]))
     both(torch.randint(6, 64, (3, 2), generator=g), torch.ones(3, 2, dtype=torch.bool))
-    assert torch.equal(ort_kv.mask, torch_kv.mask)
+    # The same tokens a row; RaggedKV compacts its holes away (`HOLES_BOUND`), the ONNX cache keeps them.
+    assert torch.equal(ort_kv.lengths, torch_kv.lengths)
+    assert torch_kv.compactions > 0 and torch_kv.width < ort_kv.width
 
 
 def test_only_the_logits_asked_for_are_computed(onnx_dirs, weak_draft, tmp_path):
