@@ -78,8 +78,9 @@ _PIPELINE_STATS: contextvars.ContextVar[list[Any] | None] = contextvars.ContextV
 @functools.wraps(_ORIGINAL_GENERATE)
 def generate(self: Any, *args: Any, speculative: Any = None, **kwargs: Any) -> Any:
     config = SpeculativeConfig.from_user(speculative)
+    # Plain decoding, ours where auto decodes plainly included, would read the holes as tokens.
+    check_no_holes(generate_cache(kwargs))
     if config is None:
-        check_no_holes(generate_cache(kwargs))  # plain decoding would read the holes as tokens
         return _ORIGINAL_GENERATE(self, *args, **kwargs)
     kwargs = _by_name(self, args, kwargs)
     with _ended_if_raised(kwargs.get("streamer")):
@@ -297,8 +298,15 @@ def _given_fields(kwargs: dict[str, Any]) -> dict[str, Any]:
     holds for every field, as Whisper's passes it on), and those passed to generate over them. The
     model's own config is not the call's."""
     given = {} if kwargs.get("generation_config") is None else vars(kwargs["generation_config"])
-    fields = {name: value for name, value in given.items() if value not in (None, _DEFAULTS.get(name))}
+    fields = {name: value for name, value in given.items() if _set(name, value)}
     return {**fields, **{name: value for name, value in kwargs.items() if name not in _NOT_GENERATION_FIELDS}}
+
+
+def _set(name: str, value: Any) -> bool:
+    """Whether a generation config's field holds a setting: neither None nor transformers' default
+    (compared only with a value of the default's own type: arrays and tensors do not compare to a bool)."""
+    default = _DEFAULTS.get(name)
+    return value is not None and not (type(value) is type(default) and value == default)
 
 
 def _take_over(kwargs: dict[str, Any], name: str, value: Any) -> None:
@@ -332,6 +340,12 @@ def _heal_prompt(model: Any, kwargs: dict[str, Any], tokenizer: Any, config: Gen
     before healing (healing writes the tokenizer's pad over BOS). That mask goes with it here too."""
     if not config.token_healing:
         return
+    if model.config.is_encoder_decoder:  # the prompt is the encoder's: generate heals the decoder's ids
+        raise ValueError(
+            f"token_healing heals the last token of the ids generate continues, which for "
+            f"{type(model).__name__}, an encoder-decoder, are its decoder's start ids, not the prompt "
+            "(transformers' own healing fails on them): drop token_healing=."
+        )
     _take_over(kwargs, "token_healing", False)
     key = "input_ids" if kwargs.get("input_ids") is not None else "inputs"
     prompt = kwargs.get(key)

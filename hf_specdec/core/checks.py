@@ -278,7 +278,6 @@ def check_continued(input_ids: torch.Tensor, cache: Any, mask_length: int | None
             "speculative= continues a filled DynamicCache, not a filled StaticCache: pass the whole "
             "conversation without cache=, or continue a DynamicCache."
         )
-    check_no_holes(cache)
     if any(type(layer) not in _CONTINUED_LAYERS for layer in cache.layers):
         raise ValueError(
             "speculative= cannot continue a cache with sliding-window or quantized layers (they keep only "

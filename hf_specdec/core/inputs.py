@@ -59,7 +59,7 @@ def plain_feeds_otherwise(model: Any) -> str | None:
     of several tokens would run partly without it (so too Poly's task ids, X-LoRA's scalings).
     A model class of a user's or of remote code may prepare its inputs its own way
     (`prepare_inputs_for_generation` or `_update_model_kwargs_for_generation` defined outside
-    transformers): the loop never calls them either."""
+    transformers): the loop builds each step's inputs without them."""
     own = type(model).prepare_inputs_for_generation
     prepare = vars(model).get("prepare_inputs_for_generation")  # PEFT puts the model's own back after
     if prepare is not None and getattr(prepare, "__func__", None) is not own:
@@ -68,13 +68,16 @@ def plain_feeds_otherwise(model: Any) -> str | None:
             "prefix tuning do, to add their virtual tokens), and speculative= builds each forward itself"
         )
     # transformers' own classes prepare their inputs as the loop knows (`FORWARDED`, `_FIRST_POSITION`);
-    # a subclass's or remote code's may feed the model anything, which the loop would never pass.
+    # a subclass's or remote code's may feed the model anything (ChatGLM's positions of two axes), and
+    # the loop builds every step's inputs itself: even a copy of transformers' is not taken on trust.
     for name in _PLAIN_LOOP_CALLS:
         method = getattr(type(model), name)
-        if not getattr(method, "__module__", "").startswith("transformers."):
+        where = getattr(method, "__module__", None) or ""
+        if not where.startswith("transformers."):
             return (
-                f"its {name} ({method.__qualname__}, in {method.__module__}) is not transformers' own, and "
-                "speculative= builds each forward itself without calling it"
+                f"its {name} ({getattr(method, '__qualname__', name)}, in {where or 'an unnamed module'}) is "
+                "not transformers' own (a subclass's or remote code's, even a copy of transformers'), and "
+                "speculative= builds each step's inputs itself without it"
             )
     hooks = (getattr(hook, "func", hook) for m in model.modules() for hook in m._forward_pre_hooks.values())
     if any((getattr(hook, "__module__", None) or "").startswith("peft.") for hook in hooks):

@@ -540,6 +540,17 @@ def test_trees_through_alibi_biases_are_refused(alibi):
         assert torch.equal(out, plain)
 
 
+def test_token_healing_of_an_encoder_decoder_is_refused_saying_why(smollm2_path):
+    """generate heals the ids it continues, an encoder-decoder's decoder start ids rather than its
+    prompt (transformers' own healing fails on them): refused by name, not healed on the prompt."""
+    from transformers import AutoTokenizer
+
+    model, inputs = _encoder_decoders()["bart"]
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
+    with pytest.raises(ValueError, match="token_healing heals .* an encoder-decoder.*drop token_healing="):
+        model.generate(**inputs, max_new_tokens=2, token_healing=True, tokenizer=tokenizer, speculative=True)
+
+
 def _encoder_decoders() -> dict[str, tuple[torch.nn.Module, dict]]:
     """Tiny random T5, BART and Whisper (Whisper's own `generate` calls generate's), with their inputs."""
     torch.manual_seed(0)

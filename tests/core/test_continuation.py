@@ -174,15 +174,19 @@ def _ragged_cache(target):
 
 def test_a_ragged_batch_cache_is_refused_with_what_to_do(target):
     """By speculation and by plain generate too, which would read the holes as tokens (or fail on the
-    rows missing with a shape error)."""
+    rows missing with a shape error), auto's plain decoding included."""
     out, cache = _ragged_cache(target)
     turn = torch.cat([out.sequences, torch.tensor([NEW_TURN] * len(out.sequences))], dim=1)
+    # Where auto decodes plainly (rotary frequencies recomputed past a context the call crosses), too.
+    plainly = copy.deepcopy(target)
+    plainly.config.rope_parameters = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
+    plainly.config.max_position_embeddings = turn.shape[1] + 1
     for given in (cache, copy.deepcopy(cache)):  # a copy (a conversation branched) is refused too
-        for speculative in ("ngram", None):
+        for model, speculative in ((target, "ngram"), (target, None), (target, True), (plainly, True)):
             with pytest.raises(
                 ValueError, match=r"cannot be continued\. Pass the whole conversation without cache="
             ):
-                target.generate(turn, cache=given, max_new_tokens=4, speculative=speculative)
+                model.generate(turn, cache=given, max_new_tokens=4, speculative=speculative)
 
 
 def test_continuing_is_refused_where_the_layout_cannot_be_continued(target):

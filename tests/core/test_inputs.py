@@ -128,7 +128,8 @@ def test_a_model_class_preparing_its_own_inputs_decodes_plainly_under_auto_and_n
     cls, method
 ):
     """A subclass's (or remote code's) input preparation feeds the model what plain decoding gives
-    it; the loop never called it, and decoded as if the class had not been written."""
+    it, and the loop builds each step's inputs without it: auto decodes such a class plainly, a
+    named method refuses it."""
     model = cls(tiny_llama(0).config).eval()
     model.load_state_dict(tiny_llama(0).state_dict())
     input_ids, attention_mask = random_batch(3, 2)
