@@ -64,18 +64,23 @@ def prompts(lengths: list[int], vocab: int, seed: int = 9) -> dict[str, torch.Te
 
 
 class Widths:
-    """The target cache's width after each step's roll-back, and its compactions."""
+    """The target cache's width after each step's roll-back, and its compactions (the call's last
+    included: `finished_cache`)."""
 
     def __init__(self) -> None:
         self.widest, self.compactions = 0, 0
-        original = kv_module.RaggedKV.roll_back
+        roll_back, finished_cache = kv_module.RaggedKV.roll_back, kv_module.RaggedKV.finished_cache
 
-        def roll_back(kv, *args, **kwargs):
-            original(kv, *args, **kwargs)
+        def rolled_back(kv, *args, **kwargs):
+            roll_back(kv, *args, **kwargs)
             self.widest = max(self.widest, kv.width)
-            self.compactions = kv.compactions
 
-        kv_module.RaggedKV.roll_back = roll_back
+        def finished(kv):
+            cache = finished_cache(kv)
+            self.compactions = kv.compactions
+            return cache
+
+        kv_module.RaggedKV.roll_back, kv_module.RaggedKV.finished_cache = rolled_back, finished
 
     def reset(self) -> None:
         self.widest, self.compactions = 0, 0

@@ -86,7 +86,7 @@ def check_supported(
             f"The prompt is empty (input_ids of shape {list(input_ids.shape)}); generation needs at least "
             "one token to continue from, e.g. the tokenizer's BOS token."
         )
-    if (why := unverifiable(model)) is not None:
+    if (why := verify_refusal(model)) is not None:
         raise ValueError(
             f"{type(model).__name__}{why}: drop speculative= for it (speculative=True decodes it plainly)."
         )
@@ -125,7 +125,7 @@ def check_supported(
     check_forwarded(input_ids, model_kwargs)
 
 
-def unverifiable(model: Any) -> str | None:
+def verify_refusal(model: Any) -> str | None:
     """Why speculative= cannot verify drafts on `model` at all, said after its class name; else None.
     The loop feeds decoder-only models: an encoder-decoder's decoder takes the encoder's outputs and
     a cache of two parts. An encoder given an LM head (`BertLMHeadModel`, RoBERTa's, ELECTRA's, ...)

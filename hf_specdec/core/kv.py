@@ -91,6 +91,9 @@ class RaggedKV:
         )
         # transformers' sliding window per cache layer (None: the layer attends to the whole context)
         self.layer_windows = _layer_windows(model, self.cache)
+        # Cross-attention layers (Mllama's) hold an image's columns, which do not move with the text's.
+        text = getattr(model.config, "text_config", None) or model.config  # our heads' configs have none
+        self.cross_layers = frozenset(getattr(text, "cross_attention_layers", None) or ())
         self.window_masks = _Masks.for_sliding_window(model, self.cache)
         self.tree_masks = self.window_masks  # built on the first tree draft for other models
         cached = self.cache.get_seq_length()  # a conversation continued: the prompt's first columns
@@ -267,9 +270,11 @@ class RaggedKV:
         for layer in self.cache.layers if self.recording else ():
             if isinstance(layer, LinearAttentionCacheLayerMixin):
                 layer.record_past = False  # as transformers hands a cache back: its states stop growing
-        if not bool(self.mask[:, self.prompt_width :].all()):  # rows that kept as many tokens then
-            self.compact()  # hold plain decoding's layout
-        whole = self.mask.shape[0] == self.batch_size and bool(self.mask[:, self.prompt_width :].all())
+        tail = self.mask[:, self.prompt_width :]
+        every_row = self.mask.shape[0] == self.batch_size
+        if every_row and not bool(tail.all()) and bool((tail.sum(dim=1) == tail.sum(dim=1)[0]).all()):
+            self.compact()  # rows that kept as many tokens: compacted, plain decoding's layout
+        whole = every_row and bool(self.mask[:, self.prompt_width :].all())
         if not whole:
             setattr(self.cache, _HOLES_MARK, True)  # no call can continue it (`holds_holes`)
             return self.cache
@@ -359,10 +364,14 @@ class RaggedKV:
         sliding window counts places that holes take none of (`masks.cache_places`). The prompt's
         columns stay, padding included, as plain decoding's cache holds them. A cache with layers
         holding columns other than keys and values (a sparse-attention indexer's keys, a recurrent
-        state) or other columns than the text's is left as it is: what they hold is not known to move.
-        """
+        state) or other columns than the text's is left as it is: what they hold is not known to move;
+        cross-attention layers (`cross_layers`, an image's columns) are left out."""
         start = self.prompt_width
-        layers = [layer for layer in self.cache.layers if _holds_columns(layer)]
+        layers = [
+            layer
+            for i, layer in enumerate(self.cache.layers)
+            if i not in self.cross_layers and _holds_columns(layer)
+        ]
         if not all(self._moves_with_mask(layer) for layer in layers):
             return
         tail = self.mask[:, start:]  # [B, W - start]
@@ -408,8 +417,8 @@ class RaggedKV:
 # A batch's cache is compacted (`RaggedKV.compact`) once the holes past its prompt exceed this fraction
 # of the columns its widest row needs: a compaction copies the cache, about what one forward's
 # `DynamicLayer.update` copies (it concatenates), while the holes cost every forward their share of
-# that copy and of attention; the bound spaces the copies out as the cache grows (6 in 1,000 tokens
-# of a batch of 4 drafting 8 tokens a step: benchmarks/micro/compaction.py).
+# that copy and of attention; a bound relative to the width spaces the copies out as the cache grows
+# (benchmarks/micro/compaction.py counts them).
 HOLES_BOUND = 0.25
 
 # Recorded recurrent states a forward keeps: all of its tokens' (a forward's last n tokens, where n

@@ -12,7 +12,7 @@ import warnings
 from typing import Any
 
 from ..config import SpeculativeConfig
-from ..core.checks import unverifiable
+from ..core.checks import verify_refusal
 from ..core.compat import generate_cache
 from ..core.inputs import cached_columns, plain_feeds_otherwise
 from ..core.kv import counts_columns, keeps_recurrent_state, rotary_refusal
@@ -54,7 +54,7 @@ def plain_instead(
     """Why `"auto"` decodes this call plainly, else None: it promises the output and no less than the
     speed of plain decoding, where a named method refuses what it cannot do (`RaggedKV`, `target_cache`,
     `check_rotary`, `check_supported`). At any batch size: a model it cannot verify drafts on at all
-    (`unverifiable`: an encoder-decoder, an encoder attending both ways, one that cannot roll back a
+    (`verify_refusal`: an encoder-decoder, an encoder attending both ways, one that cannot roll back a
     draft), a model PEFT feeds otherwise for the call (`plain_feeds_otherwise`), or rotary frequencies
     that change within the call's length (`rotary_refusal`). In a batch: a recurrent state
     (linear-attention or state-space layers, as `cache` holds them) rolls back one row at a time, and
@@ -63,7 +63,7 @@ def plain_instead(
         return None
     (batch_size, prompt_width), cache = input_ids.shape, generate_cache(model_kwargs)
     cached = cached_columns(model_kwargs)
-    if (why := unverifiable(model)) is not None:
+    if (why := verify_refusal(model)) is not None:
         reason = f"{type(model).__name__}{why}"
     elif (otherwise := plain_feeds_otherwise(model)) is not None:
         reason = f"{type(model).__name__}: {otherwise}"

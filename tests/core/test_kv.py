@@ -175,7 +175,7 @@ def test_a_tree_rolled_back_on_a_sparse_attention_model_moves_its_indexer_keys_w
 def test_rows_that_keep_different_numbers_of_drafts_leave_no_more_holes_than_the_bound(name):
     """Four rows feed 5 tokens a step for 40 steps and keep 1 to 5 of them, each its own number: the
     holes left mid-cache are compacted away whenever they would make the cache more than HOLES_BOUND
-    wider than its widest row needs (without it, 1.4 times as wide by the end). Each row then holds
+    wider than its widest row needs (without compaction they would pass it). Each row then holds
     its tokens in order, and decodes on (a sliding window of 16 included) as a plain forward would."""
     model = tiny(name, 0, **({"sliding_window": 16} if name == "mistral" else {}))
     kv = RaggedKV(model, None, 4, CPU)
