@@ -295,9 +295,10 @@ def check_no_holes(cache: Any) -> None:
     """Refuse to continue, speculatively or plainly, a cache a ragged speculative batch handed back."""
     if holds_holes(cache):
         raise ValueError(
-            "This cache was handed back by a speculative batch whose rows ended at different steps: rows "
-            "that finished early are missing from it or hold fewer positions than the others, "
-            "so it cannot be continued. Pass the whole conversation without cache=."
+            "This cache was handed back by a speculative batch whose rows ended at different steps (an "
+            "EOS, or max_new_tokens reached in fewer steps), or whose cache kept the holes of rejected "
+            "drafts: rows are missing from it, shorter than others or hold holes, so it cannot be "
+            "continued. Pass the whole conversation without cache=."
         )
 
 
