@@ -21,7 +21,7 @@ from ..core.devices import check_placed, execution_device
 from ..core.fields import check_fields
 from ..hub.config_check import NO_PICKLES, checkpoint_problem
 from ..hub.download import HubFileError, download_model
-from ..hub.tokenizer_check import compare_tokenizers_once
+from ..hub.tokenizer_check import compare_tokenizers_once, spelling, token_spellings
 from ..store.manifest import checkpoint_stamp
 from .base import Drafter, options_to_config
 from .decoder import DecoderDrafter, TorchDecoder
@@ -302,7 +302,7 @@ def _translation(
         check_compatible(target, tokenizer, draft, draft_tokenizer)
         return SHARED
     draft_vocab = draft.config.get_text_config().vocab_size
-    if len(draft_tokenizer) > draft_vocab:  # the draft would be fed ids its embedding does not have
+    if _embeds_too_few(draft_tokenizer, draft_vocab):  # the draft would be fed ids it cannot embed
         raise ValueError(
             f"draft_tokenizer= has {len(draft_tokenizer)} tokens but the draft model's vocabulary "
             f"has only {draft_vocab} ids: pass the draft's own tokenizer, or resize the draft's embeddings "
@@ -318,6 +318,17 @@ def _translation(
         draft_vocab,
         execution_device(target),
     )
+
+
+def _embeds_too_few(tokenizer: Any, vocab_size: int) -> bool:
+    """Whether a token of text has an id past a model's `vocab_size` embeddings. Special tokens
+    past it do not count: the draft reads text without them (`vocabulary.encode`), and a tokenizer
+    may list more than its model embeds (Gemma 3's, shared by its sizes, has `<image_soft_token>` at
+    id 262144, past the 262144 ids of the text-only models)."""
+    if len(tokenizer) <= vocab_size:
+        return False
+    spellings = token_spellings(tokenizer)  # None for special tokens
+    return any(spelling(spellings, i) is not None for i in range(vocab_size, len(tokenizer)))
 
 
 def _load_named_draft(

@@ -272,5 +272,6 @@ def start_tokens(tokenizer: Any) -> list[int]:
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:
-    """A text's token ids, without the special tokens a tokenizer adds around a whole text."""
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    """A text's token ids, without the special tokens a tokenizer adds around a whole text, and
+    without any inside it: a special token's name in the text ("<eos>" written out) is text too."""
+    return tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]

@@ -112,6 +112,32 @@ def test_a_tokenizer_grown_in_place_is_compared_again(smollm2_path):
     assert not compare_tokenizers_once(one, other).compatible
 
 
+@pytest.mark.parametrize("translation", ["intersection", "text"])
+def test_a_draft_tokenizer_listing_special_tokens_past_its_embedding_drafts(target, translation):
+    """Gemma 3's tokenizer, shared by its sizes, lists `<image_soft_token>` at id 262144, past the
+    262144 ids of the text-only models: a draft of another tokenizer with its own tokenizer was
+    refused as if handed a wrong one. The draft reads text without special tokens, also where the
+    text spells one's name (here the target's word "w7"), so it is never fed the id it cannot embed."""
+    from ..helpers.tokenizers import word_level
+
+    words = ["<unk>", *(f"w{i}" for i in range(1, 64))]
+    draft_tokenizer = word_level(["<unk>", *(f"d{i}" for i in range(1, 8)), *words[8:]])  # 64 ids
+    draft_tokenizer.add_special_tokens({"additional_special_tokens": ["w7"]})  # id 64: past the draft's
+    prompt = torch.tensor([[1, 7, 8, 9, 7, 8, 9]])  # w7: no draft token spells it
+    spec = dict(
+        method="draft_model",
+        draft=tiny_llama(1),
+        draft_tokenizer=draft_tokenizer,
+        num_draft_tokens=3,
+        options=dict(translation=translation),
+    )
+    plain = target.generate(input_ids=prompt, max_new_tokens=8, do_sample=False)
+    out = target.generate(
+        input_ids=prompt, max_new_tokens=8, do_sample=False, tokenizer=word_level(words), speculative=spec
+    )
+    assert torch.equal(out, plain)
+
+
 def test_a_draft_head_given_as_a_draft_model_names_its_method(target):
     """transformers' MtpModel, a head or a block draft of ours is no draft model: refused with the
     method that runs it, before the draft model's first forward would fail inside it."""
