@@ -302,6 +302,17 @@ def _translation(
         check_compatible(target, tokenizer, draft, draft_tokenizer)
         return SHARED
     draft_vocab = draft.config.get_text_config().vocab_size
+    for role, given, vocab in [
+        ("the target's (tokenizer=)", tokenizer, target.config.get_text_config().vocab_size),
+        ("the draft's (draft_tokenizer=)", draft_tokenizer, draft_vocab),
+    ]:
+        if 2 * len(given) < vocab:  # padded vocabularies differ by a few percent, not by half
+            warnings.warn(
+                f"The tokenizer given as {role} has {len(given)} tokens, and its model embeds {vocab}: "
+                "is it that model's own? Another model's tokenizer would make its ids mean other tokens "
+                "to it (the output stays the target's; drafts would rarely be accepted).",
+                stacklevel=5,
+            )
     if _embeds_too_few(draft_tokenizer, draft_vocab):  # the draft would be fed ids it cannot embed
         raise ValueError(
             f"draft_tokenizer= has {len(draft_tokenizer)} tokens but the draft model's vocabulary "

@@ -138,6 +138,25 @@ def test_a_draft_tokenizer_listing_special_tokens_past_its_embedding_drafts(targ
     assert torch.equal(out, plain)
 
 
+def test_a_tokenizer_far_smaller_than_its_models_vocabulary_is_named(target):
+    """A draft given the target's tokenizer (or the two swapped) passes for a draft sharing it, and
+    drafts ids that mean other tokens to it: nothing is refused (the output is the target's), but a
+    tokenizer with less than half its model's embedding is named as likely not that model's."""
+    from ..helpers.tokenizers import word_level
+
+    tokenizer = word_level(["<unk>", *(f"w{i}" for i in range(1, 64))])  # 64 tokens, the target's
+    prompt = torch.tensor([[1, 7, 8, 9, 7, 8, 9]])
+    spec = dict(method="draft_model", draft=tiny_llama(1, vocab_size=256), draft_tokenizer=tokenizer)
+    plain = target.generate(input_ids=prompt, max_new_tokens=8, do_sample=False)
+    with pytest.warns(
+        UserWarning, match=r"as the draft's \(draft_tokenizer=\) has 64 tokens, and its model embeds 256"
+    ):
+        out = target.generate(
+            input_ids=prompt, max_new_tokens=8, do_sample=False, tokenizer=tokenizer, speculative=spec
+        )
+    assert torch.equal(out, plain)
+
+
 def test_a_draft_head_given_as_a_draft_model_names_its_method(target):
     """transformers' MtpModel, a head or a block draft of ours is no draft model: refused with the
     method that runs it, before the draft model's first forward would fail inside it."""
