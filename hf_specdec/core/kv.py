@@ -310,9 +310,7 @@ class RaggedKV:
                 states = getattr(layer, name, None)  # [B, heads, cache_len, head_dim]
                 if states is None or states.dim() != 4:
                     continue
-                tail = states[:, :, -width:]
-                index = order[:, None, :, None].expand(-1, tail.shape[1], -1, tail.shape[3])
-                states[:, :, -width:] = tail.gather(2, index)
+                states[:, :, -width:] = gather_columns(states[:, :, -width:], order)
             indexer = getattr(layer, "indexer_keys", None)  # [B, cache_len, index_head_dim]
             if indexer is not None and indexer.dim() == 3 and indexer.shape[1] >= width:
                 index = order[:, :, None].expand(-1, -1, indexer.shape[2])
@@ -377,13 +375,15 @@ class RaggedKV:
         tail = self.mask[:, start:]  # [B, W - start]
         kept = int(tail.sum(dim=1).max()) if len(tail) else 0
         # Each row's real columns first, in their order, then its holes; the columns past the widest go.
-        order = torch.sort((~tail).to(torch.int8), dim=1, stable=True).indices[:, :kept]  # [B, kept]
-        columns = order + start
+        order = real_first(tail)[:, :kept]  # [B, kept]
         for layer in layers:
             for name in ("keys", "values"):
                 states = getattr(layer, name)  # [B, heads, W, head_dim]
-                index = columns[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[3])
-                setattr(layer, name, torch.cat([states[:, :, :start], states.gather(2, index)], dim=2))
+                setattr(
+                    layer,
+                    name,
+                    torch.cat([states[:, :, :start], gather_columns(states, order + start)], dim=2),
+                )
         self.mask = torch.cat([self.mask[:, :start], tail.gather(1, order)], dim=1)
         self.all_real = bool(self.mask.all())
         self.compactions += 1
@@ -428,6 +428,17 @@ EVERY_TOKEN = 1 << 20
 # Set on a cache handed back ragged; an attribute of the cache itself, so that its copies
 # (`copy.deepcopy`, to branch a conversation) carry it too.
 _HOLES_MARK = "_hf_specdec_holds_holes"
+
+
+def real_first(mask: torch.Tensor) -> torch.Tensor:
+    """Per row of `mask` [B, W], the column order that puts its real columns first, in their order,
+    then its holes: what compacting a cache gathers."""
+    return torch.sort((~mask).to(torch.int8), dim=1, stable=True).indices
+
+
+def gather_columns(states: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """`states` [B, heads, W, head_dim] with row b's columns taken as `order[b]` lists them."""
+    return states.gather(2, order[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[3]))
 
 
 def _holds_columns(layer: Any) -> bool:

@@ -38,7 +38,7 @@ from transformers import CompileConfig, DynamicCache, GenerationConfig, PreTrain
 from transformers.cache_utils import StaticLayer
 
 from .compat import cache_argument, compiles_decoding, forward_takes, generate_cache
-from .kv import RaggedKV, Slots, counts_columns
+from .kv import RaggedKV, Slots, counts_columns, gather_columns, real_first
 from .verify_shape import VerifyShape
 
 # The verify widths a compiled forward is padded to: one graph each (dynamo's recompile limit is 8),
@@ -308,13 +308,12 @@ class StaticKV:
         keep = self.mask & self.active[:, None]
         # Finished rows keep one column visible, so their (ignored) queries never see an empty row.
         keep[~self.active, 0] = True
-        order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices  # [B, capacity]
+        order = real_first(keep)  # [B, capacity]
         for layer in self.cache.layers:
             if not layer.is_initialized:  # never written: Mllama's cross-attention layers without an image
                 continue
             for states in (layer.keys, layer.values):  # [B, heads, capacity, head_dim]
-                index = order[:, None, :, None].expand_as(states)
-                states.copy_(states.gather(2, index))
+                states.copy_(gather_columns(states, order))
         self.mask.copy_(keep.gather(1, order))
         self.lengths = self.mask.sum(dim=1)  # unchanged for the rows still decoding
         self.end = int(keep[self.active].sum(dim=1).max()) if bool(self.active.any()) else 1
