@@ -65,6 +65,16 @@ def hub_endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
 
 
+def hub_timeout() -> float:
+    """Seconds to wait for the Hub's answer to a metadata request: `$HF_HUB_ETAG_TIMEOUT` read now,
+    else huggingface_hub's (10). Its API calls (`model_info`) wait for ever unless given one, so a
+    Hub that takes a connection and never answers (a stuck proxy) would hang `speculative=True`."""
+    try:
+        return float(os.environ.get("HF_HUB_ETAG_TIMEOUT") or constants.HF_HUB_ETAG_TIMEOUT)
+    except ValueError:
+        return float(constants.HF_HUB_ETAG_TIMEOUT)
+
+
 def hub_offline() -> bool:
     """`HF_HUB_OFFLINE`, read now (huggingface_hub reads it once, at import)."""
     value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
@@ -157,7 +167,7 @@ def repo_files(
             return _cached_files(repo_id, revision)
         try:
             info = HfApi(endpoint=endpoint, token=token).model_info(
-                repo_id, revision=revision, expand=["sha", "siblings"]
+                repo_id, revision=revision, expand=["sha", "siblings"], timeout=hub_timeout()
             )
         except HubUnreachable:  # what the cache holds, as snapshot_download does
             return _cached_files(repo_id, revision)

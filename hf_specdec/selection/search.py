@@ -47,6 +47,7 @@ from ..hub.download import (
     TOKENIZER_FILES,
     download_files,
     hub_endpoint,
+    hub_timeout,
     is_commit,
 )
 from ..hub.tokenizer_check import (
@@ -175,7 +176,7 @@ def _coverage(overlap: VocabularyOverlap) -> str:
 
 def _target_info(api: Any, repo_id: str, revision: str | None) -> Any:
     try:
-        return api.model_info(repo_id, revision=revision, expand=_EXPAND)
+        return api.model_info(repo_id, revision=revision, expand=_EXPAND, timeout=hub_timeout())
     except GatedRepoError as err:
         raise DraftSelectionError(_gated_message(repo_id)) from err
     except RevisionNotFoundError as err:
@@ -251,7 +252,7 @@ def _infos(api: Any, repo_ids: tuple[str, ...], token: str | None, rejected: lis
     infos = []
     for draft in repo_ids:
         try:
-            infos.append(api.model_info(draft, expand=_EXPAND, token=token))
+            infos.append(api.model_info(draft, expand=_EXPAND, token=token, timeout=hub_timeout()))
         except HfHubHTTPError as err:
             if transient(err):
                 raise

@@ -9,6 +9,8 @@ import pytest
 
 from hf_specdec.hub.download import HubFileError, download_repo_files
 
+from ..helpers.hub import finished_within, silent_hub
+
 try:  # `python -m pytest` from the repo root, or --import-mode=importlib
     from tests.hub_server import HubServer
 except ImportError:  # plain `pytest`: the tests folder itself is on sys.path
@@ -77,3 +79,18 @@ def test_what_to_do_follows_the_hubs_answer(
     hub.failing[f"/{REPO}/resolve/"] = status
     with pytest.raises(HubFileError, match=rf"answered HTTP {status} .*\. {remedy}.*, or pass the folder"):
         download_repo_files(REPO, lambda name: name == "config.json")
+
+
+def test_a_hub_that_never_answers_is_unreachable_after_the_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The listing (`model_info`) was asked with no timeout: a Hub that took the connection and never
+    answered hung `draft="owner/name"` and every Hub head for ever."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    server = silent_hub(monkeypatch)
+    try:
+        with pytest.raises(HubFileError, match=r"could not be downloaded .*unreachable") as err:
+            finished_within(30, lambda: download_repo_files(REPO, lambda name: name == "config.json"))
+    finally:
+        server.close()
+    assert not err.value.lasting

@@ -15,6 +15,7 @@ from hf_specdec.hub.tokenizer_check import PROBE_TEXT
 from hf_specdec.selection import select as select_module
 from hf_specdec.selection.select import DraftSelectionError, load_draft, registry_lookup, select_draft
 
+from ..helpers.hub import finished_within, silent_hub
 from ..helpers.tokenizers import CORPUS, byte_level_bpe, metaspace_bpe
 
 try:  # `python -m pytest` from the repo root, or --import-mode=importlib
@@ -194,6 +195,31 @@ def test_an_unreachable_hub_is_draft_free_and_not_cached(
     assert (choice.method, choice.source) == ("ngram", "offline")
     assert "could not be searched" in choice.reason
     assert not list(tmp_path.rglob("*.json"))  # the next call searches again
+
+
+def test_a_hub_that_never_answers_is_draft_free_after_the_timeout(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The target's info was asked with no timeout: behind a Hub (or proxy) that takes the connection
+    and never answers, `generate(speculative=True)` hung for ever, where plain `generate` asks nothing."""
+    monkeypatch.setenv("HF_SPECDEC_CACHE", str(tmp_path))
+    config = LlamaConfig(
+        vocab_size=16, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2
+    )
+    model = LlamaForCausalLM(config)
+    model.name_or_path = "nobody/Unknown-7B-Instruct"
+    ids = torch.tensor([[5, 6, 7, 8]])
+    plain = model.generate(ids, max_new_tokens=6, do_sample=False)
+    server = silent_hub(monkeypatch)
+    try:
+        out = finished_within(
+            30, lambda: model.generate(ids, max_new_tokens=6, do_sample=False, speculative=True)
+        )
+        choice = finished_within(30, lambda: select_draft("nobody/Unknown-7B-Instruct"))
+    finally:
+        server.close()
+    assert torch.equal(out, plain)
+    assert (choice.method, choice.source) == ("ngram", "offline") and "could not be searched" in choice.reason
 
 
 @pytest.mark.parametrize("status", [500, 429])
