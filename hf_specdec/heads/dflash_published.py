@@ -35,7 +35,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from ..hub.download import SAFETENSORS_INDEX
+from ..hub.download import SAFETENSORS_INDEX, refetch_advice
 from .dflash import MARKOV_HEADS, BlockDraftConfig
 from .io import build_head, check_head_matches, head_config, load_state
 from .published import read_config, read_json_object, read_layer_shape, shape_errors
@@ -288,7 +288,7 @@ def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
         except Exception as err:  # safetensors raises several kinds for a damaged file
             raise ValueError(
                 f"Block draft weights {path} cannot be read ({type(err).__name__}: {err}): the checkpoint is "
-                "corrupt; download it again."
+                f"corrupt; {refetch_advice(path, 'download it again')}."
             ) from None
     if not state:
         raise ValueError(f"The block draft weights in {folder} hold no tensors.")

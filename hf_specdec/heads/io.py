@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..core.devices import execution_device
+from ..hub.download import refetch_advice
 from ..store.manifest import MANIFEST_NAME, manifest_problem, write_atomically, write_manifest
 from .dflash import BlockDraft, BlockDraftConfig
 from .eagle import EagleHead, EagleHeadConfig
@@ -52,10 +53,11 @@ def check_saved_head(folder: Path) -> None:
         return
     problem = manifest_problem(folder, _BUILT_FROM)
     if problem is not None:
-        raise ValueError(
-            f"The draft head in {folder} is corrupt ({problem}): delete {folder} and train the head again "
-            "(`hf-specdec train-draft`), or download it again."
+        advice = refetch_advice(
+            folder,
+            f"delete {folder} and train the head again (`hf-specdec train-draft`), or download it again",
         )
+        raise ValueError(f"The draft head in {folder} is corrupt ({problem}): {advice}.")
 
 
 def head_config(config_cls: type, fields: dict[str, Any], path: Path) -> Any:
@@ -162,9 +164,10 @@ def _readable(path: Path) -> Iterator[None]:
     try:
         yield
     except Exception as err:  # safetensors and torch raise many kinds for a damaged file
+        advice = refetch_advice(path, "download or train it again")
         raise ValueError(
             f"Head weights {path} cannot be read ({type(err).__name__}: {err}): "
-            "the checkpoint is corrupt; download or train it again."
+            f"the checkpoint is corrupt; {advice}."
         ) from None
 
 

@@ -119,6 +119,25 @@ def local_snapshot(repo_id: str, revision: str | None) -> Path | None:
         return None
 
 
+def cached_repo_folder(path: Path) -> Path | None:
+    """The Hub cache's folder of the repo (`models--OWNER--NAME`) whose snapshot holds `path` (a file
+    or the snapshot folder itself), if it is in one."""
+    for folder in (path, *path.parents):
+        if folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--"):
+            return folder.parent.parent
+    return None
+
+
+def refetch_advice(path: Path, otherwise: str) -> str:
+    """What to do about a damaged checkpoint file `path`: `otherwise`, or, for a file of the Hub cache,
+    to delete the repo's cache folder. Deleting the snapshot alone does not help: huggingface_hub
+    links its files again to the blobs it keeps beside them, damaged or not."""
+    repo = cached_repo_folder(path)
+    if repo is None:
+        return otherwise
+    return f"delete {repo} (the Hub cache's copy of that repo) and load it again to download it afresh"
+
+
 @dataclass(frozen=True)
 class RepoFiles:
     """Some files of one commit of a Hub repo: `folder`, its snapshot in the Hub cache, holds those

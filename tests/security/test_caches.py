@@ -28,6 +28,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf_specdec import demo_model
+from hf_specdec.heads.checkpoint import load_head
 from hf_specdec.heads.eagle import EagleHeadConfig
 from hf_specdec.heads.io import CONFIG_NAME, WEIGHTS_NAME, build_head, check_saved_head, save_head
 from hf_specdec.ort import cache as ort_cache
@@ -358,6 +359,39 @@ def test_a_corrupt_head_is_refused_naming_its_path(target, tmp_path, name, corru
             speculative=dict(method="eagle", draft=str(folder)),
         )
     assert str(folder) in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "corrupt,message",
+    [(_zero_past_the_header, r"is corrupt \(head.safetensors changed"), (_truncate, r"cannot be read")],
+)
+def test_a_corrupt_hub_head_names_the_hub_cache_folder_to_delete(
+    target, tmp_path, monkeypatch, corrupt, message
+):
+    """A Hub head damaged in the Hub cache: the message said to delete its snapshot folder (or to
+    train the head again), after which it was as corrupt as before: huggingface_hub links the
+    snapshot's files again to the damaged blobs it keeps. It now names the repo's cache folder, and
+    deleting that downloads the head afresh."""
+    from ..helpers.hub import local_hub
+
+    hub = local_hub(tmp_path, monkeypatch)
+    try:
+        hub.add(
+            "someone/eagle-head",
+            save_head(build_head(EagleHeadConfig.for_target(target), target), tmp_path / "head"),
+        )
+        load_head("someone/eagle-head", target, method="eagle")
+        repo = tmp_path / "hf-cache" / "models--someone--eagle-head"
+        (blob,) = {path.resolve() for path in repo.glob(f"snapshots/*/{WEIGHTS_NAME}")}
+        corrupt(blob)
+        with pytest.raises(
+            ValueError, match=rf"{message}.*[:;] delete {re.escape(str(repo))} \(the Hub cache"
+        ):
+            load_head("someone/eagle-head", target, method="eagle")
+        shutil.rmtree(repo)
+        load_head("someone/eagle-head", target, method="eagle")
+    finally:
+        hub.stop()
 
 
 @pytest.mark.parametrize("outside", ["../outside.bin", "{tmp}/outside.bin", "sub/../../outside.bin"])
