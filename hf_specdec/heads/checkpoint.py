@@ -39,7 +39,14 @@ from .io import (
     weight_names,
 )
 from .medusa import MedusaHeadConfig
-from .published import LAYOUT_METHODS, load_published, published_layout, read_json_object
+from .published import (
+    EAGLE_WEIGHTS,
+    LAYOUT_METHODS,
+    MEDUSA_WEIGHTS,
+    load_published,
+    published_layout,
+    read_json_object,
+)
 
 _CONFIGS = {
     "eagle": EagleHeadConfig,
@@ -187,11 +194,18 @@ def _local_folder(source: Any) -> Path:
         return path
     if path.exists() or str(source).startswith((".", "/", "~")):
         raise ValueError(f"Draft head {source!r} is not a folder.")
-    # Pickles (.bin, .pt) are read with `torch.load(weights_only=True)`, which runs no code.
+    # Pickled weights (EAGLE's, Medusa's) are read with `torch.load(weights_only=True)`: no code runs.
     return download_repo_files(str(source), _is_head_file, what="draft head")
+
+
+_PICKLED_WEIGHTS = frozenset(
+    name for name in (*EAGLE_WEIGHTS, *MEDUSA_WEIGHTS) if not name.endswith(".safetensors")
+)
 
 
 def _is_head_file(name: str) -> bool:
     # Every layout read keeps its files at the repo's top level; a folder `train-draft` wrote, pushed
     # whole, also holds its training data and checkpoint (`data/`, `checkpoint/`), gigabytes unread.
-    return "/" not in name and name.endswith((".json", ".safetensors", ".bin", ".pt"))
+    # Of the pickles, only the weights files a layout reads: a trainer's output pushed whole also
+    # holds `optimizer.pt` (twice the head's size), `training_args.bin` and the like, never read.
+    return "/" not in name and (name.endswith((".json", ".safetensors")) or name in _PICKLED_WEIGHTS)

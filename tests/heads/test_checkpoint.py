@@ -52,3 +52,24 @@ def test_a_hub_repo_of_a_whole_train_draft_folder_downloads_the_head_alone(tmp_p
     finally:
         hub.stop()
     assert fetched == head_files
+
+
+def test_a_hub_repo_of_a_trainers_output_downloads_the_head_alone(tmp_path, monkeypatch):
+    """A head pushed with its trainer's output beside it (HF Trainer writes `optimizer.pt`, twice the
+    head's size, `scheduler.pt` and `training_args.bin` at the top level): every top-level `.pt` and
+    `.bin` was downloaded, unread. Only the pickled weights a layout reads are fetched."""
+    from ..helpers.hub import local_hub
+
+    target = tiny_llama(0)
+    folder = save_head(copied_layer_eagle(target), tmp_path / "out")
+    head_files = {path.name for path in folder.iterdir()}
+    unread = dict.fromkeys(["optimizer.pt", "scheduler.pt", "training_args.bin", "rng_state.pt"], b"0" * 64)
+    hub = local_hub(tmp_path, monkeypatch)
+    try:
+        hub.add("someone/eagle-head", folder)
+        hub.push("someone/eagle-head", unread)
+        load_head("someone/eagle-head", target, method="eagle")
+        fetched = {name for _, name in hub.resolved("someone/eagle-head")}
+    finally:
+        hub.stop()
+    assert fetched == head_files
