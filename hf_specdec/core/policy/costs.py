@@ -23,8 +23,8 @@ Key = tuple[tuple[int, ...], int, int]  # what a carried figure is kept under: p
 @dataclass
 class _Recent:
     """The median of the last `keep` timings, or the smaller of the first two: a stall only adds.
-    13: on a shared machine (a forward's cost x e^(0.3 z)) a median of 5 is ~17% off, more than
-    what tells widths apart; of 13, ~10%, and a drift over tens of forwards is still followed."""
+    `keep` is as long as a shared machine's noise needs to tell widths apart, and short enough to
+    follow a drift over tens of forwards (docs/policy.md)."""
 
     samples: list[float] = field(default_factory=list)
     keep: int = 13
