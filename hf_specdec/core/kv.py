@@ -467,8 +467,10 @@ def check_recorded(model: PreTrainedModel, cache: DynamicCache, width: int) -> N
 def check_kept_in(model: PreTrainedModel, cache: DynamicCache, output: Any) -> None:
     """Refuse a model that keeps its past in a cache other than the one passed (BLT wraps it in an
     `EncoderDecoderCache` of its own each forward): what it keeps there would be lost at every step."""
-    # By the name the output holds it under: asking for the old name where it holds the new warns.
-    returned = output.get("cache") if "cache" in output else output.get("past_key_values")
+    # By the name the output holds it under, among its own keys: asking a transformers 5 output for
+    # the old name warns that it is deprecated, and a draft head's output holds neither name.
+    held = [name for name in ("cache", "past_key_values") if name in output.keys()]  # noqa: SIM118 (`in` renames)
+    returned = output[held[0]] if held else None
     if returned is not None and returned is not cache:
         raise ValueError(
             f"{type(model).__name__} keeps its past in a cache of its own ({type(returned).__name__}) rather "

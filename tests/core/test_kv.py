@@ -267,3 +267,22 @@ def test_rotary_frequencies_set_by_a_forwards_length_never_see_a_verify_forward_
     assert out.sequences.tolist() == generate(30).tolist()
     stats = out.speculative_stats
     assert stats.method == "plain" and "original context of 32" in stats.selection
+
+
+def test_a_draft_heads_output_is_read_without_transformers_deprecation_warning(monkeypatch):
+    """A head's output (EAGLE's, an MTP layer's) holds no cache: looking for one under the old name
+    `past_key_values` made transformers warn the user that it is deprecated ("Use `cache` instead"),
+    though they had passed neither name."""
+    import transformers.utils.generic as generic
+
+    from ..conftest import tiny_llama
+    from ..helpers.heads import copied_layer_eagle
+
+    warned: list[str] = []
+    monkeypatch.setattr(generic.logger, "warning_once", lambda message, *a, **k: warned.append(message))
+    target = tiny_llama(30, layers=1)
+    prompt = torch.tensor([[1, 7, 9, 11, 7, 9]])
+    speculative = dict(method="eagle", draft=copied_layer_eagle(target), num_draft_tokens=3)
+    with torch.no_grad():
+        target.generate(prompt, max_new_tokens=6, do_sample=False, speculative=speculative)
+    assert not [message for message in warned if "deprecated" in message]
