@@ -35,6 +35,7 @@ from .core.checks import (
     check_no_holes,
     check_processors,
     check_supported,
+    drafter_continues,
     warn_assistant_settings,
 )
 from .core.compat import compiles_decoding, generate_cache
@@ -47,7 +48,7 @@ from .core.output import SpeculativeGenerateOutput
 from .core.policy import DEVICE_COSTS, DraftLengthPolicy, FixedDraftLength
 from .core.stats import SpeculativeStats
 from .drafters import DRAFTERS, build_drafter
-from .selection.method import plain_instead, resolve_method
+from .selection.method import draft_free_instead, plain_instead, resolve_method
 
 
 def _kept_original(cls: type, name: str) -> Any:
@@ -178,6 +179,10 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
         with PrivateDraws():
             resolved, reason = resolve_method(config, model)
             drafter = build_drafter(resolved, model, tokenizer)
+            chosen = config.method == "auto" and config.draft is None  # by auto, not given
+            if chosen and not drafter_continues(drafter, model_kwargs):
+                resolved, reason = draft_free_instead(config, resolved.method, model)
+                drafter = build_drafter(resolved, model, tokenizer)
         check_drafter_continues(drafter, resolved.method, model_kwargs)
         if generation_config.do_sample and not drafter.supports_sampling:
             raise ValueError(

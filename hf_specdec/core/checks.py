@@ -302,10 +302,15 @@ def check_no_holes(cache: Any) -> None:
         )
 
 
+def drafter_continues(drafter: Any, model_kwargs: dict[str, Any]) -> bool:
+    """Whether `drafter` can draft for this call: not over a filled cache where it reads the target's
+    hidden states, which it needs for the whole context and the cache's earlier call did not keep."""
+    return not (drafter.hidden_state_layers and cached_columns(model_kwargs))
+
+
 def check_drafter_continues(drafter: Any, method: str, model_kwargs: dict[str, Any]) -> None:
-    """A drafter that reads the target's hidden states needs them for the whole context, which a
-    filled cache's earlier call did not keep."""
-    if drafter.hidden_state_layers and cached_columns(model_kwargs):
+    """Refuse a drafter that cannot continue this call's filled cache (`drafter_continues`)."""
+    if not drafter_continues(drafter, model_kwargs):
         raise ValueError(
             f"method={method!r} drafts from the target's hidden states of the whole context, which a "
             "filled cache= does not hold: pass the whole conversation without cache=, or continue it "

@@ -48,6 +48,20 @@ def resolve_method(config: SpeculativeConfig, model: Any) -> tuple[SpeculativeCo
     return config, reason
 
 
+def draft_free_instead(config: SpeculativeConfig, chosen: str, model: Any) -> tuple[SpeculativeConfig, str]:
+    """`"auto"`'s choice for a call continuing a filled cache where the drafter it chose (`chosen`: the
+    model's own MTP layers, a published head or block draft) reads the target's hidden states, which
+    that cache's earlier call did not keep: a draft-free method, with why. A draft the user gave is
+    refused instead (`check_drafter_continues`)."""
+    reason = (
+        f"method={chosen!r} drafts from the target's hidden states of the whole context, which the "
+        f"filled cache= does not hold: {DRAFT_FREE_AUTO} continues the conversation"
+    )
+    target = getattr(model, "name_or_path", "") or type(model).__name__
+    _log_once(f"method='auto' on {target} drafts with method={DRAFT_FREE_AUTO!r}: {reason}")
+    return dataclasses.replace(config, method=DRAFT_FREE_AUTO), reason
+
+
 def plain_instead(
     config: SpeculativeConfig, model: Any, input_ids: Any, model_kwargs: dict[str, Any], max_length: int
 ) -> str | None:

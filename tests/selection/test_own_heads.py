@@ -6,6 +6,7 @@ the choice is what comes after, with a warning saying why, and generate drafts w
 from __future__ import annotations
 
 import argparse
+import copy
 import warnings
 
 import pytest
@@ -41,6 +42,28 @@ def test_a_checkpoint_with_mtp_layers_drafts_with_them(folder, monkeypatch):
     assert out.speculative_stats.method == "mtp"
     assert "multi-token-prediction layers" in out.speculative_stats.selection
     assert out.speculative_stats.to_dict()["selection"] == out.speculative_stats.selection
+
+
+def test_a_conversation_continued_from_its_cache_drafts_without_the_mtp_layers(folder):
+    """The MTP layers read the target's hidden states of the whole context, which a filled cache=
+    does not hold: `speculative=True` continues the conversation draft-free, as plain's
+    continuation, and says why (it raised, naming method='mtp', which the user had not asked for);
+    `method="mtp"` named is still refused."""
+    target = mtp.model_class("glm4_moe").from_pretrained(folder).eval()
+    inputs = mtp.prompts(1)
+    with torch.no_grad():
+        first = target.generate(**inputs, max_new_tokens=6, do_sample=False, return_dict_in_generate=True)
+        turn = torch.cat([first.sequences, torch.tensor([[3, 9, 4]])], dim=1)
+        kwargs = dict(max_new_tokens=10, do_sample=False)
+        plain = target.generate(turn, cache=copy.deepcopy(first.cache), **kwargs)
+        out = target.generate(
+            turn, cache=copy.deepcopy(first.cache), speculative=True, return_dict_in_generate=True, **kwargs
+        )
+        assert torch.equal(out.sequences, plain)
+        assert out.speculative_stats.method == DRAFT_FREE_AUTO
+        assert "method='mtp' drafts from the target's hidden states" in out.speculative_stats.selection
+        with pytest.raises(ValueError, match="method='mtp' drafts from the target's hidden states"):
+            target.generate(turn, cache=copy.deepcopy(first.cache), speculative="mtp", **kwargs)
 
 
 def test_without_mtp_weights_the_choice_is_todays_and_says_why(tmp_path):
