@@ -19,7 +19,9 @@ from what verifying cost in the calls before it under the same profile (`CostMod
 `--no-carry`: every call from nothing).
 
 Rows per prompt: plain decoding, transformers' prompt lookup (its rule and its fixed 10 tokens),
-`auto`, and every fixed k of `--ks`; a prompt's fastest fixed k in hindsight is the oracle.
+`auto`, and every fixed k of `--ks`; a prompt's fastest fixed k in hindsight is the oracle (`Oracle`:
+of the set of ks best for the whole process, charged, as `auto` is, a one-off the first time the
+process feeds a shape).
 Printed per profile and category: speedup over plain (geometric mean), the oracle's, auto / oracle
 (the regret), auto against the one fixed k best over the category's prompts (a per-prompt oracle
 also takes whichever k was luckiest on each prompt), auto / prompt lookup, the share of steps that
@@ -34,10 +36,12 @@ For what the real loop does end to end on a real model, see `benchmarks/micro/re
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import statistics
 import sys
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -75,19 +79,28 @@ def replay(
     lookup: bool = False,
     seed: int = 0,
     ask_seconds: float | None = None,
-) -> dict[str, float]:
-    """One greedy call over a batch of prompts replayed: its emulated seconds, target forwards and
-    the share of steps that verified a draft. Rows share each forward, hence its width (rows with a
-    shorter draft, or done, are holes); finished rows leave the forward's batch once half of it has
-    finished, unless the policy keeps its shape, as they leave the target's cache in the loop
-    (`core/loop.py`). `ask_seconds`: drafting costs this much a row instead of its host time."""
+) -> dict[str, Any]:
+    """One greedy call over a batch of prompts replayed: its emulated seconds, target forwards, the
+    share of steps that verified a draft, the decoding shapes it fed (`fed`) and those whose one-off
+    it paid (`paid`). Rows share each
+    forward, hence its width (rows with a shorter draft, or done, are holes); finished rows leave the
+    forward's batch once half of it has finished, unless the policy keeps its shape, as they leave
+    the target's cache in the loop (`core/loop.py`). `ask_seconds`: drafting costs this much a row
+    instead of its host time."""
     shapes = set() if profile.oneoff_scope == "call" else shapes
     rng = Jitter(seed)  # the profile's noise: every row of a prompt draws the same sequence
+
+    fed: set[tuple[int, int]] = set()
+    paid: set[tuple[int, int]] = set()
 
     def forward_cost(batch: int, width: int, past: int) -> float:
         shape = (batch, width)
         first = shape not in shapes
         shapes.add(shape)
+        if past:  # a prefill pays no one-off (`CostProfile.seconds`)
+            fed.add(shape)
+            if first:
+                paid.add(shape)
         return profile.seconds(Forward(batch, width, past), first, rng) + host_seconds
 
     drafter = NgramDrafter(NgramConfig())
@@ -152,7 +165,48 @@ def replay(
             done[b] += accepted[row] + 1
         forwards += 1
         speculative += width > 1
-    return {"seconds": seconds, "forwards": forwards, "speculative": speculative / max(forwards - 1, 1)}
+    share = speculative / max(forwards - 1, 1)
+    return {"seconds": seconds, "forwards": forwards, "speculative": share, "fed": fed, "paid": paid}
+
+
+@dataclass
+class Oracle:
+    """The fastest fixed k per call in hindsight that one process could have had. Over each set of
+    `ks`, every call takes its set's fastest k at steady cost and pays, as `auto` does, a one-off
+    the first time the process feeds a shape (`CostProfile.oneoff`, once a process); the oracle's set
+    is the one whose calls took the least in all. Each fixed k's row runs as a process of its own,
+    paying its shapes' one-offs on its first call alone, so the fastest row of each call would feed
+    every k's widths for one one-off."""
+
+    profile: CostProfile
+    calls: list[dict[int, dict]] = field(default_factory=list)  # each call's run of each fixed k
+    _seconds: list[float] | None = None
+
+    def add(self, runs: dict[int, dict]) -> int:
+        """Record one call's runs (`replay`'s results per k); its place in `seconds`."""
+        self.calls.append(runs)
+        self._seconds = None
+        return len(self.calls) - 1
+
+    def seconds(self) -> list[float]:
+        """The oracle's seconds for each call, in order."""
+        if self._seconds is None:
+            ks = sorted(self.calls[0])
+            sets = [ks_ for n in range(1, len(ks) + 1) for ks_ in itertools.combinations(ks, n)]
+            self._seconds = min((self._charged(ks_) for ks_ in sets), key=sum)
+        return self._seconds
+
+    def _charged(self, ks: tuple[int, ...]) -> list[float]:
+        once = self.profile.oneoff_scope == "process"
+        oneoff = self.profile.step * self.profile.oneoff if once else 0.0
+        fed: set[tuple[int, int]] = set()
+        out = []
+        for runs in self.calls:  # the set's fastest k without one-offs, then the set's own paid
+            steady = {k: runs[k]["seconds"] - oneoff * len(runs[k]["paid"]) for k in ks}
+            best = min(steady, key=steady.__getitem__)
+            out.append(steady[best] + oneoff * len(runs[best]["fed"] - fed))
+            fed |= runs[best]["fed"]
+        return out
 
 
 def bound_seconds(
@@ -193,12 +247,14 @@ def evaluate(
     passes: int = 1,
 ) -> dict:
     by_category: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    oracles = []  # per reported call: once its process's calls are all in
     for noise_seed, seed, row in _draws(data * passes, profile, noise_seeds):
         if seed == 0:  # each draw of the noise is a process of its own
             # The one-offs already paid, per row: each row runs as a process of its own, so none
             # pays for the shapes another row's calls fed first.
             shapes: dict[Any, set[tuple[int, int]]] = defaultdict(set)
             device_costs = None  # what auto measured in the calls before (`carry`), as generate keeps it
+            oracle_of = Oracle(profile)
 
         def run(
             name: Any,
@@ -207,7 +263,7 @@ def evaluate(
             seed=seed + noise_seed,
             shapes=shapes,
             **kwargs: Any,
-        ) -> dict[str, float]:
+        ) -> dict[str, Any]:
             prompts, answers_ = [row["prompt"]], [row["answer"]]
             return replay(prompts, answers_, policy, profile, host_seconds, shapes[name], seed=seed, **kwargs)
 
@@ -215,23 +271,27 @@ def evaluate(
         policy = AdaptiveDraftLength(device_costs=device_costs)
         auto = run("auto", policy, tree=tree)
         device_costs = policy.costs if carry else None
-        fixed = {k: run(k, FixedDraftLength(k), tree=tree)["seconds"] for k in ks}
-        oracle = min(fixed.values())
+        runs = {k: run(k, FixedDraftLength(k), tree=tree) for k in ks}
+        fixed = {k: r["seconds"] for k, r in runs.items()}
+        call = oracle_of.add(runs)
         lookup = run("lookup", FixedDraftLength(LOOKUP_TOKENS), lookup=True)["seconds"]
         if seed < (passes - 1) * len(data):
             continue  # the process's earlier passes: only its last is reported
         bound = bound_seconds([row["prompt"]], [row["answer"]], profile, host_seconds)
         c = by_category[row["category"]]
+        oracles.append((c, oracle_of, call, plain, auto["seconds"]))
         c["bound"].append(plain / bound)
         c["bound_vs_lookup"].append(lookup / bound)
         c["auto"].append(plain / auto["seconds"])
-        c["oracle"].append(plain / oracle)
-        c["regret"].append(oracle / auto["seconds"])
         c["vs_lookup"].append(lookup / auto["seconds"])
         c["lookup"].append(plain / lookup)
         c["speculative"].append(auto["speculative"])
         for k, seconds in fixed.items():
             c[f"k={k}"].append(plain / seconds)
+    for c, oracle_of, call, plain, auto_seconds in oracles:
+        oracle = oracle_of.seconds()[call]
+        c["oracle"].append(plain / oracle)
+        c["regret"].append(oracle / auto_seconds)
     out = {}
     for category, c in by_category.items():
         out[category] = {
@@ -273,17 +333,19 @@ def evaluate_batches(
 ) -> dict[str, float]:
     """Batches of `batch` prompts (`batches`). Speedups over plain batched decoding of the same
     batch (geometric mean over batches and draws of the noise); the oracle is each batch's best
-    fixed k."""
+    fixed k of the best set for the process (`Oracle`)."""
     groups = batches(data, batch)
     results: dict[str, list[float]] = defaultdict(list)
+    calls = []
     for noise_seed, seed, group in _draws(groups, profile, noise_seeds):
         if seed == 0:
             shapes: dict[Any, set[tuple[int, int]]] = defaultdict(set)  # per row, as in `evaluate`
             device_costs = None
+            oracle_of = Oracle(profile)
 
         def run(
             name: Any, policy: DraftLengthPolicy, group=group, seed=seed + noise_seed, shapes=shapes
-        ) -> dict[str, float]:
+        ) -> dict[str, Any]:
             prompts, answers_ = [r["prompt"] for r in group], [r["answer"] for r in group]
             return replay(
                 prompts,
@@ -300,13 +362,15 @@ def evaluate_batches(
         policy = AdaptiveDraftLength(device_costs=device_costs)
         auto = run("auto", policy)
         device_costs = policy.costs if carry else None
-        oracle = min(run(k, FixedDraftLength(k))["seconds"] for k in ks)
+        calls.append((oracle_of, oracle_of.add({k: run(k, FixedDraftLength(k)) for k in ks}), plain, auto))
         prompts, answers_ = [r["prompt"] for r in group], [r["answer"] for r in group]
         results["bound"].append(plain / bound_seconds(prompts, answers_, profile, host_seconds))
         results["auto"].append(plain / auto["seconds"])
+        results["speculative"].append(auto["speculative"])
+    for oracle_of, call, plain, auto in calls:  # once each process's calls are all in
+        oracle = oracle_of.seconds()[call]
         results["oracle"].append(plain / oracle)
         results["regret"].append(oracle / auto["seconds"])
-        results["speculative"].append(auto["speculative"])
     return {
         name: statistics.mean(v) if name == "speculative" else _geomean(v) for name, v in results.items()
     } | {"batches": len(groups)}
