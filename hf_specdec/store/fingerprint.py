@@ -23,7 +23,8 @@ _FINGERPRINTS: weakref.WeakKeyDictionary[Any, tuple[tuple, str]] = weakref.WeakK
 
 def weights_fingerprint(model: PreTrainedModel) -> str:
     """Identifies a model's weights: read on first use, and read again only once a weight changed
-    in place (an optimizer step, `load_state_dict`) or was replaced since."""
+    in place (an optimizer step, `load_state_dict`) or was replaced since. The adapters each
+    adapter layer applies are part of it (`adapter_state`)."""
     state = weights_state(model)
     known = _FINGERPRINTS.get(model)
     if known is None or known[0] != state:
@@ -34,10 +35,22 @@ def weights_fingerprint(model: PreTrainedModel) -> str:
 def weights_state(model: PreTrainedModel) -> tuple:
     """Where each weight lives and its version counter, which every in-place write bumps: tells a
     changed weight apart without reading any."""
-    return tuple(
+    return adapter_state(model) + tuple(
         (t.data_ptr(), t._version)
         for weight in model.state_dict().values()
         for _, t in _plain_tensors(weight)
+    )
+
+
+def adapter_state(model: PreTrainedModel) -> tuple:
+    """Which adapters each adapter layer applies (PEFT's tuner layers, told by their `active_adapters`
+    and boolean `disable_adapters`): every adapter's weights are in the state dict whichever is
+    active, so `set_adapter` and `disable_adapter()` change what the model computes without
+    changing a tensor."""
+    return tuple(
+        (name, tuple(module.active_adapters), module.disable_adapters)
+        for name, module in model.named_modules()
+        if isinstance(getattr(module, "disable_adapters", None), bool) and hasattr(module, "active_adapters")
     )
 
 
@@ -54,6 +67,9 @@ def _read_fingerprint(model: PreTrainedModel) -> str:
     not trigger a rebuild.
     """
     digest = hashlib.sha256(type(model).__name__.encode())
+    adapters = adapter_state(model)
+    if adapters:  # a model without adapters keeps the fingerprint (and the cached copies) it had
+        digest.update(repr(adapters).encode())
     dtype = str(model.dtype).removeprefix("torch.")
     with torch.no_grad():
         for name, weight in model.state_dict().items():

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from peft import LoraConfig, get_peft_model
 
 from hf_specdec.ort import cache as ort_cache
 from hf_specdec.ort.cache import quantized_copy
@@ -87,6 +88,25 @@ def test_weights_changed_in_place_rebuild_the_copy(exported):
     assert len(exported) == 3
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # unchanged since: the copy is reused
+        quantized_copy(model)
+    assert len(exported) == 3
+
+
+def test_switching_adapters_rebuilds_the_copy(exported):
+    """A PEFT model holds every adapter's weights in its state dict whichever one is active:
+    `set_adapter` and `disable_adapter()` change what it computes without changing a tensor, and the
+    copy built under one adapter drafted for another, silently (acceptance 0 on a tiny model whose
+    adapters diverge)."""
+    lora = LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False)
+    model = get_peft_model(tiny_llama(3, layers=1), lora)
+    model.add_adapter("other", lora)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        quantized_copy(model)
+    model.set_adapter("other")
+    with pytest.warns(UserWarning, match="Rebuilding the int8 ONNX copy"):
+        quantized_copy(model)
+    with model.disable_adapter(), pytest.warns(UserWarning, match="Rebuilding the int8 ONNX copy"):
         quantized_copy(model)
     assert len(exported) == 3
 
