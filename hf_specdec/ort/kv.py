@@ -17,6 +17,12 @@ import torch
 from ..core.masks import spanning
 from .layout import LOGITS_TO_KEEP, TREE_MASK, io_names
 
+# Tokens fed per session run where a forward is longer (a prompt): exported graphs attend through
+# [batch, heads, new, past + new] scores and a 4-D mask as large, which one run over a whole prompt
+# materializes at once (memory and time quadratic in its length, where the target's sdpa is not);
+# in chunks they stay [..., PREFILL_CHUNK, past + new].
+PREFILL_CHUNK = 512
+
 
 class ExportedDecoder(Protocol):
     """What the cache reads of the decoder it serves (`session.OnnxDecoder`): its session and the
@@ -72,7 +78,26 @@ class OrtKV:
         logits_to_keep: int = 0,
         tree: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> SimpleNamespace:
-        """The contract of `drafters.decoder.DecoderCache.forward`, `tree` where `takes_tree_masks`."""
+        """The contract of `drafters.decoder.DecoderCache.forward`, `tree` where `takes_tree_masks`.
+        A chain forward longer than `PREFILL_CHUNK` tokens whose last `logits_to_keep` are kept
+        runs in chunks of that many, the last one returning the logits."""
+        new = tokens.shape[1]
+        if tree is None and 0 < logits_to_keep <= PREFILL_CHUNK < new:
+            last = new - PREFILL_CHUNK
+            for start in range(0, last, PREFILL_CHUNK):
+                end = min(start + PREFILL_CHUNK, last)
+                self._forward(tokens[:, start:end], valid[:, start:end], 1, None)
+            tokens, valid = tokens[:, last:], valid[:, last:]
+        return self._forward(tokens, valid, logits_to_keep, tree)
+
+    def _forward(
+        self,
+        tokens: torch.Tensor,
+        valid: torch.Tensor,
+        logits_to_keep: int,
+        tree: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> SimpleNamespace:
+        """One session run over `tokens`."""
         device = self.decoder.device
         tokens, valid = tokens.to(device), valid.to(device)
         if tree is None:
