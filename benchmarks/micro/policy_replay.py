@@ -19,9 +19,10 @@ from what verifying cost in the calls before it under the same profile (`CostMod
 `--no-carry`: every call from nothing).
 
 Rows per prompt: plain decoding, transformers' prompt lookup (its rule and its fixed 10 tokens),
-`auto`, and every fixed k of `--ks`; a prompt's fastest fixed k in hindsight is the oracle (`Oracle`:
-of the set of ks best for the whole process, charged, as `auto` is, a one-off the first time the
-process feeds a shape).
+`auto`, and every fixed k of `--ks` (fed k + 1 wide, holes past a shorter draft, where a new shape
+costs a one-off: `PaddedDraftLength`); a prompt's fastest fixed k in hindsight is the oracle
+(`Oracle`: of the set of ks best for the whole process, charged, as `auto` is, a one-off the first
+time the process feeds a shape).
 Printed per profile and category: speedup over plain (geometric mean), the oracle's, auto / oracle
 (the regret), auto against the one fixed k best over the category's prompts (a per-prompt oracle
 also takes whichever k was luckiest on each prompt), auto / prompt lookup, the share of steps that
@@ -94,14 +95,13 @@ def replay(
     paid: set[tuple[int, int]] = set()
 
     def forward_cost(batch: int, width: int, past: int) -> float:
-        shape = (batch, width)
-        first = shape not in shapes
-        shapes.add(shape)
-        if past:  # a prefill pays no one-off (`CostProfile.seconds`)
+        forward, shape = Forward(batch, width, past), (batch, width)
+        first = not forward.prefill and shape not in shapes  # a prefill pays no one-off
+        if not forward.prefill:
+            shapes.add(shape)
             fed.add(shape)
-            if first:
-                paid.add(shape)
-        return profile.seconds(Forward(batch, width, past), first, rng) + host_seconds
+            paid.update([shape] if first else [])
+        return profile.seconds(forward, first, rng) + host_seconds
 
     drafter = NgramDrafter(NgramConfig())
     seconds = forward_cost(len(prompts), max(map(len, prompts)), 0)  # the prefill gives the first token
@@ -174,13 +174,13 @@ class Oracle:
     """The fastest fixed k per call in hindsight that one process could have had. Over each set of
     `ks`, every call takes its set's fastest k at steady cost and pays, as `auto` does, a one-off
     the first time the process feeds a shape (`CostProfile.oneoff`, once a process); the oracle's set
-    is the one whose calls took the least in all. Each fixed k's row runs as a process of its own,
+    is the one whose calls took least in total. Each fixed k's row runs as a process of its own,
     paying its shapes' one-offs on its first call alone, so the fastest row of each call would feed
-    every k's widths for one one-off."""
+    every k's widths for one one-off. Without once-a-process one-offs: each call's fastest row."""
 
     profile: CostProfile
     calls: list[dict[int, dict]] = field(default_factory=list)  # each call's run of each fixed k
-    _seconds: list[float] | None = None
+    _seconds: list[float] | None = field(default=None, init=False, repr=False)
 
     def add(self, runs: dict[int, dict]) -> int:
         """Record one call's runs (`replay`'s results per k); its place in `seconds`."""
@@ -192,13 +192,17 @@ class Oracle:
         """The oracle's seconds for each call, in order."""
         if self._seconds is None:
             ks = sorted(self.calls[0])
-            sets = [ks_ for n in range(1, len(ks) + 1) for ks_ in itertools.combinations(ks, n)]
-            self._seconds = min((self._charged(ks_) for ks_ in sets), key=sum)
+            if self.profile.oneoff_scope != "process" or not self.profile.oneoff:
+                sets: list[tuple[int, ...]] = [tuple(ks)]
+            else:
+                sets = [subset for n in range(1, len(ks) + 1) for subset in itertools.combinations(ks, n)]
+            self._seconds = min((self._charged(subset) for subset in sets), key=sum)
         return self._seconds
 
     def _charged(self, ks: tuple[int, ...]) -> list[float]:
+        """Each call's seconds where the process takes its fastest k of `ks`."""
         once = self.profile.oneoff_scope == "process"
-        oneoff = self.profile.step * self.profile.oneoff if once else 0.0
+        oneoff = self.profile.oneoff_seconds if once else 0.0
         fed: set[tuple[int, int]] = set()
         out = []
         for runs in self.calls:  # the set's fastest k without one-offs, then the set's own paid
@@ -207,6 +211,21 @@ class Oracle:
             out.append(steady[best] + oneoff * len(runs[best]["fed"] - fed))
             fed |= runs[best]["fed"]
         return out
+
+
+@dataclass
+class PaddedDraftLength(FixedDraftLength):
+    """Draft `k` tokens and feed k + 1 columns whatever came back, holes past a shorter draft: a
+    fixed k where each new shape costs a one-off keeps to one shape, as `auto` pads to widths it
+    paid for. A tree, or no draft (a plain step), is fed as it is."""
+
+    def trim(self, draft: Draft, batch_size: int, remaining: list[int] | None = None) -> Draft:
+        return draft if draft.parents is not None or not any(draft.lengths) else draft.widened(self.k)
+
+
+def fixed_rows(profile: CostProfile) -> type[FixedDraftLength]:
+    """The fixed-k policy the oracle is made of: padded to one shape where new shapes cost a one-off."""
+    return PaddedDraftLength if profile.oneoff else FixedDraftLength
 
 
 def bound_seconds(
@@ -247,6 +266,7 @@ def evaluate(
     passes: int = 1,
 ) -> dict:
     by_category: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    fixed_k = fixed_rows(profile)
     oracles = []  # per reported call: once its process's calls are all in
     for noise_seed, seed, row in _draws(data * passes, profile, noise_seeds):
         if seed == 0:  # each draw of the noise is a process of its own
@@ -254,7 +274,7 @@ def evaluate(
             # pays for the shapes another row's calls fed first.
             shapes: dict[Any, set[tuple[int, int]]] = defaultdict(set)
             device_costs = None  # what auto measured in the calls before (`carry`), as generate keeps it
-            oracle_of = Oracle(profile)
+            best_fixed = Oracle(profile)
 
         def run(
             name: Any,
@@ -271,15 +291,15 @@ def evaluate(
         policy = AdaptiveDraftLength(device_costs=device_costs)
         auto = run("auto", policy, tree=tree)
         device_costs = policy.costs if carry else None
-        runs = {k: run(k, FixedDraftLength(k), tree=tree) for k in ks}
+        runs = {k: run(k, fixed_k(k), tree=tree) for k in ks}
         fixed = {k: r["seconds"] for k, r in runs.items()}
-        call = oracle_of.add(runs)
+        call = best_fixed.add(runs)
         lookup = run("lookup", FixedDraftLength(LOOKUP_TOKENS), lookup=True)["seconds"]
         if seed < (passes - 1) * len(data):
             continue  # the process's earlier passes: only its last is reported
         bound = bound_seconds([row["prompt"]], [row["answer"]], profile, host_seconds)
         c = by_category[row["category"]]
-        oracles.append((c, oracle_of, call, plain, auto["seconds"]))
+        oracles.append((c, best_fixed, call, plain, auto["seconds"]))
         c["bound"].append(plain / bound)
         c["bound_vs_lookup"].append(lookup / bound)
         c["auto"].append(plain / auto["seconds"])
@@ -288,8 +308,8 @@ def evaluate(
         c["speculative"].append(auto["speculative"])
         for k, seconds in fixed.items():
             c[f"k={k}"].append(plain / seconds)
-    for c, oracle_of, call, plain, auto_seconds in oracles:
-        oracle = oracle_of.seconds()[call]
+    for c, best_fixed, call, plain, auto_seconds in oracles:
+        oracle = best_fixed.seconds()[call]
         c["oracle"].append(plain / oracle)
         c["regret"].append(oracle / auto_seconds)
     out = {}
@@ -337,11 +357,12 @@ def evaluate_batches(
     groups = batches(data, batch)
     results: dict[str, list[float]] = defaultdict(list)
     calls = []
+    fixed_k = fixed_rows(profile)
     for noise_seed, seed, group in _draws(groups, profile, noise_seeds):
         if seed == 0:
             shapes: dict[Any, set[tuple[int, int]]] = defaultdict(set)  # per row, as in `evaluate`
             device_costs = None
-            oracle_of = Oracle(profile)
+            best_fixed = Oracle(profile)
 
         def run(
             name: Any, policy: DraftLengthPolicy, group=group, seed=seed + noise_seed, shapes=shapes
@@ -362,13 +383,13 @@ def evaluate_batches(
         policy = AdaptiveDraftLength(device_costs=device_costs)
         auto = run("auto", policy)
         device_costs = policy.costs if carry else None
-        calls.append((oracle_of, oracle_of.add({k: run(k, FixedDraftLength(k)) for k in ks}), plain, auto))
+        calls.append((best_fixed, best_fixed.add({k: run(k, fixed_k(k)) for k in ks}), plain, auto))
         prompts, answers_ = [r["prompt"] for r in group], [r["answer"] for r in group]
         results["bound"].append(plain / bound_seconds(prompts, answers_, profile, host_seconds))
         results["auto"].append(plain / auto["seconds"])
         results["speculative"].append(auto["speculative"])
-    for oracle_of, call, plain, auto in calls:  # once each process's calls are all in
-        oracle = oracle_of.seconds()[call]
+    for best_fixed, call, plain, auto in calls:  # once each process's calls are all in
+        oracle = best_fixed.seconds()[call]
         results["oracle"].append(plain / oracle)
         results["regret"].append(oracle / auto["seconds"])
     return {

@@ -44,6 +44,12 @@ class Forward:
     wall_seconds: float = 0.0
     host_seconds: float = 0.0
 
+    @property
+    def prefill(self) -> bool:
+        """A prompt's forward (nothing cached, more than one token): its shape is new with every
+        prompt, and it pays no one-off (`CostProfile.seconds`)."""
+        return self.past == 0 and self.width > 1
+
 
 host_clock = time.thread_time  # what host work is counted in under an emulated profile
 
@@ -91,7 +97,7 @@ class CostProfile:
 
     def seconds(self, forward: Forward, first_of_shape: bool = False, rng: Jitter | None = None) -> float:
         n = forward.batch * forward.width
-        if forward.past == 0 and forward.width > 1:  # a prefill: its shape is new with every prompt
+        if forward.prefill:
             return self.step * (1 + self.prefill_per_token * (n - 1))
         if self.curve:
             cost = self.step * _along(self.curve, n)
@@ -101,7 +107,12 @@ class CostProfile:
             cost *= math.exp(self.noise * rng.gauss(0.0, 1.0))
         if self.drift and rng is not None:
             cost *= math.exp(self.drift * rng.drift())
-        return cost + (self.step * self.oneoff if first_of_shape else 0.0)
+        return cost + (self.oneoff_seconds if first_of_shape else 0.0)
+
+    @property
+    def oneoff_seconds(self) -> float:
+        """What a forward at a shape new to the process (or call: `oneoff_scope`) costs on top."""
+        return self.step * self.oneoff
 
     def with_step(self, step: float) -> CostProfile:
         return CostProfile(**{**self.__dict__, "step": step})

@@ -65,10 +65,37 @@ def test_the_oracle_pays_a_one_off_the_first_time_its_process_feeds_a_shape(repl
 
 
 @pytest.mark.parametrize("name", ["flat", "flat+oneoff-call"])
-def test_without_one_offs_a_process_keeps_the_oracle_is_each_calls_fastest_row(replay, name):
+def test_the_oracle_is_each_calls_fastest_row_without_one_offs_a_process_keeps(replay, name):
     # Once a call (`flat+oneoff-call`): each row's seconds hold the call's own one-offs.
     runs = [
         {2: _run(1.1, {W3}, {W3}), 4: _run(1.0, {W5}, {W5})},
         {2: _run(0.9, {W3}, {W3}), 4: _run(1.0, {W5}, {W5})},
     ]
     assert _oracle(replay, name, runs * 2) == [1.0, 0.9, 1.0, 0.9]
+
+
+def _calls() -> list[tuple[list[int], list[int]]]:
+    """(prompt, answer) token ids whose answers repeat their prompts in part, as n-gram drafts need;
+    a one-token prompt first (its forward is no prefill: it pays a one-off) and a five-token one."""
+    text = [5, 6, 7, 8, 9, 10, 11, 12] * 6
+    return [([5], text[:40]), (text[:30], text[30:] + [3, 4] + text[:40]), (text[:5], text[5:45] + [2] * 9)]
+
+
+@pytest.mark.parametrize("name", ["flat+oneoff", "flat+oneoff-call", "flat"])
+def test_the_oracle_prices_a_single_k_as_its_own_row_timed_it(replay, name):
+    """On `replay`'s own bookkeeping of what each call fed and paid: a set of one k costs what that
+    k's row took, call by call, and the oracle no more than any fixed k over the process."""
+    profile, ks = PROFILES[name], (2, 4, 8)
+    oracle, rows = replay.Oracle(profile), {k: [] for k in ks}
+    shapes = {k: set() for k in ks}  # each k's row a process of its own
+    for prompt, answer in _calls():
+        runs = {
+            k: replay.replay([prompt], [answer], replay.fixed_rows(profile)(k), profile, 0.0, shapes[k])
+            for k in ks
+        }
+        oracle.add(runs)
+        for k in ks:
+            rows[k].append(runs[k]["seconds"])
+    for k in ks:
+        assert oracle._charged((k,)) == pytest.approx(rows[k])
+    assert sum(oracle.seconds()) <= min(sum(seconds) for seconds in rows.values()) + 1e-12
