@@ -54,7 +54,7 @@ def test_a_long_forward_runs_in_chunks_with_the_same_logits(onnx_dirs, weak_draf
     """One session run over a whole prompt materializes its [heads, new, past + new] attention scores
     and mask, quadratic in the prompt's length: a 4000-token prompt's int8 draft prefill took 7.7x
     the target's own and GBs of memory. A long forward is fed in chunks, to the same logits."""
-    monkeypatch.setattr(ort_kv_module, "PREFILL_CHUNK", 64, raising=False)
+    monkeypatch.setattr(ort_kv_module, "PREFILL_CHUNK", 64)
     fed: list[int] = []
     bind = OrtKV._bind
 
