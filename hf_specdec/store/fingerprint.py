@@ -43,12 +43,12 @@ def weights_state(model: PreTrainedModel) -> tuple:
 
 
 def adapter_state(model: PreTrainedModel) -> tuple:
-    """Which adapters each adapter layer applies (PEFT's tuner layers, told by their `active_adapters`
-    and boolean `disable_adapters`): every adapter's weights are in the state dict whichever is
-    active, so `set_adapter` and `disable_adapter()` change what the model computes without
-    changing a tensor."""
+    """Which adapters each adapter layer applies, and at what scale (PEFT's tuner layers, told by
+    their `active_adapters` and boolean `disable_adapters`; LoRA's `scaling`): every adapter's
+    weights are in the state dict whichever is active, so `set_adapter`, `disable_adapter()` and
+    `set_scale` change what the model computes without changing a tensor."""
     return tuple(
-        (name, tuple(module.active_adapters), module.disable_adapters)
+        (name, tuple(module.active_adapters), module.disable_adapters, repr(getattr(module, "scaling", None)))
         for name, module in model.named_modules()
         if isinstance(getattr(module, "disable_adapters", None), bool) and hasattr(module, "active_adapters")
     )

@@ -108,7 +108,14 @@ def test_switching_adapters_rebuilds_the_copy(exported):
         quantized_copy(model)
     with model.disable_adapter(), pytest.warns(UserWarning, match="Rebuilding the int8 ONNX copy"):
         quantized_copy(model)
-    assert len(exported) == 3
+    with pytest.warns(UserWarning, match="Rebuilding the int8 ONNX copy"):  # enabled again
+        quantized_copy(model)
+    for module in model.modules():  # LoRA's scale, set on each layer (`LoraLayer.set_scale`)
+        if hasattr(module, "set_scale"):
+            module.set_scale("other", 0.5)
+    with pytest.warns(UserWarning, match="Rebuilding the int8 ONNX copy"):
+        quantized_copy(model)
+    assert len(exported) == 5
 
 
 class Int8Weight(torch.Tensor):
