@@ -20,15 +20,15 @@ source. Here:
   length and by how the occurrences agreed, as `ngram`'s do, learnt across calls, so that the two
   sources' drafts compare on one scale. A tree (`SpeculativeConfig(tree=True)`) grows best-first
   over the corpus's continuations and is merged with prompt lookup's trie (`suffix_speculation.py`).
-- **When the corpus drafts.** Before each row's sequence is added, the call's output is replayed
-  against the corpus as it was: at each step the loop would have taken, what prompt lookup alone
-  and what this drafter would have drafted, and how many tokens of each the output held (greedy
-  acceptance; a sample holds a drafted token with the probability the target gave it, as
-  verification accepts it). The corpus drafts only while its recent replays gave at least
-  `min_gain` times prompt lookup's tokens per step, or where a row's context begins an earlier
-  sequence (its last `MAX_MATCH` tokens held at the same offset from that sequence's start: a
-  request repeating an earlier one, of which the replays of calls that were no repeat say
-  nothing); otherwise its drafts are prompt lookup's exactly, and replays grow rarer
+- **When the corpus drafts.** Before the call's rows are added, the outputs of its last
+  `RECORD_ROWS` rows are replayed against the corpus as it was: at each step the loop would have
+  taken, what prompt lookup alone and what this drafter would have drafted, and how many tokens of
+  each the output held (greedy acceptance; a sample holds a drafted token with the probability
+  the target gave it, as verification accepts it). The corpus drafts only while its recent
+  replays gave at least `min_gain` times prompt lookup's tokens per step, or where a row's context
+  begins an earlier sequence (its last `MAX_MATCH` tokens held at the same offset from that
+  sequence's start: a request repeating an earlier one, of which the replays of calls that were no
+  repeat say nothing); otherwise its drafts are prompt lookup's exactly, and replays grow rarer
   (`MAX_REPLAY_EVERY`). `method="auto"` drafts with it wherever no draft model is chosen, so
   that a workload that repeats itself across calls gains, and one that does not loses nothing but
   the add and the occasional replay.
@@ -201,15 +201,18 @@ class SuffixCorpus:
         return gain is not None and gain >= min_gain
 
     def add(self, sequences: list[list[int]], prompt_lengths: list[int], config: SuffixConfig) -> None:
-        """Replay each row's output against the corpus as it is (learning the odds and recording
-        the gain), then add the rows, dropping the oldest sequences beyond `max_corpus_tokens`."""
+        """Replay the last `RECORD_ROWS` rows' outputs against the corpus as it is (learning the
+        odds and recording the gain), then add every row, dropping the oldest sequences beyond
+        `max_corpus_tokens`."""
         with self._lock:
             snapshot = self.snapshot
             if snapshot.num_tokens and self._until_replay == 0:
-                for sequence, prompt_length in zip(sequences, prompt_lengths):
-                    replayed = self._replay(snapshot, sequence, prompt_length, config)
-                    if replayed[0]:
-                        self.record.append(replayed)
+                # The record keeps the last RECORD_ROWS rows with an output, so only those are
+                # replayed: a row costs up to REPLAY_TOKENS look-ups in the corpus, and a wide
+                # batch's other rows would decide nothing (the odds learn from these rows alone).
+                answered = [i for i, (s, p) in enumerate(zip(sequences, prompt_lengths)) if len(s) > p]
+                for i in answered[-RECORD_ROWS:]:
+                    self.record.append(self._replay(snapshot, sequences[i], prompt_lengths[i], config))
                 self.replayed_calls += 1
                 gain = self.gain()
                 # Backing off only once a whole record says the corpus does not pay: a workload

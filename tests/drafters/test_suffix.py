@@ -281,6 +281,28 @@ def test_a_request_that_only_ends_as_an_earlier_one_is_no_repeat(target_no_eos):
     assert out.speculative_stats.drafter_counters["corpus_drafting"] == 0
 
 
+def test_a_wide_call_replays_only_the_rows_its_record_keeps(monkeypatch):
+    """A row's replay costs up to REPLAY_TOKENS look-ups in the corpus: of a 40-row call only the last
+    RECORD_ROWS rows with an output are replayed (the record keeps no other), and every row is added."""
+    rng = np.random.default_rng(0)
+    config = SuffixConfig()
+    shared = SuffixCorpus(vocab_size=5000)
+    shared.add([rng.integers(0, 5000, 60).tolist()], [10], config)
+    replayed: list[list[int]] = []
+    replay = SuffixCorpus._replay
+    monkeypatch.setattr(
+        SuffixCorpus,
+        "_replay",
+        lambda self, snap, seq, *rest: replayed.append(seq) or replay(self, snap, seq, *rest),
+    )
+    rows = [rng.integers(0, 5000, 60).tolist() for _ in range(40)]
+    prompt_lengths = [10] * 39 + [60]  # the last row has no output: nothing to replay
+    shared.add(rows, prompt_lengths, config)
+    assert replayed == rows[-1 - suffix.RECORD_ROWS : -1]
+    assert len(shared.record) == suffix.RECORD_ROWS and shared.replayed_calls == 1
+    assert held(shared.snapshot)[1:] == rows
+
+
 def test_the_corpus_steps_aside_once_its_replays_stop_beating_prompt_lookup():
     rng = np.random.default_rng(0)
     config = SuffixConfig()
