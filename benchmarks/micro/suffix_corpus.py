@@ -14,10 +14,10 @@ drafts (forced, as every call while the corpus pays; one run) with the rows it r
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 
+from hf_specdec.core.timing import clock
 from hf_specdec.drafters.suffix import SuffixConfig, SuffixCorpus
 
 PROMPT, OUTPUT = 100, 256
@@ -62,14 +62,14 @@ def main(argv: list[str] | None = None) -> None:
         for _ in range(args.repeats):
             batch = rows(n)
             corpus._until_replay = 1  # this call not replayed
-            started = time.perf_counter()
+            started = clock("cpu")
             corpus.add(batch, [PROMPT] * n, config)
-            adds.append(time.perf_counter() - started)
+            adds.append(clock("cpu") - started)
         batch, replayed = rows(n), 0
         corpus._until_replay = 0
-        started = time.perf_counter()
+        started = clock("cpu")
         corpus.add(batch, [PROMPT] * n, config)
-        both = time.perf_counter() - started
+        both = clock("cpu") - started
         print(f"| {n} | {min(adds) * 1e3:.1f} ms | {both * 1e3:.0f} ms | {replayed} |")
     SuffixCorpus._replay = replay
 
