@@ -83,11 +83,10 @@ def replay(
 ) -> dict[str, Any]:
     """One greedy call over a batch of prompts replayed: its emulated seconds, target forwards, the
     share of steps that verified a draft, the decoding shapes it fed (`fed`) and those whose one-off
-    it paid (`paid`). Rows share each
-    forward, hence its width (rows with a shorter draft, or done, are holes); finished rows leave the
-    forward's batch once half of it has finished, unless the policy keeps its shape, as they leave
-    the target's cache in the loop (`core/loop.py`). `ask_seconds`: drafting costs this much a row
-    instead of its host time."""
+    it paid (`paid`). Rows share each forward, hence its width (rows with a shorter draft, or done,
+    are holes); finished rows leave the forward's batch once half of it has finished, unless the
+    policy keeps its shape, as they leave the target's cache in the loop (`core/loop.py`).
+    `ask_seconds`: drafting costs this much a row instead of its host time."""
     shapes = set() if profile.oneoff_scope == "call" else shapes
     rng = Jitter(seed)  # the profile's noise: every row of a prompt draws the same sequence
 
@@ -100,7 +99,8 @@ def replay(
         if not forward.prefill:
             shapes.add(shape)
             fed.add(shape)
-            paid.update([shape] if first else [])
+            if first:
+                paid.add(shape)
         return profile.seconds(forward, first, rng) + host_seconds
 
     drafter = NgramDrafter(NgramConfig())
@@ -192,17 +192,22 @@ class Oracle:
         """The oracle's seconds for each call, in order."""
         if self._seconds is None:
             ks = sorted(self.calls[0])
-            if self.profile.oneoff_scope != "process" or not self.profile.oneoff:
+            if not self._oneoff:
                 sets: list[tuple[int, ...]] = [tuple(ks)]
             else:
                 sets = [subset for n in range(1, len(ks) + 1) for subset in itertools.combinations(ks, n)]
             self._seconds = min((self._charged(subset) for subset in sets), key=sum)
         return self._seconds
 
+    @property
+    def _oneoff(self) -> float:
+        """What a shape new to the process costs on top: nothing where one-offs are paid once a call
+        (each row's seconds hold its call's own) or not at all."""
+        return self.profile.oneoff_seconds if self.profile.oneoff_scope == "process" else 0.0
+
     def _charged(self, ks: tuple[int, ...]) -> list[float]:
         """Each call's seconds where the process takes its fastest k of `ks`."""
-        once = self.profile.oneoff_scope == "process"
-        oneoff = self.profile.oneoff_seconds if once else 0.0
+        oneoff = self._oneoff
         fed: set[tuple[int, int]] = set()
         out = []
         for runs in self.calls:  # the set's fastest k without one-offs, then the set's own paid
