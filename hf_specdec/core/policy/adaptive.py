@@ -12,17 +12,8 @@ from typing import Any
 from ..draft import Draft, DraftCost
 from ..verify_shape import VerifyShape
 from .acceptance import MAX_DRAFT, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, AcceptanceEstimate, TreeAcceptance
-from .costs import OUT_OF_LINE, CostModel
-from .decision import (
-    PLAIN_MARGIN,
-    Gains,
-    Remaining,
-    Seconds,
-    drafting_seconds,
-    expected_gains,
-    fastest_width,
-    speedups,
-)
+from .costs import OUT_OF_LINE, CostModel, Feeding
+from .decision import PLAIN_MARGIN, Gains, drafting_seconds, expected_gains, fastest_width, speedups
 from .protocol import DraftLengthPolicy
 
 FREE_DRAFT = 0.05  # an ask costing under this share of a plain step is free: ask every step
@@ -109,9 +100,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         if self.draft_cost is DraftCost.PER_TOKEN:
             feeding = self.costs.feeding(batch, widen=not self.drafting_trees)
             gains = self.trees.gains() if self.drafting_trees else expected_gains(self.acceptance.alphas())
-            verify = lambda w: feeding(w)[1]  # noqa: E731
-            k, rate = fastest_width([gains], self._drafting, verify, margin=self._margin(batch))
-            self._add_regret(batch, [gains], None, k, rate, verify, self._drafting)  # its draft: k tokens
+            k = self._fastest(batch, [gains], None, feeding, drafted=False)  # its draft: k tokens
         window = self.realized
         realized = len(window) < s.realized_window or _beats_plain(*map(sum, zip(*window)), plain)
         if k == 0 or not realized:  # what asks gave shows what no estimate sees (a batch's slowest row)
@@ -156,11 +145,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         if not self.costs.measured_wide() or self._looking:
             return draft.truncated([min(n, 1) for n in draft.lengths])  # one token tells a width's cost
         feeding = self.costs.feeding(batch_size, max(remaining or [0]) or None, widen=draft.parents is None)
-        verify, margin = (lambda w: feeding(w)[1]), self._margin(batch_size)
-        gains = self._row_gains(draft)
-        k, rate = fastest_width(gains, lambda k: 0.0, verify, remaining, margin)
-        if self.draft_cost is not DraftCost.PER_TOKEN:  # a draft as long as asked: `_choose` does it
-            self._add_regret(batch_size, gains, remaining, k, rate, verify)
+        k = self._fastest(batch_size, self._row_gains(draft), remaining, feeding, drafted=True)
         if k == 0 and not self.costs.carried_at(batch_size) and self._look():
             k = 1  # priced from what another batch size cost, no draft pays: one token tests it
         if remaining:
@@ -170,24 +155,22 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         fed = feeding(k + 1)[0] if k else 1  # a wider width paid for: holes past the draft
         return draft.widened(fed - 1) if fed > k + 1 else draft
 
-    def _add_regret(
-        self,
-        batch: int,
-        gains: Gains,
-        remaining: Remaining,
-        k: int,
-        rate: float,
-        verify: Seconds,
-        drafting: Seconds = lambda k: 0.0,
-    ) -> None:
-        """Each width not paid for that would beat the step's (`k` tokens at `rate` times plain's, fed
-        at `verify`'s prices) at its steady cost earns the seconds it would have saved
-        (`CostModel.regret`)."""
-        if self.costs.new_shapes_are_dear():
+    def _fastest(
+        self, batch: int, gains: Gains, remaining: list[int] | None, feeding: Feeding, drafted: bool
+    ) -> int:
+        """The fastest width as fed (`feeding`), before drafting or at the cut (`drafted`). Where the
+        step's length is chosen (before drafting for a drafter paying per token, at the cut for a
+        look-up or a block), each width not paid for that would beat it at its steady cost earns the
+        seconds it would have saved (`CostModel.regret`)."""
+        drafting = (lambda k: 0.0) if drafted else self._drafting
+        verify = lambda w: feeding(w)[1]  # noqa: E731
+        k, rate = fastest_width(gains, drafting, verify, remaining, self._margin(batch))
+        if drafted != (self.draft_cost is DraftCost.PER_TOKEN) and self.costs.new_shapes_are_dear():
             seconds = drafting(k) + verify(k + 1) if k else self.costs.verify(batch, 1)
             steady = speedups(gains, drafting, lambda w: self.costs.verify(batch, w), remaining)
             wins = {j + 1: seconds * (1 - rate / r) for j, r in enumerate(steady) if j and r > rate}
             self.costs.add_regret(batch, wins)
+        return k
 
     def _row_gains(self, draft: Draft) -> list[list[float]]:
         """A sampled draft's by position alone (cut by its own tokens it would no longer follow the

@@ -18,6 +18,7 @@ CARRIED_TIMINGS, CARRIED_MIN = 16, 3  # a carried width: the median of its last 
 OUT_OF_LINE, REGIME_TIMINGS = math.log(1.5), 3
 Curve = dict[int, float]  # width -> verify seconds over a plain step's
 Key = tuple[tuple[int, ...], int, int]  # what a carried figure is kept under: padding, context bucket, batch
+Feeding = Callable[[int], tuple[int, float | None]]  # width -> (the width to feed it at, its seconds)
 
 
 @dataclass
@@ -233,7 +234,7 @@ class CostModel:
 
     def feeding(
         self, batch: int, tokens_left: int | None = None, widen: bool = True, uses: int = 8
-    ) -> Callable[[int], tuple[int, float | None]]:
+    ) -> Feeding:
         """Per width, the width to feed it at and its cost: `verify`, plus its one-off spread over the
         steps it can serve (`uses`, fewer with few `tokens_left`), or where the cache feeds holes past
         a draft the next wider width already paid for, if cheaper. As it is until one-offs were timed."""
