@@ -10,6 +10,5 @@ from .protocol import DraftLengthPolicy, FixedDraftLength
 __all__ = [
     "AcceptanceEstimate", "AdaptiveDraftLength", "AdaptiveSettings", "CostModel", "DEVICE_COSTS",
     "DeviceCosts", "DraftLengthPolicy", "FixedDraftLength", "PRIOR_ACCEPTANCE", "PRIOR_WEIGHT",
-    "TreeAcceptance", "beta_mean", "expected_gains",
-    "fastest_width", "speedups",
+    "TreeAcceptance", "beta_mean", "expected_gains", "fastest_width", "speedups",
 ]  # fmt: skip

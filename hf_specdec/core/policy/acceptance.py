@@ -4,6 +4,7 @@ and per bucket of a drafter's confidence (chains), β per node (trees)."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 from ..tree import node_depths
 
@@ -19,19 +20,23 @@ def beta_mean(
     return (hits + prior * weight) / (trials + weight)
 
 
-class AcceptanceEstimate:
+@dataclass(eq=False)
+class _Estimate:
+    """Counts of the first `max_k` draft positions (tree nodes), each rate from one prior."""
+
+    max_k: int = MAX_DRAFT
+    prior_acceptance: float = PRIOR_ACCEPTANCE
+    prior_weight: float = PRIOR_WEIGHT
+
+
+@dataclass(eq=False)
+class AcceptanceEstimate(_Estimate):
     """α_i per draft position (given the ones before held) and, per bucket of the drafter's
     confidence, how often such tokens held: a draft's first token apart from its later ones, as one
     n-gram score means "often wrong" for a first token and "rarely wrong" once a copy started."""
 
-    def __init__(
-        self,
-        max_k: int = MAX_DRAFT,
-        prior_acceptance: float = PRIOR_ACCEPTANCE,
-        prior_weight: float = PRIOR_WEIGHT,
-    ) -> None:
-        self.max_k, self.prior_acceptance, self.prior_weight = max_k, prior_acceptance, prior_weight
-        self.drafted, self.accepted = [0.0] * max_k, [0.0] * max_k  # per position
+    def __post_init__(self) -> None:
+        self.drafted, self.accepted = [0.0] * self.max_k, [0.0] * self.max_k  # per position
         self.bucket_drafted, self.bucket_accepted = [0.0] * 2 * _BUCKETS, [0.0] * 2 * _BUCKETS  # `_bucket`
 
     def alpha(self, position: int, prior: float | None = None) -> float:
@@ -66,20 +71,15 @@ def _bucket(confidence: float, position: int) -> int:
     return min(int(confidence * _BUCKETS), _BUCKETS - 1) + (_BUCKETS if position > 0 else 0)
 
 
-class TreeAcceptance:
+@dataclass(eq=False)
+class TreeAcceptance(_Estimate):
     """β_i: how often node i (best first) lies on the accepted path; a tree's first n nodes add
     Σ_{i<n} β_i tokens (`gains`), and cost a forward a level where a drafter grows trees so
     (`levels`)."""
 
-    def __init__(
-        self,
-        max_k: int = MAX_DRAFT,
-        prior_acceptance: float = PRIOR_ACCEPTANCE,
-        prior_weight: float = PRIOR_WEIGHT,
-    ) -> None:
-        self.max_k, self.prior_acceptance, self.prior_weight = max_k, prior_acceptance, prior_weight
-        self.drafted, self.on_path = [0.0] * max_k, [0.0] * max_k  # per node index
-        self.depth_sums = [0.0] * max_k  # per n - 1: summed depth of the first n nodes
+    def __post_init__(self) -> None:
+        self.drafted, self.on_path = [0.0] * self.max_k, [0.0] * self.max_k  # per node index
+        self.depth_sums = [0.0] * self.max_k  # per n - 1: summed depth of the first n nodes
 
     @property
     def observed(self) -> bool:
