@@ -16,6 +16,7 @@ CARRIED_TIMINGS, CARRIED_MIN = 16, 3  # a carried width: the median of its last 
 # A timing this far from what the prior expects (a log ratio: 1.5x) is out of line: one is a stall,
 # REGIME_TIMINGS in a row on one side a regime change (another job on the device, a grown batch).
 OUT_OF_LINE, REGIME_TIMINGS = math.log(1.5), 3
+ONE_OFF_USES = 8  # the most steps a width's one-off is spread over (fewer with few tokens left)
 Curve = dict[int, float]  # width -> verify seconds over a plain step's
 Key = tuple[tuple[int, ...], int, int]  # what a carried figure is kept under: padding, context bucket, batch
 Feeding = Callable[[int], tuple[int, float | None]]  # width -> (the width to feed it at, its seconds)
@@ -66,10 +67,8 @@ def _from_widths(known: Curve, width: int) -> float | None:
 
 @dataclass
 class CostModel:
-    """Seconds per draft forward and per ask, and verify seconds per (batch size, width fed), as
-    this call times them over the prior (`carry`): each width's ratio to a plain step in earlier
-    calls and their plain step's seconds (`plains`), both under a `Key`. How timings out of line
-    with the prior are read: `OUT_OF_LINE` and docs/policy.md."""
+    """What this call timed, over the prior earlier calls carried (`carry`), each under a `Key`. How
+    timings out of line with the prior are read: `OUT_OF_LINE` and docs/policy.md."""
 
     draft: _Recent = field(default_factory=_Recent)  # seconds per draft forward (a token, a tree level)
     asks: _Recent = field(default_factory=_Recent)  # seconds per ask for a draft, whatever came back
@@ -80,8 +79,8 @@ class CostModel:
     # Per (batch, width) not yet paid for: the seconds it would have saved so far at its steady cost
     # (ski rental: a width whose one-off it has earned back is bought, whatever the horizon left).
     regret: dict[tuple[int, int], float] = field(default_factory=dict)
-    prior: dict[Key, dict[int, _Recent]] = field(default_factory=dict)
-    plains: dict[Key, _Recent] = field(default_factory=dict)
+    prior: dict[Key, dict[int, _Recent]] = field(default_factory=dict)  # width -> its ratio to a plain step
+    plains: dict[Key, _Recent] = field(default_factory=dict)  # the plain step's seconds in those calls
     shape: VerifyShape = field(default_factory=VerifyShape)
     bucket: int = 0  # `context_bucket` of the call's prompt
     trusts_prior: bool = True
@@ -232,12 +231,10 @@ class CostModel:
         excess = self.one_offs[key in self._before]
         return (excess.value or 0.0) if key not in self.times and excess.confirmed else 0.0
 
-    def feeding(
-        self, batch: int, tokens_left: int | None = None, widen: bool = True, uses: int = 8
-    ) -> Feeding:
+    def feeding(self, batch: int, tokens_left: int | None = None, widen: bool = True) -> Feeding:
         """Per width, the width to feed it at and its cost: `verify`, plus its one-off spread over the
-        steps it can serve (`uses`, fewer with few `tokens_left`), or where the cache feeds holes past
-        a draft the next wider width already paid for, if cheaper. As it is until one-offs were timed."""
+        steps it can serve, or where the cache feeds holes past a draft the next wider width already
+        paid for, if cheaper. As it is until one-offs were timed."""
         widths = tuple(sorted(self.paid(batch)))
         widen = widen and self.shape.feeds_holes and any(r.confirmed for r in self.one_offs.values())
 
@@ -245,7 +242,7 @@ class CostModel:
             seconds = self.verify(batch, width)
             if seconds is None:
                 return width, None
-            serves = uses if tokens_left is None else max(1, min(uses, tokens_left // width))
+            serves = ONE_OFF_USES if tokens_left is None else max(1, min(ONE_OFF_USES, tokens_left // width))
             earned = self.regret.get((batch, self.shape.padded(width)), 0.0)
             owed = self.first_call_seconds(batch, width) - earned
             seconds += max(owed, 0.0) / serves
