@@ -13,7 +13,15 @@ from ..draft import Draft, DraftCost
 from ..verify_shape import VerifyShape
 from .acceptance import MAX_DRAFT, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, AcceptanceEstimate, TreeAcceptance
 from .costs import OUT_OF_LINE, CostModel, Feeding
-from .decision import PLAIN_MARGIN, Gains, drafting_seconds, expected_gains, fastest_width, speedups
+from .decision import (
+    PLAIN_MARGIN,
+    Gains,
+    drafting_seconds,
+    expected_gains,
+    fastest_width,
+    speedups,
+    steps_needed,
+)
 from .protocol import DraftLengthPolicy
 
 FREE_DRAFT = 0.05  # an ask costing under this share of a plain step is free: ask every step
@@ -144,8 +152,10 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             return draft
         if not self.costs.measured_wide() or self._looking:
             return draft.truncated([min(n, 1) for n in draft.lengths])  # one token tells a width's cost
-        feeding = self.costs.feeding(batch_size, max(remaining or [0]) or None, widen=draft.parents is None)
-        k = self._fastest(batch_size, self._row_gains(draft), remaining, feeding, drafted=True)
+        gains = self._row_gains(draft)  # a width serves as many steps as the call takes drafting at it
+        steps_left = (lambda w: steps_needed(gains, remaining, w - 1)) if remaining else None
+        feeding = self.costs.feeding(batch_size, steps_left, widen=draft.parents is None)
+        k = self._fastest(batch_size, gains, remaining, feeding, drafted=True)
         if k == 0 and not self.costs.carried_at(batch_size) and self._look():
             k = 1  # priced from what another batch size cost, no draft pays: one token tests it
         if remaining:

@@ -231,10 +231,13 @@ class CostModel:
         excess = self.one_offs[key in self._before]
         return (excess.value or 0.0) if key not in self.times and excess.confirmed else 0.0
 
-    def feeding(self, batch: int, tokens_left: int | None = None, widen: bool = True) -> Feeding:
+    def feeding(
+        self, batch: int, steps_left: Callable[[int], float] | None = None, widen: bool = True
+    ) -> Feeding:
         """Per width, the width to feed it at and its cost: `verify`, plus its one-off spread over the
-        steps it can serve, or where the cache feeds holes past a draft the next wider width already
-        paid for, if cheaper. As it is until one-offs were timed."""
+        steps it can serve (`ONE_OFF_USES`, fewer where the call has fewer `steps_left` at that
+        width), or where the cache feeds holes past a draft the next wider width already paid for,
+        if cheaper. As it is until one-offs were timed."""
         widths = tuple(sorted(self.paid(batch)))
         widen = widen and self.shape.feeds_holes and any(r.confirmed for r in self.one_offs.values())
 
@@ -242,7 +245,7 @@ class CostModel:
             seconds = self.verify(batch, width)
             if seconds is None:
                 return width, None
-            serves = ONE_OFF_USES if tokens_left is None else max(1, min(ONE_OFF_USES, tokens_left // width))
+            serves = ONE_OFF_USES if steps_left is None else max(1, min(ONE_OFF_USES, int(steps_left(width))))
             earned = self.regret.get((batch, self.shape.padded(width)), 0.0)
             owed = self.first_call_seconds(batch, width) - earned
             seconds += max(owed, 0.0) / serves

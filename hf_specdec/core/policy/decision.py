@@ -44,9 +44,13 @@ def speedups(gains: Gains, drafting: Seconds, verify: Seconds, remaining: Remain
     plain = max(remaining) * verify(1)
     out = [1.0]
     for k in range(1, max((len(g) for g in gains), default=0) + 1):
-        steps = max(r / (1.0 + (g[min(k, len(g)) - 1] if g else 0.0)) for r, g in zip(remaining, gains))
-        out.append(plain / (steps * (drafting(k) + verify(k + 1))))
+        out.append(plain / (steps_needed(gains, remaining, k) * (drafting(k) + verify(k + 1))))
     return out
+
+
+def steps_needed(gains: Gains, remaining: list[int], k: int) -> float:
+    """Steps the batch takes for its `remaining` tokens drafting k a step: its slowest row's."""
+    return max(r / (1.0 + (g[min(k, len(g)) - 1] if g and k else 0.0)) for r, g in zip(remaining, gains))
 
 
 def fastest_width(

@@ -580,6 +580,15 @@ def test_near_a_calls_end_a_new_widths_oneoff_is_priced_over_the_steps_left():
     assert _policy_with_paid_widths(1, 2, 3).trim(_draft([6], 0.95), 1, [200]).lengths == [6]
 
 
+def test_a_new_widths_oneoff_is_spread_over_the_steps_the_call_takes_at_that_width():
+    """With 64 tokens to go, a 16-token draft whose tokens are 90% likely to hold advances about
+    seven tokens a step: a width of 17 serves the eight steps a one-off is spread over, and the
+    draft is verified whole. Counting a step as the width's 17 tokens priced it over three steps
+    and cut the draft to 8."""
+    draft = _policy_with_paid_widths(1, 2, 3).trim(_draft([16], 0.9), 1, [64])
+    assert draft.lengths == [16]
+
+
 def test_a_draft_shorter_than_a_width_paid_for_is_fed_at_that_width_not_cut():
     """Where a new width costs a one-off, a draft whose length has no paid width is fed at the next
     wider width already paid for, the columns past it holes (`Draft.widened`), when that costs less
@@ -592,7 +601,8 @@ def test_a_draft_shorter_than_a_width_paid_for_is_fed_at_that_width_not_cut():
         assert draft.tokens[0, :6].tolist() == _draft([6]).tokens[0].tolist()
         assert not draft.tokens[0, 6:].any() and not draft.confidence[0, 6:].any()
         costs = _policy_with_paid_widths(1, 2, 17).costs
-        assert costs.feeding(1, tokens_left=left)(7) == (17, costs.verify(1, 17))
+        steps_left = lambda width, left=left: left / width  # noqa: E731
+        assert costs.feeding(1, steps_left)(7) == (17, costs.verify(1, 17))
 
     flat = AdaptiveDraftLength()
     for width in (1, 2, 17):

@@ -126,9 +126,9 @@ def test_a_first_calls_excess_is_learnt_and_spread_over_the_steps_a_width_serves
     assert costs.new_shapes_are_dear() and costs.first_call_seconds(1, 3) == 0.0  # paid for
     steady = costs.verify(1, 7)
     assert costs.feeding(1)(7) == (7, pytest.approx(steady + 6.0 / 8))
-    assert costs.feeding(1, tokens_left=21)(7)[1] == pytest.approx(steady + 6.0 / 3)
-    assert costs.feeding(1, tokens_left=7)(7)[1] == pytest.approx(steady + 6.0)
-    assert costs.feeding(1, tokens_left=7)(2) == (2, costs.verify(1, 2))
+    assert costs.feeding(1, steps_left=lambda width: 3.5)(7)[1] == pytest.approx(steady + 6.0 / 3)
+    assert costs.feeding(1, steps_left=lambda width: 0.5)(7)[1] == pytest.approx(steady + 6.0)
+    assert costs.feeding(1, steps_left=lambda width: 0.5)(2) == (2, costs.verify(1, 2))
     assert not _measured(FLAT).new_shapes_are_dear()
 
 
