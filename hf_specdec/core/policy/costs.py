@@ -245,10 +245,11 @@ class CostModel:
             seconds = self.verify(batch, width)
             if seconds is None:
                 return width, None
-            serves = ONE_OFF_USES if steps_left is None else max(1, min(ONE_OFF_USES, int(steps_left(width))))
             earned = self.regret.get((batch, self.shape.padded(width)), 0.0)
             owed = self.first_call_seconds(batch, width) - earned
-            seconds += max(owed, 0.0) / serves
+            if owed > 0:
+                left = ONE_OFF_USES if steps_left is None else int(steps_left(width))
+                seconds += owed / max(1, min(ONE_OFF_USES, left))
             wider = padded_width(widths, width) if widen else width
             if wider > width and (fed := self.verify(batch, wider)) is not None and fed < seconds:
                 return wider, fed
