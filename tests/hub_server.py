@@ -4,9 +4,10 @@ It answers the endpoints `HfApi.list_models`, `HfApi.model_info`, `HfApi.list_re
 `snapshot_download` lists files with) and `hf_hub_download` call (huggingface_hub 2.x):
 `GET /api/models`, `GET /api/models/{repo}[/revision/{rev}]`, `GET /api/models/{repo}/tree/{rev}`
 and `HEAD|GET /{repo}/resolve/{rev}/{file}`, with the headers the client reads (`X-Repo-Commit`,
-`ETag`, `Content-Length`, `X-Error-Code`). Repos can be gated (401 `GatedRepo` on files without
-the test token), private (401 `RepoNotFound` everywhere without it) or vanished (listed by
-`/api/models`, 404 everywhere else, as a repo deleted between listing and download).
+`ETag`, `Content-Length`, `X-Error-Code`). Requests can fail (`failing`) or go unanswered (`stalled`,
+a stuck proxy). Repos can be gated (401 `GatedRepo` on files without the test token), private (401
+`RepoNotFound` everywhere without it) or vanished (listed by `/api/models`, 404 everywhere else, as
+a repo deleted between listing and download).
 
 Like the Hub, it keeps every commit: `push` makes a new one the repo's `main` while the earlier
 ones stay reachable by their sha (`rewrite_history` forgets them, as a force push does), `delete`
@@ -26,6 +27,7 @@ import json
 import re
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -130,6 +132,7 @@ class HubServer:
         self.commits: dict[tuple[str, str], Repo] = {}  # (repo id, sha) -> that commit, kept by `push`
         self.requests: list[tuple[str, str]] = []  # (method, path)
         self.failing: dict[str, int] = {}  # path prefix -> the status every request under it gets
+        self.stalled: set[str] = set()  # paths whose requests are never answered
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
         # Polled every 50 ms for `stop` (the default 0.5 s would be most of a small test's time).
         self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), daemon=True)
@@ -200,6 +203,10 @@ def _make_handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             parts = urlsplit(self.path)
             path = unquote(parts.path)
             hub.requests.append((self.command, path))
+            if path in hub.stalled:  # a stuck proxy: taken, never answered, closed once no longer stalled
+                while path in hub.stalled:
+                    time.sleep(0.05)
+                return
             if status := next(
                 (code for prefix, code in hub.failing.items() if path.startswith(prefix)), None
             ):

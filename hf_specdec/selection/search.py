@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from huggingface_hub import HfApi, get_token
+from huggingface_hub import HfApi, ModelInfo, get_session, get_token
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
@@ -37,6 +37,7 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
+from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
 from transformers import AutoTokenizer
 
 from ..drafters.vocabulary import MIN_SHARED_COVERAGE
@@ -61,6 +62,7 @@ from .choice import DRAFT_FREE_METHOD, DraftChoice, DraftSelectionError, params_
 MIN_RATIO = 1 / 100  # a smaller draft agrees too rarely with the target to pay
 MAX_RATIO = 1 / 4  # a larger draft costs too much per drafted token
 _EXPAND = ["sha", "safetensors", "config", "cardData", "gated", "siblings", "tags"]
+_LISTED = 500  # the family's models asked of the Hub's search, quantized exports among them
 _GATED_CANDIDATE = "gated: pass a token that has accepted its licence to consider it"
 _QUANTIZED = re.compile(r"(gguf|awq|gptq|int4|int8|fp8|mlx|onnx|bnb|exl2)", re.IGNORECASE)
 _INSTRUCT = re.compile(r"(instruct|chat|(^|-)it($|-))", re.IGNORECASE)
@@ -243,8 +245,26 @@ def _family(repo_id: str) -> str:
 
 def _candidates(api: Any, repo_id: str, family_repo: str, token: str | None) -> list[Any]:
     author, family = family_repo.split("/")[0], _family(family_repo)
-    models = api.list_models(author=author, search=family, expand=_EXPAND, limit=500, token=token)
+    models = _list_models(api, {"author": author, "search": family}, token)
     return [m for m in models if m.id != repo_id and _family(m.id).lower() == family.lower()]
+
+
+def _list_models(api: HfApi, query: dict[str, str], token: str | None) -> list[ModelInfo]:
+    """What `api.list_models(**query, expand=_EXPAND, limit=_LISTED)` yields, each page asked once
+    with `hub_timeout()`, as the target's `model_info` is. `list_models` takes no timeout, so a Hub
+    that answered the target's info but never the search hung `speculative=True`; the `paginate` it
+    uses takes one but retries a page that timed out five times, 23 s of waits between. Raises as
+    `model_info` does (a timeout: `HubUnreachable`)."""
+    url: str | None = f"{api.endpoint}/api/models"
+    params: dict[str, Any] | None = {**query, "expand": _EXPAND, "limit": _LISTED}
+    headers = build_hf_headers(token=token)
+    found: list[ModelInfo] = []
+    while url and len(found) < _LISTED:
+        response = get_session().get(url, params=params, headers=headers, timeout=hub_timeout())
+        hf_raise_for_status(response)
+        found += [ModelInfo(**{"siblings": None, **item}) for item in response.json()]
+        url, params = response.links.get("next", {}).get("url"), None  # the next page's link holds the query
+    return found[:_LISTED]
 
 
 def _infos(api: Any, repo_ids: tuple[str, ...], token: str | None, rejected: list[str]) -> list[Any]:

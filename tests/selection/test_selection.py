@@ -222,6 +222,35 @@ def test_a_hub_that_never_answers_is_draft_free_after_the_timeout(
     assert (choice.method, choice.source) == ("ngram", "offline") and "could not be searched" in choice.reason
 
 
+def test_a_hub_that_never_answers_the_search_is_draft_free_after_the_timeout(
+    hub: HubServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The target's info was bounded by the Hub's timeout, but the search for candidates
+    (`list_models`, which takes none) was not: a Hub that answered the one and took the other's
+    connection without answering hung `generate(speculative=True)` for ever."""
+    monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "1")
+    config = LlamaConfig(
+        vocab_size=128, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2
+    )
+    model = LlamaForCausalLM(config)
+    model.name_or_path = TARGET
+    ids = torch.tensor([[5, 6, 7, 8]])
+    plain = model.generate(ids, max_new_tokens=6, do_sample=False)
+    hub.stalled = {"/api/models"}
+    try:
+        out = finished_within(
+            30,
+            lambda: model.generate(
+                ids, max_new_tokens=6, do_sample=False, speculative=True, return_dict_in_generate=True
+            ),
+        )
+    finally:
+        hub.stalled = set()
+    assert torch.equal(out.sequences, plain)
+    assert "could not be searched (ReadTimeout" in out.speculative_stats.selection
+    assert select_draft(TARGET).draft == GOOD_DRAFT  # not cached: searched again once the Hub answers
+
+
 @pytest.mark.parametrize("status", [500, 429])
 def test_a_hub_failing_for_now_is_draft_free_and_not_cached(hub: HubServer, status: int) -> None:
     """A server error or a rate limit on the target's info raised out of `select_draft` (so out of
