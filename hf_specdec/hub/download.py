@@ -45,6 +45,7 @@ TOKENIZER_FILES = (
 # The files of a model we load: config, generation config and safetensors weights (one file, or
 # shards and their index). Never pickles (`pytorch_model.bin`, `*.pt`): unpickling can run code.
 SAFETENSORS_WEIGHTS = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors$")
+_SINGLE_WEIGHTS = "model.safetensors"
 _MODEL_FILES = {"config.json", "generation_config.json", SAFETENSORS_INDEX}
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
@@ -160,9 +161,10 @@ def download_repo_files(
     """The snapshot folder, in the Hub cache, of the files `wanted` accepts of one commit of `repo_id`.
 
     The commit's listing comes first; names `is_safe_filename` refuses are skipped before anything
-    is downloaded, and every file comes from the commit listed (`revision`, default `main` as it is
-    now), even if the branch moves meanwhile. Offline (`HF_HUB_OFFLINE`), or when the Hub cannot be
-    reached, the Hub cache's copy is used. `what` names the repo in error messages.
+    is downloaded, and so are shards beside a `model.safetensors` (`_unread_weights`). Every file
+    comes from the commit listed (`revision`, default `main` as it is now), even if the branch moves
+    meanwhile. Offline (`HF_HUB_OFFLINE`), or when the Hub cannot be reached, the Hub cache's copy is
+    used. `what` names the repo in error messages.
 
     Raises:
         HubFileError: the repo, revision or a file is missing, gated or private; or the files are not
@@ -191,7 +193,8 @@ def repo_files(
         except HubUnreachable:  # what the cache holds, as snapshot_download does
             return _cached_files(repo_id, revision)
         listed = frozenset(s.rfilename for s in info.siblings or [] if is_safe_filename(s.rfilename))
-        names = sorted(name for name in listed if wanted(name))
+        chosen = {name for name in listed if wanted(name)}
+        names = sorted(chosen - _unread_weights(chosen))
         if not names:
             raise HubFileError(f"The {what} {repo_id} has none of the files needed to load it.", lasting=True)
         folder = download_files(repo_id, names, token=token, revision=info.sha)
@@ -243,6 +246,15 @@ def repo_files(
         raise HubFileError(
             f"Could not download the {what} {repo_id} from {endpoint}: {err}", lasting=False
         ) from err
+
+
+def _unread_weights(names: set[str]) -> set[str]:
+    """The weights files among `names` that loading would not read: beside `model.safetensors`, a
+    sharded copy (shards and their index), as transformers and our loaders read the single file first."""
+    if _SINGLE_WEIGHTS not in names:
+        return set()
+    sharded = {n for n in names if n == SAFETENSORS_INDEX or SAFETENSORS_WEIGHTS.match(n)}
+    return sharded - {_SINGLE_WEIGHTS}
 
 
 def _error_status(err: BaseException | None) -> tuple[int, str] | None:

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from huggingface_hub import save_torch_state_dict
+from safetensors.torch import load_file
 
-from hf_specdec.hub.download import HubFileError, download_repo_files
+from hf_specdec.hub.download import HubFileError, download_model, download_repo_files
+from hf_specdec.store.manifest import SAFETENSORS_INDEX
 
 from ..helpers.hub import finished_within, silent_hub
 
 try:  # `python -m pytest` from the repo root, or --import-mode=importlib
-    from tests.hub_server import HubServer
+    from tests.hub_server import HubServer, build_tiny_repo
 except ImportError:  # plain `pytest`: the tests folder itself is on sys.path
-    from hub_server import HubServer
+    from hub_server import HubServer, build_tiny_repo
 
 REPO = "acme/Tiny-7M-Instruct"
 
@@ -94,3 +98,32 @@ def test_a_hub_that_never_answers_is_unreachable_after_the_timeout(
     finally:
         server.close()
     assert not err.value.lasting
+
+
+@pytest.mark.parametrize(
+    "fetch",
+    [
+        download_model,
+        lambda repo: download_repo_files(repo, lambda name: name.endswith((".json", ".safetensors"))),
+    ],
+    ids=["draft model", "draft head"],
+)
+def test_a_repo_holding_one_file_and_its_shards_downloads_the_file_only(
+    hub: HubServer, tmp_path: Path, fetch: Callable[[str], Path]
+) -> None:
+    """A repo with `model.safetensors` and a sharded copy beside it (shards and their index) had
+    both downloaded, twice its weights, though loading reads the single file (as transformers does)."""
+    folder = build_tiny_repo(tmp_path / "both", 16, 1, 128, "A")
+    weights = load_file(folder / "model.safetensors")
+    size = sum(w.numel() * w.element_size() for w in weights.values())
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    save_torch_state_dict(weights, sharded, max_shard_size=size // 2 + 1)
+    for shard in sharded.iterdir():  # beside model.safetensors
+        shard.rename(folder / shard.name)
+    assert len(list(folder.glob("model-*.safetensors"))) > 1
+    hub.add("acme/Both-7M", folder)
+    snapshot = fetch("acme/Both-7M")
+    fetched = {name for _, name in hub.resolved("acme/Both-7M")}
+    assert "model.safetensors" in fetched and (snapshot / "model.safetensors").is_file()
+    assert not [name for name in fetched if name.startswith("model-") or name == SAFETENSORS_INDEX]
