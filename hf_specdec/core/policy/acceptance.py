@@ -22,7 +22,7 @@ def beta_mean(
 
 @dataclass(eq=False)
 class _Estimate:
-    """Counts of the first `max_k` draft positions (tree nodes), each rate from one prior."""
+    """Estimates for the first `max_k` draft positions (tree nodes), each rate from this prior."""
 
     max_k: int = MAX_DRAFT
     prior_acceptance: float = PRIOR_ACCEPTANCE

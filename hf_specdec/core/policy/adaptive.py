@@ -16,6 +16,7 @@ from .costs import OUT_OF_LINE, CostModel, Feeding
 from .decision import (
     PLAIN_MARGIN,
     Gains,
+    Remaining,
     drafting_seconds,
     expected_gains,
     fastest_width,
@@ -74,6 +75,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         self.realized: list[tuple[float, float]] = []  # (tokens the critical row advanced, seconds) an ask
         self._first_k, self._plain_run, self._backoff = min(s.first_k, s.max_k), 0, 1
         self._asked, self._probing, self._looking, self._looks, self._critical = 0, False, False, 0, 0
+        self._cut_chooses = True  # the step's length is chosen at the cut (`trim`), not before drafting
 
     def begin_call(self, shape: VerifyShape, draft_cost: DraftCost, context: int) -> None:
         self.draft_cost = draft_cost
@@ -93,6 +95,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
 
     def _choose(self, batch: int) -> int:
         s, plain = self.settings, self.costs.verify(batch, 1)
+        self._cut_chooses = True
         if plain is None:
             return 0  # none timed, none carried: time a plain step first
         pays = self._perfect_gain(batch, self._drafting) >= s.min_probe_gain
@@ -108,7 +111,8 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         if self.draft_cost is DraftCost.PER_TOKEN:
             feeding = self.costs.feeding(batch, widen=not self.drafting_trees)
             gains = self.trees.gains() if self.drafting_trees else expected_gains(self.acceptance.alphas())
-            k = self._fastest(batch, [gains], None, feeding, drafted=False)  # its draft: k tokens
+            k = self._fastest(batch, [gains], None, feeding, drafted=False, earns=True)  # its draft: k tokens
+            self._cut_chooses = False
         window = self.realized
         realized = len(window) < s.realized_window or _beats_plain(*map(sum, zip(*window)), plain)
         if k == 0 or not realized:  # what asks gave shows what no estimate sees (a batch's slowest row)
@@ -155,7 +159,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         gains = self._row_gains(draft)  # a width serves as many steps as the call takes drafting at it
         steps_left = (lambda w: steps_needed(gains, remaining, w - 1)) if remaining else None
         feeding = self.costs.feeding(batch_size, steps_left, widen=draft.parents is None)
-        k = self._fastest(batch_size, gains, remaining, feeding, drafted=True)
+        k = self._fastest(batch_size, gains, remaining, feeding, drafted=True, earns=self._cut_chooses)
         if k == 0 and not self.costs.carried_at(batch_size) and self._look():
             k = 1  # priced from what another batch size cost, no draft pays: one token tests it
         if remaining:
@@ -166,16 +170,16 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         return draft.widened(fed - 1) if fed > k + 1 else draft
 
     def _fastest(
-        self, batch: int, gains: Gains, remaining: list[int] | None, feeding: Feeding, drafted: bool
+        self, batch: int, gains: Gains, remaining: Remaining, feeding: Feeding, drafted: bool, earns: bool
     ) -> int:
-        """The fastest width as fed (`feeding`), before drafting or at the cut (`drafted`). Where the
-        step's length is chosen (before drafting for a drafter paying per token, at the cut for a
-        look-up or a block), each width not paid for that would beat it at its steady cost earns the
-        seconds it would have saved (`CostModel.regret`)."""
+        """The fastest width as fed (`feeding`), before drafting or at the cut (`drafted`). Where it
+        chooses the step's length (`earns`: before drafting for a drafter paying per token whose asks
+        are not free, else at the cut), each width not paid for that would beat it at its steady cost
+        earns the seconds it would have saved (`CostModel.regret`)."""
         drafting = (lambda k: 0.0) if drafted else self._drafting
         verify = lambda w: feeding(w)[1]  # noqa: E731
         k, rate = fastest_width(gains, drafting, verify, remaining, self._margin(batch))
-        if drafted != (self.draft_cost is DraftCost.PER_TOKEN) and self.costs.new_shapes_are_dear():
+        if earns and self.costs.new_shapes_are_dear():
             seconds = drafting(k) + verify(k + 1) if k else self.costs.verify(batch, 1)
             steady = speedups(gains, drafting, lambda w: self.costs.verify(batch, w), remaining)
             wins = {j + 1: seconds * (1 - rate / r) for j, r in enumerate(steady) if j and r > rate}

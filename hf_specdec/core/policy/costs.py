@@ -16,7 +16,7 @@ CARRIED_TIMINGS, CARRIED_MIN = 16, 3  # a carried width: the median of its last 
 # A timing this far from what the prior expects (a log ratio: 1.5x) is out of line: one is a stall,
 # REGIME_TIMINGS in a row on one side a regime change (another job on the device, a grown batch).
 OUT_OF_LINE, REGIME_TIMINGS = math.log(1.5), 3
-ONE_OFF_USES = 8  # the most steps a width's one-off is spread over (fewer with few tokens left)
+ONE_OFF_USES = 8  # the most steps a width's one-off is spread over (fewer where the call has fewer)
 Curve = dict[int, float]  # width -> verify seconds over a plain step's
 Key = tuple[tuple[int, ...], int, int]  # what a carried figure is kept under: padding, context bucket, batch
 Feeding = Callable[[int], tuple[int, float | None]]  # width -> (the width to feed it at, its seconds)

@@ -582,11 +582,40 @@ def test_near_a_calls_end_a_new_widths_oneoff_is_priced_over_the_steps_left():
 
 def test_a_new_widths_oneoff_is_spread_over_the_steps_the_call_takes_at_that_width():
     """With 64 tokens to go, a 16-token draft whose tokens are 90% likely to hold advances about
-    seven tokens a step: a width of 17 serves the eight steps a one-off is spread over, and the
-    draft is verified whole. Counting a step as the width's 17 tokens priced it over three steps
-    and cut the draft to 8."""
+    8.5 tokens a step: a width of 17 serves seven steps, its one-off spread over them, and the draft
+    is verified whole. Counting a step as the width's 17 tokens priced it over three steps and cut
+    the draft to 8. A width of w serves the steps a draft of w - 1 tokens takes (with 26 to go, a
+    confident draft is cut to 12; counting a draft of w tokens cut it to 2)."""
     draft = _policy_with_paid_widths(1, 2, 3).trim(_draft([16], 0.9), 1, [64])
     assert draft.lengths == [16]
+    assert _policy_with_paid_widths(1, 2, 3).trim(_draft([16], 0.95), 1, [26]).lengths == [12]
+
+
+@pytest.mark.parametrize(
+    "cost, ask, chosen_at",
+    [
+        (DraftCost.FREE, None, "cut"),
+        (DraftCost.PER_BLOCK, 0.5, "cut"),  # one ask whatever the length: the cut chooses
+        (DraftCost.PER_TOKEN, 0.001, "cut"),  # asks under 5% of a plain step are free: `trim` decides
+        (DraftCost.PER_TOKEN, 0.3, "draft_length"),
+    ],
+)
+def test_widths_not_paid_for_earn_their_regret_where_the_steps_length_is_chosen(cost, ask, chosen_at):
+    """Ski rental counts each step once, where its length is chosen: before drafting for a drafter
+    paying per token whose asks cost something, else at the cut (`AdaptiveDraftLength._fastest`)."""
+    policy = _policy_with_paid_widths(1, 2, 3)
+    policy.begin_call(VerifyShape(), cost, 100)
+    if ask is not None:
+        policy.costs.asks.add(ask)
+        policy.costs.draft.add(ask)
+    k = policy.draft_length(1)
+    asked = dict(policy.costs.regret)
+    policy.trim(_draft([k or 16], 0.95), 1, [200])
+    cut = dict(policy.costs.regret)
+    if chosen_at == "draft_length":
+        assert asked and cut == asked
+    else:
+        assert not asked and cut
 
 
 def test_a_draft_shorter_than_a_width_paid_for_is_fed_at_that_width_not_cut():
@@ -601,8 +630,7 @@ def test_a_draft_shorter_than_a_width_paid_for_is_fed_at_that_width_not_cut():
         assert draft.tokens[0, :6].tolist() == _draft([6]).tokens[0].tolist()
         assert not draft.tokens[0, 6:].any() and not draft.confidence[0, 6:].any()
         costs = _policy_with_paid_widths(1, 2, 17).costs
-        steps_left = lambda width, left=left: left / width  # noqa: E731
-        assert costs.feeding(1, steps_left)(7) == (17, costs.verify(1, 17))
+        assert costs.feeding(1, lambda width, left=left: left / 7)(7) == (17, costs.verify(1, 17))
 
     flat = AdaptiveDraftLength()
     for width in (1, 2, 17):

@@ -129,6 +129,9 @@ def test_a_first_calls_excess_is_learnt_and_spread_over_the_steps_a_width_serves
     assert costs.feeding(1, steps_left=lambda width: 3.5)(7)[1] == pytest.approx(steady + 6.0 / 3)
     assert costs.feeding(1, steps_left=lambda width: 0.5)(7)[1] == pytest.approx(steady + 6.0)
     assert costs.feeding(1, steps_left=lambda width: 0.5)(2) == (2, costs.verify(1, 2))
+    never = lambda width: pytest.fail("steps left asked where no one-off is owed")  # noqa: E731
+    assert costs.feeding(1, never)(2) == (2, costs.verify(1, 2))  # paid for
+    assert _measured(FLAT).feeding(1, never)(7) == (7, _measured(FLAT).verify(1, 7))  # no one-offs
     assert not _measured(FLAT).new_shapes_are_dear()
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from hf_specdec.core.draft import DraftCost
 from hf_specdec.core.policy import expected_gains, fastest_width, speedups
-from hf_specdec.core.policy.decision import drafting_seconds
+from hf_specdec.core.policy.decision import drafting_seconds, steps_needed
 
 FLAT = {w: 1.0 for w in range(1, 40)}.__getitem__
 LINEAR = float  # verify(w) = w plain steps: compute-bound
@@ -84,3 +84,16 @@ def test_plain_decoding_unless_a_width_beats_it_by_the_margin():
     verify = {1: 1.0, 2: 1.02}.__getitem__
     assert speedups(gains, drafting, verify)[1] == pytest.approx(1.03 / 1.02)
     assert fastest_width(gains, drafting, verify) == (0, 1.0)
+
+
+@pytest.mark.parametrize(
+    "gains, remaining, k, steps",
+    [
+        ([[1.0, 2.0]], [30], 0, 30.0),  # plain: a token a step
+        ([[]], [30], 2, 30.0),  # a row with nothing drafted
+        ([[1.0, 2.0]], [30], 5, 10.0),  # a row with fewer tokens than k: its whole draft
+        ([[1.0, 3.0], [0.0, 0.0]], [64, 40], 2, 40.0),  # the slowest row, not the one with most left
+    ],
+)
+def test_steps_needed_is_the_slowest_rows(gains, remaining, k, steps):
+    assert steps_needed(gains, remaining, k) == pytest.approx(steps)
