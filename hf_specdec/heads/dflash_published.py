@@ -35,7 +35,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from ..hub.download import SAFETENSORS_INDEX, refetch_advice
+from ..hub.download import SAFETENSORS_INDEX, ShardIndexError, refetch_advice, weights_files
 from .dflash import MARKOV_HEADS, BlockDraftConfig
 from .io import build_head, check_head_matches, head_config, load_state
 from .published import read_config, read_json_object, read_layer_shape, shape_errors
@@ -263,22 +263,20 @@ def _muse_glimmer(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
 
 def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
     """The draft's tensors from `model.safetensors` or the shards its index names; pickles never."""
-    single = folder / "model.safetensors"
-    if single.is_file():
-        names = [single]
-    elif (folder / SAFETENSORS_INDEX).is_file():
-        index = read_json_object(folder / SAFETENSORS_INDEX)
-        shards = sorted(set((index.get("weight_map") or {}).values()))
-        if not shards or any("/" in s or "\\" in s or not s.endswith(".safetensors") for s in shards):
-            raise ValueError(f"{folder / SAFETENSORS_INDEX} does not name safetensors shards in its folder.")
-        names = [folder / s for s in shards]
-    else:
-        found = sorted(p.name for p in folder.iterdir())
+    found = sorted(path.name for path in folder.iterdir() if path.is_file())
+    try:
+        files = weights_files(found, lambda: read_json_object(folder / SAFETENSORS_INDEX))
+    except ShardIndexError:
+        raise ValueError(
+            f"{folder / SAFETENSORS_INDEX} does not name safetensors shards in its folder."
+        ) from None
+    if not files:
         raise ValueError(
             f"The block draft in {folder} has no safetensors weights (it holds {', '.join(found)}): block "
             "drafts are read from model.safetensors only, never from pickles (pytorch_model.bin), whose "
             "loading can run code. Convert it with safetensors, or download a safetensors copy."
         )
+    names = [folder / name for name in files]
     state: dict[str, torch.Tensor] = {}
     for path in names:
         if not path.is_file():

@@ -19,7 +19,7 @@ from typing import Any
 
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-from .download import SAFETENSORS_INDEX, SAFETENSORS_WEIGHTS, is_safe_filename
+from .download import SAFETENSORS_INDEX, ShardIndexError, weights_files
 
 MAX_CONFIG_BYTES = 1 << 20  # a causal LM's config.json is a few kB; a larger one is refused unread
 MAX_TOKENIZER_CONFIG_BYTES = 16 << 20  # added tokens and chat templates make these larger
@@ -87,20 +87,27 @@ def tokenizer_problem(folder: Path, *, trust_remote_code: bool) -> str | None:
 
 
 def weights_problem(folder: Path) -> str | None:
-    """Why `folder` lacks a whole set of safetensors weights (one file, or every shard its index names)."""
-    if (folder / "model.safetensors").is_file():
-        return None
-    index, unreadable = read_json(folder / SAFETENSORS_INDEX, MAX_TOKENIZER_CONFIG_BYTES)
-    if unreadable:
+    """Why `folder` lacks a whole set of safetensors weights (`weights_files`: one file, or every shard
+    its index names)."""
+    try:
+        names = {path.name for path in folder.iterdir() if path.is_file()}
+    except OSError:  # no folder
+        names = set()
+    try:
+        files = weights_files(names, lambda: _shard_index(folder))
+    except ShardIndexError as err:
+        return str(err)
+    if not files:
         return NO_PICKLES
-    shards = index.get("weight_map") if isinstance(index, dict) else None
-    if not isinstance(shards, dict) or not shards:
-        return f"{SAFETENSORS_INDEX} names no weights"
-    names = set(shards.values())
-    if not all(isinstance(n, str) and is_safe_filename(n) and SAFETENSORS_WEIGHTS.match(n) for n in names):
-        return f"{SAFETENSORS_INDEX} names files that are not safetensors shards"
-    missing = sorted(n for n in names if not (folder / n).is_file())
+    missing = [name for name in files if not (folder / name).is_file()]
     return f"safetensors shards {missing[:3]} are missing" if missing else None
+
+
+def _shard_index(folder: Path) -> Any:
+    index, unreadable = read_json(folder / SAFETENSORS_INDEX, MAX_TOKENIZER_CONFIG_BYTES)
+    if unreadable:  # an index that cannot be read counts as none
+        raise ShardIndexError(NO_PICKLES)
+    return index
 
 
 def hub_config_problem(folder: Path, *, trust_remote_code: bool) -> str | None:

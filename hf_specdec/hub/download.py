@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from huggingface_hub import HfApi, constants, hf_hub_download, snapshot_download
 from huggingface_hub.errors import (
@@ -45,9 +46,37 @@ TOKENIZER_FILES = (
 # The files of a model we load: config, generation config and safetensors weights (one file, or
 # shards and their index). Never pickles (`pytorch_model.bin`, `*.pt`): unpickling can run code.
 SAFETENSORS_WEIGHTS = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors$")
-_SINGLE_WEIGHTS = "model.safetensors"
+SINGLE_WEIGHTS = "model.safetensors"
 _MODEL_FILES = {"config.json", "generation_config.json", SAFETENSORS_INDEX}
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+class ShardIndexError(ValueError):
+    """A shard index that names no weights, or names files other than safetensors shards beside it;
+    the message is a phrase (`model.safetensors.index.json names no weights`)."""
+
+
+def weights_files(names: Collection[str], index: Callable[[], Any]) -> list[str]:
+    """The safetensors files loading reads of a checkpoint whose folder (or commit) holds the files
+    `names`: `model.safetensors` where there is one, as transformers reads it first (a sharded copy
+    beside it is not read); else the shards its index names, `index()` giving the parsed
+    `model.safetensors.index.json` (asked for only then); none where it has neither.
+
+    Raises:
+        ShardIndexError: the index names no weights, or files other than safetensors shards.
+    """
+    if SINGLE_WEIGHTS in names:
+        return [SINGLE_WEIGHTS]
+    if SAFETENSORS_INDEX not in names:
+        return []
+    raw = index()
+    shards = raw.get("weight_map") if isinstance(raw, dict) else None
+    if not isinstance(shards, dict) or not shards:
+        raise ShardIndexError(f"{SAFETENSORS_INDEX} names no weights")
+    files = set(shards.values())
+    if not all(isinstance(n, str) and is_safe_filename(n) and SAFETENSORS_WEIGHTS.match(n) for n in files):
+        raise ShardIndexError(f"{SAFETENSORS_INDEX} names files that are not safetensors shards")
+    return sorted(files)
 
 
 class HubFileError(ValueError):
@@ -251,10 +280,10 @@ def repo_files(
 def _unread_weights(names: set[str]) -> set[str]:
     """The weights files among `names` that loading would not read: beside `model.safetensors`, a
     sharded copy (shards and their index), as transformers and our loaders read the single file first."""
-    if _SINGLE_WEIGHTS not in names:
+    if SINGLE_WEIGHTS not in names:
         return set()
     sharded = {n for n in names if n == SAFETENSORS_INDEX or SAFETENSORS_WEIGHTS.match(n)}
-    return sharded - {_SINGLE_WEIGHTS}
+    return sharded - {SINGLE_WEIGHTS}
 
 
 def _error_status(err: BaseException | None) -> tuple[int, str] | None:

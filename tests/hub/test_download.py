@@ -10,7 +10,13 @@ import pytest
 from huggingface_hub import save_torch_state_dict
 from safetensors.torch import load_file
 
-from hf_specdec.hub.download import HubFileError, download_model, download_repo_files
+from hf_specdec.hub.download import (
+    HubFileError,
+    ShardIndexError,
+    download_model,
+    download_repo_files,
+    weights_files,
+)
 from hf_specdec.store.manifest import SAFETENSORS_INDEX
 
 from ..helpers.hub import finished_within, silent_hub
@@ -127,3 +133,49 @@ def test_a_repo_holding_one_file_and_its_shards_downloads_the_file_only(
     fetched = {name for _, name in hub.resolved("acme/Both-7M")}
     assert "model.safetensors" in fetched and (snapshot / "model.safetensors").is_file()
     assert not [name for name in fetched if name.startswith("model-") or name == SAFETENSORS_INDEX]
+
+
+SHARDS = {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}
+
+
+@pytest.mark.parametrize(
+    ("names", "index", "read"),
+    [
+        ({"model.safetensors", SAFETENSORS_INDEX, *SHARDS.values()}, None, ["model.safetensors"]),
+        (
+            {SAFETENSORS_INDEX, "model-00001-of-00009.safetensors"},
+            {"weight_map": SHARDS},
+            sorted(SHARDS.values()),
+        ),
+        ({"model-00001-of-00001.safetensors", "pytorch_model.bin"}, None, []),
+    ],
+    ids=["single-file-first", "the-shards-the-index-names", "no-index"],
+)
+def test_loading_reads_the_single_file_else_the_shards_its_index_names(names, index, read) -> None:
+    """The one rule the download, the checks and the block-draft reader follow; the index is read
+    only where the shards it names are what loading reads."""
+    asked = []
+    assert weights_files(names, lambda: asked.append(1) or index) == read
+    assert len(asked) == (index is not None)
+
+
+@pytest.mark.parametrize(
+    ("index", "why"),
+    [
+        ({"weight_map": {}}, "names no weights"),
+        ({"weight_map": ["model-00001-of-00001.safetensors"]}, "names no weights"),
+        ([], "names no weights"),
+        (
+            {"weight_map": {"a": "../model-00001-of-00001.safetensors"}},
+            "names files that are not safetensors shards",
+        ),
+        (
+            {"weight_map": {"a": "model-00001-of-00001.safetensors\n"}},
+            "names files that are not safetensors shards",
+        ),
+        ({"weight_map": {"a": "pytorch_model.bin"}}, "names files that are not safetensors shards"),
+    ],
+)
+def test_an_index_naming_no_shards_is_refused(index, why) -> None:
+    with pytest.raises(ShardIndexError, match=rf"^{SAFETENSORS_INDEX} {why}"):
+        weights_files({SAFETENSORS_INDEX}, lambda: index)
