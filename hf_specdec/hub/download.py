@@ -8,6 +8,7 @@ A leaf: it imports nothing of ours, so draft selection, the Hub search and head 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Callable, Collection
@@ -190,7 +191,8 @@ def download_repo_files(
     """The snapshot folder, in the Hub cache, of the files `wanted` accepts of one commit of `repo_id`.
 
     The commit's listing comes first; names `is_safe_filename` refuses are skipped before anything
-    is downloaded, and so are shards beside a `model.safetensors` (`_unread_weights`). Every file
+    is downloaded, and so are the weights files loading would not read (`weights_files`: shards beside
+    a `model.safetensors`, or that its index does not name; the index is read first). Every file
     comes from the commit listed (`revision`, default `main` as it is now), even if the branch moves
     meanwhile. Offline (`HF_HUB_OFFLINE`), or when the Hub cannot be reached, the Hub cache's copy is
     used. `what` names the repo in error messages.
@@ -223,7 +225,7 @@ def repo_files(
             return _cached_files(repo_id, revision)
         listed = frozenset(s.rfilename for s in info.siblings or [] if is_safe_filename(s.rfilename))
         chosen = {name for name in listed if wanted(name)}
-        names = sorted(chosen - _unread_weights(chosen))
+        names = _files_read(repo_id, chosen, listed, wanted, token=token, commit=info.sha, what=what)
         if not names:
             raise HubFileError(f"The {what} {repo_id} has none of the files needed to load it.", lasting=True)
         folder = download_files(repo_id, names, token=token, revision=info.sha)
@@ -277,13 +279,49 @@ def repo_files(
         ) from err
 
 
-def _unread_weights(names: set[str]) -> set[str]:
-    """The weights files among `names` that loading would not read: beside `model.safetensors`, a
-    sharded copy (shards and their index), as transformers and our loaders read the single file first."""
-    if SINGLE_WEIGHTS not in names:
-        return set()
-    sharded = {n for n in names if n == SAFETENSORS_INDEX or SAFETENSORS_WEIGHTS.match(n)}
-    return sharded - {SINGLE_WEIGHTS}
+def _files_read(
+    repo_id: str,
+    chosen: set[str],
+    listed: frozenset[str],
+    wanted: Callable[[str], bool],
+    *,
+    token: str | None,
+    commit: str,
+    what: str,
+) -> list[str]:
+    """`chosen` less the weights files loading would not read (`weights_files`): a sharded copy beside
+    `model.safetensors`, shards the index does not name (a stale set of another count beside it), shards
+    without an index. The index, which decides, is downloaded first, from `commit`.
+
+    Raises:
+        HubFileError: the index names a shard the commit does not hold.
+    """
+    weights = {n for n in chosen if n == SAFETENSORS_INDEX or SAFETENSORS_WEIGHTS.match(n)}
+    if weights <= {SINGLE_WEIGHTS}:
+        return sorted(chosen)
+
+    def index() -> Any:
+        folder = download_files(repo_id, [SAFETENSORS_INDEX], token=token, revision=commit)
+        try:
+            return json.loads((folder / SAFETENSORS_INDEX).read_bytes())
+        except ValueError:  # not UTF-8 JSON: it names no weights
+            return None
+
+    try:
+        read = {name for name in weights_files(chosen, index) if wanted(name)}
+    except ShardIndexError:  # the index alone, whose check when the checkpoint is loaded says what is wrong
+        read = set()
+    if read != {SINGLE_WEIGHTS}:
+        read |= {SAFETENSORS_INDEX} & chosen
+    missing = sorted(read - listed)
+    if missing:
+        raise HubFileError(
+            f"A file of the {what} {repo_id} is missing on the Hub: its {SAFETENSORS_INDEX} names "
+            f"{', '.join(missing[:3])}, which commit {commit} does not hold. Pass the folder of a "
+            "complete copy.",
+            lasting=True,
+        )
+    return sorted(chosen - weights | read)
 
 
 def _error_status(err: BaseException | None) -> tuple[int, str] | None:

@@ -10,6 +10,7 @@ import pytest
 from huggingface_hub import save_torch_state_dict
 from safetensors.torch import load_file
 
+from hf_specdec.hub.config_check import weights_problem
 from hf_specdec.hub.download import (
     HubFileError,
     ShardIndexError,
@@ -133,6 +134,61 @@ def test_a_repo_holding_one_file_and_its_shards_downloads_the_file_only(
     fetched = {name for _, name in hub.resolved("acme/Both-7M")}
     assert "model.safetensors" in fetched and (snapshot / "model.safetensors").is_file()
     assert not [name for name in fetched if name.startswith("model-") or name == SAFETENSORS_INDEX]
+
+
+def _sharded_repo(folder: Path) -> list[str]:
+    """A tiny model saved in `folder` as shards and their index alone (no model.safetensors); the
+    shards' names."""
+    build_tiny_repo(folder, 16, 1, 128, "A")
+    weights = load_file(folder / "model.safetensors")
+    (folder / "model.safetensors").unlink()
+    size = sum(w.numel() * w.element_size() for w in weights.values())
+    save_torch_state_dict(weights, folder, max_shard_size=size // 3 + 1)
+    shards = sorted(p.name for p in folder.glob("model-*.safetensors"))
+    assert len(shards) > 1 and (folder / SAFETENSORS_INDEX).is_file()
+    return shards
+
+
+@pytest.mark.parametrize(
+    "fetch",
+    [
+        download_model,
+        lambda repo: download_repo_files(repo, lambda name: name.endswith((".json", ".safetensors"))),
+    ],
+    ids=["draft model", "draft head"],
+)
+def test_a_repo_holding_a_stale_set_of_shards_downloads_those_its_index_names_only(
+    hub: HubServer, tmp_path: Path, fetch: Callable[[str], Path]
+) -> None:
+    """Every `model-NNNNN-of-NNNNN.safetensors` was downloaded: a repo resharded without deleting its
+    old shards (another count, which its index no longer names) had both sets fetched, the stale
+    one never read."""
+    folder = tmp_path / "resharded"
+    shards = _sharded_repo(folder)
+    stale_count = len(shards) + 1
+    stale = [f"model-{i:05d}-of-{stale_count:05d}.safetensors" for i in range(1, stale_count + 1)]
+    for name in stale:
+        (folder / name).write_bytes((folder / shards[0]).read_bytes())
+    hub.add("acme/Resharded-7M", folder)
+    snapshot = fetch("acme/Resharded-7M")
+    fetched = {name for _, name in hub.resolved("acme/Resharded-7M")}
+    assert sorted(name for name in fetched if name.startswith("model-")) == shards
+    assert SAFETENSORS_INDEX in fetched and all((snapshot / name).is_file() for name in shards)
+    assert weights_problem(snapshot) is None
+
+
+def test_a_shard_the_index_names_that_the_repo_lacks_is_a_clear_error(hub: HubServer, tmp_path: Path) -> None:
+    """The other shards were downloaded, and only the draft's check then found one missing."""
+    folder = tmp_path / "partial"
+    shards = _sharded_repo(folder)
+    (folder / shards[-1]).unlink()
+    hub.add("acme/Partial-7M", folder)
+    with pytest.raises(
+        HubFileError, match=rf"missing on the Hub: its {SAFETENSORS_INDEX} names {shards[-1]}, which commit"
+    ) as err:
+        download_model("acme/Partial-7M")
+    assert err.value.lasting
+    assert not [name for _, name in hub.resolved("acme/Partial-7M") if name.startswith("model-")]
 
 
 SHARDS = {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}
