@@ -105,8 +105,8 @@ def weights_problem(folder: Path) -> str | None:
 
 def _shard_index(folder: Path) -> Any:
     index, unreadable = read_json(folder / SAFETENSORS_INDEX, MAX_TOKENIZER_CONFIG_BYTES)
-    if unreadable:  # an index that cannot be read counts as none
-        raise ShardIndexError(NO_PICKLES)
+    if unreadable:
+        raise ShardIndexError(unreadable)
     return index
 
 

@@ -235,3 +235,9 @@ def test_loading_reads_the_single_file_else_the_shards_its_index_names(names, in
 def test_an_index_naming_no_shards_is_refused(index, why) -> None:
     with pytest.raises(ShardIndexError, match=rf"^{SAFETENSORS_INDEX} {why}"):
         weights_files({SAFETENSORS_INDEX}, lambda: index)
+
+
+def test_an_index_that_cannot_be_read_is_named_in_the_reason(tmp_path: Path) -> None:
+    """A corrupt shard index is said to be one, not taken for pickled weights."""
+    (tmp_path / SAFETENSORS_INDEX).write_text("{not json")
+    assert weights_problem(tmp_path) == f"{SAFETENSORS_INDEX} is not valid JSON"
