@@ -19,7 +19,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_N
 
 from .compat import generate_cache, takes_dynamic_cache
 from .inputs import cached_columns, check_forwarded
-from .kv import holds_holes, windows_by_column
+from .kv import holds_holes, mark_holes, windows_by_column
 from .static_kv import check_layers
 
 # Cache layers a filled cache may hold to be continued: full attention, recurrent states (rolled back
@@ -293,13 +293,17 @@ def check_continued(input_ids: torch.Tensor, cache: Any, mask_length: int | None
 
 def check_no_holes(cache: Any) -> None:
     """Refuse to continue, speculatively or plainly, a cache a ragged speculative batch handed back."""
-    if holds_holes(cache):
-        raise ValueError(
-            "This cache was handed back by a speculative batch whose rows ended at different steps (an "
-            "EOS, or max_new_tokens reached in fewer steps), or whose cache kept the holes of rejected "
-            "drafts: rows are missing from it, shorter than others or hold holes, so it cannot be "
-            "continued. Pass the whole conversation without cache=."
-        )
+    if not holds_holes(cache):
+        return
+    if cache.get_seq_length() == 0:  # emptied to be reused (`StaticCache.reset()`): a fresh cache
+        mark_holes(cache, holds=False)
+        return
+    raise ValueError(
+        "This cache was handed back by a speculative batch whose rows ended at different steps (an "
+        "EOS, or max_new_tokens reached in fewer steps), or whose cache kept the holes of rejected "
+        "drafts: rows are missing from it, shorter than others or hold holes, so it cannot be "
+        "continued. Pass the whole conversation without cache=."
+    )
 
 
 def drafter_continues(drafter: Any, model_kwargs: dict[str, Any]) -> bool:

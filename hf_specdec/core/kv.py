@@ -276,7 +276,7 @@ class RaggedKV:
             self.compact()  # rows that kept as many tokens: compacted, plain decoding's layout
         whole = every_row and bool(self.mask[:, self.prompt_width :].all())
         if not whole:
-            setattr(self.cache, _HOLES_MARK, True)  # no call can continue it (`holds_holes`)
+            mark_holes(self.cache)
             return self.cache
         for i, window in enumerate(self.layer_windows):
             layer = self.cache.layers[i]
@@ -588,9 +588,15 @@ def check_trees(model: Any, refusal: str | None) -> None:
         raise ValueError(f"{type(model).__name__} {refusal}: drop tree=True.")
 
 
+def mark_holes(cache: Any, holds: bool = True) -> None:
+    """Mark `cache`, handed back in a layout other than plain decoding's, so that no call continues it
+    (`holds=False`: emptied since, it holds no holes)."""
+    setattr(cache, _HOLES_MARK, holds)
+
+
 def holds_holes(cache: Any) -> bool:
-    """Whether `cache` was handed back by a call whose rows ended ragged (`RaggedKV.finished_cache`):
-    holes in its rows (rows shorter than others), or rows missing."""
+    """Whether `cache` was handed back by a call whose rows ended ragged (`RaggedKV.finished_cache`,
+    `StaticKV.finished_cache`): holes in its rows (rows shorter than others), or rows missing."""
     return bool(getattr(cache, _HOLES_MARK, False))
 
 

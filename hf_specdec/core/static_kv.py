@@ -38,7 +38,7 @@ from transformers import CompileConfig, DynamicCache, GenerationConfig, PreTrain
 from transformers.cache_utils import StaticLayer
 
 from .compat import cache_argument, compiles_decoding, forward_takes, generate_cache
-from .kv import RaggedKV, Slots, counts_columns, gather_columns, real_first
+from .kv import RaggedKV, Slots, counts_columns, gather_columns, mark_holes, real_first
 from .verify_shape import VerifyShape
 
 # The verify widths a compiled forward is padded to: one graph each (dynamo's recompile limit is 8),
@@ -111,6 +111,7 @@ class StaticKV:
         # Per row, the position of its next token minus `lengths` (None: 0), as in RaggedKV.
         self.offsets: torch.Tensor | None = None
         self.end = 0  # columns [0, end) are in use; the next forward writes at `end`
+        self.prompt_width = 0  # columns of the first forward (the prompt's), padding included
         self.all_real = True  # whether `mask[:, :end]` has no hole
         self.needs_mask = batch_size > 1  # else only once a hole appears
         self.compactions = 0
@@ -221,6 +222,8 @@ class StaticKV:
             **({"logits_to_keep": keep} if self.keeps_logits else {}),
         )
         self.end = start + width
+        if start == 0:
+            self.prompt_width = width
         if padded > width:  # the model advanced its write position past the padding
             self._set_write_position(self.end)
         logits = out.logits if self.keeps_logits or not keep else out.logits[:, -keep:]
@@ -334,7 +337,12 @@ class StaticKV:
         return apart
 
     def finished_cache(self) -> StaticCache:
-        """The cache to hand back at the end of a call, its write position after the last real column."""
+        """The cache to hand back at the end of a call, its write position after the last real column.
+        Where its layout is not plain decoding's (holes of rejected drafts or of rows that finished
+        early, or columns `compact` moved), it is marked so that no call continues it (`holds_holes`):
+        plain decoding would read its holes as tokens and its columns at the wrong positions."""
+        if self.compactions or not bool(self.mask[:, self.prompt_width : self.end].all()):
+            mark_holes(self.cache)
         return self.cache
 
     def _make_room(self, width: int) -> None:

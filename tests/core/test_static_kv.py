@@ -23,6 +23,7 @@ from transformers import (
     StaticCache,
 )
 
+from hf_specdec import SpeculativeConfig
 from hf_specdec.core.static_kv import StaticKV, allow_graphs
 
 from ..conftest import random_batch, tiny_llama
@@ -108,6 +109,45 @@ def test_ragged_batch_equals_plain_static_generate(model):
         spec = speculate(kv, input_ids, attention_mask, plain, k_max=7)
     assert spec.tolist() == plain.tolist()
     assert kv.compactions > 0  # holes used up the cache generate sizes, and were reclaimed
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_a_cache_handed_back_continues_only_in_plain_decodings_layout(model, weak_draft, rows):
+    """A left-padded batch's rows keep different numbers of drafts: the static cache handed back holds
+    holes, which plain generate continuing it would read as tokens, so it is refused as a ragged
+    dynamic cache is (until `reset()` empties it for reuse). One row's cache is plain decoding's
+    layout: continued, it gives plain's tokens."""
+    input_ids, attention_mask = random_batch(4, rows)
+
+    def turns(speculative=None):
+        """Two turns over one StaticCache: the first `speculative`, the second continued plainly."""
+        cache = StaticCache(config=model.config, max_cache_len=input_ids.shape[1] + 2 * MAX_NEW)
+        options = dict(cache=cache, do_sample=False)
+        out = model.generate(
+            input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=MAX_NEW,
+            speculative=speculative,
+            **options,
+        )
+        turn = torch.cat([out, torch.full((rows, 2), 7)], dim=1)
+        mask = torch.cat([attention_mask, torch.ones(rows, turn.shape[1] - input_ids.shape[1])], dim=1)
+        return cache, lambda: model.generate(turn, attention_mask=mask, max_new_tokens=4, **options)
+
+    cache, continued = turns(SpeculativeConfig(method="draft_model", draft=weak_draft, num_draft_tokens=3))
+    if rows > 1:
+        with pytest.raises(ValueError, match=r"cannot be continued\. Pass the whole conversation"):
+            continued()
+        cache.reset()  # emptied, the cache is reused as a fresh one
+        reused = model.generate(
+            input_ids, attention_mask=attention_mask, cache=cache, do_sample=False, max_new_tokens=MAX_NEW
+        )
+        assert (
+            reused[:, input_ids.shape[1] :].tolist()
+            == plain_static(model, input_ids, attention_mask).tolist()
+        )
+    else:
+        assert continued().tolist() == turns()[1]().tolist()
 
 
 @pytest.mark.parametrize("rows", [1, 3])
