@@ -107,7 +107,8 @@ def test_a_hub_that_never_answers_is_unreachable_after_the_timeout(
     assert not err.value.lasting
 
 
-@pytest.mark.parametrize(
+# Both ways a repo's weights are fetched: a draft model's, a head's.
+BOTH_FETCHES = pytest.mark.parametrize(
     "fetch",
     [
         download_model,
@@ -115,6 +116,9 @@ def test_a_hub_that_never_answers_is_unreachable_after_the_timeout(
     ],
     ids=["draft model", "draft head"],
 )
+
+
+@BOTH_FETCHES
 def test_a_repo_holding_one_file_and_its_shards_downloads_the_file_only(
     hub: HubServer, tmp_path: Path, fetch: Callable[[str], Path]
 ) -> None:
@@ -149,14 +153,7 @@ def _sharded_repo(folder: Path) -> list[str]:
     return shards
 
 
-@pytest.mark.parametrize(
-    "fetch",
-    [
-        download_model,
-        lambda repo: download_repo_files(repo, lambda name: name.endswith((".json", ".safetensors"))),
-    ],
-    ids=["draft model", "draft head"],
-)
+@BOTH_FETCHES
 def test_a_repo_holding_a_stale_set_of_shards_downloads_those_its_index_names_only(
     hub: HubServer, tmp_path: Path, fetch: Callable[[str], Path]
 ) -> None:
