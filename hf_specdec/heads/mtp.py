@@ -30,7 +30,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES, mo
 
 from ..core.devices import module_device
 from ..core.masks import in_attention_format
-from ..hub.download import local_snapshot
+from ..hub.download import SINGLE_WEIGHTS, ShardIndexError, local_snapshot, weights_files
 from ..store.manifest import SAFETENSORS_INDEX, file_stamp
 from .eagle import HeadOutput, causal_mask
 
@@ -82,10 +82,30 @@ def mtp_weight_keys(target: Any, folder: Path) -> tuple[list[str], str]:
 
 
 def _checkpoint_keys(folder: Path) -> list[str]:
-    index = folder / SAFETENSORS_INDEX
-    if index.is_file():
-        return _read_once(index, _index_keys)
-    return [key for path in sorted(folder.glob("*.safetensors")) for key in _read_once(path, _header)]
+    """The weight names in the files of `folder` that loading reads (`weights_files`): the header of
+    `model.safetensors`, else the weight map of the shard index (which transformers' MTP loader reads
+    keys from); none where the folder has neither. Other safetensors files beside them (an adapter,
+    a consolidated copy) are not the model's."""
+    files = _weights_files(folder)
+    if files == [SINGLE_WEIGHTS]:
+        return list(_read_once(folder / SINGLE_WEIGHTS, _header))
+    return sorted(_read_once(folder / SAFETENSORS_INDEX, _index)["weight_map"]) if files else []
+
+
+def _weights_files(folder: Path) -> list[str]:
+    """The safetensors files of `folder` that loading reads (`weights_files`).
+
+    Raises:
+        ValueError: its shard index names no weights, or files other than safetensors shards.
+    """
+    present = [name for name in (SINGLE_WEIGHTS, SAFETENSORS_INDEX) if (folder / name).is_file()]
+    try:
+        return weights_files(present, lambda: _read_once(folder / SAFETENSORS_INDEX, _index))
+    except ShardIndexError as err:
+        raise ValueError(
+            f"The checkpoint in {folder} is not read: its {err} (loading reads {SINGLE_WEIGHTS}, else "
+            f"the shards its {SAFETENSORS_INDEX} names). Save or download it again."
+        ) from None
 
 
 def clear_read_files() -> None:
@@ -102,9 +122,8 @@ def _read_once(path: Path, read: Callable[[Path], Any]) -> Any:
     return known[1]
 
 
-def _index_keys(index: Path) -> list[str]:
-    weight_map = json.loads(index.read_text()).get("weight_map", {})
-    return sorted(weight_map) if isinstance(weight_map, dict) else []
+def _index(index: Path) -> Any:
+    return json.loads(index.read_text())
 
 
 def _header(path: Path) -> dict[str, tuple[list[int], str]]:
@@ -206,7 +225,7 @@ def load_mtp_layers(target: Any) -> nn.Module:
     if not keys:
         raise ValueError(
             f"{folder} holds no MTP weights: method='mtp' looked for keys matching {pattern!r} in its "
-            f"safetensors ({', '.join(p.name for p in sorted(folder.glob('*.safetensors'))) or 'none'}), "
+            f"safetensors ({', '.join(_weights_files(folder)) or 'none'}), "
             f"as its config (num_mtp_layers={mtp_layer_count(target)}) promises. Checkpoints converted or "
             "quantized without their MTP layers have none: use another method (speculative=True chooses one)."
         )

@@ -7,6 +7,8 @@ no MTP layers for."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -113,6 +115,39 @@ def test_a_checkpoint_without_mtp_weights_names_the_keys_looked_for(tmp_path):
         ValueError, match=r"holds no MTP weights.*model\\\\\.layers\\\\\.61.*model\.safetensors"
     ):
         target.generate(**mtp.prompts(1), max_new_tokens=3, speculative=dict(method="mtp"))
+
+
+def test_the_layers_are_read_from_model_safetensors_before_a_stale_index(tmp_path):
+    """A folder with `model.safetensors` (MTP layers in it) and an index left from an older sharded
+    copy, naming other files without them: loading reads `model.safetensors`, so method='mtp' drafts
+    with its layers, and `speculative=True` picks them."""
+    folder = mtp.checkpoint(tmp_path, "glm4_moe", agree=AGREE)
+    stale = {k: "model-00001-of-00002.safetensors" for k in load_file(folder / "model.safetensors")}
+    stale = {k: file for k, file in stale.items() if ".46." not in k}
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": stale}))
+    target = load("glm4_moe", folder)
+    assert_greedy_speculation(target, mtp.prompts(1), 8, method="mtp", num_draft_tokens=2)
+    out = target.generate(**mtp.prompts(1), max_new_tokens=4, speculative=True, return_dict_in_generate=True)
+    assert out.speculative_stats.method == "mtp"
+
+
+def test_mtp_weights_in_a_file_loading_does_not_read_are_not_the_model_s(tmp_path):
+    """MTP weights only in a stray safetensors file beside `model.safetensors` (a consolidated copy):
+    loading would not read them, and the error says the model's weights hold none (not that the
+    stray file's do not match the config)."""
+    folder = mtp.checkpoint(tmp_path / "target", "glm4_moe", mtp=False)
+    with_mtp = mtp.checkpoint(tmp_path / "with_mtp", "glm4_moe")
+    shutil.copy(with_mtp / "model.safetensors", folder / "consolidated.safetensors")
+    target = load("glm4_moe", folder)
+    with pytest.raises(ValueError, match=r"holds no MTP weights.* in its safetensors \(model\.safetensors\)"):
+        target.generate(**mtp.prompts(1), max_new_tokens=3, speculative=dict(method="mtp"))
+
+
+def test_a_shard_index_that_names_no_weights_is_named(tmp_path):
+    folder = mtp.checkpoint(tmp_path, "glm4_moe", shards=2)
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {}}))
+    with pytest.raises(ValueError, match=r"is not read: its model.safetensors.index.json names no weights"):
+        load_mtp_layers(checkpoint_model(str(folder)))
 
 
 @pytest.mark.parametrize("damage", ["missing", "misshapen"])
