@@ -15,6 +15,8 @@ DRAFT_FREE_METHOD = "ngram"
 # corpus of earlier calls wherever its replays show that it beats prompt lookup alone
 # (`drafters/suffix.py`); until then its drafts are prompt lookup's.
 DRAFT_FREE_AUTO = "suffix"
+# `DRAFT_FREE_AUTO` in a reason: the method, and what it drafts from.
+DRAFT_FREE_AUTO_WORDS = f"{DRAFT_FREE_AUTO!r} (prompt lookup, plus earlier calls' outputs once they pay)"
 
 
 def auto_method(method: str) -> str:

@@ -59,6 +59,7 @@ from ..store.manifest import write_atomically
 from ..store.paths import cache_dir
 from .choice import (
     DRAFT_FREE_AUTO,
+    DRAFT_FREE_AUTO_WORDS,
     DRAFT_FREE_METHOD,
     DraftChoice,
     DraftSelectionError,
@@ -388,7 +389,7 @@ def _cached_or_searched(
     if hub_offline():
         reason = (
             f"{repo_id} is not in the registry and HF_HUB_OFFLINE is set, so no draft could be searched "
-            "for; speculating from n-grams of the text instead."
+            f"for; speculating draft-free with {DRAFT_FREE_AUTO_WORDS} instead."
         )
         return DraftChoice(DRAFT_FREE_METHOD, None, reason, target=repo_id, source="offline")
     try:
@@ -407,7 +408,7 @@ def _cached_or_searched(
         why = f"{type(err).__name__}: {str(err).splitlines()[0]}"  # its first line: one sentence
         reason = (
             f"{repo_id} is not in the registry and the Hub ({hub_endpoint()}) could not be searched "
-            f"({why}); speculating from n-grams of the text instead."
+            f"({why}); speculating draft-free with {DRAFT_FREE_AUTO_WORDS} instead."
         )
         return DraftChoice(DRAFT_FREE_METHOD, None, reason, target=repo_id, source="offline")
     path.parent.mkdir(parents=True, exist_ok=True)

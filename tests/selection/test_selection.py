@@ -13,6 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_specdec.hub.tokenizer_check import PROBE_TEXT
 from hf_specdec.selection import select as select_module
+from hf_specdec.selection.choice import auto_method
 from hf_specdec.selection.select import DraftSelectionError, load_draft, registry_lookup, select_draft
 
 from ..helpers.hub import finished_within, silent_hub
@@ -182,6 +183,31 @@ def test_unknown_target_offline_is_draft_free(monkeypatch: pytest.MonkeyPatch) -
     choice = select_draft("nobody/Unknown-7B")
     assert (choice.method, choice.source) == ("ngram", "offline")
     assert "HF_HUB_OFFLINE" in choice.reason
+
+
+@pytest.mark.parametrize(
+    "env", [{"HF_HUB_OFFLINE": "1"}, {"HF_ENDPOINT": "http://127.0.0.1:9"}], ids=["offline", "unreachable"]
+)
+def test_a_draft_free_reason_names_the_method_that_runs(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The reason (`speculative_stats.selection`, `hf-specdec select`) said "speculating from n-grams
+    of the text" where speculative=True runs suffix decoding (prompt lookup, plus earlier calls'
+    outputs): it names the method that runs."""
+    for name, value in {**env, "HF_SPECDEC_CACHE": str(tmp_path)}.items():
+        monkeypatch.setenv(name, value)
+    config = LlamaConfig(
+        vocab_size=16, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2
+    )
+    model = LlamaForCausalLM(config)
+    model.name_or_path = "nobody/Unknown-7B"
+    out = model.generate(
+        torch.tensor([[5, 6, 7, 8]]), max_new_tokens=4, speculative=True, return_dict_in_generate=True
+    )
+    stats = out.speculative_stats
+    assert stats.method == auto_method(select_draft("nobody/Unknown-7B").method) == "suffix"
+    assert f"speculating draft-free with {stats.method!r} (prompt lookup" in stats.selection
+    assert "n-gram" not in stats.selection
 
 
 def test_an_unreachable_hub_is_draft_free_and_not_cached(
