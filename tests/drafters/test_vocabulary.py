@@ -68,13 +68,91 @@ def test_a_target_sequence_is_read_token_for_token(tokenizers):
     tli = TokenIntersection(target, draft, len(target), len(draft), CPU)
     text = "the fox walked to the river, said the rabbit: 12345"
     ids = torch.tensor(target(text)["input_ids"] + [target.eos_token_id])
-    sequence = tli.draft_sequence(ids).tolist()
+    sequence = tli.draft_sequence(ids).sequence.tolist()
     assert sequence[0] == draft.bos_token_id and sequence[-1] == draft.eos_token_id
     spellings = token_spellings(draft)
     assert b"".join(spellings[i] or b"" for i in sequence).decode() == text
     pairs = shared_token_pairs(target, draft)
     assert sum(t in pairs.values() for t in ids.tolist()) >= 0.8 * len(ids)
-    assert tli.draft_sequence(ids[:-3]).tolist() == sequence[: len(tli.draft_sequence(ids[:-3]))]
+    shorter = tli.draft_sequence(ids[:-3]).sequence.tolist()
+    assert shorter == sequence[: len(shorter)]
+
+
+def _drafts_of(ids: torch.Tensor) -> list[torch.Tensor]:
+    """A row's tokens at successive drafts: growing a few at a time, cut back and continued
+    otherwise (rejected tokens), grown again, and started over with other tokens."""
+    n = len(ids)
+    cut = n // 3
+    other = torch.cat([ids[: cut - 2], ids.flip(0)[: n // 4]])
+    return [
+        ids[:1],
+        ids[:4],
+        ids[:cut],
+        ids[: cut + 3],
+        other,  # what followed `cut - 2` was rejected
+        torch.cat([other, ids[cut : cut + 5]]),
+        ids[: cut - 5],  # shorter than before
+        ids[: 2 * cut],
+        ids,
+        ids,  # nothing added
+        ids.flip(0),  # nothing kept
+        ids[:0],
+        ids[:7],
+    ]
+
+
+def _check_incremental_translation(tli: TokenIntersection, ids: torch.Tensor) -> None:
+    """Each draft's translation, kept from the previous one's, is the one made from scratch."""
+    before = None
+    for row in _drafts_of(ids):
+        whole = tli.draft_sequence(row)
+        before = tli.draft_sequence(row, before)
+        assert torch.equal(before.sequence, whole.sequence), f"after {len(row)} tokens"
+        assert torch.equal(before.ends, whole.ends)
+
+
+def test_a_translation_kept_from_the_last_draft_is_the_whole_ones(tokenizers):
+    target, draft = tokenizers["byte"], tokenizers["meta"]
+    tli = TokenIntersection(target, draft, len(target), len(draft), CPU)
+    text = "the fox walked to the river, said the rabbit: 12345 and zebras quizzed 東京 🦜"
+    ids = torch.tensor(target(text)["input_ids"] + [target.eos_token_id])
+    assert (tli.to_draft[ids] < 0).sum() >= 5  # spelled tokens among them
+    _check_incremental_translation(tli, ids)
+
+
+def _real_tokenizer(name: str):
+    from transformers import AutoTokenizer
+
+    from hf_specdec.store.paths import cache_dir
+
+    folder = cache_dir() / "models" / name
+    if not (folder / "tokenizer_config.json").exists():
+        pytest.skip(f"{name} not built in {folder.parent}")
+    return AutoTokenizer.from_pretrained(folder)
+
+
+REAL_TEXT = (
+    "東京は日本の首都です。人口は約1400万人。🍣🗼🦜 👩🏽‍💻 "  # CJK, emoji, a ZWJ sequence
+    "𠀋𪚲 ꙮ ᚠᛇᚻ 𓀀 \x07\x1b "  # byte-fallback tokens in Gemma's vocabulary
+    "The quick brown fox jumps over the lazy dog; naïve café, Ελληνικά, русский.\n"
+    "def add(a, b):\n    return a + b  # <eos> written out\n"
+)
+
+
+@pytest.mark.parametrize("pair", ["gemma<-smollm2", "smollm2<-gemma"])
+def test_a_kept_translation_is_the_whole_ones_on_a_real_pair(pair):
+    """Gemma-3's tokenizer (SentencePiece with byte fallback) and SmolLM2's (byte-level BPE), each
+    way round, on CJK, emoji, byte-fallback tokens and special tokens."""
+    from hf_specdec.demo_model import DEMO_MODEL_NAME, GEMMA_MODEL_NAME
+
+    gemma, smollm2 = _real_tokenizer(GEMMA_MODEL_NAME), _real_tokenizer(DEMO_MODEL_NAME)
+    target, draft = (gemma, smollm2) if pair == "gemma<-smollm2" else (smollm2, gemma)
+    tli = TokenIntersection(target, draft, len(target), len(draft), CPU)
+    ids = torch.tensor(target(REAL_TEXT * 3)["input_ids"] + [target.eos_token_id])
+    assert (tli.to_draft[ids] < 0).sum() >= 20
+    if target is gemma:
+        assert any(t.startswith("<0x") for t in target.convert_ids_to_tokens(ids.tolist()))
+    _check_incremental_translation(tli, ids)
 
 
 def test_draft_logits_land_on_the_shared_tokens_target_ids(tokenizers):
