@@ -21,7 +21,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, PreTrainedTokenizerBase, StaticCache, StoppingCriteriaList
+from transformers import (
+    GenerationConfig,
+    LogitsProcessorList,
+    PreTrainedTokenizerBase,
+    StaticCache,
+    StoppingCriteriaList,
+)
 from transformers.generation.stopping_criteria import StopStringCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
 from transformers.pipelines.any_to_any import AnyToAnyPipeline
@@ -30,10 +36,13 @@ from transformers.pipelines.text_generation import TextGenerationPipeline
 
 from .config import Drafting, SpeculativeConfig, check_tokenizer
 from .core.checks import (
+    Unsupported,
     check_drafter_continues,
+    check_fed_as_plain,
     check_mode,
     check_no_holes,
     check_processors,
+    check_rotary,
     check_supported,
     drafter_continues,
     warn_assistant_settings,
@@ -41,14 +50,14 @@ from .core.checks import (
 from .core.compat import compiles_decoding, generate_cache
 from .core.draft import Draft, Drafter
 from .core.draws import PrivateDraws
-from .core.inputs import cached_columns, check_fed_as_plain
-from .core.kv import check_rotary, tree_refusal
+from .core.inputs import cached_columns
+from .core.kv import tree_refusal
 from .core.loop import speculative_decode
 from .core.output import SpeculativeGenerateOutput
 from .core.policy import DEVICE_COSTS, DraftLengthPolicy, FixedDraftLength
 from .core.stats import SpeculativeStats
 from .drafters import DRAFTERS, build_drafter
-from .selection.method import draft_free_instead, plain_instead, resolve_method
+from .selection.method import draft_free_instead, plain_instead, plainly_because, resolve_method
 
 
 def _kept_original(cls: type, name: str) -> Any:
@@ -153,27 +162,21 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
     def custom_generate(
         model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs
     ):
-        check_mode(generation_config)  # modes plain decoding's own loop (`_sample`) does not run either
-        plainly = plain_instead(config, model, input_ids, model_kwargs, generation_config.max_length)
+        call = (input_ids, logits_processor, generation_config, model_kwargs, streamer)
+        plainly = _plain_instead(config, model, *call)
         if plainly is not None:
-            out = type(model)._sample(  # generate's own loop, as without speculative=
-                model,
-                input_ids,
-                logits_processor,
-                stopping_criteria,
-                generation_config,
-                streamer=streamer,
-                **model_kwargs,
+            # generate's own loop, as without speculative=, for the mode the generation config selects
+            decode = functools.partial(type(model)._sample, streamer=streamer)
+            if generation_config.num_beams > 1:
+                decode = type(model)._beam_search
+            out = decode(
+                model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs
             )
             if not isinstance(out, GenerateDecoderOnlyOutput):
                 return out
             return SpeculativeGenerateOutput(
                 **out, speculative_stats=SpeculativeStats(method="plain", selection=plainly)
             )
-        check_supported(model, input_ids, generation_config, model_kwargs, streamer)
-        check_processors(logits_processor)
-        check_fed_as_plain(model)  # what "auto" decodes plainly, a named method refuses
-        check_rotary(model, cached_columns(model_kwargs), input_ids.shape[1], generation_config.max_length)
         # Torch's default generators left as plain leaves them, on this thread and on others:
         # building a drafter can initialise modules before their weights load.
         with PrivateDraws():
@@ -217,6 +220,34 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
         return out
 
     return _ORIGINAL_GENERATE(model, custom_generate=custom_generate, **kwargs)
+
+
+def _plain_instead(
+    config: SpeculativeConfig,
+    model: Any,
+    input_ids: torch.Tensor,
+    logits_processor: LogitsProcessorList,
+    generation_config: GenerationConfig,
+    model_kwargs: dict[str, Any],
+    streamer: Any,
+) -> str | None:
+    """Why `"auto"` decodes this call plainly, else None: a target or batch no method serves
+    (`plain_instead`), or what the checks find `Unsupported`, which a named method raises. Modes
+    neither decodes (DoLa, contrastive search, transformers' assisted decoding) raise first."""
+    try:
+        check_mode(generation_config)
+        reason = plain_instead(config, model, input_ids, model_kwargs, generation_config.max_length)
+        if reason is not None:
+            return reason
+        check_supported(model, input_ids, generation_config, model_kwargs, streamer)
+        check_processors(logits_processor)
+        check_fed_as_plain(model)  # what "auto" decodes plainly, a named method refuses
+        check_rotary(model, cached_columns(model_kwargs), input_ids.shape[1], generation_config.max_length)
+    except Unsupported as refusal:
+        if config.method != "auto":
+            raise
+        return plainly_because(str(refusal))
+    return None
 
 
 def _drafts_trees(config: SpeculativeConfig, drafter: Drafter, static_cache: bool, model: Any) -> bool:

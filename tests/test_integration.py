@@ -9,7 +9,7 @@ from typing import ClassVar
 import numpy as np
 import pytest
 import torch
-from transformers import GenerationConfig, TextIteratorStreamer, pipeline
+from transformers import GenerationConfig, StaticCache, TextIteratorStreamer, pipeline
 
 from hf_specdec import register_drafter
 from hf_specdec.drafters import DRAFTERS, Draft, Drafter
@@ -395,6 +395,100 @@ def test_paged_cache_is_refused_rather_than_speculation_dropped(target):
     prompt = torch.tensor([[1, 7, 9, 11, 7, 9]])
     with pytest.raises(ValueError, match="cache_implementation='paged'"):
         target.generate(prompt, max_new_tokens=4, cache_implementation="paged", speculative=True)
+
+
+def _filled_static_cache(model, prompt):
+    """A StaticCache holding a first turn, and the conversation's ids with two new tokens."""
+    cache = StaticCache(config=model.config, max_cache_len=64)
+    first = model.generate(prompt, max_new_tokens=4, do_sample=False, past_key_values=cache)
+    return cache, torch.cat([first, torch.tensor([[11, 12]])], dim=1)
+
+
+# What speculative decoding here cannot reproduce and plain generate decodes, and its refusal.
+_PLAIN_ONLY = {
+    "use_cache=False": (lambda model, ids: (ids, dict(use_cache=False)), "needs the KV cache"),
+    "guidance_scale": (lambda model, ids: (ids, dict(guidance_scale=1.5)), "ClassifierFreeGuidance"),
+    "inputs_embeds": (
+        lambda model, ids: (None, dict(inputs_embeds=model.get_input_embeddings()(ids))),
+        "inputs_embeds is not supported",
+    ),
+    "filled StaticCache": (
+        lambda model, ids: (lambda cache, ids: (ids, dict(past_key_values=cache)))(
+            *_filled_static_cache(model, ids)
+        ),
+        "not a filled StaticCache",
+    ),
+    "beam search": (lambda model, ids: (ids, dict(num_beams=3)), "beam search"),
+}
+
+
+@pytest.mark.parametrize("case", list(_PLAIN_ONLY))
+def test_a_call_speculation_cannot_reproduce_is_decoded_plainly_under_auto_and_refused_by_name(target, case):
+    """`speculative=True` promises plain's output: where plain generate decodes a call that
+    speculation here cannot reproduce, auto decodes it plainly and says why (it raised); a named
+    method still refuses it with the error that says what to do."""
+    from hf_specdec.core.checks import Unsupported
+
+    build, refusal = _PLAIN_ONLY[case]
+    prompt = torch.tensor([[1, 7, 8, 9, 10, 7, 8, 9]])
+    ids, kw = build(target, prompt)
+    greedy = dict(max_new_tokens=8, do_sample=False, return_dict_in_generate=True)
+    plain = target.generate(ids, **greedy, **kw)
+    ids, kw = build(target, prompt)  # a filled cache afresh
+    out = target.generate(ids, **greedy, **kw, speculative=True)
+    assert torch.equal(out.sequences, plain.sequences)
+    if case != "beam search":  # generate's beam output, as plain's: no statistics
+        assert out.speculative_stats.method == "plain"
+        assert refusal in out.speculative_stats.selection
+    ids, kw = build(target, prompt)
+    with pytest.raises(Unsupported, match=refusal):
+        target.generate(ids, **greedy, **kw, speculative="ngram")
+
+
+@pytest.fixture(scope="module")
+def own_attention() -> str:
+    """An attention implementation registered as a user registers one (a kernel of their own): sdpa
+    under another name, so plain decoding's output is sdpa's, while our masks are not its own."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register("sdpa_of_a_test", sdpa_attention_forward)
+    AttentionMaskInterface.register("sdpa_of_a_test", sdpa_mask)
+    return "sdpa_of_a_test"
+
+
+def test_a_sliding_window_under_another_attention_is_decoded_plainly_and_trees_become_chains(own_attention):
+    """The loop keeps a sliding window whole and masks it itself, and masks a tree's branches, with
+    4D masks only sdpa and eager attention take: under another attention (flash attention's, a
+    kernel of one's own) every speculative call raised from inside the loop. A sliding-window model
+    is now decoded plainly by auto (refused by name before the loop), and `tree="auto"` drafts chains."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from hf_specdec.core.checks import Unsupported
+
+    config = MistralConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, sliding_window=4, initializer_range=0.4, eos_token_id=5, pad_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    sliding = MistralForCausalLM(config).eval()
+    full = tiny_llama(0)
+    prompt = torch.tensor([[1, 7, 8, 9, 10, 7, 8, 9, 10, 7, 8]])
+    greedy = dict(max_new_tokens=8, do_sample=False, return_dict_in_generate=True)
+    for model in (sliding, full):
+        model.set_attn_implementation(own_attention)
+    plain = sliding.generate(prompt, **greedy)
+    out = sliding.generate(prompt, **greedy, speculative=True)
+    assert torch.equal(out.sequences, plain.sequences)
+    assert out.speculative_stats.method == "plain" and own_attention in out.speculative_stats.selection
+    with pytest.raises(Unsupported, match="need attn_implementation='sdpa' or 'eager'"):
+        sliding.generate(prompt, **greedy, speculative="ngram")
+    out = full.generate(prompt, **greedy, speculative={"method": "ngram", "tree": "auto"})
+    assert torch.equal(out.sequences, full.generate(prompt, **greedy).sequences)
+    assert out.speculative_stats.method == "ngram"
+    with pytest.raises(ValueError, match="takes no tree mask"):
+        full.generate(prompt, **greedy, speculative={"method": "ngram", "tree": True})
 
 
 def _tiny_llava_pipeline():

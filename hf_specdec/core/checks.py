@@ -18,9 +18,9 @@ from transformers.generation import GenerationMode, logits_process
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
 from .compat import generate_cache, takes_dynamic_cache
-from .inputs import cached_columns, check_forwarded
-from .kv import holds_holes, mark_holes, windows_by_column
-from .static_kv import check_layers
+from .inputs import cached_columns, forwarded_refusal, plain_feeds_otherwise
+from .kv import holds_holes, mark_holes, rotary_refusal, sliding_refusal, windows_by_column
+from .static_kv import layers_refusal
 
 # Cache layers a filled cache may hold to be continued: full attention, recurrent states (rolled back
 # as `kv.RaggedKV` records them), and the placeholders of layers that cache nothing.
@@ -71,13 +71,20 @@ _OTHER_MODES = {
 }
 
 
+class Unsupported(ValueError):
+    """What speculative decoding here cannot reproduce for a call that plain `generate` decodes: a
+    method the user named raises it; `method="auto"` decodes the call plainly instead and says why
+    (`speculative_stats.selection`), as it promises plain's output at no less than plain's speed."""
+
+
 def check_supported(
     model: Any, input_ids: torch.Tensor, config: GenerationConfig, model_kwargs: dict[str, Any], streamer: Any
 ) -> None:
-    """Raise a clear error for anything speculative decoding here cannot reproduce losslessly."""
+    """Raise `Unsupported` for anything speculative decoding here cannot reproduce losslessly (a
+    clear `ValueError` for a call plain `generate` refuses too)."""
     # Before the empty-prompt check: given inputs_embeds alone, `generate` passes empty input_ids.
     if model_kwargs.get("inputs_embeds") is not None:
-        raise ValueError(
+        raise Unsupported(
             "speculative= needs input_ids; inputs_embeds is not supported: pass the prompt's token ids "
             "as input_ids instead, without inputs_embeds, or drop speculative=."
         )
@@ -87,12 +94,12 @@ def check_supported(
             "one token to continue from, e.g. the tokenizer's BOS token."
         )
     if (why := verify_refusal(model)) is not None:
-        raise ValueError(
+        raise Unsupported(
             f"{type(model).__name__}{why}: drop speculative= for it (speculative=True decodes it plainly)."
         )
     if not config.use_cache:
         # The model's own generation config may say so too, where the call never did.
-        raise ValueError(
+        raise Unsupported(
             "speculative= needs the KV cache, which this call's generation config turns off "
             "(use_cache=False, given to generate or set in a generation config, the model's own included): "
             "pass use_cache=True."
@@ -106,23 +113,26 @@ def check_supported(
         )
     cache = generate_cache(model_kwargs)
     if getattr(cache, "offloading", False):  # a DynamicCache or a StaticCache, whose layers wait on the CPU
-        raise ValueError(
+        raise Unsupported(
             "speculative= does not support an offloaded cache (offloading=True / cache_implementation="
             "'offloaded' or 'offloaded_static'); use the default cache or cache_implementation='static'."
         )
     if type(cache) is StaticCache:
         check_static_cache(model, input_ids, config, cache)
     elif cache is not None and (type(cache) is not DynamicCache or not getattr(cache, "is_croppable", True)):
-        raise ValueError(
+        raise Unsupported(
             f"speculative= needs a DynamicCache or a StaticCache it can roll back, got "
             f"{type(cache).__name__} (a quantized or hybrid cache). Drop cache_implementation= / cache=, "
             "or use cache_implementation='static'."
         )
+    elif (refusal := sliding_refusal(model, cache)) is not None:
+        raise Unsupported(refusal)
     if streamer is not None and input_ids.shape[0] > 1:
         raise ValueError("A streamer takes one sequence: stream with batch size 1, or drop streamer=.")
     if cache is not None and cache.get_seq_length() > 0:
         check_continued(input_ids, cache, _mask_length(config, model_kwargs))
-    check_forwarded(input_ids, model_kwargs)
+    if (refusal := forwarded_refusal(input_ids, model_kwargs)) is not None:
+        raise Unsupported(refusal)
 
 
 def verify_refusal(model: Any) -> str | None:
@@ -204,8 +214,8 @@ def check_rolls_back(model: Any, fix: str, role: str = "") -> None:
 def check_mode(config: GenerationConfig) -> None:
     """Refuse the decoding modes other than greedy and sampling that the generation config selects,
     by transformers' own reading of it (`get_generation_mode`), naming the options that set them."""
-    if config.num_beams > 1:
-        raise ValueError(
+    if config.num_beams > 1:  # which plain `generate` runs as `_beam_search` (`integration`)
+        raise Unsupported(
             f"speculative= cannot be combined with beam search (num_beams={config.num_beams}); "
             "use num_beams=1, or drop speculative= for beam search."
         )
@@ -263,23 +273,24 @@ def _mask_length(config: GenerationConfig, model_kwargs: dict[str, Any]) -> int 
 
 def check_continued(input_ids: torch.Tensor, cache: Any, mask_length: int | None = None) -> None:
     """A filled cache continues a conversation, as with plain `generate`: `input_ids` holds what the
-    cache holds, then the new tokens. Refused where its layout cannot be continued."""
+    cache holds, then the new tokens. `Unsupported` where its layout cannot be
+    continued."""
     cached, given = cache.get_seq_length(), input_ids.shape[-1]
     if mask_length is not None and mask_length > given:
         # transformers' other form: input_ids holds the new tokens alone, the mask the whole
         # conversation. Taken for the whole conversation, the first tokens would be dropped.
-        raise ValueError(
+        raise Unsupported(
             f"speculative= continues a filled cache= from input_ids holding the whole conversation (the "
             f"{cached} cached tokens, then the new ones), as long as attention_mask ({mask_length}); got "
             f"{given} input_ids: pass torch.cat([cached_ids, new_ids], dim=1)."
         )
     if type(cache) is StaticCache:
-        raise ValueError(
+        raise Unsupported(
             "speculative= continues a filled DynamicCache, not a filled StaticCache: pass the whole "
             "conversation without cache=, or continue a DynamicCache."
         )
     if any(type(layer) not in _CONTINUED_LAYERS for layer in cache.layers):
-        raise ValueError(
+        raise Unsupported(
             "speculative= cannot continue a cache with sliding-window or quantized layers (they keep only "
             "their window, or lossy copies, and cannot be rolled back after a rejected draft): pass the "
             "whole conversation without cache=."
@@ -338,7 +349,7 @@ def check_processors(processors: LogitsProcessorList) -> None:
     for processor in processors:
         for name, fix in _STATEFUL_PROCESSORS.items():
             if isinstance(processor, getattr(logits_process, name, ())):
-                raise ValueError(
+                raise Unsupported(
                     f"speculative= cannot be combined with {type(processor).__name__}, which keeps state "
                     f"of its own from one scored position to the next that rejected drafts would leave "
                     f"advanced. For {fix}, or drop speculative=."
@@ -350,22 +361,23 @@ def check_static_cache(
 ) -> None:
     """What speculation over a StaticCache (`core/static_kv.py`) needs: full-attention layers, masks
     it can pass, and room for the whole output, as plain static decoding."""
-    check_layers(model, cache)
+    if (refusal := layers_refusal(model, cache)) is not None:
+        raise Unsupported(refusal)
     if windows_by_column(model):
-        raise ValueError(
+        raise Unsupported(
             f"{type(model).__name__}'s local attention counts its window back from the last column of the "
             "cache, which a static cache holds empty (plain static decoding's output differs from dynamic "
             "decoding's too): use the default dynamic cache (drop cache_implementation='static')."
         )
     attention = model.config.get_text_config(decoder=True)._attn_implementation
     if attention not in ("sdpa", "eager"):
-        raise ValueError(
+        raise Unsupported(
             f"speculative= over a static cache needs attn_implementation='sdpa' or 'eager' (got "
             f"{attention!r}: it masks rejected drafts with a 2D mask, which other attention unpads); load "
             "the model with one of those, or drop cache_implementation='static'."
         )
     if config.return_dict_in_generate and (config.output_attentions or config.output_hidden_states):
-        raise ValueError(
+        raise Unsupported(
             "speculative= does not return attentions or hidden states over a static cache; drop "
             "output_attentions= / output_hidden_states=, or cache_implementation='static'."
         )
@@ -374,10 +386,32 @@ def check_static_cache(
     # The cache holds every token but the last (as plain static decoding's): drafts near the end are
     # shortened to what fits, and a ragged batch's holes are compacted away, so no more is needed.
     needed = max(config.max_length, prompt + 1) - 1
-    if capacity < needed:
+    if capacity < needed:  # as plain static decoding fails past its end: not decoded plainly
         raise ValueError(
             f"The static cache holds {capacity} positions, and this call needs {needed}: the prompt "
             f"({prompt}) + max_new_tokens ({needed + 1 - prompt}) - 1. Pass max_cache_len={needed} (or "
             f"more) to generate or to your StaticCache"
             + (f", or max_new_tokens={capacity + 1 - prompt}." if capacity >= prompt else ".")
+        )
+
+
+def check_fed_as_plain(model: Any) -> None:
+    """Refuse a model that plain decoding would feed otherwise (`plain_feeds_otherwise`)."""
+    otherwise = plain_feeds_otherwise(model)
+    if otherwise is not None:
+        raise Unsupported(
+            f"speculative= cannot decode {type(model).__name__} as plain generate does here: {otherwise}. "
+            "Drop speculative= for this call (speculative=True decodes such a call plainly)."
+        )
+
+
+def check_rotary(model: Any, cached: int, prompt_width: int, max_length: int) -> None:
+    """Refuse a call whose verify forwards would rotate tokens otherwise than plain's (`rotary_refusal`)."""
+    refusal = rotary_refusal(model, cached, prompt_width, max_length)
+    if refusal is not None:
+        raise Unsupported(
+            f"{type(model).__name__} {refusal}: a verify forward of several tokens would rotate them "
+            "otherwise than plain decoding's one-token forwards. Keep prompt + max_new_tokens within "
+            "that context, or pass speculative=True (which decodes such a call plainly), or drop "
+            "speculative=."
         )

@@ -89,16 +89,6 @@ def plain_feeds_otherwise(model: Any) -> str | None:
     return None
 
 
-def check_fed_as_plain(model: Any) -> None:
-    """Refuse a model that plain decoding would feed otherwise (`plain_feeds_otherwise`)."""
-    otherwise = plain_feeds_otherwise(model)
-    if otherwise is not None:
-        raise ValueError(
-            f"speculative= cannot decode {type(model).__name__} as plain generate does here: {otherwise}. "
-            "Drop speculative= for this call (speculative=True decodes such a call plainly)."
-        )
-
-
 def given_inputs(model_kwargs: dict[str, Any]) -> dict[str, Any]:
     """The model inputs that carry something: neither None nor an empty dict (`generate` sets
     `mm_encoder_outputs={}` for every image-text model, whether or not the call holds an image)."""
@@ -109,25 +99,27 @@ def _empty(value: Any) -> bool:
     return isinstance(value, dict) and not value
 
 
-def check_forwarded(input_ids: torch.Tensor, model_kwargs: dict[str, Any]) -> None:
-    """Refuse a model input speculative decoding would not pass on: nothing is silently dropped."""
+def forwarded_refusal(input_ids: torch.Tensor, model_kwargs: dict[str, Any]) -> str | None:
+    """Why speculative decoding would not pass on a model input it was given, else None: nothing is
+    silently dropped."""
     given = given_inputs(model_kwargs)
     unknown = sorted(key for key in given if key not in _CONSUMED and key not in FORWARDED)
     cached = cached_columns(model_kwargs)
     if "cache_position" in unknown and _is_default_cache_position(given["cache_position"], input_ids, cached):
         unknown.remove("cache_position")  # what older 5.x `generate` derives from the cache's length
     if cached and (extras := sorted(key for key in given if key in FORWARDED)):
-        raise ValueError(
+        return (
             f"speculative= continues a filled cache= with a text prompt only, without {', '.join(extras)}: "
             "pass the whole prompt without cache=, or use plain generate."
         )
     if unknown:
-        raise ValueError(
+        return (
             f"speculative= would not pass {', '.join(map(repr, unknown))} to the model: drop "
             f"{'them' if len(unknown) > 1 else 'it'}, or use plain generate for "
             f"{'them' if len(unknown) > 1 else 'it'} (besides the prompt, its attention_mask and "
             f"position_ids, speculative= forwards {', '.join(FORWARDED)})."
         )
+    return None
 
 
 def cached_columns(model_kwargs: dict[str, Any]) -> int:
@@ -141,7 +133,7 @@ class ModelInputs:
     """What each target forward of a call gets besides its tokens, mask, positions and cache."""
 
     def __init__(self, model: Any, input_ids: torch.Tensor, model_kwargs: dict[str, Any]) -> None:
-        """`model_kwargs` as `check_forwarded` accepted them."""
+        """`model_kwargs` as `forwarded_refusal` accepted them."""
         given = given_inputs(model_kwargs)
         # The prompt's forward feeds its columns a filled cache does not hold yet.
         self.uncached = slice(cached_columns(model_kwargs), None)

@@ -546,18 +546,6 @@ def rotary_refusal(model: Any, cached: int, prompt_width: int, max_length: int) 
     return None
 
 
-def check_rotary(model: Any, cached: int, prompt_width: int, max_length: int) -> None:
-    """Refuse a call whose verify forwards would rotate tokens otherwise than plain's (`rotary_refusal`)."""
-    refusal = rotary_refusal(model, cached, prompt_width, max_length)
-    if refusal is not None:
-        raise ValueError(
-            f"{type(model).__name__} {refusal}: a verify forward of several tokens would rotate them "
-            "otherwise than plain decoding's one-token forwards. Keep prompt + max_new_tokens within "
-            "that context, or pass speculative=True (which decodes such a call plainly), or drop "
-            "speculative=."
-        )
-
-
 def tree_refusal(model: Any, recurrent: bool | None = None) -> str | None:
     """Why tree drafts cannot go through `model`, else None: recurrent states (`recurrent`, as its
     cache's layers say; None: as a cache built from its config would), attention biases built from
@@ -579,6 +567,11 @@ def tree_refusal(model: Any, recurrent: bool | None = None) -> str | None:
     counted = counts_columns(model)
     if counted is not None:
         return f"{counted}, so a tree's branches, fed side by side, would be counted as a chain"
+    if masks_refusal(model) is not None:
+        return (
+            f"attends with attn_implementation={config._attn_implementation!r}, which takes no tree "
+            "mask (trees need 'sdpa' or 'eager')"
+        )
     return None
 
 
@@ -647,6 +640,43 @@ class Slots:
         return out
 
 
+def masks_refusal(model: PreTrainedModel) -> str | None:
+    """Why the loop cannot hand `model` attention masks of its own (a sliding window kept whole, a
+    tree draft's), else None: they are 4D masks, which only sdpa and eager attention take."""
+    implementation = model.config.get_text_config(decoder=True)._attn_implementation
+    if implementation in ("sdpa", "eager"):
+        return None
+    return (
+        f"speculative= builds its own attention masks for {type(model).__name__} (a sliding window or a "
+        f"tree draft), which need attn_implementation='sdpa' or 'eager' (got {implementation!r}); load "
+        "the model with one of those, or use chain drafts."
+    )
+
+
+def sliding_refusal(model: PreTrainedModel, cache: DynamicCache | None) -> str | None:
+    """Why the loop cannot keep `model`'s sliding-window layers whole in `cache` and mask their window
+    itself (`_Masks.for_sliding_window`), else None."""
+    layers = cache.layers if cache is not None else []
+    sliding = [isinstance(layer, DynamicSlidingWindowLayer) for layer in layers]
+    if any(isinstance(layer, LinearAttentionCacheLayerMixin) and s for layer, s in zip(layers, sliding)):
+        return (
+            f"speculative= does not support {type(model).__name__}'s layers that keep both a sliding "
+            "window and a recurrent state (their window cannot be kept whole); use plain generate."
+        )
+    # The model attends in a window as its config says, whatever the cache's layers: a cache
+    # built without the config (`DynamicCache()`) has full layers only, yet holes in them
+    # would still be counted in the model's own window.
+    if not any(sliding) and not _slides_by_config(model):
+        return None
+    if getattr(model.config.get_text_config(decoder=True), "sliding_window", None) is None:
+        # transformers caches chunks the same way
+        return (
+            f"speculative= does not support {type(model).__name__}'s chunked attention (its cache "
+            "cannot be rolled back); use plain generate."
+        )
+    return masks_refusal(model)
+
+
 def _slides_by_config(model: PreTrainedModel) -> bool:
     """Whether `model`'s config gives any of its layers a sliding window (our draft heads' configs
     are not transformers' and give none)."""
@@ -697,38 +727,20 @@ class _Masks:
         if model is not None:
             self.implementation = model.config.get_text_config(decoder=True)._attn_implementation
             self.dtype = model.dtype
-        if self.implementation not in ("sdpa", "eager"):
-            raise ValueError(
-                f"speculative= builds its own attention masks for {type(model).__name__} (a sliding "
-                f"window or a tree draft), which need attn_implementation='sdpa' or 'eager' (got "
-                f"{self.implementation!r}); load the model with one of those, or use chain drafts."
-            )
+            if (refusal := masks_refusal(model)) is not None:
+                raise ValueError(refusal)
         self.window = window
         self.types = sorted(set(layer_types))
 
     @classmethod
     def for_sliding_window(cls, model: PreTrainedModel, cache: DynamicCache) -> _Masks | None:
         """Masks for `model` if it has sliding-window layers (their cache layers become full ones)."""
+        if (refusal := sliding_refusal(model, cache)) is not None:
+            raise ValueError(refusal)
         sliding = [isinstance(layer, DynamicSlidingWindowLayer) for layer in cache.layers]
-        if any(
-            isinstance(layer, LinearAttentionCacheLayerMixin) and is_sliding
-            for layer, is_sliding in zip(cache.layers, sliding)
-        ):
-            raise ValueError(
-                f"speculative= does not support {type(model).__name__}'s layers that keep both a sliding "
-                "window and a recurrent state (their window cannot be kept whole); use plain generate."
-            )
-        # The model attends in a window as its config says, whatever the cache's layers: a cache
-        # built without the config (`DynamicCache()`) has full layers only, yet holes in them
-        # would still be counted in the model's own window.
         if not any(sliding) and not _slides_by_config(model):
             return None
         config = model.config.get_text_config(decoder=True)
-        if getattr(config, "sliding_window", None) is None:  # transformers caches chunks the same way
-            raise ValueError(
-                f"speculative= does not support {type(model).__name__}'s chunked attention (its cache "
-                "cannot be rolled back); use plain generate."
-            )
         layer_types = getattr(config, "layer_types", None) or ["sliding_attention"]
         layer_types = [t for t in layer_types if t in ("full_attention", "sliding_attention")]
         masks = cls(model, config.sliding_window, layer_types)

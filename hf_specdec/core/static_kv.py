@@ -444,9 +444,15 @@ def _per_position(value: Any, batch: int, width: int) -> bool:
 
 def check_layers(model: PreTrainedModel, cache: StaticCache) -> None:
     """Refuse a cache whose layers cannot be rolled back by moving their write position."""
+    if (refusal := layers_refusal(model, cache)) is not None:
+        raise ValueError(refusal)
+
+
+def layers_refusal(model: PreTrainedModel, cache: StaticCache) -> str | None:
+    """Why a cache's layers cannot be rolled back by moving their write position, else None."""
     for layer in cache.layers:
         if type(layer) is not StaticLayer:
-            raise ValueError(
+            return (
                 f"speculative= rolls a static cache back by moving its write position, which needs "
                 f"full-attention StaticLayers; {type(model).__name__}'s cache has a {type(layer).__name__} "
                 "(a sliding window kept as a ring buffer, or a recurrent state: moving a write position "
@@ -457,11 +463,12 @@ def check_layers(model: PreTrainedModel, cache: StaticCache) -> None:
     if len(lengths) > 1:
         # Mllama sizes its cross-attention layers by its images' patches, not by the text: one write
         # position and one capacity for all layers would write past the shorter ones.
-        raise ValueError(
+        return (
             f"speculative= over a static cache needs every layer to hold the same positions; "
             f"{type(model).__name__}'s holds {' and '.join(map(str, lengths))} (cross-attention layers sized "
             "for its images). Use the default dynamic cache (drop cache_implementation='static')."
         )
+    return None
 
 
 def target_cache(

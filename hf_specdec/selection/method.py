@@ -95,6 +95,11 @@ def plain_instead(
         reason = f"{type(model).__name__} {counted}, which the holes of a batch of {batch_size} would move"
     else:
         return None
+    return plainly_because(reason)
+
+
+def plainly_because(reason: str) -> str:
+    """`reason`, logged once: why `"auto"` decodes a call plainly."""
     _log_once(f"method='auto' decodes plainly: {reason}")
     return reason
 

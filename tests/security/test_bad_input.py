@@ -18,6 +18,7 @@ import torch
 from transformers import T5Config, T5ForConditionalGeneration
 
 from hf_specdec import FixedDraftLength
+from hf_specdec.core.checks import Unsupported
 from hf_specdec.drafters import DRAFTERS, Draft, Drafter, register_drafter
 from hf_specdec.drafters.head_drafter import HeadDrafterConfig
 from hf_specdec.drafters.onnx import OnnxDraftConfig
@@ -192,9 +193,9 @@ def _cross_tokenizer_generate(draft_words: int, tokenizer: Any = None) -> Callab
 
 # name -> (what to run with (target, tmp_path, monkeypatch), exception type, regex for the message's fix)
 CASES: dict[str, tuple[Callable[..., None], type[Exception], str]] = {
-    "inputs_embeds_without_input_ids": (
+    "inputs_embeds_without_input_ids": (  # what speculative=True decodes plainly
         _inputs_embeds,
-        ValueError,
+        Unsupported,
         r"inputs_embeds is not supported: pass the prompt's token ids as input_ids instead",
     ),
     "draft_of_a_wrong_type": (
