@@ -163,11 +163,16 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
         model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs
     ):
         call = (input_ids, logits_processor, generation_config, model_kwargs, streamer)
-        plainly = _plain_instead(config, model, *call)
+        plainly = _why_plain(config, model, *call)
         if plainly is not None:
             # generate's own loop, as without speculative=, for the mode the generation config selects
             decode = functools.partial(type(model)._sample, streamer=streamer)
             if generation_config.num_beams > 1:
+                if streamer is not None:  # as plain generate, which checks it before a loop of its own
+                    raise ValueError(
+                        "`streamer` cannot be used with beam search (as in plain generate): stream with "
+                        "num_beams=1, or drop streamer=."
+                    )
                 decode = type(model)._beam_search
             out = decode(
                 model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs
@@ -222,7 +227,7 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
     return _ORIGINAL_GENERATE(model, custom_generate=custom_generate, **kwargs)
 
 
-def _plain_instead(
+def _why_plain(
     config: SpeculativeConfig,
     model: Any,
     input_ids: torch.Tensor,

@@ -445,6 +445,13 @@ def test_a_call_speculation_cannot_reproduce_is_decoded_plainly_under_auto_and_r
         target.generate(ids, **greedy, **kw, speculative="ngram")
 
 
+def test_beam_search_decoded_plainly_refuses_a_streamer_as_plain_does(target):
+    prompt = torch.tensor([[1, 7, 8, 9]])
+    for given in ({}, {"speculative": True}):
+        with pytest.raises(ValueError, match="`streamer` cannot be used with beam search"):
+            target.generate(prompt, max_new_tokens=4, num_beams=2, streamer=RecordingStreamer(), **given)
+
+
 @pytest.fixture(scope="module")
 def own_attention() -> str:
     """An attention implementation registered as a user registers one (a kernel of their own): sdpa
