@@ -46,7 +46,9 @@ class OutputCollector:
         batch, self.prompt_len = input_ids.shape
         self.config = generation_config
         self.capacity = max(generation_config.max_length, self.prompt_len)
-        self.tokens = input_ids.new_zeros(batch, self.capacity)
+        # Token ids as plain generate returns them, whatever the prompt's integer type: it appends
+        # each step's int64 tokens to the prompt, and `torch.cat` promotes the whole sequence.
+        self.tokens = input_ids.new_zeros(batch, self.capacity, dtype=torch.long)
         self.tokens[:, : self.prompt_len] = input_ids
         self.mask = torch.ones(batch, self.capacity, dtype=torch.long, device=input_ids.device)
         if attention_mask is not None:

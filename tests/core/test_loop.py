@@ -315,3 +315,15 @@ def test_the_policy_is_told_the_caches_verify_shape_and_the_drafters_cost(target
     shape = VerifyShape(feeds_holes=False, fixed_batch=True) if cache == "static" else VerifyShape()
     assert policy.told == (shape, DraftCost.FREE, input_ids.shape[1])
     assert policy.batches[0] == 3 and all(b in (1, 2, 3) for b in policy.batches)
+
+
+@pytest.mark.parametrize("method", ["ngram", "auto"])
+def test_a_prompt_of_int32_ids_gets_plains_int64_sequences(target, method):
+    """Plain generate appends each step's int64 tokens to the prompt, so a prompt of int32 ids (from
+    a tokenizer's NumPy output, say) comes back as int64 sequences; speculation returned int32 ones."""
+    prompt = torch.tensor([[1, 7, 8, 9, 10, 7, 8, 9, 10, 7, 8, 9]], dtype=torch.int32)
+    greedy = dict(max_new_tokens=8, do_sample=False)
+    plain = target.generate(prompt, **greedy)
+    out = target.generate(prompt, **greedy, speculative=method)
+    assert plain.dtype == torch.int64
+    assert out.dtype == plain.dtype and torch.equal(out, plain)
