@@ -419,6 +419,11 @@ _PLAIN_ONLY = {
         "not a filled StaticCache",
     ),
     "beam search": (lambda model, ids: (ids, dict(num_beams=3)), "beam search"),
+    # transformers' own streamers refuse a batch; plain generate streams it to one of one's own
+    "a streamer with a batch": (
+        lambda model, ids: (torch.cat([ids, ids.flip(-1)]), dict(streamer=RecordingStreamer())),
+        "stream with batch size 1",
+    ),
 }
 
 
@@ -434,9 +439,12 @@ def test_a_call_speculation_cannot_reproduce_is_decoded_plainly_under_auto_and_r
     ids, kw = build(target, prompt)
     greedy = dict(max_new_tokens=8, do_sample=False, return_dict_in_generate=True)
     plain = target.generate(ids, **greedy, **kw)
+    plain_kw = kw
     ids, kw = build(target, prompt)  # a filled cache afresh
     out = target.generate(ids, **greedy, **kw, speculative=True)
     assert torch.equal(out.sequences, plain.sequences)
+    if "streamer" in kw:  # every put as plain's
+        assert kw["streamer"].puts == plain_kw["streamer"].puts and kw["streamer"].ended == 1
     if case != "beam search":  # generate's beam output, as plain's: no statistics
         assert out.speculative_stats.method == "plain"
         assert refusal in out.speculative_stats.selection

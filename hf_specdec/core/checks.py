@@ -128,7 +128,12 @@ def check_supported(
     elif (refusal := sliding_refusal(model, cache)) is not None:
         raise Unsupported(refusal)
     if streamer is not None and input_ids.shape[0] > 1:
-        raise ValueError("A streamer takes one sequence: stream with batch size 1, or drop streamer=.")
+        # transformers' own streamers refuse a batch, but plain generate puts each step's tokens of
+        # every row to a streamer of one's own, which reads them as it likes.
+        raise Unsupported(
+            "A streamer takes one sequence: stream with batch size 1, or drop streamer= (speculative=True "
+            "decodes such a call plainly)."
+        )
     if cache is not None and cache.get_seq_length() > 0:
         check_continued(input_ids, cache, _mask_length(config, model_kwargs))
     if (refusal := forwarded_refusal(input_ids, model_kwargs)) is not None:
