@@ -27,7 +27,8 @@ al.'s speedup for the measured acceptance at other draft costs: what would pay.
 intersection translation of a row of each of those lengths (Chinese and Japanese text, emoji, English:
 `TRANSLATION_TEXT`), the step adding one token: with the row's last translation kept (`kept`, as a
 draft does) and from scratch (`whole`, as each draft did before it was kept), interleaved step by step;
-also how many of the row's tokens lie outside the shared vocabulary.
+also how many of the row's tokens lie outside the shared vocabulary. Then the same steps through text
+(UAD's `_draft_sequence`: the row's text in the draft's tokens, its tail re-tokenized).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from hf_specdec.bench.regimes import PROFILES, REAL, emulate, host_clock, priced
 from hf_specdec.bench.result import tokens_per_verify_forward
 from hf_specdec.bench.suites import load_suite, take_per_category
 from hf_specdec.demo_model import gemma_model_path
+from hf_specdec.drafters.text_aligned import TextAlignedDrafter
 from hf_specdec.drafters.vocabulary import TokenIntersection
 from hf_specdec.loading import describe_runtime, runtime_line
 from hf_specdec.lossless import IDENTICAL, MISMATCH, TIE, check_greedy
@@ -206,6 +208,16 @@ def translation_steps(args: argparse.Namespace, steps: int = 30) -> int:
                 f"{pair}: {n} tokens ({outside} outside the shared ones): kept {ms['kept']:.3f} ms, "
                 f"whole {ms['whole']:.3f} ms a step"
             )
+        uad = TextAlignedDrafter(None, 0.0, torch.device("cpu"), target, draft, "text")
+        for n in map(int, args.translation_steps.split(",")):
+            uad.texts.clear()
+            uad._draft_sequence(0, ids[: n - 1])  # the prompt's, once
+            times = []
+            for step in range(steps):
+                start = _wall()
+                uad._draft_sequence(0, ids[: n + step])
+                times.append(_wall() - start)
+            print(f"{pair}: {n} tokens through text (uad): {statistics.median(times) * 1e3:.3f} ms a step")
     return 0
 
 

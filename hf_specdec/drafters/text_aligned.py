@@ -52,7 +52,9 @@ class _RowText:
     """One row's text as the draft reads it."""
 
     target: torch.Tensor  # the row's target tokens read so far
-    draft: list[int] = field(default_factory=list)  # the draft's tokens of their text (after its start)
+    # The draft's start tokens, then its tokens of their text: what it is fed. Kept as a tensor, so
+    # that a step converts only the re-tokenized tail from Python, not the whole context.
+    sequence: torch.Tensor
     # (target tokens, draft tokens) at which both spell the same text, in order, from where the
     # last step tokenized the text again.
     syncs: list[tuple[int, int]] = field(default_factory=lambda: [(0, 0)])
@@ -116,7 +118,11 @@ class TextAlignedDrafter(DecoderDrafter):
     def _draft_sequence(self, row: int, real: torch.Tensor) -> torch.Tensor:
         """Row `row`'s text in the draft's tokens, after its start tokens: the text since the last
         sync point `LOOKBEHIND` target tokens back or more is tokenized again with what came since."""
-        text = self.texts.setdefault(row, _RowText(real[:0]))
+        text = self.texts.get(row)
+        if text is None:
+            start = torch.tensor(self.start, dtype=torch.long, device=real.device)
+            text = self.texts[row] = _RowText(real[:0], start)
+        head = len(self.start)  # the sequence's start tokens, before its text's
         n = min(len(text.target), len(real))
         differs = torch.nonzero(text.target[:n] != real[:n].to(text.target.device))
         same = int(differs[0]) if differs.numel() else n
@@ -124,7 +130,8 @@ class TextAlignedDrafter(DecoderDrafter):
         t0, d0 = settled[-1] if settled else (0, 0)  # none: the row's text changed before them
         target_tail = real[t0:].tolist()
         draft_tail = encode(self.draft_tokenizer, _text(self.target_spellings, target_tail))
-        text.draft = text.draft[:d0] + draft_tail
+        tail = torch.tensor(draft_tail, dtype=torch.long, device=text.sequence.device)
+        text.sequence = torch.cat([text.sequence[: head + d0], tail])
         text.target = real
         # Where the two tokenizations of the tail have a token boundary at the same byte, both sides
         # spell the same text up to there: later steps may re-tokenize from any of them.
@@ -134,9 +141,10 @@ class TextAlignedDrafter(DecoderDrafter):
             for d, end in enumerate(_ends(self.draft_spellings, draft_tail), start=1)
             if end in target_ends
         ]
-        if text.syncs[-1] != (len(real), len(text.draft)):  # the whole text: a sync point by construction
-            text.syncs.append((len(real), len(text.draft)))
-        return torch.tensor(self.start + text.draft or [0], dtype=torch.long, device=real.device)
+        whole = (len(real), len(text.sequence) - head)  # the whole text: a sync point by construction
+        if text.syncs[-1] != whole:
+            text.syncs.append(whole)
+        return text.sequence if len(text.sequence) else text.sequence.new_zeros(1)
 
     def _target_tokens(self, real: torch.Tensor, drafted: list[int]) -> list[int]:
         """The draft's tokens `drafted` as the target's, following the row's tokens `real`."""

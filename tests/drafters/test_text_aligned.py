@@ -45,6 +45,35 @@ def test_the_draft_reads_its_own_tokenization_of_the_rows_text_step_by_step(draf
     assert sequence[1 : 1 + settled] == own[:settled] and settled > len(own) // 2
 
 
+def test_a_step_converts_the_re_tokenized_tail_not_the_whole_row(drafter, monkeypatch):
+    """The row's draft sequence is kept as a tensor: a step converts from Python only the draft's
+    tokens of the re-tokenized tail (bounded by `LOOKBEHIND`), not the whole row's, which cost a
+    step 0.5-0.7 ms at 8,000 tokens. The sequence is the same: the text, in the draft's tokens."""
+    target_ids = torch.tensor(encode(drafter.target_tokenizer, TEXT * 40))
+    draft_spellings = token_spellings(drafter.draft_tokenizer)
+    row, n = 99, len(target_ids) - 8
+    drafter._draft_sequence(row, target_ids[:n])  # the prompt: translated whole, once
+    converted: list[int] = []  # elements of the Python lists made tensors, per step
+    tensor = torch.tensor
+
+    def counted(data, *args, **kwargs):
+        converted[-1] += len(data) if isinstance(data, list) else 0
+        return tensor(data, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "tensor", counted)
+    try:
+        for m in range(n + 1, len(target_ids) + 1):  # a token a step
+            converted.append(0)
+            sequence = drafter._draft_sequence(row, target_ids[:m])
+            assert _spelled(draft_spellings, sequence[1:].tolist()) == _spelled(
+                drafter.target_spellings, target_ids[:m].tolist()
+            )
+    finally:
+        del drafter.texts[row]
+    assert len(sequence) > 20 * LOOKBEHIND
+    assert max(converted) <= 3 * LOOKBEHIND, converted
+
+
 def test_the_drafts_text_becomes_the_targets_tokens_after_the_rows(drafter):
     target, draft = drafter.target_tokenizer, drafter.draft_tokenizer
     row = torch.tensor(encode(target, "the fox walked to the"))
