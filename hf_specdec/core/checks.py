@@ -278,8 +278,7 @@ def _mask_length(config: GenerationConfig, model_kwargs: dict[str, Any]) -> int 
 
 def check_continued(input_ids: torch.Tensor, cache: Any, mask_length: int | None = None) -> None:
     """A filled cache continues a conversation, as with plain `generate`: `input_ids` holds what the
-    cache holds, then the new tokens. `Unsupported` where its layout cannot be
-    continued."""
+    cache holds, then the new tokens. `Unsupported` where its layout cannot be continued."""
     cached, given = cache.get_seq_length(), input_ids.shape[-1]
     if mask_length is not None and mask_length > given:
         # transformers' other form: input_ids holds the new tokens alone, the mask the whole
