@@ -346,6 +346,10 @@ class RaggedKV:
         self.select_rows(torch.tensor(positions(cached_rows, active), device=self.mask.device))
         return active
 
+    def plain_layout(self) -> bool:
+        """Whether the columns are laid out as plain decoding's: no hole past the prompt."""
+        return bool(self.mask[:, self.prompt_width :].all())
+
     @property
     def rejoins(self) -> bool:
         """Whether rows taken apart from this cache can be joined back (`join_rows`): every layer

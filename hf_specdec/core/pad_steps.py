@@ -37,7 +37,9 @@ def keep_pad_steps(
     where the call hands its cache back, its columns at those steps: the cache plain decoding leaves."""
     length = max(out.lengths, default=0)
     rows = [row for row, n in enumerate(out.lengths) if n < length]
-    whole = _every_row(target, cached_rows, out)
+    # Nothing to join or move (no copy of the cache): no row set aside, none padded, no hole.
+    laid_out = not rows and not target.aside and target.plain_layout()
+    whole = None if laid_out else _every_row(target, cached_rows, out)
     if rows and (out.keeps_per_token or whole is not None):
         held = whole if whole is not None else target
         apart = held.rows_apart(rows if whole is not None else positions(cached_rows, rows))

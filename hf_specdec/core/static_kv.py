@@ -380,6 +380,10 @@ class StaticKV:
             mark_holes(self.cache)
         return self.cache
 
+    def plain_layout(self) -> bool:
+        """Whether the columns are laid out as plain decoding's: none moved, no hole past the prompt."""
+        return not self.compactions and bool(self.mask[:, self.prompt_width : self.end].all())
+
     def _make_room(self, width: int) -> None:
         if self.end + width > self.capacity and not self.all_real:
             self.compact()

@@ -260,3 +260,24 @@ def test_a_batch_ending_at_different_steps_hands_back_plain_decodings_cache(case
         continued = model.generate(turn, cache=copy.deepcopy(ours), speculative="ngram", **options)
         assert continued.tolist() == expected
     assert model.generate(turn, cache=ours, **options).tolist() == expected
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_a_cache_already_laid_out_as_plains_is_handed_back_without_a_copy(monkeypatch, cache):
+    """One row, every draft's holes rolled back: the cache is plain's already, so handing it back
+    copies nothing (a static cache's copy would double its memory for an instant)."""
+    from hf_specdec.core.static_kv import StaticKV
+
+    copies = []
+    for cls in (RaggedKV, StaticKV):
+        monkeypatch.setattr(
+            cls, "rows_apart", lambda self, rows, f=cls.rows_apart: copies.append(rows) or f(self, rows)
+        )
+    model = tiny_llama(0)
+    prompt = torch.tensor([[1, 7, 8, 9, 10, 7, 8, 9, 10, 7, 8]])
+    kw = dict(max_new_tokens=MAX_NEW, do_sample=False, return_dict_in_generate=True)
+    if cache == "static":
+        kw["cache_implementation"] = "static"
+    out = model.generate(prompt, **kw, speculative="ngram")
+    assert torch.equal(out.sequences, model.generate(prompt, **kw).sequences)
+    assert not holds_holes(out.past_key_values) and copies == []
