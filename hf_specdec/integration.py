@@ -156,6 +156,7 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
     fields = _generation_config(model, kwargs)
     _take_stop_strings(kwargs, tokenizer, fields)
     _heal_prompt(model, kwargs, tokenizer, fields)
+    cache_given = generate_cache(kwargs) is not None  # the user's own, which holds what the call leaves
 
     # `custom_generate` callables receive (model, input_ids, logits_processor, stopping_criteria,
     # generation_config, **model_kwargs): generate's prepared state, handed on to the loop.
@@ -218,6 +219,7 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
             tree=tree,
             max_tree_nodes=resolved.max_tree_nodes,
             streamer=streamer,
+            cache_given=cache_given,
             **model_kwargs,
         )
         if hasattr(out, "speculative_stats"):

@@ -35,9 +35,13 @@ need a state each; such models speculate one row at a time, as transformers' ass
 Holes do not pile up: once those past the prompt would make the cache more than `HOLES_BOUND`
 wider than its widest row needs, each row's real columns move left (`compact`): a batch's cache
 stays within that fraction of plain decoding's width. A call's cache is compacted at its end too: where its
-rows then hold the same number of tokens, it is plain decoding's cache. Where they do not (rows that
-stopped early, or finished rows gone from the batch) it is handed back as it is (its layout is not
-plain decoding's), and remembered (`holds_holes`) so that a call given it to continue from refuses it.
+rows then hold the same number of tokens, it is plain decoding's cache. A call that hands its cache
+back (`hands_back`) keeps the rows that leave the batch `aside`, out of every later forward, and
+joins them back at its end (`join_rows`), after the rows that stopped early are fed their padding
+(`pad_steps`), as plain decoding feeds them: its rows then hold the same number of tokens. Where
+they do not (layers that cannot be joined or compacted) it is handed back as it is (its layout is
+not plain decoding's), and remembered (`holds_holes`) so that a call given it to continue from
+refuses it.
 """
 
 from __future__ import annotations
@@ -108,6 +112,10 @@ class RaggedKV:
         self.prompt_width = 0  # columns of the prompt once fed, padding included
         self.all_real = bool(self.mask.all())  # no hole: the model then needs no attention mask
         self.compactions = 0  # times `compact` moved the holes out
+        # Whether the call hands its cache back (`hands_back`): the rows that leave the batch are then
+        # kept `aside`, each group as a cache of its own with its user rows, for `pad_steps` to join.
+        self.hands_back = False
+        self.aside: list[tuple[RaggedKV, list[int]]] = []
         self.keeps_logits = forward_takes(model, "logits_to_keep")
         self.takes_positions = forward_takes(model, "position_ids")  # else generate gives none, nor do we
         self.recurrent = keeps_recurrent_state(model, self.cache)
@@ -331,8 +339,36 @@ class RaggedKV:
         pays a one-off per new shape), the steps feed them holes (`forward_rows`)."""
         if keep_shape or len(active) > len(cached_rows) // 2:
             return cached_rows
+        if self.hands_back and self.rejoins:  # out of the verify forward, not out of the cache handed back
+            staying = set(active)
+            leaving = [i for i, row in enumerate(cached_rows) if row not in staying]
+            self.aside.append((self.rows_apart(leaving), [cached_rows[i] for i in leaving]))
         self.select_rows(torch.tensor(positions(cached_rows, active), device=self.mask.device))
         return active
+
+    def plain_layout(self) -> bool:
+        """Whether the columns are laid out as plain decoding's: no hole past the prompt."""
+        return bool(self.mask[:, self.prompt_width :].all())
+
+    @property
+    def rejoins(self) -> bool:
+        """Whether rows taken apart from this cache can be joined back (`join_rows`): every layer
+        holding columns holds a plain layer's keys and values, a column per mask column."""
+        return all(self._moves_with_mask(layer) for layer in self.cache.layers if _holds_columns(layer))
+
+    def held_rows(self, cached_rows: list[int]) -> list[tuple[RaggedKV, list[int]]]:
+        """Every row the call keeps, as caches with the user row at each of their rows: this one
+        (`cached_rows`), and the rows set `aside` as they left the batch."""
+        return [(self, cached_rows), *self.aside]
+
+    def hand_back(self, whole: RaggedKV) -> None:
+        """Hold `whole`'s rows (every user row, in order: `join_rows`) in this cache's own layers,
+        so that a cache the user passed in holds them too."""
+        for layer, joined in zip(self.cache.layers, whole.cache.layers):
+            if _holds_columns(layer):
+                layer.keys, layer.values = joined.keys, joined.values
+        self.mask, self.lengths, self.offsets = whole.mask, whole.lengths, whole.offsets
+        self.all_real, self.aside = whole.all_real, []
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only `rows` (indices into the current batch), e.g. when others have finished."""
@@ -388,6 +424,27 @@ class RaggedKV:
         self.all_real = bool(self.mask.all())
         self.compactions += 1
 
+    def lay_out(self, prompt_mask: torch.Tensor) -> None:
+        """Move each row's real columns to where plain decoding's cache holds them: the prompt's
+        (`prompt_mask` [B, P], 0 at its padding, which keeps its own columns' contents), then the
+        row's tokens, one a column. The rows must hold as many tokens past their prompts (`rejoins`:
+        layers that move with the mask), as plain's do; else nothing moves."""
+        prompt = prompt_mask.to(device=self.mask.device, dtype=torch.bool)
+        generated = self.lengths - prompt.sum(dim=1)
+        if not bool((generated == generated[0]).all()):
+            return
+        placed = torch.cat([prompt, prompt.new_ones(len(prompt), int(generated[0]))], dim=1)  # [B, W']
+        if placed.shape == self.mask.shape and bool((placed == self.mask).all()):
+            return  # laid out so already: no copy
+        source = real_first(self.mask).gather(1, (placed.cumsum(dim=1) - 1).clamp_min(0))
+        own = torch.arange(prompt.shape[1], device=prompt.device).clamp_max(self.width - 1)
+        source[:, : prompt.shape[1]] = torch.where(prompt, source[:, : prompt.shape[1]], own)
+        for layer in self.cache.layers:
+            if _holds_columns(layer):
+                layer.keys = gather_columns(layer.keys, source)
+                layer.values = gather_columns(layer.values, source)
+        self.mask, self.prompt_width, self.all_real = placed, prompt.shape[1], bool(placed.all())
+
     def _moves_with_mask(self, layer: Any) -> bool:
         """Whether `layer` holds nothing but a plain layer's keys and values, a column per mask column."""
         return type(layer) is DynamicLayer and all(
@@ -428,6 +485,38 @@ EVERY_TOKEN = 1 << 20
 # Set on a cache handed back ragged; an attribute of the cache itself, so that its copies
 # (`copy.deepcopy`, to branch a conversation) carry it too.
 _HOLES_MARK = "_hf_specdec_holds_holes"
+
+
+def join_rows(parts: list[tuple[RaggedKV, list[int]]], batch: int) -> RaggedKV:
+    """One cache over user rows 0..batch-1, in order, from `parts`: caches of one call (`rejoins`)
+    with the user row at each of their rows (one outside 0..batch-1 is left out). Narrower parts
+    are widened with holes; each row keeps its columns, which `RaggedKV.lay_out` then places as plain's."""
+    first, rows = parts[0]
+    if len(parts) == 1 and rows == list(range(batch)):
+        return first
+    width = max(kv.width for kv, _ in parts)
+    at = {row: i for i, row in enumerate(r for _, held in parts for r in held)}
+    order = torch.tensor([at[row] for row in range(batch)], device=first.mask.device)
+
+    def joined(tensors: list[torch.Tensor], dim: int) -> torch.Tensor:
+        widened = [
+            torch.cat([t, t.new_zeros(*t.shape[:dim], width - t.shape[dim], *t.shape[dim + 1 :])], dim)
+            for t in tensors
+        ]
+        return torch.cat(widened)[order]
+
+    whole = copy.copy(first)
+    whole.cache = copy.copy(first.cache)
+    whole.cache.layers = [copy.copy(layer) for layer in first.cache.layers]
+    for i, layer in enumerate(whole.cache.layers):
+        if _holds_columns(layer):
+            layer.keys = joined([kv.cache.layers[i].keys for kv, _ in parts], 2)
+            layer.values = joined([kv.cache.layers[i].values for kv, _ in parts], 2)
+    whole.mask = joined([kv.mask for kv, _ in parts], 1)
+    whole.lengths = whole.mask.sum(dim=1)
+    whole.offsets = None if first.offsets is None else torch.cat([kv.offsets for kv, _ in parts])[order]
+    whole.all_real, whole.aside = bool(whole.mask.all()), []
+    return whole
 
 
 def real_first(mask: torch.Tensor) -> torch.Tensor:

@@ -40,12 +40,14 @@ def speculative_decode(
     tree: bool = False,
     max_tree_nodes: int | None = None,
     streamer: Any = None,
+    cache_given: bool = False,
     **model_kwargs: Any,
 ) -> Any:
     """Generate with speculative decoding; returns what `generate` would (plus `speculative_stats`).
 
     The caller has checked the inputs (`checks.check_supported`) and chosen the `drafter` and the
     draft-length `policy`; `tree`: draft trees (the drafter grows them), of at most `max_tree_nodes`.
+    `cache_given`: the user passed `generate` the cache, which then holds what plain decoding's would.
     """
     out = OutputCollector(input_ids, model_kwargs.get("attention_mask"), generation_config, streamer)
     # Sampling takes each token with plain decoding's draw at its position (`draws`).
@@ -64,6 +66,7 @@ def speculative_decode(
             policy=policy,
             tree=tree,
             max_tree_nodes=max_tree_nodes,
+            cache_given=cache_given,
             **model_kwargs,
         )
     finally:
@@ -87,6 +90,7 @@ def _decode(
     policy: DraftLengthPolicy,
     tree: bool,
     max_tree_nodes: int | None,
+    cache_given: bool,
     **model_kwargs: Any,
 ) -> Any:
     """`speculative_decode`'s call, with its collector `out` and its sampling `draws` made."""
@@ -94,6 +98,8 @@ def _decode(
     stats = SpeculativeStats(method=drafter.name, translation=drafter.translation)
     batch, device = input_ids.shape[0], input_ids.device
     target = target_cache(model, batch, device, generation_config, model_kwargs)
+    # A cache the call hands back keeps the rows that leave the batch, for `pad_steps` to join back.
+    target.hands_back = bool(generation_config.return_dict_in_generate) or cache_given
     if tree:  # before the prompt's forward: refused whatever the policy would have drafted
         check_trees(model, target.tree_refusal)
     features = DrafterFeatures(drafter.hidden_state_layers, batch, device)
@@ -195,7 +201,8 @@ def _decode(
     # past its end cached: the cache handed back holds each row's sequence but its last token, as
     # plain decoding's does, so that a next turn can continue it.
     target.truncate(out.cached_lengths(cached_rows))
-    keep_pad_steps(target, cached_rows, out, processor, returned, inputs, stats)  # rows that stopped early
+    # Rows that stopped early, and where the cache is handed back, every row joined in plain's layout.
+    keep_pad_steps(target, cached_rows, out, processor, returned, inputs, stats)
     finishing = clock(device)
     drafter.finish(*out.sequences())  # what a drafter learning across calls keeps of this one
     stats.finish_seconds = clock(device) - finishing

@@ -115,6 +115,12 @@ class StaticKV:
         self.all_real = True  # whether `mask[:, :end]` has no hole
         self.needs_mask = batch_size > 1  # else only once a hole appears
         self.compactions = 0
+        # Whether the call hands its cache back: retired rows' columns, which `compact` gives away,
+        # are then kept `aside` first (each group a cache of its own, with its rows), as in `RaggedKV`.
+        self.hands_back = False
+        self.aside: list[tuple[RaggedKV, list[int]]] = []
+        self.rejoins = True  # StaticLayers only (`check_layers`): rows taken apart join back
+        self.laid_out = False  # whether `hand_back` laid the columns out as plain decoding's
         self.keeps_logits = forward_takes(model, "logits_to_keep")
         self.takes_positions = forward_takes(model, "position_ids")  # else generate gives none, nor do we
 
@@ -308,6 +314,11 @@ class StaticKV:
         their positions (rotary embeddings are applied before caching), so moving columns keeps
         attention as it was, up to the rounding of sums taken in another order.
         """
+        if self.hands_back:
+            apart = {row for _, rows in self.aside for row in rows}
+            leaving = [row for row in torch.nonzero(~self.active).flatten().tolist() if row not in apart]
+            if leaving:
+                self.aside.append((self.rows_apart(leaving), leaving))
         keep = self.mask & self.active[:, None]
         # Finished rows keep one column visible, so their (ignored) queries never see an empty row.
         keep[~self.active, 0] = True
@@ -336,14 +347,42 @@ class StaticKV:
         apart.offsets = None if self.offsets is None else self.offsets[index]
         return apart
 
+    def held_rows(self, cached_rows: list[int]) -> list[tuple[RaggedKV, list[int]]]:
+        """Every row the call keeps (`cached_rows`: all, in order), as dynamic caches over copies of
+        their columns, with the user row at each of their rows: those in this cache, and those set
+        `aside` before a compaction gave their columns away."""
+        apart = {row for _, rows in self.aside for row in rows}
+        here = [row for row in cached_rows if row not in apart]
+        return [(self.rows_apart(here), here), *self.aside]
+
+    def hand_back(self, whole: RaggedKV) -> None:
+        """Hold `whole`'s columns (every row, in order, without holes: plain decoding's layout) from
+        column 0, the write position after them, the columns past them zero as plain's are."""
+        width = whole.width  # at most plain's, which `check_static_cache` made room for
+        for layer, joined in zip(self.cache.layers, whole.cache.layers):
+            for states, new in ((layer.keys, joined.keys), (layer.values, joined.values)):
+                states[:, :, :width].copy_(new)
+                states[:, :, width:].zero_()
+        self.mask.zero_()
+        self.mask[:, :width] = whole.mask
+        self.lengths = self.mask.sum(dim=1)
+        self.end, self.all_real, self.aside, self.laid_out = width, bool(whole.mask.all()), [], True
+        self._set_write_position(width)
+
     def finished_cache(self) -> StaticCache:
         """The cache to hand back at the end of a call, its write position after the last real column.
         Where its layout is not plain decoding's (holes of rejected drafts or of rows that finished
-        early, or columns `compact` moved), it is marked so that no call continues it (`holds_holes`):
-        plain decoding would read its holes as tokens and its columns at the wrong positions."""
-        if self.compactions or not bool(self.mask[:, self.prompt_width : self.end].all()):
+        early, or columns `compact` moved that `hand_back` did not lay out again), it is marked so
+        that no call continues it (`holds_holes`): plain decoding would read its holes as tokens and
+        its columns at the wrong positions."""
+        moved = self.compactions and not self.laid_out
+        if moved or not bool(self.mask[:, self.prompt_width : self.end].all()):
             mark_holes(self.cache)
         return self.cache
+
+    def plain_layout(self) -> bool:
+        """Whether the columns are laid out as plain decoding's: none moved, no hole past the prompt."""
+        return not self.compactions and bool(self.mask[:, self.prompt_width : self.end].all())
 
     def _make_room(self, width: int) -> None:
         if self.end + width > self.capacity and not self.all_real:

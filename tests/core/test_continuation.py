@@ -20,7 +20,7 @@ from transformers import (
 )
 
 from hf_specdec import SpeculativeConfig
-from hf_specdec.core.kv import holds_holes
+from hf_specdec.core.kv import RaggedKV, holds_holes
 
 from ..conftest import assert_greedy_match, random_batch, tiny_llama
 from ..helpers.heads import copied_layer_eagle
@@ -156,8 +156,11 @@ def test_a_chat_continued_on_smollm2_is_plains(smollm2):
     assert_greedy_match(model, plain, ours, input_ids=turn)
 
 
-def _ragged_cache(target):
-    """A speculative batch's cache whose rows accepted different numbers of drafts."""
+def _ragged_cache(target, monkeypatch):
+    """A speculative batch's cache whose rows accepted different numbers of drafts and ended at
+    different steps, in a cache whose layers cannot be joined and laid out as plain decoding's (as a
+    sparse-attention indexer's keys, or Mllama's cross-attention with an image: `RaggedKV.rejoins`)."""
+    monkeypatch.setattr(RaggedKV, "rejoins", property(lambda kv: False))
     input_ids, attention_mask = random_batch(4, 4)
     out = target.generate(
         input_ids,
@@ -172,10 +175,10 @@ def _ragged_cache(target):
     return out, cache
 
 
-def test_a_ragged_batch_cache_is_refused_with_what_to_do(target):
+def test_a_ragged_batch_cache_is_refused_with_what_to_do(target, monkeypatch):
     """By speculation and by plain generate too, which would read the holes as tokens (or fail on the
     rows missing with a shape error), auto's plain decoding included."""
-    out, cache = _ragged_cache(target)
+    out, cache = _ragged_cache(target, monkeypatch)
     turn = torch.cat([out.sequences, torch.tensor([NEW_TURN] * len(out.sequences))], dim=1)
     # Where auto decodes plainly (rotary frequencies recomputed past a context the call crosses), too.
     plainly = copy.deepcopy(target)

@@ -5,20 +5,21 @@ it gives for plain output (finite values or -inf, never NaN)."""
 
 from __future__ import annotations
 
+import copy
 from typing import ClassVar
 
 import pytest
 import torch
-from transformers import RepetitionPenaltyLogitsProcessor
+from transformers import DynamicCache, RepetitionPenaltyLogitsProcessor, StaticCache
 
 from hf_specdec import SpeculativeConfig, register_drafter
 from hf_specdec.core.draft import Draft, DraftRequest
-from hf_specdec.core.kv import RaggedKV
+from hf_specdec.core.kv import RaggedKV, holds_holes
 from hf_specdec.core.policy import FixedDraftLength
 from hf_specdec.drafters import DRAFTERS, Drafter
 from hf_specdec.integration import _ORIGINAL_GENERATE
 
-from ..conftest import random_batch
+from ..conftest import random_batch, tiny_llama
 from ..helpers.architectures import VOCAB, tiny
 from ..properties.test_output_contract import EVERYTHING, assert_close_steps
 
@@ -187,7 +188,7 @@ def test_rows_at_max_length_leave_a_dynamic_cache_while_outputs_are_kept(monkeyp
         spec = model.generate(**given, speculative=dict(method="_ahead_in_row_zero", num_draft_tokens=4))
     finally:
         DRAFTERS.pop("_ahead_in_row_zero")
-    assert kept == [[2]]  # rows 0 and 1 left
+    assert kept == [[0, 1], [2]]  # rows 0 and 1 left, set aside for the cache handed back (`rows_apart`)
     assert torch.equal(spec.sequences, plain.sequences)
     for field in ("scores", "logits"):
         assert_close_steps(getattr(spec, field), getattr(plain, field), field)
@@ -195,3 +196,88 @@ def test_rows_at_max_length_leave_a_dynamic_cache_while_outputs_are_kept(monkeyp
         assert len(getattr(spec, field)) == len(getattr(plain, field)), field
         for step, (ours, theirs) in enumerate(zip(getattr(spec, field), getattr(plain, field))):
             assert_close_steps(ours, theirs, f"{field}[{step}]")
+
+
+# Batches of three left-padded rows that end at different steps under prompt lookup.
+ENDING_APART = {
+    "an EOS in one row": 3,  # row 1 stops at the EOS, then plain feeds it pads
+    "max_new_tokens reached in fewer steps": 2,  # two rows leave the batch before the third
+}
+# The cache: returned (return_dict_in_generate), the user's own (passed in, no output dict), static
+# with room for a next turn, static as small as the call allows (compacted mid-call).
+CACHES = ["returned", "passed in", "static", "tight static"]
+
+
+@pytest.mark.parametrize("cache", CACHES)
+@pytest.mark.parametrize("case", ENDING_APART)
+def test_a_batch_ending_at_different_steps_hands_back_plain_decodings_cache(case, cache):
+    """The rows that stopped early are fed what plain decoding fed them (their last token, then
+    pads) and the rows that left the batch join it again: each row's keys and values are plain's,
+    column for column, and a next turn continued from the cache is plain's next turn."""
+    model = tiny_llama(0)
+    input_ids, attention_mask = random_batch(ENDING_APART[case], 3)
+    prompt, new = input_ids.shape[1], 12
+
+    def first_turn(speculative):
+        cache_of = {
+            "returned": lambda: None,
+            "passed in": lambda: DynamicCache(config=model.config),
+            "static": lambda: StaticCache(config=model.config, max_cache_len=prompt + 2 * new),
+            "tight static": lambda: StaticCache(config=model.config, max_cache_len=prompt + new - 1),
+        }[cache]()
+        out = model.generate(
+            input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=new,
+            do_sample=False,
+            return_dict_in_generate=cache != "passed in",
+            speculative=speculative,
+            **({} if cache_of is None else {"cache": cache_of}),
+        )
+        sequences = out if cache == "passed in" else out.sequences
+        return sequences, cache_of if cache_of is not None else out.cache
+
+    plain, theirs = first_turn(None)
+    spec, ours = first_turn(SpeculativeConfig(method="ngram", num_draft_tokens=4))
+    assert torch.equal(spec, plain)
+    assert not holds_holes(ours)
+    length = int(theirs.get_seq_length())
+    assert int(ours.get_seq_length()) == length == plain.shape[1] - 1
+    real = torch.cat([attention_mask.bool(), torch.ones(3, length - prompt, dtype=torch.bool)], dim=1)
+    for i, (layer, expected) in enumerate(zip(ours.layers, theirs.layers)):
+        for row in range(3):
+            for name in ("keys", "values"):
+                got, want = (getattr(c, name)[row, :, :length][:, real[row]] for c in (layer, expected))
+                where = f"{name}[{i}] row {row}"
+                torch.testing.assert_close(got, want, msg=lambda m, w=where: f"{w}: {m}")
+    if cache == "tight static":
+        return  # no room for a next turn
+    turn = torch.cat([plain, torch.tensor([[7, 9, 3]] * 3)], dim=1)
+    mask = torch.cat([attention_mask, torch.ones(3, turn.shape[1] - prompt, dtype=torch.long)], dim=1)
+    options = dict(attention_mask=mask, max_new_tokens=6, do_sample=False)
+    expected = model.generate(turn, cache=theirs, **options).tolist()
+    if "static" not in cache:  # a filled StaticCache is continued plainly only
+        continued = model.generate(turn, cache=copy.deepcopy(ours), speculative="ngram", **options)
+        assert continued.tolist() == expected
+    assert model.generate(turn, cache=ours, **options).tolist() == expected
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_a_cache_already_laid_out_as_plains_is_handed_back_without_a_copy(monkeypatch, cache):
+    """One row, every draft's holes rolled back: the cache is plain's already, so handing it back
+    copies nothing (a static cache's copy would double its memory for an instant)."""
+    from hf_specdec.core.static_kv import StaticKV
+
+    copies = []
+    for cls in (RaggedKV, StaticKV):
+        monkeypatch.setattr(
+            cls, "rows_apart", lambda self, rows, f=cls.rows_apart: copies.append(rows) or f(self, rows)
+        )
+    model = tiny_llama(0)
+    prompt = torch.tensor([[1, 7, 8, 9, 10, 7, 8, 9, 10, 7, 8]])
+    kw = dict(max_new_tokens=MAX_NEW, do_sample=False, return_dict_in_generate=True)
+    if cache == "static":
+        kw["cache_implementation"] = "static"
+    out = model.generate(prompt, **kw, speculative="ngram")
+    assert torch.equal(out.sequences, model.generate(prompt, **kw).sequences)
+    assert not holds_holes(out.past_key_values) and copies == []

@@ -24,6 +24,7 @@ from transformers import (
 )
 
 from hf_specdec import SpeculativeConfig
+from hf_specdec.core.kv import mark_holes
 from hf_specdec.core.static_kv import StaticKV, allow_graphs
 
 from ..conftest import random_batch, tiny_llama
@@ -112,11 +113,11 @@ def test_ragged_batch_equals_plain_static_generate(model):
 
 
 @pytest.mark.parametrize("rows", [1, 3])
-def test_a_cache_handed_back_continues_only_in_plain_decodings_layout(model, weak_draft, rows):
-    """A left-padded batch's rows keep different numbers of drafts: the static cache handed back holds
-    holes, which plain generate continuing it would read as tokens, so it is refused as a ragged
-    dynamic cache is (until `reset()` empties it for reuse). One row's cache is plain decoding's
-    layout: continued, it gives plain's tokens."""
+def test_a_cache_handed_back_continues_as_plain_decodings(model, weak_draft, rows):
+    """A left-padded batch's rows keep different numbers of drafts, and may end at different steps:
+    the static cache handed back is laid out as plain decoding's (`pad_steps`), so continued, it
+    gives plain's tokens. One marked ragged (`mark_holes`: layers that cannot be laid out so) is
+    refused until `reset()` empties it for reuse."""
     input_ids, attention_mask = random_batch(4, rows)
 
     def turns(speculative=None):
@@ -135,19 +136,15 @@ def test_a_cache_handed_back_continues_only_in_plain_decodings_layout(model, wea
         return cache, lambda: model.generate(turn, attention_mask=mask, max_new_tokens=4, **options)
 
     cache, continued = turns(SpeculativeConfig(method="draft_model", draft=weak_draft, num_draft_tokens=3))
-    if rows > 1:
-        with pytest.raises(ValueError, match=r"cannot be continued\. Pass the whole conversation"):
-            continued()
-        cache.reset()  # emptied, the cache is reused as a fresh one
-        reused = model.generate(
-            input_ids, attention_mask=attention_mask, cache=cache, do_sample=False, max_new_tokens=MAX_NEW
-        )
-        assert (
-            reused[:, input_ids.shape[1] :].tolist()
-            == plain_static(model, input_ids, attention_mask).tolist()
-        )
-    else:
-        assert continued().tolist() == turns()[1]().tolist()
+    assert continued().tolist() == turns()[1]().tolist()
+    mark_holes(cache)
+    with pytest.raises(ValueError, match=r"cannot be continued\. Pass the whole conversation"):
+        continued()
+    cache.reset()  # emptied, the cache is reused as a fresh one
+    reused = model.generate(
+        input_ids, attention_mask=attention_mask, cache=cache, do_sample=False, max_new_tokens=MAX_NEW
+    )
+    assert reused[:, input_ids.shape[1] :].tolist() == plain_static(model, input_ids, attention_mask).tolist()
 
 
 @pytest.mark.parametrize("rows", [1, 3])
