@@ -59,7 +59,7 @@ _ASSISTANT_SETTINGS = {
 # Decoding modes other than greedy and sampling (beam search aside), which a verify cannot
 # reproduce: what sets each, and the option to drop for speculative decoding. transformers runs them
 # from the Hub (`custom_generate` repos), a route a `custom_generate` loop such as ours closes, so
-# unrefused they would decode greedily without a word.
+# unrefused they would decode greedily, or as plain beam search under auto, without a word.
 _OTHER_MODES = {
     GenerationMode.CONTRASTIVE_SEARCH: ("contrastive search", ("penalty_alpha", "top_k"), "penalty_alpha="),
     GenerationMode.DOLA_GENERATION: ("DoLa decoding", ("dola_layers",), "dola_layers="),
@@ -67,6 +67,11 @@ _OTHER_MODES = {
         "constrained beam search",
         ("force_words_ids", "constraints"),
         "force_words_ids= / constraints=",
+    ),
+    GenerationMode.GROUP_BEAM_SEARCH: (
+        "group beam search",
+        ("num_beam_groups", "diversity_penalty"),
+        "num_beam_groups=",
     ),
 }
 
@@ -219,13 +224,8 @@ def check_rolls_back(model: Any, fix: str, role: str = "") -> None:
 def check_mode(config: GenerationConfig) -> None:
     """Refuse the decoding modes other than greedy and sampling that the generation config selects,
     by transformers' own reading of it (`get_generation_mode`), naming the options that set them."""
-    if config.num_beams > 1:  # which plain `generate` runs as `_beam_search` (`integration`)
-        raise Unsupported(
-            f"speculative= cannot be combined with beam search (num_beams={config.num_beams}); "
-            "use num_beams=1, or drop speculative= for beam search."
-        )
     mode = config.get_generation_mode()
-    if mode in _OTHER_MODES:
+    if mode in _OTHER_MODES:  # before beam search: `_beam_search` would drop their constraints or groups
         described, options, drop = _OTHER_MODES[mode]
         given = ", ".join(
             _shown(name, getattr(config, name)) for name in options if getattr(config, name) is not None
@@ -234,6 +234,11 @@ def check_mode(config: GenerationConfig) -> None:
             f"speculative= decodes greedily or by sampling, not by {described} ({given}, in generate's "
             f"arguments or the generation config). Drop {drop} for speculative decoding, or drop "
             f"speculative= for {described}."
+        )
+    if config.num_beams > 1:  # which plain `generate` runs as `_beam_search` (`integration`)
+        raise Unsupported(
+            f"speculative= cannot be combined with beam search (num_beams={config.num_beams}); "
+            "use num_beams=1, or drop speculative= for beam search."
         )
     if mode is GenerationMode.ASSISTED_GENERATION:
         # These choose transformers' own assisted decoding, which speculative= replaces: refused by

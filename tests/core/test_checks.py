@@ -597,3 +597,33 @@ def test_an_encoder_decoder_target_is_decoded_plainly_under_auto_and_refused_by_
         r"drop speculative= for it \(speculative=True decodes it plainly\)",
     ):
         model.generate(**inputs, max_new_tokens=2, speculative="ngram")
+
+
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        (dict(force_words_ids=[[7, 8]]), r"not by constrained beam search \(force_words_ids, in"),
+        (
+            dict(num_beam_groups=2, diversity_penalty=1.0),
+            r"not by group beam search \(num_beam_groups=2, diversity_penalty=1\.0, in"
+            r".*Drop num_beam_groups=",
+        ),
+    ],
+)
+@pytest.mark.parametrize("speculative", [True, NGRAM])
+def test_beam_search_modes_run_from_the_hub_are_refused_not_decoded_as_beam_search(
+    target, given, message, speculative
+):
+    """Constrained and group beam search (num_beams > 1) are Hub code plain generate runs only with
+    trust_remote_code: refused by auto too, which would otherwise decode them as plain beam search,
+    their constraints or groups dropped without a word."""
+    input_ids, attention_mask = random_batch(0, 2)
+    with pytest.raises(ValueError, match=message):
+        target.generate(
+            input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=4,
+            num_beams=4,
+            speculative=speculative,
+            **given,
+        )
