@@ -18,7 +18,7 @@ from transformers.generation import GenerationMode, logits_process
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
 from .compat import generate_cache, takes_dynamic_cache
-from .inputs import cached_columns, forwarded_refusal, plain_feeds_otherwise
+from .inputs import cached_columns, forwarded_refusal, plain_feeds_otherwise, positions_refusal
 from .kv import holds_holes, mark_holes, rotary_refusal, sliding_refusal, windows_by_column
 from .static_kv import layers_refusal
 
@@ -142,6 +142,8 @@ def check_supported(
     if cache is not None and cache.get_seq_length() > 0:
         check_continued(input_ids, cache, _mask_length(config, model_kwargs))
     if (refusal := forwarded_refusal(input_ids, model_kwargs)) is not None:
+        raise Unsupported(refusal)
+    if (refusal := positions_refusal(model_kwargs.get("position_ids"), input_ids)) is not None:
         raise Unsupported(refusal)
 
 

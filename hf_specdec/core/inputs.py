@@ -165,27 +165,39 @@ class ModelInputs:
         return inputs
 
 
-def _prompt_positions(position_ids: torch.Tensor | None, input_ids: torch.Tensor) -> torch.Tensor | None:
-    """generate's position ids of the prompt ([B, prompt_len]), or None where it made none.
+def positions_refusal(position_ids: torch.Tensor | None, input_ids: torch.Tensor) -> str | None:
+    """Why the loop cannot continue generate's position ids of the prompt, else None.
 
     Models whose rotary positions span several axes (Qwen-VL and kin: [axes, B, prompt_len]) give
     text every axis the same position; the loop counts positions along one axis, which such a
     model spreads over its axes again, so only text prompts can be taken."""
     if position_ids is None:
         return None
-    if position_ids.dim() == 3 and bool((position_ids == position_ids[:1]).all()):
-        position_ids = position_ids[0]  # text alone: the same positions on every axis
-    if position_ids.dim() == 3:
-        raise ValueError(
+    if position_ids.dim() == 3 and not bool((position_ids == position_ids[:1]).all()):
+        return (
             "speculative= cannot continue rotary positions that differ between axes (an image or video in "
             f"a {list(position_ids.shape)} position_ids of a Qwen-VL-style model); use plain generate "
-            "for it, or speculate on text-only prompts."
+            "for it (speculative=True decodes such a call plainly), or speculate on text-only prompts."
         )
+    if position_ids.dim() == 3:
+        position_ids = position_ids[0]
     if position_ids.dim() != 2 or position_ids.shape[-1] != input_ids.shape[-1]:
-        raise ValueError(
+        return (
             f"speculative= takes position_ids of shape [batch, prompt_length] = {list(input_ids.shape)}, got "
             f"{list(position_ids.shape)}; drop position_ids or use plain generate."
         )
+    return None
+
+
+def _prompt_positions(position_ids: torch.Tensor | None, input_ids: torch.Tensor) -> torch.Tensor | None:
+    """generate's position ids of the prompt ([B, prompt_len]), or None where it made none; ones
+    `positions_refusal` refuses are refused before the call (`check_supported`)."""
+    if (refusal := positions_refusal(position_ids, input_ids)) is not None:
+        raise ValueError(refusal)
+    if position_ids is None:
+        return None
+    if position_ids.dim() == 3:
+        position_ids = position_ids[0]  # text alone: the same positions on every axis
     return position_ids.expand(input_ids.shape[0], -1).to(input_ids.device)
 
 

@@ -439,6 +439,24 @@ def test_positions_that_differ_between_axes_are_refused():
         ModelInputs(model("llama"), input_ids, {"position_ids": positions})
 
 
+def test_positions_that_differ_between_axes_are_decoded_plainly_under_auto():
+    """What plain generate decodes (an image's positions, here given as generate would make them):
+    speculative=True decodes it plainly, saying why, and a named method refuses it before the call."""
+    from hf_specdec.core.checks import Unsupported
+
+    target, input_ids = _qwen3_vl(), torch.tensor([[7, 8, 9, 10, 11, 12]])
+    positions = torch.arange(6).expand(3, 1, 6).clone()
+    positions[1:, 0, 1:3] = 1  # two image tokens sharing a temporal position
+    kw = dict(position_ids=positions, max_new_tokens=6, do_sample=False, return_dict_in_generate=True)
+    plain = target.generate(input_ids, **kw)
+    out = target.generate(input_ids, **kw, speculative=True)
+    assert torch.equal(out.sequences, plain.sequences)
+    assert out.speculative_stats.method == "plain"
+    assert "rotary positions that differ between axes" in out.speculative_stats.selection
+    with pytest.raises(Unsupported, match="rotary positions that differ between axes.*use plain generate"):
+        target.generate(input_ids, **kw, speculative="ngram")
+
+
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 @pytest.mark.parametrize("method", ["eagle", "medusa"])
 def test_every_output_like_plain_with_heads(method, tree):
