@@ -3,7 +3,9 @@
 Unlike transformers' `prompt_lookup_num_tokens`, which rescans the whole sequence every step,
 this keeps, per row and per n-gram size, a hash index from each n-gram to the positions after its
 latest occurrences, updated only with the tokens added since the last step. A lookup is then a
-few dictionary probes (microseconds), so a miss costs nothing but a plain decoding step.
+few dictionary probes (microseconds), so a miss costs nothing but a plain decoding step. A long
+prompt is indexed in one numpy pass instead (`PromptNgrams`: sorted n-gram keys, searched once a
+step), which answers every look-up as the dictionaries would.
 
 The longest matching suffix wins (down to single tokens: where verifying is cheap even a weak
 match is worth a try, and where it is dear the draft-length policy cuts such drafts, having
@@ -18,9 +20,14 @@ occurrence and 2.13 for transformers' earliest one (`benchmarks/micro/ngram_rule
 
 from __future__ import annotations
 
+import array
+import bisect
+import itertools
+import operator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
 import torch
 
 from ..core.draft import Draft, DraftCost, DraftRequest
@@ -66,19 +73,130 @@ class NgramConfig:
 ONE, ALL, SPLIT = "one", "all", "split"
 
 
+# The prompt's n-grams are indexed in one numpy pass (`PromptNgrams`) from this many tokens on. A
+# dict entry per n-gram and size costs about 1 us of Python a prompt token (4 sizes), paid before
+# the first draft, and leaves lists that every full collection of the garbage collector walks: a
+# batch of 8 prompts of 8,000 tokens spent 80 ms indexing, and up to 4 times that counting the
+# collections they set off. The pass costs about 0.25 us a token (2 ms for 8,000), and a step's
+# look-up a search of it more (about 5 us a row). Below this many tokens the dicts cost
+# under a millisecond a row, and the pass would save less than its searches add over a few hundred
+# steps (`benchmarks/micro/ngram_index.py`).
+PROMPT_PASS_TOKENS = 1024
+HASH_BASE = 0x9E3779B97F4A7C15  # odd: an n-gram's key is a polynomial in it, modulo 2^64
+HASH_MASK = (1 << 64) - 1
+
+
+def _ints(values: np.ndarray | list[int]) -> array.array:
+    """int64s as an `array.array`: read from Python without numpy's per-call cost, and no objects
+    for the garbage collector to walk (a list of ints is walked item by item on every full
+    collection)."""
+    return array.array("q", np.asarray(values, dtype=np.int64).tobytes())
+
+
+class PromptNgrams:
+    """The prompt's n-grams of every size, indexed at once: each distinct n-gram's key, sorted, and
+    the positions after its latest `keep` occurrences (ascending), as `NgramIndex.tables` would
+    hold them. An n-gram's key is Σ token_i · B^i + B^n modulo 2^64 (B = `HASH_BASE`, i counted
+    from its last token; B^n sets sizes apart), computed over the whole prompt at once in numpy,
+    and for the suffix at each step in Python. Two n-grams sharing a key make `build` return None
+    (the dict indexes that prompt instead), so a key names one n-gram, and a look-up checks one of
+    its occurrences against the suffix it asks for (a suffix the prompt never had may share a key
+    with an n-gram it has). It is kept in flat arrays of ints, which the garbage collector does not
+    walk, and which a step's look-up searches from Python (numpy's per-call cost is dearer there)."""
+
+    def __init__(
+        self, sizes: range, keys: np.ndarray, widths: array.array, bounds: array.array, positions: array.array
+    ) -> None:
+        self.sizes = sizes
+        self.keys = array.array("Q", keys.tobytes())  # [ngrams] sorted
+        self.widths = widths  # [ngrams] its tokens
+        self.bounds = bounds  # [ngrams + 1]: n-gram g's positions are positions[bounds[g] : bounds[g + 1]]
+        self.positions = positions
+        self.powers = [pow(HASH_BASE, i, 1 << 64) for i in range(sizes.stop)]  # B^i
+
+    @classmethod
+    def build(cls, tokens: list[int], sizes: range, keep: int) -> PromptNgrams | None:
+        """The n-grams of `sizes` that end before the prompt's last token (the others have no
+        continuation yet), or None where two of them share a key."""
+        ids = np.array(tokens, dtype=np.int64)
+        length, powers = len(ids), [np.uint64(pow(HASH_BASE, i, 1 << 64)) for i in range(sizes.stop)]
+        hashes = np.zeros(length, np.uint64)  # hashes[j]: Σ token_i · B^i over the n tokens before j
+        keys, ends, widths = [], [], []
+        for n in range(1, min(sizes.stop, length)):
+            hashes[n:] += ids[: length - n].astype(np.uint64) * powers[n - 1]
+            if n in sizes:
+                keys.append(hashes[n:] + powers[n])
+                ends.append(np.arange(n, length))
+                widths.append(np.full(length - n, n))
+        if not keys:
+            return cls(sizes, np.zeros(0, np.uint64), _ints([]), _ints([0]), _ints([]))
+        keys, ends, widths = (np.concatenate(column) for column in (keys, ends, widths))
+        order = np.argsort(keys)
+        keys, ends, widths = keys[order], ends[order], widths[order]
+        new = np.r_[True, keys[1:] != keys[:-1]]  # [entries]: the first of its key's entries
+        group = np.cumsum(new) - 1  # [entries]: its key's rank
+        first = np.flatnonzero(new)  # [ngrams]: each key's first entry
+        last = np.r_[first[1:], len(keys)]  # [ngrams]: one past each key's last entry
+        repeats = np.flatnonzero(~new)  # entries that are not their key's first, checked against it
+        leader = first[group[repeats]]
+        if not np.array_equal(widths[repeats], widths[leader]):
+            return None
+        for i in range(1, sizes.stop):
+            same = ids[ends[repeats] - i] == ids[ends[leader] - i]
+            if not np.all(same | (widths[repeats] < i)):
+                return None
+        # Positions ascending under each key (a stable sort of the keys is 5x dearer than this).
+        positions = np.sort(group * length + ends) - group * length
+        kept = last[group] - np.arange(len(keys)) <= keep  # [entries]: among its key's latest `keep`
+        bounds = np.r_[0, np.cumsum(np.minimum(last - first, keep))]
+        return cls(sizes, keys[first], _ints(widths[first]), _ints(bounds), _ints(positions[kept]))
+
+    def find(self, tokens: list[int]) -> dict[int, int]:
+        """Per size n (under len(tokens)) whose key the last n of `tokens` share: that n-gram's rank,
+        for `occurrences` (which checks that it is theirs)."""
+        newest_first = tokens[-1 : -min(len(self.powers), len(tokens)) : -1]
+        sums = itertools.accumulate(map(operator.mul, newest_first, self.powers))  # n = 1, 2, ...
+        found = {}
+        for n, (h, power) in enumerate(zip(sums, self.powers[1:]), 1):
+            if n < self.sizes.start:
+                continue
+            key = (h + power) & HASH_MASK
+            g = bisect.bisect_left(self.keys, key)
+            if g == len(self.keys) or self.keys[g] != key:
+                break  # the prompt lacks this suffix, so it lacks the longer ones
+            found[n] = g
+        return found
+
+    def occurrences(self, g: int, tokens: list[int], n: int) -> list[int]:
+        """Positions after the latest `keep` occurrences of the n-gram of rank `g` (`find`), if it is
+        the last n of `tokens`; none if only its key is theirs."""
+        if self.widths[g] != n:
+            return []
+        positions = self.positions[self.bounds[g] : self.bounds[g + 1]].tolist()
+        return positions if tokens[positions[0] - n : positions[0]] == tokens[-n:] else []
+
+
 class NgramIndex:
     """N-gram → positions after its latest occurrences (most recent last), for one row's tokens."""
 
     def __init__(self, sizes: range, keep: int) -> None:
         self.sizes = sizes
         self.keep = keep  # occurrences remembered per n-gram (trees branch over them)
+        # The prompt's n-grams, where it was long enough to index in one pass (`PROMPT_PASS_TOKENS`);
+        # `tables` then holds those ending after it only.
+        self.prompt: PromptNgrams | None = None
         self.tables: dict[int, dict[tuple[int, ...], list[int]]] = {n: {} for n in sizes}
         self.tokens: list[int] = []
         self.indexed = 0  # continuation positions already indexed
         self.padding = 0  # left padding before the row's prompt, never indexed
         self.last_trie: tuple[list[int], list[int]] | None = None  # tokens, parents of the last trie
+        self._in_prompt: tuple[int, dict[int, int]] = (-1, {})  # at a length: `PromptNgrams.find`
 
     def extend(self, new_tokens: list[int]) -> None:
+        if not self.tokens and len(new_tokens) >= PROMPT_PASS_TOKENS:
+            self.prompt = PromptNgrams.build(new_tokens, self.sizes, self.keep)
+            if self.prompt is not None:
+                self.indexed = len(new_tokens)
         self.tokens.extend(new_tokens)
         # Index every n-gram that now has a continuation: ending at position j < len(tokens).
         toks = self.tokens
@@ -91,13 +209,32 @@ class NgramIndex:
                         del starts[0]
         self.indexed = max(self.indexed, len(toks))
 
+    def in_prompt(self) -> dict[int, int]:
+        """`PromptNgrams.find` of the tokens so far: one search of the prompt a step, all sizes."""
+        if self.prompt is None:
+            return {}
+        if self._in_prompt[0] != len(self.tokens):
+            self._in_prompt = (len(self.tokens), self.prompt.find(self.tokens))
+        return self._in_prompt[1]
+
+    def starts(self, n: int, in_prompt: dict[int, int]) -> list[int]:
+        """Positions after the latest `keep` occurrences of the last n tokens, ascending (none until
+        there are more than n tokens: the suffix itself has no continuation)."""
+        toks = self.tokens
+        if len(toks) <= n:
+            return []
+        later = self.tables[n].get(tuple(toks[-n:]), [])
+        if n not in in_prompt or len(later) >= self.keep:
+            return later
+        return (self.prompt.occurrences(in_prompt[n], toks, n) + later)[-self.keep :]
+
     def lookup(self, max_tokens: int) -> tuple[list[int], int, list[str]]:
         """The continuation voted among the occurrences of the longest matching suffix (module
         docstring), that suffix's size, and how the occurrences agreed on each token (`ONE`,
         `ALL`, `SPLIT`)."""
-        toks = self.tokens
+        toks, in_prompt = self.tokens, self.in_prompt()
         for n in reversed(self.sizes):
-            starts = self.tables[n].get(tuple(toks[-n:])) if len(toks) > n else None
+            starts = self.starts(n, in_prompt)
             if not starts:
                 continue
             continuation: list[int] = []
@@ -126,11 +263,9 @@ class NgramIndex:
     def matches(self, max_tokens: int) -> list[tuple[list[int], int]]:
         """Continuations of every remembered match of the current suffix, longest suffix first,
         then most recent first, each with the size of its match."""
-        toks, found = self.tokens, []
+        toks, found, in_prompt = self.tokens, [], self.in_prompt()
         for n in reversed(self.sizes):
-            if len(toks) <= n:
-                continue
-            for start in reversed(self.tables[n].get(tuple(toks[-n:]), [])):
+            for start in reversed(self.starts(n, in_prompt)):
                 found.append((toks[start : start + max_tokens], n))
         return found
 
