@@ -19,7 +19,7 @@ from transformers import PreTrainedTokenizerBase
 # `draft_length`): one that does not subclass it needs these four, and gets the defaults of the rest.
 POLICY_METHODS = ("draft_length", "trim", "update", "expect_draft_cost")
 # The rest: a subclass of `DraftLengthPolicy` may override them (added after policies were written).
-OPTIONAL_POLICY_METHODS = ("begin_call", "keeps_batch_shape")
+OPTIONAL_POLICY_METHODS = ("begin_call", "keeps_batch_shape", "observe_target")
 
 
 @dataclass(frozen=True)

@@ -159,6 +159,11 @@ def replay(
         verify_seconds = forward_cost(cached, width, max(map(len, contexts)) - 1)
         trees = paths if draft.parents is not None else None
         policy.update(cached, draft, accepted, draft_seconds, verify_seconds, trees)
+        chosen = torch.full((len(active), width), -1)  # as the loop tells it: what the target chose
+        for row, b in enumerate(active):
+            emitted = answers[b][done[b] : done[b] + accepted[row] + 1]
+            chosen[row, : len(emitted)] = torch.tensor(emitted, dtype=torch.long)
+        policy.observe_target(chosen)
         drafter.observe(draft, accepted)
         seconds += draft_seconds + verify_seconds
         for row, b in enumerate(active):

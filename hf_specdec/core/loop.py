@@ -194,6 +194,7 @@ def _decode(
         # A compiled width's first forward is its compile, no verify cost: the policy is not told it.
         verify_seconds = None if target.compiling else verified_at - drafted_at
         policy.update(fed, draft, verdict.accepted, proposed_at - start, verify_seconds, verdict.paths)
+        policy.observe_target(verdict.tokens)
         stats.record_forward(k, width, drafted_at - start, verified_at - drafted_at)
 
     stats.emitted = out.emitted

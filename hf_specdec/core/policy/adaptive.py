@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from ..draft import Draft, DraftCost
 from ..verify_shape import VerifyShape
 from .acceptance import MAX_DRAFT, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, AcceptanceEstimate, TreeAcceptance
@@ -76,6 +78,8 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         self._first_k, self._plain_run, self._backoff = min(s.first_k, s.max_k), 0, 1
         self._asked, self._probing, self._looking, self._looks, self._critical = 0, False, False, 0, 0
         self._cut_chooses = True  # the step's length is chosen at the cut (`trim`), not before drafting
+        # Rows whose chain draft `trim` cut to nothing: (rows, first tokens, their confidences).
+        self._unverified: tuple[list[int], list[int], list[float]] | None = None
 
     def begin_call(self, shape: VerifyShape, draft_cost: DraftCost, context: int) -> None:
         self.draft_cost = draft_cost
@@ -165,6 +169,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         if remaining:
             self._critical = max(range(len(remaining)), key=remaining.__getitem__)
         lengths = [min(n, k) for n in draft.lengths]
+        self._keep_unverified(draft, lengths)
         draft = draft.truncated(lengths) if lengths != draft.lengths else draft
         fed = feeding(k + 1)[0] if k else 1  # a wider width paid for: holes past the draft
         return draft.widened(fed - 1) if fed > k + 1 else draft
@@ -185,6 +190,31 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             wins = {j + 1: seconds * (1 - rate / r) for j, r in enumerate(steady) if j and r > rate}
             self.costs.add_regret(batch, wins)
         return k
+
+    def _keep_unverified(self, draft: Draft, lengths: list[int]) -> None:
+        """Remember the rows whose draft the cut leaves none of, to be scored against the target's
+        token (`observe_target`): a first token judged too weak to verify would otherwise never be
+        measured again, and its confidence bucket never learn that it was too pessimistic. Exact
+        for a drafter whose draft does not depend on what was verified, and under sampling too (a
+        draft token is accepted iff the target's token is it); a sampled draft is scored by its own
+        odds, a tree by its nodes: neither is kept."""
+        self._unverified = None
+        if draft.confidence is None or draft.probs is not None or draft.parents is not None:
+            return
+        rows = [b for b, (n, cut) in enumerate(zip(draft.lengths, lengths)) if n and not cut]
+        if rows:
+            index = torch.tensor(rows, device=draft.tokens.device)
+            tokens, confidence = draft.tokens[index, 0].tolist(), draft.confidence[index, 0].tolist()
+            self._unverified = (rows, tokens, confidence)
+
+    def observe_target(self, tokens: torch.Tensor) -> None:
+        if self._unverified is None:
+            return
+        rows, drafted, confidence = self._unverified
+        self._unverified = None
+        chosen = tokens[torch.tensor(rows, device=tokens.device), 0].tolist()
+        held = [int(t == d) for t, d in zip(chosen, drafted)]  # each a one-token draft's trial
+        self.acceptance.observe([1] * len(rows), held, [[c] for c in confidence])
 
     def _row_gains(self, draft: Draft) -> list[list[float]]:
         """A sampled draft's by position alone (cut by its own tokens it would no longer follow the

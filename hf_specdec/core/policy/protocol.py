@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from ..draft import Draft, DraftCost
 from ..verify_shape import VerifyShape
 
@@ -36,6 +38,10 @@ class DraftLengthPolicy:
     ) -> None:
         """Learn from the step: the draft as verified, each row's accepted tokens, what drafting and
         verifying took (None: the forward compiled a new width), a tree's accepted `paths`."""
+
+    def observe_target(self, tokens: torch.Tensor) -> None:
+        """The tokens the target chose in the step just learnt from (`update`), [B, k + 1]: row b
+        emitted `tokens[b, : accepted[b] + 1]`. Ignored by default."""
 
     def expect_draft_cost(self, seconds_per_token: float) -> None:
         """A draft forward's seconds, timed before any drafting (`Drafter.probe_seconds`)."""

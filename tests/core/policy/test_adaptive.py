@@ -140,6 +140,29 @@ def test_trim_cuts_low_confidence_drafts_and_keeps_confident_ones():
     assert policy.trim(_draft([4], 0.15), 1).lengths == [0]
 
 
+def test_a_first_token_cut_to_nothing_is_learnt_from_the_token_the_target_chose():
+    """A confidence judged too weak to verify was never measured again: its drafts, cut to nothing,
+    now count against the token the target chose at that step (`observe_target`), so drafts of that
+    confidence that would have held are verified again, and ones that would not stay cut."""
+    outcomes = {}
+    for held in (True, False):
+        policy = AdaptiveDraftLength()
+        _teach(policy, batch=1, verify=FLAT_COSTS, accepted_of_4=2)
+        for _ in range(30):  # 0.15 tokens never held when verified
+            policy.update(1, _draft([4], 0.15), [0], 0.0, FLAT_COSTS[5])
+        kept = []
+        for _ in range(40):
+            cut = policy.trim(_draft([4], 0.15), 1)
+            n = cut.lengths[0]
+            policy.update(1, cut, [n if held else 0], 0.0, FLAT_COSTS[n + 1])
+            chosen = 0 if held else 1  # the drafts' tokens are 0: the target chose them, or not
+            policy.observe_target(torch.full((1, n + 1), chosen))
+            kept.append(n)
+        outcomes[held] = kept
+    assert outcomes[True][0] == 0 and outcomes[True][-1] > 0
+    assert outcomes[False] == [0] * 40
+
+
 def test_trim_picks_one_width_for_the_batch():
     """Rows share a forward and the batch ends with its slowest row: the rows with most left decide."""
     policy = AdaptiveDraftLength()
