@@ -79,7 +79,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         self._asked, self._probing, self._looking, self._looks, self._critical = 0, False, False, 0, 0
         self._cut_chooses = True  # the step's length is chosen at the cut (`trim`), not before drafting
         # Rows whose chain draft `trim` cut to nothing: (rows, first tokens, their confidences).
-        self._unverified: tuple[list[int], list[int], list[float]] | None = None
+        self._unverified: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def begin_call(self, shape: VerifyShape, draft_cost: DraftCost, context: int) -> None:
         self.draft_cost = draft_cost
@@ -202,19 +202,20 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         if draft.confidence is None or draft.probs is not None or draft.parents is not None:
             return
         rows = [b for b, (n, cut) in enumerate(zip(draft.lengths, lengths)) if n and not cut]
-        if rows:
+        if rows:  # compared where the tokens are, read once the target chose (no wait here)
             index = torch.tensor(rows, device=draft.tokens.device)
-            tokens, confidence = draft.tokens[index, 0].tolist(), draft.confidence[index, 0].tolist()
-            self._unverified = (rows, tokens, confidence)
+            confidence = draft.confidence[index.to(draft.confidence.device), 0]
+            self._unverified = (index, draft.tokens[index, 0], confidence)
 
     def observe_target(self, tokens: torch.Tensor) -> None:
         if self._unverified is None:
             return
-        rows, drafted, confidence = self._unverified
+        index, drafted, confidence = self._unverified
         self._unverified = None
-        chosen = tokens[torch.tensor(rows, device=tokens.device), 0].tolist()
-        held = [int(t == d) for t, d in zip(chosen, drafted)]  # each a one-token draft's trial
-        self.acceptance.observe([1] * len(rows), held, [[c] for c in confidence])
+        device = tokens.device
+        held = tokens[index.to(device), 0] == drafted.to(device)
+        trials = torch.stack([held.to(confidence.dtype), confidence.to(device)], dim=1).tolist()  # one read
+        self.acceptance.observe([1] * len(trials), [int(h) for h, _ in trials], [[c] for _, c in trials])
 
     def _row_gains(self, draft: Draft) -> list[list[float]]:
         """A sampled draft's by position alone (cut by its own tokens it would no longer follow the
