@@ -160,7 +160,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             return draft
         if not any(draft.lengths):  # a plain step serves at most each token left
             steps_left = (lambda w: max(remaining)) if remaining else None
-            return self._fed(draft, batch_size, 0, self.costs.feeding(batch_size, steps_left))
+            return self._fed(draft, 0, self.costs.feeding(batch_size, steps_left))
         if not self.costs.measured_wide() or self._looking:
             return draft.truncated([min(n, 1) for n in draft.lengths])  # one token tells a width's cost
         gains = self._row_gains(draft)  # a width serves as many steps as the call takes drafting at it
@@ -174,17 +174,14 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         lengths = [min(n, k) for n in draft.lengths]
         self._keep_unverified(draft, lengths)
         draft = draft.truncated(lengths) if lengths != draft.lengths else draft
-        return self._fed(draft, batch_size, k, feeding)
+        return self._fed(draft, k, feeding)
 
-    def _fed(self, draft: Draft, batch: int, k: int, feeding: Feeding) -> Draft:
+    @staticmethod
+    def _fed(draft: Draft, k: int, feeding: Feeding) -> Draft:
         """The draft fed at the width `feeding` prices it at: holes past it where a wider width paid
-        for costs less than its own unpaid one, a plain step's too (then earning width 1's one-off)."""
-        fed, seconds = feeding(k + 1)
-        if fed > k + 1 and draft.parents is None:
-            if k == 0 and seconds is not None:
-                self.costs.add_regret(batch, {1: max(seconds - self.costs.verify(batch, 1), 0.0)})
-            return draft.widened(fed - 1)
-        return draft
+        for costs less than its own unpaid one's one-off, a plain step's too."""
+        fed = feeding(k + 1)[0]
+        return draft.widened(fed - 1) if fed > k + 1 else draft
 
     def _fastest(
         self, batch: int, gains: Gains, remaining: Remaining, feeding: Feeding, drafted: bool, earns: bool
