@@ -199,11 +199,11 @@ def test_finished_rows_leave_the_forward_unless_the_policy_keeps_its_shape(targe
 
 
 class _Widens(FixedDraftLength):
-    """A fixed draft length whose drafts are fed four columns wider, the rest holes (`Draft.widened`),
-    as the adaptive policy feeds a draft at a wider width the device has already paid for."""
+    """A fixed draft length whose drafts, and plain steps, are fed four columns wider, the rest holes
+    (`Draft.widened`), as the adaptive policy feeds them at a wider width the device has paid for."""
 
     def trim(self, draft: Draft, batch_size: int, remaining: list[int] | None = None) -> Draft:
-        return draft.widened(draft.tokens.shape[1] + 4) if any(draft.lengths) else draft
+        return draft.widened(draft.tokens.shape[1] + 4)
 
 
 @pytest.mark.parametrize("batch", [1, 3])
@@ -223,17 +223,18 @@ def test_drafts_fed_with_holes_past_them_give_plain_greedy_output(target, batch)
         output_logits=True,
     )
     plain = _ORIGINAL_GENERATE(target, **kwargs)
-    fed: list[int] = []
+    fed: list[tuple[int, int]] = []  # per forward: (holes past the longest row, its tokens)
     forward = RaggedKV.forward_rows
 
     def recording(kv, slots, tokens, valid, *args, **kw):
-        fed.append(tokens.shape[1] - (0 if valid is None else int(valid.sum(dim=1).max())))
+        longest = tokens.shape[1] if valid is None else int(valid.sum(dim=1).max())
+        fed.append((tokens.shape[1] - longest, longest))
         return forward(kv, slots, tokens, valid, *args, **kw)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(RaggedKV, "forward_rows", recording)
         spec = target.generate(**kwargs, speculative=SpeculativeConfig(method="ngram", policy=_Widens(3)))
-    assert max(fed) >= 4  # holes were fed
+    assert max(fed)[0] >= 4 and (4, 1) in fed  # holes were fed, past drafts and past plain steps
     assert torch.equal(spec.sequences, plain.sequences)
     if batch == 1:
         for ours, theirs in zip(spec.scores + spec.logits, plain.scores + plain.logits, strict=True):

@@ -243,8 +243,8 @@ def test_suffix_samples_from_a_filled_corpus_follow_target_distribution(models, 
 
 class _RandomLengths(DraftLengthPolicy):
     """Draft lengths drawn from a seeded generator, no clock: each step asks 0-8 tokens (0: a plain
-    step), cuts half of the rows' drafts to a length of their own, and feeds three chain drafts in
-    ten one to three columns wider (holes past them): the shapes the adaptive policy gives, and more."""
+    step), cuts half of the rows' drafts to a length of their own, and feeds three chain drafts (plain
+    steps too) in ten one to three columns wider, holes past them: the adaptive policy's shapes, and more."""
 
     def __init__(self, seed: int) -> None:
         self.rng, self.shapes = random.Random(seed), collections.Counter()
@@ -258,8 +258,9 @@ class _RandomLengths(DraftLengthPolicy):
         lengths = [self.rng.randint(0, n) if self.rng.random() < 0.5 else n for n in draft.lengths]
         self.shapes["cuts"] += lengths != draft.lengths
         draft = draft.truncated(lengths)
-        if draft.parents is None and any(lengths) and self.rng.random() < 0.3:
+        if draft.parents is None and self.rng.random() < 0.3:  # a plain step's too
             self.shapes["holes"] += 1
+            self.shapes["plain steps with holes"] += not any(lengths)
             return draft.widened(draft.tokens.shape[1] + self.rng.randint(1, 3))
         return draft
 
@@ -296,7 +297,7 @@ def test_a_seeded_call_samples_what_plain_samples(models, tree, batch):
         accepted += out.speculative_stats.accepted
         shapes += policy.shapes
     assert accepted > 10  # drafts held, so positions were verified several a forward
-    assert shapes["plain steps"] and shapes["cuts"] and (tree or shapes["holes"])
+    assert shapes["plain steps"] and shapes["cuts"] and (tree or shapes["plain steps with holes"])
 
 
 def test_a_seeded_call_samples_what_plain_samples_under_the_adaptive_policy(models, monkeypatch):

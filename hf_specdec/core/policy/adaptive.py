@@ -156,8 +156,11 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         return fastest_width(perfect, drafting, lambda w: self.costs.verify(batch, w))[1]
 
     def trim(self, draft: Draft, batch_size: int, remaining: list[int] | None = None) -> Draft:
-        if self.costs.verify(batch_size, 1) is None or not any(draft.lengths):
+        if self.costs.verify(batch_size, 1) is None:
             return draft
+        if not any(draft.lengths):  # a plain step serves at most each token left
+            steps_left = (lambda w: max(remaining)) if remaining else None
+            return self._fed(draft, 0, self.costs.feeding(batch_size, steps_left))
         if not self.costs.measured_wide() or self._looking:
             return draft.truncated([min(n, 1) for n in draft.lengths])  # one token tells a width's cost
         gains = self._row_gains(draft)  # a width serves as many steps as the call takes drafting at it
@@ -171,7 +174,13 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         lengths = [min(n, k) for n in draft.lengths]
         self._keep_unverified(draft, lengths)
         draft = draft.truncated(lengths) if lengths != draft.lengths else draft
-        fed = feeding(k + 1)[0] if k else 1  # a wider width paid for: holes past the draft
+        return self._fed(draft, k, feeding)
+
+    @staticmethod
+    def _fed(draft: Draft, k: int, feeding: Feeding) -> Draft:
+        """The draft fed at the width `feeding` prices it at: holes past it where a wider width paid
+        for costs less than its own unpaid one's one-off, a plain step's too."""
+        fed = feeding(k + 1)[0]
         return draft.widened(fed - 1) if fed > k + 1 else draft
 
     def _fastest(

@@ -107,6 +107,7 @@ class CostModel:
         nearest bucket that carried it from `CARRIED_MIN` timings; and every (batch, width) carried."""
         here = [key for key in self.prior if key[0] == self.shape.widths]
         self._before = {(key[2], width) for key in here for width in self.prior[key]}
+        self._before |= {(key[2], 1) for key in self.plains if key[0] == self.shape.widths}
         enough = {k: {w: r for w, r in self.prior[k].items() if len(r.samples) >= CARRIED_MIN} for k in here}
         self._here = {key[2]: {} for key in here if enough[key]}  # in the order first carried
         for key in sorted(here, key=lambda k: -abs(k[1] - self.bucket)):
@@ -249,7 +250,7 @@ class CostModel:
             owed = self.first_call_seconds(batch, width) - earned
             if owed > 0:
                 left = ONE_OFF_USES if steps_left is None else int(steps_left(width))
-                seconds += owed / max(1, min(ONE_OFF_USES, left))
+                seconds += owed / max(1, left if width == 1 else min(ONE_OFF_USES, left))
             wider = padded_width(widths, width) if widen else width
             if wider > width and (fed := self.verify(batch, wider)) is not None and fed < seconds:
                 return wider, fed

@@ -665,6 +665,31 @@ def test_a_draft_shorter_than_a_width_paid_for_is_fed_at_that_width_not_cut():
     assert draft.lengths == [6] and draft.tokens.shape == (1, 6)
 
 
+def _second_call(first_timings_dear: bool) -> AdaptiveDraftLength:
+    """A call after one that paid for widths 1, 9 and 17 under `flat` costs with one-offs: it timed
+    9 and 17 itself (six steps more at first where one-offs are paid each call), no plain step yet."""
+    policy = AdaptiveDraftLength(device_costs=_policy_with_paid_widths(1, 9, 17).costs)
+    for width in (9, 17):
+        for seconds in (FLAT_COSTS[width] + 6.0 * first_timings_dear, FLAT_COSTS[width], FLAT_COSTS[width]):
+            policy.costs.add_verify(1, width, seconds)
+    return policy
+
+
+def test_a_plain_step_that_cannot_earn_its_oneoff_is_fed_at_a_width_paid_for():
+    """Where every call pays a width's one-off again, a plain step is a width like any other: with
+    3 tokens left it is fed at the narrowest paid width, 9 (holes past its token: 1.08 steps, not
+    1 + six), as a fixed k is; with 200 left it may serve 200 plain steps and is fed at width 1.
+    Where the process paid for width 1 in an earlier call, it is fed at 1 even at the call's end."""
+    empty = Draft.empty(1, torch.device("cpu"))
+    per_call = _second_call(first_timings_dear=True)
+    assert per_call.costs.per_call_one_offs() and (1, 1) not in per_call.costs.times
+    assert per_call.trim(empty, 1, [3]).tokens.shape == (1, 8)
+    assert per_call.trim(empty, 1, [200]).tokens.shape == (1, 0)
+    per_process = _second_call(first_timings_dear=False)
+    assert not per_process.costs.per_call_one_offs()
+    assert per_process.trim(empty, 1, [3]).tokens.shape == (1, 0)
+
+
 def test_a_width_not_paid_for_is_bought_once_what_it_would_have_saved_adds_up_to_its_oneoff(monkeypatch):
     """Ski rental: a 6-token draft is fed at the paid width 17 (holes past it) while width 7 has
     not saved its six-step one-off; each such step it earns what it would have saved
