@@ -19,7 +19,6 @@ from hf_specdec.core.policy import DEVICE_COSTS
 from hf_specdec.ort import export_onnx
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
 
 
 @pytest.fixture(autouse=True)

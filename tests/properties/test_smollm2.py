@@ -7,9 +7,13 @@ import json
 import pytest
 import torch
 
-from ..conftest import SHARED, assert_greedy_match
+from hf_specdec.bench.suites import data_dir
 
-SPECBENCH = SHARED / "data" / "specbench" / "question.jsonl"
+from ..conftest import assert_greedy_match
+
+# Where `hf-specdec bench --suite specbench` reads it: `$HF_SPECDEC_DATA`, else shared/data beside
+# the checkout.
+SPECBENCH = data_dir() / "specbench" / "question.jsonl"
 CATEGORIES = ("summarization", "rag", "translation", "qa", "math_reasoning", "coding", "writing")
 
 
