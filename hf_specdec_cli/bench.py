@@ -48,7 +48,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     source.add_argument("--prompts", type=Path, default=None, help="a JSONL file with a 'prompt' per line")
     parser.add_argument(
-        "--data-dir", type=Path, default=None, help="benchmark data (default: $HF_SPECDEC_DATA)"
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="benchmark data (default: $HF_SPECDEC_DATA, else shared/data beside the checkout)",
     )
     parser.add_argument("--limit", type=int, default=None, help="at most N prompts per category")
     parser.add_argument(
