@@ -78,6 +78,9 @@ class RowCheck:
     gap: float | None = None
     bound: float | None = None
     tie_at: int | None = None
+    # Sampling: plain's token lay at a truncating processor's cut-off, where rounding can cut it
+    # (`check_sampled`): `gap` and `top_two` are then those of the tokens rounding cannot cut.
+    at_cut_off: bool = False
 
     def describe(self) -> str:
         if self.kind == IDENTICAL:
@@ -89,6 +92,13 @@ class RowCheck:
                 f"{self.kind} at generated token {self.position}, after a tie at {self.tie_at}: speculative "
                 f"took {self.speculative_token}, {self.gap:.3g} below the best score after its own prefix "
                 f"(rounding bound {self.bound:.3g}; the target's top two there: {self.top_two})"
+            )
+        if self.at_cut_off:
+            return (
+                f"{self.kind} at generated token {self.position}: plain took {self.plain_token}, which lay "
+                "within rounding of the processors' cut-off (top-k, top-p), speculative "
+                f"{self.speculative_token}, {self.gap:.3g} below the best draw of the tokens rounding "
+                f"cannot cut (rounding bound {self.bound:.3g}; their top two: {self.top_two})"
             )
         return (
             f"{self.kind} at generated token {self.position}: plain took {self.plain_token}, speculative "
@@ -180,7 +190,10 @@ def check_sampled(
     s_t; with drafts chosen without draws, speculation takes the same argmax over its verify
     forward's scores (docs/lossless.md#sampling). So at the first difference the two tokens are a
     `tie` where both lie within `rounding_bound` of the largest u_t (the scores' rounding, not the
-    draw's, moves u_t), else a `mismatch`. E_t is drawn again here, on the scores' device, which
+    draw's, moves u_t), else a `mismatch`. Where plain's token lies within that bound of a truncating
+    processor's cut-off (the lowest score kept: top-k's k-th), rounding can cut it from speculation's
+    scores, and speculation's token is held to the best draw of the tokens it cannot cut instead
+    (`_classify_draw`). E_t is drawn again here, on the scores' device, which
     must be one `can_check_sampled` names; plain's own token must be the argmax it reproduces, else
     this raises. Only speculation that verified every step with plain's draws is expected to match
     (`SpeculativeStats.rejection_sampled_steps` 0): rejection-sampled drafts are exact in
@@ -212,8 +225,7 @@ def check_sampled(
                 f"the Exp(1) draws of seed {seed}: pass the seed given to torch.manual_seed before both "
                 "calls, on the device the scores are on, and plain's own `scores`."
             )
-        bound = _bound(scores, dtype)
-        checks.append(_classify(drawn, at, plain_token, spec_token, bound))
+        checks.append(_classify_draw(scores, drawn, at, plain_token, spec_token, _bound(scores, dtype)))
     return checks
 
 
@@ -260,6 +272,32 @@ def _classify(scores: torch.Tensor, at: int, plain_token: int, spec_token: int, 
     # are the top two).
     gap = best - min(float(scores[plain_token]), float(scores[spec_token]))
     return RowCheck(TIE if gap <= bound else MISMATCH, at, plain_token, spec_token, top_two, gap, bound)
+
+
+def _classify_draw(
+    scores: torch.Tensor,  # [V] plain's processed scores at the first difference
+    drawn: torch.Tensor,  # [V] those less the logarithm of plain's draws there
+    at: int,
+    plain_token: int,
+    spec_token: int,
+    bound: float,
+) -> RowCheck:
+    """`_classify` over the draws, where a truncating processor (top-k, top-p) may have cut plain's
+    token from speculation's scores: it keeps the tokens scoring at least a cut-off, the lowest
+    score it kept, and a token kept within `bound` of that cut-off is one the verify forward's
+    rounding can drop below it (seen in bf16: plain's token tied at top-k's 50th logit, one rounding
+    step lower in the verify forward, cut there, its draw the best). Speculation then takes the best
+    draw of the rest: its token must lie within the bound of the best draw among the tokens rounding
+    cannot cut. A token plain's processors cut is not judged from plain's scores: a mismatch."""
+    kept = torch.isfinite(scores)
+    cut_off = float(scores[kept].min())
+    certain = kept & (scores > cut_off + bound)  # kept whatever the rounding
+    if bool(certain[plain_token]):
+        return _classify(drawn, at, plain_token, spec_token, bound)
+    rest = drawn.masked_fill(~certain, -math.inf)
+    rest[spec_token] = drawn[spec_token]
+    check = _classify(rest, at, spec_token, spec_token, bound)
+    return replace(check, plain_token=plain_token, at_cut_off=True)
 
 
 def _classify_along(

@@ -19,9 +19,11 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
+from hf_specdec.core.draft import Draft
+from hf_specdec.core.policy import DraftLengthPolicy
 from hf_specdec.drafters.draft_model import load_draft
 from hf_specdec.loading import encode_prompts, load_model, pad_token_id
-from hf_specdec.lossless import MISMATCH, TIE, check_greedy, count_kinds
+from hf_specdec.lossless import MISMATCH, TIE, check_greedy, check_sampled, count_kinds
 from hf_specdec.ort.cache import quantized_copy
 from hf_specdec_cli.demo import DEMO_PROMPTS
 
@@ -222,3 +224,46 @@ def test_drafts_follow_the_targets_dtype_and_device(bf16, draft_folder, heads):
     for method, folder in heads.items():
         head = load_head(str(folder), model, method=method)
         assert {p.dtype for p in head.parameters()} == {torch.bfloat16}
+
+
+class _Replayed(DraftLengthPolicy):
+    """Each step drafts `steps[i][0]` tokens cut to `steps[i][1]`, then plain steps: the adaptive
+    policy's timing-driven lengths of a run, replayed without a clock."""
+
+    def __init__(self, steps: list[tuple[int, int]]) -> None:
+        self.steps, self.step = steps, -1
+
+    def draft_length(self, batch_size: int) -> int:
+        self.step += 1
+        return self.steps[self.step][0] if self.step < len(self.steps) else 0
+
+    def trim(self, draft: Draft, batch_size: int, remaining: list[int] | None = None) -> Draft:
+        if self.step >= len(self.steps):
+            return draft
+        return draft.truncated([self.steps[self.step][1]] * len(draft.lengths))
+
+
+def test_bf16_seeded_sample_at_a_top_k_cut_off_is_a_tie(bf16):
+    """Seeded ngram sampling (temperature 0.7, top-k 50) with the draft lengths the adaptive policy
+    once chose: at generated token 9 plain's token ties top-k's 50th logit, and the 13-token verify
+    forward puts it one bf16 step lower, below the cut-off; plain's draw picked it, speculation's
+    the best draw of the rest. `check_sampled` calls that a tie of the cut-off, not a mismatch (as
+    it did before it knew of cut-offs); on a CPU whose kernels round alike the row is identical."""
+    model, tokenizer = bf16
+    messages = [{"role": "user", "content": "Repeat after me: speculative decoding keeps outputs exact."}]
+    x = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
+    settings = dict(max_new_tokens=12, do_sample=True, temperature=0.7, top_k=50, top_p=1.0)
+    torch.manual_seed(0)
+    plain = model.generate(**x, **settings, output_scores=True, return_dict_in_generate=True)
+    steps = [(0, 0), (4, 0), (4, 0), (4, 0), (4, 0), (4, 1), (16, 0), (16, 0), (16, 12)]
+    torch.manual_seed(0)
+    spec = model.generate(**x, **settings, speculative={"method": "ngram", "policy": _Replayed(steps)})
+    prompt_length = x["input_ids"].shape[1]
+    check = check_sampled(
+        plain.sequences, plain.scores, spec, prompt_length, 0, model.dtype, eos_token_ids=[2]
+    )[0]
+    assert check.kind != MISMATCH, check.describe()
+    if check.kind == TIE:
+        assert check.gap <= check.bound

@@ -285,6 +285,41 @@ def test_a_draw_that_rounding_can_flip_is_a_tie(sampled):
         assert checks[0].kind == kind and checks[0].gap == pytest.approx(slack * bound, rel=1e-2)
 
 
+def test_plain_token_at_a_top_k_cut_off_that_rounding_can_cut_is_a_tie(sampled):
+    """Control: plain's scores at one position cut to a top set whose lowest score is plain's own
+    token (top-k's k-th, tied at the cut-off), which a verify forward's rounding can push below the
+    cut: speculation then takes the best draw of the other tokens, a tie of the cut-off however far
+    below plain's draw it lies. With one token kept 3 bounds below plain's, plain's token is clear
+    of the cut-off and the same row is a mismatch; so is a speculative token cut by plain's
+    processors, which plain's scores cannot judge."""
+    input_ids, _, out = sampled
+    prompt_length = input_ids.shape[1]
+    noise = torch.Generator().manual_seed(11)
+    drawn = [torch.empty(s.shape).exponential_(generator=noise) for s in out.scores]
+    plain = out.sequences[0, prompt_length:].tolist()
+    at = next(t for t, s in enumerate(out.scores) if int((s[0] > s[0, plain[t]]).sum()) >= 2)
+    row, log_e = out.scores[at][0], drawn[at][0].log()
+    bound = rounding_bound(float(row.abs().max()), torch.float32)
+    cut = row.masked_fill(row < row[plain[at]], -torch.inf)  # kept: plain's token and those above it
+    best_rest = int((cut - log_e).masked_fill(torch.arange(len(row)) == plain[at], -torch.inf).argmax())
+    assert float((cut - log_e)[plain[at]] - (cut - log_e)[best_rest]) > bound  # not a tie of the draw
+    spec = out.sequences.clone()
+    spec[0, prompt_length + at] = best_rest
+    scores = [s.clone() for s in out.scores]
+    scores[at][0] = cut
+    check = _check(out, spec, prompt_length, scores=scores)[0]
+    assert check.kind == TIE and check.at_cut_off and check.gap == 0 and "cut-off" in check.describe()
+
+    below = (row - log_e).masked_fill(row >= row[plain[at]], torch.inf).argmin()  # a draw too low to win
+    scores[at][0, below] = float(row[plain[at]]) - 3 * bound
+    check = _check(out, spec, prompt_length, scores=scores)[0]
+    assert check.kind == MISMATCH and not check.at_cut_off
+
+    spec[0, prompt_length + at] = int(below)
+    scores[at][0] = cut
+    assert _check(out, spec, prompt_length, scores=scores)[0].kind == MISMATCH
+
+
 def test_check_sampled_refuses_a_device_whose_draws_it_cannot_reproduce(sampled):
     """Plain's draws are drawn again from the default generator of CPU or CUDA only: scores on any
     other device are refused with a message, not judged against other numbers."""
