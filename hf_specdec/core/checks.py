@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import warnings
 from typing import Any
 
@@ -17,7 +16,7 @@ from transformers.cache_utils import (
 from transformers.generation import GenerationMode, logits_process
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
-from .compat import generate_cache, takes_dynamic_cache
+from .compat import forward_parameters, generate_cache, takes_dynamic_cache
 from .inputs import cached_columns, forwarded_refusal, plain_feeds_otherwise, positions_refusal
 from .kv import holds_holes, mark_holes, rotary_refusal, sliding_refusal, windows_by_column
 from .static_kv import layers_refusal
@@ -207,7 +206,7 @@ def rolls_back_refusal(model: Any) -> str | None:
     why = _CANNOT_ROLL_BACK.get(getattr(model.config, "model_type", None))
     if why is not None:
         return why
-    parameters = inspect.signature(type(model).forward).parameters
+    parameters = forward_parameters(type(model))
     if "cache" not in parameters and "past_key_values" not in parameters:
         return (
             " keeps no KV cache (plain generate feeds it the whole sequence each step), so speculative= "

@@ -10,13 +10,29 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+from collections.abc import Mapping
 from typing import Any
+
+_PASSED_ON = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 
 
 @functools.cache
+def forward_parameters(model_class: type) -> Mapping[str, inspect.Parameter]:
+    """The parameters of `model_class`'s forward, read past forwards that name none and pass
+    `*args, **kwargs` on to their parent's (a user's subclass adding a logit bias): such a forward
+    takes, and plain `generate` fills, the cache its parent's takes."""
+    for owner in model_class.__mro__:
+        forward = vars(owner).get("forward")
+        if forward is None:
+            continue
+        parameters = inspect.signature(forward).parameters
+        if any(p.kind not in _PASSED_ON for name, p in parameters.items() if name != "self"):
+            return parameters
+    return inspect.signature(model_class.forward).parameters
+
+
 def _cache_argument(forward_owner: type) -> str:
-    parameters = inspect.signature(forward_owner.forward).parameters
-    return "cache" if "cache" in parameters else "past_key_values"
+    return "cache" if "cache" in forward_parameters(forward_owner) else "past_key_values"
 
 
 def cache_argument(model: Any) -> str:

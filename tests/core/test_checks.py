@@ -16,6 +16,7 @@ from transformers import (
     FalconConfig,
     FalconForCausalLM,
     GenerationConfig,
+    LlamaForCausalLM,
     RwkvConfig,
     RwkvForCausalLM,
     StaticCache,
@@ -28,6 +29,7 @@ from transformers import (
 from transformers.generation.streamers import BaseStreamer
 
 from hf_specdec import SpeculativeConfig
+from hf_specdec.core.compat import cache_argument
 from hf_specdec.integration import _ORIGINAL_GENERATE
 
 from ..conftest import random_batch, tiny_llama
@@ -524,6 +526,33 @@ def test_a_model_keeping_its_past_in_a_cache_of_its_own_is_refused():
     prompt = torch.tensor([[3, 5, 7, 3, 5, 7, 3]])
     with pytest.raises(ValueError, match="BltForCausalLM keeps its past in a cache of its own"):
         model.generate(prompt, max_new_tokens=4, pad_token_id=0, speculative=dict(method="ngram"))
+
+
+class _LogitBias(LlamaForCausalLM):
+    """A user's subclass whose forward names nothing and passes everything on to its parent's."""
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        out.logits[..., 7] += 3.0
+        return out
+
+
+def test_a_subclass_forward_passing_args_on_speculates_through_its_own_forward(target):
+    """A forward(*args, **kwargs) takes the cache its parent's takes, and plain generate fills it; it
+    was refused as keeping no KV cache (speculative=True decoded it plainly). Its own forward, logit
+    bias and all, is what the loop verifies with."""
+    model = _LogitBias(target.config).eval()
+    model.load_state_dict(target.state_dict())
+    assert cache_argument(model) == "cache"
+    prompt = torch.tensor([[9, 17, 23, 7, 9, 17, 23, 7, 9]])
+    plain = model.generate(prompt, max_new_tokens=12, do_sample=False)
+    assert not torch.equal(plain, target.generate(prompt, max_new_tokens=12, do_sample=False))
+    for speculative in ("ngram", True):
+        out = model.generate(
+            prompt, max_new_tokens=12, do_sample=False, speculative=speculative, return_dict_in_generate=True
+        )
+        assert torch.equal(out.sequences, plain)
+        assert out.speculative_stats.method != "plain" and out.speculative_stats.drafted > 0
 
 
 @pytest.mark.parametrize("alibi", ["bloom", "falcon"])
