@@ -101,6 +101,13 @@ def check_supported(
         raise Unsupported(
             f"{type(model).__name__}{why}: drop speculative= for it (speculative=True decodes it plainly)."
         )
+    if (dropout := active_dropout(model)) is not None:
+        raise Unsupported(
+            f"{type(model).__name__} is in training mode with dropout ({dropout}): every forward draws its "
+            "own, and a verify forward of several tokens draws otherwise than plain decoding's one-token "
+            "forwards, so the output could not be plain's. Call model.eval() before generate, or drop "
+            "speculative= (speculative=True decodes such a call plainly)."
+        )
     if not config.use_cache:
         # The model's own generation config may say so too, where the call never did.
         raise Unsupported(
@@ -144,6 +151,31 @@ def check_supported(
         raise Unsupported(refusal)
     if (refusal := positions_refusal(model_kwargs.get("position_ids"), input_ids)) is not None:
         raise Unsupported(refusal)
+
+
+_DROPOUTS = (
+    torch.nn.Dropout,
+    torch.nn.Dropout1d,
+    torch.nn.Dropout2d,
+    torch.nn.Dropout3d,
+    torch.nn.AlphaDropout,
+    torch.nn.FeatureAlphaDropout,
+)
+
+
+def active_dropout(model: Any) -> str | None:
+    """Where `model`'s forward draws dropout, else None: a module in training mode holding a rate
+    above zero, as a dropout layer or as a number its forward reads (Llama's `attention_dropout`,
+    `layerdrop`). A model in training mode without one computes as in eval mode."""
+    for name, module in model.named_modules():
+        if not module.training:
+            continue
+        if isinstance(module, _DROPOUTS) and module.p > 0:
+            return f"{name or 'the model'}: p={module.p}"
+        for attribute, rate in vars(module).items():
+            if "drop" in attribute and type(rate) is float and rate > 0:
+                return f"{name + '.' if name else ''}{attribute}={rate}"
+    return None
 
 
 def verify_refusal(model: Any) -> str | None:

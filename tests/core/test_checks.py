@@ -16,6 +16,8 @@ from transformers import (
     FalconConfig,
     FalconForCausalLM,
     GenerationConfig,
+    GPT2Config,
+    GPT2LMHeadModel,
     LlamaForCausalLM,
     RwkvConfig,
     RwkvForCausalLM,
@@ -553,6 +555,37 @@ def test_a_subclass_forward_passing_args_on_speculates_through_its_own_forward(t
         )
         assert torch.equal(out.sequences, plain)
         assert out.speculative_stats.method != "plain" and out.speculative_stats.drafted > 0
+
+
+def _training_with_dropout(kind: str) -> torch.nn.Module:
+    if kind == "gpt2":  # dropout layers, at the rates GPT-2's config ships
+        config = GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64, eos_token_id=5)
+        torch.manual_seed(0)
+        return GPT2LMHeadModel(config).train()
+    model = tiny_llama(0)  # a rate its attention reads
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.3
+    return model.train()
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_a_target_in_training_mode_with_dropout_decodes_plainly_under_auto_and_named_methods_refuse(kind):
+    """Left in training mode (a model mid fine-tuning), each forward draws dropout: plain's output is
+    one of its draws, which verify forwards of several tokens cannot reproduce. It speculated, and
+    differed from plain with the same seed."""
+    model = _training_with_dropout(kind)
+    prompt = torch.tensor([[9, 17, 23, 9, 17, 23, 9, 17]])
+    kw = dict(max_new_tokens=10, do_sample=False, pad_token_id=0)
+    torch.manual_seed(0)
+    plain = model.generate(prompt, **kw)
+    torch.manual_seed(0)
+    out = model.generate(prompt, **kw, speculative=True, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, plain)
+    assert out.speculative_stats.method == "plain"
+    assert "training mode with dropout" in out.speculative_stats.selection
+    with pytest.raises(ValueError, match="is in training mode with dropout .*Call model.eval"):
+        model.generate(prompt, **kw, speculative="ngram")
+    assert model.training  # left as given
 
 
 @pytest.mark.parametrize("alibi", ["bloom", "falcon"])
