@@ -146,10 +146,6 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         levels = self.trees.levels() if self.drafting_trees else None
         return drafting_seconds(self.draft_cost, seconds, k, levels)
 
-    def _margin(self, batch: int) -> float:
-        """How much faster than plain a draft must look: more where plain is priced as carried."""
-        return CARRIED_PLAIN_MARGIN if self.costs.plain_is_carried(batch) else PLAIN_MARGIN
-
     def _perfect_gain(self, batch: int, drafting: Callable[[int], float]) -> float:
         """How much faster than plain decoding drafts always accepted would be."""
         perfect = [list(range(1, self.settings.max_k + 1))]
@@ -192,7 +188,8 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         earns the seconds it would have saved (`CostModel.regret`)."""
         drafting = (lambda k: 0.0) if drafted else self._drafting
         verify = lambda w: feeding(w)[1]  # noqa: E731
-        k, rate = fastest_width(gains, drafting, verify, remaining, self._margin(batch))
+        margin = CARRIED_PLAIN_MARGIN if self.costs.plain_is_carried(batch) else PLAIN_MARGIN
+        k, rate = fastest_width(gains, drafting, verify, remaining, margin)
         if earns and self.costs.new_shapes_are_dear():
             seconds = drafting(k) + verify(k + 1) if k else self.costs.verify(batch, 1)
             steady = speedups(gains, drafting, lambda w: self.costs.verify(batch, w), remaining)
