@@ -119,13 +119,13 @@ class CostModel:
     def add_verify(self, batch: int, width: int, seconds: float) -> None:
         width = self.shape.padded(width)
         timings = self.times.get((batch, width), _Recent())
-        if width > 1 and not timings.samples and width not in self.paid(batch):
-            self.regret.clear()  # earned against the widths paid for until now
         if width > 1:
+            if not timings.samples and width not in self.paid(batch):
+                self.regret.clear()  # earned against the widths paid for until now
             self._judge(batch, width, seconds, timings)
-        if len(timings.samples) == 1 and width > 1:
-            first, seen = timings.samples[0], (batch, width) in self._before
-            self.one_offs[seen].add(first - seconds if first > 2 * seconds else 0.0)
+            if len(timings.samples) == 1:
+                first, seen = timings.samples[0], (batch, width) in self._before
+                self.one_offs[seen].add(first - seconds if first > 2 * seconds else 0.0)
         self.times[batch, width] = timings
         timings.add(seconds)
         self._cache.clear()
