@@ -46,12 +46,12 @@ def context_bucket(tokens: int) -> int:
     return max(0, (tokens.bit_length() - 8) // 2)
 
 
-def _from_widths(known: Curve, width: int) -> float | None:
+def _from_widths(known: Curve, width: int) -> float:
     """Cost at `width` along the power law through the two nearest widths of `known` (a chord
     guesses low where cost bends down, as a CPU's small matrix products do), or beyond the widest
     through it and the plain step, the exponent from 0 (flat) to 1 (in proportion to tokens fed)."""
-    if width in known or 1 not in known:
-        return known.get(width)
+    if width in known:
+        return known[width]
     below, above = [w for w in known if w < width], [w for w in known if w > width]
     if above:
         lo, hi = max(below), min(above)
