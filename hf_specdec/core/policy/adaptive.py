@@ -38,19 +38,15 @@ CARRIED_PLAIN_MARGIN = math.exp(OUT_OF_LINE) * PLAIN_MARGIN
 
 @dataclass(frozen=True)
 class AdaptiveSettings:
-    """`first_k`: the draft asked for before anything is measured, and by probes; the prior on
-    each α_i (`prior_acceptance`, worth `prior_weight` drafts); `probe_every` plain steps before a
-    probe; probes only while drafts always accepted would be `min_probe_gain` times faster than
-    plain; `max_k`: the longest draft; asks that cost something are held to what the last
-    `realized_window` gave."""
+    """What `AdaptiveDraftLength` is tuned by; pass it, or its fields as keywords."""
 
-    first_k: int = 4
-    prior_acceptance: float = PRIOR_ACCEPTANCE
+    first_k: int = 4  # the draft asked for before anything is measured, and by probes
+    prior_acceptance: float = PRIOR_ACCEPTANCE  # the prior on each α_i, worth `prior_weight` drafts
     prior_weight: float = PRIOR_WEIGHT
-    probe_every: int = 8
-    min_probe_gain: float = 1.1
-    max_k: int = MAX_DRAFT
-    realized_window: int = 16
+    probe_every: int = 8  # plain steps before a probe
+    min_probe_gain: float = 1.1  # probe only while drafts always accepted would beat plain by this
+    max_k: int = MAX_DRAFT  # the longest draft
+    realized_window: int = 16  # an ask that costs something is held to what this many asks before it gave
 
 
 def _beats_plain(tokens: float, seconds: float, plain_seconds: float) -> bool:
