@@ -178,10 +178,9 @@ class AdaptiveDraftLength(DraftLengthPolicy):
     def _fastest(
         self, batch: int, gains: Gains, remaining: Remaining, feeding: Feeding, drafted: bool, earns: bool
     ) -> int:
-        """The fastest width as fed (`feeding`), before drafting or at the cut (`drafted`). Where it
-        chooses the step's length (`earns`: before drafting for a drafter paying per token whose asks
-        are not free, else at the cut), each width not paid for that would beat it at its steady cost
-        earns the seconds it would have saved (`CostModel.regret`)."""
+        """The fastest width as fed (`feeding`), before drafting or at the cut (`drafted`); where this
+        chooses the step's length (`earns`), each width not paid for that would beat it at its steady
+        cost earns the seconds it would have saved (`CostModel.regret`)."""
         drafting = (lambda k: 0.0) if drafted else self._drafting
         verify = lambda w: feeding(w)[1]  # noqa: E731
         margin = CARRIED_PLAIN_MARGIN if self.costs.plain_is_carried(batch) else PLAIN_MARGIN
@@ -194,12 +193,9 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         return k
 
     def _keep_unverified(self, draft: Draft, lengths: list[int]) -> None:
-        """Remember the rows whose draft the cut leaves none of, to be scored against the target's
-        token (`observe_target`): a first token judged too weak to verify would otherwise never be
-        measured again, and its confidence bucket never learn that it was too pessimistic. Exact
-        for a drafter whose draft does not depend on what was verified, and under sampling too (a
-        draft token is accepted iff the target's token is it); a sampled draft is scored by its own
-        odds, a tree by its nodes: neither is kept."""
+        """Remember the rows whose chain draft the cut leaves none of, their first token to be scored
+        against the target's (`observe_target`): else a bucket judged too weak to verify is never
+        measured again. A sampled draft is scored by its own odds, a tree by its nodes: not kept."""
         self._unverified = None
         if draft.confidence is None or draft.probs is not None or draft.parents is not None:
             return

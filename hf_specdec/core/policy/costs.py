@@ -24,9 +24,8 @@ Feeding = Callable[[int], tuple[int, float | None]]  # width -> (the width to fe
 
 @dataclass
 class _Recent:
-    """The median of the last `keep` timings, or the smaller of the first two: a stall only adds.
-    `keep` is as long as a shared machine's noise needs to tell widths apart, and short enough to
-    follow a drift over tens of forwards (docs/policy.md)."""
+    """The median of the last `keep` timings (how many: docs/policy.md), or the smaller of the first
+    two: a stall only adds."""
 
     samples: list[float] = field(default_factory=list)
     keep: int = 13
