@@ -83,7 +83,6 @@ class CostModel:
     shape: VerifyShape = field(default_factory=VerifyShape)
     bucket: int = 0  # `context_bucket` of the call's prompt
     trusts_prior: bool = True
-    suspect: bool = False  # the last timing judged was out of line with the prior: set it aside
     streak: list[float] = field(default_factory=list)  # log ratios out of line with the prior, in a row
     # Read every step, so kept: predictions and curves until the next timing; the prior as read at
     # this padding and context (`_read_prior`: per batch size its widths, and those verified).
@@ -146,11 +145,10 @@ class CostModel:
         if carried and abs(error) >= OUT_OF_LINE:  # the device or the context moved: time a plain step
             self.plains.pop((self.shape.widths, self.bucket, self._timed_batch(batch)), None)
             return
-        self.suspect = abs(error) >= OUT_OF_LINE
         same_side = self.streak and (error > 0) == (self.streak[-1] > 0)
-        self.streak = [] if not self.suspect else [*self.streak, error] if same_side else [error]
+        self.streak = ([*self.streak, error] if same_side else [error]) if abs(error) >= OUT_OF_LINE else []
         if len(self.streak) >= REGIME_TIMINGS:
-            self.trusts_prior, self.streak, self.suspect = False, [], False
+            self.trusts_prior, self.streak = False, []
 
     def verify(self, batch: int, width: int) -> float | None:
         """Predicted seconds; None until a plain step was timed (at the nearest batch size) or carried."""
@@ -195,7 +193,7 @@ class CostModel:
         """(steady, timed once) ratios: the prior's while in use, under this call's (a width timed
         above its carried ratio, short of a full window, pooled with the carried timings); where this
         batch size verified nothing, the nearest one's that did, else the prior's at the nearest."""
-        in_use = self.trusts_prior and not self.suspect
+        in_use = self.trusts_prior and not self.streak  # a timing out of line sets it aside
         own = {w: t for (b, w), t in self.times.items() if b == batch and w > 1}
         carried = self._here.get(batch, {}) if in_use else {}
         steady = {1: 1.0} | {w: r.value for w, r in carried.items()}
