@@ -225,7 +225,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             return [self.trees.gains(odds[:n], parents[:n]) for odds, parents, n in rows]
         if draft.parents is not None and self.trees.observed:
             return [self.trees.gains()[:n] for n in draft.lengths]
-        if not scored or draft.parents is not None:
+        if not scored:  # by position alone, a tree's too before any tree was measured
             return [expected_gains(self.acceptance.alphas())[:n] for n in draft.lengths]
         rows = zip(draft.confidence.tolist(), draft.lengths)
         return [expected_gains([self._token_odds(c, i) for i, c in enumerate(row[:n])]) for row, n in rows]
