@@ -18,6 +18,7 @@ CARRIED_TIMINGS, CARRIED_MIN = 16, 3  # a carried width: the median of its last 
 OUT_OF_LINE, REGIME_TIMINGS = math.log(1.5), 3
 ONE_OFF_USES = 8  # the most steps a width's one-off is spread over (fewer where the call has fewer)
 Curve = dict[int, float]  # width -> verify seconds over a plain step's
+Pricing = tuple[float | None, Curve, Curve]  # a plain step's seconds (None: unpriced), steady and once curves
 Key = tuple[tuple[int, ...], int, int]  # what a carried figure is kept under: padding, context bucket, batch
 Feeding = Callable[[int], tuple[int, float | None]]  # width -> (the width to feed it at, its seconds)
 
@@ -87,9 +88,7 @@ class CostModel:
     # Read every step, so kept: predictions and curves until the next timing; the prior as read at
     # this padding and context (`_read_prior`: per batch size its widths, and those verified).
     _cache: dict[tuple[int, int], float | None] = field(default_factory=dict, init=False, repr=False)
-    _curves: dict[int, tuple[float | None, Curve, Curve]] = field(
-        default_factory=dict, init=False, repr=False
-    )
+    _curves: dict[int, Pricing] = field(default_factory=dict, init=False, repr=False)
     _here: dict[int, dict[int, _Recent]] = field(default_factory=dict, init=False, repr=False)
     _before: set[tuple[int, int]] = field(default_factory=set, init=False, repr=False)
 
