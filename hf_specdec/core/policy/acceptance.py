@@ -106,11 +106,10 @@ class TreeAcceptance(_Estimate):
 
     def levels(self) -> list[float]:
         """levels[n - 1]: the first n nodes' depth; a size never drafted as deep as the largest drafted."""
-        out, last = [], 1.0
-        for depth, trials in zip(self.depth_sums, self.drafted):
-            last = depth / trials if trials else last
-            out.append(last)
-        return out
+        last = 1.0
+        return [
+            last := depth / trials if trials else last for depth, trials in zip(self.depth_sums, self.drafted)
+        ]
 
     def observe(
         self, lengths: list[int], paths: list[list[int]], parents: list[list[int]] | None = None
