@@ -32,8 +32,7 @@ class _Estimate:
 @dataclass(eq=False)
 class AcceptanceEstimate(_Estimate):
     """α_i per draft position (given the ones before held) and, per bucket of the drafter's
-    confidence, how often such tokens held: a draft's first token apart from its later ones, as one
-    n-gram score means "often wrong" for a first token and "rarely wrong" once a copy started."""
+    confidence, how often such tokens held, a draft's first token apart from its later ones."""
 
     def __post_init__(self) -> None:
         self.drafted, self.accepted = [0.0] * self.max_k, [0.0] * self.max_k  # per position
@@ -74,8 +73,7 @@ def _bucket(confidence: float, position: int) -> int:
 @dataclass(eq=False)
 class TreeAcceptance(_Estimate):
     """β_i: how often node i (best first) lies on the accepted path; a tree's first n nodes add
-    Σ_{i<n} β_i tokens (`gains`), and cost a forward a level where a drafter grows trees so
-    (`levels`)."""
+    Σ_{i<n} β_i tokens (`gains`) and reach `levels()[n - 1]` levels deep."""
 
     def __post_init__(self) -> None:
         self.drafted, self.on_path = [0.0] * self.max_k, [0.0] * self.max_k  # per node index
@@ -108,11 +106,10 @@ class TreeAcceptance(_Estimate):
 
     def levels(self) -> list[float]:
         """levels[n - 1]: the first n nodes' depth; a size never drafted as deep as the largest drafted."""
-        out, last = [], 1.0
-        for depth, trials in zip(self.depth_sums, self.drafted):
-            last = depth / trials if trials else last
-            out.append(last)
-        return out
+        last = 1.0
+        return [
+            last := depth / trials if trials else last for depth, trials in zip(self.depth_sums, self.drafted)
+        ]
 
     def observe(
         self, lengths: list[int], paths: list[list[int]], parents: list[list[int]] | None = None

@@ -38,19 +38,15 @@ CARRIED_PLAIN_MARGIN = math.exp(OUT_OF_LINE) * PLAIN_MARGIN
 
 @dataclass(frozen=True)
 class AdaptiveSettings:
-    """`first_k`: the draft asked for before anything is measured, and by probes; the prior on
-    each α_i (`prior_acceptance`, worth `prior_weight` drafts); `probe_every` plain steps before a
-    probe; probes only while drafts always accepted would be `min_probe_gain` times faster than
-    plain; `max_k`: the longest draft; asks that cost something are held to what the last
-    `realized_window` gave."""
+    """What `AdaptiveDraftLength` is tuned by; pass it, or its fields as keywords."""
 
-    first_k: int = 4
-    prior_acceptance: float = PRIOR_ACCEPTANCE
+    first_k: int = 4  # the draft asked for before anything is measured, and by probes
+    prior_acceptance: float = PRIOR_ACCEPTANCE  # the prior on each α_i, worth `prior_weight` drafts
     prior_weight: float = PRIOR_WEIGHT
-    probe_every: int = 8
-    min_probe_gain: float = 1.1
-    max_k: int = MAX_DRAFT
-    realized_window: int = 16
+    probe_every: int = 8  # plain steps before a probe
+    min_probe_gain: float = 1.1  # probe only while drafts always accepted would beat plain by this
+    max_k: int = MAX_DRAFT  # the longest draft
+    realized_window: int = 16  # an ask that costs something is held to what this many asks before it gave
 
 
 def _beats_plain(tokens: float, seconds: float, plain_seconds: float) -> bool:
@@ -146,10 +142,6 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         levels = self.trees.levels() if self.drafting_trees else None
         return drafting_seconds(self.draft_cost, seconds, k, levels)
 
-    def _margin(self, batch: int) -> float:
-        """How much faster than plain a draft must look: more where plain is priced as carried."""
-        return CARRIED_PLAIN_MARGIN if self.costs.plain_is_carried(batch) else PLAIN_MARGIN
-
     def _perfect_gain(self, batch: int, drafting: Callable[[int], float]) -> float:
         """How much faster than plain decoding drafts always accepted would be."""
         perfect = [list(range(1, self.settings.max_k + 1))]
@@ -186,13 +178,13 @@ class AdaptiveDraftLength(DraftLengthPolicy):
     def _fastest(
         self, batch: int, gains: Gains, remaining: Remaining, feeding: Feeding, drafted: bool, earns: bool
     ) -> int:
-        """The fastest width as fed (`feeding`), before drafting or at the cut (`drafted`). Where it
-        chooses the step's length (`earns`: before drafting for a drafter paying per token whose asks
-        are not free, else at the cut), each width not paid for that would beat it at its steady cost
-        earns the seconds it would have saved (`CostModel.regret`)."""
+        """The fastest width as fed (`feeding`), before drafting or at the cut (`drafted`); where this
+        chooses the step's length (`earns`), each width not paid for that would beat it at its steady
+        cost earns the seconds it would have saved (`CostModel.regret`)."""
         drafting = (lambda k: 0.0) if drafted else self._drafting
         verify = lambda w: feeding(w)[1]  # noqa: E731
-        k, rate = fastest_width(gains, drafting, verify, remaining, self._margin(batch))
+        margin = CARRIED_PLAIN_MARGIN if self.costs.plain_is_carried(batch) else PLAIN_MARGIN
+        k, rate = fastest_width(gains, drafting, verify, remaining, margin)
         if earns and self.costs.new_shapes_are_dear():
             seconds = drafting(k) + verify(k + 1) if k else self.costs.verify(batch, 1)
             steady = speedups(gains, drafting, lambda w: self.costs.verify(batch, w), remaining)
@@ -201,12 +193,9 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         return k
 
     def _keep_unverified(self, draft: Draft, lengths: list[int]) -> None:
-        """Remember the rows whose draft the cut leaves none of, to be scored against the target's
-        token (`observe_target`): a first token judged too weak to verify would otherwise never be
-        measured again, and its confidence bucket never learn that it was too pessimistic. Exact
-        for a drafter whose draft does not depend on what was verified, and under sampling too (a
-        draft token is accepted iff the target's token is it); a sampled draft is scored by its own
-        odds, a tree by its nodes: neither is kept."""
+        """Remember the rows whose chain draft the cut leaves none of, their first token to be scored
+        against the target's (`observe_target`): else a bucket judged too weak to verify is never
+        measured again. A sampled draft is scored by its own odds, a tree by its nodes: not kept."""
         self._unverified = None
         if draft.confidence is None or draft.probs is not None or draft.parents is not None:
             return
@@ -236,7 +225,7 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             return [self.trees.gains(odds[:n], parents[:n]) for odds, parents, n in rows]
         if draft.parents is not None and self.trees.observed:
             return [self.trees.gains()[:n] for n in draft.lengths]
-        if not scored or draft.parents is not None:
+        if not scored:  # by position alone, a tree's too before any tree was measured
             return [expected_gains(self.acceptance.alphas())[:n] for n in draft.lengths]
         rows = zip(draft.confidence.tolist(), draft.lengths)
         return [expected_gains([self._token_odds(c, i) for i, c in enumerate(row[:n])]) for row, n in rows]

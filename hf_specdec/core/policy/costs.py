@@ -18,15 +18,15 @@ CARRIED_TIMINGS, CARRIED_MIN = 16, 3  # a carried width: the median of its last 
 OUT_OF_LINE, REGIME_TIMINGS = math.log(1.5), 3
 ONE_OFF_USES = 8  # the most steps a width's one-off is spread over (fewer where the call has fewer)
 Curve = dict[int, float]  # width -> verify seconds over a plain step's
+Pricing = tuple[float | None, Curve, Curve]  # a plain step's seconds (None: unpriced), steady and once curves
 Key = tuple[tuple[int, ...], int, int]  # what a carried figure is kept under: padding, context bucket, batch
 Feeding = Callable[[int], tuple[int, float | None]]  # width -> (the width to feed it at, its seconds)
 
 
 @dataclass
 class _Recent:
-    """The median of the last `keep` timings, or the smaller of the first two: a stall only adds.
-    `keep` is as long as a shared machine's noise needs to tell widths apart, and short enough to
-    follow a drift over tens of forwards (docs/policy.md)."""
+    """The median of the last `keep` timings (how many: docs/policy.md), or the smaller of the first
+    two: a stall only adds."""
 
     samples: list[float] = field(default_factory=list)
     keep: int = 13
@@ -46,12 +46,12 @@ def context_bucket(tokens: int) -> int:
     return max(0, (tokens.bit_length() - 8) // 2)
 
 
-def _from_widths(known: Curve, width: int) -> float | None:
+def _from_widths(known: Curve, width: int) -> float:
     """Cost at `width` along the power law through the two nearest widths of `known` (a chord
     guesses low where cost bends down, as a CPU's small matrix products do), or beyond the widest
     through it and the plain step, the exponent from 0 (flat) to 1 (in proportion to tokens fed)."""
-    if width in known or 1 not in known:
-        return known.get(width)
+    if width in known:
+        return known[width]
     below, above = [w for w in known if w < width], [w for w in known if w > width]
     if above:
         lo, hi = max(below), min(above)
@@ -84,14 +84,11 @@ class CostModel:
     shape: VerifyShape = field(default_factory=VerifyShape)
     bucket: int = 0  # `context_bucket` of the call's prompt
     trusts_prior: bool = True
-    suspect: bool = False  # the last timing judged was out of line with the prior: set it aside
     streak: list[float] = field(default_factory=list)  # log ratios out of line with the prior, in a row
     # Read every step, so kept: predictions and curves until the next timing; the prior as read at
     # this padding and context (`_read_prior`: per batch size its widths, and those verified).
     _cache: dict[tuple[int, int], float | None] = field(default_factory=dict, init=False, repr=False)
-    _curves: dict[int, tuple[float | None, Curve, Curve]] = field(
-        default_factory=dict, init=False, repr=False
-    )
+    _curves: dict[int, Pricing] = field(default_factory=dict, init=False, repr=False)
     _here: dict[int, dict[int, _Recent]] = field(default_factory=dict, init=False, repr=False)
     _before: set[tuple[int, int]] = field(default_factory=set, init=False, repr=False)
 
@@ -119,13 +116,13 @@ class CostModel:
     def add_verify(self, batch: int, width: int, seconds: float) -> None:
         width = self.shape.padded(width)
         timings = self.times.get((batch, width), _Recent())
-        if width > 1 and not timings.samples and width not in self.paid(batch):
-            self.regret.clear()  # earned against the widths paid for until now
         if width > 1:
+            if not timings.samples and width not in self.paid(batch):
+                self.regret.clear()  # earned against the widths paid for until now
             self._judge(batch, width, seconds, timings)
-        if len(timings.samples) == 1 and width > 1:
-            first, seen = timings.samples[0], (batch, width) in self._before
-            self.one_offs[seen].add(first - seconds if first > 2 * seconds else 0.0)
+            if len(timings.samples) == 1:
+                first, seen = timings.samples[0], (batch, width) in self._before
+                self.one_offs[seen].add(first - seconds if first > 2 * seconds else 0.0)
         self.times[batch, width] = timings
         timings.add(seconds)
         self._cache.clear()
@@ -147,11 +144,10 @@ class CostModel:
         if carried and abs(error) >= OUT_OF_LINE:  # the device or the context moved: time a plain step
             self.plains.pop((self.shape.widths, self.bucket, self._timed_batch(batch)), None)
             return
-        self.suspect = abs(error) >= OUT_OF_LINE
         same_side = self.streak and (error > 0) == (self.streak[-1] > 0)
-        self.streak = [] if not self.suspect else [*self.streak, error] if same_side else [error]
+        self.streak = ([*self.streak, error] if same_side else [error]) if abs(error) >= OUT_OF_LINE else []
         if len(self.streak) >= REGIME_TIMINGS:
-            self.trusts_prior, self.streak, self.suspect = False, [], False
+            self.trusts_prior, self.streak = False, []
 
     def verify(self, batch: int, width: int) -> float | None:
         """Predicted seconds; None until a plain step was timed (at the nearest batch size) or carried."""
@@ -196,7 +192,7 @@ class CostModel:
         """(steady, timed once) ratios: the prior's while in use, under this call's (a width timed
         above its carried ratio, short of a full window, pooled with the carried timings); where this
         batch size verified nothing, the nearest one's that did, else the prior's at the nearest."""
-        in_use = self.trusts_prior and not self.suspect
+        in_use = self.trusts_prior and not self.streak  # a timing out of line sets it aside
         own = {w: t for (b, w), t in self.times.items() if b == batch and w > 1}
         carried = self._here.get(batch, {}) if in_use else {}
         steady = {1: 1.0} | {w: r.value for w, r in carried.items()}
@@ -235,10 +231,9 @@ class CostModel:
     def feeding(
         self, batch: int, steps_left: Callable[[int], float] | None = None, widen: bool = True
     ) -> Feeding:
-        """Per width, the width to feed it at and its cost: `verify`, plus its one-off spread over the
-        steps it can serve (`ONE_OFF_USES`, fewer where the call has fewer `steps_left` at that
-        width), or where the cache feeds holes past a draft the next wider width already paid for,
-        if cheaper. As it is until one-offs were timed."""
+        """Per width, the width to feed it at and its cost: `verify` plus its unearned one-off spread
+        over the steps it can serve (`ONE_OFF_USES`, fewer where `steps_left` says so), or the next
+        wider width paid for, if cheaper, where the cache feeds holes and one-offs were timed."""
         widths = tuple(sorted(self.paid(batch)))
         widen = widen and self.shape.feeds_holes and any(r.confirmed for r in self.one_offs.values())
 

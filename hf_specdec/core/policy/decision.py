@@ -4,6 +4,8 @@ each draft position (or tree node) adds and what drafting and verifying that wid
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Callable
 
 from ..draft import DraftCost
@@ -17,12 +19,7 @@ Remaining = list[int] | None  # per row, the tokens it has left to generate
 
 def expected_gains(alphas: list[float]) -> list[float]:
     """gains[k - 1]: tokens the first k draft tokens add in expectation, Σ_{j≤k} Π_{i≤j} α_i."""
-    survive, total, gains = 1.0, 0.0, []
-    for alpha in alphas:
-        survive *= alpha
-        total += survive
-        gains.append(total)
-    return gains
+    return list(itertools.accumulate(itertools.accumulate(alphas, operator.mul)))
 
 
 def drafting_seconds(cost: DraftCost, seconds: float, k: int, levels: list[float] | None = None) -> float:

@@ -183,7 +183,7 @@ def test_a_timing_above_the_carried_ratio_is_pooled_with_the_carried_timings():
     costs.add_verify(1, 1, 1.0)
     for _ in range(costs.times[1, 1].keep - 1):
         costs.add_verify(1, 9, 1.45)
-        assert costs.verify(1, 9) == pytest.approx(1.1) and not costs.suspect
+        assert costs.verify(1, 9) == pytest.approx(1.1) and not costs.streak
     costs.add_verify(1, 9, 1.45)  # a full window: the call's own
     assert costs.verify(1, 9) == pytest.approx(1.45)
     cheaper = _after(*carried)
@@ -257,7 +257,7 @@ def _timed(costs: CostModel, curve: dict[int, float], widths: list[int]) -> list
     used = []
     for width in widths:
         costs.add_verify(1, width, curve[width])
-        used.append(costs.trusts_prior and not costs.suspect)
+        used.append(costs.trusts_prior and not costs.streak)
     return used
 
 
@@ -311,7 +311,7 @@ def test_one_offs_expected_are_not_out_of_line():
     costs.add_verify(1, 1, 1.0)
     for width in (7, 9, 12, 15):
         costs.add_verify(1, width, FLAT[width] + 6.0)
-    assert costs.trusts_prior and not costs.suspect
+    assert costs.trusts_prior and not costs.streak
 
 
 def test_the_costs_of_a_call_still_running_are_carried_as_they_were(monkeypatch):
