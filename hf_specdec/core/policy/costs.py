@@ -232,8 +232,9 @@ class CostModel:
         self, batch: int, steps_left: Callable[[int], float] | None = None, widen: bool = True
     ) -> Feeding:
         """Per width, the width to feed it at and its cost: `verify` plus its unearned one-off spread
-        over the steps it can serve (`ONE_OFF_USES`, fewer where `steps_left` says so), or the next
-        wider width paid for, if cheaper, where the cache feeds holes and one-offs were timed."""
+        over the steps it can serve (`ONE_OFF_USES`, fewer where `steps_left` says so; a plain step's
+        over every step left), or the next wider width paid for, if cheaper, where the cache feeds
+        holes and one-offs were timed."""
         widths = tuple(sorted(self.paid(batch)))
         widen = widen and self.shape.feeds_holes and any(r.confirmed for r in self.one_offs.values())
 
