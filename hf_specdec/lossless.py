@@ -22,7 +22,8 @@ the scores less the logarithm of plain's draws):
 - `mismatch`: anything else, i.e. a bug.
 
 The bound is the drift rounding can cause through the model's depth, from the dtype the target ran
-in, at the magnitude |s| of the row's largest score (e = floor(log2 |s|)). Every score of a row
+in, at the magnitude |s| of the row's largest score (e = floor(log2 |s|)); for sampled scores, the
+logits over a temperature T, at the logits' magnitude |s| · T and divided by T. Every score of a row
 is the same final hidden state times a row of the LM head, so they share its rounding error,
 whatever their own size: two tokens scoring 3.3 and 3.2 in a row whose scores reach |28| drift as
 far apart as two scoring 28 and 27.9 (seen in bf16 on SmolLM2: feeding the same prefix one token
@@ -183,6 +184,7 @@ def check_sampled(
     dtype: torch.dtype,  # the dtype the target computed in
     *,
     eos_token_ids: Iterable[int],
+    temperature: float = 1.0,  # the temperature both calls sampled at
 ) -> list[RowCheck]:
     """Classify each row of a seeded sampled `speculative` output against plain's, as `check_greedy`
     does greedy output. Plain sampling takes argmax(p_t / E_t), E_t the t-th Exp(1) draw [B, V] of
@@ -197,7 +199,16 @@ def check_sampled(
     must be one `can_check_sampled` names; plain's own token must be the argmax it reproduces, else
     this raises. Only speculation that verified every step with plain's draws is expected to match
     (`SpeculativeStats.rejection_sampled_steps` 0): rejection-sampled drafts are exact in
-    distribution, not token for token."""
+    distribution, not token for token.
+
+    The scores are the logits divided by `temperature`, but the rounding happened in the logits: the
+    bound is the one at the logits' magnitude, max |s| · T, divided by T as they were (`_bound`).
+    Pass the temperature the calls sampled at (the call's, else the generation config's): at any
+    other, the bound is taken at the wrong magnitude and scale, too tight (a tie reported as a
+    mismatch) or too loose. A repetition penalty rescales only the tokens it penalises, by its
+    factor or its inverse, and is not accounted for."""
+    if not temperature > 0:
+        raise ValueError(f"temperature must be positive, as sampling requires; got {temperature}")
     device = plain_scores[0].device
     if not can_check_sampled(device):
         raise ValueError(
@@ -225,7 +236,8 @@ def check_sampled(
                 f"the Exp(1) draws of seed {seed}: pass the seed given to torch.manual_seed before both "
                 "calls, on the device the scores are on, and plain's own `scores`."
             )
-        checks.append(_classify_draw(scores, drawn, at, plain_token, spec_token, _bound(scores, dtype)))
+        bound = _bound(scores, dtype, temperature)
+        checks.append(_classify_draw(scores, drawn, at, plain_token, spec_token, bound))
     return checks
 
 
@@ -259,9 +271,11 @@ def _first_differences(
     return out
 
 
-def _bound(scores: torch.Tensor, dtype: torch.dtype) -> float:
+def _bound(scores: torch.Tensor, dtype: torch.dtype, temperature: float = 1.0) -> float:
+    """`rounding_bound` of a row of processed scores: the logits were rounded at their own
+    magnitude, max |s| · T, and dividing them by the temperature T divided that rounding too."""
     finite = scores[torch.isfinite(scores)]  # processors mask tokens with -inf
-    return rounding_bound(float(finite.abs().max()), dtype)
+    return rounding_bound(float(finite.abs().max()) * temperature, dtype) / temperature
 
 
 def _classify(scores: torch.Tensor, at: int, plain_token: int, spec_token: int, bound: float) -> RowCheck:

@@ -58,6 +58,7 @@ def main() -> None:
                 i,
                 model.dtype,
                 eos_token_ids=eos_token_ids(model),
+                temperature=args.temperature,
             )
             checks.append(check)
             print(f"{dtype} prompt {i}: {check.describe()}", flush=True)

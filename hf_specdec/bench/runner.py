@@ -355,6 +355,8 @@ def _check_sampled(
         if not torch.equal(reference.sequences, plain.sequences):  # kernels that do not repeat (GPU)
             raise ValueError(f"plain sampling seeded with {seed} gave other tokens when called again")
         eos, prompt_length = eos_token_ids(model), inputs["input_ids"].shape[1]
+        # The scores are the logits over the temperature: the check scales its bound alike.
+        temperature = generation.get("temperature", model.generation_config.temperature)
         checked = {
             m.row: check_sampled(
                 reference.sequences,
@@ -364,6 +366,7 @@ def _check_sampled(
                 seed,
                 model.dtype,
                 eos_token_ids=eos,
+                temperature=1.0 if temperature is None else temperature,
             )  # fmt: skip
             for m in measurements
             if outputs.get(m.row) is not None and _took_plain_draws(m)

@@ -116,6 +116,26 @@ def test_a_plain_row_seeded_otherwise_leaves_the_rows_unclassified(peaked_folder
     assert all(m.error is None and m.seconds > 0 and m.lossless is None for m in result.measurements)
 
 
+def test_rows_are_checked_at_the_temperature_they_were_sampled_at(peaked_folder, tmp_path, monkeypatch):
+    """A model whose generation config samples at temperature 0.7 (as many chat models' do): the
+    bench samples at it, and `check_sampled` is told so, since its scores are the logits over it
+    and its rounding bound scales alike."""
+    model = LlamaForCausalLM.from_pretrained(peaked_folder)
+    model.generation_config.update(do_sample=True, temperature=0.7)  # saved only with do_sample set
+    model.save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(peaked_folder).save_pretrained(tmp_path)
+    temperatures, real = [], runner.check_sampled
+
+    def recorded(*args, **kwargs):
+        temperatures.append(kwargs.get("temperature"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "check_sampled", recorded)
+    result = _bench(tmp_path, prompts=PROMPTS[:1], methods=["ngram"], transformers_baselines=False)
+    assert temperatures and set(temperatures) == {0.7}
+    assert all(m.lossless == IDENTICAL_ROW for m in result.measurements)
+
+
 def test_no_row_is_classified_where_the_draws_are_not_reproduced(peaked_folder, monkeypatch):
     """On a device whose default generator `check_sampled` does not know (not CPU or CUDA), rows are
     left unclassified and the header says why, rather than the check crashing or misjudging."""

@@ -285,6 +285,46 @@ def test_a_draw_that_rounding_can_flip_is_a_tie(sampled):
         assert checks[0].kind == kind and checks[0].gap == pytest.approx(slack * bound, rel=1e-2)
 
 
+@pytest.mark.parametrize(
+    ("temperature", "logit", "gap", "kind"),
+    [
+        (0.7, 20.0, 0.6, TIE),  # bound 0.5 / 0.7 = 0.71; taken at |28.6| it read 0.5: a false alarm
+        (0.7, 20.0, 0.8, MISMATCH),
+        (1.5, 20.0, 0.3, TIE),  # bound 0.5 / 1.5 = 0.33; taken at |13.3| it read 0.25
+        (1.5, 20.0, 0.4, MISMATCH),
+        (0.9, 30.0, 0.8, MISMATCH),  # bound 0.5 / 0.9 = 0.56; taken at |33.3| it read 1.0: a bug passed
+    ],
+)
+def test_the_bound_is_the_logits_rounding_divided_by_the_temperature(sampled, temperature, logit, gap, kind):
+    """Control: a bf16 row whose logits reach |logit|, divided by the temperature as sampling's
+    processors divide them, with the runner-up of s - log E `gap` below plain's token. The logits
+    were rounded at their own magnitude and the division scales that rounding by 1/T, so the bound
+    is `rounding_bound(logit) / T`, not the bound at the processed scores' magnitude logit / T."""
+    input_ids, _, out = sampled
+    prompt_length, at = input_ids.shape[1], 4
+    noise = torch.Generator().manual_seed(11)
+    drawn = [torch.empty(s.shape).exponential_(generator=noise) for s in out.scores[: at + 1]]
+    u = out.scores[at][0] - drawn[at][0].log()
+    top, runner = u.topk(2).indices.tolist()
+    scores = [s.clone() for s in out.scores]
+    scores[at][0, u.argmin()] = -logit / temperature  # the row's largest |logit|, a token no draw picks
+    scores[at][0, runner] += float(u[top] - u[runner]) - gap
+    spec = out.sequences.clone()
+    spec[0, prompt_length + at] = runner
+    check = check_sampled(
+        out.sequences,
+        scores,
+        spec,
+        prompt_length,
+        11,
+        torch.bfloat16,
+        eos_token_ids=[],
+        temperature=temperature,
+    )[0]
+    assert check.kind == kind and check.gap == pytest.approx(gap, rel=1e-4)
+    assert check.bound == pytest.approx(rounding_bound(logit, torch.bfloat16) / temperature)
+
+
 def test_plain_token_at_a_top_k_cut_off_that_rounding_can_cut_is_a_tie(sampled):
     """Control: plain's scores at one position cut to a top set whose lowest score is plain's own
     token (top-k's k-th, tied at the cut-off), which a verify forward's rounding can push below the
