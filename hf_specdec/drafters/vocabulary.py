@@ -32,6 +32,7 @@ import torch
 
 from ..hub.tokenizer_check import (
     dropping_refs,
+    own_copy,
     shared_token_pairs,
     spelling,
     token_spellings,
@@ -288,7 +289,7 @@ def start_tokens(tokenizer: Any) -> list[int]:
     """The tokens a tokenizer puts before a text of its own accord (a BOS), which its model expects
     at the start of every sequence."""
     plain = encode(tokenizer, "a")
-    framed = tokenizer("a")["input_ids"]
+    framed = own_copy(tokenizer)("a", split_special_tokens=True)["input_ids"]
     for i in range(len(framed) - len(plain) + 1):
         if framed[i : i + len(plain)] == plain:
             return framed[:i]
@@ -297,8 +298,9 @@ def start_tokens(tokenizer: Any) -> list[int]:
 
 def encode(tokenizer: Any, text: str) -> list[int]:
     """A text's token ids, without the special tokens a tokenizer adds around a whole text, and
-    without any inside it: a special token's name in the text ("<eos>" written out) is text too."""
-    return tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    without any inside it: a special token's name in the text ("<eos>" written out) is text too.
+    Encoded by a copy (`own_copy`): the caller's tokenizer is left as it was, on every thread."""
+    return own_copy(tokenizer)(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
 
 
 def shared_prefix(a: torch.Tensor, b: torch.Tensor) -> int:

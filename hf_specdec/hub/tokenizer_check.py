@@ -14,6 +14,7 @@ measures how much of a text each tokenizer writes with shared tokens.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import hashlib
 import json
@@ -94,14 +95,28 @@ def compare_tokenizers_once(target: Any, draft: Any) -> TokenizerCheck:
 
 def clear_checks() -> None:
     """Forget the remembered outcomes of `compare_tokenizers_once`, `tokenizer_fingerprint` and
-    `token_spellings`."""
+    `token_spellings`, and the tokenizers' copies `own_copy` made."""
     _CHECKED.clear()
     _FINGERPRINTS.clear()
     _SPELLINGS.clear()
     _BY_SPELLING.clear()
+    _OWN_COPIES.clear()
 
 
 _FINGERPRINTS: dict[tuple[int, int], tuple[weakref.ref, str]] = {}
+_OWN_COPIES: dict[tuple[int, int], tuple[weakref.ref, Any]] = {}
+
+
+def own_copy(tokenizer: Any) -> Any:
+    """A copy of `tokenizer` for this package's own encoding, remembered per tokenizer object and
+    size. A fast tokenizer keeps a call's settings (special tokens read as text, truncation,
+    padding) on its backend, set at each call and left there: set on the caller's tokenizer they
+    would stay after generate, and reach a call on another thread (a server's, sharing it) made
+    between its own setting and its encoding. A Python tokenizer takes them per call: itself.
+    Every call on the copy reads special tokens' names as text, so none undoes another's setting."""
+    if not getattr(tokenizer, "is_fast", False):
+        return tokenizer
+    return _remembered(_OWN_COPIES, tokenizer, copy.deepcopy)
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
@@ -189,7 +204,9 @@ def vocabulary_overlap(target: Any, draft: Any) -> VocabularyOverlap:
     target_shared = set(shared.values())
 
     def coverage(tokenizer: Any, ids: set[int]) -> float:
-        tokens = tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]
+        tokens = own_copy(tokenizer)(PROBE_TEXT, add_special_tokens=False, split_special_tokens=True)[
+            "input_ids"
+        ]
         return sum(t in ids for t in tokens) / len(tokens)
 
     return VocabularyOverlap(len(shared), coverage(target, target_shared), coverage(draft, set(shared)))

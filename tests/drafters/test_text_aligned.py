@@ -108,3 +108,29 @@ def test_a_target_whose_head_is_wider_than_its_tokenizer_drafts_through_text():
         **inputs, do_sample=False, max_new_tokens=20, tokenizer=target_tok, speculative=spec
     )
     assert torch.equal(out, plain)
+
+
+def _through_text(target_tok, draft_tok):
+    """A target and a draft of another tokenizer, and speculative= drafting through text (UAD)."""
+    target = tiny_llama(3, len(target_tok), eos_token_id=None)
+    spec = dict(
+        method="draft_model",
+        draft=tiny_llama(13, len(draft_tok), eos_token_id=None),
+        draft_tokenizer=draft_tok,
+        options=dict(translation="text"),
+    )
+    return target, spec
+
+
+def test_drafting_through_text_leaves_the_callers_tokenizers_as_they_were():
+    """UAD re-tokenizes text with special tokens' names read as text. transformers' fast tokenizers
+    do that by setting a flag on their backend, which the next call of any other setting sets back:
+    set on the caller's tokenizers it stayed set after generate, for the backend's own users."""
+    target_tok, draft_tok = byte_level_bpe(400, CORPUS + PROBE_TEXT), metaspace_bpe(200, CORPUS + PROBE_TEXT)
+    target, spec = _through_text(target_tok, draft_tok)
+    inputs = target_tok(["the fox walked to the"], return_tensors="pt")
+    target.generate(**inputs, do_sample=False, max_new_tokens=12, tokenizer=target_tok, speculative=spec)
+    for tokenizer in (target_tok, draft_tok):
+        assert not tokenizer.backend_tokenizer.encode_special_tokens
+        eos = tokenizer.backend_tokenizer.encode(f"the fox{tokenizer.eos_token}").ids[-1]
+        assert eos == tokenizer.eos_token_id
