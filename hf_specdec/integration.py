@@ -51,7 +51,7 @@ from .core.compat import compiles_decoding, generate_cache
 from .core.draft import Draft, Drafter
 from .core.draws import PrivateDraws
 from .core.inputs import cached_columns
-from .core.kv import tree_refusal
+from .core.kv import PastNotKept, tree_refusal
 from .core.loop import speculative_decode
 from .core.output import SpeculativeGenerateOutput
 from .core.policy import DEVICE_COSTS, DraftLengthPolicy, FixedDraftLength
@@ -166,23 +166,7 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
         call = (input_ids, logits_processor, generation_config, model_kwargs, streamer)
         plainly = _why_plain(config, model, *call)
         if plainly is not None:
-            # generate's own loop, as without speculative=, for the mode the generation config selects
-            decode = functools.partial(type(model)._sample, streamer=streamer)
-            if generation_config.num_beams > 1:
-                if streamer is not None:  # as plain generate, which checks it before a loop of its own
-                    raise ValueError(
-                        "`streamer` cannot be used with beam search (as in plain generate): stream with "
-                        "num_beams=1, or drop streamer=."
-                    )
-                decode = type(model)._beam_search
-            out = decode(
-                model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs
-            )
-            if not isinstance(out, GenerateDecoderOnlyOutput):
-                return out
-            return SpeculativeGenerateOutput(
-                **out, speculative_stats=SpeculativeStats(method="plain", selection=plainly)
-            )
+            return _decode_plainly(model, stopping_criteria, plainly, *call)
         # Torch's default generators left as plain leaves them, on this thread and on others:
         # building a drafter can initialise modules before their weights load.
         with PrivateDraws():
@@ -208,25 +192,60 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
             loads_draft_code=_loads_draft_code(config, resolved),
         )
         config.warn_unused(resolved, DRAFTERS[resolved.method].options_class, drafting)
-        out = speculative_decode(
-            model,
-            input_ids,
-            logits_processor,
-            stopping_criteria,
-            generation_config,
-            drafter=drafter,
-            policy=_policy(resolved, model),
-            tree=tree,
-            max_tree_nodes=resolved.max_tree_nodes,
-            streamer=streamer,
-            cache_given=cache_given,
-            **model_kwargs,
-        )
+        try:
+            out = speculative_decode(
+                model,
+                input_ids,
+                logits_processor,
+                stopping_criteria,
+                generation_config,
+                drafter=drafter,
+                policy=_policy(resolved, model),
+                tree=tree,
+                max_tree_nodes=resolved.max_tree_nodes,
+                streamer=streamer,
+                cache_given=cache_given,
+                **model_kwargs,
+            )
+        except PastNotKept as refusal:
+            # The target's prompt forward, which left the cache as it was: no token decided or
+            # streamed yet, so "auto" decodes the call plainly, as for any target keeping no cache.
+            if config.method != "auto" or refusal.model is not model:
+                raise
+            return _decode_plainly(model, stopping_criteria, plainly_because(str(refusal)), *call)
         if hasattr(out, "speculative_stats"):
             out.speculative_stats.selection = reason
         return out
 
     return _ORIGINAL_GENERATE(model, custom_generate=custom_generate, **kwargs)
+
+
+def _decode_plainly(
+    model: Any,
+    stopping_criteria: StoppingCriteriaList,
+    plainly: str,
+    input_ids: torch.Tensor,
+    logits_processor: LogitsProcessorList,
+    generation_config: GenerationConfig,
+    model_kwargs: dict[str, Any],
+    streamer: Any,
+) -> Any:
+    """generate's own loop, as without speculative=, for the mode the generation config selects;
+    `plainly` says why (`speculative_stats.selection`)."""
+    decode = functools.partial(type(model)._sample, streamer=streamer)
+    if generation_config.num_beams > 1:
+        if streamer is not None:  # as plain generate, which checks it before a loop of its own
+            raise ValueError(
+                "`streamer` cannot be used with beam search (as in plain generate): stream with "
+                "num_beams=1, or drop streamer=."
+            )
+        decode = type(model)._beam_search
+    out = decode(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs)
+    if not isinstance(out, GenerateDecoderOnlyOutput):
+        return out
+    return SpeculativeGenerateOutput(
+        **out, speculative_stats=SpeculativeStats(method="plain", selection=plainly)
+    )
 
 
 def _why_plain(

@@ -16,7 +16,7 @@ from transformers.cache_utils import (
 from transformers.generation import GenerationMode, logits_process
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
-from .compat import forward_parameters, generate_cache, takes_dynamic_cache
+from .compat import forward_cache_argument, generate_cache, takes_dynamic_cache
 from .inputs import cached_columns, forwarded_refusal, plain_feeds_otherwise, positions_refusal
 from .kv import holds_holes, mark_holes, rotary_refusal, sliding_refusal, windows_by_column
 from .static_kv import layers_refusal
@@ -229,7 +229,9 @@ _CANNOT_ROLL_BACK = {
 def rolls_back_refusal(model: Any) -> str | None:
     """Why `model` cannot roll back a rejected draft, said after its class name; else None: it
     decodes over no `DynamicCache`, keeps no KV cache at all (OpenAI GPT: it would swallow the
-    cache passed and see only the tokens fed), or is one of `_CANNOT_ROLL_BACK`."""
+    cache passed and see only the tokens fed), or is one of `_CANNOT_ROLL_BACK`. A forward that may
+    take the cache in its `**kwargs` is refused after its first forward if it drops it
+    (`kv.check_kept_in`)."""
     if not takes_dynamic_cache(model):
         return (
             " keeps its state in a cache of its own, which speculative= cannot roll back after a rejection "
@@ -238,8 +240,7 @@ def rolls_back_refusal(model: Any) -> str | None:
     why = _CANNOT_ROLL_BACK.get(getattr(model.config, "model_type", None))
     if why is not None:
         return why
-    parameters = forward_parameters(type(model))
-    if "cache" not in parameters and "past_key_values" not in parameters:
+    if forward_cache_argument(type(model)) is None:
         return (
             " keeps no KV cache (plain generate feeds it the whole sequence each step), so speculative= "
             "cannot feed it only the new tokens"

@@ -10,34 +10,33 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
-from collections.abc import Mapping
 from typing import Any
 
-_PASSED_ON = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+_CACHE_NAMES = ("cache", "past_key_values")
 
 
 @functools.cache
-def forward_parameters(model_class: type) -> Mapping[str, inspect.Parameter]:
-    """The parameters of `model_class`'s forward, read past forwards that name none and pass
-    `*args, **kwargs` on to their parent's (a user's subclass adding a logit bias): such a forward
-    takes, and plain `generate` fills, the cache its parent's takes."""
+def forward_cache_argument(model_class: type) -> str | None:
+    """The keyword under which `model_class`'s forward takes the KV cache, else None. A forward
+    naming neither but taking `**kwargs` is read past, to the forward it overrides: a user's
+    subclass (adding a logit bias) passes them on, the cache that plain `generate` gives among them.
+    Whether it does, no signature tells: its first forward does (`kv.check_kept_in`)."""
     for owner in model_class.__mro__:
         forward = vars(owner).get("forward")
         if forward is None:
             continue
         parameters = inspect.signature(forward).parameters
-        if any(p.kind not in _PASSED_ON for name, p in parameters.items() if name != "self"):
-            return parameters
-    return inspect.signature(model_class.forward).parameters
-
-
-def _cache_argument(forward_owner: type) -> str:
-    return "cache" if "cache" in forward_parameters(forward_owner) else "past_key_values"
+        for name in _CACHE_NAMES:
+            if name in parameters:
+                return name
+        if all(p.kind is not inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            return None
+    return None
 
 
 def cache_argument(model: Any) -> str:
     """The keyword of `model`'s forward that takes the KV cache: `cache` or `past_key_values`."""
-    return _cache_argument(type(model))
+    return forward_cache_argument(type(model)) or "past_key_values"
 
 
 def forward_takes(model: Any, argument: str) -> bool:

@@ -189,6 +189,7 @@ class RaggedKV:
             # The first forward has no holes before it: the model builds its own masks, as in plain
             # decoding's prefill (a sliding window, an image's bidirectional attention).
             attention_mask = None if self.all_real or not (first or self.attends) else self.mask.long()
+        kept = kept_columns(self.cache) if first else 0
         out = self.model(
             input_ids=tokens,
             attention_mask=attention_mask,
@@ -202,7 +203,7 @@ class RaggedKV:
         if not self.keeps_logits and logits_to_keep:
             out.logits = out.logits[:, -logits_to_keep:]
         if first:
-            check_kept_in(self.model, self.cache, out)
+            check_kept_in(self.model, self.cache, out, kept)
         elif self.recording:
             check_recorded(self.model, self.cache, width)
         if first and self.recurrent:  # a state per token from now on: each may be rolled back to
@@ -553,9 +554,40 @@ def check_recorded(model: PreTrainedModel, cache: DynamicCache, width: int) -> N
                 )
 
 
-def check_kept_in(model: PreTrainedModel, cache: DynamicCache, output: Any) -> None:
-    """Refuse a model that keeps its past in a cache other than the one passed (BLT wraps it in an
-    `EncoderDecoderCache` of its own each forward): what it keeps there would be lost at every step."""
+class PastNotKept(ValueError):
+    """A model's first forward left the cache it was given as it was (`check_kept_in`). Raised for
+    the target at the prompt's forward, before any token is decided: `method="auto"` then decodes
+    the call plainly, as for a model that keeps no KV cache."""
+
+    def __init__(self, model: Any, message: str) -> None:
+        super().__init__(message)
+        self.model = model
+
+
+def kept_columns(cache: Any) -> int:
+    """The most positions any layer of `cache` holds (a recurrent layer: the tokens it has read)."""
+    return max(
+        (int(layer.get_seq_length()) for layer in cache.layers if not isinstance(layer, DummyLayer)),
+        default=0,
+    )
+
+
+def check_kept_in(model: PreTrainedModel, cache: Any, output: Any, kept: int) -> None:
+    """Refuse a model whose first forward left the cache it was given holding no more than the
+    `kept` positions it held before (`PastNotKept`): a forward that takes the cache in its `**kwargs`
+    (`compat.forward_cache_argument`) may drop it, and it then keeps no KV cache. Or one that keeps
+    its past in a cache other than the one passed (BLT wraps it in an `EncoderDecoderCache` of its
+    own each forward): what it keeps there would be lost at every step."""
+    if kept_columns(cache) <= kept:
+        name, argument = type(model).__name__, cache_argument(model)
+        raise PastNotKept(
+            model,
+            f"{name} did not keep its first forward's tokens in the cache it was given ({argument}=): "
+            "it keeps no KV cache, so speculative= cannot feed it only the new tokens. If its forward "
+            "takes the cache among its **kwargs and calls another forward, pass them on to it, the cache "
+            "among them; else drop speculative= for this model (speculative=True decodes it plainly; or "
+            "draft with another model, if this one is the draft).",
+        )
     # By the name the output holds it under, among its own keys: asking a transformers 5 output for
     # the old name warns that it is deprecated, and a draft head's output holds neither name.
     held = [name for name in ("cache", "past_key_values") if name in output.keys()]  # noqa: SIM118 (`in` renames)

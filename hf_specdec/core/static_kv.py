@@ -38,7 +38,7 @@ from transformers import CompileConfig, DynamicCache, GenerationConfig, PreTrain
 from transformers.cache_utils import StaticLayer
 
 from .compat import cache_argument, compiles_decoding, forward_takes, generate_cache
-from .kv import RaggedKV, Slots, counts_columns, gather_columns, mark_holes, real_first
+from .kv import RaggedKV, Slots, check_kept_in, counts_columns, gather_columns, mark_holes, real_first
 from .verify_shape import VerifyShape
 
 # The verify widths a compiled forward is padded to: one graph each (dynamo's recompile limit is 8),
@@ -230,6 +230,7 @@ class StaticKV:
         self.end = start + width
         if start == 0:
             self.prompt_width = width
+            check_kept_in(self.model, self.cache, out, 0)  # never handed in filled (`check_continued`)
         if padded > width:  # the model advanced its write position past the padding
             self._set_write_position(self.end)
         logits = out.logits if self.keeps_logits or not keep else out.logits[:, -keep:]

@@ -557,6 +557,110 @@ def test_a_subclass_forward_passing_args_on_speculates_through_its_own_forward(t
         assert out.speculative_stats.method != "plain" and out.speculative_stats.drafted > 0
 
 
+class _NamedLogitBias(LlamaForCausalLM):
+    """A user's subclass whose forward names some parameters and passes the rest, the cache among
+    them, on through `**kwargs`."""
+
+    def forward(self, input_ids=None, attention_mask=None, **kwargs):
+        out = super().forward(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        out.logits[..., 7] += 3.0
+        return out
+
+
+class _DroppedCache(LlamaForCausalLM):
+    """A forward that takes `**kwargs` but drops the cache they bring: plain generate finds the cache
+    still empty after each forward and feeds the whole sequence again."""
+
+    def forward(self, input_ids=None, attention_mask=None, **kwargs):
+        kept = {k: v for k, v in kwargs.items() if k not in ("cache", "past_key_values", "use_cache")}
+        return super().forward(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kept)
+
+
+class _OwnCacheEachForward(LlamaForCausalLM):
+    """Drops the cache it is given, so its parent builds one of its own each forward (which plain
+    generate then passes it, to be dropped again)."""
+
+    def forward(self, input_ids=None, attention_mask=None, **kwargs):
+        kept = {k: v for k, v in kwargs.items() if k not in ("cache", "past_key_values")}
+        return super().forward(input_ids=input_ids, attention_mask=attention_mask, **kept)
+
+
+def _copy_of(target, cls):
+    model = cls(target.config).eval()
+    model.load_state_dict(target.state_dict())
+    return model
+
+
+def test_a_subclass_forward_naming_some_parameters_and_passing_kwargs_on_speculates(target):
+    """A forward naming some parameters beside `**kwargs` may pass the cache on, and this one does:
+    plain generate fills it. It was refused as keeping no KV cache (speculative=True decoded it
+    plainly)."""
+    model = _copy_of(target, _NamedLogitBias)
+    assert cache_argument(model) == "cache"  # its parent's name, which plain generate passes
+    prompt = torch.tensor([[9, 17, 23, 7, 9, 17, 23, 7, 9]])
+    plain = model.generate(prompt, max_new_tokens=12, do_sample=False)
+    assert not torch.equal(plain, target.generate(prompt, max_new_tokens=12, do_sample=False))
+    for speculative in ("ngram", True):
+        out = model.generate(
+            prompt, max_new_tokens=12, do_sample=False, speculative=speculative, return_dict_in_generate=True
+        )
+        assert torch.equal(out.sequences, plain)
+        assert out.speculative_stats.method != "plain" and out.speculative_stats.drafted > 0
+    sampled = dict(max_new_tokens=12, do_sample=True, top_k=0)
+    torch.manual_seed(3)
+    plain = model.generate(prompt, **sampled)
+    torch.manual_seed(3)
+    out = model.generate(prompt, **sampled, speculative="ngram", return_dict_in_generate=True)
+    assert torch.equal(out.sequences, plain) and out.speculative_stats.drafted > 0
+
+
+@pytest.mark.parametrize(
+    "cls, cache_implementation",
+    # (plain generate itself fails for `_DroppedCache` over a static cache: its 4D mask spans the cache)
+    [(_DroppedCache, None), (_OwnCacheEachForward, None), (_OwnCacheEachForward, "static")],
+)
+def test_a_forward_dropping_the_cache_its_kwargs_bring_is_refused_and_auto_decodes_it_plainly(
+    target, cls, cache_implementation
+):
+    """Its signature is the good subclass's; only the prompt's forward tells: the cache passed is
+    left empty. Named methods refuse it; speculative=True decodes it plainly, plain's output, its
+    samples too."""
+    model = _copy_of(target, cls)
+    prompt = torch.tensor([[9, 17, 23, 7, 9, 17, 23, 7, 9]])
+    for sampled in (dict(do_sample=False), dict(do_sample=True, top_k=0)):
+        kw = dict(max_new_tokens=12, cache_implementation=cache_implementation, **sampled)
+        torch.manual_seed(5)
+        plain = model.generate(prompt, **kw)
+        torch.manual_seed(5)
+        out = model.generate(prompt, **kw, speculative=True, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, plain)
+        assert out.speculative_stats.method == "plain"
+        assert f"{cls.__name__} did not keep" in out.speculative_stats.selection
+    with pytest.raises(ValueError, match=f"{cls.__name__} did not keep .*pass them on to it"):
+        model.generate(
+            prompt, max_new_tokens=12, cache_implementation=cache_implementation, speculative="ngram"
+        )
+
+
+def test_a_draft_forward_passing_kwargs_on_drafts_and_one_dropping_the_cache_is_refused(target, weak_draft):
+    """As drafts: the subclass passing the cache on drafts (it was refused as keeping no KV cache);
+    the one dropping it is refused at its first forward, under auto too (tokens are out by then)."""
+    prompt = torch.tensor([[9, 17, 23, 7, 9, 17, 23, 7, 9]])
+    plain = target.generate(prompt, max_new_tokens=12, do_sample=False)
+    for method in ("draft_model", "auto"):
+        speculative = dict(method=method, draft=_copy_of(weak_draft, _NamedLogitBias), num_draft_tokens=3)
+        out = target.generate(
+            prompt, max_new_tokens=12, do_sample=False, speculative=speculative, return_dict_in_generate=True
+        )
+        assert torch.equal(out.sequences, plain)
+        assert out.speculative_stats.method == "draft_model" and out.speculative_stats.drafted > 0
+        speculative = dict(method=method, draft=_copy_of(weak_draft, _DroppedCache))
+        with pytest.raises(
+            ValueError, match="_DroppedCache did not keep .*another model, if this one is the draft"
+        ):
+            target.generate(prompt, max_new_tokens=12, do_sample=False, speculative=speculative)
+
+
 def _training_with_dropout(kind: str) -> torch.nn.Module:
     if kind == "gpt2":  # dropout layers, at the rates GPT-2's config ships
         config = GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64, eos_token_id=5)
