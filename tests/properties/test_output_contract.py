@@ -233,6 +233,14 @@ def test_a_chunked_prefill_returns_the_last_chunks_states_as_plain(name):
     assert plain.hidden_states[0][0].shape[-2] == 2
 
 
+def test_a_chunked_prefill_under_sdpa_returns_no_attentions_as_plain():
+    """Attentions asked alone of a model that returns none (sdpa): empty steps, as plain's."""
+    target, inputs = model("llama", attention="sdpa"), prompts("llama", 2)
+    alone = dict(prefill_chunk_size=4, output_hidden_states=False)
+    plain, spec = generate(target, inputs, **alone), generate(target, inputs, "ngram", **alone)
+    assert torch.equal(spec.sequences, plain.sequences) and spec.attentions == plain.attentions
+
+
 def test_gpt2_token_types_reach_the_model():
     """Issue 20: GPT-2's token_type_ids were dropped (the first token already differed)."""
     target, inputs = model("gpt2"), prompts("gpt2", 3)
