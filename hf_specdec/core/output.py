@@ -397,14 +397,19 @@ def prompt_outputs(
     attentions = tuple(a[row : row + 1] for a in _attentions(output)) if keep_attentions else ()
     hidden = tuple(h.narrow(_ROWS, row, 1) for h in output.hidden_states) if keep_hidden_states else ()
     if chunk_size:
-        fed = (hidden or attentions)[0].shape[_POSITIONS]
-        last = (fed - 1) % chunk_size + 1
-        hidden = tuple(h.narrow(_POSITIONS, fed - last, last) for h in hidden)
-        attentions = tuple(
-            a[..., -last:, -min(a.shape[-1], window - 1 + last) if window else 0 :]
-            for a, window in zip(attentions, layer_windows or [None] * len(attentions))
-        )
+        windows = layer_windows or [None] * len(attentions)
+        hidden = tuple(_last_chunk(h, chunk_size) for h in hidden)
+        attentions = tuple(_last_chunk(a, chunk_size, window) for a, window in zip(attentions, windows))
     return TokenOutputs([attentions], [hidden])
+
+
+def _last_chunk(states: torch.Tensor, chunk_size: int, window: int | None = None) -> torch.Tensor:
+    """The prompt's `states` ([..., queries, keys or hidden size]) as plain's last prefill chunk has
+    them: its queries; an attention layer's with a sliding `window`, over the keys its cache kept
+    (the window's last but one before the chunk, then the chunk)."""
+    last = (states.shape[_POSITIONS] - 1) % chunk_size + 1
+    states = states[..., -last:, :]
+    return states if window is None else states[..., -min(states.shape[-1], window - 1 + last) :]
 
 
 def _attentions(output: Any) -> tuple[torch.Tensor, ...]:
