@@ -344,7 +344,9 @@ class ReturnedStates:
         if not self.wanted:
             return None
         keep = self.out.keep_attentions, self.out.keep_hidden_states
-        return [prompt_outputs(output, row, *keep) for row in rows]
+        chunk = self.out.config.prefill_chunk_size
+        windows = self.target.layer_windows if chunk else None
+        return [prompt_outputs(output, row, *keep, chunk, windows) for row in rows]
 
     def step(self, output: Any, slots: list[int], verdict: Verdict, width: int) -> list[TokenOutputs] | None:
         """The emitted tokens' of a verify forward `output` of `width` tokens a row, request row b
@@ -380,11 +382,34 @@ class ReturnedStates:
         ]
 
 
-def prompt_outputs(output: Any, row: int, keep_attentions: bool, keep_hidden_states: bool) -> TokenOutputs:
-    """The first token's: plain decoding's first forward is the whole prompt, every position of it."""
+def prompt_outputs(
+    output: Any,
+    row: int,
+    keep_attentions: bool,
+    keep_hidden_states: bool,
+    chunk_size: int | None = None,
+    layer_windows: list[int | None] | None = None,
+) -> TokenOutputs:
+    """The first token's: plain decoding's first forward is the whole prompt, every position of it.
+    With `prefill_chunk_size` (`chunk_size`) plain prefills chunk by chunk and returns its last
+    forward's: the last chunk's queries, over every key before them (a sliding-window layer, of
+    `layer_windows`, only over the keys its cache kept: its window's last but one, then the chunk)."""
     attentions = tuple(a[row : row + 1] for a in _attentions(output)) if keep_attentions else ()
     hidden = tuple(h.narrow(_ROWS, row, 1) for h in output.hidden_states) if keep_hidden_states else ()
+    if chunk_size:
+        windows = layer_windows or [None] * len(attentions)
+        hidden = tuple(_last_chunk(h, chunk_size) for h in hidden)
+        attentions = tuple(_last_chunk(a, chunk_size, window) for a, window in zip(attentions, windows))
     return TokenOutputs([attentions], [hidden])
+
+
+def _last_chunk(states: torch.Tensor, chunk_size: int, window: int | None = None) -> torch.Tensor:
+    """The prompt's `states` ([..., queries, keys or hidden size]) as plain's last prefill chunk has
+    them: its queries; an attention layer's with a sliding `window`, over the keys its cache kept
+    (the window's last but one before the chunk, then the chunk)."""
+    last = (states.shape[_POSITIONS] - 1) % chunk_size + 1
+    states = states[..., -last:, :]
+    return states if window is None else states[..., -min(states.shape[-1], window - 1 + last) :]
 
 
 def _attentions(output: Any) -> tuple[torch.Tensor, ...]:

@@ -221,6 +221,26 @@ def _near(target: torch.nn.Module, scale: float = 0.3) -> torch.nn.Module:
     return draft
 
 
+@pytest.mark.parametrize("name", ["llama", "gpt2", *SLIDING, "gemma3n_text"])
+def test_a_chunked_prefill_returns_the_last_chunks_states_as_plain(name):
+    """With prefill_chunk_size plain generate prefills the prompt chunk by chunk and returns, as the
+    first token's attentions and hidden states, those of the last chunk's forward: its queries, over
+    the whole prompt (a sliding layer: its window before the chunk, then the chunk). Speculation
+    prefills in one forward and returns the same slice of it (it returned the whole prompt's)."""
+    target, inputs = model(name), prompts(name, 2)  # 10 columns: chunks of 4, 4 and 2
+    # The caches differ at row 1's padding only (its keys from layer 1 on, computed from chunks).
+    plain, _ = assert_like_plain(target, inputs, "ngram", compare_cache=False, prefill_chunk_size=4)
+    assert plain.hidden_states[0][0].shape[-2] == 2
+
+
+def test_a_chunked_prefill_under_sdpa_returns_no_attentions_as_plain():
+    """Attentions asked alone of a model that returns none (sdpa): empty steps, as plain's."""
+    target, inputs = model("llama", attention="sdpa"), prompts("llama", 2)
+    alone = dict(prefill_chunk_size=4, output_hidden_states=False)
+    plain, spec = generate(target, inputs, **alone), generate(target, inputs, "ngram", **alone)
+    assert torch.equal(spec.sequences, plain.sequences) and spec.attentions == plain.attentions
+
+
 def test_gpt2_token_types_reach_the_model():
     """Issue 20: GPT-2's token_type_ids were dropped (the first token already differed)."""
     target, inputs = model("gpt2"), prompts("gpt2", 3)
