@@ -185,6 +185,7 @@ def check_sampled(
     *,
     eos_token_ids: Iterable[int],
     temperature: float = 1.0,  # the temperature both calls sampled at
+    plain_logits: Sequence[torch.Tensor] | None = None,  # N x [B, V]: its `logits` (output_logits=True)
 ) -> list[RowCheck]:
     """Classify each row of a seeded sampled `speculative` output against plain's, as `check_greedy`
     does greedy output. Plain sampling takes argmax(p_t / E_t), E_t the t-th Exp(1) draw [B, V] of
@@ -205,8 +206,11 @@ def check_sampled(
     bound is the one at the logits' magnitude, max |s| · T, divided by T as they were (`_bound`).
     Pass the temperature the calls sampled at (the call's, else the generation config's): at any
     other, the bound is taken at the wrong magnitude and scale, too tight (a tie reported as a
-    mismatch) or too loose. A repetition penalty rescales only the tokens it penalises, by its
-    factor or its inverse, and is not accounted for."""
+    mismatch) or too loose. Pass plain's raw `logits` too where a truncating processor (top-k,
+    top-p) ran: the rounding follows the row's largest |logit|, often a negative one such processors
+    mask with -inf, so the kept scores alone can put the bound octaves too low (a tie reported as a
+    mismatch); with `plain_logits` the bound is taken at those. A repetition penalty rescales only
+    the tokens it penalises, by its factor or its inverse, and is not accounted for."""
     if not temperature > 0:
         raise ValueError(f"temperature must be positive, as sampling requires; got {temperature}")
     device = plain_scores[0].device
@@ -236,7 +240,10 @@ def check_sampled(
                 f"the Exp(1) draws of seed {seed}: pass the seed given to torch.manual_seed before both "
                 "calls, on the device the scores are on, and plain's own `scores`."
             )
-        bound = _bound(scores, dtype, temperature)
+        if plain_logits is None:
+            bound = _bound(scores, dtype, temperature)
+        else:  # the unmasked row, in the logits' own scale
+            bound = _bound(plain_logits[at][row].float(), dtype) / temperature
         checks.append(_classify_draw(scores, drawn, at, plain_token, spec_token, bound))
     return checks
 
