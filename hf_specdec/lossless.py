@@ -30,10 +30,11 @@ far apart as two scoring 28 and 27.9 (seen in bf16 on SmolLM2: feeding the same 
 or seven tokens at a time moved such a gap between 0.016 and 0.20).
 
 - float32: 1e-4 · max(|s|, 1) (about 1e-4 relative: the last bits of a 30-layer forward);
-- bfloat16: 4 · 2^(e - 7), four bf16 rounding steps at that magnitude (0.5 at 16-32). Up to three
-  steps were observed on SmolLM2-135M (24 prompts, gaps 0-0.25 at 14-36); four leaves one step of
-  margin while staying ~3% of the score, far below what a real bug (a token outside the top two,
-  or a gap of whole units) produces;
+- bfloat16: 4 · 2^(e - 7), four bf16 rounding steps at that magnitude (0.5 at 16-32). It covers
+  the ties seen on SmolLM2-135M but, measured directly (benchmarks/micro/logit_drift.py,
+  docs/lossless.md), not every drift: it has no step of margin left. It stays ~3% of the score,
+  far below what a real bug (a token outside the top two, or a gap of whole units) produces. The
+  drift follows the largest |logit|, often a negative one: not the largest score;
 - float16: 4 · 2^(e - 10), the same four steps of fp16's finer significand.
 """
 
@@ -54,7 +55,7 @@ IDENTICAL, TIE, MISMATCH = "identical", "tie", "mismatch"
 KINDS = (IDENTICAL, TIE, MISMATCH)
 
 FP32_RELATIVE_BOUND = 1e-4
-ROUNDING_STEPS = 4  # bf16/fp16: observed up to 3 steps; one more of margin
+ROUNDING_STEPS = 4  # bf16/fp16: the drift measured reaches it (docs/lossless.md)
 _SIGNIFICAND_BITS = {torch.bfloat16: 7, torch.float16: 10}
 
 
