@@ -30,10 +30,11 @@ far apart as two scoring 28 and 27.9 (seen in bf16 on SmolLM2: feeding the same 
 or seven tokens at a time moved such a gap between 0.016 and 0.20).
 
 - float32: 1e-4 · max(|s|, 1) (about 1e-4 relative: the last bits of a 30-layer forward);
-- bfloat16: 4 · 2^(e - 7), four bf16 rounding steps at that magnitude (0.5 at 16-32). Up to three
-  steps were observed on SmolLM2-135M (24 prompts, gaps 0-0.25 at 14-36); four leaves one step of
-  margin while staying ~3% of the score, far below what a real bug (a token outside the top two,
-  or a gap of whole units) produces;
+- bfloat16: 4 · 2^(e - 7), four bf16 rounding steps at that magnitude (0.5 at 16-32). It covers
+  the ties seen on SmolLM2-135M but, measured directly (benchmarks/micro/logit_drift.py,
+  docs/lossless.md), not every drift: it has no step of margin left. It stays ~3% of the score,
+  far below what a real bug (a token outside the top two, or a gap of whole units) produces. The
+  drift follows the largest |logit|, often a negative one: not the largest score;
 - float16: 4 · 2^(e - 10), the same four steps of fp16's finer significand.
 """
 
@@ -54,7 +55,7 @@ IDENTICAL, TIE, MISMATCH = "identical", "tie", "mismatch"
 KINDS = (IDENTICAL, TIE, MISMATCH)
 
 FP32_RELATIVE_BOUND = 1e-4
-ROUNDING_STEPS = 4  # bf16/fp16: observed up to 3 steps; one more of margin
+ROUNDING_STEPS = 4  # bf16/fp16: the drift measured reaches it (docs/lossless.md)
 _SIGNIFICAND_BITS = {torch.bfloat16: 7, torch.float16: 10}
 
 
@@ -185,6 +186,7 @@ def check_sampled(
     *,
     eos_token_ids: Iterable[int],
     temperature: float = 1.0,  # the temperature both calls sampled at
+    plain_logits: Sequence[torch.Tensor] | None = None,  # N x [B, V]: its `logits` (output_logits=True)
 ) -> list[RowCheck]:
     """Classify each row of a seeded sampled `speculative` output against plain's, as `check_greedy`
     does greedy output. Plain sampling takes argmax(p_t / E_t), E_t the t-th Exp(1) draw [B, V] of
@@ -205,8 +207,11 @@ def check_sampled(
     bound is the one at the logits' magnitude, max |s| · T, divided by T as they were (`_bound`).
     Pass the temperature the calls sampled at (the call's, else the generation config's): at any
     other, the bound is taken at the wrong magnitude and scale, too tight (a tie reported as a
-    mismatch) or too loose. A repetition penalty rescales only the tokens it penalises, by its
-    factor or its inverse, and is not accounted for."""
+    mismatch) or too loose. Pass plain's raw `logits` too where a truncating processor (top-k,
+    top-p) ran: the rounding follows the row's largest |logit|, often a negative one such processors
+    mask with -inf, so the kept scores alone can put the bound octaves too low (a tie reported as a
+    mismatch); with `plain_logits` the bound is taken at those. A repetition penalty rescales only
+    the tokens it penalises, by its factor or its inverse, and is not accounted for."""
     if not temperature > 0:
         raise ValueError(f"temperature must be positive, as sampling requires; got {temperature}")
     device = plain_scores[0].device
@@ -236,7 +241,10 @@ def check_sampled(
                 f"the Exp(1) draws of seed {seed}: pass the seed given to torch.manual_seed before both "
                 "calls, on the device the scores are on, and plain's own `scores`."
             )
-        bound = _bound(scores, dtype, temperature)
+        if plain_logits is None:
+            bound = _bound(scores, dtype, temperature)
+        else:  # the unmasked row, in the logits' own scale
+            bound = _bound(plain_logits[at][row].float(), dtype) / temperature
         checks.append(_classify_draw(scores, drawn, at, plain_token, spec_token, bound))
     return checks
 

@@ -46,7 +46,9 @@ def main() -> None:
             )
             settings = dict(max_new_tokens=args.max_new_tokens, do_sample=True, temperature=args.temperature)
             torch.manual_seed(i)
-            plain = model.generate(**inputs, **settings, output_scores=True, return_dict_in_generate=True)
+            plain = model.generate(
+                **inputs, **settings, output_scores=True, output_logits=True, return_dict_in_generate=True
+            )
             torch.manual_seed(i)
             ours = model.generate(**inputs, **settings, speculative=args.method)
             prompt_length = inputs["input_ids"].shape[1]
@@ -59,6 +61,7 @@ def main() -> None:
                 model.dtype,
                 eos_token_ids=eos_token_ids(model),
                 temperature=args.temperature,
+                plain_logits=plain.logits,
             )
             checks.append(check)
             print(f"{dtype} prompt {i}: {check.describe()}", flush=True)

@@ -351,7 +351,7 @@ def _check_sampled(
         return
     torch.manual_seed(seed)  # as `_time_row` seeds the timed plain row
     try:  # a check must not lose the run's timings (its scores may not fit; a tie near fp32's own)
-        reference = model.generate(**inputs, **generation, output_scores=True)
+        reference = model.generate(**inputs, **generation, output_scores=True, output_logits=True)
         if not torch.equal(reference.sequences, plain.sequences):  # kernels that do not repeat (GPU)
             raise ValueError(f"plain sampling seeded with {seed} gave other tokens when called again")
         eos, prompt_length = eos_token_ids(model), inputs["input_ids"].shape[1]
@@ -367,6 +367,7 @@ def _check_sampled(
                 model.dtype,
                 eos_token_ids=eos,
                 temperature=1.0 if temperature is None else temperature,
+                plain_logits=reference.logits,  # unmasked: top-k, top-p cut the rows' largest |logit|
             )  # fmt: skip
             for m in measurements
             if outputs.get(m.row) is not None and _took_plain_draws(m)

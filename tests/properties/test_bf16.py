@@ -256,13 +256,23 @@ def test_bf16_seeded_sample_at_a_top_k_cut_off_is_a_tie(bf16):
     )
     settings = dict(max_new_tokens=12, do_sample=True, temperature=0.7, top_k=50, top_p=1.0)
     torch.manual_seed(0)
-    plain = model.generate(**x, **settings, output_scores=True, return_dict_in_generate=True)
+    plain = model.generate(
+        **x, **settings, output_scores=True, output_logits=True, return_dict_in_generate=True
+    )
     steps = [(0, 0), (4, 0), (4, 0), (4, 0), (4, 0), (4, 1), (16, 0), (16, 0), (16, 12)]
     torch.manual_seed(0)
     spec = model.generate(**x, **settings, speculative={"method": "ngram", "policy": _Replayed(steps)})
     prompt_length = x["input_ids"].shape[1]
     check = check_sampled(
-        plain.sequences, plain.scores, spec, prompt_length, 0, model.dtype, eos_token_ids=[2], temperature=0.7
+        plain.sequences,
+        plain.scores,
+        spec,
+        prompt_length,
+        0,
+        model.dtype,
+        eos_token_ids=[2],
+        temperature=0.7,
+        plain_logits=plain.logits,
     )[0]
     assert check.kind != MISMATCH, check.describe()
     if check.kind == TIE:

@@ -325,6 +325,47 @@ def test_the_bound_is_the_logits_rounding_divided_by_the_temperature(sampled, te
     assert check.bound == pytest.approx(rounding_bound(logit, torch.bfloat16) / temperature)
 
 
+@pytest.mark.parametrize(("gap", "kind"), [(0.375, TIE), (1.25, MISMATCH)])
+def test_under_top_k_the_bound_is_taken_at_the_unmasked_logits(sampled, gap, kind):
+    """Control modelled on a bf16 SmolLM2 row (benchmarks/micro/logit_drift.py): its logits reach
+    5.78 and -33.0, and a verify forward moved its top two 0.375 apart: 1.5 bf16 steps at |33|,
+    twelve at 5.78. Top-k cuts the -33.0, so the kept scores alone put the bound at 5.78 (0.125):
+    such a tie read as a mismatch. With plain's raw logits the bound is the one at |33| (1.0), over
+    the temperature; a gap past it stays a mismatch."""
+    input_ids, _, out = sampled
+    prompt_length, at, temperature = input_ids.shape[1], 4, 0.8
+    noise = torch.Generator().manual_seed(11)
+    log_e = [torch.empty(s.shape).exponential_(generator=noise) for s in out.scores[: at + 1]][at][0].log()
+    plain_token = int(out.sequences[0, prompt_length + at])
+    runner = int(log_e.masked_fill(torch.arange(len(log_e)) == plain_token, torch.inf).argmin())
+    logits = [s * temperature for s in out.scores]
+    row = torch.full_like(logits[at][0], -10.0)
+    row[0] = -33.0  # the row's largest |logit|, one top-k cuts
+    row[plain_token] = 5.78
+    # the runner-up's draw `gap` (in logits) below plain's: u = logit / T - log E
+    row[runner] = 5.78 - temperature * float(log_e[plain_token] - log_e[runner]) - gap
+    row[int(log_e.argmax())] = -5.0  # top-k's k-th, far below both and drawn too low to win
+    assert -5 < float(row[runner]) < 5.78  # kept by top-k; 5.78 the largest score kept
+    logits[at][0] = row
+    scores = [s / temperature for s in logits]
+    scores[at][0] = (row / temperature).masked_fill(row < -5.0, -torch.inf)  # top-k: 3 kept
+    spec = out.sequences.clone()
+    spec[0, prompt_length + at] = runner
+    check = check_sampled(
+        out.sequences,
+        scores,
+        spec,
+        prompt_length,
+        11,
+        torch.bfloat16,
+        eos_token_ids=[],
+        temperature=temperature,
+        plain_logits=logits,
+    )[0]
+    assert check.kind == kind and check.gap == pytest.approx(gap / temperature, rel=1e-4)
+    assert check.bound == pytest.approx(rounding_bound(33.0, torch.bfloat16) / temperature)
+
+
 def test_plain_token_at_a_top_k_cut_off_that_rounding_can_cut_is_a_tie(sampled):
     """Control: plain's scores at one position cut to a top set whose lowest score is plain's own
     token (top-k's k-th, tied at the cut-off), which a verify forward's rounding can push below the
