@@ -539,24 +539,6 @@ class _LogitBias(LlamaForCausalLM):
         return out
 
 
-def test_a_subclass_forward_passing_args_on_speculates_through_its_own_forward(target):
-    """A forward(*args, **kwargs) takes the cache its parent's takes, and plain generate fills it; it
-    was refused as keeping no KV cache (speculative=True decoded it plainly). Its own forward, logit
-    bias and all, is what the loop verifies with."""
-    model = _LogitBias(target.config).eval()
-    model.load_state_dict(target.state_dict())
-    assert cache_argument(model) == "cache"
-    prompt = torch.tensor([[9, 17, 23, 7, 9, 17, 23, 7, 9]])
-    plain = model.generate(prompt, max_new_tokens=12, do_sample=False)
-    assert not torch.equal(plain, target.generate(prompt, max_new_tokens=12, do_sample=False))
-    for speculative in ("ngram", True):
-        out = model.generate(
-            prompt, max_new_tokens=12, do_sample=False, speculative=speculative, return_dict_in_generate=True
-        )
-        assert torch.equal(out.sequences, plain)
-        assert out.speculative_stats.method != "plain" and out.speculative_stats.drafted > 0
-
-
 class _NamedLogitBias(LlamaForCausalLM):
     """A user's subclass whose forward names some parameters and passes the rest, the cache among
     them, on through `**kwargs`."""
@@ -591,11 +573,13 @@ def _copy_of(target, cls):
     return model
 
 
-def test_a_subclass_forward_naming_some_parameters_and_passing_kwargs_on_speculates(target):
-    """A forward naming some parameters beside `**kwargs` may pass the cache on, and this one does:
-    plain generate fills it. It was refused as keeping no KV cache (speculative=True decoded it
-    plainly)."""
-    model = _copy_of(target, _NamedLogitBias)
+@pytest.mark.parametrize("cls", [_LogitBias, _NamedLogitBias], ids=["args_kwargs", "named_and_kwargs"])
+def test_a_subclass_forward_passing_the_cache_on_speculates_through_its_own_forward(target, cls):
+    """A forward(*args, **kwargs), or one naming some parameters beside `**kwargs`, takes the cache
+    its parent's takes and passes it on, and plain generate fills it; each was refused as keeping
+    no KV cache (speculative=True decoded it plainly). Its own forward, logit bias and all, is what
+    the loop verifies with, greedy and seeded sampling."""
+    model = _copy_of(target, cls)
     assert cache_argument(model) == "cache"  # its parent's name, which plain generate passes
     prompt = torch.tensor([[9, 17, 23, 7, 9, 17, 23, 7, 9]])
     plain = model.generate(prompt, max_new_tokens=12, do_sample=False)
