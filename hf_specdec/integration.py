@@ -71,6 +71,7 @@ def _kept_original(cls: type, name: str) -> Any:
 
 
 _ORIGINAL_GENERATE = _kept_original(GenerationMixin, "generate")
+_ORIGINAL_VALIDATE_MODEL_KWARGS = _kept_original(GenerationMixin, "_validate_model_kwargs")
 _GENERATE_SIGNATURE = inspect.signature(_ORIGINAL_GENERATE)
 # What transformers' `generate` sets a generation field to where neither the model nor the call did.
 _DEFAULTS: dict[str, Any] = getattr(GenerationConfig, "_get_default_generation_params", dict)()
@@ -99,6 +100,20 @@ def generate(self: Any, *args: Any, speculative: Any = None, **kwargs: Any) -> A
     if seen is not None and hasattr(out, "speculative_stats"):
         seen.append(out.speculative_stats)
     return out
+
+
+@functools.wraps(_ORIGINAL_VALIDATE_MODEL_KWARGS)
+def _validate_model_kwargs(self: Any, model_kwargs: dict[str, Any]) -> None:
+    """A model class whose own `generate` runs a loop of its own (MusicGen, Dia, RAG-Token, CLVP,
+    Janus's image mode) never calls the `generate` hooked here: `speculative=` reaches its model
+    arguments, where transformers' check would name it only as an argument "not used by the model"."""
+    if model_kwargs.get("speculative") is not None:
+        raise ValueError(
+            f"{type(self).__name__}.generate decodes with a loop of its own, not with transformers' "
+            "GenerationMixin.generate that speculative= extends: it can neither speculate nor be decoded "
+            "plainly under speculative=. Drop speculative= for this model."
+        )
+    _ORIGINAL_VALIDATE_MODEL_KWARGS(self, model_kwargs)
 
 
 @contextlib.contextmanager
@@ -518,6 +533,7 @@ def install() -> None:
     """Add `speculative=` to every model's `generate` and to the pipelines that generate, and carry its
     statistics through text-generation pipelines (done on `import hf_specdec`; idempotent)."""
     GenerationMixin.generate = generate
+    GenerationMixin._validate_model_kwargs = _validate_model_kwargs
     TextGenerationPipeline._forward = _pipeline_forward
     TextGenerationPipeline.postprocess = _pipeline_postprocess
     for cls in _PROCESSOR_PIPELINES:
@@ -527,6 +543,7 @@ def install() -> None:
 def uninstall() -> None:
     """Restore transformers' own `generate` and pipelines."""
     GenerationMixin.generate = _ORIGINAL_GENERATE
+    GenerationMixin._validate_model_kwargs = _ORIGINAL_VALIDATE_MODEL_KWARGS
     TextGenerationPipeline._forward = _ORIGINAL_PIPELINE_FORWARD
     TextGenerationPipeline.postprocess = _ORIGINAL_PIPELINE_POSTPROCESS
     for cls in _PROCESSOR_PIPELINES:

@@ -576,3 +576,25 @@ def test_an_image_text_to_text_pipeline_speculates(monkeypatch):
     assert calls == [1, 1]
     with pytest.raises(ValueError, match="speculative= is given twice"):
         pipe(text=chat, max_new_tokens=4, speculative="ngram", generate_kwargs={"speculative": "ngram"})
+
+
+@pytest.mark.parametrize("speculative", [True, "ngram"])
+def test_a_model_whose_generate_runs_its_own_loop_refuses_speculative_by_name(speculative):
+    """MusicGen's `generate` (as Dia's, RAG-Token's, CLVP's) is a loop of its own that never calls
+    the generate hooked here: `speculative=` fell to transformers' check of model arguments, which
+    named it only as an argument the model does not use, as for a typo."""
+    from transformers import MusicgenDecoderConfig, MusicgenForCausalLM
+
+    config = MusicgenDecoderConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, ffn_dim=64,
+        num_codebooks=2, pad_token_id=0, bos_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = MusicgenForCausalLM(config).eval()
+    # Its generation config leaves these unset, which its own loop needs.
+    kwargs = dict(max_new_tokens=4, do_sample=False, decoder_start_token_id=0, num_return_sequences=1)
+    prompt = torch.zeros(2 * config.num_codebooks, 1, dtype=torch.long)
+    model.generate(prompt, **kwargs)  # plain decodes
+    own_loop = r"MusicgenForCausalLM\.generate decodes with a loop of its own.*Drop speculative="
+    with pytest.raises(ValueError, match=own_loop):
+        model.generate(prompt, **kwargs, speculative=speculative)
