@@ -103,7 +103,7 @@ def generate(self: Any, *args: Any, speculative: Any = None, **kwargs: Any) -> A
 
 
 @functools.wraps(_ORIGINAL_VALIDATE_MODEL_KWARGS)
-def _validate_model_kwargs(self: Any, model_kwargs: dict[str, Any]) -> None:
+def _validate_model_kwargs(self: Any, model_kwargs: dict[str, Any], *args: Any, **kwargs: Any) -> None:
     """A model class whose own `generate` runs a loop of its own (MusicGen, Dia, RAG-Token, CLVP,
     Janus's image mode) never calls the `generate` hooked here: `speculative=` reaches its model
     arguments, where transformers' check would name it only as an argument "not used by the model"."""
@@ -113,7 +113,7 @@ def _validate_model_kwargs(self: Any, model_kwargs: dict[str, Any]) -> None:
             "GenerationMixin.generate that speculative= extends: it can neither speculate nor be decoded "
             "plainly under speculative=. Drop speculative= for this model."
         )
-    _ORIGINAL_VALIDATE_MODEL_KWARGS(self, model_kwargs)
+    _ORIGINAL_VALIDATE_MODEL_KWARGS(self, model_kwargs, *args, **kwargs)
 
 
 @contextlib.contextmanager

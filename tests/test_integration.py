@@ -598,3 +598,39 @@ def test_a_model_whose_generate_runs_its_own_loop_refuses_speculative_by_name(sp
     own_loop = r"MusicgenForCausalLM\.generate decodes with a loop of its own.*Drop speculative="
     with pytest.raises(ValueError, match=own_loop):
         model.generate(prompt, **kwargs, speculative=speculative)
+
+
+def _tiny_blip2():
+    """A tiny random BLIP-2 over OPT, whose own generate hands its language model `inputs_embeds`."""
+    from transformers import Blip2Config, Blip2ForConditionalGeneration, OPTConfig
+
+    layers = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4)
+    text = OPTConfig(
+        vocab_size=64, hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4,
+        word_embed_proj_dim=32, bos_token_id=1, eos_token_id=2, pad_token_id=0, max_position_embeddings=128,
+    )  # fmt: skip
+    config = Blip2Config(
+        vision_config=dict(layers, image_size=20, patch_size=5),
+        qformer_config=dict(layers, vocab_size=64, encoder_hidden_size=32),
+        text_config=text.to_dict(), num_query_tokens=4, image_token_index=5,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return Blip2ForConditionalGeneration(config).eval()
+
+
+def test_a_models_own_generate_handing_its_language_model_embeddings_is_decoded_plainly():
+    """BLIP-2's generate (as InstructBLIP's, BLIP's, Kosmos-2's) calls its language model's with
+    inputs it prepared itself (`inputs_embeds`): speculative=True gives plain's output, decoded
+    plainly, and a named method's refusal says that such a model's own generate passes them."""
+    model = _tiny_blip2()
+    pixels = torch.randn(2, 3, 20, 20, generator=torch.Generator().manual_seed(1))
+    prompt = torch.tensor([[5] * 4 + [1, 10, 11, 12, 10, 11], [5] * 4 + [1, 20, 21, 22, 23, 24]])
+    kwargs = dict(pixel_values=pixels, input_ids=prompt, max_new_tokens=6, do_sample=False)
+    kwargs.update(return_dict_in_generate=True)
+    plain = model.generate(**kwargs)
+    out = model.generate(**kwargs, speculative=True)
+    assert torch.equal(out.sequences, plain.sequences)
+    assert out.speculative_stats.method == "plain" and "inputs_embeds" in out.speculative_stats.selection
+    refusal = r"inputs_embeds is not supported.*a model's own generate builds them"
+    with pytest.raises(ValueError, match=refusal):
+        model.generate(**kwargs, speculative="ngram")

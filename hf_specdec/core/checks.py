@@ -90,7 +90,8 @@ def check_supported(
     if model_kwargs.get("inputs_embeds") is not None:
         raise Unsupported(
             "speculative= needs input_ids; inputs_embeds is not supported: pass the prompt's token ids "
-            "as input_ids instead, without inputs_embeds, or drop speculative=."
+            "as input_ids instead, without inputs_embeds, or drop speculative= (where a model's own "
+            "generate builds them for its language model, as BLIP-2's does, drop it for that model)."
         )
     if input_ids.shape[-1] == 0:
         raise ValueError(
