@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar
 
 import numpy as np
@@ -95,6 +96,67 @@ def test_pipeline_returns_the_statistics_with_return_dict_in_generate(smollm2):
     # Nothing changes where no statistics were asked for, or no speculation ran.
     assert "speculative_stats" not in pipe(MESSAGES, max_new_tokens=4, do_sample=False, speculative=True)[0]
     assert "speculative_stats" not in pipe(MESSAGES, **settings)[0]
+
+
+# A fixed draft length: the default policy may decline to draft on so short a call.
+NGRAM_4 = {"method": "ngram", "num_draft_tokens": 4}
+FOX = "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog. The quick"
+
+
+def test_pipeline_options_match_plain(smollm2):
+    """The text-generation pipeline's own options around generate: an assistant prefill continued,
+    new text only, a stop sequence that ends the call on an accepted draft token (" fox" of the
+    draft " fox jumps over the"), and max_new_tokens set at construction and per call."""
+    model, tokenizer = smollm2
+    pipe = pipeline("text-generation", model=model, tokenizer=tokenizer)
+    prefill = [*MESSAGES, {"role": "assistant", "content": "the quick brown fox"}]
+    calls = [
+        (prefill, dict(continue_final_message=True, max_new_tokens=12)),
+        (MESSAGES, dict(return_full_text=False, max_new_tokens=12)),
+        (FOX, dict(stop_sequence=" fox", max_new_tokens=12)),
+    ]
+    for prompt, options in calls:
+        plain = pipe(prompt, do_sample=False, **options)
+        assert pipe(prompt, do_sample=False, speculative=NGRAM_4, **options) == plain, options
+    assert plain[0]["generated_text"] == FOX + " brown fox"
+    (record,) = pipe(FOX, **calls[-1][1], do_sample=False, speculative=NGRAM_4, return_dict_in_generate=True)
+    assert record["speculative_stats"].position_accepted[0] == 1  # " fox" came from the draft
+    short = pipeline("text-generation", model=model, tokenizer=tokenizer, max_new_tokens=5, do_sample=False)
+    for options in ({}, {"max_new_tokens": 9}):
+        assert short(FOX, speculative="ngram", **options) == short(FOX, **options)
+
+
+def test_a_text_generation_pipeline_keeps_speculative_from_construction(smollm2):
+    """Given at construction, speculative= holds for every call; None or False at call time decodes
+    plainly; an invalid value is refused by name."""
+    model, tokenizer = smollm2
+    pipe = pipeline(
+        "text-generation", model=model, tokenizer=tokenizer, speculative="ngram", max_new_tokens=6,
+        do_sample=False, return_dict_in_generate=True,
+    )  # fmt: skip
+    (record,) = pipe(FOX)
+    assert record["speculative_stats"].method == "ngram"
+    for off in (None, False):
+        assert pipe(FOX, speculative=off) == [{"generated_text": record["generated_text"]}]
+    assert pipe(FOX, speculative="suffix")[0]["speculative_stats"].method == "suffix"
+    with pytest.raises(ValueError, match="Unknown speculative method 'bogus'"):
+        pipe(FOX, speculative="bogus")
+
+
+def test_a_streamer_through_a_pipeline_gets_its_text(smollm2):
+    """A TextIteratorStreamer handed to the pipeline streams the text the pipeline returns, where a
+    stop sequence ends the call inside an accepted draft as where it runs to max_new_tokens."""
+    model, tokenizer = smollm2
+    pipe = pipeline("text-generation", model=model, tokenizer=tokenizer)
+    for options in (dict(max_new_tokens=16), dict(max_new_tokens=16, stop_sequence=" fox")):
+        streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, timeout=60)
+        settings = dict(streamer=streamer, return_full_text=False, do_sample=False, speculative=NGRAM_4)
+        with ThreadPoolExecutor(1) as pool:
+            future = pool.submit(pipe, FOX, **settings, **options)
+            streamed = "".join(streamer)
+            (record,) = future.result()
+        plain = pipe(FOX, return_full_text=False, do_sample=False, **options)
+        assert streamed == record["generated_text"] == plain[0]["generated_text"]
 
 
 def test_streamer_gets_every_token_once_in_order(smollm2):
