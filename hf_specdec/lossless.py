@@ -204,7 +204,7 @@ def check_sampled(
     distribution, not token for token.
 
     The scores are the logits divided by `temperature`, but the rounding happened in the logits: the
-    bound is the one at the logits' magnitude, max |s| · T, divided by T as they were (`_bound`).
+    bound is the one at the logits' magnitude, max |s| · T, divided by T as they were.
     Pass the temperature the calls sampled at (the call's, else the generation config's): at any
     other, the bound is taken at the wrong magnitude and scale, too tight (a tie reported as a
     mismatch) or too loose. Pass plain's raw `logits` too where a truncating processor (top-k,
@@ -241,10 +241,9 @@ def check_sampled(
                 f"the Exp(1) draws of seed {seed}: pass the seed given to torch.manual_seed before both "
                 "calls, on the device the scores are on, and plain's own `scores`."
             )
-        if plain_logits is None:
-            bound = _bound(scores, dtype, temperature)
-        else:  # the unmasked row, in the logits' own scale
-            bound = _bound(plain_logits[at][row].float(), dtype) / temperature
+        # The bound is the logits' rounding, over T: at the unmasked row where given, else as kept.
+        logits = scores * temperature if plain_logits is None else plain_logits[at][row].float()
+        bound = _bound(logits, dtype) / temperature
         checks.append(_classify_draw(scores, drawn, at, plain_token, spec_token, bound))
     return checks
 
@@ -279,11 +278,9 @@ def _first_differences(
     return out
 
 
-def _bound(scores: torch.Tensor, dtype: torch.dtype, temperature: float = 1.0) -> float:
-    """`rounding_bound` of a row of processed scores: the logits were rounded at their own
-    magnitude, max |s| · T, and dividing them by the temperature T divided that rounding too."""
+def _bound(scores: torch.Tensor, dtype: torch.dtype) -> float:
     finite = scores[torch.isfinite(scores)]  # processors mask tokens with -inf
-    return rounding_bound(float(finite.abs().max()) * temperature, dtype) / temperature
+    return rounding_bound(float(finite.abs().max()), dtype)
 
 
 def _classify(scores: torch.Tensor, at: int, plain_token: int, spec_token: int, bound: float) -> RowCheck:
