@@ -7,7 +7,9 @@ Each scenario is one process: `--warm-calls` calls of `auto` under a first regim
 `--warm-suite`), each starting from what the calls before it measured (`CostModel.carry`, as
 `generate` does through `DEVICE_COSTS`), then every prompt of `--suite` under a second regime,
 still carrying. The second phase is held against plain decoding of the same prompts under the
-second regime, and against `auto` in a fresh process (no warm calls). Scenarios:
+second regime, against `auto` in a fresh process (no warm calls), and against `oracle`: each call
+at its fastest fixed k of `ORACLE_KS` (0: plain) in hindsight, which no policy fixing k for a call
+beats (a batch ends with its slowest row: a static batch of mixed answers gains little). Scenarios:
 
 - `flat -> linear`, `linear -> flat`: the device's cost curve changes (another job takes the cores,
   the model is cast), batch 1;
@@ -42,6 +44,7 @@ from policy_replay import batches, replay  # noqa: E402
 GROUPS = {"grounded": ("summarization", "rag"), "open": ("qa", "mt_bench", "math_reasoning")}
 HOST_SECONDS = 0.0015  # the loop's own work per step, as policy_replay.py's default
 ASK_SECONDS = 0.00005  # an n-gram lookup a row (the median measured: 0.03-0.05 ms), fixed: deterministic
+ORACLE_KS = (0, 1, 2, 3, 4, 6, 8, 10, 12, 16)
 
 
 class Process:
@@ -72,6 +75,28 @@ class Process:
         return {"auto": auto["seconds"], "plain": plain["seconds"], "speculative": auto["speculative"]}
 
 
+def oracle(calls: list[tuple[str, list[dict]]], profile: CostProfile) -> list[dict[str, Any]]:
+    """Each call's plain seconds and, as `auto`, its fastest fixed k's (`ORACLE_KS`), labelled."""
+    out = []
+    for seed, (label, group) in enumerate(calls):
+        prompts, answers_ = [r["prompt"] for r in group], [r["answer"] for r in group]
+        seconds = {
+            k: replay(
+                prompts,
+                answers_,
+                FixedDraftLength(k),
+                profile,
+                HOST_SECONDS,
+                set(),
+                seed=seed,
+                ask_seconds=ASK_SECONDS,
+            )["seconds"]
+            for k in ORACLE_KS
+        }
+        out.append({"label": label, "plain": seconds[0], "auto": min(seconds.values())})
+    return out
+
+
 def phase(
     process: Process, calls: list[tuple[str, list[dict]]], profile: CostProfile
 ) -> list[dict[str, Any]]:
@@ -83,6 +108,11 @@ def phase(
 
 def _geomean(values: list[float]) -> float:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
+
+
+def _cell(speedup: float | None) -> str:
+    """A speedup, or nothing for a group the scenario did not run (translation in batches)."""
+    return "" if speedup is None or math.isnan(speedup) else f"{speedup:.2f}x"
 
 
 def summary(results: list[dict[str, Any]]) -> dict[str, float]:
@@ -107,7 +137,7 @@ def scenario(
     phase(process, warm, first)
     changed = summary(phase(process, test, second))
     fresh = summary(phase(Process(), test, second))
-    return {"after": changed, "fresh": fresh}
+    return {"after": changed, "fresh": fresh, "oracle": summary(oracle(test, second))}
 
 
 def main() -> None:
@@ -146,12 +176,12 @@ def main() -> None:
         else:
             test = [(r["category"], [r]) for r in test_rows]
         result = scenario([(r["category"], [r]) for r in warm_rows], test, first, second)
-        for when in ("after", "fresh"):
+        labels = {"after": f"after {len(warm_rows)} warm calls", "fresh": "fresh process", "oracle": "oracle"}
+        for when, label in labels.items():
             v = result[when]
-            label = f"after {len(warm_rows)} warm calls" if when == "after" else "fresh process"
-            groups = " | ".join(f"{v.get(g, float('nan')):.2f}x" for g in GROUPS)
+            groups = " | ".join(_cell(v.get(g)) for g in GROUPS)
             print(
-                f"| {name} | {label} | {groups} | {v.get('translation', float('nan')):.2f}x"
+                f"| {name} | {label} | {groups} | {_cell(v.get('translation'))}"
                 f" | {v['all']:.2f}x | {v['first']:.2f}x |"
             )
 
