@@ -246,7 +246,8 @@ def _decode_plainly(
     streamer: Any,
 ) -> Any:
     """generate's own loop, as without speculative=, for the mode the generation config selects;
-    `plainly` says why (`speculative_stats.selection`)."""
+    `plainly` says why (`speculative_stats.selection`, where the output is generate's decoder-only
+    one, not an encoder-decoder's or that of a model with a step loop of its own)."""
     decode = functools.partial(type(model)._sample, streamer=streamer)
     if generation_config.num_beams > 1:
         if streamer is not None:  # as plain generate, which checks it before a loop of its own
@@ -256,7 +257,8 @@ def _decode_plainly(
             )
         decode = type(model)._beam_search
     out = decode(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs)
-    if not isinstance(out, GenerateDecoderOnlyOutput):
+    if not isinstance(out, GenerateDecoderOnlyOutput) or type(model)._sample is not GenerationMixin._sample:
+        # A model with a step loop of its own (CSM) rebuilds its output from this one's fields.
         return out
     return SpeculativeGenerateOutput(
         **out, speculative_stats=SpeculativeStats(method="plain", selection=plainly)

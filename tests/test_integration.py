@@ -696,3 +696,44 @@ def test_a_models_own_generate_handing_its_language_model_embeddings_is_decoded_
     refusal = r"inputs_embeds is not supported.*a model's own generate builds them"
     with pytest.raises(ValueError, match=refusal):
         model.generate(**kwargs, speculative="ngram")
+
+
+def _tiny_csm():
+    """A tiny random CSM, whose `_sample` runs its depth decoder for the other codebooks each step."""
+    from transformers import CsmConfig, CsmForConditionalGeneration
+
+    layers = dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=4)
+    layers.update(num_key_value_heads=2)
+    depth = dict(layers, num_codebooks=3, backbone_hidden_size=32, vocab_size=6, max_position_embeddings=10)
+    codec = dict(
+        model_type="mimi", hidden_size=32, num_filters=8, num_residual_layers=1, upsampling_ratios=[8, 4],
+        codebook_size=64, vector_quantization_hidden_dimension=64, upsample_groups=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, sliding_window=4, codebook_dim=64, use_cache=False,
+    )  # fmt: skip
+    config = CsmConfig(
+        depth_decoder_config=depth, codec_config=codec, **layers, num_codebooks=3, vocab_size=6,
+        text_vocab_size=16, max_position_embeddings=64, bos_token_id=1, pad_token_id=2, eos_token_id=3,
+        codebook_pad_token_id=2, codebook_eos_token_id=3,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return CsmForConditionalGeneration(config).eval()
+
+
+def test_a_model_whose_own_sample_loop_decodes_each_step_is_decoded_plainly(caplog):
+    """CSM's generate is transformers' with a `_sample` of its own (its depth decoder fills the other
+    codebooks of each frame), and its prompts are [batch, frames, codebooks]: speculative=True failed
+    on the prompt's shape ("too many values to unpack"), and a named method was refused for
+    position_ids the call never passed. The loop replaces `_sample`, so it is decoded plainly, and
+    the output is CSM's own (which it rebuilds from generate's fields: no `speculative_stats`)."""
+    model = _tiny_csm()
+    prompt = torch.tensor([[[4, 5, 4], [5, 4, 5], [4, 5, 4], [5, 4, 5]]] * 2)
+    kwargs = dict(input_ids=prompt, max_new_tokens=5, do_sample=False, depth_decoder_do_sample=False)
+    plain = model.generate(**kwargs, return_dict_in_generate=True)
+    with caplog.at_level("INFO", logger="hf_specdec"):
+        out = model.generate(**kwargs, return_dict_in_generate=True, speculative=True)
+    assert type(out) is type(plain) and torch.equal(out.sequences, plain.sequences)
+    own_loop = "CsmForConditionalGeneration decodes each step with a loop of its own"
+    assert f"decodes plainly: {own_loop}" in caplog.text
+    assert torch.equal(model.generate(**kwargs, speculative=True), plain.sequences)
+    with pytest.raises(ValueError, match=own_loop):
+        model.generate(**kwargs, speculative="ngram")

@@ -13,7 +13,7 @@ from transformers.cache_utils import (
     LinearAttentionAndFullAttentionLayer,
     LinearAttentionLayer,
 )
-from transformers.generation import GenerationMode, logits_process
+from transformers.generation import GenerationMixin, GenerationMode, logits_process
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
 from .compat import forward_cache_argument, generate_cache, takes_dynamic_cache
@@ -187,7 +187,15 @@ def verify_refusal(model: Any) -> str | None:
     would see the drafts after it, where plain decoding fed it alone (encoders are the architectures
     transformers also maps for masked LM, or whose self-attention says it is not causal; a decoder's
     cross-attention is not causal either, hence `is_decoder` first). Then what cannot roll back a
-    rejected draft (`rolls_back_refusal`)."""
+    rejected draft (`rolls_back_refusal`). A class decoding each step with a `_sample` of its own
+    (CSM's, Higgs Audio's, VibeVoice's, PocketTTS's: a depth decoder or an audio head per frame) runs
+    that loop under plain generate, which the speculative loop replaces."""
+    own_sample = type(model)._sample
+    if own_sample is not GenerationMixin._sample:
+        return (
+            f" decodes each step with a loop of its own ({own_sample.__qualname__}), which plain generate "
+            "runs and speculative= would replace with transformers' token-by-token step"
+        )
     if model.config.is_encoder_decoder:
         return (
             " is an encoder-decoder model, and speculative= verifies decoder-only models (transformers' "

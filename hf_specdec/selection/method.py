@@ -75,7 +75,8 @@ def plain_instead(
     positions or a window counted in cache columns (`counts_columns`) hold for one row at a time."""
     if config.method != "auto":
         return None
-    (batch_size, prompt_width), cache = input_ids.shape, generate_cache(model_kwargs)
+    # [batch, frames, codebooks] where each position holds several codebooks' tokens (CSM).
+    (batch_size, prompt_width), cache = input_ids.shape[:2], generate_cache(model_kwargs)
     cached = cached_columns(model_kwargs)
     if (why := verify_refusal(model)) is not None:
         reason = f"{type(model).__name__}{why}"
