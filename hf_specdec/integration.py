@@ -169,7 +169,7 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
     streamer = kwargs.get("streamer")
     warn_assistant_settings(_given_fields(kwargs))
     fields = _generation_config(model, kwargs)
-    _take_stop_strings(kwargs, tokenizer, fields)
+    _take_stop_strings(model, kwargs, tokenizer, fields)
     _heal_prompt(model, kwargs, tokenizer, fields)
     cache_given = generate_cache(kwargs) is not None  # the user's own, which holds what the call leaves
 
@@ -386,24 +386,27 @@ def _set(name: str, value: Any) -> bool:
     return value is not None and not (type(value) is type(default) and value == default)
 
 
-def _take_over(kwargs: dict[str, Any], name: str, value: Any) -> None:
+def _take_over(model: Any, kwargs: dict[str, Any], name: str, value: Any) -> None:
     """Set the generation field `name` to `value` for `generate`, where this module does its work:
     as an argument where it was given as one or no config was given, else in a copy of the caller's
-    config (an argument beside a config would draw transformers' deprecation warning)."""
+    config (an argument beside a config would draw transformers' deprecation warning). Not None in a
+    copy where the model's generation config sets the field: generate reads a config's None as unset
+    and fills it from the model's; only an argument's None overrides it."""
     given = kwargs.get("generation_config")
-    if name in kwargs or given is None:
+    revived = value is None and getattr(model.generation_config, name, None) is not None
+    if name in kwargs or given is None or revived:
         kwargs[name] = value
     else:
         kwargs["generation_config"] = GenerationConfig.from_dict({**given.to_dict(), name: value})
 
 
-def _take_stop_strings(kwargs: dict[str, Any], tokenizer: Any, config: GenerationConfig) -> None:
+def _take_stop_strings(model: Any, kwargs: dict[str, Any], tokenizer: Any, config: GenerationConfig) -> None:
     """Build stop-string criteria here: `generate` drops the tokenizer before a custom loop sees it."""
     if not config.stop_strings:
         return
     if tokenizer is None:
         raise ValueError("stop_strings need the tokenizer: pass tokenizer=<your tokenizer> to generate().")
-    _take_over(kwargs, "stop_strings", None)
+    _take_over(model, kwargs, "stop_strings", None)
     criteria = StoppingCriteriaList(kwargs.get("stopping_criteria") or [])
     criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=config.stop_strings))
     kwargs["stopping_criteria"] = criteria
@@ -423,7 +426,7 @@ def _heal_prompt(model: Any, kwargs: dict[str, Any], tokenizer: Any, config: Gen
             f"{type(model).__name__}, an encoder-decoder, are its decoder's start ids, not the prompt "
             "(transformers' own healing fails on them): drop token_healing=."
         )
-    _take_over(kwargs, "token_healing", False)
+    _take_over(model, kwargs, "token_healing", False)
     key = "input_ids" if kwargs.get("input_ids") is not None else "inputs"
     prompt = kwargs.get(key)
     if prompt is None:

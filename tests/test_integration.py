@@ -231,10 +231,12 @@ def test_stop_strings_and_scores(smollm2):
         torch.testing.assert_close(ours, theirs, atol=1e-3, rtol=1e-4)
 
 
-@pytest.mark.parametrize("where", ["model_config", "given_config", "argument_none_over_config"])
+@pytest.mark.parametrize(
+    "where", ["model_config", "given_config", "argument_none_over_config", "given_config_over_the_models"]
+)
 def test_stop_strings_are_read_where_generate_reads_them(smollm2, monkeypatch, where):
-    """From the generation config generate merges: the model's own included, and an argument (even
-    None) over the config given."""
+    """From the generation config generate merges: the model's own included, an argument (even
+    None) over the config given, and the config given over the model's (whose " brown" comes first)."""
     model, tokenizer = smollm2
     inputs = _inputs(tokenizer)
     given = GenerationConfig(max_new_tokens=30, do_sample=False, stop_strings=["lazy"])
@@ -242,9 +244,12 @@ def test_stop_strings_are_read_where_generate_reads_them(smollm2, monkeypatch, w
         "model_config": dict(max_new_tokens=30, do_sample=False),
         "given_config": dict(generation_config=given),
         "argument_none_over_config": dict(generation_config=given, stop_strings=None),
+        "given_config_over_the_models": dict(generation_config=given),
     }[where]
     if where == "model_config":
         monkeypatch.setattr(model.generation_config, "stop_strings", ["lazy"])
+    if where == "given_config_over_the_models":
+        monkeypatch.setattr(model.generation_config, "stop_strings", [" brown"])
     plain = model.generate(**inputs, **kwargs, tokenizer=tokenizer)
     spec = model.generate(**inputs, **kwargs, tokenizer=tokenizer, speculative="ngram")
     assert torch.equal(spec, plain)
