@@ -511,6 +511,17 @@ def _takes_speculative(cls: type) -> tuple[Any, Any]:
     @functools.wraps(original_sanitize)
     def sanitize(self: Any, *args: Any, speculative: Any = _NOT_GIVEN, **kwargs: Any) -> Any:
         preprocess, forward, postprocess = original_sanitize(self, *args, **kwargs)
+        # One setting by either route: taken out of generate_kwargs, it overrides the one given at
+        # construction as transformers' call-time generate_kwargs do, and stays through calls whose
+        # own generate_kwargs replace construction's.
+        given = forward.get("generate_kwargs")
+        if given is not None and "speculative" in given:
+            if speculative is not _NOT_GIVEN:
+                raise ValueError(
+                    "speculative= is given twice, as a pipeline argument and in generate_kwargs: pass one."
+                )
+            forward["generate_kwargs"] = given = dict(given)
+            speculative = given.pop("speculative")
         if speculative is not _NOT_GIVEN:  # None or False at call time overrides one at construction
             forward["speculative"] = speculative
         return preprocess, forward, postprocess
@@ -519,10 +530,6 @@ def _takes_speculative(cls: type) -> tuple[Any, Any]:
     def forward(self: Any, model_inputs: Any, speculative: Any = None, **forward_params: Any) -> Any:
         if speculative is not None:
             given = dict(forward_params.get("generate_kwargs") or {})
-            if given.get("speculative") is not None:
-                raise ValueError(
-                    "speculative= is given twice, as a pipeline argument and in generate_kwargs: pass one."
-                )
             tokenizer = getattr(self.processor, "tokenizer", None)
             if given.get("tokenizer") is None and isinstance(tokenizer, PreTrainedTokenizerBase):
                 given["tokenizer"] = tokenizer  # what a draft of another tokenizer translates through

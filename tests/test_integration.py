@@ -645,6 +645,46 @@ def test_an_image_text_to_text_pipeline_speculates(monkeypatch):
         pipe(text=chat, max_new_tokens=4, speculative="ngram", generate_kwargs={"speculative": "ngram"})
 
 
+def test_speculative_in_an_image_text_pipelines_generate_kwargs_is_one_route_of_the_call(monkeypatch):
+    """`generate_kwargs={"speculative": ...}` is the same setting as `speculative=`: at call time it
+    overrides the one given at construction (None or False decodes plainly, another method drafts
+    with it), as the call's generate_kwargs override construction's in transformers, given at
+    construction it holds for every call, and only the two routes in one call are given twice."""
+    from PIL import Image
+
+    import hf_specdec.integration
+
+    methods = []
+    decode = hf_specdec.integration.speculative_decode
+    monkeypatch.setattr(
+        hf_specdec.integration,
+        "speculative_decode",
+        lambda *a, **k: methods.append(type(k["drafter"]).__name__) or decode(*a, **k),
+    )
+    pipe = _tiny_llava_pipeline()
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (32, 32, 3), dtype=np.uint8))
+    chat = [
+        {"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": "w10 w11"}]}
+    ]
+    plain = pipe(text=chat, max_new_tokens=6)
+    kept = pipeline("image-text-to-text", model=pipe.model, processor=pipe.processor, speculative="ngram")
+    for off in (None, False):
+        assert kept(text=chat, max_new_tokens=6, generate_kwargs={"speculative": off}) == plain
+    assert methods == []
+    assert kept(text=chat, max_new_tokens=6, generate_kwargs={"speculative": "suffix"}) == plain
+    assert methods == ["SuffixDrafter"]
+    in_kwargs = pipeline(
+        "image-text-to-text",
+        model=pipe.model,
+        processor=pipe.processor,
+        generate_kwargs={"speculative": "ngram"},
+    )
+    assert in_kwargs(text=chat, max_new_tokens=6) == plain
+    assert methods == ["SuffixDrafter", "NgramDrafter"]
+    with pytest.raises(ValueError, match="speculative= is given twice"):
+        pipe(text=chat, max_new_tokens=6, speculative="ngram", generate_kwargs={"speculative": None})
+
+
 @pytest.mark.parametrize("speculative", [True, "ngram"])
 def test_a_model_whose_generate_runs_its_own_loop_refuses_speculative_by_name(speculative):
     """MusicGen's `generate` (as Dia's, RAG-Token's, CLVP's) is a loop of its own that never calls
