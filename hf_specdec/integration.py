@@ -88,6 +88,7 @@ _PIPELINE_STATS: contextvars.ContextVar[list[Any] | None] = contextvars.ContextV
 
 @functools.wraps(_ORIGINAL_GENERATE)
 def generate(self: Any, *args: Any, speculative: Any = None, **kwargs: Any) -> Any:
+    _check_no_speculative_field(self, _by_name(self, args, kwargs).get("generation_config"))
     config = SpeculativeConfig.from_user(speculative)
     # Plain decoding, ours where auto decodes plainly included, would read the holes as tokens.
     check_no_holes(generate_cache(kwargs))
@@ -114,6 +115,25 @@ def _validate_model_kwargs(self: Any, model_kwargs: dict[str, Any], *args: Any, 
             "plainly under speculative=. Drop speculative= for this model."
         )
     _ORIGINAL_VALIDATE_MODEL_KWARGS(self, model_kwargs, *args, **kwargs)
+
+
+def _check_no_speculative_field(model: Any, given: GenerationConfig | None) -> None:
+    """`speculative` is an argument of generate, not a generation field: transformers keeps it in a
+    generation config (the one given, or the model's) as an entry no one reads, so the call would
+    decode plainly without a word where speculation was asked for."""
+    configs = (
+        (given, "passed as generation_config="),
+        (getattr(model, "generation_config", None), "the model's"),
+    )
+    for config, holder in configs:
+        value = getattr(config, "speculative", None)
+        if value is None or value is False:
+            continue
+        raise ValueError(
+            f"speculative={value!r} in a generation config ({holder}) is not read: generate takes it "
+            "as an argument only. Pass speculative= to generate() or to the pipeline, and remove it "
+            "from the config (del config.speculative)."
+        )
 
 
 @contextlib.contextmanager

@@ -456,6 +456,27 @@ def test_a_pipeline_hands_its_tokenizer_to_a_draft_of_another_tokenizer():
     assert out[0][0]["speculative_stats"].translation.startswith("token-level intersection")
 
 
+@pytest.mark.parametrize("where", ["given_config", "given_by_position", "model_config"])
+def test_speculative_set_in_a_generation_config_is_refused_rather_than_ignored(target, monkeypatch, where):
+    """generate reads no `speculative` from a generation config (transformers keeps unknown entries
+    there without a word), so a call would decode plainly where the user asked for speculation."""
+    prompt = torch.tensor([[1, 7, 8, 9, 7, 8, 9, 7, 8]])
+    config = GenerationConfig(max_new_tokens=4, speculative="ngram")
+    calls = {
+        "given_config": lambda: target.generate(prompt, generation_config=config),
+        "given_by_position": lambda: target.generate(prompt, config),
+        "model_config": lambda: target.generate(prompt, max_new_tokens=4, speculative="ngram"),
+    }
+    if where == "model_config":
+        monkeypatch.setattr(target.generation_config, "speculative", True, raising=False)
+    with pytest.raises(ValueError, match=r"speculative='ngram' in a generation config|speculative=True in"):
+        calls[where]()
+    monkeypatch.setattr(target.generation_config, "speculative", False, raising=False)  # says what it does
+    assert torch.equal(
+        target.generate(prompt, max_new_tokens=4), _ORIGINAL_GENERATE(target, prompt, max_new_tokens=4)
+    )
+
+
 def test_paged_cache_is_refused_rather_than_speculation_dropped(target):
     """generate sends cache_implementation='paged' to continuous batching before its custom_generate
     hook: speculative= would be dropped without a word (any draft=, even one that cannot load)."""
