@@ -17,6 +17,7 @@ import contextvars
 import functools
 import inspect
 import os
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -119,20 +120,22 @@ def _validate_model_kwargs(self: Any, model_kwargs: dict[str, Any], *args: Any, 
 
 def _check_no_speculative_field(model: Any, given: GenerationConfig | None) -> None:
     """`speculative` is an argument of generate, not a generation field: transformers keeps it in a
-    generation config (the one given, or the model's) as an entry no one reads, so the call would
-    decode plainly without a word where speculation was asked for."""
-    configs = (
-        (given, "passed as generation_config="),
-        (getattr(model, "generation_config", None), "the model's"),
-    )
-    for config, holder in configs:
-        value = getattr(config, "speculative", None)
-        if value is None or value is False:
-            continue
+    generation config as an entry no one reads. In the config given to this call, the call would
+    decode plainly without a word where speculation was asked for: refused. In the model's, which a
+    checkpoint may bring, plain calls must still run: a warning (a pipeline passes a copy of it)."""
+    carried = getattr(getattr(model, "generation_config", None), "speculative", None)
+    if (value := getattr(given, "speculative", None)) not in (None, False, carried):
         raise ValueError(
-            f"speculative={value!r} in a generation config ({holder}) is not read: generate takes it "
-            "as an argument only. Pass speculative= to generate() or to the pipeline, and remove it "
-            "from the config (del config.speculative)."
+            f"speculative={value!r} in the generation config passed to generate is not read: generate "
+            "takes it as an argument only. Pass speculative= to generate() or to the pipeline, and remove "
+            "it from the config (del config.speculative)."
+        )
+    if carried not in (None, False):
+        warnings.warn(
+            f"speculative={carried!r} in {type(model).__name__}.generation_config is not read: generate "
+            "takes it as an argument only. Pass speculative= to generate() or to the pipeline, and remove "
+            "it from the model's generation config (del model.generation_config.speculative).",
+            stacklevel=3,
         )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar
 
@@ -456,8 +457,8 @@ def test_a_pipeline_hands_its_tokenizer_to_a_draft_of_another_tokenizer():
     assert out[0][0]["speculative_stats"].translation.startswith("token-level intersection")
 
 
-@pytest.mark.parametrize("where", ["given_config", "given_by_position", "model_config"])
-def test_speculative_set_in_a_generation_config_is_refused_rather_than_ignored(target, monkeypatch, where):
+@pytest.mark.parametrize("where", ["given_config", "given_by_position"])
+def test_speculative_set_in_a_given_generation_config_is_refused_rather_than_ignored(target, where):
     """generate reads no `speculative` from a generation config (transformers keeps unknown entries
     there without a word), so a call would decode plainly where the user asked for speculation."""
     prompt = torch.tensor([[1, 7, 8, 9, 7, 8, 9, 7, 8]])
@@ -465,16 +466,25 @@ def test_speculative_set_in_a_generation_config_is_refused_rather_than_ignored(t
     calls = {
         "given_config": lambda: target.generate(prompt, generation_config=config),
         "given_by_position": lambda: target.generate(prompt, config),
-        "model_config": lambda: target.generate(prompt, max_new_tokens=4, speculative="ngram"),
     }
-    if where == "model_config":
-        monkeypatch.setattr(target.generation_config, "speculative", True, raising=False)
-    with pytest.raises(ValueError, match=r"speculative='ngram' in a generation config|speculative=True in"):
+    with pytest.raises(ValueError, match=r"speculative='ngram' in the generation config passed"):
         calls[where]()
+
+
+def test_speculative_in_the_models_generation_config_is_warned_of_and_plain_calls_still_run(
+    target, monkeypatch
+):
+    """A checkpoint's generation config may carry the entry: plain calls decode as without it, and
+    the user hears that it is not read."""
+    prompt = torch.tensor([[1, 7, 8, 9, 7, 8, 9, 7, 8]])
+    monkeypatch.setattr(target.generation_config, "speculative", "ngram", raising=False)
+    with pytest.warns(UserWarning, match=r"speculative='ngram' in .*generation_config is not read"):
+        out = target.generate(prompt, max_new_tokens=4)
+    assert torch.equal(out, _ORIGINAL_GENERATE(target, prompt, max_new_tokens=4))
     monkeypatch.setattr(target.generation_config, "speculative", False, raising=False)  # says what it does
-    assert torch.equal(
-        target.generate(prompt, max_new_tokens=4), _ORIGINAL_GENERATE(target, prompt, max_new_tokens=4)
-    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        target.generate(prompt, max_new_tokens=4)
 
 
 def test_paged_cache_is_refused_rather_than_speculation_dropped(target):
@@ -762,3 +772,18 @@ def test_a_models_own_generate_handing_its_language_model_embeddings_is_decoded_
     refusal = r"inputs_embeds is not supported.*a model's own generate builds them"
     with pytest.raises(ValueError, match=refusal):
         model.generate(**kwargs, speculative="ngram")
+
+
+def test_a_pipeline_over_a_model_whose_generation_config_holds_speculative_still_runs(smollm2):
+    """A text-generation pipeline passes generate a copy of the model's generation config: the entry
+    a checkpoint brought is warned of there as in a plain call, not refused as the caller's."""
+    model, tokenizer = smollm2
+    plain = pipeline("text-generation", model=model, tokenizer=tokenizer)
+    expected = plain(MESSAGES, max_new_tokens=6, do_sample=False)
+    model.generation_config.speculative = "ngram"
+    try:
+        pipe = pipeline("text-generation", model=model, tokenizer=tokenizer)
+        with pytest.warns(UserWarning, match="generation_config is not read"):
+            assert pipe(MESSAGES, max_new_tokens=6, do_sample=False) == expected
+    finally:
+        del model.generation_config.speculative
