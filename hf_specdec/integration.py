@@ -17,6 +17,7 @@ import contextvars
 import functools
 import inspect
 import os
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -88,6 +89,7 @@ _PIPELINE_STATS: contextvars.ContextVar[list[Any] | None] = contextvars.ContextV
 
 @functools.wraps(_ORIGINAL_GENERATE)
 def generate(self: Any, *args: Any, speculative: Any = None, **kwargs: Any) -> Any:
+    _check_no_speculative_field(self, _by_name(self, args, kwargs).get("generation_config"))
     config = SpeculativeConfig.from_user(speculative)
     # Plain decoding, ours where auto decodes plainly included, would read the holes as tokens.
     check_no_holes(generate_cache(kwargs))
@@ -114,6 +116,27 @@ def _validate_model_kwargs(self: Any, model_kwargs: dict[str, Any], *args: Any, 
             "plainly under speculative=. Drop speculative= for this model."
         )
     _ORIGINAL_VALIDATE_MODEL_KWARGS(self, model_kwargs, *args, **kwargs)
+
+
+def _check_no_speculative_field(model: Any, given: GenerationConfig | None) -> None:
+    """`speculative` is an argument of generate, not a generation field: transformers keeps it in a
+    generation config as an entry no one reads. In the config given to this call, the call would
+    decode plainly without a word where speculation was asked for: refused. In the model's, which a
+    checkpoint may bring, plain calls must still run: a warning (a pipeline passes a copy of it)."""
+    carried = getattr(getattr(model, "generation_config", None), "speculative", None)
+    if (value := getattr(given, "speculative", None)) not in (None, False, carried):
+        raise ValueError(
+            f"speculative={value!r} in the generation config passed to generate is not read: generate "
+            "takes it as an argument only. Pass speculative= to generate() or to the pipeline, and remove "
+            "it from the config (del config.speculative)."
+        )
+    if carried not in (None, False):
+        warnings.warn(
+            f"speculative={carried!r} in {type(model).__name__}.generation_config is not read: generate "
+            "takes it as an argument only. Pass speculative= to generate() or to the pipeline, and remove "
+            "it from the model's generation config (del model.generation_config.speculative).",
+            stacklevel=3,
+        )
 
 
 @contextlib.contextmanager
@@ -169,7 +192,7 @@ def _speculative_generate(model: Any, kwargs: dict[str, Any], config: Speculativ
     streamer = kwargs.get("streamer")
     warn_assistant_settings(_given_fields(kwargs))
     fields = _generation_config(model, kwargs)
-    _take_stop_strings(kwargs, tokenizer, fields)
+    _take_stop_strings(model, kwargs, tokenizer, fields)
     _heal_prompt(model, kwargs, tokenizer, fields)
     cache_given = generate_cache(kwargs) is not None  # the user's own, which holds what the call leaves
 
@@ -388,24 +411,27 @@ def _set(name: str, value: Any) -> bool:
     return value is not None and not (type(value) is type(default) and value == default)
 
 
-def _take_over(kwargs: dict[str, Any], name: str, value: Any) -> None:
+def _take_over(model: Any, kwargs: dict[str, Any], name: str, value: Any) -> None:
     """Set the generation field `name` to `value` for `generate`, where this module does its work:
     as an argument where it was given as one or no config was given, else in a copy of the caller's
-    config (an argument beside a config would draw transformers' deprecation warning)."""
+    config (an argument beside a config would draw transformers' deprecation warning). Not None in a
+    copy where the model's generation config sets the field: generate reads a config's None as unset
+    and fills it from the model's; only an argument's None overrides it."""
     given = kwargs.get("generation_config")
-    if name in kwargs or given is None:
+    revived = value is None and getattr(model.generation_config, name, None) is not None
+    if name in kwargs or given is None or revived:
         kwargs[name] = value
     else:
         kwargs["generation_config"] = GenerationConfig.from_dict({**given.to_dict(), name: value})
 
 
-def _take_stop_strings(kwargs: dict[str, Any], tokenizer: Any, config: GenerationConfig) -> None:
+def _take_stop_strings(model: Any, kwargs: dict[str, Any], tokenizer: Any, config: GenerationConfig) -> None:
     """Build stop-string criteria here: `generate` drops the tokenizer before a custom loop sees it."""
     if not config.stop_strings:
         return
     if tokenizer is None:
         raise ValueError("stop_strings need the tokenizer: pass tokenizer=<your tokenizer> to generate().")
-    _take_over(kwargs, "stop_strings", None)
+    _take_over(model, kwargs, "stop_strings", None)
     criteria = StoppingCriteriaList(kwargs.get("stopping_criteria") or [])
     criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=config.stop_strings))
     kwargs["stopping_criteria"] = criteria
@@ -425,7 +451,7 @@ def _heal_prompt(model: Any, kwargs: dict[str, Any], tokenizer: Any, config: Gen
             f"{type(model).__name__}, an encoder-decoder, are its decoder's start ids, not the prompt "
             "(transformers' own healing fails on them): drop token_healing=."
         )
-    _take_over(kwargs, "token_healing", False)
+    _take_over(model, kwargs, "token_healing", False)
     key = "input_ids" if kwargs.get("input_ids") is not None else "inputs"
     prompt = kwargs.get(key)
     if prompt is None:
@@ -510,6 +536,17 @@ def _takes_speculative(cls: type) -> tuple[Any, Any]:
     @functools.wraps(original_sanitize)
     def sanitize(self: Any, *args: Any, speculative: Any = _NOT_GIVEN, **kwargs: Any) -> Any:
         preprocess, forward, postprocess = original_sanitize(self, *args, **kwargs)
+        # One setting by either route: taken out of generate_kwargs, it overrides the one given at
+        # construction as transformers' call-time generate_kwargs do, and stays through calls whose
+        # own generate_kwargs replace construction's.
+        given = forward.get("generate_kwargs")
+        if given is not None and "speculative" in given:
+            if speculative is not _NOT_GIVEN:
+                raise ValueError(
+                    "speculative= is given twice, as a pipeline argument and in generate_kwargs: pass one."
+                )
+            forward["generate_kwargs"] = given = dict(given)
+            speculative = given.pop("speculative")
         if speculative is not _NOT_GIVEN:  # None or False at call time overrides one at construction
             forward["speculative"] = speculative
         return preprocess, forward, postprocess
@@ -518,10 +555,6 @@ def _takes_speculative(cls: type) -> tuple[Any, Any]:
     def forward(self: Any, model_inputs: Any, speculative: Any = None, **forward_params: Any) -> Any:
         if speculative is not None:
             given = dict(forward_params.get("generate_kwargs") or {})
-            if given.get("speculative") is not None:
-                raise ValueError(
-                    "speculative= is given twice, as a pipeline argument and in generate_kwargs: pass one."
-                )
             tokenizer = getattr(self.processor, "tokenizer", None)
             if given.get("tokenizer") is None and isinstance(tokenizer, PreTrainedTokenizerBase):
                 given["tokenizer"] = tokenizer  # what a draft of another tokenizer translates through

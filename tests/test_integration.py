@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar
 
@@ -231,10 +232,12 @@ def test_stop_strings_and_scores(smollm2):
         torch.testing.assert_close(ours, theirs, atol=1e-3, rtol=1e-4)
 
 
-@pytest.mark.parametrize("where", ["model_config", "given_config", "argument_none_over_config"])
+@pytest.mark.parametrize(
+    "where", ["model_config", "given_config", "argument_none_over_config", "given_config_over_the_models"]
+)
 def test_stop_strings_are_read_where_generate_reads_them(smollm2, monkeypatch, where):
-    """From the generation config generate merges: the model's own included, and an argument (even
-    None) over the config given."""
+    """From the generation config generate merges: the model's own included, an argument (even
+    None) over the config given, and the config given over the model's (whose " brown" comes first)."""
     model, tokenizer = smollm2
     inputs = _inputs(tokenizer)
     given = GenerationConfig(max_new_tokens=30, do_sample=False, stop_strings=["lazy"])
@@ -242,9 +245,12 @@ def test_stop_strings_are_read_where_generate_reads_them(smollm2, monkeypatch, w
         "model_config": dict(max_new_tokens=30, do_sample=False),
         "given_config": dict(generation_config=given),
         "argument_none_over_config": dict(generation_config=given, stop_strings=None),
+        "given_config_over_the_models": dict(generation_config=given),
     }[where]
     if where == "model_config":
         monkeypatch.setattr(model.generation_config, "stop_strings", ["lazy"])
+    if where == "given_config_over_the_models":
+        monkeypatch.setattr(model.generation_config, "stop_strings", [" brown"])
     plain = model.generate(**inputs, **kwargs, tokenizer=tokenizer)
     spec = model.generate(**inputs, **kwargs, tokenizer=tokenizer, speculative="ngram")
     assert torch.equal(spec, plain)
@@ -451,6 +457,36 @@ def test_a_pipeline_hands_its_tokenizer_to_a_draft_of_another_tokenizer():
     assert out[0][0]["speculative_stats"].translation.startswith("token-level intersection")
 
 
+@pytest.mark.parametrize("where", ["given_config", "given_by_position"])
+def test_speculative_set_in_a_given_generation_config_is_refused_rather_than_ignored(target, where):
+    """generate reads no `speculative` from a generation config (transformers keeps unknown entries
+    there without a word), so a call would decode plainly where the user asked for speculation."""
+    prompt = torch.tensor([[1, 7, 8, 9, 7, 8, 9, 7, 8]])
+    config = GenerationConfig(max_new_tokens=4, speculative="ngram")
+    calls = {
+        "given_config": lambda: target.generate(prompt, generation_config=config),
+        "given_by_position": lambda: target.generate(prompt, config),
+    }
+    with pytest.raises(ValueError, match=r"speculative='ngram' in the generation config passed"):
+        calls[where]()
+
+
+def test_speculative_in_the_models_generation_config_is_warned_of_and_plain_calls_still_run(
+    target, monkeypatch
+):
+    """A checkpoint's generation config may carry the entry: plain calls decode as without it, and
+    the user hears that it is not read."""
+    prompt = torch.tensor([[1, 7, 8, 9, 7, 8, 9, 7, 8]])
+    monkeypatch.setattr(target.generation_config, "speculative", "ngram", raising=False)
+    with pytest.warns(UserWarning, match=r"speculative='ngram' in .*generation_config is not read"):
+        out = target.generate(prompt, max_new_tokens=4)
+    assert torch.equal(out, _ORIGINAL_GENERATE(target, prompt, max_new_tokens=4))
+    monkeypatch.setattr(target.generation_config, "speculative", False, raising=False)  # says what it does
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        target.generate(prompt, max_new_tokens=4)
+
+
 def test_paged_cache_is_refused_rather_than_speculation_dropped(target):
     """generate sends cache_implementation='paged' to continuous batching before its custom_generate
     hook: speculative= would be dropped without a word (any draft=, even one that cannot load)."""
@@ -640,6 +676,46 @@ def test_an_image_text_to_text_pipeline_speculates(monkeypatch):
         pipe(text=chat, max_new_tokens=4, speculative="ngram", generate_kwargs={"speculative": "ngram"})
 
 
+def test_speculative_in_an_image_text_pipelines_generate_kwargs_is_one_route_of_the_call(monkeypatch):
+    """`generate_kwargs={"speculative": ...}` is the same setting as `speculative=`: at call time it
+    overrides the one given at construction (None or False decodes plainly, another method drafts
+    with it), as the call's generate_kwargs override construction's in transformers, given at
+    construction it holds for every call, and only the two routes in one call are given twice."""
+    from PIL import Image
+
+    import hf_specdec.integration
+
+    methods = []
+    decode = hf_specdec.integration.speculative_decode
+    monkeypatch.setattr(
+        hf_specdec.integration,
+        "speculative_decode",
+        lambda *a, **k: methods.append(type(k["drafter"]).__name__) or decode(*a, **k),
+    )
+    pipe = _tiny_llava_pipeline()
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (32, 32, 3), dtype=np.uint8))
+    chat = [
+        {"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": "w10 w11"}]}
+    ]
+    plain = pipe(text=chat, max_new_tokens=6)
+    kept = pipeline("image-text-to-text", model=pipe.model, processor=pipe.processor, speculative="ngram")
+    for off in (None, False):
+        assert kept(text=chat, max_new_tokens=6, generate_kwargs={"speculative": off}) == plain
+    assert methods == []
+    assert kept(text=chat, max_new_tokens=6, generate_kwargs={"speculative": "suffix"}) == plain
+    assert methods == ["SuffixDrafter"]
+    in_kwargs = pipeline(
+        "image-text-to-text",
+        model=pipe.model,
+        processor=pipe.processor,
+        generate_kwargs={"speculative": "ngram"},
+    )
+    assert in_kwargs(text=chat, max_new_tokens=6) == plain
+    assert methods == ["SuffixDrafter", "NgramDrafter"]
+    with pytest.raises(ValueError, match="speculative= is given twice"):
+        pipe(text=chat, max_new_tokens=6, speculative="ngram", generate_kwargs={"speculative": None})
+
+
 @pytest.mark.parametrize("speculative", [True, "ngram"])
 def test_a_model_whose_generate_runs_its_own_loop_refuses_speculative_by_name(speculative):
     """MusicGen's `generate` (as Dia's, RAG-Token's, CLVP's) is a loop of its own that never calls
@@ -737,3 +813,18 @@ def test_a_model_whose_own_sample_loop_decodes_each_step_is_decoded_plainly(capl
     assert torch.equal(model.generate(**kwargs, speculative=True), plain.sequences)
     with pytest.raises(ValueError, match=own_loop):
         model.generate(**kwargs, speculative="ngram")
+
+
+def test_a_pipeline_over_a_model_whose_generation_config_holds_speculative_still_runs(smollm2):
+    """A text-generation pipeline passes generate a copy of the model's generation config: the entry
+    a checkpoint brought is warned of there as in a plain call, not refused as the caller's."""
+    model, tokenizer = smollm2
+    plain = pipeline("text-generation", model=model, tokenizer=tokenizer)
+    expected = plain(MESSAGES, max_new_tokens=6, do_sample=False)
+    model.generation_config.speculative = "ngram"
+    try:
+        pipe = pipeline("text-generation", model=model, tokenizer=tokenizer)
+        with pytest.warns(UserWarning, match="generation_config is not read"):
+            assert pipe(MESSAGES, max_new_tokens=6, do_sample=False) == expected
+    finally:
+        del model.generation_config.speculative
