@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import gc
 import weakref
 
+import pytest
 import torch
+from transformers import pipeline
 
 import hf_specdec
 from hf_specdec.core.policy import DEVICE_COSTS
-from hf_specdec.drafters import draft_model
+from hf_specdec.drafters import draft_model, suffix
 from hf_specdec.ort import session
 
-from .conftest import random_batch
+from .conftest import random_batch, tiny_llama
+from .helpers.tokenizers import word_level
 
 
 def _generate(target, **speculative):
@@ -65,3 +69,54 @@ def test_what_verifying_cost_on_a_model_is_forgotten(target):
     assert DEVICE_COSTS.policy(target).costs.prior
     hf_specdec.clear_cache()
     assert not DEVICE_COSTS.policy(target).costs.prior
+
+
+def _reachable(root) -> list[str]:
+    """The tensors and modules reachable from `root` through plain Python references."""
+    seen, stack, found = set(), [root], []
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, type):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, (torch.Tensor, torch.nn.Module)):
+            found.append(type(obj).__name__)
+            continue
+        stack.extend(gc.get_referents(obj))
+    return found
+
+
+@pytest.mark.parametrize("source", [True, "ngram", "suffix", "draft_model", "pipeline"])
+def test_a_model_is_freed_once_the_user_drops_it(source):
+    """`del model; gc.collect()` frees the target (and a draft model given as an object) after
+    speculative calls, each draft source `speculative=` picks or names: nothing the package keeps
+    between calls (DEVICE_COSTS, the suffix corpora, memos) holds it, and neither do the outputs,
+    whose statistics reach no tensor (the cache stays the user's to drop)."""
+    target, draft = tiny_llama(0), tiny_llama(1)
+    refs = [weakref.ref(target), weakref.ref(draft)]
+    ids = torch.tensor([[6, 7, 8, 9] * 4])
+    spec = dict(method="draft_model", draft=draft) if source == "draft_model" else source
+    if source == "pipeline":
+        tokenizer = word_level([f"w{i}" for i in range(60)])
+        pipe = pipeline("text-generation", model=target, tokenizer=tokenizer)
+        (out,) = pipe("w6 w7 w8 w6 w7 w8 w6", max_new_tokens=8, do_sample=False, speculative=True)
+        out = out["generated_text"]
+        del pipe
+    else:
+        out = target.generate(input_ids=ids, max_new_tokens=8, speculative=spec, return_dict_in_generate=True)
+        assert _reachable(out.speculative_stats) == []
+    del target, draft, spec
+    gc.collect()
+    assert [ref() is None for ref in refs] == [True, True]
+    assert out is not None  # kept to the end: the output holds neither model
+
+
+def test_the_suffix_corpus_stays_within_its_bound_over_many_calls(target):
+    """A model's corpus takes every call's rows, and keeps at most `max_corpus_tokens` of them."""
+    spec = dict(method="suffix", options={"max_corpus_tokens": 200})
+    for seed in range(30):
+        ids, mask = random_batch(seed, 3)
+        target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, speculative=spec)
+    corpus = suffix.corpus_for(target)
+    assert 150 < corpus.num_tokens <= 200
+    assert len(corpus.snapshot.starts) <= 200 and len(corpus.snapshot.keys) == corpus.num_tokens

@@ -60,10 +60,14 @@ def allow_graphs(shape: tuple[Any, ...], graphs: int) -> None:
 
     if shape in _SHAPES_COMPILED:
         return
-    _SHAPES_COMPILED.add(shape)
     # Read from a copy of dynamo's settings, not as an attribute: a `del` on the config module (as
     # pytest's monkeypatch undoes a setattr since 9.2) hides the attribute but not its value.
     limit = torch._dynamo.config.get_config_copy()["recompile_limit"]
+    if limit >= MAX_RECOMPILE_LIMIT:
+        # Nothing to raise, so nothing recorded: shapes are keyed by model object, and a process
+        # that loads models again and again (a notebook, a server) would add one per model forever.
+        return
+    _SHAPES_COMPILED.add(shape)
     torch._dynamo.config.recompile_limit = max(limit, min(limit + graphs, MAX_RECOMPILE_LIMIT))
 
 

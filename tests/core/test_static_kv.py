@@ -24,8 +24,9 @@ from transformers import (
 )
 
 from hf_specdec import SpeculativeConfig
+from hf_specdec.core import static_kv
 from hf_specdec.core.kv import mark_holes
-from hf_specdec.core.static_kv import StaticKV, allow_graphs
+from hf_specdec.core.static_kv import MAX_RECOMPILE_LIMIT, StaticKV, allow_graphs
 
 from ..conftest import random_batch, tiny_llama
 from ..helpers.architectures import tiny
@@ -287,6 +288,27 @@ def test_allow_graphs_raises_a_limit_whose_attribute_was_hidden(fresh_dynamo):
     del torch._dynamo.config.recompile_limit
     allow_graphs(("a model", 1, 64), 5)
     assert torch._dynamo.config.recompile_limit == 13
+
+
+def test_compiled_shapes_stop_growing_once_the_limit_is_at_its_most(fresh_dynamo):
+    """A notebook reloading its model (or a server building one per tenant) compiles each new model
+    object's shape: once dynamo's recompile limit is at MAX_RECOMPILE_LIMIT, a new shape cannot
+    raise it further, so nothing more is recorded for it; the output is still plain's."""
+    config = CompileConfig(backend=lambda graph, example_inputs: graph.forward, fullgraph=True, mode=None)
+    config._compile_all_devices = True
+    input_ids, attention_mask = random_batch(4, 1)
+    spec = SpeculativeConfig(method="ngram", num_draft_tokens=3, options={"min_ngram": 1})
+    with torch._dynamo.config.patch(recompile_limit=MAX_RECOMPILE_LIMIT - 1):
+        for _ in range(3):
+            model = tiny_llama(0, eos_token_id=None, layers=1)  # a new object each time, as reloaded
+            plain = plain_static(model, input_ids, attention_mask)
+            out = model.generate(
+                input_ids, attention_mask=attention_mask, do_sample=False, max_new_tokens=MAX_NEW,
+                cache_implementation="static", compile_config=config, speculative=spec,
+            )  # fmt: skip
+            assert out[:, input_ids.shape[1] :].tolist() == plain.tolist()
+        assert torch._dynamo.config.recompile_limit == MAX_RECOMPILE_LIMIT
+    assert len(static_kv._SHAPES_COMPILED) == 1  # the first model's, which raised it to the most
 
 
 def test_compiled_by_default_as_transformers_compiles_on_this_device(monkeypatch):
