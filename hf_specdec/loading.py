@@ -10,6 +10,7 @@ half-precision checkpoint is loaded in fp32, with a one-line message saying so.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import platform
 from collections.abc import Sequence
@@ -168,9 +169,11 @@ def load_model(
             "folder holding config.json and the weights, or a repo id."
         )
     device = torch.device(device) if device is not None else default_device()
+    base = adapter_base(name)  # from_pretrained loads a PEFT adapter onto the base it names
     declared = None
     if dtype == "auto":
-        declared = checkpoint_dtype(AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code))
+        config = AutoConfig.from_pretrained(base or name, trust_remote_code=trust_remote_code)
+        declared = checkpoint_dtype(config)
     load_dtype, message = resolve_dtype(dtype, declared, device)
     model = AutoModelForCausalLM.from_pretrained(name, dtype=load_dtype, trust_remote_code=trust_remote_code)
     if dtype == "auto" and declared is None and model.dtype in _HALF:  # a dtype found only in the weights
@@ -179,7 +182,23 @@ def load_model(
     if message:
         logger.warning(message)
     model = model.to(device).eval()
+    if base is not None and Path(name).is_dir() and not any(Path(name).glob("tokenizer*.json")):
+        name = base  # PEFT saves an adapter without the tokenizer, which is then its base's
     return model, tokenizer or AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
+
+
+def adapter_base(name: str) -> str | None:
+    """The base checkpoint a PEFT adapter names (`base_model_name_or_path` of the adapter_config.json
+    of a Hub repo, or of a folder without a config.json of its own), which transformers'
+    `from_pretrained` loads the adapter onto; None for a model's own checkpoint."""
+    from transformers.utils import find_adapter_config_file, is_peft_available
+
+    if not is_peft_available() or (Path(name) / "config.json").exists():
+        return None
+    found = find_adapter_config_file(name)
+    if found is None:
+        return None
+    return json.loads(Path(found).read_text(encoding="utf-8")).get("base_model_name_or_path")
 
 
 def _loaded(model: Any, dtype: str | torch.dtype, device: torch.device | str | None) -> Any:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import ast
+import json
 import logging
 from pathlib import Path
 
 import pytest
 import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM
 
 from hf_specdec import loading
 from hf_specdec.loading import (
@@ -20,6 +23,7 @@ from hf_specdec.loading import (
 )
 
 from .conftest import tiny_llama
+from .helpers.tokenizers import byte_level_bpe
 
 CPU = torch.device("cpu")
 
@@ -87,6 +91,35 @@ def test_load_model_follows_the_checkpoint(bf16_folder, monkeypatch, caplog):
         model, _ = load_model(bf16_folder, device="cpu", tokenizer="tok")
     assert model.dtype == torch.float32
     assert "no native bf16" in caplog.text
+
+
+@pytest.fixture(scope="module")
+def adapter_folder(tmp_path_factory) -> Path:
+    """A LoRA adapter of a tiny bf16 Llama, saved as PEFT saves a fine-tune: adapter_config.json
+    naming its base's folder and the adapter's weights, no config.json, no tokenizer."""
+    base = tmp_path_factory.mktemp("tiny-base")
+    tiny_llama(0, vocab_size=300).to(torch.bfloat16).save_pretrained(base)
+    byte_level_bpe(300).save_pretrained(base)
+    lora = LoraConfig(r=2, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    folder = tmp_path_factory.mktemp("tiny-adapter")
+    get_peft_model(AutoModelForCausalLM.from_pretrained(base), lora).save_pretrained(folder)
+    return folder
+
+
+def test_load_model_loads_a_peft_adapter_onto_its_base(adapter_folder, monkeypatch):
+    """transformers' from_pretrained loads an adapter folder onto the base it names; load_model read
+    the dtype from the folder's config.json, which an adapter has not ("Unrecognized model"), so
+    `--model <adapter>` failed in every command unless a dtype was given."""
+    base_folder = json.loads((adapter_folder / "adapter_config.json").read_text())["base_model_name_or_path"]
+    base = AutoModelForCausalLM.from_pretrained(base_folder, dtype=torch.float32)
+    ids = torch.tensor([[1, 7, 40, 3, 9]])
+    for native, dtype in ((True, torch.bfloat16), (False, torch.float32)):
+        monkeypatch.setattr(loading, "native_bf16", lambda device=None, native=native: native)
+        model, tokenizer = load_model(adapter_folder, device="cpu")
+        assert model.dtype == dtype and not model.training
+        assert tokenizer.eos_token == "<|endoftext|>"  # the base's: the adapter has none of its own
+    # The adapter is applied: the fp32 model (the last loaded) computes otherwise than its base.
+    assert not torch.allclose(model(ids).logits, base(ids).logits)
 
 
 def test_a_loaded_model_is_never_converted(bf16_folder):

@@ -119,7 +119,15 @@ def layers_for(target: Any) -> nn.Module:
     folder, count = checkpoint_folder(target), mtp_layer_count(target)
     if folder is None or count == 0:  # refused before any weight is read
         return load_mtp_layers(target)
-    basis = (checkpoint_stamp(folder), mtp_placement(target), target.config._attn_implementation, count)
+    # The embedding and head the layers share: a PEFT adapter put on one since wraps it in another module.
+    shared = (id(target.get_input_embeddings()), id(target.get_output_embeddings()))
+    basis = (
+        checkpoint_stamp(folder),
+        mtp_placement(target),
+        target.config._attn_implementation,
+        count,
+        shared,
+    )
     read = _READ.get(target)
     if read is None or read.basis != basis:
         try:

@@ -199,7 +199,8 @@ def load_mtp_layers(target: Any) -> nn.Module:
         ValueError: the architecture has no MTP layers transformers loads, the model was not loaded
             from a checkpoint, the checkpoint holds no MTP weights (the keys looked for are named)
             or malformed ones, or its MTP layers attend otherwise than to the whole context, or
-            through an attention implementation whose masks `MtpDepth` cannot build.
+            through an attention implementation whose masks `MtpDepth` cannot build, or the LM head or
+            embedding they share with the model carries a PEFT adapter.
     """
     from transformers.modeling_layers import MtpModel
 
@@ -221,6 +222,17 @@ def load_mtp_layers(target: Any) -> nn.Module:
             "not loaded from a folder or a Hub repo found in the local cache (name_or_path "
             f"{getattr(target, 'name_or_path', '')!r}): load it with from_pretrained(folder or repo id)."
         )
+    for role, module in (
+        ("LM head", target.get_output_embeddings()),
+        ("embedding", target.get_input_embeddings()),
+    ):
+        if type(module).__module__.startswith("peft."):  # MtpModel would look for the wrapper's weights
+            raise ValueError(
+                f"{kind}'s {role} is wrapped by PEFT ({type(module).__module__}.{type(module).__name__}), "
+                "and its MTP layers share it, which transformers' MtpModel does not load around. Merge the "
+                "adapter (merge_and_unload()) for method='mtp', or use another method (speculative=True "
+                "chooses one)."
+            )
     keys, pattern = mtp_weight_keys(target, folder)
     if not keys:
         raise ValueError(

@@ -12,7 +12,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from ..heads.mtp import declared_mtp_fields
 from ..hub.tokenizer_check import compare_tokenizers
-from ..loading import is_missing_path
+from ..loading import adapter_base, is_missing_path
 from ..selection.select import assistant_lookup
 from .base import ServingExportError
 
@@ -20,11 +20,21 @@ _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def check_target(model: str) -> None:
-    """Refuse a target the engine could not load: a local path that does not exist."""
+    """Refuse a target the engine could not load: a local path that does not exist, or a PEFT adapter
+    (which transformers loads onto its base; the engines load a model checkpoint)."""
     if is_missing_path(model):
         raise ValueError(
             f"{model!r} is neither a local folder nor a Hub repo id (owner/name): the engine would not "
             "find it. Pass the folder or repo id the engine should load."
+        )
+    base = adapter_base(model)
+    if base is not None:
+        raise ServingExportError(
+            f"{model} is a PEFT adapter of {base}, which vLLM and SGLang do not load as a model: they serve "
+            f"an adapter on its base (vLLM: --enable-lora --lora-modules NAME={model}; SGLang: --enable-lora "
+            "--lora-paths NAME=...). Export a checkpoint with the adapter merged into it (PeftModel's "
+            "merge_and_unload(), then save_pretrained with the tokenizer) and pass that folder, or export "
+            f"{base} and add those flags to its command."
         )
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from peft import LoraConfig, get_peft_model
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import LlamaForCausalLM
@@ -243,3 +244,18 @@ def test_a_transformers_that_opens_files_otherwise_is_read_as_it_reads(tmp_path,
     layers = load_mtp_layers(checkpoint_model(str(folder)))
     assert opened == ["model.safetensors"] and loader.safe_open is other_opener
     assert all(p.device.type == "meta" for p in layers.parameters())
+
+
+def test_a_peft_adapter_on_the_lm_head_is_named(tmp_path):
+    """The MTP layers score with the model's LM head. Wrapped by PEFT (LoRA on lm_head), transformers'
+    MtpModel looked for the wrapper's weights in the checkpoint, and the error blamed the checkpoint
+    ("do not match its config"); layers read before the wrap kept scoring with the bare head."""
+    target = load("glm4_moe", mtp.checkpoint(tmp_path, "glm4_moe", agree=AGREE))
+    target.generate(**mtp.prompts(1), max_new_tokens=3, speculative="mtp")  # read with the bare head
+    lora = LoraConfig(r=2, target_modules=["lm_head"], init_lora_weights=False)
+    model = get_peft_model(target, lora).eval()
+    for _ in range(2):  # read before the wrap, then read afresh
+        with pytest.raises(ValueError, match=r"LM head is wrapped by PEFT .*merge_and_unload\(\)"):
+            model.generate(**mtp.prompts(1), max_new_tokens=3, speculative="mtp")
+        clear_cache()
+    assert_greedy_speculation(model.merge_and_unload(), mtp.prompts(2), 8, method="mtp", num_draft_tokens=3)

@@ -17,6 +17,8 @@ import warnings
 from pathlib import Path
 
 import pytest
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM
 
 import hf_specdec
 from hf_specdec import clear_cache
@@ -161,3 +163,18 @@ def test_bad_arguments(models, tmp_path):
     a_file.write_text("")
     with pytest.raises(ValueError, match="serving.txt' is a file; pass a folder for serving.json"):
         export_serving(str(models / "target"), "vllm", method="ngram", out=a_file)
+
+
+def test_a_peft_adapter_is_refused_with_how_to_serve_it(models, tmp_path):
+    """An adapter folder (adapter_config.json, no config.json), which transformers loads onto its
+    base, was written into the command as the model the engine serves: vLLM and SGLang load no
+    adapter as a model."""
+    lora = LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False)
+    adapter = tmp_path / "adapter"
+    get_peft_model(AutoModelForCausalLM.from_pretrained(models / "target"), lora).save_pretrained(adapter)
+    for engine, flags in (("vllm", "--lora-modules"), ("sglang", "--lora-paths")):
+        with pytest.raises(
+            ServingExportError, match=f"PEFT adapter of {models / 'target'}.*{flags}.*merge_and_unload"
+        ):
+            export_serving(str(adapter), engine, method="ngram", num_draft_tokens=3, out=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
