@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import os
 import shutil
 import warnings
@@ -125,7 +126,10 @@ def fresh_dynamo(monkeypatch):
     monkeypatch (since 9.2) undoes a setattr on a torch config module with a `del`, which hides the
     entry for the rest of the worker."""
     torch._dynamo.reset()
-    monkeypatch.setattr("hf_specdec.core.static_kv._SHAPES_COMPILED", set())
+    monkeypatch.setattr("hf_specdec.core.static_kv._SHAPES_COMPILED", {})
+    monkeypatch.setattr(
+        "hf_specdec.core.static_kv._ROOM_MADE", contextvars.ContextVar("room", default=frozenset())
+    )
     with torch._dynamo.config.patch(recompile_limit=8):
         yield
     torch._dynamo.reset()

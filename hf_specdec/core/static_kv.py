@@ -29,7 +29,9 @@ truncation. `widest` says how wide a forward fits now, so a caller can shorten i
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -50,21 +52,33 @@ COMPILED_WIDTHS = (1, 2, 4, 8, 16)
 # eagerly, or fails under `fullgraph=True`. A static-cache shape here is compiled at every padded
 # width, so the limit is raised by that many graphs the first time each shape is compiled, up to:
 MAX_RECOMPILE_LIMIT = 64
-_SHAPES_COMPILED: set[tuple[Any, ...]] = set()
+# The graphs each shape compiled in this process takes. Dynamo keeps a code object's graphs for
+# every thread but reads its settings per thread (context variables, torch 2.13): each context
+# makes room for every shape once (`_ROOM_MADE`), the shapes another thread compiled included.
+_SHAPES_COMPILED: dict[tuple[Any, ...], int] = {}
+_SHAPES_LOCK = threading.Lock()
+_ROOM_MADE: contextvars.ContextVar[frozenset] = contextvars.ContextVar(
+    "hf_specdec_room_made", default=frozenset()
+)
 
 
 def allow_graphs(shape: tuple[Any, ...], graphs: int) -> None:
     """Make room in dynamo's recompile limit for the `graphs` a new compiled `shape` (its forward's
-    owner, batch size and cache length) takes, once per shape and up to MAX_RECOMPILE_LIMIT."""
+    owner, batch size and cache length) takes, and, on a thread that has not yet, for those of the
+    shapes compiled before on other threads; once per shape and thread, up to MAX_RECOMPILE_LIMIT."""
     import torch._dynamo
 
-    if shape in _SHAPES_COMPILED:
+    with _SHAPES_LOCK:
+        _SHAPES_COMPILED.setdefault(shape, graphs)
+        made = _ROOM_MADE.get()
+        owed = sum(n for compiled, n in _SHAPES_COMPILED.items() if compiled not in made)
+        _ROOM_MADE.set(frozenset(_SHAPES_COMPILED))
+    if not owed:
         return
-    _SHAPES_COMPILED.add(shape)
     # Read from a copy of dynamo's settings, not as an attribute: a `del` on the config module (as
     # pytest's monkeypatch undoes a setattr since 9.2) hides the attribute but not its value.
     limit = torch._dynamo.config.get_config_copy()["recompile_limit"]
-    torch._dynamo.config.recompile_limit = max(limit, min(limit + graphs, MAX_RECOMPILE_LIMIT))
+    torch._dynamo.config.recompile_limit = max(limit, min(limit + owed, MAX_RECOMPILE_LIMIT))
 
 
 class StaticKV:

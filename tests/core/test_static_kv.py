@@ -7,6 +7,8 @@ the result must equal plain `generate(cache_implementation="static")`.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from torch._dynamo.testing import CompileCounter
@@ -287,6 +289,29 @@ def test_allow_graphs_raises_a_limit_whose_attribute_was_hidden(fresh_dynamo):
     del torch._dynamo.config.recompile_limit
     allow_graphs(("a model", 1, 64), 5)
     assert torch._dynamo.config.recompile_limit == 13
+
+
+def test_allow_graphs_makes_room_on_every_thread_for_every_shape_compiled(fresh_dynamo):
+    """Dynamo reads its settings per thread (torch 2.13: context variables) but keeps a code
+    object's graphs for the whole process: the shapes a server's warm-up compiled on its main thread
+    count against the limit on its worker threads too. A worker decoding one of them makes room for
+    all of them, once; counting the shapes as done for the process left the worker at dynamo's
+    default, and the graphs it compiled past it ran eagerly without a word."""
+    allow_graphs(("a model", 1, 64), 5)
+    allow_graphs(("a model", 2, 64), 5)
+    assert torch._dynamo.config.recompile_limit == 18
+    seen: list[int] = []
+
+    def worker() -> None:
+        allow_graphs(("a model", 1, 64), 5)
+        allow_graphs(("a model", 1, 64), 5)  # once a thread
+        seen.append(torch._dynamo.config.recompile_limit)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert seen == [18]
+    assert torch._dynamo.config.recompile_limit == 18
 
 
 def test_compiled_by_default_as_transformers_compiles_on_this_device(monkeypatch):
