@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import os
 import shutil
 import warnings
@@ -126,6 +127,8 @@ def fresh_dynamo(monkeypatch):
     entry for the rest of the worker."""
     torch._dynamo.reset()
     monkeypatch.setattr("hf_specdec.core.static_kv._SHAPES_COMPILED", set())
+    monkeypatch.setattr("hf_specdec.core.static_kv._GRAPHS", 0)
+    monkeypatch.setattr("hf_specdec.core.static_kv._ROOM_MADE", contextvars.ContextVar("room", default=0))
     with torch._dynamo.config.patch(recompile_limit=8):
         yield
     torch._dynamo.reset()

@@ -29,7 +29,9 @@ truncation. `widest` says how wide a forward fits now, so a caller can shorten i
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -50,25 +52,36 @@ COMPILED_WIDTHS = (1, 2, 4, 8, 16)
 # eagerly, or fails under `fullgraph=True`. A static-cache shape here is compiled at every padded
 # width, so the limit is raised by that many graphs the first time each shape is compiled, up to:
 MAX_RECOMPILE_LIMIT = 64
+# Dynamo keeps a code object's graphs for every thread but reads its settings per thread (context
+# variables, torch 2.13): the process counts the graphs its shapes take (`_GRAPHS`), and each
+# context raises its own limit by those it has not made room for yet (`_ROOM_MADE`). Shapes are
+# keyed by model object, so a process loading models again and again stops recording them once the
+# count is at the most the limit is raised to.
 _SHAPES_COMPILED: set[tuple[Any, ...]] = set()
+_GRAPHS = 0
+_SHAPES_LOCK = threading.Lock()
+_ROOM_MADE: contextvars.ContextVar[int] = contextvars.ContextVar("hf_specdec_room_made", default=0)
 
 
 def allow_graphs(shape: tuple[Any, ...], graphs: int) -> None:
     """Make room in dynamo's recompile limit for the `graphs` a new compiled `shape` (its forward's
-    owner, batch size and cache length) takes, once per shape and up to MAX_RECOMPILE_LIMIT."""
+    owner, batch size and cache length) takes, and, on a thread that has not yet, for those of the
+    shapes compiled before on other threads; once per shape and thread, up to MAX_RECOMPILE_LIMIT."""
     import torch._dynamo
 
-    if shape in _SHAPES_COMPILED:
+    global _GRAPHS
+    with _SHAPES_LOCK:
+        if shape not in _SHAPES_COMPILED and _GRAPHS < MAX_RECOMPILE_LIMIT:
+            _SHAPES_COMPILED.add(shape)
+            _GRAPHS = min(_GRAPHS + graphs, MAX_RECOMPILE_LIMIT)
+        owed = _GRAPHS - _ROOM_MADE.get()
+        _ROOM_MADE.set(_GRAPHS)
+    if owed <= 0:
         return
     # Read from a copy of dynamo's settings, not as an attribute: a `del` on the config module (as
     # pytest's monkeypatch undoes a setattr since 9.2) hides the attribute but not its value.
     limit = torch._dynamo.config.get_config_copy()["recompile_limit"]
-    if limit >= MAX_RECOMPILE_LIMIT:
-        # Nothing to raise, so nothing recorded: shapes are keyed by model object, and a process
-        # that loads models again and again (a notebook, a server) would add one per model forever.
-        return
-    _SHAPES_COMPILED.add(shape)
-    torch._dynamo.config.recompile_limit = max(limit, min(limit + graphs, MAX_RECOMPILE_LIMIT))
+    torch._dynamo.config.recompile_limit = max(limit, min(limit + owed, MAX_RECOMPILE_LIMIT))
 
 
 class StaticKV:

@@ -7,6 +7,8 @@ the result must equal plain `generate(cache_implementation="static")`.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from torch._dynamo.testing import CompileCounter
@@ -290,25 +292,37 @@ def test_allow_graphs_raises_a_limit_whose_attribute_was_hidden(fresh_dynamo):
     assert torch._dynamo.config.recompile_limit == 13
 
 
-def test_compiled_shapes_stop_growing_once_the_limit_is_at_its_most(fresh_dynamo):
+def test_compiled_shapes_stop_being_recorded_once_the_limit_is_at_its_most(fresh_dynamo):
     """A notebook reloading its model (or a server building one per tenant) compiles each new model
-    object's shape: once dynamo's recompile limit is at MAX_RECOMPILE_LIMIT, a new shape cannot
-    raise it further, so nothing more is recorded for it; the output is still plain's."""
-    config = CompileConfig(backend=lambda graph, example_inputs: graph.forward, fullgraph=True, mode=None)
-    config._compile_all_devices = True
-    input_ids, attention_mask = random_batch(4, 1)
-    spec = SpeculativeConfig(method="ngram", num_draft_tokens=3, options={"min_ngram": 1})
-    with torch._dynamo.config.patch(recompile_limit=MAX_RECOMPILE_LIMIT - 1):
-        for _ in range(3):
-            model = tiny_llama(0, eos_token_id=None, layers=1)  # a new object each time, as reloaded
-            plain = plain_static(model, input_ids, attention_mask)
-            out = model.generate(
-                input_ids, attention_mask=attention_mask, do_sample=False, max_new_tokens=MAX_NEW,
-                cache_implementation="static", compile_config=config, speculative=spec,
-            )  # fmt: skip
-            assert out[:, input_ids.shape[1] :].tolist() == plain.tolist()
-        assert torch._dynamo.config.recompile_limit == MAX_RECOMPILE_LIMIT
-    assert len(static_kv._SHAPES_COMPILED) == 1  # the first model's, which raised it to the most
+    object's shape: once the graphs counted reach MAX_RECOMPILE_LIMIT, a new shape cannot raise the
+    limit further, so nothing more is recorded for it."""
+    for i in range(100):
+        allow_graphs((f"model {i}", 1, 64), 5)
+    assert torch._dynamo.config.recompile_limit == MAX_RECOMPILE_LIMIT
+    assert len(static_kv._SHAPES_COMPILED) == -(-MAX_RECOMPILE_LIMIT // 5)
+
+
+def test_allow_graphs_makes_room_on_every_thread_for_every_shape_compiled(fresh_dynamo):
+    """Dynamo reads its settings per thread (torch 2.13: context variables) but keeps a code
+    object's graphs for the whole process: the shapes a server's warm-up compiled on its main thread
+    count against the limit on its worker threads too. A worker decoding one of them makes room for
+    all of them, once; counting the shapes as done for the process left the worker at dynamo's
+    default, and the graphs it compiled past it ran eagerly without a word."""
+    allow_graphs(("a model", 1, 64), 5)
+    allow_graphs(("a model", 2, 64), 5)
+    assert torch._dynamo.config.recompile_limit == 18
+    seen: list[int] = []
+
+    def worker() -> None:
+        allow_graphs(("a model", 1, 64), 5)
+        allow_graphs(("a model", 1, 64), 5)  # once a thread
+        seen.append(torch._dynamo.config.recompile_limit)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert seen == [18]
+    assert torch._dynamo.config.recompile_limit == 18
 
 
 def test_compiled_by_default_as_transformers_compiles_on_this_device(monkeypatch):
