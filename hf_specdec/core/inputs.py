@@ -79,7 +79,10 @@ def plain_feeds_otherwise(model: Any) -> str | None:
                 "not transformers' own (a subclass's or remote code's, even a copy of transformers'), and "
                 "speculative= builds each step's inputs itself without it"
             )
-    hooks = (getattr(hook, "func", hook) for m in model.modules() for hook in m._forward_pre_hooks.values())
+    # A copy of each module's hooks: a call on another thread (PEFT's mixed batch) adds and removes its own.
+    hooks = (
+        getattr(hook, "func", hook) for m in model.modules() for hook in list(m._forward_pre_hooks.values())
+    )
     if any((getattr(hook, "__module__", None) or "").startswith("peft.") for hook in hooks):
         return (
             "PEFT hooks arguments of this call into its layers' forwards (a mixed batch's adapter_names, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -72,10 +73,11 @@ class OnnxDecoder:
         model_file = find_model_file(folder) if Path(folder).is_dir() else None
         stamp = model_file.stat().st_mtime_ns if model_file is not None else 0  # a rebuilt copy reloads
         key = (str(Path(folder).resolve()), stamp, provider, threads, str(target_device))
-        decoder = _LOADED.pop(key, None) or cls._load(Path(folder), provider, threads, target_device)
-        _LOADED[key] = decoder  # most recently used last
-        while len(_LOADED) > _KEEP_LOADED:
-            _LOADED.pop(next(iter(_LOADED)))
+        with _LOADING:  # threads starting on one draft at once share its session
+            decoder = _LOADED.pop(key, None) or cls._load(Path(folder), provider, threads, target_device)
+            _LOADED[key] = decoder  # most recently used last
+            while len(_LOADED) > _KEEP_LOADED:
+                _LOADED.pop(next(iter(_LOADED)))
         return decoder
 
     @classmethod
@@ -138,6 +140,7 @@ def placement(
 # `clear_loaded()` (called by `hf_specdec.clear_cache()`) frees them.
 _LOADED: dict[tuple, OnnxDecoder] = {}
 _KEEP_LOADED = 2
+_LOADING = threading.Lock()  # held while a session loads: seconds, once a process
 
 
 def clear_loaded() -> None:
