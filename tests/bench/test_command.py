@@ -125,6 +125,16 @@ def test_save_writes_json_markdown_and_plots(result, tmp_path):
     assert data["summary"][0]["mismatch"] == 0
 
 
+def test_save_without_plots_leaves_no_earlier_runs_plots(result, tmp_path):
+    """`--no-plots` into a folder an earlier run plotted in kept that run's PNGs beside the new
+    results.json and results.md, their figures another run's without a word."""
+    pytest.importorskip("matplotlib")
+    save(result, tmp_path)
+    assert (tmp_path / "speedup.png").exists()
+    written = save(result, tmp_path, plots=False)
+    assert {p.name for p in tmp_path.iterdir()} == {p.name for p in written} == {"results.json", "results.md"}
+
+
 def test_the_header_counts_in_words(tiny_folder, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "Count to 3.", "category": "c"}))
