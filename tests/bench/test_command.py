@@ -237,6 +237,10 @@ def test_cli_exits_1_when_a_row_failed_on_every_prompt(tiny_folder, monkeypatch,
         (["--methods", "ngram+tree", "--compile"], "drop --compile"),
         (["--chat-template"], "has no chat template"),
         (["--batch-sizes", "0"], "positive integers"),
+        # given but naming nothing (a script's empty variable, a stray comma): the default ran instead
+        (["--methods", ",,"], "--methods names no method: pass some, e.g. --methods auto,ngram"),
+        (["--methods", ""], "--methods names no method"),
+        (["--categories", " , "], "--categories names no category"),
         # both runs went into one report under that batch size: twice the prompts, plain paired with
         # its other run (not 1.00x), and the section printed twice
         (["--batch-sizes", "1,2,1"], "Batch sizes are listed twice: [1, 2, 1]; list each once."),
