@@ -39,6 +39,7 @@ from ..loading import (
     is_missing_path,
     load_model,
     pad_token_id,
+    prompt_token_ids,
     use_chat_template,
 )
 from ..lossless import IDENTICAL, RowCheck, can_check_sampled, check_greedy, check_sampled, count_kinds
@@ -148,6 +149,7 @@ def run_bench(
     model, tokenizer = load_model(model, dtype=dtype, device=device, tokenizer=tokenizer)
     model_name = str(model.name_or_path or type(model).__name__)
     chat = use_chat_template(tokenizer, chat_template)
+    _check_context(model, tokenizer, chosen, chat, max_new_tokens)
     draft_model, draft_tokenizer = _load_draft(draft, model)
     static = bool(static_cache or compile)
     baselines = transformers_baselines and not static
@@ -527,6 +529,25 @@ def _select_prompts(
     if not chosen:
         raise ValueError("No prompts to benchmark.")
     return chosen
+
+
+def _check_context(
+    model: Any, tokenizer: Any, prompts: list[Prompt], chat: bool, max_new_tokens: int
+) -> None:
+    """Refuse a prompt that, with the tokens generated after it, runs past the model's context
+    (`max_position_embeddings`): transformers only logs it, and what a model computes there is noise
+    whose timings and acceptance would be reported beside the others'."""
+    context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    if not isinstance(context, int):
+        return
+    for prompt in prompts:
+        length = len(prompt_token_ids(tokenizer, prompt, chat))
+        if length + max_new_tokens > context:
+            raise ValueError(
+                f"Prompt {prompt.id} ({prompt.category}) is {length} tokens: with {max_new_tokens} new "
+                f"tokens that is past the model's context of {context} (max_position_embeddings). "
+                "Shorten or drop that prompt, or lower --max-new-tokens."
+            )
 
 
 def _batches(prompts: list[Prompt], size: int) -> list[list[Prompt]]:

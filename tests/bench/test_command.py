@@ -285,6 +285,22 @@ def test_cli_errors(tiny_folder, tmp_path, capsys, argv, message):
     assert message in capsys.readouterr().err
 
 
+def test_a_prompt_past_the_models_context_is_refused(tiny_folder, tmp_path):
+    """A prompt longer than the model's context was timed like any other, transformers only logging a
+    "friendly reminder": the rows' outputs past it are the model's noise, their speedups reported
+    beside the others'. Refused before anything is timed, naming the prompt and what to do."""
+    context = json.loads((tiny_folder / "config.json").read_text())["max_position_embeddings"]
+    prompts = tmp_path / "prompts.jsonl"
+    lines = [{"prompt": "Say hi.", "id": "short"}, {"prompt": "word " * context, "id": "long"}]
+    prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with pytest.raises(ValueError, match=rf"Prompt long \(custom\) is \d+ tokens.*context of {context}"):
+        run_bench(tiny_folder, prompts=prompts, max_new_tokens=MAX_NEW, progress=False)
+    # the tokens generated count too: a prompt that fits, but not with --max-new-tokens more
+    prompts.write_text(json.dumps({"prompt": "Say hi.", "id": "short"}) + "\n")
+    with pytest.raises(ValueError, match=r"Prompt short \(custom\) is \d+ tokens.*lower --max-new-tokens"):
+        run_bench(tiny_folder, prompts=prompts, max_new_tokens=context, progress=False)
+
+
 def test_an_onnx_row_drafts_with_the_export_given_as_draft(tiny_folder, tmp_path):
     """`--methods onnx --draft <export-onnx folder>`: the onnx row drafts with that folder (it was given
     no draft, so every run failed with 'needs draft=')."""
