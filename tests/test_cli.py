@@ -139,6 +139,17 @@ def test_target_layers_that_are_not_numbers_are_refused_naming_the_option(capsys
     assert "argument --target-layers: '1,x' is not comma-separated layer indices" in err
 
 
+@pytest.mark.parametrize("value", ["0", "-3", "many"])
+def test_demo_refuses_a_max_new_tokens_that_is_not_positive_before_loading(value, capsys):
+    """`hf-specdec demo --max-new-tokens 0` loaded the model, warmed it up and ran into
+    transformers' own refusal at the first prompt, seconds later."""
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["demo", "--max-new-tokens", value])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert f"argument --max-new-tokens: {value!r} is not a positive integer" in err, err
+
+
 @pytest.mark.parametrize("module", ["hf_specdec_cli", "hf_specdec.cli"])
 def test_python_m_runs_the_command_line(module):
     """`python -m hf_specdec_cli` (fast) and `python -m hf_specdec.cli` (imports the package first)."""
