@@ -126,6 +126,15 @@ def is_missing_path(name: str) -> bool:
     return not Path(name).exists() and (name.startswith((".", "/", "~")) or name.count("/") > 1)
 
 
+def check_model_path(name: str) -> None:
+    """Refuse a local path that does not exist: huggingface_hub would call it a malformed repo id."""
+    if is_missing_path(name):
+        raise FileNotFoundError(
+            f"{name!r} is neither a model folder that exists nor a Hub repo id (owner/name): pass a "
+            "folder holding config.json and the weights, or a repo id."
+        )
+
+
 def load_model(
     name_or_path: str | Path | Any = None,
     *,
@@ -163,11 +172,7 @@ def load_model(
 
         name_or_path = demo_model_path()
     name = str(name_or_path)
-    if is_missing_path(name):  # huggingface_hub would call it a malformed repo id; say what it is
-        raise FileNotFoundError(
-            f"{name!r} is neither a model folder that exists nor a Hub repo id (owner/name): pass a "
-            "folder holding config.json and the weights, or a repo id."
-        )
+    check_model_path(name)
     device = torch.device(device) if device is not None else default_device()
     base = adapter_base(name)  # from_pretrained loads a PEFT adapter onto the base it names
     config = AutoConfig.from_pretrained(base or name, trust_remote_code=trust_remote_code)

@@ -150,6 +150,15 @@ def test_demo_refuses_a_max_new_tokens_that_is_not_positive_before_loading(value
     assert f"argument --max-new-tokens: {value!r} is not a positive integer" in err, err
 
 
+def test_export_onnx_names_a_model_path_that_does_not_exist(tmp_path, capsys):
+    """huggingface_hub's "Repo id must be in the form 'repo_name' or 'namespace/repo_name'" answered a
+    mistyped folder, as `demo --model` and `bench --model` no longer do."""
+    assert main(["export-onnx", "/no/such/model", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "'/no/such/model' is neither a model folder that exists nor a Hub repo id" in err, err
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("module", ["hf_specdec_cli", "hf_specdec.cli"])
 def test_python_m_runs_the_command_line(module):
     """`python -m hf_specdec_cli` (fast) and `python -m hf_specdec.cli` (imports the package first)."""
