@@ -159,6 +159,19 @@ def test_export_onnx_names_a_model_path_that_does_not_exist(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_ctrl_c_ends_a_command_with_one_line_and_130(monkeypatch, capsys):
+    """Ctrl-C while `hf-specdec demo` loaded or generated printed a traceback through torch's
+    modules; a command stopped by the user says so and exits 130, as `bench` does."""
+    from hf_specdec import loading
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loading, "load_model", interrupted)
+    assert main(["demo"]) == 130
+    assert capsys.readouterr().err == "hf-specdec demo: interrupted\n"
+
+
 @pytest.mark.parametrize("module", ["hf_specdec_cli", "hf_specdec.cli"])
 def test_python_m_runs_the_command_line(module):
     """`python -m hf_specdec_cli` (fast) and `python -m hf_specdec.cli` (imports the package first)."""
