@@ -146,6 +146,7 @@ def run_bench(
     if max_new_tokens < 1:  # else every row fails alone after the model loads
         raise ValueError(f"--max-new-tokens must be at least 1, got {max_new_tokens}.")
     chosen = _select_prompts(suite, prompts, data_dir, limit, categories)
+    _check_batches_fill(chosen, batch_sizes)
     model, tokenizer = load_model(model, dtype=dtype, device=device, tokenizer=tokenizer)
     model_name = str(model.name_or_path or type(model).__name__)
     chat = use_chat_template(tokenizer, chat_template)
@@ -499,6 +500,23 @@ def _check_batch_sizes(batch_sizes: Sequence[int]) -> None:
         raise ValueError(f"Batch sizes must be positive integers, got {list(batch_sizes)}.")
     if len(set(batch_sizes)) != len(batch_sizes):  # the report would merge the two runs as one
         raise ValueError(f"Batch sizes are listed twice: {list(batch_sizes)}; list each once.")
+
+
+def _check_batches_fill(prompts: list[Prompt], batch_sizes: Sequence[int]) -> None:
+    """Batches are formed within a category: one with fewer prompts than a batch size would have its
+    calls run fewer rows than the batch size its figures are reported under."""
+    counts: dict[str, int] = {}
+    for prompt in prompts:
+        counts[prompt.category] = counts.get(prompt.category, 0) + 1
+    for size in batch_sizes:
+        short = [f"{c} has {n} prompt{'' if n == 1 else 's'}" for c, n in sorted(counts.items()) if n < size]
+        if short:
+            raise ValueError(
+                f"--batch-sizes {size}: category {'; '.join(short)}, fewer than one batch (batches are "
+                "formed within a category, so its calls would run fewer rows than reported). Pass "
+                f"--limit {size} or more where the prompts allow, leave it out with --categories, or "
+                "pass a smaller batch size."
+            )
 
 
 def _select_prompts(

@@ -152,6 +152,13 @@ def test_batched_rows_skip_transformers_baselines(tiny_folder, tmp_path):
     assert all(m.error is None for m in result.measurements)
 
 
+def test_a_batch_size_a_category_cannot_fill_is_refused(tiny_folder):
+    """Batches are formed within a category: `--batch-sizes 2 --limit 1` ran every call on one prompt
+    and reported the figures under "batch size 2" (batched speedups are not batch 1's)."""
+    with pytest.raises(ValueError, match=r"--batch-sizes 2: category qa has 1 prompt.*--limit 2"):
+        run_bench(tiny_folder, limit=1, categories=["qa"], batch_sizes=[2], progress=False)
+
+
 def test_a_failing_row_is_reported_and_the_others_kept(tiny_folder, monkeypatch, tmp_path):
     def boom(self, request):
         raise RuntimeError("drafter exploded")
