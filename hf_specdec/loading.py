@@ -126,6 +126,15 @@ def is_missing_path(name: str) -> bool:
     return not Path(name).exists() and (name.startswith((".", "/", "~")) or name.count("/") > 1)
 
 
+def check_model_path(name: str) -> None:
+    """Refuse a local path that does not exist: huggingface_hub would call it a malformed repo id."""
+    if is_missing_path(name):
+        raise FileNotFoundError(
+            f"{name!r} is neither a model folder that exists nor a Hub repo id (owner/name): pass a "
+            "folder holding config.json and the weights, or a repo id."
+        )
+
+
 def load_model(
     name_or_path: str | Path | Any = None,
     *,
@@ -163,19 +172,25 @@ def load_model(
 
         name_or_path = demo_model_path()
     name = str(name_or_path)
-    if is_missing_path(name):  # huggingface_hub would call it a malformed repo id; say what it is
-        raise FileNotFoundError(
-            f"{name!r} is neither a model folder that exists nor a Hub repo id (owner/name): pass a "
-            "folder holding config.json and the weights, or a repo id."
-        )
+    check_model_path(name)
     device = torch.device(device) if device is not None else default_device()
     base = adapter_base(name)  # from_pretrained loads a PEFT adapter onto the base it names
-    declared = None
-    if dtype == "auto":
-        config = AutoConfig.from_pretrained(base or name, trust_remote_code=trust_remote_code)
-        declared = checkpoint_dtype(config)
+    config = AutoConfig.from_pretrained(base or name, trust_remote_code=trust_remote_code)
+    check_causal_lm(config, name)
+    declared = checkpoint_dtype(config) if dtype == "auto" else None
     load_dtype, message = resolve_dtype(dtype, declared, device)
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=load_dtype, trust_remote_code=trust_remote_code)
+    model, info = AutoModelForCausalLM.from_pretrained(
+        name, dtype=load_dtype, trust_remote_code=trust_remote_code, output_loading_info=True
+    )
+    # transformers fills the weights a checkpoint lacks with random values and only logs it (a
+    # BERT encoder's folder gets a random LM head): every figure measured on it would be noise.
+    # Tied weights, stored once, are not missing.
+    if missing := sorted(info["missing_keys"]):
+        raise ValueError(
+            f"{name} cannot be loaded as a causal LM: its checkpoint lacks {len(missing)} of its weights "
+            f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}), which transformers would "
+            "fill with random values. Pass a complete causal LM checkpoint."
+        )
     if dtype == "auto" and declared is None and model.dtype in _HALF:  # a dtype found only in the weights
         load_dtype, message = resolve_dtype("auto", model.dtype, device)
         model = model.to(load_dtype)
@@ -185,6 +200,23 @@ def load_model(
     if base is not None and Path(name).is_dir() and not any(Path(name).glob("tokenizer*.json")):
         name = base  # PEFT saves an adapter without the tokenizer, which is then its base's
     return model, tokenizer or AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
+
+
+def check_causal_lm(config: Any, name: str) -> None:
+    """Refuse a checkpoint that `AutoModelForCausalLM` cannot load (an encoder-decoder such as T5, an
+    encoder-only model) in one line: transformers' own error lists every causal config class."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING or "AutoModelForCausalLM" in (
+        getattr(config, "auto_map", None) or {}
+    ):
+        return
+    architectures = ", ".join(getattr(config, "architectures", None) or []) or "no architecture named"
+    raise ValueError(
+        f"{name} is a {config.model_type} model ({architectures}), not a causal LM: hf-specdec "
+        "speculates for decoder-only models that AutoModelForCausalLM loads (Llama, Qwen, Gemma, "
+        "SmolLM2, ...); pass one of those."
+    )
 
 
 def adapter_base(name: str) -> str | None:

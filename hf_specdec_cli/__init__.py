@@ -39,6 +39,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
+    except KeyboardInterrupt:  # the user stopped it: no traceback through torch's modules
+        if os.environ.get("HF_SPECDEC_TRACEBACK"):
+            raise
+        print(f"hf-specdec {args.command}: interrupted", file=sys.stderr)
+        return 130
     except (ValueError, TypeError, OSError) as err:
         # What the library raises for bad input says what to do: print it, not a traceback.
         if os.environ.get("HF_SPECDEC_TRACEBACK"):

@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
             device=args.device,
             draft=args.draft,
             heads=_heads(args.head),
-            methods=_split(args.methods) or None,
+            methods=_names(args.methods, "--methods", "method", "auto,ngram"),
             suite=args.suite,
             prompts=args.prompts,
             data_dir=args.data_dir,
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
             repeats=args.repeats,
             static_cache=args.static_cache,
             compile=args.compile,
-            categories=_split(args.categories) or None,
+            categories=_names(args.categories, "--categories", "category", "qa,rag"),
             batch_sizes=[_positive_int(b, "--batch-sizes") for b in _split(args.batch_sizes)],
             max_new_tokens=args.max_new_tokens,
             sample=args.sample,
@@ -184,6 +184,16 @@ def _check_outputs(out: Path, markdown: Path | None) -> None:
 
 def _split(text: str | None) -> list[str]:
     return [part.strip() for part in (text or "").split(",") if part.strip()]
+
+
+def _names(text: str | None, option: str, what: str, example: str) -> list[str] | None:
+    """The comma-separated names of an option, None where it is not given; given, it must name some
+    (else the default would run in place of what was asked for)."""
+    if text is None:
+        return None
+    if names := _split(text):
+        return names
+    raise ValueError(f"{option} names no {what}: pass some, e.g. {option} {example}, or leave {option} out.")
 
 
 def _heads(values: list[str]) -> dict[str, str]:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from .options import add_runtime_options, one_of
+from .options import add_runtime_options, one_of, positive_int
 
 if TYPE_CHECKING:
     from hf_specdec import SpeculativeStats
@@ -31,7 +31,7 @@ DEMO_PROMPTS = [
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("demo", help="compare plain and speculative generation on SmolLM2-135M")
     parser.add_argument(
-        "--max-new-tokens", type=int, default=128, help="tokens generated per prompt (default: 128)"
+        "--max-new-tokens", type=positive_int, default=128, help="tokens generated per prompt (default: 128)"
     )
     parser.add_argument(
         "--method",

@@ -25,8 +25,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hf_specdec.loading import check_model_path
     from hf_specdec.ort import export_onnx_report
 
+    check_model_path(args.model)
     report = export_onnx_report(
         args.model, args.out, dtype=args.dtype, quantize=args.quantize, progress=not args.quiet
     )

@@ -27,6 +27,13 @@ def one_of(names: str, default: str | None = None) -> Callable[[str], str]:
     return check
 
 
+def positive_int(value: str) -> int:
+    """An argparse type: an integer of at least 1, refused before a model loads."""
+    if not value.strip().isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive integer")
+    return int(value)
+
+
 def add_runtime_options(parser: argparse.ArgumentParser) -> None:
     """`--dtype` and `--device`, read by `hf_specdec.loading.load_model`."""
     parser.add_argument(

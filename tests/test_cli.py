@@ -139,6 +139,39 @@ def test_target_layers_that_are_not_numbers_are_refused_naming_the_option(capsys
     assert "argument --target-layers: '1,x' is not comma-separated layer indices" in err
 
 
+@pytest.mark.parametrize("value", ["0", "-3", "many"])
+def test_demo_refuses_a_max_new_tokens_that_is_not_positive_before_loading(value, capsys):
+    """`hf-specdec demo --max-new-tokens 0` loaded the model, warmed it up and ran into
+    transformers' own refusal at the first prompt, seconds later."""
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["demo", "--max-new-tokens", value])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert f"argument --max-new-tokens: {value!r} is not a positive integer" in err, err
+
+
+def test_export_onnx_names_a_model_path_that_does_not_exist(tmp_path, capsys):
+    """huggingface_hub's "Repo id must be in the form 'repo_name' or 'namespace/repo_name'" answered a
+    mistyped folder, as `demo --model` and `bench --model` no longer do."""
+    assert main(["export-onnx", "/no/such/model", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "'/no/such/model' is neither a model folder that exists nor a Hub repo id" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_ctrl_c_ends_a_command_with_one_line_and_130(monkeypatch, capsys):
+    """Ctrl-C while `hf-specdec demo` loaded or generated printed a traceback through torch's
+    modules; a command stopped by the user says so and exits 130, as `bench` does."""
+    from hf_specdec import loading
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loading, "load_model", interrupted)
+    assert main(["demo"]) == 130
+    assert capsys.readouterr().err == "hf-specdec demo: interrupted\n"
+
+
 @pytest.mark.parametrize("module", ["hf_specdec_cli", "hf_specdec.cli"])
 def test_python_m_runs_the_command_line(module):
     """`python -m hf_specdec_cli` (fast) and `python -m hf_specdec.cli` (imports the package first)."""

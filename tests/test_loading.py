@@ -122,6 +122,35 @@ def test_load_model_loads_a_peft_adapter_onto_its_base(adapter_folder, monkeypat
     assert not torch.allclose(model(ids).logits, base(ids).logits)
 
 
+def test_load_model_refuses_a_model_that_is_not_a_causal_lm(tmp_path):
+    """`hf-specdec demo --model <a T5 folder>` (bench, train-draft alike) answered with transformers'
+    error listing every causal config class, some 4,000 characters on the terminal, and no word of
+    what to pass instead."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    config = T5Config(vocab_size=64, d_model=16, d_ff=32, num_layers=1, num_heads=2, d_kv=8)
+    T5ForConditionalGeneration(config).save_pretrained(tmp_path)
+    with pytest.raises(ValueError) as err:
+        load_model(tmp_path, device="cpu", tokenizer="tok")
+    message = str(err.value)
+    assert "is a t5 model (T5ForConditionalGeneration), not a causal LM" in message
+    assert "\n" not in message and len(message) < 400
+
+
+def test_load_model_refuses_a_checkpoint_missing_weights(tmp_path):
+    """transformers fills the weights a checkpoint lacks with random values and only logs it: a
+    BERT encoder's folder loaded as a causal LM ran `hf-specdec demo` and `bench` on a random LM
+    head, reporting its figures as any other model's (drafts from a folder were refused so already)."""
+    from safetensors.torch import load_file, save_file
+
+    tiny_llama(0).save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    del weights["model.norm.weight"]
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"lacks 1 of its weights \(model\.norm\.weight\)"):
+        load_model(tmp_path, device="cpu", tokenizer="tok")
+
+
 def test_a_loaded_model_is_never_converted(bf16_folder):
     model = tiny_llama(0)
     assert load_model(model, tokenizer="tok")[0] is model

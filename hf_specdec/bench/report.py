@@ -167,15 +167,18 @@ def save(result: BenchResult, out_dir: Path | str, *, plots: bool = True) -> lis
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [out_dir / "results.json", out_dir / "results.md"]
+    speedup, acceptance = out_dir / "speedup.png", out_dir / "acceptance_by_position.png"
     data = to_dict(result)
     written[0].write_text(json.dumps(data, indent=2) + "\n")
     written[1].write_text(to_markdown(result))
     if plots:
         try:
-            written.append(plot_speedup(data["summary"], out_dir / "speedup.png"))
-            written.append(plot_acceptance(data["overall"], out_dir / "acceptance_by_position.png"))
+            written.append(plot_speedup(data["summary"], speedup))
+            written.append(plot_acceptance(data["overall"], acceptance))
         except MissingMatplotlib as err:
             warnings.warn(str(err), stacklevel=2)
+    for stale in {speedup, acceptance} - set(written):  # an earlier run's plots, not this one's figures
+        stale.unlink(missing_ok=True)
     return written
 
 

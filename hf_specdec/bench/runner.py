@@ -39,6 +39,7 @@ from ..loading import (
     is_missing_path,
     load_model,
     pad_token_id,
+    prompt_token_ids,
     use_chat_template,
 )
 from ..lossless import IDENTICAL, RowCheck, can_check_sampled, check_greedy, check_sampled, count_kinds
@@ -145,9 +146,11 @@ def run_bench(
     if max_new_tokens < 1:  # else every row fails alone after the model loads
         raise ValueError(f"--max-new-tokens must be at least 1, got {max_new_tokens}.")
     chosen = _select_prompts(suite, prompts, data_dir, limit, categories)
+    _check_batches_fill(chosen, batch_sizes)
     model, tokenizer = load_model(model, dtype=dtype, device=device, tokenizer=tokenizer)
     model_name = str(model.name_or_path or type(model).__name__)
     chat = use_chat_template(tokenizer, chat_template)
+    _check_context(model, tokenizer, chosen, chat, max_new_tokens)
     draft_model, draft_tokenizer = _load_draft(draft, model)
     static = bool(static_cache or compile)
     baselines = transformers_baselines and not static
@@ -499,6 +502,23 @@ def _check_batch_sizes(batch_sizes: Sequence[int]) -> None:
         raise ValueError(f"Batch sizes are listed twice: {list(batch_sizes)}; list each once.")
 
 
+def _check_batches_fill(prompts: list[Prompt], batch_sizes: Sequence[int]) -> None:
+    """Batches are formed within a category: one with fewer prompts than a batch size would have its
+    calls run fewer rows than the batch size its figures are reported under."""
+    counts: dict[str, int] = {}
+    for prompt in prompts:
+        counts[prompt.category] = counts.get(prompt.category, 0) + 1
+    for size in batch_sizes:
+        short = [f"{c} has {n} prompt{'' if n == 1 else 's'}" for c, n in sorted(counts.items()) if n < size]
+        if short:
+            raise ValueError(
+                f"--batch-sizes {size}: category {'; '.join(short)}, fewer than one batch (batches are "
+                "formed within a category, so its calls would run fewer rows than reported). Pass "
+                f"--limit {size} or more where the prompts allow, leave it out with --categories, or "
+                "pass a smaller batch size."
+            )
+
+
 def _select_prompts(
     suite: str,
     prompts: Path | str | Sequence[Prompt] | None,
@@ -527,6 +547,25 @@ def _select_prompts(
     if not chosen:
         raise ValueError("No prompts to benchmark.")
     return chosen
+
+
+def _check_context(
+    model: Any, tokenizer: Any, prompts: list[Prompt], chat: bool, max_new_tokens: int
+) -> None:
+    """Refuse a prompt that, with the tokens generated after it, runs past the model's context
+    (`max_position_embeddings`): transformers only logs it, and what a model computes there is noise
+    whose timings and acceptance would be reported beside the others'."""
+    context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    if not isinstance(context, int):
+        return
+    for prompt in prompts:
+        length = len(prompt_token_ids(tokenizer, prompt, chat))
+        if length + max_new_tokens > context:
+            raise ValueError(
+                f"Prompt {prompt.id} ({prompt.category}) is {length} tokens: with {max_new_tokens} new "
+                f"tokens that is past the model's context of {context} (max_position_embeddings). "
+                "Shorten or drop that prompt, or lower --max-new-tokens."
+            )
 
 
 def _batches(prompts: list[Prompt], size: int) -> list[list[Prompt]]:

@@ -115,8 +115,13 @@ def _bench_counts(path: Path, model: str, plan: ServingPlan) -> tuple[int, list[
     method = plan.method
     try:
         data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
+    except (OSError, ValueError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise ValueError(f"Cannot read the benchmark results {path}: {err}.") from None
+    if data.get("interrupted"):  # Ctrl-C: the prompts measured so far, often a category or two
+        raise ValueError(
+            f"The benchmark {path} was interrupted: it holds only the prompts measured before it stopped. "
+            "Run it to the end, or pass --num-draft-tokens N."
+        )
     _check_bench_settings(path, data.get("settings") or {}, model, plan)
     steps, drafted, seen = 0, [], set()
     for measurement in data.get("measurements", []):

@@ -125,6 +125,16 @@ def test_save_writes_json_markdown_and_plots(result, tmp_path):
     assert data["summary"][0]["mismatch"] == 0
 
 
+def test_save_without_plots_leaves_no_earlier_runs_plots(result, tmp_path):
+    """`--no-plots` into a folder an earlier run plotted in kept that run's PNGs beside the new
+    results.json and results.md, their figures another run's without a word."""
+    pytest.importorskip("matplotlib")
+    save(result, tmp_path)
+    assert (tmp_path / "speedup.png").exists()
+    written = save(result, tmp_path, plots=False)
+    assert {p.name for p in tmp_path.iterdir()} == {p.name for p in written} == {"results.json", "results.md"}
+
+
 def test_the_header_counts_in_words(tiny_folder, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "Count to 3.", "category": "c"}))
@@ -140,6 +150,13 @@ def test_batched_rows_skip_transformers_baselines(tiny_folder, tmp_path):
     assert [m.row for m in result.measurements] == ["plain", "auto"]
     assert all(m.batch_size == 2 and m.lossless["identical"] == 2 for m in result.measurements)
     assert all(m.error is None for m in result.measurements)
+
+
+def test_a_batch_size_a_category_cannot_fill_is_refused(tiny_folder):
+    """Batches are formed within a category: `--batch-sizes 2 --limit 1` ran every call on one prompt
+    and reported the figures under "batch size 2" (batched speedups are not batch 1's)."""
+    with pytest.raises(ValueError, match=r"--batch-sizes 2: category qa has 1 prompt.*--limit 2"):
+        run_bench(tiny_folder, limit=1, categories=["qa"], batch_sizes=[2], progress=False)
 
 
 def test_a_failing_row_is_reported_and_the_others_kept(tiny_folder, monkeypatch, tmp_path):
@@ -227,6 +244,10 @@ def test_cli_exits_1_when_a_row_failed_on_every_prompt(tiny_folder, monkeypatch,
         (["--methods", "ngram+tree", "--compile"], "drop --compile"),
         (["--chat-template"], "has no chat template"),
         (["--batch-sizes", "0"], "positive integers"),
+        # given but naming nothing (a script's empty variable, a stray comma): the default ran instead
+        (["--methods", ",,"], "--methods names no method: pass some, e.g. --methods auto,ngram"),
+        (["--methods", ""], "--methods names no method"),
+        (["--categories", " , "], "--categories names no category"),
         # both runs went into one report under that batch size: twice the prompts, plain paired with
         # its other run (not 1.00x), and the section printed twice
         (["--batch-sizes", "1,2,1"], "Batch sizes are listed twice: [1, 2, 1]; list each once."),
@@ -269,6 +290,22 @@ def test_cli_errors(tiny_folder, tmp_path, capsys, argv, message):
         code = exit_.code
     assert code != 0
     assert message in capsys.readouterr().err
+
+
+def test_a_prompt_past_the_models_context_is_refused(tiny_folder, tmp_path):
+    """A prompt longer than the model's context was timed like any other, transformers only logging a
+    "friendly reminder": the rows' outputs past it are the model's noise, their speedups reported
+    beside the others'. Refused before anything is timed, naming the prompt and what to do."""
+    context = json.loads((tiny_folder / "config.json").read_text())["max_position_embeddings"]
+    prompts = tmp_path / "prompts.jsonl"
+    lines = [{"prompt": "Say hi.", "id": "short"}, {"prompt": "word " * context, "id": "long"}]
+    prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with pytest.raises(ValueError, match=rf"Prompt long \(custom\) is \d+ tokens.*context of {context}"):
+        run_bench(tiny_folder, prompts=prompts, max_new_tokens=MAX_NEW, progress=False)
+    # the tokens generated count too: a prompt that fits, but not with --max-new-tokens more
+    prompts.write_text(json.dumps({"prompt": "Say hi.", "id": "short"}) + "\n")
+    with pytest.raises(ValueError, match=r"Prompt short \(custom\) is \d+ tokens.*lower --max-new-tokens"):
+        run_bench(tiny_folder, prompts=prompts, max_new_tokens=context, progress=False)
 
 
 def test_an_onnx_row_drafts_with_the_export_given_as_draft(tiny_folder, tmp_path):

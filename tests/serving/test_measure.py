@@ -150,3 +150,22 @@ def test_from_bench_checks_a_heads_rows_against_the_head_that_ran_them(tmp_path)
     settings["heads"] = {"eagle": "org/other-head"}
     with pytest.raises(ValueError, match="drafted with org/other-head, not org/eagle-head"):
         _check_bench_settings(tmp_path / "results.json", settings, "org/target", plan)
+
+
+def test_from_bench_refuses_an_interrupted_benchmark(models, tmp_path):
+    """Ctrl-C stops `hf-specdec bench` with the prompts measured so far written and
+    `"interrupted": true`; --from-bench took that file's draft lengths as the benchmark's, with no
+    word that most prompts were never run."""
+    path = _bench(tmp_path, "ngram", [10, 9, 7, 3, 1], steps=10)
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "interrupted": True}))
+    with pytest.raises(ValueError, match=r"was interrupted.*Run it to the end, or pass --num-draft-tokens"):
+        export_serving(str(models / "target"), "vllm", method="ngram", from_bench=path)
+
+
+def test_from_bench_that_is_not_utf8_is_named(models, tmp_path):
+    """A file that is not UTF-8 reached the user as the codec's bare message, naming no file."""
+    path = tmp_path / "results.json"
+    path.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(ValueError, match=r"Cannot read the benchmark results .*results.json"):
+        export_serving(str(models / "target"), "vllm", method="ngram", from_bench=path)
