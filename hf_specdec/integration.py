@@ -46,6 +46,7 @@ from .core.checks import (
     check_rotary,
     check_supported,
     drafter_continues,
+    own_step_loop,
     warn_assistant_settings,
 )
 from .core.compat import compiles_decoding, generate_cache
@@ -89,15 +90,15 @@ _PIPELINE_STATS: contextvars.ContextVar[list[Any] | None] = contextvars.ContextV
 
 @functools.wraps(_ORIGINAL_GENERATE)
 def generate(self: Any, *args: Any, speculative: Any = None, **kwargs: Any) -> Any:
-    _check_no_speculative_field(self, _by_name(self, args, kwargs).get("generation_config"))
+    by_name = _by_name(self, args, kwargs)
+    _check_no_speculative_field(self, by_name.get("generation_config"))
     config = SpeculativeConfig.from_user(speculative)
     # Plain decoding, ours where auto decodes plainly included, would read the holes as tokens.
     check_no_holes(generate_cache(kwargs))
     if config is None:
         return _ORIGINAL_GENERATE(self, *args, **kwargs)
-    kwargs = _by_name(self, args, kwargs)
-    with _ended_if_raised(kwargs.get("streamer")):
-        out = _speculative_generate(self, kwargs, config)
+    with _ended_if_raised(by_name.get("streamer")):
+        out = _speculative_generate(self, by_name, config)
     seen = _PIPELINE_STATS.get()
     if seen is not None and hasattr(out, "speculative_stats"):
         seen.append(out.speculative_stats)
@@ -280,7 +281,7 @@ def _decode_plainly(
             )
         decode = type(model)._beam_search
     out = decode(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs)
-    if not isinstance(out, GenerateDecoderOnlyOutput) or type(model)._sample is not GenerationMixin._sample:
+    if not isinstance(out, GenerateDecoderOnlyOutput) or own_step_loop(model) is not None:
         # A model with a step loop of its own (CSM) rebuilds its output from this one's fields.
         return out
     return SpeculativeGenerateOutput(

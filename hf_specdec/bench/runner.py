@@ -17,6 +17,7 @@ import os
 import statistics
 import sys
 import warnings
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -505,9 +506,7 @@ def _check_batch_sizes(batch_sizes: Sequence[int]) -> None:
 def _check_batches_fill(prompts: list[Prompt], batch_sizes: Sequence[int]) -> None:
     """Batches are formed within a category: one with fewer prompts than a batch size would have its
     calls run fewer rows than the batch size its figures are reported under."""
-    counts: dict[str, int] = {}
-    for prompt in prompts:
-        counts[prompt.category] = counts.get(prompt.category, 0) + 1
+    counts = Counter(prompt.category for prompt in prompts)
     for size in batch_sizes:
         short = [f"{c} has {n} prompt{'' if n == 1 else 's'}" for c, n in sorted(counts.items()) if n < size]
         if short:

@@ -179,6 +179,13 @@ def active_dropout(model: Any) -> str | None:
     return None
 
 
+def own_step_loop(model: Any) -> Any:
+    """The `_sample` of `model`'s class where it is not transformers' own (CSM's: a depth decoder per
+    frame), else None."""
+    own = type(model)._sample
+    return None if own is GenerationMixin._sample else own
+
+
 def verify_refusal(model: Any) -> str | None:
     """Why speculative= cannot verify drafts on `model` at all, said after its class name; else None.
     The loop feeds decoder-only models: an encoder-decoder's decoder takes the encoder's outputs and
@@ -190,8 +197,7 @@ def verify_refusal(model: Any) -> str | None:
     rejected draft (`rolls_back_refusal`). A class decoding each step with a `_sample` of its own
     (CSM's, Higgs Audio's, VibeVoice's, PocketTTS's: a depth decoder or an audio head per frame) runs
     that loop under plain generate, which the speculative loop replaces."""
-    own_sample = type(model)._sample
-    if own_sample is not GenerationMixin._sample:
+    if (own_sample := own_step_loop(model)) is not None:
         return (
             f" decodes each step with a loop of its own ({own_sample.__qualname__}), which plain generate "
             "runs and speculative= would replace with transformers' token-by-token step"
