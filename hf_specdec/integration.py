@@ -29,6 +29,7 @@ from transformers import (
     StaticCache,
     StoppingCriteriaList,
 )
+from transformers.generation.continuous_batching import ContinuousMixin
 from transformers.generation.stopping_criteria import StopStringCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
 from transformers.pipelines.any_to_any import AnyToAnyPipeline
@@ -74,6 +75,7 @@ def _kept_original(cls: type, name: str) -> Any:
 
 _ORIGINAL_GENERATE = _kept_original(GenerationMixin, "generate")
 _ORIGINAL_VALIDATE_MODEL_KWARGS = _kept_original(GenerationMixin, "_validate_model_kwargs")
+_ORIGINAL_GENERATE_BATCH = _kept_original(ContinuousMixin, "generate_batch")
 _GENERATE_SIGNATURE = inspect.signature(_ORIGINAL_GENERATE)
 # What transformers' `generate` sets a generation field to where neither the model nor the call did.
 _DEFAULTS: dict[str, Any] = getattr(GenerationConfig, "_get_default_generation_params", dict)()
@@ -117,6 +119,20 @@ def _validate_model_kwargs(self: Any, model_kwargs: dict[str, Any], *args: Any, 
             "plainly under speculative=. Drop speculative= for this model."
         )
     _ORIGINAL_VALIDATE_MODEL_KWARGS(self, model_kwargs, *args, **kwargs)
+
+
+@functools.wraps(_ORIGINAL_GENERATE_BATCH)
+def _generate_batch(self: Any, *args: Any, speculative: Any = None, **kwargs: Any) -> Any:
+    """transformers' `generate_batch` takes any keyword and reads only `max_new_tokens`: unrefused,
+    speculative= would be dropped without a word (as `generate` refuses it beside
+    `cache_implementation="paged"`, which routes here)."""
+    if speculative is not None and speculative is not False:  # refused unread: nothing here drafts
+        raise ValueError(
+            "speculative= cannot be passed to generate_batch: it runs continuous batching, which does not "
+            "draft. Call generate(..., speculative=...) on a left-padded batch for speculative decoding, or "
+            "drop speculative= for continuous batching."
+        )
+    return _ORIGINAL_GENERATE_BATCH(self, *args, **kwargs)
 
 
 def _check_no_speculative_field(model: Any, given: GenerationConfig | None) -> None:
@@ -570,6 +586,7 @@ def install() -> None:
     statistics through text-generation pipelines (done on `import hf_specdec`; idempotent)."""
     GenerationMixin.generate = generate
     GenerationMixin._validate_model_kwargs = _validate_model_kwargs
+    ContinuousMixin.generate_batch = _generate_batch
     TextGenerationPipeline._forward = _pipeline_forward
     TextGenerationPipeline.postprocess = _pipeline_postprocess
     for cls in _PROCESSOR_PIPELINES:
@@ -577,9 +594,10 @@ def install() -> None:
 
 
 def uninstall() -> None:
-    """Restore transformers' own `generate` and pipelines."""
+    """Restore transformers' own `generate`, `generate_batch` and pipelines."""
     GenerationMixin.generate = _ORIGINAL_GENERATE
     GenerationMixin._validate_model_kwargs = _ORIGINAL_VALIDATE_MODEL_KWARGS
+    ContinuousMixin.generate_batch = _ORIGINAL_GENERATE_BATCH
     TextGenerationPipeline._forward = _ORIGINAL_PIPELINE_FORWARD
     TextGenerationPipeline.postprocess = _ORIGINAL_PIPELINE_POSTPROCESS
     for cls in _PROCESSOR_PIPELINES:

@@ -495,6 +495,22 @@ def test_paged_cache_is_refused_rather_than_speculation_dropped(target):
         target.generate(prompt, max_new_tokens=4, cache_implementation="paged", speculative=True)
 
 
+def test_continuous_batching_refuses_speculative_rather_than_dropping_it(target):
+    """generate_batch takes any keyword and reads only max_new_tokens: speculative= would be dropped
+    without a word, as with generate(cache_implementation='paged')."""
+    prompts = [[1, 7, 9, 11, 7, 9], [1, 8, 8, 12]]
+    config = GenerationConfig(max_new_tokens=4, do_sample=False, eos_token_id=5, pad_token_id=0)
+    for speculative in (True, "ngram", dict(method="draft_model", draft="/no/such/folder")):
+        with pytest.raises(ValueError, match=r"generate_batch.*continuous batching, which does not draft"):
+            target.generate_batch(prompts, generation_config=config, speculative=speculative)
+    expected = [
+        _ORIGINAL_GENERATE(target, torch.tensor([p]), generation_config=config)[0, len(p) :] for p in prompts
+    ]
+    # False (and None) run it as without: one run, as continuous batching takes seconds on a CPU.
+    out = target.generate_batch(prompts, generation_config=config, warmup=False, speculative=False)
+    assert [r.generated_tokens for r in out.values()] == [e.tolist() for e in expected]
+
+
 def _filled_static_cache(model, prompt):
     """A StaticCache holding a first turn, and the conversation's ids with two new tokens."""
     cache = StaticCache(config=model.config, max_cache_len=64)

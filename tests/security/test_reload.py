@@ -14,12 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import TextGenerationPipeline
+from transformers.generation.continuous_batching import ContinuousMixin
 from transformers.generation.utils import GenerationMixin
 
 import hf_specdec
 import hf_specdec.integration
 from hf_specdec.integration import (
     _ORIGINAL_GENERATE,
+    _ORIGINAL_GENERATE_BATCH,
     _ORIGINAL_PIPELINE_FORWARD,
     _ORIGINAL_PIPELINE_POSTPROCESS,
 )
@@ -53,6 +55,7 @@ def test_reloading_keeps_every_generate_working(module, target, weak_draft, rest
     importlib.reload(sys.modules[module])
     importlib.reload(sys.modules[module])  # a second reload reads back the first one's wrapper
     assert hf_specdec.integration._ORIGINAL_GENERATE is _ORIGINAL_GENERATE
+    assert hf_specdec.integration._ORIGINAL_GENERATE_BATCH is _ORIGINAL_GENERATE_BATCH
     # and the pipeline's: a wrapper read back as the original calls itself until the stack overflows
     assert hf_specdec.integration._ORIGINAL_PIPELINE_FORWARD is _ORIGINAL_PIPELINE_FORWARD
     assert hf_specdec.integration._ORIGINAL_PIPELINE_POSTPROCESS is _ORIGINAL_PIPELINE_POSTPROCESS
@@ -60,6 +63,7 @@ def test_reloading_keeps_every_generate_working(module, target, weak_draft, rest
     assert all(torch.equal(a, b) for a, b in zip(before, after))
     hf_specdec.integration.uninstall()
     assert GenerationMixin.generate is _ORIGINAL_GENERATE
+    assert ContinuousMixin.generate_batch is _ORIGINAL_GENERATE_BATCH
     assert TextGenerationPipeline._forward is _ORIGINAL_PIPELINE_FORWARD
     assert TextGenerationPipeline.postprocess is _ORIGINAL_PIPELINE_POSTPROCESS
     assert torch.equal(target.generate(**_plain_kwargs()), before[0])
