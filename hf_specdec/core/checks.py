@@ -209,9 +209,13 @@ def check_causal_lm(config: Any, name: str) -> None:
 
 def check_causal_checkpoint(path: str | Path, name: str, *, trust_remote_code: bool = False) -> None:
     """`check_causal_lm` on the config of the checkpoint at `path` (a folder, or a Hub repo id: its
-    config.json alone is fetched), read as `from_pretrained` would read it."""
-    from transformers import AutoConfig
+    config.json alone is fetched), read as `from_pretrained` would read it. A config whose auto_map
+    names its own AutoModelForCausalLM passes unread: reading it would run that code."""
+    from transformers import AutoConfig, PretrainedConfig
 
+    raw, _ = PretrainedConfig.get_config_dict(path)
+    if "AutoModelForCausalLM" in (raw.get("auto_map") or {}):
+        return
     check_causal_lm(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code), name)
 
 
