@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from .options import one_of
+from .options import draft_tokens, key_value, one_of
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -40,6 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--num-draft-tokens",
         default="auto",
+        type=draft_tokens,
         help='tokens drafted per step, or "auto" (default): measured with the adaptive policy',
     )
     parser.add_argument(
@@ -49,6 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--option",
         action="append",
         default=[],
+        type=key_value,
         metavar="KEY=VALUE",
         help="a drafter option, e.g. --option max_ngram=3 (repeatable)",
     )
@@ -66,14 +68,14 @@ def run(args: argparse.Namespace) -> int:
             method=args.method,
             draft=args.draft,
             head=args.head,
-            num_draft_tokens=_draft_tokens(args.num_draft_tokens),
+            num_draft_tokens=args.num_draft_tokens,
             options=_options(args.option),
             from_bench=args.from_bench,
             out=args.out,
         )
-    except (ServingExportError, ValueError) as err:
+    except (ServingExportError, ValueError) as err:  # input refused: 2, as argparse's own errors
         print(f"error: {err}", file=sys.stderr)
-        return 1
+        return 2
     print(command_line(result))
     for caveat in result["caveats"]:
         print(f"note: {caveat}", file=sys.stderr)
@@ -81,21 +83,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _draft_tokens(value: str) -> int | str:
-    if value == "auto":
-        return value
-    try:
-        return int(value)
-    except ValueError:
-        raise SystemExit(f'error: --num-draft-tokens must be an integer or "auto", got {value!r}') from None
-
-
-def _options(items: list[str]) -> dict[str, object]:
+def _options(items: list[tuple[str, str]]) -> dict[str, object]:
     options: dict[str, object] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"error: --option takes KEY=VALUE, got {item!r}")
+    for key, value in items:
         try:
             options[key] = json.loads(value)
         except json.JSONDecodeError:

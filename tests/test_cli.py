@@ -172,7 +172,10 @@ def _exit_code(argv: list[str]) -> object:
     "argv, message",
     [
         (["export-serving", "a/b", "--engine", "vllm", "--num-draft-tokens", "many"], "--num-draft-tokens"),
-        (["export-serving", "a/b", "--engine", "vllm", "--option", "max_ngram"], "--option takes KEY=VALUE"),
+        (
+            ["export-serving", "a/b", "--engine", "vllm", "--option", "max_ngram"],
+            "argument --option: 'max_ngram' is not KEY=VALUE",
+        ),
         (
             ["export-serving", "/no/such/model", "--engine", "vllm", "--method", "ngram"]
             + ["--num-draft-tokens", "3"],

@@ -469,7 +469,7 @@ def test_a_local_target_that_is_not_a_causal_lm_is_refused(
     speculative= cannot run (load_model refuses it)."""
     with pytest.raises(ValueError, match=r"is a t5 model \(T5ForConditionalGeneration\), not a causal LM"):
         select_draft(str(t5_folder))
-    assert _select_cli(["select", str(t5_folder)]) != 0
+    assert _select_cli(["select", str(t5_folder)]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and "not a causal LM" in captured.err
 
