@@ -36,7 +36,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="a folder or Hub repo id: a draft model, an ONNX export, a head or block draft, an assistant",
     )
-    parser.add_argument("--head", default=None, help="draft head folder (eagle), ours or published")
+    parser.add_argument(
+        "--head",
+        default=None,
+        metavar="[METHOD=]FOLDER",
+        help="a trained head or block draft (a folder or Hub repo id), ours or published; METHOD=FOLDER, "
+        "as bench takes it (e.g. eagle=my-eagle-head), names its method, as --method does (default: "
+        "the method of what it holds, else eagle)",
+    )
     parser.add_argument(
         "--num-draft-tokens",
         default="auto",
@@ -62,12 +69,13 @@ def run(args: argparse.Namespace) -> int:
     from hf_specdec.serving import ServingExportError, command_line, export_serving
 
     try:
+        method, head = _method_and_head(args.method, args.head)
         result = export_serving(
             args.model,
             args.engine,
-            method=args.method,
+            method=method,
             draft=args.draft,
-            head=args.head,
+            head=head,
             num_draft_tokens=args.num_draft_tokens,
             options=_options(args.option),
             from_bench=args.from_bench,
@@ -81,6 +89,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {caveat}", file=sys.stderr)
     print(f"Wrote {args.out}/serving.json", file=sys.stderr)
     return 0
+
+
+def _method_and_head(method: str, head: str | None) -> tuple[str, str | None]:
+    """--method and --head's folder, for --head given as bench takes it (METHOD=FOLDER) or alone
+    (a path that exists is a folder, even with a '=' in its name)."""
+    from pathlib import Path
+
+    from hf_specdec.heads import TRAINED_METHODS
+
+    named, sep, folder = (head or "").partition("=")
+    if not sep or named not in TRAINED_METHODS or Path(head).exists():
+        return method, head
+    if method not in ("auto", named):
+        raise ValueError(f"--head {named}=... names method {named}, --method {method}: drop one of them.")
+    return named, folder
 
 
 def _options(items: list[tuple[str, str]]) -> dict[str, object]:
