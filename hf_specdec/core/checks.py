@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 from typing import Any
@@ -217,6 +218,20 @@ def check_causal_checkpoint(path: str | Path, name: str, *, trust_remote_code: b
     if "AutoModelForCausalLM" in (raw.get("auto_map") or {}):
         return
     check_causal_lm(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code), name)
+
+
+def check_causal_folder(folder: str | Path) -> None:
+    """`check_causal_checkpoint` for a local folder whose config.json names a model type transformers
+    knows; one that says less (no such file, JSON that does not parse, no or an unknown model_type)
+    is left to whoever reads the folder next, with their own account of it."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    try:
+        config = json.loads((Path(folder) / "config.json").read_bytes())
+    except (OSError, ValueError):  # no file; not JSON, or not UTF-8 (UnicodeDecodeError)
+        return
+    if isinstance(config, dict) and config.get("model_type") in CONFIG_MAPPING_NAMES:
+        check_causal_checkpoint(folder, str(folder))
 
 
 def verify_refusal(model: Any) -> str | None:

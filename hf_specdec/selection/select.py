@@ -43,7 +43,7 @@ from typing import Any
 from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalEntryNotFoundError
 from huggingface_hub.utils import validate_repo_id
 
-from ..core.checks import check_causal_checkpoint
+from ..core.checks import check_causal_folder
 from ..drafters import draft_model, mtp
 from ..hub.config_check import checkpoint_problem, read_json, weights_problem
 from ..hub.download import (
@@ -104,8 +104,8 @@ def select_draft(
         ValueError: the target is a local folder of no causal LM (`check_causal_lm`).
     """
     repo_id, note = _resolve_target(target)
-    if isinstance(target, (str, os.PathLike)) and (Path(target) / "config.json").is_file():
-        check_causal_checkpoint(target, str(target))  # a folder that generate could not run
+    if isinstance(target, (str, os.PathLike)):
+        check_causal_folder(target)  # a folder of a model generate could not run
     name = repo_id or getattr(target, "name_or_path", None) or str(target)
     try:
         own = mtp.own_layers(target) if own_heads else None

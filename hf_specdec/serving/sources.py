@@ -10,7 +10,7 @@ from typing import Any
 
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from ..core.checks import check_causal_checkpoint
+from ..core.checks import check_causal_checkpoint, check_causal_folder
 from ..heads.mtp import declared_mtp_fields
 from ..hub.tokenizer_check import compare_tokenizers
 from ..loading import adapter_base, is_missing_path
@@ -38,8 +38,7 @@ def check_target(model: str) -> None:
             "merge_and_unload(), then save_pretrained with the tokenizer) and pass that folder, or export "
             f"{base} and add those flags to its command."
         )
-    if (Path(model) / "config.json").is_file():
-        check_causal_checkpoint(model, model)
+    check_causal_folder(model)
 
 
 def load_target(model: str) -> Any:
