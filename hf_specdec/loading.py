@@ -19,6 +19,8 @@ from typing import Any, Protocol
 
 import torch
 
+from .core.checks import check_causal_lm
+
 logger = logging.getLogger(__name__)
 
 # What `--dtype` accepts; "auto" is the checkpoint's own dtype.
@@ -200,23 +202,6 @@ def load_model(
     if base is not None and Path(name).is_dir() and not any(Path(name).glob("tokenizer*.json")):
         name = base  # PEFT saves an adapter without the tokenizer, which is then its base's
     return model, tokenizer or AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
-
-
-def check_causal_lm(config: Any, name: str) -> None:
-    """Refuse a checkpoint that `AutoModelForCausalLM` cannot load (an encoder-decoder such as T5, an
-    encoder-only model) in one line: transformers' own error lists every causal config class."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-    if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING or "AutoModelForCausalLM" in (
-        getattr(config, "auto_map", None) or {}
-    ):
-        return
-    architectures = ", ".join(getattr(config, "architectures", None) or []) or "no architecture named"
-    raise ValueError(
-        f"{name} is a {config.model_type} model ({architectures}), not a causal LM: hf-specdec "
-        "speculates for decoder-only models that AutoModelForCausalLM loads (Llama, Qwen, Gemma, "
-        "SmolLM2, ...); pass one of those."
-    )
 
 
 def adapter_base(name: str) -> str | None:

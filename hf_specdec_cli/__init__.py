@@ -23,6 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hf-specdec",
         description="Lossless speculative decoding for Hugging Face transformers.",
+        epilog="Exit status: 0 done; 1 a run that failed (a benchmark row on every prompt, a demo output "
+        "that differs from plain generate's, a Hub that would not show the target); 2 arguments or "
+        "input refused, as argparse exits for a malformed option; 130 interrupted.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMANDS:

@@ -29,7 +29,14 @@ DEMO_PROMPTS = [
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("demo", help="compare plain and speculative generation on SmolLM2-135M")
+    parser = subparsers.add_parser(
+        "demo",
+        help="compare plain and speculative generation on SmolLM2-135M",
+        description="Generate greedily for a few built-in prompts with plain generate and with "
+        "speculative=--method, interleaved, on the offline SmolLM2-135M-Instruct (or --model), and "
+        "print tokens/s, speedup, acceptance, and whether each output is identical to plain's, "
+        "differs at a rounding tie, or mismatches (exit status 1).",
+    )
     parser.add_argument(
         "--max-new-tokens", type=positive_int, default=128, help="tokens generated per prompt (default: 128)"
     )

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from .options import one_of
+from .options import draft_tokens, key_value, one_of
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,10 +36,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="a folder or Hub repo id: a draft model, an ONNX export, a head or block draft, an assistant",
     )
-    parser.add_argument("--head", default=None, help="draft head folder (eagle), ours or published")
+    parser.add_argument(
+        "--head",
+        default=None,
+        metavar="[METHOD=]FOLDER",
+        help="a trained head or block draft (a folder or Hub repo id), ours or published; METHOD=FOLDER, "
+        "as bench takes it (e.g. eagle=my-eagle-head), names its method, as --method does (default: "
+        "the method of what it holds, else eagle)",
+    )
     parser.add_argument(
         "--num-draft-tokens",
         default="auto",
+        type=draft_tokens,
         help='tokens drafted per step, or "auto" (default): measured with the adaptive policy',
     )
     parser.add_argument(
@@ -49,6 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--option",
         action="append",
         default=[],
+        type=key_value,
         metavar="KEY=VALUE",
         help="a drafter option, e.g. --option max_ngram=3 (repeatable)",
     )
@@ -60,20 +69,21 @@ def run(args: argparse.Namespace) -> int:
     from hf_specdec.serving import ServingExportError, command_line, export_serving
 
     try:
+        method, head = _method_and_head(args.method, args.head)
         result = export_serving(
             args.model,
             args.engine,
-            method=args.method,
+            method=method,
             draft=args.draft,
-            head=args.head,
-            num_draft_tokens=_draft_tokens(args.num_draft_tokens),
+            head=head,
+            num_draft_tokens=args.num_draft_tokens,
             options=_options(args.option),
             from_bench=args.from_bench,
             out=args.out,
         )
-    except (ServingExportError, ValueError) as err:
+    except (ServingExportError, ValueError) as err:  # input refused: 2, as argparse's own errors
         print(f"error: {err}", file=sys.stderr)
-        return 1
+        return 2
     print(command_line(result))
     for caveat in result["caveats"]:
         print(f"note: {caveat}", file=sys.stderr)
@@ -81,21 +91,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _draft_tokens(value: str) -> int | str:
-    if value == "auto":
-        return value
-    try:
-        return int(value)
-    except ValueError:
-        raise SystemExit(f'error: --num-draft-tokens must be an integer or "auto", got {value!r}') from None
+def _method_and_head(method: str, head: str | None) -> tuple[str, str | None]:
+    """--method and --head's folder, for --head given as bench takes it (METHOD=FOLDER) or alone
+    (a path that exists is a folder, even with a '=' in its name)."""
+    from pathlib import Path
+
+    from hf_specdec.heads import TRAINED_METHODS
+
+    named, sep, folder = (head or "").partition("=")
+    if not sep or named not in TRAINED_METHODS or Path(head).exists():
+        return method, head
+    if method not in ("auto", named):
+        raise ValueError(f"--head {named}=... names method {named}, --method {method}: drop one of them.")
+    return named, folder
 
 
-def _options(items: list[str]) -> dict[str, object]:
+def _options(items: list[tuple[str, str]]) -> dict[str, object]:
     options: dict[str, object] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"error: --option takes KEY=VALUE, got {item!r}")
+    for key, value in items:
         try:
             options[key] = json.loads(value)
         except json.JSONDecodeError:

@@ -34,6 +34,23 @@ def positive_int(value: str) -> int:
     return int(value)
 
 
+def draft_tokens(value: str) -> int | str:
+    """An argparse type: "auto", or a positive number of tokens drafted per step."""
+    if value == "auto":
+        return value
+    if not value.strip().isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f'{value!r} is neither a positive integer nor "auto"')
+    return int(value)
+
+
+def key_value(value: str) -> tuple[str, str]:
+    """An argparse type: KEY=VALUE, as (KEY, VALUE)."""
+    key, sep, rest = value.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{value!r} is not KEY=VALUE")
+    return key, rest
+
+
 def add_runtime_options(parser: argparse.ArgumentParser) -> None:
     """`--dtype` and `--device`, read by `hf_specdec.loading.load_model`."""
     parser.add_argument(

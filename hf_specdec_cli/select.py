@@ -35,9 +35,12 @@ def run(args: argparse.Namespace) -> int:
         choice = select_draft(
             args.target, token=args.token, revision=args.revision, trust_remote_code=args.trust_remote_code
         )
-    except (DraftSelectionError, ValueError) as err:
+    except DraftSelectionError as err:  # the Hub would not let the target be examined
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except ValueError as err:  # input refused: 2, as argparse's own errors
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     if args.json:  # `method` as the choice is cached and exported; `auto_method`, what generate runs
         print(json.dumps({**choice.to_dict(), "auto_method": auto_method(choice.method)}, indent=2))
     else:

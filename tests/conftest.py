@@ -70,6 +70,19 @@ def target() -> LlamaForCausalLM:
 
 
 @pytest.fixture(scope="session")
+def t5_folder(tmp_path_factory) -> Path:
+    """A tiny random T5 saved as a folder: an encoder-decoder checkpoint, no causal LM, with the
+    vocabulary size of `tiny_llama` (so only the kind of model tells it apart)."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    folder = tmp_path_factory.mktemp("t5")
+    config = T5Config(vocab_size=64, d_model=16, d_ff=32, num_layers=1, num_heads=2, d_kv=8)
+    torch.manual_seed(0)
+    T5ForConditionalGeneration(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def weak_draft() -> LlamaForCausalLM:
     """Same vocabulary, different random weights: rarely agrees with `target`."""
     return tiny_llama(1)

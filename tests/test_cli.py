@@ -159,6 +159,51 @@ def test_export_onnx_names_a_model_path_that_does_not_exist(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def _exit_code(argv: list[str]) -> object:
+    """What `hf-specdec ARGV` exits with: main's return value, or the code of the SystemExit it raised
+    (a message given as the code exits 1)."""
+    try:
+        return main(argv)
+    except SystemExit as exit_:
+        return exit_.code
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["export-serving", "a/b", "--engine", "vllm", "--num-draft-tokens", "many"], "--num-draft-tokens"),
+        (
+            ["export-serving", "a/b", "--engine", "vllm", "--option", "max_ngram"],
+            "argument --option: 'max_ngram' is not KEY=VALUE",
+        ),
+        (
+            ["export-serving", "/no/such/model", "--engine", "vllm", "--method", "ngram"]
+            + ["--num-draft-tokens", "3"],
+            "'/no/such/model' is neither a local folder nor a Hub repo id",
+        ),
+        (["select", "/no/such/model"], "'/no/such/model' is neither a local folder nor a Hub repo id"),
+        (["bench", "--batch-sizes", "0"], "--batch-sizes takes positive integers"),  # bench exited 2 already
+        (["export-onnx", "/no/such/model"], "is neither a model folder that exists nor a Hub repo id"),
+    ],
+)
+def test_input_a_command_refuses_exits_2_as_argparse_does(argv, message, tmp_path, capsys):
+    """bench exited 2 for input it refused, export-serving and select 1 (export-serving's malformed
+    --num-draft-tokens or --option: 1 as well, by SystemExit's message), so a script could not tell
+    a bad call from a failed run. Input refused exits 2, as argparse's own errors do; a run that
+    failed, 1."""
+    out = str(tmp_path / "out")
+    argv = argv + (["--out", out] if argv[0] in ("bench", "export-serving") else [])
+    argv = argv + ([out] if argv[0] == "export-onnx" else [])
+    assert _exit_code(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_every_command_says_what_it_does():
+    """`hf-specdec demo --help` printed its options with no line of what the command does."""
+    silent = [name for name, parser in _subparsers().items() if not parser.description]
+    assert not silent, f"commands without a description: {silent}"
+
+
 def test_ctrl_c_ends_a_command_with_one_line_and_130(monkeypatch, capsys):
     """Ctrl-C while `hf-specdec demo` loaded or generated printed a traceback through torch's
     modules; a command stopped by the user says so and exits 130, as `bench` does."""

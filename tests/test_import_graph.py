@@ -190,7 +190,7 @@ LAYERS: dict[str, set[str]] = {
     "memory": {"core", "drafters", "hub", "ort", "store"},
     "loading": {"core", "demo_model"},
     "lossless": {"core", "loading"},
-    "bench": {"config", "core", "drafters", "heads", "loading", "lossless", "ort"},
+    "bench": {"config", "core", "drafters", "heads", "loading", "lossless", "ort", "store"},
     "train": {"bench", "core", "heads", "loading", "store"},
     # vLLM, SGLang
     "serving": {"bench", "core", "drafters", "heads", "hub", "loading", "selection", "version"},

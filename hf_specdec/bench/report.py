@@ -12,6 +12,7 @@ from typing import Any
 
 from ..core.stats import SpeculativeStats
 from ..lossless import KINDS, bound_formula
+from ..store.manifest import write_atomically
 from .machine import busy_note
 from .plots import MissingMatplotlib, plot_acceptance, plot_speedup
 from .result import PLAIN, BenchResult, Measurement
@@ -169,8 +170,11 @@ def save(result: BenchResult, out_dir: Path | str, *, plots: bool = True) -> lis
     written = [out_dir / "results.json", out_dir / "results.md"]
     speedup, acceptance = out_dir / "speedup.png", out_dir / "acceptance_by_position.png"
     data = to_dict(result)
-    written[0].write_text(json.dumps(data, indent=2) + "\n")
-    written[1].write_text(to_markdown(result))
+    # Renamed over the old files: a reader (export-serving --from-bench) never finds half of one.
+    text = json.dumps(data, indent=2) + "\n"
+    write_atomically(written[0], lambda tmp: tmp.write_text(text))
+    markdown = to_markdown(result)
+    write_atomically(written[1], lambda tmp: tmp.write_text(markdown))
     if plots:
         try:
             written.append(plot_speedup(data["summary"], speedup))

@@ -552,19 +552,41 @@ def _check_context(
     model: Any, tokenizer: Any, prompts: list[Prompt], chat: bool, max_new_tokens: int
 ) -> None:
     """Refuse a prompt that, with the tokens generated after it, runs past the model's context
-    (`max_position_embeddings`): transformers only logs it, and what a model computes there is noise
+    (`_context_length`): transformers only logs it, and what a model computes there is noise
     whose timings and acceptance would be reported beside the others'."""
-    context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
-    if not isinstance(context, int):
+    context, source = _context_length(model.config.get_text_config())
+    if context is None:
         return
     for prompt in prompts:
         length = len(prompt_token_ids(tokenizer, prompt, chat))
         if length + max_new_tokens > context:
             raise ValueError(
                 f"Prompt {prompt.id} ({prompt.category}) is {length} tokens: with {max_new_tokens} new "
-                f"tokens that is past the model's context of {context} (max_position_embeddings). "
+                f"tokens that is past the model's context of {context} ({source}). "
                 "Shorten or drop that prompt, or lower --max-new-tokens."
             )
+
+
+def _context_length(config: Any) -> tuple[int | None, str]:
+    """The positions `config`'s model takes, and whence: `max_position_embeddings`, or, where YaRN
+    rope scaling extends it, `original_max_position_embeddings` times `factor` (transformers 5.25's
+    YaRN: its "post-yarn context length", which max_position_embeddings should equal but need not:
+    model cards have users add YaRN with the original length equal to it). Other scaled rope types
+    already count their scaling in max_position_embeddings (llama3, longrope; Gemma 3's linear)."""
+    context = getattr(config, "max_position_embeddings", None)
+    if not isinstance(context, int):
+        return None, ""
+    source = "max_position_embeddings"
+    parameters = getattr(config, "rope_parameters", None) or {}
+    for rope in [p for p in parameters.values() if isinstance(p, dict)] or [parameters]:  # per layer type
+        factor = rope.get("factor")
+        if rope.get("rope_type") != "yarn" or not isinstance(factor, (int, float)):
+            continue
+        original = rope.get("original_max_position_embeddings") or context
+        if int(original * factor) > context:
+            context = int(original * factor)
+            source = f"yarn: original_max_position_embeddings {original} x factor {factor:g}"
+    return context, source
 
 
 def _batches(prompts: list[Prompt], size: int) -> list[list[Prompt]]:

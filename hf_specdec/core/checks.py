@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -14,7 +16,10 @@ from transformers.cache_utils import (
     LinearAttentionLayer,
 )
 from transformers.generation import GenerationMixin, GenerationMode, logits_process
-from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_CAUSAL_LM_MAPPING,
+    MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+)
 
 from .compat import forward_cache_argument, generate_cache, takes_dynamic_cache
 from .inputs import cached_columns, forwarded_refusal, plain_feeds_otherwise, positions_refusal
@@ -184,6 +189,49 @@ def own_step_loop(model: Any) -> Any:
     frame), else None."""
     own = type(model)._sample
     return None if own is GenerationMixin._sample else own
+
+
+def check_causal_lm(config: Any, name: str) -> None:
+    """Refuse a checkpoint that `AutoModelForCausalLM` cannot load (an encoder-decoder such as T5, an
+    encoder-only model) in one line, `name` its subject: transformers' own error lists every causal
+    config class. The one rule for a model named by folder or repo id, target or draft, applied to
+    its config before its weights load (`check_causal_checkpoint`)."""
+    if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING or "AutoModelForCausalLM" in (
+        getattr(config, "auto_map", None) or {}
+    ):
+        return
+    architectures = ", ".join(getattr(config, "architectures", None) or []) or "no architecture named"
+    raise ValueError(
+        f"{name} is a {config.model_type} model ({architectures}), not a causal LM: hf-specdec "
+        "speculates for and with decoder-only models that AutoModelForCausalLM loads (Llama, Qwen, "
+        "Gemma, SmolLM2, ...); pass one of those."
+    )
+
+
+def check_causal_checkpoint(path: str | Path, name: str, *, trust_remote_code: bool = False) -> None:
+    """`check_causal_lm` on the config of the checkpoint at `path` (a folder, or a Hub repo id: its
+    config.json alone is fetched), read as `from_pretrained` would read it. A config whose auto_map
+    names its own AutoModelForCausalLM passes unread: reading it would run that code."""
+    from transformers import AutoConfig, PretrainedConfig
+
+    raw, _ = PretrainedConfig.get_config_dict(path)
+    if "AutoModelForCausalLM" in (raw.get("auto_map") or {}):
+        return
+    check_causal_lm(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code), name)
+
+
+def check_causal_folder(folder: str | Path) -> None:
+    """`check_causal_checkpoint` for a local folder whose config.json names a model type transformers
+    knows; one that says less (no such file, JSON that does not parse, no or an unknown model_type)
+    is left to whoever reads the folder next, with their own account of it."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    try:
+        config = json.loads((Path(folder) / "config.json").read_bytes())
+    except (OSError, ValueError):  # no file; not JSON, or not UTF-8 (UnicodeDecodeError)
+        return
+    if isinstance(config, dict) and config.get("model_type") in CONFIG_MAPPING_NAMES:
+        check_causal_checkpoint(folder, str(folder))
 
 
 def verify_refusal(model: Any) -> str | None:

@@ -17,6 +17,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ..config import COMPILED, GREEDY_CHAINS_AND_TREES, TRANSLATED, TREES, read_when
+from ..core.checks import check_causal_checkpoint
 from ..core.devices import check_placed, execution_device
 from ..core.fields import check_fields
 from ..hub.config_check import NO_PICKLES, checkpoint_problem
@@ -104,6 +105,7 @@ def load_draft(
             )
         if problem:
             raise ValueError(f"The draft {name} cannot be used: {problem}.")
+        check_causal_checkpoint(folder, f"The draft {name}", trust_remote_code=trust_remote_code)
         model, info = AutoModelForCausalLM.from_pretrained(
             folder, dtype=target.dtype, trust_remote_code=trust_remote_code, output_loading_info=True
         )

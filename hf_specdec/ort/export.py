@@ -21,6 +21,7 @@ import torch
 from torch.export import Dim
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from ..core.checks import check_causal_checkpoint
 from ..core.compat import cache_argument
 from ..core.masks import allowed_keys, in_attention_format
 from .graph import add_logits_to_keep, add_tree_mask_default
@@ -231,6 +232,7 @@ def _load(model_or_path: Any, tokenizer: Any, dtype: torch.dtype) -> tuple[PreTr
     if isinstance(model_or_path, (str, Path)):
         source = str(model_or_path)
         # A model that needs its repo's code: load it yourself (trust_remote_code=True) and pass it.
+        check_causal_checkpoint(source, source)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, trust_remote_code=False)
     else:
         model, source = model_or_path, getattr(model_or_path, "name_or_path", "")

@@ -43,6 +43,7 @@ from typing import Any
 from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalEntryNotFoundError
 from huggingface_hub.utils import validate_repo_id
 
+from ..core.checks import check_causal_folder
 from ..drafters import draft_model, mtp
 from ..hub.config_check import checkpoint_problem, read_json, weights_problem
 from ..hub.download import (
@@ -100,8 +101,11 @@ def select_draft(
 
     Raises:
         DraftSelectionError: the target is gated, private or missing on the Hub.
+        ValueError: the target is a local folder of no causal LM (`check_causal_lm`).
     """
     repo_id, note = _resolve_target(target)
+    if isinstance(target, (str, os.PathLike)):
+        check_causal_folder(target)  # a folder of a model generate could not run
     name = repo_id or getattr(target, "name_or_path", None) or str(target)
     try:
         own = mtp.own_layers(target) if own_heads else None

@@ -10,6 +10,7 @@ from typing import Any
 
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from ..core.checks import check_causal_checkpoint, check_causal_folder
 from ..heads.mtp import declared_mtp_fields
 from ..hub.tokenizer_check import compare_tokenizers
 from ..loading import adapter_base, is_missing_path
@@ -20,8 +21,9 @@ _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def check_target(model: str) -> None:
-    """Refuse a target the engine could not load: a local path that does not exist, or a PEFT adapter
-    (which transformers loads onto its base; the engines load a model checkpoint)."""
+    """Refuse a target the engine could not load: a local path that does not exist, a PEFT adapter
+    (which transformers loads onto its base; the engines load a model checkpoint), or a folder
+    holding no causal LM (a Hub repo's config is read where the target is loaded, `load_target`)."""
     if is_missing_path(model):
         raise ValueError(
             f"{model!r} is neither a local folder nor a Hub repo id (owner/name): the engine would not "
@@ -36,10 +38,12 @@ def check_target(model: str) -> None:
             "merge_and_unload(), then save_pretrained with the tokenizer) and pass that folder, or export "
             f"{base} and add those flags to its command."
         )
+    check_causal_folder(model)
 
 
 def load_target(model: str) -> Any:
     # The checkpoint's dtype, as vLLM serves it; a model needing its repo's code is refused, not run.
+    check_causal_checkpoint(model, model)
     return AutoModelForCausalLM.from_pretrained(model, trust_remote_code=False).eval()
 
 

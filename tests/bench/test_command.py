@@ -135,6 +135,19 @@ def test_save_without_plots_leaves_no_earlier_runs_plots(result, tmp_path):
     assert {p.name for p in tmp_path.iterdir()} == {p.name for p in written} == {"results.json", "results.md"}
 
 
+def test_save_replaces_the_results_whole(result, tmp_path):
+    """results.json was rewritten in place: a reader (export-serving --from-bench, a script polling
+    the folder) that opened it while a run saved read a truncated file, as would every reader after
+    a save cut short. Written beside it and renamed over it, a reader has the old file or the new."""
+    (tmp_path / "results.json").write_text('{"earlier": "run"}\n')
+    with (tmp_path / "results.json").open() as reader:
+        save(result, tmp_path, plots=False)
+        assert json.loads(reader.read()) == {"earlier": "run"}
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert len(saved["measurements"]) == len(result.measurements)
+    assert {p.name for p in tmp_path.iterdir()} == {"results.json", "results.md"}  # no temporary file left
+
+
 def test_the_header_counts_in_words(tiny_folder, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "Count to 3.", "category": "c"}))
@@ -292,6 +305,16 @@ def test_cli_errors(tiny_folder, tmp_path, capsys, argv, message):
     assert message in capsys.readouterr().err
 
 
+def test_cli_refuses_a_draft_that_is_not_a_causal_lm_in_one_line(tiny_folder, t5_folder, tmp_path, capsys):
+    """`bench --draft ./t5` printed AutoModelForCausalLM's list of every causal config class."""
+    argv = ["bench", "--model", str(tiny_folder), "--draft", str(t5_folder), "--methods", "draft_model"]
+    argv += ["--limit", "1", "--max-new-tokens", "2", "--no-plots", "--quiet", "--out", str(tmp_path)]
+    assert cli.main(argv) == 2
+    error = capsys.readouterr().err.partition("error: ")[2]  # after the target's loading bar
+    assert f"The draft {t5_folder} is a t5 model (T5ForConditionalGeneration), not a causal LM" in error
+    assert error.count("\n") == 1 and len(error) < 400, error
+
+
 def test_a_prompt_past_the_models_context_is_refused(tiny_folder, tmp_path):
     """A prompt longer than the model's context was timed like any other, transformers only logging a
     "friendly reminder": the rows' outputs past it are the model's noise, their speedups reported
@@ -306,6 +329,31 @@ def test_a_prompt_past_the_models_context_is_refused(tiny_folder, tmp_path):
     prompts.write_text(json.dumps({"prompt": "Say hi.", "id": "short"}) + "\n")
     with pytest.raises(ValueError, match=r"Prompt short \(custom\) is \d+ tokens.*lower --max-new-tokens"):
         run_bench(tiny_folder, prompts=prompts, max_new_tokens=context, progress=False)
+
+
+def test_a_prompt_within_a_yarn_scaled_context_is_taken(tiny_folder, tmp_path):
+    """A model whose YaRN rope scaling extends its context past max_position_embeddings (as Qwen's
+    model cards have users add: factor 4 over an original_max_position_embeddings equal to it) was
+    refused prompts it can take: the check read max_position_embeddings alone. transformers 5.25
+    defines YaRN's context as original_max_position_embeddings times factor."""
+    folder = tmp_path / "yarn"
+    folder.mkdir()
+    for file in tiny_folder.iterdir():
+        (folder / file.name).write_bytes(file.read_bytes())
+    config = json.loads((folder / "config.json").read_text())
+    rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "rope_theta": 1e4}
+    config |= {"max_position_embeddings": 32, "rope_parameters": rope}
+    (folder / "config.json").write_text(json.dumps(config))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "word " * 60, "id": "long"}) + "\n")
+    result = run_bench(
+        folder, prompts=prompts, methods=["ngram"], max_new_tokens=2, transformers_baselines=False,
+        chat_template=False, progress=False,
+    )  # fmt: skip
+    assert all(m.error is None for m in result.measurements)
+    prompts.write_text(json.dumps({"prompt": "word " * 130, "id": "longer"}) + "\n")
+    with pytest.raises(ValueError, match=r"Prompt longer \(custom\) is \d+ tokens.*context of 128 \(yarn"):
+        run_bench(folder, prompts=prompts, methods=["ngram"], max_new_tokens=2, progress=False)
 
 
 def test_an_onnx_row_drafts_with_the_export_given_as_draft(tiny_folder, tmp_path):

@@ -219,6 +219,18 @@ def test_a_draft_checkpoint_missing_weights_is_refused(target, good_draft, tmp_p
         target.generate(torch.tensor([[7, 8, 9]]), max_new_tokens=2, speculative=dict(draft=str(tmp_path)))
 
 
+def test_a_draft_folder_that_is_not_a_causal_lm_is_refused_in_one_line(target, t5_folder):
+    """A T5 folder as draft= (`hf-specdec bench --draft ./t5`) reached AutoModelForCausalLM, whose
+    error lists every causal config class: some 4,000 characters and no word of what to pass."""
+    from hf_specdec.drafters import draft_model
+
+    with pytest.raises(ValueError) as err:
+        draft_model.load_draft(str(t5_folder), target)
+    message = str(err.value)
+    assert f"The draft {t5_folder} is a t5 model (T5ForConditionalGeneration), not a causal LM" in message
+    assert "\n" not in message and len(message) < 400
+
+
 def test_a_draft_named_by_folder_is_the_one_in_that_folder_now(
     target, good_draft, weak_draft, tmp_path, monkeypatch
 ):

@@ -98,6 +98,18 @@ def test_a_failed_export_leaves_no_folder_and_a_file_is_refused(tmp_path):
         export_onnx_report("/no/such/model", tmp_path / "a-file", progress=False)
 
 
+def test_a_model_that_is_not_a_causal_lm_is_refused_in_one_line(t5_folder, tmp_path):
+    """`hf-specdec export-onnx ./t5` answered with AutoModelForCausalLM's list of every causal config
+    class (some 4,000 characters), no word of what to export instead."""
+    out = tmp_path / "out"
+    with pytest.raises(ValueError) as err:
+        export_onnx_report(str(t5_folder), out, progress=False)
+    message = str(err.value)
+    assert f"{t5_folder} is a t5 model (T5ForConditionalGeneration), not a causal LM" in message
+    assert "\n" not in message and len(message) < 400
+    assert not out.exists()
+
+
 def test_a_model_in_train_mode_is_exported_without_dropout_and_left_in_its_mode(tmp_path):
     """Traced and checked in eval mode, then each module back in its own: the caller's model (a
     target `method="quantized"` exports) was left switched to eval for good, its dropout off."""

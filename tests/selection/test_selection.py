@@ -462,6 +462,18 @@ def test_cli_text_lists_published_heads_offline(
     assert "head:" not in out and "speculative=dict" not in out
 
 
+def test_a_local_target_that_is_not_a_causal_lm_is_refused(
+    t5_folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`hf-specdec select ./t5` answered "method: suffix", a choice for a model that generate with
+    speculative= cannot run (load_model refuses it)."""
+    with pytest.raises(ValueError, match=r"is a t5 model \(T5ForConditionalGeneration\), not a causal LM"):
+        select_draft(str(t5_folder))
+    assert _select_cli(["select", str(t5_folder)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "not a causal LM" in captured.err
+
+
 def test_cli_main(capsys: pytest.CaptureFixture[str]) -> None:
     from hf_specdec.cli import main
 

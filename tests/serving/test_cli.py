@@ -1,5 +1,5 @@
 """`hf-specdec export-serving` (hf_specdec_cli/export_serving.py): prints the command, writes serving.json,
-and exits 1 with the refusal's message."""
+and exits 2 (input refused) with the refusal's message."""
 
 from __future__ import annotations
 
@@ -29,12 +29,12 @@ def test_cli_prints_the_command_and_writes_serving_json(models, tmp_path, capsys
     assert "note: " in err
 
 
-def test_cli_refusal_exits_1_with_the_message(models, tmp_path, capsys):
+def test_cli_refusal_exits_2_with_the_message(models, tmp_path, capsys):
     code = main(
         ["export-serving", str(models / "target"), "--engine", "sglang", "--method", "quantized"]
         + ["--out", str(tmp_path)]
     )
-    assert code == 1
+    assert code == 2
     assert "error: method 'quantized' drafts with an int8 copy" in capsys.readouterr().err
 
 
@@ -44,7 +44,7 @@ def test_cli_prints_each_refusal_as_the_error(models, tmp_path, capsys, method):
         ["export-serving", str(models / "target"), "--engine", "vllm", "--method", method]
         + ["--num-draft-tokens", "3", "--out", str(tmp_path)]
     )
-    assert code == 1
+    assert code == 2
     assert capsys.readouterr().err == f"error: {REFUSALS[method]}\n"
 
 
@@ -67,6 +67,37 @@ def test_cli_refuses_what_it_used_to_take_without_a_word(models, tmp_path, capsy
         + extra
         + ["--out", str(tmp_path)]
     )
-    assert code == 1
+    assert code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "serving.json").exists()
+
+
+@pytest.mark.parametrize("extra", [[], ["--method", "ngram", "--num-draft-tokens", "3"]])
+def test_cli_refuses_a_target_that_is_not_a_causal_lm(t5_folder, tmp_path, capsys, extra):
+    """`export-serving ./t5` printed AutoModelForCausalLM's list of every causal config class (as it
+    loaded the target to measure a draft length), or, with the method and length given, wrote a
+    command serving a T5 with prompt lookup."""
+    code = main(["export-serving", str(t5_folder), "--engine", "vllm", *extra, "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"{t5_folder} is a t5 model (T5ForConditionalGeneration), not a causal LM" in err
+    assert err.count("\n") == 1 and len(err) < 400, err
+    assert not (tmp_path / "serving.json").exists()
+
+
+def test_cli_takes_a_head_as_bench_does_too(models, tmp_path, capsys):
+    """bench takes --head METHOD=FOLDER, export-serving took --head FOLDER only: the form bench took,
+    copied over, was read as a folder named 'eagle=...'. Both forms now export the same; a METHOD=
+    that --method contradicts is refused."""
+    head = models / "head-eagle3"
+    exported = {}
+    for form in (str(head), f"eagle={head}"):
+        out = tmp_path / str(len(exported))
+        argv = ["export-serving", str(models / "target8"), "--engine", "vllm", "--head", form]
+        assert main([*argv, "--num-draft-tokens", "3", "--out", str(out)]) == 0
+        exported[form] = json.loads((out / "serving.json").read_text().replace(str(out), "OUT"))
+    assert exported[str(head)] == exported[f"eagle={head}"]
+    assert exported[str(head)]["speculative_config"]["method"] == "eagle3"
+    argv = ["export-serving", str(models / "target8"), "--engine", "vllm", "--method", "medusa"]
+    assert main([*argv, "--head", f"eagle={head}", "--out", str(tmp_path / "x")]) == 2
+    assert "--head eagle=... names method eagle, --method medusa" in capsys.readouterr().err
