@@ -6,8 +6,7 @@ import pytest
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from hf_specdec.core.checks import Unsupported
-from hf_specdec.core.processing import as_row
+from hf_specdec.core.processing import KeepsState, as_row
 
 from ..conftest import random_batch, tiny_llama
 
@@ -33,7 +32,7 @@ def test_a_criterion_that_keeps_state_is_refused_in_a_batch(target_no_eos, metho
     """Rows are verified apart, so a criterion of one's own is called once per row and token where
     plain calls it once per step: one that counts its calls would stop the batch elsewhere."""
     input_ids, attention_mask = random_batch(3, 3)
-    with pytest.raises(Unsupported, match="keeps state"):
+    with pytest.raises(KeepsState, match="keeps state"):
         target_no_eos.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,

@@ -20,7 +20,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from hf_specdec.core.processing import ScoreProcessor, path_tokens, prefix_ids
+from hf_specdec.core.processing import KeepsState, ScoreProcessor, path_tokens, prefix_ids
 
 from ..conftest import random_batch
 
@@ -262,13 +262,11 @@ def test_a_processor_of_ones_own_that_keeps_state_is_refused(target, good_draft,
     """Its state after a verify would be that of calls at rejected draft positions, which plain never
     makes: the output would differ from plain's without a word. Refused once its state is seen to
     change, `speculative=True` too (it shows only once the call runs)."""
-    from hf_specdec.core.checks import Unsupported
-
     input_ids, attention_mask = random_batch(3, batch)
     spec = dict(method=method, num_draft_tokens=3)
     if method != "ngram":
         spec["draft"] = good_draft
-    with pytest.raises(Unsupported, match="keeps state"):
+    with pytest.raises(KeepsState, match="keeps state"):
         target.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,
