@@ -13,7 +13,7 @@ from transformers import GenerationConfig, StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .draft import DraftRequest
-from .processing import as_row, indexes_rows
+from .processing import StateGuard, as_row, indexes_rows, own_state
 from .stats import SpeculativeStats
 
 if TYPE_CHECKING:
@@ -60,6 +60,8 @@ class OutputCollector:
         # max_length, or, where plain generate keeps decoding stopped rows, where the last one stopped.
         self.stopped: list[int | None] = [None] * batch
         self.limit = self.capacity
+        # A batch's criteria of one's own, called per row and token (`_stops`): their state checked.
+        self._guards: dict[int, StateGuard] = {}
         self.streamer = streamer
         pad = generation_config._pad_token_tensor  # what plain generate writes after a row's end
         self.pad = pad if pad is not None else 0
@@ -214,7 +216,16 @@ class OutputCollector:
             else _per_row(c(ids, scores), 1)
             for c in criteria
         ]
+        if batch > 1:  # one row is shown each of its tokens once, in order, as plain shows them
+            for c in criteria:
+                if (watched := own_state(c)) is not None:
+                    self._guard(c, watched).check()
         return any(bool(d[0]) for d in done)
+
+    def _guard(self, criterion: object, watched: object) -> StateGuard:
+        if id(criterion) not in self._guards:
+            self._guards[id(criterion)] = StateGuard(criterion, watched, _ROWS_APART)
+        return self._guards[id(criterion)]
 
     def emit_verdict(
         self,
@@ -283,6 +294,12 @@ def _check_steps(per_row: list[list[Any]], steps: int) -> None:
     """Every row holds one entry per step: a missing one would shift every later step's rows."""
     if any(len(row) != steps for row in per_row):
         raise RuntimeError(f"rows kept {[len(row) for row in per_row]} steps of outputs, not {steps} each")
+
+
+_ROWS_APART = (
+    "A batch's rows are verified apart, so speculation calls it once per row and token, where plain "
+    "generate calls it once a step for the whole batch (a batch of one row it calls as plain does)."
+)
 
 
 def _per_row(answer: Any, rows: int) -> torch.Tensor:

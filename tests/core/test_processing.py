@@ -8,6 +8,7 @@ import torch
 from transformers import (
     InfNanRemoveLogitsProcessor,
     LogitNormalization,
+    LogitsProcessor,
     LogitsProcessorList,
     MinLengthLogitsProcessor,
     NoRepeatNGramLogitsProcessor,
@@ -19,7 +20,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from hf_specdec.core.processing import ScoreProcessor, path_tokens, prefix_ids
+from hf_specdec.core.processing import KeepsState, ScoreProcessor, path_tokens, prefix_ids
 
 from ..conftest import random_batch
 
@@ -184,4 +185,105 @@ def test_the_sequences_of_one_prompt_read_that_prompts_encoder_ids(target, optio
     plain = target.generate(**common)
     torch.manual_seed(3)
     ours = target.generate(**common, speculative="ngram")
+    assert torch.equal(ours, plain)
+
+
+class _CountingBias(LogitsProcessor):
+    """Keeps state from call to call: boosts another token at each call it counts. Plain `generate`
+    calls it once a step; verification would call it at every draft position, rejected ones too."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, input_ids, scores):
+        self.calls += 1
+        return scores + 6.0 * (torch.arange(scores.shape[-1]) == self.calls * 11 % scores.shape[-1])
+
+
+class _History(LogitsProcessor):
+    """Keeps a history of the last tokens it was shown, and penalises them."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def __call__(self, input_ids, scores):
+        scores = scores.clone()
+        scores[:, self.seen] -= 3.0
+        self.seen.append(int(input_ids[0, -1]))
+        return scores
+
+
+def _counting_closure():
+    """A plain function keeping its count in a closure."""
+    state = {"calls": 0}
+
+    def bias(input_ids, scores):
+        state["calls"] += 1
+        return scores + 6.0 * (torch.arange(scores.shape[-1]) == state["calls"] % scores.shape[-1])
+
+    return bias
+
+
+class _PromptLength(LogitsProcessor):
+    """Sets itself up at its first call (the prompt's length), then reads only the tokens: what it
+    is shown at its first call is what plain shows it, so it stays as plain's from then on."""
+
+    def __init__(self) -> None:
+        self.prompt_len: int | None = None
+
+    def __call__(self, input_ids, scores):
+        if self.prompt_len is None:
+            self.prompt_len = input_ids.shape[1]
+        new = input_ids.shape[1] - self.prompt_len
+        return scores + 5.0 * (torch.arange(scores.shape[-1]) == (7 * new + 9) % scores.shape[-1])
+
+
+class _Memo(LogitsProcessor):
+    """Memoises a pure function of the sequence in a dict that only gains keys (as constrained
+    decoding libraries keep their automaton's state per prefix)."""
+
+    def __init__(self) -> None:
+        self.banned: dict[tuple[int, ...], int] = {}
+
+    def __call__(self, input_ids, scores):
+        scores = scores.clone()
+        for b, row in enumerate(input_ids.tolist()):
+            key = tuple(row)
+            if key not in self.banned:
+                self.banned[key] = (3 * sum(row)) % scores.shape[-1]
+            scores[b, self.banned[key]] = float("-inf")
+        return scores
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("method", ["ngram", "draft_model", "auto"])
+@pytest.mark.parametrize("make", [_CountingBias, _History, _counting_closure])
+def test_a_processor_of_ones_own_that_keeps_state_is_refused(target, good_draft, make, method, batch):
+    """Its state after a verify would be that of calls at rejected draft positions, which plain never
+    makes: the output would differ from plain's without a word. Refused once its state is seen to
+    change, `speculative=True` too (it shows only once the call runs)."""
+    input_ids, attention_mask = random_batch(3, batch)
+    spec = dict(method=method, num_draft_tokens=3)
+    if method != "ngram":
+        spec["draft"] = good_draft
+    with pytest.raises(KeepsState, match="keeps state"):
+        target.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=20,
+            do_sample=False,
+            logits_processor=LogitsProcessorList([make()]),
+            speculative=spec,
+        )
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+@pytest.mark.parametrize("make", [_PromptLength, _Memo])
+def test_a_processor_set_up_at_its_first_call_or_memoising_speculates_as_plain(target, make, do_sample):
+    input_ids, attention_mask = random_batch(3, 3)
+    common = dict(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=20, do_sample=do_sample)
+    torch.manual_seed(0)
+    plain = target.generate(**common, logits_processor=LogitsProcessorList([make()]))
+    torch.manual_seed(0)
+    ours = target.generate(**common, logits_processor=LogitsProcessorList([make()]), speculative="ngram")
     assert torch.equal(ours, plain)
