@@ -13,7 +13,8 @@ from transformers import GenerationConfig, StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .draft import DraftRequest
-from .processing import StateGuard, as_row, indexes_rows, own_state
+from .own_state import StateGuard, own_state
+from .processing import as_row, indexes_rows
 from .stats import SpeculativeStats
 
 if TYPE_CHECKING:

@@ -6,7 +6,8 @@ import pytest
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from hf_specdec.core.processing import KeepsState, as_row
+from hf_specdec.core.own_state import KeepsState
+from hf_specdec.core.processing import as_row
 
 from ..conftest import random_batch, tiny_llama
 

@@ -20,7 +20,8 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from hf_specdec.core.processing import KeepsState, ScoreProcessor, path_tokens, prefix_ids
+from hf_specdec.core.own_state import KeepsState
+from hf_specdec.core.processing import ScoreProcessor, path_tokens, prefix_ids
 
 from ..conftest import random_batch
 
