@@ -699,6 +699,30 @@ def test_a_target_quantizing_activations_per_forward_decodes_plainly_under_auto_
         model.generate(prompt, **kw, speculative=dict(method="ngram", num_draft_tokens=3))
 
 
+def test_torchao_activations_quantized_per_tensor_are_refused_and_per_row_ones_speculate():
+    """torchao's dynamic int8 activations scale each forward's inputs as a whole with
+    `granularity=PerTensor()` (refused as `quantize_dynamic` is: greedy output differed from plain's
+    by up to 1.3 in the scores, bound 5e-4), and each token by its own with the default `PerRow()`."""
+    quantization = pytest.importorskip("torchao.quantization")
+    from torchao.quantization.granularity import PerTensor
+
+    models = {}
+    for granularity in ("per_tensor", "per_row"):
+        models[granularity] = tiny_llama(1)
+        fields = dict(granularity=PerTensor()) if granularity == "per_tensor" else {}
+        quantization.quantize_(
+            models[granularity], quantization.Int8DynamicActivationInt8WeightConfig(**fields)
+        )
+    prompt = torch.tensor([[9, 17, 23, 9, 17, 23, 9, 17]])
+    kw = dict(max_new_tokens=20, do_sample=False, pad_token_id=0)
+    with pytest.raises(
+        ValueError, match="model.layers.0.self_attn.q_proj quantizes its inputs with one scale"
+    ):
+        models["per_tensor"].generate(prompt, **kw, speculative="ngram")
+    out = models["per_row"].generate(prompt, **kw, speculative="ngram", return_dict_in_generate=True)
+    assert out.speculative_stats.method == "ngram"
+
+
 @pytest.mark.parametrize("alibi", ["bloom", "falcon"])
 def test_trees_through_alibi_biases_are_refused(alibi):
     """BLOOM and Falcon with `alibi` build their position biases from a 2D mask: a tree's 4D mask
