@@ -25,13 +25,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from torch.onnx import OnnxExporterError
+
     from hf_specdec.loading import check_model_path
     from hf_specdec.ort import export_onnx_report
 
     check_model_path(args.model)
-    report = export_onnx_report(
-        args.model, args.out, dtype=args.dtype, quantize=args.quantize, progress=not args.quiet
-    )
+    try:
+        report = export_onnx_report(
+            args.model, args.out, dtype=args.dtype, quantize=args.quantize, progress=not args.quiet
+        )
+    except OnnxExporterError as err:
+        # torch.onnx's own report ends in advice to file an issue with PyTorch; the usual cause here
+        # is weights a quantization library holds in tensor types or operators ONNX lacks.
+        raise ValueError(
+            f"torch.onnx could not export {args.model}. If its weights are quantized (torchao, "
+            "optimum-quanto, bitsandbytes, ...), export the unquantized checkpoint instead (--quantize "
+            "int8 gives int8 weights)."
+        ) from err
     print(
         f"Wrote {report.path}\n"
         f"Parity with PyTorch ({args.dtype}, inputs with a past and a masked hole): max abs logit "

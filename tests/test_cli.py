@@ -16,7 +16,7 @@ import pytest
 from hf_specdec import cli
 from hf_specdec_cli import build_parser, main
 
-from .conftest import child_env
+from .conftest import child_env, tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -202,6 +202,29 @@ def test_every_command_says_what_it_does():
     """`hf-specdec demo --help` printed its options with no line of what the command does."""
     silent = [name for name, parser in _subparsers().items() if not parser.description]
     assert not silent, f"commands without a description: {silent}"
+
+
+def test_export_onnx_of_a_model_torch_onnx_cannot_export_says_what_to_do(tmp_path, monkeypatch, capsys):
+    """A checkpoint saved with torchao's int8 weights (loaded with `requires_grad` set on them)
+    ended `export-onnx` in torch.onnx's traceback, "Only Tensors of floating point and complex
+    dtype can require gradients", and its advice to file an issue with PyTorch; the exporter's
+    failure is stubbed here, as torchao is not among the test dependencies."""
+    import torch
+
+    from hf_specdec.ort import export as ort_export
+
+    def export(*args, **kwargs):
+        raise torch.onnx.OnnxExporterError(
+            "Only Tensors of floating point and complex dtype can require gradients"
+        )
+
+    monkeypatch.setattr(ort_export, "_export", export)
+    folder = tmp_path / "model"
+    tiny_llama(3, layers=1).save_pretrained(folder)
+    assert main(["export-onnx", str(folder), str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"torch.onnx could not export {folder}" in err, err
+    assert "export the unquantized checkpoint" in err, err
 
 
 def test_ctrl_c_ends_a_command_with_one_line_and_130(monkeypatch, capsys):

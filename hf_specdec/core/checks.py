@@ -114,6 +114,16 @@ def check_supported(
             "forwards, so the output could not be plain's. Call model.eval() before generate, or drop "
             "speculative= (speculative=True decodes such a call plainly)."
         )
+    if (quantized := per_forward_activation_scale(model)) is not None:
+        raise Unsupported(
+            f"{type(model).__name__}'s {quantized} quantizes its inputs with one scale per forward "
+            "(torch.ao.quantization.quantize_dynamic, or torchao's with granularity=PerTensor()), "
+            "shared by every token and row the forward holds: a verify forward of several tokens "
+            "scales each token otherwise than plain decoding's one-token forwards, so the output could "
+            "not be plain's. Quantize the weights only (e.g. torchao's Int8WeightOnlyConfig through "
+            "TorchAoConfig) or per row, or drop speculative= (speculative=True decodes such a model "
+            "plainly)."
+        )
     if not config.use_cache:
         # The model's own generation config may say so too, where the call never did.
         raise Unsupported(
@@ -181,6 +191,24 @@ def active_dropout(model: Any) -> str | None:
         for attribute, rate in vars(module).items():
             if "drop" in attribute and type(rate) is float and rate > 0:
                 return f"{name + '.' if name else ''}{attribute}={rate}"
+    return None
+
+
+def per_forward_activation_scale(model: Any) -> str | None:
+    """The first module of `model` that quantizes its inputs with one scale for the whole forward,
+    else None: torch's dynamically quantized modules (`quantize_dynamic`), found by the package
+    they come from, which `torch.ao` (deprecated) may no longer import; and a module whose weight
+    quantizes the activations it meets per tensor (torchao's `act_quant_kwargs` with
+    `granularity=PerTensor()`; its default, `PerRow()`, scales each token by its own values)."""
+    for name, module in model.named_modules():
+        if type(module).__module__.startswith(
+            ("torch.ao.nn.quantized.dynamic", "torch.nn.quantized.dynamic")
+        ):
+            return name or "the model"
+        for weight in module.parameters(recurse=False):
+            granularity = getattr(getattr(weight, "act_quant_kwargs", None), "granularity", None)
+            if type(granularity).__name__ == "PerTensor":
+                return name or "the model"
     return None
 
 

@@ -110,7 +110,9 @@ class MedusaHead(nn.Module):
         return self._target_lm_head[0].weight.dtype
 
     def _weight(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self._lm_weight is None or self._lm_weight.device != hidden.device:
+        kept = self._lm_weight
+        # Kept per device and dtype: the head can be moved or cast (`.to`) after a first use.
+        if kept is None or kept.device != hidden.device or kept.dtype != hidden.dtype:
             weight = module_weight(self._target_lm_head[0])  # also when device_map offloaded it
             self._lm_weight = vocab_rows(weight, self.draft_vocab).to(hidden.device, hidden.dtype)
         return self._lm_weight

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from transformers import (
@@ -674,6 +676,51 @@ def test_a_target_in_training_mode_with_dropout_decodes_plainly_under_auto_and_n
     with pytest.raises(ValueError, match="is in training mode with dropout .*Call model.eval"):
         model.generate(prompt, **kw, speculative="ngram")
     assert model.training  # left as given
+
+
+def test_a_target_quantizing_activations_per_forward_decodes_plainly_under_auto_and_named_methods_refuse():
+    """`torch.ao.quantization.quantize_dynamic` gives each Linear one activation scale for all the
+    tokens of a forward (and every row of the batch): a verify forward of several tokens scales
+    each token otherwise than plain's one-token forwards, and its greedy output differed from
+    plain's by scores far past fp32 rounding (0.18 below the best at generated token 4, bound 6e-4)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao.quantization is deprecated
+        model = torch.ao.quantization.quantize_dynamic(tiny_llama(1), {torch.nn.Linear}, dtype=torch.qint8)
+    prompt = torch.tensor([[9, 17, 23, 9, 17, 23, 9, 17]])
+    kw = dict(max_new_tokens=20, do_sample=False, pad_token_id=0)
+    plain = model.generate(prompt, **kw)
+    out = model.generate(prompt, **kw, speculative=True, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, plain)
+    assert out.speculative_stats.method == "plain"
+    assert "quantizes its inputs with one scale per forward" in out.speculative_stats.selection
+    with pytest.raises(
+        ValueError, match="model.layers.0.self_attn.q_proj.*quantizes its inputs.*Quantize the weights only"
+    ):
+        model.generate(prompt, **kw, speculative=dict(method="ngram", num_draft_tokens=3))
+
+
+def test_torchao_activations_quantized_per_tensor_are_refused_and_per_row_ones_speculate():
+    """torchao's dynamic int8 activations scale each forward's inputs as a whole with
+    `granularity=PerTensor()` (refused as `quantize_dynamic` is: greedy output differed from plain's
+    by up to 1.3 in the scores, bound 5e-4), and each token by its own with the default `PerRow()`."""
+    quantization = pytest.importorskip("torchao.quantization")
+    from torchao.quantization.granularity import PerTensor
+
+    models = {}
+    for granularity in ("per_tensor", "per_row"):
+        models[granularity] = tiny_llama(1)
+        fields = dict(granularity=PerTensor()) if granularity == "per_tensor" else {}
+        quantization.quantize_(
+            models[granularity], quantization.Int8DynamicActivationInt8WeightConfig(**fields)
+        )
+    prompt = torch.tensor([[9, 17, 23, 9, 17, 23, 9, 17]])
+    kw = dict(max_new_tokens=20, do_sample=False, pad_token_id=0)
+    with pytest.raises(
+        ValueError, match="model.layers.0.self_attn.q_proj quantizes its inputs with one scale"
+    ):
+        models["per_tensor"].generate(prompt, **kw, speculative="ngram")
+    out = models["per_row"].generate(prompt, **kw, speculative="ngram", return_dict_in_generate=True)
+    assert out.speculative_stats.method == "ngram"
 
 
 @pytest.mark.parametrize("alibi", ["bloom", "falcon"])
