@@ -111,10 +111,11 @@ class SpeculativeConfig:
             transformers' `MtpModel` of them, or an MTP head we trained; for `method="dflash"` /
             `"dspark"`: a block draft (loaded, folder or Hub repo). Drafters that take none
             (`ngram`, `suffix`, `quantized`) refuse one given.
-        draft_tokenizer: the draft's tokenizer when `draft` is a loaded model; lets the
-            compatibility check compare vocabularies instead of sizes. Refused where nothing would
-            read it: without a `draft`, beside a draft named by folder or repo (loaded with its
-            own), and for drafters in the target's own tokens (heads, assistants).
+        draft_tokenizer: the draft's tokenizer when `draft` is a loaded model (for `method="onnx"`,
+            it replaces the one an exported folder holds); lets the compatibility check compare
+            vocabularies instead of sizes. Refused where nothing would read it: without a `draft`,
+            beside a draft model named by folder or repo (loaded with its own), and for drafters in
+            the target's own tokens (heads, assistants).
         num_draft_tokens: tokens drafted per step (tree nodes, with `tree`): an integer for a fixed
             length, or `"auto"` (default) to choose it each step from measured acceptance and costs
             (state kept for the call).

@@ -229,7 +229,7 @@ class DraftModelDrafter(DecoderDrafter):
             )
         options = options_to_config(cls.options_class, config.options)
         if tokenizer is None and draft_tokenizer is not None and not options.tokenizer_verified:
-            tokenizer = _local_tokenizer(target)
+            tokenizer = local_tokenizer(target)
         translation = (
             SHARED
             if options.tokenizer_verified
@@ -364,7 +364,7 @@ def _load_named_draft(
         raise OSError(message) from err
 
 
-def _local_tokenizer(model: PreTrainedModel) -> Any:
+def local_tokenizer(model: PreTrainedModel) -> Any:
     """The target's tokenizer, read without downloading anything: from the local folder it was
     loaded from, or from the Hub cache for a model loaded by repo id; None where there is none."""
     name = getattr(model, "name_or_path", "") or ""

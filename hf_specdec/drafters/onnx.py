@@ -16,7 +16,7 @@ from ..core.fields import check_fields
 from ..ort.session import PROVIDERS, OnnxDecoder
 from .base import options_to_config
 from .decoder import DecoderDrafter
-from .draft_model import check_compatible
+from .draft_model import check_compatible, local_tokenizer
 from .registry import register_drafter
 
 if TYPE_CHECKING:
@@ -76,7 +76,10 @@ class OnnxDrafter(DecoderDrafter):
         options = options_to_config(cls.options_class, config.options)
         decoder = load_decoder(config.draft, options, target)
         if not options.tokenizer_verified:
-            check_compatible(target, tokenizer, decoder, config.draft_tokenizer or decoder.tokenizer)
+            draft_tokenizer = config.draft_tokenizer or decoder.tokenizer
+            if tokenizer is None and draft_tokenizer is not None:  # as draft_model: the target's folder's
+                tokenizer = local_tokenizer(target)
+            check_compatible(target, tokenizer, decoder, draft_tokenizer)
         return cls(decoder, options.min_confidence, execution_device(target), options.tree_top_k)
 
 

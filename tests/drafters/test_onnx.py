@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import sys
+import warnings
 
 import pytest
 import torch
 
 from hf_specdec.ort import session
 
-from ..conftest import assert_greedy_match, random_batch
+from ..conftest import assert_greedy_match, random_batch, tiny_llama
 
 GREEDY_CASES = [  # (draft folder, batch size, draft length)
     ("good", 1, 4),
@@ -174,3 +175,29 @@ def test_missing_onnxruntime_names_the_install_command(target, onnx_dirs, monkey
             max_new_tokens=4,
             speculative=dict(method="onnx", draft=str(onnx_dirs["weak"])),
         )
+
+
+def test_the_target_folders_tokenizer_is_compared_with_the_exports(tmp_path):
+    """As `draft_model` does, an ONNX draft is checked token by token against the tokenizer of the
+    folder the target was loaded from, without `generate(tokenizer=...)`: no warning that only the
+    vocabulary sizes were compared, and an export of another tokenizer of the same size refused."""
+    from transformers import AutoModelForCausalLM
+
+    from hf_specdec.ort import export_onnx
+
+    from ..helpers.tokenizers import byte_level_bpe, metaspace_bpe
+
+    tokenizer = byte_level_bpe(300)
+    tiny_llama(0, vocab_size=300).save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    target = AutoModelForCausalLM.from_pretrained(tmp_path / "target").eval()
+    export_onnx(target, tmp_path / "same", tokenizer=tokenizer, progress=False)
+    export_onnx(target, tmp_path / "other", tokenizer=metaspace_bpe(300), progress=False)
+    ids = torch.tensor([tokenizer("the fox and the rabbit walked to the river. the fox").input_ids])
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        target.generate(ids, max_new_tokens=4, speculative=dict(method="onnx", draft=str(tmp_path / "same")))
+    assert not [w for w in caught if "judged by vocabulary size" in str(w.message)]
+    with pytest.raises(ValueError, match="cannot draft for this target"):
+        target.generate(ids, max_new_tokens=4, speculative=dict(method="onnx", draft=str(tmp_path / "other")))
