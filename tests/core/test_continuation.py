@@ -301,3 +301,58 @@ def test_a_text_turn_after_an_image_turn_is_plains_continuation():
         model.generate(
             turn, cache=_cache(first), pixel_values=pixel_values, max_new_tokens=4, speculative="ngram"
         )
+
+
+def _tiny_qwen2_vl():
+    """Qwen2-VL with its multimodal rotary positions: a 56x56 image, 16 patches of 14 pixels merged
+    2x2, becomes 4 soft tokens at the image token's (4) places, which share a temporal position."""
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    text = dict(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, pad_token_id=0, bos_token_id=1, eos_token_id=None, max_position_embeddings=256,
+        rope_parameters={"rope_type": "default", "mrope_section": [2, 1, 1], "rope_theta": 10000.0},
+    )  # fmt: skip
+    vision = dict(depth=1, embed_dim=32, hidden_size=32, num_heads=2, mlp_ratio=2)
+    config = Qwen2VLConfig(
+        text_config=text, vision_config=vision, image_token_id=4, video_token_id=5, vision_start_token_id=6,
+        vision_end_token_id=7,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return Qwen2VLForConditionalGeneration(config).eval()
+
+
+def test_a_text_turn_after_a_qwen2_vl_image_turn_is_plains_continuation():
+    """An image turn is decoded plainly (its rotary positions differ between axes); the text turn after
+    it continues the cache with positions shifted by the `rope_deltas` the image's prefill left on the
+    model, which generate adds to the new turn's positions: in a left-padded batch whose rows' images
+    shift them differently, drafts accepted, the output is plain's."""
+    model = _tiny_qwen2_vl()
+    rows = [[1, 9, 6] + [4] * 4 + [7, 11, 13, 9, 11, 13], [1, 10, 6] + [4] * 8 + [7, 12]]  # 2x2, 2x4 merged
+    input_ids = torch.tensor([[0] * (13 - len(row)) + row for row in rows])
+    attention_mask = (input_ids != 0).long()
+    pixels = torch.randn(48, 1176, generator=torch.Generator().manual_seed(0))
+    kwargs = dict(pixel_values=pixels, image_grid_thw=torch.tensor([[1, 4, 4], [1, 4, 8]]))
+    kwargs["mm_token_type_ids"] = (input_ids == 4).long()
+    out = model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=8, do_sample=False,
+                         return_dict_in_generate=True, speculative=True, **kwargs)  # fmt: skip
+    assert out.speculative_stats.method == "plain"
+    assert "rotary positions that differ between axes" in out.speculative_stats.selection
+    assert model.model.rope_deltas.flatten().tolist() == [-2, -4]  # the images moved the text's positions
+    turn = torch.cat([out.sequences, torch.tensor([[9, 11, 13, 9, 11, 13, 9, 11]] * 2)], dim=1)
+    mask = torch.cat([attention_mask, torch.ones(2, turn.shape[1] - input_ids.shape[1], dtype=torch.long)], 1)
+    options = dict(
+        attention_mask=mask,
+        max_new_tokens=16,
+        do_sample=False,
+        return_dict_in_generate=True,
+        output_scores=True,
+    )
+    plain = model.generate(turn, cache=copy.deepcopy(_cache(out)), **options)
+    draft = SpeculativeConfig(method="draft_model", draft=model, num_draft_tokens=3)
+    for speculative in ("ngram", draft):
+        ours = model.generate(turn, cache=copy.deepcopy(_cache(out)), speculative=speculative, **options)
+        assert torch.equal(ours.sequences, plain.sequences)
+        # A tiny random model's choices hardly move with positions shifted a little: its scores do.
+        torch.testing.assert_close(torch.stack(ours.scores), torch.stack(plain.scores), rtol=1e-4, atol=1e-4)
+    assert ours.speculative_stats.accepted > 0
