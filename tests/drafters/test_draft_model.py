@@ -302,3 +302,19 @@ def test_a_peft_model_drafts_with_its_adapter_and_prompt_learning_is_refused(tar
     )
     with pytest.raises(ValueError, match=r"PEFT PROMPT_TUNING model.*get_base_model\(\)"):
         target.generate(**kw, speculative=dict(draft=prompt_tuned))
+
+
+def test_a_draft_folder_whose_tokenizer_does_not_load_says_so(target, good_draft, tmp_path):
+    """A draft folder whose tokenizer files are damaged (a truncated tokenizer.json) was read as
+    one without a tokenizer: the pair was judged by vocabulary size alone, with advice to pass
+    draft_tokenizer=, which a draft named by folder refuses. Refused, naming the file and the fix."""
+    from hf_specdec.drafters import draft_model
+    from tests.hub_server import tiny_tokenizer
+
+    good_draft.save_pretrained(tmp_path)
+    tiny_tokenizer("A").save_pretrained(tmp_path)
+    (tmp_path / "tokenizer.json").write_text((tmp_path / "tokenizer.json").read_text()[:100])
+    with pytest.raises(
+        ValueError, match=r"has tokenizer files that do not load \(JSONDecodeError.*download it again"
+    ):
+        draft_model.load_draft(str(tmp_path), target)
