@@ -167,9 +167,20 @@ def clear_loaded() -> None:
 
 
 def check_compatible(
-    target: PreTrainedModel, target_tokenizer: Any, draft: PreTrainedModel, draft_tokenizer: Any
+    target: PreTrainedModel,
+    target_tokenizer: Any,
+    draft: PreTrainedModel,
+    draft_tokenizer: Any,
+    draft_folder: str | None = None,
 ) -> None:
-    """Refuse a draft whose token ids mean something else; warn when that cannot be checked."""
+    """Refuse a draft whose token ids mean something else; warn when that cannot be checked.
+    `draft_folder`: where a draft named by folder or repo was loaded from, which reads its tokenizer
+    from there and refuses `draft_tokenizer=`."""
+    give_draft_tokenizer = (
+        f"its tokenizer saved in {draft_folder}, or the draft loaded, with draft_tokenizer="
+        if draft_folder is not None
+        else "`draft_tokenizer=` in the SpeculativeConfig"
+    )
     if target_tokenizer is not None and draft_tokenizer is not None:
         check = compare_tokenizers_once(target_tokenizer, draft_tokenizer)
         if not check.compatible:
@@ -186,7 +197,7 @@ def check_compatible(
             what
             for what, given in [
                 ("the target's (`tokenizer=` to generate())", target_tokenizer),
-                ("the draft's (`draft_tokenizer=` in the SpeculativeConfig)", draft_tokenizer),
+                (f"the draft's ({give_draft_tokenizer})", draft_tokenizer),
             ]
             if given is None
         ]
@@ -198,8 +209,8 @@ def check_compatible(
             "of its tokens)."
         )
     warnings.warn(
-        "Draft compatibility was judged by vocabulary size only. Pass the draft's tokenizer "
-        "(`SpeculativeConfig(draft_tokenizer=...)`) and the target's (`generate(tokenizer=...)`) to check "
+        f"Draft compatibility was judged by vocabulary size only. Give the draft's tokenizer "
+        f"({give_draft_tokenizer}) and the target's (`generate(tokenizer=...)`) to check "
         "that token ids mean the same strings; a mismatch does not break correctness, only speed.",
         stacklevel=4,
     )
@@ -223,7 +234,9 @@ class DraftModelDrafter(DecoderDrafter):
                 "SpeculativeConfig(method='draft_model', draft='repo/or/path') or draft=<a loaded model>."
             )
         _check_is_draft_model(config.draft)
+        draft_folder = None
         if isinstance(config.draft, (str, Path)):
+            draft_folder = str(config.draft)
             if config.draft_tokenizer is not None:
                 raise ValueError(
                     f"The draft {str(config.draft)!r} is loaded with its own tokenizer, and draft_tokenizer= "
@@ -249,7 +262,7 @@ class DraftModelDrafter(DecoderDrafter):
         translation = (
             SHARED
             if options.tokenizer_verified
-            else _translation(target, tokenizer, draft, draft_tokenizer, options.translation)
+            else _translation(target, tokenizer, draft, draft_tokenizer, options.translation, draft_folder)
         )
         decoder = TorchDecoder(draft, compile_with_target=options.compile_with_target)
         device = execution_device(target)
@@ -310,14 +323,19 @@ def _check_causal_lm(draft: nn.Module) -> None:
 
 
 def _translation(
-    target: PreTrainedModel, tokenizer: Any, draft: PreTrainedModel, draft_tokenizer: Any, requested: str
+    target: PreTrainedModel,
+    tokenizer: Any,
+    draft: PreTrainedModel,
+    draft_tokenizer: Any,
+    requested: str,
+    draft_folder: str | None,
 ) -> Translation:
     """How the draft's tokens become the target's: as they are where the tokenizers agree, else as
     `choose_translation` says. Without both tokenizers only the vocabulary sizes can be compared
     (`check_compatible`): a draft of another size is refused, one of the same size taken as sharing
     the target's tokenizer, with a warning."""
     if tokenizer is None or draft_tokenizer is None:
-        check_compatible(target, tokenizer, draft, draft_tokenizer)
+        check_compatible(target, tokenizer, draft, draft_tokenizer, draft_folder)
         return SHARED
     draft_vocab = draft.config.get_text_config().vocab_size
     for role, given, vocab in [
