@@ -21,7 +21,7 @@ from ..core.checks import check_causal_checkpoint
 from ..core.devices import check_placed, execution_device
 from ..core.fields import check_fields
 from ..hub.config_check import NO_PICKLES, checkpoint_problem
-from ..hub.download import HubFileError, download_model
+from ..hub.download import HubFileError, download_model, refetch_advice
 from ..hub.tokenizer_check import compare_tokenizers_once, spelling, token_spellings
 from ..store.manifest import checkpoint_stamp
 from .base import Drafter, options_to_config
@@ -78,6 +78,8 @@ class DraftModelConfig:
 # Loaded drafts by (what was loaded, dtype, device, trust_remote_code): loading takes seconds, a
 # generate call should not. `clear_loaded()` (called by `hf_specdec.clear_cache()`) frees it.
 _LOADED: dict[tuple[tuple, torch.dtype, str, bool], tuple[Any, Any]] = {}
+# Files a saved tokenizer is read from: a folder with none of them holds no tokenizer.
+TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 def load_draft(
@@ -121,14 +123,28 @@ def load_draft(
                 "pass the model."
             )
         model = model.to(device).eval()
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
-        except (OSError, ValueError):
-            tokenizer = None
+        tokenizer = _saved_tokenizer(folder, name, trust_remote_code=trust_remote_code)
         loaded = (model, tokenizer)
         _LOADED.clear()  # keep one draft in memory, not every one ever used
         _LOADED[key] = loaded  # returned as it is: another thread may clear the dict meanwhile
     return loaded
+
+
+def _saved_tokenizer(folder: Path, name: str, *, trust_remote_code: bool) -> Any:
+    """The tokenizer saved beside a draft, or None where its folder holds none (the pair is then
+    judged by vocabulary size). Files that are there but do not load are an error: read as none,
+    they let a draft of another tokenizer through unchecked."""
+    if not any((folder / f).is_file() for f in TOKENIZER_MARKERS):
+        return None
+    try:
+        return AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:  # JSONDecodeError is a ValueError
+        first_line = (str(err).strip().splitlines() or [""])[0]  # transformers' may run to ten lines
+        raise ValueError(
+            f"The draft {name} has tokenizer files that do not load ({type(err).__name__}: {first_line}): "
+            f"{refetch_advice(folder, 'save or download it again')}, or load the draft and its tokenizer "
+            "yourself and pass draft=<model>, draft_tokenizer=<tokenizer>."
+        ) from None
 
 
 def _loaded_as(name: str, local: bool) -> tuple:
@@ -151,9 +167,20 @@ def clear_loaded() -> None:
 
 
 def check_compatible(
-    target: PreTrainedModel, target_tokenizer: Any, draft: PreTrainedModel, draft_tokenizer: Any
+    target: PreTrainedModel,
+    target_tokenizer: Any,
+    draft: PreTrainedModel,
+    draft_tokenizer: Any,
+    draft_folder: str | None = None,
 ) -> None:
-    """Refuse a draft whose token ids mean something else; warn when that cannot be checked."""
+    """Refuse a draft whose token ids mean something else; warn when that cannot be checked.
+    `draft_folder`: where a draft named by folder or repo was loaded from, which reads its tokenizer
+    from there and refuses `draft_tokenizer=`."""
+    give_draft_tokenizer = (
+        f"its tokenizer saved in {draft_folder}, or the draft loaded, with draft_tokenizer="
+        if draft_folder is not None
+        else "`draft_tokenizer=` in the SpeculativeConfig"
+    )
     if target_tokenizer is not None and draft_tokenizer is not None:
         check = compare_tokenizers_once(target_tokenizer, draft_tokenizer)
         if not check.compatible:
@@ -170,7 +197,7 @@ def check_compatible(
             what
             for what, given in [
                 ("the target's (`tokenizer=` to generate())", target_tokenizer),
-                ("the draft's (`draft_tokenizer=` in the SpeculativeConfig)", draft_tokenizer),
+                (f"the draft's ({give_draft_tokenizer})", draft_tokenizer),
             ]
             if given is None
         ]
@@ -182,8 +209,8 @@ def check_compatible(
             "of its tokens)."
         )
     warnings.warn(
-        "Draft compatibility was judged by vocabulary size only. Pass the draft's tokenizer "
-        "(`SpeculativeConfig(draft_tokenizer=...)`) and the target's (`generate(tokenizer=...)`) to check "
+        f"Draft compatibility was judged by vocabulary size only. Give the draft's tokenizer "
+        f"({give_draft_tokenizer}) and the target's (`generate(tokenizer=...)`) to check "
         "that token ids mean the same strings; a mismatch does not break correctness, only speed.",
         stacklevel=4,
     )
@@ -207,7 +234,9 @@ class DraftModelDrafter(DecoderDrafter):
                 "SpeculativeConfig(method='draft_model', draft='repo/or/path') or draft=<a loaded model>."
             )
         _check_is_draft_model(config.draft)
+        draft_folder = None
         if isinstance(config.draft, (str, Path)):
+            draft_folder = str(config.draft)
             if config.draft_tokenizer is not None:
                 raise ValueError(
                     f"The draft {str(config.draft)!r} is loaded with its own tokenizer, and draft_tokenizer= "
@@ -233,7 +262,7 @@ class DraftModelDrafter(DecoderDrafter):
         translation = (
             SHARED
             if options.tokenizer_verified
-            else _translation(target, tokenizer, draft, draft_tokenizer, options.translation)
+            else _translation(target, tokenizer, draft, draft_tokenizer, options.translation, draft_folder)
         )
         decoder = TorchDecoder(draft, compile_with_target=options.compile_with_target)
         device = execution_device(target)
@@ -294,14 +323,19 @@ def _check_causal_lm(draft: nn.Module) -> None:
 
 
 def _translation(
-    target: PreTrainedModel, tokenizer: Any, draft: PreTrainedModel, draft_tokenizer: Any, requested: str
+    target: PreTrainedModel,
+    tokenizer: Any,
+    draft: PreTrainedModel,
+    draft_tokenizer: Any,
+    requested: str,
+    draft_folder: str | None,
 ) -> Translation:
     """How the draft's tokens become the target's: as they are where the tokenizers agree, else as
     `choose_translation` says. Without both tokenizers only the vocabulary sizes can be compared
     (`check_compatible`): a draft of another size is refused, one of the same size taken as sharing
     the target's tokenizer, with a warning."""
     if tokenizer is None or draft_tokenizer is None:
-        check_compatible(target, tokenizer, draft, draft_tokenizer)
+        check_compatible(target, tokenizer, draft, draft_tokenizer, draft_folder)
         return SHARED
     draft_vocab = draft.config.get_text_config().vocab_size
     for role, given, vocab in [

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import functools
 import threading
 import warnings
 from pathlib import Path
@@ -52,7 +52,16 @@ class OnnxDecoder:
         if self.kv_heads is None or self.head_dim is None:
             raise ValueError(f"{path}: the KV shape is symbolic and there is no config.json to read it from.")
         self.config = config if config is not None else _vocab_only_config(self.vocab_size)
-        self.tokenizer = _read_tokenizer(path)
+
+    @functools.cached_property
+    def tokenizer(self) -> Any:
+        """The tokenizer saved beside the export, or None where there is none; read when first asked
+        for, so that a `draft_tokenizer=` given in its place spares reading damaged files.
+
+        Raises:
+            ValueError: tokenizer files are there but do not load.
+        """
+        return _read_tokenizer(self.path)
 
     def new_cache(self, batch_size: int) -> OrtKV:
         """An empty KV cache for `batch_size` rows, in IO-bound buffers on this session's device."""
@@ -190,8 +199,13 @@ def _read_tokenizer(path: Path) -> Any:
         if any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
             try:
                 return AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
-            except (OSError, ValueError, json.JSONDecodeError):
-                return None
+            except (OSError, ValueError) as err:  # JSONDecodeError is a ValueError
+                # Read as none, they would let an export of another tokenizer through unchecked.
+                first_line = (str(err).strip().splitlines() or [""])[0]
+                raise ValueError(
+                    f"The ONNX draft {folder} has tokenizer files that do not load ({type(err).__name__}: "
+                    f"{first_line}): export it again, or pass its tokenizer as draft_tokenizer=."
+                ) from None
     return None
 
 

@@ -52,6 +52,7 @@ from ..hub.download import (
     download_model,
     hub_endpoint,
     hub_offline,
+    hub_timeout,
     is_commit,
     local_snapshot,
 )
@@ -413,6 +414,15 @@ def _cached_or_searched(
         reason = (
             f"{repo_id} is not in the registry and the Hub ({hub_endpoint()}) could not be searched "
             f"({why}); speculating draft-free with {DRAFT_FREE_AUTO_WORDS} instead."
+        )
+        # Each call waits for the Hub again, which the statistics alone would not tell: said once
+        # (the message and the line are the same every time, so Python's filter shows it once).
+        warnings.warn(
+            f"{reason} Each speculative=True call asks the Hub again and waits for it (up to "
+            f"HF_HUB_ETAG_TIMEOUT={hub_timeout():g} s a request): set HF_HUB_OFFLINE=1 not to ask, or "
+            f"pass speculative={DRAFT_FREE_AUTO!r}.",
+            UserWarning,
+            stacklevel=2,
         )
         return DraftChoice(DRAFT_FREE_METHOD, None, reason, target=repo_id, source="offline")
     path.parent.mkdir(parents=True, exist_ok=True)

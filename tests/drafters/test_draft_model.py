@@ -302,3 +302,36 @@ def test_a_peft_model_drafts_with_its_adapter_and_prompt_learning_is_refused(tar
     )
     with pytest.raises(ValueError, match=r"PEFT PROMPT_TUNING model.*get_base_model\(\)"):
         target.generate(**kw, speculative=dict(draft=prompt_tuned))
+
+
+def test_a_draft_folder_whose_tokenizer_does_not_load_says_so(target, good_draft, tmp_path):
+    """A draft folder whose tokenizer files are damaged (a truncated tokenizer.json) was read as
+    one without a tokenizer: the pair was judged by vocabulary size alone, with advice to pass
+    draft_tokenizer=, which a draft named by folder refuses. Refused, naming the file and the fix."""
+    from hf_specdec.drafters import draft_model
+    from tests.hub_server import tiny_tokenizer
+
+    good_draft.save_pretrained(tmp_path)
+    tiny_tokenizer("A").save_pretrained(tmp_path)
+    (tmp_path / "tokenizer.json").write_text((tmp_path / "tokenizer.json").read_text()[:100])
+    with pytest.raises(
+        ValueError, match=r"has tokenizer files that do not load \(JSONDecodeError.*download it again"
+    ):
+        draft_model.load_draft(str(tmp_path), target)
+
+
+def test_a_draft_folder_without_a_tokenizer_is_not_told_to_pass_draft_tokenizer(target, tmp_path):
+    """A draft named by a folder that holds no tokenizer, of another vocabulary size than the
+    target's: the error said to pass `draft_tokenizer=`, which a draft named by folder refuses.
+    It says to save the tokenizer beside the draft, or to pass the draft loaded."""
+    tiny_llama(1, vocab_size=80).save_pretrained(tmp_path)
+    spec = dict(method="draft_model", draft=str(tmp_path))
+    with pytest.raises(ValueError, match="cannot be compared") as err:
+        target.generate(torch.tensor([[7, 8, 9]]), max_new_tokens=2, speculative=spec)
+    assert "`draft_tokenizer=` in the SpeculativeConfig" not in str(err.value)
+    assert f"its tokenizer saved in {tmp_path}" in str(err.value)
+    from tests.hub_server import tiny_tokenizer
+
+    with pytest.raises(ValueError, match="would go unused"):  # what the old advice led to
+        spec["draft_tokenizer"] = tiny_tokenizer("A")
+        target.generate(torch.tensor([[7, 8, 9]]), max_new_tokens=2, speculative=spec)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 import warnings
 
@@ -201,3 +202,23 @@ def test_the_target_folders_tokenizer_is_compared_with_the_exports(tmp_path):
     assert not [w for w in caught if "judged by vocabulary size" in str(w.message)]
     with pytest.raises(ValueError, match="cannot draft for this target"):
         target.generate(ids, max_new_tokens=4, speculative=dict(method="onnx", draft=str(tmp_path / "other")))
+
+
+def test_an_exports_tokenizer_that_does_not_load_is_named_unless_replaced(target, onnx_dirs, tmp_path):
+    """Tokenizer files beside an export that do not load (a truncated tokenizer.json) were read as
+    none: the pair was judged by vocabulary size alone. Refused, naming the error; a draft_tokenizer=
+    given in its place is used without reading them."""
+    from tests.hub_server import tiny_tokenizer
+
+    folder = tmp_path / "export"
+    shutil.copytree(onnx_dirs["weak"], folder)
+    tokenizer = tiny_tokenizer("A")
+    tokenizer.save_pretrained(folder)
+    (folder / "tokenizer.json").write_text((folder / "tokenizer.json").read_text()[:100])
+    ids = torch.tensor([[7, 8, 9]])
+    with pytest.raises(
+        ValueError, match=r"has tokenizer files that do not load \(JSONDecodeError.*draft_tokenizer="
+    ):
+        target.generate(ids, max_new_tokens=2, speculative=dict(method="onnx", draft=str(folder)))
+    spec = dict(method="onnx", draft=str(folder), draft_tokenizer=tokenizer)
+    target.generate(ids, max_new_tokens=2, speculative=spec)

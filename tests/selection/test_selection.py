@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import warnings
 from pathlib import Path
 
 import huggingface_hub.constants
@@ -275,6 +276,33 @@ def test_a_hub_that_never_answers_the_search_is_draft_free_after_the_timeout(
     assert torch.equal(out.sequences, plain)
     assert "could not be searched (ReadTimeout" in out.speculative_stats.selection
     assert select_draft(TARGET).draft == GOOD_DRAFT  # not cached: searched again once the Hub answers
+
+
+def test_a_hub_that_cannot_be_searched_is_said_once_with_what_each_call_costs(
+    hub: HubServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Behind a Hub that does not answer, every `speculative=True` call waits for the Hub's timeout
+    (10 s by default) before drafting without a draft model, and said so only in the statistics of
+    a call that returned them (a 6-token call took 10 s). A warning, once, says what it costs and
+    how to avoid it."""
+    monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "1")
+    config = LlamaConfig(
+        vocab_size=128, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2
+    )
+    model = LlamaForCausalLM(config)
+    model.name_or_path = TARGET
+    ids = torch.tensor([[5, 6, 7, 8]])
+    hub.stalled = {"/api/models"}
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
+            for _ in range(2):
+                model.generate(ids, max_new_tokens=2, do_sample=False, speculative=True)
+    finally:
+        hub.stalled = set()
+    said = [str(w.message) for w in caught if "could not be searched" in str(w.message)]
+    assert len(said) == 1, said
+    assert "Each speculative=True call asks the Hub again" in said[0] and "HF_HUB_OFFLINE=1" in said[0]
 
 
 @pytest.mark.parametrize("status", [500, 429])
