@@ -18,6 +18,7 @@ import hf_specdec
 from hf_specdec import cli
 from hf_specdec.core.policy import DEVICE_COSTS
 from hf_specdec.ort import export_onnx
+from hf_specdec.selection.select import clear_failed_searches
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,6 +29,13 @@ def _fresh_device_costs():
     from call to call (`DEVICE_COSTS`), and the session's models are shared, so without this a test
     would depend on the ones that ran before it."""
     DEVICE_COSTS.clear()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_searches():
+    """Each test's Hub asked anew: a search the Hub could not answer is not asked again for a while
+    in the process (`select.SEARCH_RETRY_SECONDS`), whichever test's server failed it."""
+    clear_failed_searches()
 
 
 def child_env(**extra: str) -> dict[str, str]:

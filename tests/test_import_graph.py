@@ -187,7 +187,7 @@ LAYERS: dict[str, set[str]] = {
     "selection": {"config", "core", "drafters", "hub", "ort", "store"},  # which draft for a target
     "integration": {"config", "core", "drafters", "selection"},  # generate(speculative=), pipelines
     "demo_model": {"store"},
-    "memory": {"core", "drafters", "hub", "ort", "store"},
+    "memory": {"core", "drafters", "hub", "ort", "selection", "store"},
     "loading": {"core", "demo_model"},
     "lossless": {"core", "loading"},
     "bench": {"config", "core", "drafters", "heads", "loading", "lossless", "ort", "store"},

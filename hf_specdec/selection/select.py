@@ -35,6 +35,7 @@ import hashlib
 import json
 import os
 import re
+import time
 import warnings
 from functools import cache
 from pathlib import Path
@@ -78,6 +79,10 @@ except ModuleNotFoundError:  # Python 3.10
 _REGISTRY_NAME = "draft_pairs.toml"
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _MAX_CACHE_FILE_BYTES = 1 << 20  # a choice is a few kB
+# A search the Hub could not answer is not asked again in the process for this long: behind a Hub
+# that does not answer, each speculative=True call would wait for its timeout before drafting.
+SEARCH_RETRY_SECONDS = 60.0
+_FAILED_SEARCHES: dict[tuple[str, Path], tuple[float, str]] = {}  # (endpoint, choice file) -> (when, why)
 
 
 def select_draft(
@@ -384,6 +389,11 @@ def _cache_file(repo_id: str, revision: str | None, *, token: str | None, trust_
     return cache_dir() / "selections" / name
 
 
+def clear_failed_searches() -> None:
+    """Forget the searches the Hub could not answer: the next call asks it again at once."""
+    _FAILED_SEARCHES.clear()
+
+
 def _cached_or_searched(
     repo_id: str, *, token: str | None, revision: str | None, trust_remote_code: bool
 ) -> DraftChoice:
@@ -397,6 +407,11 @@ def _cached_or_searched(
             f"for; speculating draft-free with {DRAFT_FREE_AUTO_WORDS} instead."
         )
         return DraftChoice(DRAFT_FREE_METHOD, None, reason, target=repo_id, source="offline")
+    key = (hub_endpoint(), path)
+    failed = _FAILED_SEARCHES.get(key)
+    if failed is not None and (waited := time.monotonic() - failed[0]) < SEARCH_RETRY_SECONDS:
+        again = f"{failed[1]} (as {waited:.0f} s ago; asked again {SEARCH_RETRY_SECONDS:g} s after)"
+        return DraftChoice(DRAFT_FREE_METHOD, None, again, target=repo_id, source="offline")
     try:
         choice = search_draft(
             repo_id,
@@ -406,25 +421,25 @@ def _cached_or_searched(
             cross_tokenizer_drafts=registry_cross_tokenizer_drafts(),
         )
     except (HubUnreachable, HfHubHTTPError, LocalEntryNotFoundError, json.JSONDecodeError) as err:
-        # As offline, but not cached: the next call searches again. What reaches here is the Hub
-        # unreachable, failing for now (`search.transient`; a file it could not give, retries
-        # spent), or answering with what is not JSON (a proxy's page); its definite answers
-        # (missing, gated) are DraftSelectionErrors.
+        # As offline, and not cached on disk: asked again once SEARCH_RETRY_SECONDS have passed. What
+        # reaches here is the Hub unreachable, failing for now (`search.transient`; a file it could
+        # not give, retries spent), or answering with what is not JSON (a proxy's page); its
+        # definite answers (missing, gated) are DraftSelectionErrors.
         why = f"{type(err).__name__}: {str(err).splitlines()[0]}"  # its first line: one sentence
         reason = (
             f"{repo_id} is not in the registry and the Hub ({hub_endpoint()}) could not be searched "
             f"({why}); speculating draft-free with {DRAFT_FREE_AUTO_WORDS} instead."
         )
-        # Each call waits for the Hub again, which the statistics alone would not tell: said once
-        # (the message and the line are the same every time, so Python's filter shows it once).
-        warnings.warn(
-            f"{reason} Each speculative=True call asks the Hub again and waits for it (up to "
-            f"HF_HUB_ETAG_TIMEOUT={hub_timeout():g} s a request): set HF_HUB_OFFLINE=1 not to ask, or "
-            f"pass speculative={DRAFT_FREE_AUTO!r}.",
+        _FAILED_SEARCHES[key] = (time.monotonic(), reason)
+        warnings.warn(  # the statistics alone would not tell it, nor what asking costs
+            f"{reason} This process asks the Hub again {SEARCH_RETRY_SECONDS:g} s from now, waiting "
+            f"for it (up to HF_HUB_ETAG_TIMEOUT={hub_timeout():g} s a request): set HF_HUB_OFFLINE=1 "
+            f"not to ask, or pass speculative={DRAFT_FREE_AUTO!r}.",
             UserWarning,
             stacklevel=2,
         )
         return DraftChoice(DRAFT_FREE_METHOD, None, reason, target=repo_id, source="offline")
+    _FAILED_SEARCHES.pop(key, None)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(choice.to_dict(), indent=2)
     write_atomically(path, lambda tmp: tmp.write_text(text))  # a crash never leaves half a decision behind
@@ -484,6 +499,7 @@ __all__ = [
     "load_draft",
     "locate_draft",
     "assistant_lookup",
+    "clear_failed_searches",
     "registry_lookup",
     "registry_path",
     "select_draft",

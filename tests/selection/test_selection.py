@@ -275,16 +275,17 @@ def test_a_hub_that_never_answers_the_search_is_draft_free_after_the_timeout(
         hub.stalled = set()
     assert torch.equal(out.sequences, plain)
     assert "could not be searched (ReadTimeout" in out.speculative_stats.selection
+    monkeypatch.setattr(select_module, "SEARCH_RETRY_SECONDS", 0.0)
     assert select_draft(TARGET).draft == GOOD_DRAFT  # not cached: searched again once the Hub answers
 
 
-def test_a_hub_that_cannot_be_searched_is_said_once_with_what_each_call_costs(
+def test_a_hub_that_cannot_be_searched_is_said_once_and_not_asked_again_for_a_while(
     hub: HubServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Behind a Hub that does not answer, every `speculative=True` call waits for the Hub's timeout
+    """Behind a Hub that does not answer, every `speculative=True` call waited for the Hub's timeout
     (10 s by default) before drafting without a draft model, and said so only in the statistics of
-    a call that returned them (a 6-token call took 10 s). A warning, once, says what it costs and
-    how to avoid it."""
+    a call that returned them (a 6-token call took 10 s). A warning, once, says so and how to avoid
+    it, and the process asks the Hub again only after `SEARCH_RETRY_SECONDS`."""
     monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "1")
     config = LlamaConfig(
         vocab_size=128, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2
@@ -292,7 +293,7 @@ def test_a_hub_that_cannot_be_searched_is_said_once_with_what_each_call_costs(
     model = LlamaForCausalLM(config)
     model.name_or_path = TARGET
     ids = torch.tensor([[5, 6, 7, 8]])
-    hub.stalled = {"/api/models"}
+    hub.stalled, asked = {"/api/models"}, len(hub.requests)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("default")
@@ -302,11 +303,15 @@ def test_a_hub_that_cannot_be_searched_is_said_once_with_what_each_call_costs(
         hub.stalled = set()
     said = [str(w.message) for w in caught if "could not be searched" in str(w.message)]
     assert len(said) == 1, said
-    assert "Each speculative=True call asks the Hub again" in said[0] and "HF_HUB_OFFLINE=1" in said[0]
+    assert "asks the Hub again 60 s from now" in said[0] and "HF_HUB_OFFLINE=1" in said[0]
+    searches = [path for _, path in hub.requests[asked:] if path == "/api/models"]
+    assert len(searches) == 1, searches  # the second call waited for no Hub
 
 
 @pytest.mark.parametrize("status", [500, 429])
-def test_a_hub_failing_for_now_is_draft_free_and_not_cached(hub: HubServer, status: int) -> None:
+def test_a_hub_failing_for_now_is_draft_free_and_not_cached(
+    hub: HubServer, status: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A server error or a rate limit on the target's info raised out of `select_draft` (so out of
     `generate(speculative=True)`); a failing candidate was cached as rejected for good."""
     hub.failing = {f"/api/models/{TARGET}": status}
@@ -317,11 +322,14 @@ def test_a_hub_failing_for_now_is_draft_free_and_not_cached(hub: HubServer, stat
     assert (choice.method, choice.source) == ("ngram", "offline")
     assert "could not be searched (HfHubHTTPError: " in choice.reason and str(status) in choice.reason
     assert "\n" not in choice.reason  # one sentence: the error's first line
+    again = select_draft(TARGET)  # within SEARCH_RETRY_SECONDS: the Hub is not asked
+    assert (again.method, again.source) == ("ngram", "offline") and "asked again 60 s after" in again.reason
+    monkeypatch.setattr(select_module, "SEARCH_RETRY_SECONDS", 0.0)
     assert select_draft(TARGET).draft == GOOD_DRAFT  # not cached: searched again once the Hub answers
 
 
 def test_a_cross_tokenizer_candidate_failing_for_now_leaves_no_choice_cached(
-    hub: HubServer, cross_drafts
+    hub: HubServer, cross_drafts, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     hub.failing = {f"/api/models/{CROSS_DRAFT}": 503}
     try:
@@ -329,6 +337,7 @@ def test_a_cross_tokenizer_candidate_failing_for_now_leaves_no_choice_cached(
     finally:
         hub.failing = {}
     assert (choice.method, choice.source) == ("ngram", "offline")
+    monkeypatch.setattr(select_module, "SEARCH_RETRY_SECONDS", 0.0)  # asked again once it has passed
     assert select_draft(ALONE).draft == CROSS_DRAFT
 
 
