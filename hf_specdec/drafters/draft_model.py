@@ -123,17 +123,22 @@ def load_draft(
                 "pass the model."
             )
         model = model.to(device).eval()
-        tokenizer = _saved_tokenizer(folder, name, trust_remote_code=trust_remote_code)
+        tokenizer = saved_tokenizer(
+            folder, f"The draft {name}", trust_remote_code=trust_remote_code, instead=_LOAD_IT_YOURSELF
+        )
         loaded = (model, tokenizer)
         _LOADED.clear()  # keep one draft in memory, not every one ever used
         _LOADED[key] = loaded  # returned as it is: another thread may clear the dict meanwhile
     return loaded
 
 
-def _saved_tokenizer(folder: Path, name: str, *, trust_remote_code: bool) -> Any:
-    """The tokenizer saved beside a draft, or None where its folder holds none (the pair is then
-    judged by vocabulary size). Files that are there but do not load are an error: read as none,
-    they let a draft of another tokenizer through unchecked."""
+_LOAD_IT_YOURSELF = "load the draft and its tokenizer yourself and pass draft=<model>, draft_tokenizer=<tokenizer>"
+
+
+def saved_tokenizer(folder: Path, name: str, *, trust_remote_code: bool, instead: str) -> Any:
+    """The tokenizer saved in `folder`, or None where it holds none (a pair is then judged by
+    vocabulary size). Files that are there but do not load are an error, saying `instead` as the
+    other way out: read as none, they let a draft of another tokenizer through unchecked."""
     if not any((folder / f).is_file() for f in TOKENIZER_MARKERS):
         return None
     try:
@@ -141,9 +146,8 @@ def _saved_tokenizer(folder: Path, name: str, *, trust_remote_code: bool) -> Any
     except (OSError, ValueError) as err:  # JSONDecodeError is a ValueError
         first_line = (str(err).strip().splitlines() or [""])[0]  # transformers' may run to ten lines
         raise ValueError(
-            f"The draft {name} has tokenizer files that do not load ({type(err).__name__}: {first_line}): "
-            f"{refetch_advice(folder, 'save or download it again')}, or load the draft and its tokenizer "
-            "yourself and pass draft=<model>, draft_tokenizer=<tokenizer>."
+            f"{name} has tokenizer files that do not load ({type(err).__name__}: {first_line}): "
+            f"{refetch_advice(folder, 'save or download it again')}, or {instead}."
         ) from None
 
 

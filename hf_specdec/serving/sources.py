@@ -11,6 +11,7 @@ from typing import Any
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from ..core.checks import check_causal_checkpoint, check_causal_folder
+from ..drafters.draft_model import saved_tokenizer
 from ..heads.mtp import declared_mtp_fields
 from ..hub.tokenizer_check import compare_tokenizers
 from ..loading import adapter_base, is_missing_path
@@ -94,10 +95,16 @@ def check_vocab(model: str, draft: str) -> None:
 
 
 def _tokenizer(name: str) -> Any:
-    """The tokenizer saved with a model, or None where there is none."""
+    """The tokenizer saved with a model, or None where there is none; a folder's files that do not
+    load are refused (read as none, the check below would pass a draft of another tokenizer)."""
+    if Path(name).is_dir():
+        try:
+            return saved_tokenizer(Path(name), name, trust_remote_code=False, instead="export --method ngram")
+        except ValueError as err:
+            raise ServingExportError(str(err)) from None
     try:
         return AutoTokenizer.from_pretrained(name, trust_remote_code=False)
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # a Hub repo without one
         return None
 
 

@@ -32,6 +32,10 @@ def models(tmp_path_factory) -> Path:
     word_level(words).save_pretrained(root / "target-words")
     tiny_llama(1).save_pretrained(root / "draft-other-words")
     word_level(words[:1] + words[:0:-1]).save_pretrained(root / "draft-other-words")
+    tiny_llama(1).save_pretrained(root / "draft-broken-tokenizer")  # its tokenizer.json cut short
+    word_level(words).save_pretrained(root / "draft-broken-tokenizer")
+    broken = root / "draft-broken-tokenizer" / "tokenizer.json"
+    broken.write_bytes(broken.read_bytes()[:40])
     target8 = tiny_llama(0, layers=8)
     target8.save_pretrained(root / "target8")
     torch.manual_seed(5)

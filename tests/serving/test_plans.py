@@ -56,6 +56,10 @@ REFUSALS_BY_CASE = {
         lambda m: dict(model=m / "target-words", method="draft_model", draft=m / "draft-other-words"),
         "read the draft's token ids as the target's, but .*draft-other-words's tokenizer is not",
     ),
+    "draft-tokenizer-that-does-not-load": (
+        lambda m: dict(model=m / "target-words", method="draft_model", draft=m / "draft-broken-tokenizer"),
+        "draft-broken-tokenizer has tokenizer files that do not load .*save or download it again",
+    ),
     "our-eagle1-style-head": (
         lambda m: dict(method="eagle", head=m / "head-ours"),
         "EAGLE-1-style head .* would draft differently",
