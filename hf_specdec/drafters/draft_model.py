@@ -132,7 +132,9 @@ def load_draft(
     return loaded
 
 
-_LOAD_IT_YOURSELF = "load the draft and its tokenizer yourself and pass draft=<model>, draft_tokenizer=<tokenizer>"
+_LOAD_IT_YOURSELF = (
+    "load the draft and its tokenizer yourself and pass draft=<model>, draft_tokenizer=<tokenizer>"
+)
 
 
 def saved_tokenizer(folder: Path, name: str, *, trust_remote_code: bool, instead: str) -> Any:
