@@ -75,6 +75,10 @@ class OutputCollector:
             (self.keep_scores, self.keep_logits, self.keep_attentions, self.keep_hidden_states)
         )
         self.scores: list[list[torch.Tensor]] = [[] for _ in range(batch)]  # per row, [1, V] a token
+        # The same as the batch a criterion of one's own is shown (`as_row`), [B, V] views a token,
+        # each made once its token comes: made again at every token, they cost the call the square
+        # of its tokens.
+        self._scores_shown: list[list[torch.Tensor]] = [[] for _ in range(batch)]
         self.logits: list[list[torch.Tensor]] = [[] for _ in range(batch)]
         # Per row, per token: a tuple over layers, as plain generate's step for it (see `TokenOutputs`).
         self.attentions: list[list[tuple[torch.Tensor, ...]]] = [[] for _ in range(batch)]
@@ -211,8 +215,9 @@ class OutputCollector:
     ) -> bool:
         """Whether a criterion ends the row (each called, as `StoppingCriteriaList` calls them all)."""
         ids, batch = self.row(row), self.tokens.shape[0]
+        shown = self._batch_scores(row) if batch > 1 and scores is not None else scores
         done = [
-            as_row(lambda i, s, c=c: _per_row(c(i, s), batch), row, batch, ids, scores)
+            as_row(lambda i, s, c=c: _per_row(c(i, s), batch), row, batch, ids, shown)
             if indexes_rows(c) and batch > 1
             else _per_row(c(ids, scores), 1)
             for c in criteria
@@ -222,6 +227,14 @@ class OutputCollector:
                 if (watched := own_state(c)) is not None:
                     self._guard(c, watched).check()
         return any(bool(d[0]) for d in done)
+
+    def _batch_scores(self, row: int) -> tuple[torch.Tensor, ...]:
+        """Row `row`'s scores of every step so far, each [B, V] as a batch of that row (views):
+        those of the tokens added since the last call are made, the others kept."""
+        kept, shown = self.scores[row], self._scores_shown[row]
+        del shown[len(kept) :]  # steps cut back (`_end_at`)
+        shown.extend(s.expand(self.tokens.shape[0], *s.shape[1:]) for s in kept[len(shown) :])
+        return tuple(shown)
 
     def _guard(self, criterion: object, watched: object) -> StateGuard:
         if id(criterion) not in self._guards:
