@@ -145,6 +145,8 @@ class OutputCollector:
             return
         start = self.lengths[row]
         tokens = tokens[: self.limit - start]  # what fits before max_length
+        if self.keep_scores:  # the kept tokens' own, not a view holding the step's every row and draft
+            scores = scores[: len(tokens)].clone()
         # Written at once (positions past the row's length are not part of it yet), then shown
         # to the criteria one token at a time, as plain generate would have.
         self.tokens[row, start : start + len(tokens)] = tokens
@@ -178,7 +180,7 @@ class OutputCollector:
     def _keep(self, row: int, n: int, logits: torch.Tensor | None, extras: TokenOutputs | None) -> None:
         """Keep the logits, attentions and hidden states of row `row`'s next `n` tokens, as returned."""
         if self.keep_logits:
-            self.logits[row].extend(logits[:n].float()[:, None])
+            self.logits[row].extend(logits[:n].to(torch.float32, copy=True)[:, None])  # as `scores`
         if extras is not None:
             self.attentions[row].extend(extras.attentions[:n])
             self.hidden_states[row].extend(extras.hidden_states[:n])
@@ -467,7 +469,12 @@ def step_outputs(
     attention weight zero, so nothing is lost. A sliding-window layer keeps only its window's last
     keys, as transformers' sliding cache gives them to a decoding step."""
     weights = _attentions(output) if keep_attentions else ()
+    # The emitted tokens' hidden states copied out of the forward's (a view of a token's would hold
+    # every row's every fed position, rejected drafts included, until the call's end).
     states = output.hidden_states if keep_hidden_states else ()
+    if states:
+        emitted = torch.tensor(fed, device=states[0].device)
+        states = tuple(h.narrow(_ROWS, slot, 1).index_select(_POSITIONS, emitted) for h in states)
     attentions, hidden = [], []
     for j, query in enumerate(fed):
         keys = torch.cat([columns, past + torch.tensor(fed[: j + 1], device=columns.device)])
@@ -479,5 +486,5 @@ def step_outputs(
                 for layer, window in zip(weights, layer_windows)
             )
         )
-        hidden.append(tuple(h.narrow(_ROWS, slot, 1).narrow(_POSITIONS, query, 1) for h in states))
+        hidden.append(tuple(h.narrow(_POSITIONS, j, 1) for h in states))
     return TokenOutputs(attentions, hidden)
