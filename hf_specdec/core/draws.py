@@ -47,6 +47,7 @@ class PlainDraws:
         self.generator.set_state(default.get_state())
         # states[t]: the generator's before E_t was drawn (None once every row is past t).
         self.states: list[torch.Tensor | None] = []
+        self.released = 0  # states[:released] are all None: let go of by an earlier step
         self.noise: dict[int, torch.Tensor] = {}  # t -> E_t [batch, vocab], positions in flight
         self.vocab = 0
         # A draft model sampling its drafts draws from the default generator: not these numbers.
@@ -60,7 +61,12 @@ class PlainDraws:
         slowest = min(ts[0] for ts in positions)  # no row needs a position before its next token again
         for t in [t for t in self.noise if t < slowest]:
             del self.noise[t]
-        self.states[:slowest] = [None] * min(slowest, len(self.states))
+        # Only the positions passed since the last step: all of them again would cost every step
+        # as much as the tokens generated so far.
+        end = min(slowest, len(self.states))
+        if end > self.released:
+            self.states[self.released : end] = [None] * (end - self.released)
+            self.released = end
         noise = torch.empty_like(probs)
         by_position: dict[int, list[tuple[int, int]]] = {}
         for b, ts in enumerate(positions):

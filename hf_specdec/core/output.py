@@ -75,6 +75,10 @@ class OutputCollector:
             (self.keep_scores, self.keep_logits, self.keep_attentions, self.keep_hidden_states)
         )
         self.scores: list[list[torch.Tensor]] = [[] for _ in range(batch)]  # per row, [1, V] a token
+        # The same as the batch a criterion of one's own is shown (`as_row`), [B, V] views a token,
+        # each made once its token comes: made again at every token, they cost the call the square
+        # of its tokens.
+        self._scores_shown: list[list[torch.Tensor]] = [[] for _ in range(batch)]
         self.logits: list[list[torch.Tensor]] = [[] for _ in range(batch)]
         # Per row, per token: a tuple over layers, as plain generate's step for it (see `TokenOutputs`).
         self.attentions: list[list[tuple[torch.Tensor, ...]]] = [[] for _ in range(batch)]
@@ -141,6 +145,8 @@ class OutputCollector:
             return
         start = self.lengths[row]
         tokens = tokens[: self.limit - start]  # what fits before max_length
+        if self.keep_scores:  # the kept tokens' own, not a view holding the step's every row and draft
+            scores = scores[: len(tokens)].clone()
         # Written at once (positions past the row's length are not part of it yet), then shown
         # to the criteria one token at a time, as plain generate would have.
         self.tokens[row, start : start + len(tokens)] = tokens
@@ -174,7 +180,7 @@ class OutputCollector:
     def _keep(self, row: int, n: int, logits: torch.Tensor | None, extras: TokenOutputs | None) -> None:
         """Keep the logits, attentions and hidden states of row `row`'s next `n` tokens, as returned."""
         if self.keep_logits:
-            self.logits[row].extend(logits[:n].float()[:, None])
+            self.logits[row].extend(logits[:n].to(torch.float32, copy=True)[:, None])  # as `scores`
         if extras is not None:
             self.attentions[row].extend(extras.attentions[:n])
             self.hidden_states[row].extend(extras.hidden_states[:n])
@@ -211,8 +217,9 @@ class OutputCollector:
     ) -> bool:
         """Whether a criterion ends the row (each called, as `StoppingCriteriaList` calls them all)."""
         ids, batch = self.row(row), self.tokens.shape[0]
+        shown = self._batch_scores(row) if batch > 1 and scores is not None else scores
         done = [
-            as_row(lambda i, s, c=c: _per_row(c(i, s), batch), row, batch, ids, scores)
+            as_row(lambda i, s, c=c: _per_row(c(i, s), batch), row, batch, ids, shown)
             if indexes_rows(c) and batch > 1
             else _per_row(c(ids, scores), 1)
             for c in criteria
@@ -222,6 +229,14 @@ class OutputCollector:
                 if (watched := own_state(c)) is not None:
                     self._guard(c, watched).check()
         return any(bool(d[0]) for d in done)
+
+    def _batch_scores(self, row: int) -> tuple[torch.Tensor, ...]:
+        """Row `row`'s scores of every step so far, each [B, V] as a batch of that row (views):
+        those of the tokens added since the last call are made, the others kept."""
+        kept, shown = self.scores[row], self._scores_shown[row]
+        del shown[len(kept) :]  # steps cut back (`_end_at`)
+        shown.extend(s.expand(self.tokens.shape[0], *s.shape[1:]) for s in kept[len(shown) :])
+        return tuple(shown)
 
     def _guard(self, criterion: object, watched: object) -> StateGuard:
         if id(criterion) not in self._guards:
@@ -454,7 +469,12 @@ def step_outputs(
     attention weight zero, so nothing is lost. A sliding-window layer keeps only its window's last
     keys, as transformers' sliding cache gives them to a decoding step."""
     weights = _attentions(output) if keep_attentions else ()
+    # The emitted tokens' hidden states copied out of the forward's (a view of a token's would hold
+    # every row's every fed position, rejected drafts included, until the call's end).
     states = output.hidden_states if keep_hidden_states else ()
+    if states:
+        emitted = torch.tensor(fed, device=states[0].device)
+        states = tuple(h.narrow(_ROWS, slot, 1).index_select(_POSITIONS, emitted) for h in states)
     attentions, hidden = [], []
     for j, query in enumerate(fed):
         keys = torch.cat([columns, past + torch.tensor(fed[: j + 1], device=columns.device)])
@@ -466,5 +486,5 @@ def step_outputs(
                 for layer, window in zip(weights, layer_windows)
             )
         )
-        hidden.append(tuple(h.narrow(_ROWS, slot, 1).narrow(_POSITIONS, query, 1) for h in states))
+        hidden.append(tuple(h.narrow(_POSITIONS, j, 1) for h in states))
     return TokenOutputs(attentions, hidden)

@@ -102,18 +102,17 @@ def indexes_rows(callable_: object) -> bool:
 
 def as_row(call: Callable[..., Any], row: int, batch_size: int, ids: torch.Tensor, scores: Any) -> Any:
     """`call(ids, scores)` for row `row` of a batch of `batch_size` rows, called with the whole batch
-    as plain `generate` calls it: every row this row's ids [1, L] and scores ([1, V], or a tuple of
-    them, or None), and row `row` of what it returns taken. Rows verified apart sit at different
-    lengths, so no one batch holds them all; a callable that reads other rows than its own cannot
-    be shown theirs. A processor's scores are its own copy (it may write them in place); a
-    criterion's tuple of every step's scores is shown as views, read-only, as criteria read them:
-    a copy of each step's at every token would cost the whole tuple again per token and row."""
+    as plain `generate` calls it: every row this row's ids [1, L] and scores ([1, V], or None), and
+    row `row` of what it returns taken. Rows verified apart sit at different lengths, so no one
+    batch holds them all; a callable that reads other rows than its own cannot be shown theirs. A
+    processor's scores are its own copy (it may write them in place). A criterion's tuple of every
+    step's scores comes batched already, [batch_size, V] views, read-only as criteria read them,
+    and is shown as it is: the caller keeps them (`OutputCollector`), for a copy, or even a view,
+    of each step's made here would cost the whole tuple again per token and row."""
 
     def batch(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
             return x.expand(batch_size, *x.shape[1:]).clone()
-        if isinstance(x, tuple):
-            return tuple(t.expand(batch_size, *t.shape[1:]) for t in x)
         return x
 
     return call(batch(ids), batch(scores))[row : row + 1]

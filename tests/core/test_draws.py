@@ -54,6 +54,32 @@ def test_picks_by_position_in_any_order_are_plains_and_the_generator_ends_where_
     assert torch.equal(torch.default_generator.get_state(), after)
 
 
+class _CountingList(list):
+    """A list that counts the items written into it by slice assignment."""
+
+    written = 0
+
+    def __setitem__(self, index, value):
+        if isinstance(index, slice):
+            value = list(value)
+            self.written += len(value)
+        super().__setitem__(index, value)
+
+
+def test_a_step_lets_go_of_the_states_of_the_positions_passed_since_the_last_only():
+    """Each step lets go of the generator states no row needs again: those of the positions passed
+    since the step before, not of every position from the first again (work growing with every token
+    generated, quadratic in a long call)."""
+    steps, vocab = 300, 5
+    draws = PlainDraws(1, 0, torch.Generator())
+    draws.states = _CountingList()
+    probs = torch.rand(1, 1, vocab).softmax(-1)
+    for t in range(steps):
+        draws.picks([0], [[t]], probs)
+    assert draws.states[: steps - 1] == [None] * (steps - 1)  # still let go of
+    assert draws.states.written <= steps
+
+
 def test_a_draft_sampled_meanwhile_does_not_use_the_same_numbers():
     """The default generator is moved to another stream for the call (a sampling draft model draws
     from it), and set back to plain's end at `finish`."""

@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
+from hf_specdec.core.output import OutputCollector
 from hf_specdec.core.own_state import KeepsState
-from hf_specdec.core.processing import as_row
 
 from ..conftest import random_batch, tiny_llama
 
@@ -55,17 +55,79 @@ def test_a_criterion_that_keeps_state_stops_one_row_as_plain(target_no_eos):
     assert torch.equal(ours, plain) and plain.shape[1] == input_ids.shape[1] + 8
 
 
-def test_a_criterion_shown_one_row_reads_every_steps_scores_as_views():
-    """`as_row` shows a criterion the tuple of every step's scores as views of the ones kept, not
-    copied again at every token (a cost quadratic in the tokens)."""
-    kept = tuple(torch.randn(1, 8) for _ in range(4))
-    shown = []
-    as_row(
-        lambda ids, scores: shown.append(scores) or torch.zeros(3, dtype=torch.bool),
-        1,
-        3,
-        torch.ones(1, 5),
-        kept,
+def test_a_criterion_shown_one_row_in_a_batch_is_shown_each_steps_scores_built_once(target_no_eos):
+    """A criterion of one's own at batch > 1 reads every step's scores so far, at each token of each
+    row, as [B, V] views of the row's (`as_row`), not copies: the earlier steps' views are the ones
+    made when their token came, not made again at every token, which made a long generation's step
+    cost grow with every token (quadratic in the call)."""
+    shown: dict[int, list[tuple[torch.Tensor, ...]]] = {}
+
+    class _Never(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            shown.setdefault(input_ids.shape[1], []).append(scores)  # a list outside it: no state of its own
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    input_ids = torch.full((2, 4), 7)
+    target_no_eos.generate(
+        input_ids=input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        max_new_tokens=12,
+        do_sample=False,
+        return_dict_in_generate=True,
+        output_scores=True,
+        stopping_criteria=StoppingCriteriaList([_Never()]),
+        speculative=dict(method="ngram", num_draft_tokens=3),
     )
-    assert [s.data_ptr() for s in shown[0]] == [s.data_ptr() for s in kept]
-    assert all(s.shape == (3, 8) for s in shown[0])
+    lengths = sorted(shown)
+    assert len(lengths) == 12 and all(len(shown[n]) == 2 for n in lengths)  # each row at each length
+    for shorter, longer in zip(lengths, lengths[1:]):
+        for row in range(2):
+            before, after = shown[shorter][row], shown[longer][row]
+            assert len(after) == len(before) + 1 and all(a is b for a, b in zip(after, before))
+            assert all(s.shape == (2, 64) and s.stride(0) == 0 for s in after)  # views of one row
+
+
+def _storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages `tensors` keep alive."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(storages.values())
+
+
+def test_the_per_token_outputs_kept_during_a_call_hold_what_plain_keeps(
+    target_no_eos, weak_draft, monkeypatch
+):
+    """Scores, logits and hidden states kept for the tokens emitted so far hold those tokens' values
+    only, as plain's do: views of each verify forward's tensors would hold every row's every
+    position, rejected drafts included, so that a long call with drafts mostly rejected held several
+    times plain's memory until it ended."""
+    held = {}
+
+    def finish(self, stats, cache):
+        held["tokens"] = sum(len(row) for row in self.scores)
+        held["scores"] = _storage_bytes(s for row in self.scores for s in row)
+        held["logits"] = _storage_bytes(s for row in self.logits for s in row)
+        held["hidden"] = _storage_bytes(h for row in self.hidden_states for token in row for h in token)
+        held["accepted"] = stats.accepted / stats.drafted
+        return real_finish(self, stats, cache)
+
+    real_finish = OutputCollector.finish
+    monkeypatch.setattr(OutputCollector, "finish", finish)
+    input_ids, attention_mask = random_batch(5, 3)
+    target_no_eos.generate(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=40,
+        do_sample=False,
+        return_dict_in_generate=True,
+        output_scores=True,
+        output_logits=True,
+        output_hidden_states=True,
+        speculative=dict(method="draft_model", draft=weak_draft, num_draft_tokens=4),
+    )
+    config = target_no_eos.config
+    assert held["tokens"] == 3 * 40 and held["accepted"] < 0.5  # most drafts rejected
+    assert held["scores"] == held["logits"] == held["tokens"] * config.vocab_size * 4  # fp32
+    # Per layer (the embeddings' output, then each layer's): the prompt's forward whole for the first
+    # token, as plain keeps it, then one position a token.
+    layers, positions = config.num_hidden_layers + 1, input_ids.numel() + held["tokens"] - 3
+    assert held["hidden"] == layers * positions * config.hidden_size * 4
