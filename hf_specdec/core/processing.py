@@ -15,9 +15,9 @@ from .own_state import StateGuard, own_state
 from .tree import tree_layout
 
 # Processors that read only the scores, never the tokens: these can process every row and position
-# in one batched call. Set-based processors (below) batch too; any other processor (min length,
-# no-repeat n-gram, ...) sees the exact token sequence that plain `generate` would have shown it,
-# one row at a time.
+# in one batched call. Set-based and length-based processors (below) batch too; any other processor
+# (no-repeat n-gram, bad words, ...) sees the exact token sequence that plain `generate` would have
+# shown it, one row at a time.
 _CONTEXT_FREE = tuple(
     getattr(lp, name)
     for name in (
@@ -41,9 +41,24 @@ _CONTEXT_FREE = tuple(
 # `prompt_ignore_length`), and that ignore the id V of a V-token vocabulary (they clamp ids to V and
 # drop that column): many rows and positions can be processed in one call, each context
 # right-padded with V, and every row gets bit for bit what it would alone. Exact types only: a
-# subclass may read the context otherwise. Length-based processors (min length, n-gram bans) must
-# not see padding, and stay row by row.
+# subclass may read the context otherwise.
 _SET_BASED = tuple(getattr(lp, name) for name in ("RepetitionPenaltyLogitsProcessor",) if hasattr(lp, name))
+
+
+# Processors that read the context only as its length, `input_ids.shape[-1]` (the prompt's left
+# padding included, as plain `generate` shows it), against lengths that are the same for every row
+# (`min_length`; the padded prompt's length for `min_new_tokens` and the decay's start): positions
+# whose sequences have one length are processed in one call, shown those sequences, unpadded
+# (`_by_length`). Exact types only, as above.
+_LENGTH_BASED = tuple(
+    getattr(lp, name)
+    for name in (
+        "MinLengthLogitsProcessor",
+        "MinNewTokensLengthLogitsProcessor",
+        "ExponentialDecayLengthPenalty",
+    )
+    if hasattr(lp, name)
+)
 
 
 # What context-free warpers are shown as the tokens: they never read them.
@@ -169,7 +184,9 @@ class ScoreProcessor:
         self.batch_size = batch_size
         self.context_free = all(isinstance(p, _CONTEXT_FREE) for p in self.processors)
         self.batched = all(
-            isinstance(p, _CONTEXT_FREE) or (type(p) in _SET_BASED and self._rows_known(p))
+            isinstance(p, _CONTEXT_FREE)
+            or (type(p) in _SET_BASED and self._rows_known(p))
+            or type(p) in _LENGTH_BASED
             for p in self.processors
         )
         self._row_processors: dict[int, LogitsProcessorList] = {}
@@ -261,7 +278,8 @@ class ScoreProcessor:
             return self.processors(_NO_TOKENS, logits)
         if self.batched:
             ids = pad_sequence([ctx[0] for ctx in contexts], batch_first=True, padding_value=logits.shape[-1])
-            return self.for_rows(torch.tensor(row_ids))(ids, logits)
+            lengths = torch.tensor([ctx.shape[1] for ctx in contexts])
+            return _apply(self.for_rows(torch.tensor(row_ids)), ids, lengths, logits)
         return self.row_by_row(contexts, row_ids, logits)
 
     def row_by_row(
@@ -300,10 +318,10 @@ class ScoreProcessor:
         batch, width, vocab = logits.shape
         lengths = torch.tensor(draft_lengths, device=logits.device)
         processed = torch.arange(width, device=logits.device)[None] <= lengths[:, None]  # [B, k + 1]
-        ids = prefix_ids(contexts, draft_tokens, parents, filler=vocab)[processed]  # [N, W]
+        ids, shown = prefixes(contexts, draft_tokens, parents, filler=vocab)  # [B, k + 1, W], [B, k + 1]
         rows = torch.tensor(row_ids)[:, None].expand(batch, width)[processed.cpu()]  # [N]
         scores = logits.clone()
-        scores[processed] = self.for_rows(rows)(ids, logits[processed])
+        scores[processed] = _apply(self.for_rows(rows), ids[processed], shown[processed], logits[processed])
         return scores
 
     def positions_row_by_row(
@@ -331,6 +349,38 @@ class ScoreProcessor:
         return scores
 
 
+def _apply(
+    processors: LogitsProcessorList,
+    ids: torch.Tensor,  # [N, W] each sequence right-padded
+    lengths: torch.Tensor,  # [N] each sequence's length
+    scores: torch.Tensor,  # [N, V]
+) -> torch.Tensor:
+    """`processors(ids, scores)` for `batched` processors, in their order, a length-based one called
+    per length (`_by_length`). [N, V]"""
+    for processor in processors:
+        scores = (
+            _by_length(processor, ids, lengths, scores)
+            if type(processor) in _LENGTH_BASED
+            else processor(ids, scores)
+        )
+    return scores
+
+
+def _by_length(
+    processor: lp.LogitsProcessor, ids: torch.Tensor, lengths: torch.Tensor, scores: torch.Tensor
+) -> torch.Tensor:
+    """A length-based processor applied to N sequences: once per distinct length, with the scores
+    of the sequences of that length and those sequences, `ids[:, :length]`, exactly. [N, V]"""
+    distinct = lengths.unique().tolist()
+    if len(distinct) == 1:
+        return processor(ids[:, : distinct[0]], scores)
+    processed = torch.empty_like(scores)
+    for length in distinct:
+        group = (lengths == length).nonzero()[:, 0]
+        processed[group] = processor(ids[group, :length], scores[group])
+    return processed
+
+
 def path_tokens(tokens: torch.Tensor, parents: torch.Tensor, node: int) -> torch.Tensor:
     """The tokens from the root of a tree draft down to `node` (none for -1), [1, depth]."""
     nodes = []
@@ -340,15 +390,15 @@ def path_tokens(tokens: torch.Tensor, parents: torch.Tensor, node: int) -> torch
     return tokens[nodes[::-1]][None]
 
 
-def prefix_ids(
+def prefixes(
     contexts: list[torch.Tensor],  # [1, L_b] per row
     draft_tokens: torch.Tensor,  # [B, k]
     parents: torch.Tensor | None,  # [B, k] for a tree draft, None for a chain
     filler: int,
-) -> torch.Tensor:
-    """[B, k + 1, W]: at [b, i] the sequence `positions` shows at position i of row b, `contexts[b]`
-    then the draft's path down to node i - 1 (a chain: `draft_tokens[b, :i]`), each token at the
-    column it has in that sequence, right-padded with `filler`."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sequences `positions` shows, [B, k + 1, W], and their lengths, [B, k + 1]: at [b, i],
+    `contexts[b]` then the draft's path down to node i - 1 (a chain: `draft_tokens[b, :i]`), each
+    token at the column it has in that sequence, right-padded with `filler`."""
     batch, k = draft_tokens.shape
     device = draft_tokens.device
     context = pad_sequence([ctx[0] for ctx in contexts], batch_first=True, padding_value=filler)  # [B, L]
@@ -367,4 +417,5 @@ def prefix_ids(
     ids = draft_tokens.new_full((batch, k + 1, width + 1), filler)
     ids[:, :, : context.shape[1]] = context[:, None]
     ids.scatter_(2, column, draft_tokens[:, None, :].expand(batch, k + 1, k))
-    return ids[..., :width]
+    lengths = context_lengths[:, None] + torch.cat([depth.new_zeros(batch, 1), depth], dim=1)
+    return ids[..., :width], lengths

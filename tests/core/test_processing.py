@@ -1,16 +1,19 @@
-"""`ScoreProcessor`: the batched path for set-based processors (repetition penalty) gives, bit for
-bit, what each row and position gets alone, as plain `generate` would process it."""
+"""`ScoreProcessor`: the batched path for set-based processors (repetition penalty) and length-based
+ones (min length, min new tokens, exponential decay) gives, bit for bit, what each row and position
+gets alone, as plain `generate` would process it."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from transformers import (
+    ExponentialDecayLengthPenalty,
     InfNanRemoveLogitsProcessor,
     LogitNormalization,
     LogitsProcessor,
     LogitsProcessorList,
     MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
     NoRepeatNGramLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
     SuppressTokensLogitsProcessor,
@@ -21,7 +24,7 @@ from transformers import (
 )
 
 from hf_specdec.core.own_state import KeepsState
-from hf_specdec.core.processing import ScoreProcessor, path_tokens, prefix_ids
+from hf_specdec.core.processing import ScoreProcessor, path_tokens, prefixes
 
 from ..conftest import random_batch
 
@@ -30,6 +33,20 @@ VOCAB, BATCH, K = 16, 3, 5
 
 def _penalty(penalty=1.3, ignore=None):
     return RepetitionPenaltyLogitsProcessor(penalty, prompt_ignore_length=ignore)
+
+
+# Thresholds inside the lengths the tests show (1 to 12 tokens of context, then up to K drafted):
+# some positions on each side of them.
+def _min_length():
+    return MinLengthLogitsProcessor(15, eos_token_id=[2, 5])
+
+
+def _min_new_tokens():
+    return MinNewTokensLengthLogitsProcessor(8, 6, eos_token_id=[2, 5])
+
+
+def _decay():
+    return ExponentialDecayLengthPenalty((2, 1.5), eos_token_id=[2, 5], input_ids_seq_length=8)
 
 
 CASES = {
@@ -55,12 +72,35 @@ CASES = {
     "ignore_one_for_all": lambda: [_penalty(ignore=torch.tensor([4]))],
     # longer than some contexts: the cut reaches into the draft's path
     "ignore_int": lambda: [_penalty(ignore=9)],
+    # read the length alone (min_length, min_new_tokens, exponential_decay_length_penalty)
+    "min_length": lambda: [_min_length()],
+    "min_new_tokens": lambda: [_min_new_tokens()],
+    "decay": lambda: [_decay()],
+    "min_new_tokens_penalty_warpers": lambda: [
+        _penalty(),
+        _min_new_tokens(),
+        TemperatureLogitsWarper(0.9),
+        TopKLogitsWarper(6),
+    ],
+    "decay_between_penalties": lambda: [_penalty(ignore=torch.tensor([0, 3, 7])), _decay(), _penalty(0.8)],
+    "every_length_rule": lambda: [
+        _min_length(),
+        _penalty(ignore=9),
+        _decay(),
+        _min_new_tokens(),
+        TopPLogitsWarper(0.9),
+        LogitNormalization(),
+    ],
 }
 
 
-def _contexts(seed: int, row_ids: list[int]) -> list[torch.Tensor]:
+def _contexts(seed: int, row_ids: list[int], padded: bool = False) -> list[torch.Tensor]:
+    """Each row's context: of random lengths, or (`padded`) all of one length, as a left-padded
+    batch's rows are while they move in step."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(1, 12, (len(row_ids),), generator=g).tolist()
+    if padded:
+        lengths = [12] * len(row_ids)
     lengths[0] = 12  # longer than any prompt_ignore_length above: something is penalised
     return [torch.randint(0, VOCAB, (1, n), generator=g) for n in lengths]
 
@@ -83,23 +123,30 @@ def _tree(seed: int, batch: int) -> tuple[torch.Tensor, list[int]]:
     return parents, lengths
 
 
+def _draft(seed: int, rows: int, tree: bool):
+    """Draft tokens [rows, K], each row's length, and parents for a tree (else None)."""
+    g = torch.Generator().manual_seed(100 + seed)
+    # a draft with a larger vocabulary: ids the target cannot emit; rubbish past each row's length
+    draft_tokens = torch.randint(0, VOCAB + 4, (rows, K), generator=g)
+    if tree:
+        parents, lengths = _tree(seed, rows)
+    else:
+        parents, lengths = None, torch.randint(0, K + 1, (rows,), generator=g).tolist()
+    for b, n in enumerate(lengths):
+        draft_tokens[b, n:] = -1
+    return draft_tokens, lengths, parents
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["ragged", "padded"])
 @pytest.mark.parametrize("tree", [False, True])
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("seed", range(4))
-def test_batched_positions_equal_row_by_row(case, tree, seed):
+def test_batched_positions_equal_row_by_row(case, tree, seed, padded):
     row_ids = [[0, 1, 2], [2, 0], [1]][seed % 3]
     processor = ScoreProcessor(LogitsProcessorList(CASES[case]()), VOCAB, BATCH)
     assert processor.batched and not processor.context_free
-    contexts = _contexts(seed, row_ids)
-    g = torch.Generator().manual_seed(100 + seed)
-    # a draft with a larger vocabulary: ids the target cannot emit; rubbish past each row's length
-    draft_tokens = torch.randint(0, VOCAB + 4, (len(row_ids), K), generator=g)
-    if tree:
-        parents, lengths = _tree(seed, len(row_ids))
-    else:
-        parents, lengths = None, torch.randint(0, K + 1, (len(row_ids),), generator=g).tolist()
-    for b, n in enumerate(lengths):
-        draft_tokens[b, n:] = -1
+    contexts = _contexts(seed, row_ids, padded)
+    draft_tokens, lengths, parents = _draft(seed, len(row_ids), tree)
     logits = _logits(seed, len(row_ids), K + 1, VOCAB + 2 * (seed % 2))  # and a padded vocabulary
     args = (contexts, row_ids, draft_tokens, lengths, logits, parents)
     batched = processor.positions(*args)
@@ -116,12 +163,13 @@ def test_batched_call_equals_row_by_row(case):
     assert torch.equal(processor(contexts, row_ids, logits), processor.row_by_row(contexts, row_ids, logits))
 
 
-def test_prefix_ids_lay_each_path_after_its_context():
+def test_prefixes_lay_each_path_after_its_context():
     contexts = [torch.tensor([[7, 8, 9]]), torch.tensor([[5]])]
     tokens = torch.tensor([[1, 2, 3], [4, 6, 10]])
     parents = torch.tensor([[-1, -1, 1], [-1, 0, 1]])
-    ids = prefix_ids(contexts, tokens, parents, filler=99)
+    ids, lengths = prefixes(contexts, tokens, parents, filler=99)
     assert ids.shape == (2, 4, 6)
+    assert lengths.tolist() == [[3, 4, 4, 5], [1, 2, 3, 4]]
     assert ids[0].tolist() == [
         [7, 8, 9, 99, 99, 99],
         [7, 8, 9, 1, 99, 99],
@@ -138,22 +186,77 @@ def test_prefix_ids_lay_each_path_after_its_context():
         for node in range(3):
             sequence = contexts[b][0].tolist() + path_tokens(tokens[b], parents[b], node)[0].tolist()
             assert ids[b, node + 1, : len(sequence)].tolist() == sequence
-    chain = prefix_ids(contexts, tokens, None, filler=99)
+    chain, lengths = prefixes(contexts, tokens, None, filler=99)
     assert chain[0, 3].tolist() == [7, 8, 9, 1, 2, 3]
+    assert lengths.tolist() == [[3, 4, 5, 6], [1, 2, 3, 4]]
 
 
 @pytest.mark.parametrize(
     "processors",
     [
-        [MinLengthLogitsProcessor(5, eos_token_id=2)],  # reads the length: padding would change it
         [NoRepeatNGramLogitsProcessor(2)],  # reads the order
-        [_penalty(), MinLengthLogitsProcessor(5, eos_token_id=2)],
+        [_penalty(), _min_length(), NoRepeatNGramLogitsProcessor(2)],
         [type("MyPenalty", (RepetitionPenaltyLogitsProcessor,), {})(1.3)],  # a subclass may read more
+        [type("MyMinLength", (MinLengthLogitsProcessor,), {})(5, eos_token_id=2)],
         [_penalty(ignore=torch.tensor([1, 2]))],  # neither one entry per row nor one for all
     ],
 )
 def test_other_processors_stay_row_by_row(processors):
     assert not ScoreProcessor(LogitsProcessorList(processors), VOCAB, BATCH).batched
+
+
+class _Calls:
+    """The sequence lengths each length-based processor is called with (`ScoreProcessor` calls
+    transformers' own classes by exact type, so their `__call__` is wrapped where it is defined)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.lengths: dict[str, list[int]] = {}
+        for kind in (
+            MinLengthLogitsProcessor,
+            MinNewTokensLengthLogitsProcessor,
+            ExponentialDecayLengthPenalty,
+        ):
+            monkeypatch.setattr(kind, "__call__", self._counted(kind.__name__, kind.__call__))
+
+    def _counted(self, name, call):
+        def counted(processor, input_ids, scores):
+            self.lengths.setdefault(name, []).append(input_ids.shape[-1])
+            return call(processor, input_ids, scores)
+
+        return counted
+
+
+@pytest.mark.parametrize("tree", [False, True])
+@pytest.mark.parametrize("padded", [False, True], ids=["ragged", "padded"])
+def test_length_based_processors_are_called_once_per_length(monkeypatch, tree, padded):
+    """Row by row, each length-based processor is called at every position; batched, once per
+    sequence length shown at the positions processed."""
+    row_ids = [0, 1, 2, 1]
+    processor = ScoreProcessor(LogitsProcessorList(CASES["every_length_rule"]()), VOCAB, BATCH)
+    contexts = _contexts(5, row_ids, padded)
+    draft_tokens = torch.randint(0, VOCAB, (len(row_ids), K), generator=torch.Generator().manual_seed(5))
+    lengths = [K, K, K - 2, K]  # several positions share a length: the rows or the tree's levels
+    parents = torch.tensor([[-1, -1, 0, 0, 2]]).expand(len(row_ids), K) if tree else None
+    logits = _logits(5, len(row_ids), K + 1, VOCAB)
+    args = (contexts, row_ids, draft_tokens, lengths, logits, parents)
+    shown = [  # the sequence length at each processed position, as `positions_row_by_row` builds it
+        ctx.shape[1] + (i if parents is None else path_tokens(draft_tokens[b], parents[b], i - 1).shape[1])
+        for b, ctx in enumerate(contexts)
+        for i in range(lengths[b] + 1)
+    ]
+    calls = _Calls(monkeypatch)
+    processor.positions_row_by_row(*args)
+    assert {name: sorted(seen) for name, seen in calls.lengths.items()} == dict.fromkeys(
+        ["MinLengthLogitsProcessor", "ExponentialDecayLengthPenalty", "MinNewTokensLengthLogitsProcessor"],
+        sorted(shown),
+    )
+    calls.lengths.clear()
+    processor.positions(*args)
+    assert len(set(shown)) < len(shown)
+    assert {name: sorted(seen) for name, seen in calls.lengths.items()} == dict.fromkeys(
+        ["MinLengthLogitsProcessor", "ExponentialDecayLengthPenalty", "MinNewTokensLengthLogitsProcessor"],
+        sorted(set(shown)),
+    )
 
 
 def test_processors_that_may_index_rows_are_shown_the_whole_batch():

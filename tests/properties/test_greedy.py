@@ -351,6 +351,10 @@ PROCESSOR_CASES = {
     "repetition_penalty_padded_batch": dict(repetition_penalty=1.3),
     "no_repeat_ngram": dict(no_repeat_ngram_size=2),
     "min_new_tokens": dict(min_new_tokens=10),
+    # every length-based processor (min_new_tokens sets min_length too), batched with the penalty
+    "length_rules_with_penalty": dict(
+        min_new_tokens=4, exponential_decay_length_penalty=(6, 1.8), repetition_penalty=1.3
+    ),
     "eos_list": dict(eos_token_id=[5, 38, 21]),
     "bad_words": dict(bad_words_ids=[[21], [38]]),
     "suppress": dict(suppress_tokens=[21, 38], begin_suppress_tokens=[53]),
