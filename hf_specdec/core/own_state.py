@@ -33,10 +33,12 @@ class _TensorState:
 
 
 def _state(value: Any, depth: int = 4) -> Any:
-    """What `value` holds, to compare with `_kept`: plain values as they are, tensors by value (large
-    ones by identity and in-place version), containers item by item, functions by what their closures
-    hold, objects of one's own by their attributes; anything else by identity."""
-    if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+    """What `value` holds, to compare with `_kept`: plain values, devices and dtypes as they are,
+    tensors by value (large ones by identity and in-place version), containers item by item,
+    functions by what their closures hold, objects of one's own by their attributes; anything else
+    by identity."""
+    # Devices by value: `tensor.device` is a new object at every access, equal to the last.
+    if value is None or isinstance(value, (bool, int, float, complex, str, bytes, torch.device, torch.dtype)):
         return value
     if isinstance(value, torch.Tensor):
         if value.numel() <= _BY_VALUE and value.device.type == "cpu":

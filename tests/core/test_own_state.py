@@ -66,3 +66,13 @@ def test_a_closure_is_watched_and_transformers_own_processors_are_not() -> None:
     with pytest.raises(KeepsState):
         guard.check()
     assert own_state(RepetitionPenaltyLogitsProcessor(1.2)) is None
+
+
+def test_a_device_noted_at_every_call_is_no_change() -> None:
+    """`tensor.device` is a new `torch.device` at every access: one noted at every call (to move a
+    bias there once) is the same device, not state that changed."""
+    holder = _Holder()
+    guard = _guard(holder)
+    for _ in range(3):
+        holder.device = torch.zeros(1).device
+        guard.check()

@@ -359,6 +359,21 @@ class _Memo(LogitsProcessor):
         return scores
 
 
+class _OnDevice(LogitsProcessor):
+    """Moves its bias to the scores' device, noting the device at every call (`tensor.device` is a
+    new object each time): the same device, no state that changes what it answers."""
+
+    def __init__(self) -> None:
+        self.bias = 4.0 * (torch.arange(64) % 7 == 3)
+        self.device: torch.device | None = None
+
+    def __call__(self, input_ids, scores):
+        if self.device != scores.device:
+            self.bias = self.bias.to(scores.device)
+        self.device = scores.device
+        return scores + self.bias
+
+
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("method", ["ngram", "draft_model", "auto"])
 @pytest.mark.parametrize("make", [_CountingBias, _History, _counting_closure])
@@ -382,8 +397,10 @@ def test_a_processor_of_ones_own_that_keeps_state_is_refused(target, good_draft,
 
 
 @pytest.mark.parametrize("do_sample", [False, True])
-@pytest.mark.parametrize("make", [_PromptLength, _Memo])
-def test_a_processor_set_up_at_its_first_call_or_memoising_speculates_as_plain(target, make, do_sample):
+@pytest.mark.parametrize("make", [_PromptLength, _Memo, _OnDevice])
+def test_a_processor_set_up_at_its_first_call_memoising_or_noting_its_device_speculates_as_plain(
+    target, make, do_sample
+):
     input_ids, attention_mask = random_batch(3, 3)
     common = dict(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=20, do_sample=do_sample)
     torch.manual_seed(0)
