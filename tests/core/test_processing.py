@@ -317,6 +317,16 @@ class _History(LogitsProcessor):
         return scores
 
 
+class _Jitter(LogitsProcessor):
+    """Adds noise from a generator of its own, whose state advances at every call."""
+
+    def __init__(self) -> None:
+        self.generator = torch.Generator().manual_seed(0)
+
+    def __call__(self, input_ids, scores):
+        return scores + 3.0 * torch.rand(scores.shape, generator=self.generator)
+
+
 def _counting_closure():
     """A plain function keeping its count in a closure."""
     state = {"calls": 0}
@@ -376,7 +386,7 @@ class _OnDevice(LogitsProcessor):
 
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("method", ["ngram", "draft_model", "auto"])
-@pytest.mark.parametrize("make", [_CountingBias, _History, _counting_closure])
+@pytest.mark.parametrize("make", [_CountingBias, _History, _counting_closure, _Jitter])
 def test_a_processor_of_ones_own_that_keeps_state_is_refused(target, good_draft, make, method, batch):
     """Its state after a verify would be that of calls at rejected draft positions, which plain never
     makes: the output would differ from plain's without a word. Refused once its state is seen to
