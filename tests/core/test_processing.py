@@ -26,7 +26,7 @@ from transformers import (
 from hf_specdec.core.own_state import KeepsState
 from hf_specdec.core.processing import ScoreProcessor, path_tokens, prefixes
 
-from ..conftest import random_batch
+from ..conftest import random_batch, tiny_llama
 
 VOCAB, BATCH, K = 16, 3, 5
 
@@ -445,4 +445,39 @@ def test_a_processor_set_up_from_each_rows_prompt_at_its_first_call_speculates_a
     ours = target.generate(
         **common, logits_processor=LogitsProcessorList([_OwnPrompt()]), speculative="ngram"
     )
+    assert torch.equal(ours, plain)
+
+
+class _SeenAsKeys(LogitsProcessor):
+    """Penalises every token it was shown last, kept as the keys of a dict: a set in all but type,
+    read whole, not a cache read by the sequence it was asked about."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, bool] = {}
+
+    def __call__(self, input_ids, scores):
+        scores = scores.clone()
+        scores[:, list(self.seen)] -= 3.0
+        self.seen[int(input_ids[0, -1])] = True
+        return scores
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="StateGuard lets a dict gain entries (a cache keyed by the sequence) and cannot tell a dict "
+    "read whole from one read by key: the entries added at rejected draft positions change its answers.",
+)
+def test_a_dict_of_tokens_seen_read_whole_is_refused_or_speculates_as_plain():
+    target = tiny_llama(0, eos_token_id=None)  # no end before the drafts' rejected entries tell
+    input_ids, attention_mask = random_batch(3, 1)
+    common = dict(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=30, do_sample=False)
+    plain = target.generate(**common, logits_processor=LogitsProcessorList([_SeenAsKeys()]))
+    try:
+        ours = target.generate(
+            **common,
+            logits_processor=LogitsProcessorList([_SeenAsKeys()]),
+            speculative=dict(method="ngram", num_draft_tokens=4),
+        )
+    except KeepsState:
+        return
     assert torch.equal(ours, plain)
