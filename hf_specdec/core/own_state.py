@@ -4,6 +4,7 @@ one whose state changes would answer otherwise than under plain decoding (`State
 
 from __future__ import annotations
 
+import random
 import types
 from typing import Any
 
@@ -33,15 +34,23 @@ class _TensorState:
 
 
 def _state(value: Any, depth: int = 4) -> Any:
-    """What `value` holds, to compare with `_kept`: plain values as they are, tensors by value (large
-    ones by identity and in-place version), containers item by item, functions by what their closures
-    hold, objects of one's own by their attributes; anything else by identity."""
-    if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+    """What `value` holds, to compare with `_kept`: plain values, devices and dtypes as they are,
+    tensors and random generators by value (large tensors by identity and in-place version),
+    containers item by item, functions by what their closures hold, objects of one's own by their
+    attributes; anything else by identity."""
+    # Devices by value: `tensor.device` is a new object at every access, equal to the last.
+    if value is None or isinstance(value, (bool, int, float, complex, str, bytes, torch.device, torch.dtype)):
         return value
     if isinstance(value, torch.Tensor):
         if value.numel() <= _BY_VALUE and value.device.type == "cpu":
             return _TensorState(value)
         return ("tensor", id(value), value._version, tuple(value.shape))
+    # A generator by its state, before torch's objects go by identity: one the user's code draws
+    # from (noise of its own) answers otherwise at every call.
+    if isinstance(value, torch.Generator):
+        return _TensorState(value.get_state())
+    if isinstance(value, random.Random):
+        return value.getstate()
     if depth == 0 or type(value).__module__.split(".")[0] in _READ_ONLY_PACKAGES:
         return ("object", id(value))
     if isinstance(value, (list, tuple)):

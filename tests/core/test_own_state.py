@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 from transformers import RepetitionPenaltyLogitsProcessor
@@ -66,3 +68,33 @@ def test_a_closure_is_watched_and_transformers_own_processors_are_not() -> None:
     with pytest.raises(KeepsState):
         guard.check()
     assert own_state(RepetitionPenaltyLogitsProcessor(1.2)) is None
+
+
+def test_a_device_noted_at_every_call_is_no_change() -> None:
+    """`tensor.device` is a new `torch.device` at every access: one noted at every call (to move a
+    bias there once) is the same device, not state that changed."""
+    holder = _Holder()
+    guard = _guard(holder)
+    for _ in range(3):
+        holder.device = torch.zeros(1).device
+        guard.check()
+
+
+@pytest.mark.parametrize(
+    "generator, draw",
+    [
+        (torch.Generator().manual_seed(0), lambda g: torch.rand(1, generator=g)),
+        (random.Random(0), lambda g: g.random()),
+    ],
+    ids=["torch", "random"],
+)
+def test_a_generator_of_its_own_that_draws_is_state_that_changed(generator, draw) -> None:
+    """A generator's state is the user's, though torch's objects are held by identity: one drawn
+    from at every call answers otherwise at each."""
+    holder = _Holder()
+    holder.generator = generator
+    guard = _guard(holder)
+    guard.check()
+    draw(generator)
+    with pytest.raises(KeepsState):
+        guard.check()
