@@ -98,7 +98,8 @@ class KeepsState(ValueError):
 
 class StateGuard:
     """Refuses a logits processor or stopping criterion of one's own whose state changes from one
-    call to the next after its first (which may set it up from what plain shows it too): plain
+    call to the next after its first, which may set it up (a processor's first call is plain's, on
+    the whole batch: `ScoreProcessor._plain_step`; a criterion's, in a batch, one row's): plain
     `generate` calls it once a step for the whole batch, speculation at draft positions that may be
     rejected and once per row, so from then on its state, and what it answers, would not be plain's."""
 
@@ -114,7 +115,8 @@ class StateGuard:
             raise KeepsState(
                 f"speculative= cannot be combined with {type(self.owner).__name__}, which keeps state of "
                 f"its own: it changed from one call to the next. {self.why} Make it a function of the "
-                "ids and scores it is shown (a cache keyed by them is fine), or drop speculative=."
+                "ids and scores it is shown (a cache keyed by them is fine; keep counters and logs outside "
+                "it), or drop speculative=."
             )
         self.state, self.called = state, True
 

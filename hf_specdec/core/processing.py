@@ -311,7 +311,25 @@ class ScoreProcessor:
             return self.processors(_NO_TOKENS, flat).reshape(batch, width, vocab)
         if self.batched:
             return self._positions_batched(contexts, row_ids, draft_tokens, draft_lengths, logits, parents)
+        if not any(draft_lengths) and self._whole_batch(contexts, row_ids):
+            return self._plain_step(contexts, logits)
         return self.positions_row_by_row(contexts, row_ids, draft_tokens, draft_lengths, logits, parents)
+
+    def _whole_batch(self, contexts: list[torch.Tensor], row_ids: list[int]) -> bool:
+        """Whether `contexts` are every row of the user's batch, in order, at one length: what plain
+        `generate` shows its processors at a step."""
+        return row_ids == list(range(self.batch_size)) and len({ctx.shape[1] for ctx in contexts}) == 1
+
+    def _plain_step(self, contexts: list[torch.Tensor], logits: torch.Tensor) -> torch.Tensor:
+        """`positions` where no row has a draft and the batch is whole: the processors called once on
+        the batch, as plain `generate` calls them (a processor of one's own may set itself up from
+        every row's prompt at its first call; row by row it would be shown one row's in each). What
+        its state is then is what later calls are held to (`StateGuard`). [B, k + 1, V]"""
+        scores = logits.clone()
+        scores[:, 0] = self.processors(torch.cat(contexts), logits[:, 0].clone())
+        for guard in filter(None, self._guards):
+            guard.check()
+        return scores
 
     def _positions_batched(self, contexts, row_ids, draft_tokens, draft_lengths, logits, parents):
         """`positions` for `batched` processors: every (row, position) in one call."""
@@ -358,11 +376,11 @@ def _apply(
     """`processors(ids, scores)` for `batched` processors, in their order, a length-based one called
     per length (`_by_length`). [N, V]"""
     for processor in processors:
-        scores = (
-            _by_length(processor, ids, lengths, scores)
-            if type(processor) in _LENGTH_BASED
-            else processor(ids, scores)
-        )
+        if type(processor) in _LENGTH_BASED:
+            lengths = lengths.cpu()  # grouped on the host: one wait for the device, not one a group
+            scores = _by_length(processor, ids, lengths, scores)
+        else:
+            scores = processor(ids, scores)
     return scores
 
 

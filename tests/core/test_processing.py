@@ -433,12 +433,10 @@ class _OwnPrompt(LogitsProcessor):
         return scores.scatter(1, self.prompts, float("-inf"))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="A batch's first call to a processor of one's own shows one row's ids in every row (as_row), "
-    "and StateGuard lets a first call set state up: the other rows' setup is that row's, silently.",
-)
 def test_a_processor_set_up_from_each_rows_prompt_at_its_first_call_speculates_as_plain(target):
+    """Row by row, a batch's first call showed every row one row's prompt (`as_row`), and the guard
+    let that call set state up: rows 1 and 2 banned row 0's prompt, silently. The first call is now
+    plain's, on the whole batch (`ScoreProcessor._plain_step`)."""
     input_ids, attention_mask = random_batch(3, 3)
     common = dict(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=20, do_sample=False)
     plain = target.generate(**common, logits_processor=LogitsProcessorList([_OwnPrompt()]))
