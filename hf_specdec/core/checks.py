@@ -18,7 +18,9 @@ from transformers.cache_utils import (
 from transformers.generation import GenerationMixin, GenerationMode, logits_process
 from transformers.models.auto.modeling_auto import (
     MODEL_FOR_CAUSAL_LM_MAPPING,
+    MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
     MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES,
 )
 
 from .compat import forward_cache_argument, generate_cache, takes_dynamic_cache
@@ -219,14 +221,17 @@ def own_step_loop(model: Any) -> Any:
     return None if own is GenerationMixin._sample else own
 
 
-def check_causal_lm(config: Any, name: str) -> None:
+def check_causal_lm(config: Any, name: str, *, image_text: bool = False) -> None:
     """Refuse a checkpoint that `AutoModelForCausalLM` cannot load (an encoder-decoder such as T5, an
     encoder-only model) in one line, `name` its subject: transformers' own error lists every causal
     config class. The one rule for a model named by folder or repo id, target or draft, applied to
-    its config before its weights load (`check_causal_checkpoint`)."""
+    its config before its weights load (`check_causal_checkpoint`). `image_text`: a model that
+    reads images beside text passes too, where a loaded one is speculated for (`select`)."""
     if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING or "AutoModelForCausalLM" in (
         getattr(config, "auto_map", None) or {}
     ):
+        return
+    if image_text and config.model_type in _IMAGE_TEXT_TYPES:
         return
     architectures = ", ".join(getattr(config, "architectures", None) or []) or "no architecture named"
     raise ValueError(
@@ -236,7 +241,12 @@ def check_causal_lm(config: Any, name: str) -> None:
     )
 
 
-def check_causal_checkpoint(path: str | Path, name: str, *, trust_remote_code: bool = False) -> None:
+_IMAGE_TEXT_TYPES = {*MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES, *MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES}
+
+
+def check_causal_checkpoint(
+    path: str | Path, name: str, *, trust_remote_code: bool = False, image_text: bool = False
+) -> None:
     """`check_causal_lm` on the config of the checkpoint at `path` (a folder, or a Hub repo id: its
     config.json alone is fetched), read as `from_pretrained` would read it. A config whose auto_map
     names its own AutoModelForCausalLM passes unread: reading it would run that code."""
@@ -245,10 +255,11 @@ def check_causal_checkpoint(path: str | Path, name: str, *, trust_remote_code: b
     raw, _ = PretrainedConfig.get_config_dict(path)
     if "AutoModelForCausalLM" in (raw.get("auto_map") or {}):
         return
-    check_causal_lm(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code), name)
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    check_causal_lm(config, name, image_text=image_text)
 
 
-def check_causal_folder(folder: str | Path) -> None:
+def check_causal_folder(folder: str | Path, *, image_text: bool = False) -> None:
     """`check_causal_checkpoint` for a local folder whose config.json names a model type transformers
     knows; one that says less (no such file, JSON that does not parse, no or an unknown model_type)
     is left to whoever reads the folder next, with their own account of it."""
@@ -259,7 +270,7 @@ def check_causal_folder(folder: str | Path) -> None:
     except (OSError, ValueError):  # no file; not JSON, or not UTF-8 (UnicodeDecodeError)
         return
     if isinstance(config, dict) and config.get("model_type") in CONFIG_MAPPING_NAMES:
-        check_causal_checkpoint(folder, str(folder))
+        check_causal_checkpoint(folder, str(folder), image_text=image_text)
 
 
 def verify_refusal(model: Any) -> str | None:

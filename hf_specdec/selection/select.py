@@ -111,7 +111,7 @@ def select_draft(
     """
     repo_id, note = _resolve_target(target)
     if isinstance(target, (str, os.PathLike)):
-        check_causal_folder(target)  # a folder of a model generate could not run
+        check_causal_folder(target, image_text=True)  # a folder of a model generate could not run
     name = repo_id or getattr(target, "name_or_path", None) or str(target)
     try:
         own = mtp.own_layers(target) if own_heads else None

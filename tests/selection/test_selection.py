@@ -511,6 +511,19 @@ def test_a_local_target_that_is_not_a_causal_lm_is_refused(
     assert captured.out == "" and "not a causal LM" in captured.err
 
 
+def test_a_local_target_that_reads_images_beside_text_is_selected_for(tmp_path: Path) -> None:
+    """generate(speculative=True) speculates for a loaded LLaVA; `select` refused its folder as "not a
+    causal LM" (AutoModelForCausalLM loads no image-text model)."""
+    from transformers import CLIPVisionConfig, LlavaConfig
+
+    text = LlamaConfig(
+        vocab_size=64, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2
+    )
+    vision = CLIPVisionConfig(hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2)
+    LlavaConfig(text_config=text, vision_config=vision, image_token_id=4).save_pretrained(tmp_path)
+    assert select_draft(str(tmp_path)).method == "ngram"
+
+
 def test_cli_main(capsys: pytest.CaptureFixture[str]) -> None:
     from hf_specdec.cli import main
 
