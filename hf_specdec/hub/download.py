@@ -91,6 +91,18 @@ class HubFileError(ValueError):
         self.lasting = lasting
 
 
+def failed_for_now(err: BaseException) -> bool:
+    """Whether the Hub failed for now rather than answered: unreachable or silent (no response in
+    time), a server error, a rate limit, or a file it could not give once huggingface_hub's retries
+    were spent. Not an answer to keep: asking again may get one."""
+    if isinstance(err, (HubUnreachable, LocalEntryNotFoundError)):
+        return True
+    if not isinstance(err, HfHubHTTPError):
+        return False
+    status = None if err.response is None else err.response.status_code
+    return status is None or status >= 500 or status == 429
+
+
 def hub_endpoint() -> str:
     """`$HF_ENDPOINT` read now, else the endpoint huggingface_hub read at import."""
     return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
