@@ -372,9 +372,11 @@ def download_files(repo_id: str, names: list[str], *, token: str | None, revisio
 
 def safetensors_names(repo_id: str, filename: str, *, commit: str, token: str | None = None) -> list[str]:
     """The tensor names in one safetensors file of `repo_id` at `commit`, read from its header (a
-    range request: the tensors are not downloaded). Raises huggingface_hub's errors."""
+    range request: the tensors are not downloaded), waiting `hub_timeout()` for each answer.
+    Raises huggingface_hub's errors, and `HubUnreachable`."""
     api = HfApi(endpoint=hub_endpoint(), token=token)
-    return list(api.parse_safetensors_file_metadata(repo_id, filename, revision=commit).tensors)
+    header = api.parse_safetensors_file_metadata(repo_id, filename, revision=commit, timeout=hub_timeout())
+    return list(header.tensors)
 
 
 def _record_ref(snapshot: Path, revision: str, commit: str) -> None:

@@ -7,15 +7,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 from huggingface_hub import save_torch_state_dict
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save
 
 from hf_specdec.hub.config_check import weights_problem
 from hf_specdec.hub.download import (
     HubFileError,
+    HubUnreachable,
     ShardIndexError,
     download_model,
     download_repo_files,
+    safetensors_names,
     weights_files,
 )
 from hf_specdec.store.manifest import SAFETENSORS_INDEX
@@ -105,6 +108,22 @@ def test_a_hub_that_never_answers_is_unreachable_after_the_timeout(
     finally:
         server.close()
     assert not err.value.lasting
+
+
+def test_a_safetensors_header_the_hub_never_gives_waits_the_hubs_timeout(
+    hub: HubServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Telling a `draft=` repo's kind reads its safetensors header, a metadata request like the
+    listing: it waited huggingface_hub's download timeout (10 s), whatever HF_HUB_ETAG_TIMEOUT said."""
+    monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "1")
+    commit = hub.push(REPO, {"model.safetensors": save({"fc.weight": torch.zeros(2, 2)})}).sha
+    assert safetensors_names(REPO, "model.safetensors", commit=commit) == ["fc.weight"]
+    hub.stalled = {f"/{REPO}/resolve/{commit}/model.safetensors"}
+    try:
+        with pytest.raises(HubUnreachable):
+            finished_within(5, lambda: safetensors_names(REPO, "model.safetensors", commit=commit))
+    finally:
+        hub.stalled = set()
 
 
 # Both ways a repo's weights are fetched: a draft model's, a head's.
