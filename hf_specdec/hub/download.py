@@ -9,6 +9,7 @@ A leaf: it imports nothing of ours, so draft selection, the Hub search and head 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Callable, Collection
@@ -109,13 +110,25 @@ def hub_endpoint() -> str:
 
 
 def hub_timeout() -> float:
-    """Seconds to wait for the Hub's answer to a metadata request: `$HF_HUB_ETAG_TIMEOUT` read now,
-    else huggingface_hub's (10). Its API calls (`model_info`) wait for ever unless given one, so a
-    Hub that takes a connection and never answers (a stuck proxy) would hang `speculative=True`."""
+    """Seconds to wait for the Hub's answer to a metadata request: `$HF_HUB_ETAG_TIMEOUT` read now
+    (empty: unset), else huggingface_hub's (10). Its API calls (`model_info`) wait for ever unless
+    given one, so a Hub that takes a connection and never answers (a stuck proxy) would hang
+    `speculative=True`.
+
+    Raises:
+        ValueError: it is not a positive number of seconds. huggingface_hub refuses one that is no
+            whole number, when imported; a fraction is taken here.
+    """
+    value = os.environ.get("HF_HUB_ETAG_TIMEOUT") or str(constants.HF_HUB_ETAG_TIMEOUT)
     try:
-        return float(os.environ.get("HF_HUB_ETAG_TIMEOUT") or constants.HF_HUB_ETAG_TIMEOUT)
+        seconds = float(value)
     except ValueError:
-        return float(constants.HF_HUB_ETAG_TIMEOUT)
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise ValueError(
+            f"HF_HUB_ETAG_TIMEOUT={value!r} is not a positive number of seconds: set it to one, or unset it"
+        )
+    return seconds
 
 
 def hub_offline() -> bool:

@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import huggingface_hub.constants
 import pytest
 import torch
 from huggingface_hub import save_torch_state_dict
@@ -18,6 +19,7 @@ from hf_specdec.hub.download import (
     ShardIndexError,
     download_model,
     download_repo_files,
+    hub_timeout,
     safetensors_names,
     weights_files,
 )
@@ -124,6 +126,30 @@ def test_a_safetensors_header_the_hub_never_gives_waits_the_hubs_timeout(
             finished_within(5, lambda: safetensors_names(REPO, "model.safetensors", commit=commit))
     finally:
         hub.stalled = set()
+
+
+@pytest.mark.parametrize("value", ["ten", "10s", "nan", "0", "-1"])
+def test_a_hub_timeout_that_is_no_number_of_seconds_is_refused(
+    hub: HubServer, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    """huggingface_hub refuses an HF_HUB_ETAG_TIMEOUT that is not a whole number (`int()` at its
+    import); read later, ours was replaced by the 10 s default without a word, so a user who set
+    a short one behind a stuck proxy waited 10 s a request not knowing why."""
+    monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", value)
+    with pytest.raises(
+        ValueError, match=rf"HF_HUB_ETAG_TIMEOUT={value!r} is not a positive number of seconds"
+    ):
+        download_repo_files(REPO, lambda name: name == "config.json")
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("2", 2.0), ("0.5", 0.5), ("", 10.0)])
+def test_a_hub_timeout_is_read_when_called(
+    monkeypatch: pytest.MonkeyPatch, value: str, seconds: float
+) -> None:
+    """Fractions too (huggingface_hub takes whole seconds only); empty is unset: its 10 s default."""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_ETAG_TIMEOUT", 10)
+    monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", value)
+    assert hub_timeout() == seconds
 
 
 # Both ways a repo's weights are fetched: a draft model's, a head's.
