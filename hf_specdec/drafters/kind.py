@@ -21,7 +21,7 @@ from ..heads.dflash_published import loaded_config, raw_has_dspark_heads
 from ..heads.eagle import EagleHead
 from ..heads.eagle3 import Eagle3Head
 from ..heads.medusa import MedusaHead
-from ..hub.download import hub_endpoint
+from ..hub.download import HubFileError, hub_endpoint
 
 # Assistants that draft from their target's shared KV (`drafters.assistant`), no draft models: their
 # model types, and their classes' names.
@@ -56,8 +56,15 @@ def draft_method(draft: Any) -> str | None:
     if key in _HUB_METHODS:
         return _HUB_METHODS[key]
     files = hub_files(draft)
-    method = _files_method(files) if files is not None else None
-    if files is not None and files.commit is not None:
+    if files is None:
+        return None
+    try:
+        method = _files_method(files)
+    except HubFileError as err:  # a header the Hub failed to give for now: a draft model, this call only
+        if err.lasting:
+            raise
+        return None
+    if files.commit is not None:
         _HUB_METHODS[key] = method
     return method
 

@@ -15,7 +15,14 @@ from torch import nn
 
 from ..core.devices import execution_device
 from ..hub.config_check import read_json
-from ..hub.download import HubFileError, HubUnreachable, download_repo_files, repo_files, safetensors_names
+from ..hub.download import (
+    HubFileError,
+    HubUnreachable,
+    download_repo_files,
+    failed_for_now,
+    repo_files,
+    safetensors_names,
+)
 from . import TRAINED_METHODS
 from .dflash import BlockDraftConfig
 from .dflash_published import (
@@ -131,7 +138,8 @@ def hub_files(repo_id: str) -> CheckpointFiles | None:
     Hub cache) and the tensor names in its safetensors headers (range requests; the tensors are not
     downloaded). Offline, or where the Hub cannot be reached, what the Hub cache holds of it; None
     where the repo cannot be had (the loader asked next says why). Those of a pickled weights file
-    (`pytorch_model.bin`) are not read: its kind is not told."""
+    (`pytorch_model.bin`) are not read: its kind is not told. `tensor_names` raises a `HubFileError`
+    (not `lasting`) where the Hub failed to give a header for now (`failed_for_now`)."""
     try:
         files = repo_files(repo_id, lambda name: name in ("config.json", CONFIG_NAME), what="draft")
     except HubFileError:
@@ -146,7 +154,11 @@ def hub_files(repo_id: str) -> CheckpointFiles | None:
             return ()
         try:
             return safetensors_names(repo_id, name, commit=files.commit)
-        except (HfHubHTTPError, HubUnreachable, SafetensorsParsingError):
+        except (HfHubHTTPError, HubUnreachable, SafetensorsParsingError) as err:
+            if failed_for_now(err):  # no answer: nothing is told of the file, not even "no head"
+                raise HubFileError(
+                    f"The Hub failed to give {name}'s header of {repo_id} for now: {err}", lasting=False
+                ) from err
             return ()  # not told: taken for a draft model, whose loading says what is wrong
 
     return CheckpointFiles(files.folder, files.names, tensor_names, files.commit)

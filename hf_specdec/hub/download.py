@@ -9,6 +9,7 @@ A leaf: it imports nothing of ours, so draft selection, the Hub search and head 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Callable, Collection
@@ -91,19 +92,43 @@ class HubFileError(ValueError):
         self.lasting = lasting
 
 
+def failed_for_now(err: BaseException) -> bool:
+    """Whether the Hub failed for now rather than answered: unreachable or silent (no response in
+    time), a server error, a rate limit, or a file it could not give once huggingface_hub's retries
+    were spent. Not an answer to keep: asking again may get one."""
+    if isinstance(err, (HubUnreachable, LocalEntryNotFoundError)):
+        return True
+    if not isinstance(err, HfHubHTTPError):
+        return False
+    status = None if err.response is None else err.response.status_code
+    return status is None or status >= 500 or status == 429
+
+
 def hub_endpoint() -> str:
     """`$HF_ENDPOINT` read now, else the endpoint huggingface_hub read at import."""
     return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
 
 
 def hub_timeout() -> float:
-    """Seconds to wait for the Hub's answer to a metadata request: `$HF_HUB_ETAG_TIMEOUT` read now,
-    else huggingface_hub's (10). Its API calls (`model_info`) wait for ever unless given one, so a
-    Hub that takes a connection and never answers (a stuck proxy) would hang `speculative=True`."""
+    """Seconds to wait for the Hub's answer to a metadata request: `$HF_HUB_ETAG_TIMEOUT` read now
+    (empty: unset), else huggingface_hub's (10). Its API calls (`model_info`) wait for ever unless
+    given one, so a Hub that takes a connection and never answers (a stuck proxy) would hang
+    `speculative=True`.
+
+    Raises:
+        ValueError: it is not a positive number of seconds. huggingface_hub refuses one that is no
+            whole number, when imported; a fraction is taken here.
+    """
+    value = os.environ.get("HF_HUB_ETAG_TIMEOUT") or str(constants.HF_HUB_ETAG_TIMEOUT)
     try:
-        return float(os.environ.get("HF_HUB_ETAG_TIMEOUT") or constants.HF_HUB_ETAG_TIMEOUT)
+        seconds = float(value)
     except ValueError:
-        return float(constants.HF_HUB_ETAG_TIMEOUT)
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise ValueError(
+            f"HF_HUB_ETAG_TIMEOUT={value!r} is not a positive number of seconds: set it to one, or unset it"
+        )
+    return seconds
 
 
 def hub_offline() -> bool:
@@ -360,9 +385,11 @@ def download_files(repo_id: str, names: list[str], *, token: str | None, revisio
 
 def safetensors_names(repo_id: str, filename: str, *, commit: str, token: str | None = None) -> list[str]:
     """The tensor names in one safetensors file of `repo_id` at `commit`, read from its header (a
-    range request: the tensors are not downloaded). Raises huggingface_hub's errors."""
+    range request: the tensors are not downloaded), waiting `hub_timeout()` for each answer.
+    Raises huggingface_hub's errors, and `HubUnreachable`."""
     api = HfApi(endpoint=hub_endpoint(), token=token)
-    return list(api.parse_safetensors_file_metadata(repo_id, filename, revision=commit).tensors)
+    header = api.parse_safetensors_file_metadata(repo_id, filename, revision=commit, timeout=hub_timeout())
+    return list(header.tensors)
 
 
 def _record_ref(snapshot: Path, revision: str, commit: str) -> None:

@@ -33,7 +33,6 @@ from huggingface_hub import HfApi, ModelInfo, get_session, get_token
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
-    LocalEntryNotFoundError,
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
@@ -47,6 +46,7 @@ from ..hub.download import (
     SAFETENSORS_WEIGHTS,
     TOKENIZER_FILES,
     download_files,
+    failed_for_now,
     hub_endpoint,
     hub_timeout,
     is_commit,
@@ -203,7 +203,7 @@ def _target_tokenizer(
     except GatedRepoError as err:
         raise DraftSelectionError(_gated_message(repo_id)) from err
     except (OSError, ValueError) as err:  # an HfHubHTTPError is an OSError
-        if transient(err):
+        if failed_for_now(err):
             raise
         raise DraftSelectionError(f"Could not get the tokenizer of {repo_id} from the Hub: {err}") from err
 
@@ -274,7 +274,7 @@ def _infos(api: Any, repo_ids: tuple[str, ...], token: str | None, rejected: lis
         try:
             infos.append(api.model_info(draft, expand=_EXPAND, token=token, timeout=hub_timeout()))
         except HfHubHTTPError as err:
-            if transient(err):
+            if failed_for_now(err):
                 raise
             rejected.append(f"{draft}: not available on the Hub ({type(err).__name__})")
     return infos
@@ -326,7 +326,7 @@ def _check_candidate(
     except RepositoryNotFoundError:
         return "no longer available on the Hub"
     except (OSError, ValueError) as err:  # an HfHubHTTPError is an OSError
-        if transient(err):
+        if failed_for_now(err):
             raise
         return f"tokenizer could not be fetched or loaded ({type(err).__name__})"
     check = compare_tokenizers(target_tok, draft_tok)
@@ -334,18 +334,6 @@ def _check_candidate(
     cand.tokenizer_fingerprint = tokenizer_fingerprint(draft_tok)
     cand.tokenizer = draft_tok
     return None if check.compatible else check.explain()
-
-
-def transient(err: Exception) -> bool:
-    """Whether the Hub failed for now rather than answered: a server error, a rate limit, no
-    response, or a file it could not give once huggingface_hub's retries were spent. A search it
-    cut short is not an answer to keep (`select._cached_or_searched`)."""
-    if isinstance(err, LocalEntryNotFoundError):
-        return True
-    if not isinstance(err, HfHubHTTPError):
-        return False
-    status = None if err.response is None else err.response.status_code
-    return status is None or status >= 500 or status == 429
 
 
 def _has_safetensors(info: Any) -> bool:

@@ -422,8 +422,8 @@ def _cached_or_searched(
         )
     except (HubUnreachable, HfHubHTTPError, LocalEntryNotFoundError, json.JSONDecodeError) as err:
         # As offline, and not cached on disk: asked again once SEARCH_RETRY_SECONDS have passed. What
-        # reaches here is the Hub unreachable, failing for now (`search.transient`; a file it could
-        # not give, retries spent), or answering with what is not JSON (a proxy's page); its
+        # reaches here is the Hub unreachable, failing for now (`download.failed_for_now`; a file it
+        # could not give, retries spent), or answering with what is not JSON (a proxy's page); its
         # definite answers (missing, gated) are DraftSelectionErrors.
         why = f"{type(err).__name__}: {str(err).splitlines()[0]}"  # its first line: one sentence
         reason = (

@@ -6,16 +6,21 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import huggingface_hub.constants
 import pytest
+import torch
 from huggingface_hub import save_torch_state_dict
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save
 
 from hf_specdec.hub.config_check import weights_problem
 from hf_specdec.hub.download import (
     HubFileError,
+    HubUnreachable,
     ShardIndexError,
     download_model,
     download_repo_files,
+    hub_timeout,
+    safetensors_names,
     weights_files,
 )
 from hf_specdec.store.manifest import SAFETENSORS_INDEX
@@ -105,6 +110,46 @@ def test_a_hub_that_never_answers_is_unreachable_after_the_timeout(
     finally:
         server.close()
     assert not err.value.lasting
+
+
+def test_a_safetensors_header_the_hub_never_gives_waits_the_hubs_timeout(
+    hub: HubServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Telling a `draft=` repo's kind reads its safetensors header, a metadata request like the
+    listing: it waited huggingface_hub's download timeout (10 s), whatever HF_HUB_ETAG_TIMEOUT said."""
+    monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "1")
+    commit = hub.push(REPO, {"model.safetensors": save({"fc.weight": torch.zeros(2, 2)})}).sha
+    assert safetensors_names(REPO, "model.safetensors", commit=commit) == ["fc.weight"]
+    hub.stalled = {f"/{REPO}/resolve/{commit}/model.safetensors"}
+    try:
+        with pytest.raises(HubUnreachable):
+            finished_within(5, lambda: safetensors_names(REPO, "model.safetensors", commit=commit))
+    finally:
+        hub.stalled = set()
+
+
+@pytest.mark.parametrize("value", ["ten", "10s", "nan", "0", "-1"])
+def test_a_hub_timeout_that_is_no_number_of_seconds_is_refused(
+    hub: HubServer, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    """huggingface_hub refuses an HF_HUB_ETAG_TIMEOUT that is not a whole number (`int()` at its
+    import); read later, ours was replaced by the 10 s default without a word, so a user who set
+    a short one behind a stuck proxy waited 10 s a request not knowing why."""
+    monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", value)
+    with pytest.raises(
+        ValueError, match=rf"HF_HUB_ETAG_TIMEOUT={value!r} is not a positive number of seconds"
+    ):
+        download_repo_files(REPO, lambda name: name == "config.json")
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("2", 2.0), ("0.5", 0.5), ("", 10.0)])
+def test_a_hub_timeout_is_read_when_called(
+    monkeypatch: pytest.MonkeyPatch, value: str, seconds: float
+) -> None:
+    """Fractions too (huggingface_hub takes whole seconds only); empty is unset: its 10 s default."""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_ETAG_TIMEOUT", 10)
+    monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", value)
+    assert hub_timeout() == seconds
 
 
 # Both ways a repo's weights are fetched: a draft model's, a head's.
