@@ -35,7 +35,6 @@ import hashlib
 import json
 import os
 import re
-import time
 import warnings
 from functools import cache
 from pathlib import Path
@@ -45,6 +44,7 @@ from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalEntry
 from huggingface_hub.utils import validate_repo_id
 
 from ..core.checks import check_causal_folder
+from ..core.timing import clock
 from ..drafters import draft_model, mtp
 from ..hub.config_check import checkpoint_problem, read_json, weights_problem
 from ..hub.download import (
@@ -409,7 +409,7 @@ def _cached_or_searched(
         return DraftChoice(DRAFT_FREE_METHOD, None, reason, target=repo_id, source="offline")
     key = (hub_endpoint(), path)
     failed = _FAILED_SEARCHES.get(key)
-    if failed is not None and (waited := time.monotonic() - failed[0]) < SEARCH_RETRY_SECONDS:
+    if failed is not None and (waited := clock("cpu") - failed[0]) < SEARCH_RETRY_SECONDS:
         again = f"{failed[1]} (as {waited:.0f} s ago; asked again {SEARCH_RETRY_SECONDS:g} s after)"
         return DraftChoice(DRAFT_FREE_METHOD, None, again, target=repo_id, source="offline")
     try:
@@ -430,7 +430,7 @@ def _cached_or_searched(
             f"{repo_id} is not in the registry and the Hub ({hub_endpoint()}) could not be searched "
             f"({why}); speculating draft-free with {DRAFT_FREE_AUTO_WORDS} instead."
         )
-        _FAILED_SEARCHES[key] = (time.monotonic(), reason)
+        _FAILED_SEARCHES[key] = (clock("cpu"), reason)
         warnings.warn(  # the statistics alone would not tell it, nor what asking costs
             f"{reason} This process asks the Hub again {SEARCH_RETRY_SECONDS:g} s from now, waiting "
             f"for it (up to HF_HUB_ETAG_TIMEOUT={hub_timeout():g} s a request): set HF_HUB_OFFLINE=1 "
