@@ -182,7 +182,7 @@ LAYERS: dict[str, set[str]] = {
     "store": set(),  # cache folders on disk, their manifests, and what identifies a model's weights
     "hub": {"store"},  # fetching and checking checkpoints
     "heads": {"core", "hub", "store"},  # EAGLE / Medusa modules and their checkpoints
-    "ort": {"core", "store"},  # ONNX Runtime export, sessions, int8 copies
+    "ort": {"core", "hub", "store"},  # ONNX Runtime export, sessions, int8 copies
     "drafters": {"config", "core", "heads", "hub", "ort", "store"},
     "selection": {"config", "core", "drafters", "hub", "ort", "store"},  # which draft for a target
     "integration": {"config", "core", "drafters", "selection"},  # generate(speculative=), pipelines

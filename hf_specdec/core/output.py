@@ -217,12 +217,13 @@ class OutputCollector:
     ) -> bool:
         """Whether a criterion ends the row (each called, as `StoppingCriteriaList` calls them all)."""
         ids, batch = self.row(row), self.tokens.shape[0]
-        shown = self._batch_scores(row) if batch > 1 and scores is not None else scores
+        as_batch = [indexes_rows(c) and batch > 1 for c in criteria]
+        shown = self._batch_scores(row) if any(as_batch) and scores is not None else scores
         done = [
             as_row(lambda i, s, c=c: _per_row(c(i, s), batch), row, batch, ids, shown)
-            if indexes_rows(c) and batch > 1
+            if whole
             else _per_row(c(ids, scores), 1)
-            for c in criteria
+            for c, whole in zip(criteria, as_batch)
         ]
         if batch > 1:  # one row is shown each of its tokens once, in order, as plain shows them
             for c in criteria:

@@ -23,6 +23,7 @@ from ..core.fields import check_fields
 from ..hub.config_check import NO_PICKLES, checkpoint_problem
 from ..hub.download import HubFileError, download_model, refetch_advice
 from ..hub.tokenizer_check import compare_tokenizers_once, spelling, token_spellings
+from ..hub.tokenizer_files import saved_tokenizer
 from ..store.manifest import checkpoint_stamp
 from .base import Drafter, options_to_config
 from .decoder import DecoderDrafter, TorchDecoder
@@ -78,8 +79,6 @@ class DraftModelConfig:
 # Loaded drafts by (what was loaded, dtype, device, trust_remote_code): loading takes seconds, a
 # generate call should not. `clear_loaded()` (called by `hf_specdec.clear_cache()`) frees it.
 _LOADED: dict[tuple[tuple, torch.dtype, str, bool], tuple[Any, Any]] = {}
-# Files a saved tokenizer is read from: a folder with none of them holds no tokenizer.
-TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 def load_draft(
@@ -123,34 +122,17 @@ def load_draft(
                 "pass the model."
             )
         model = model.to(device).eval()
+        remedy = (
+            f"{refetch_advice(folder, 'save or download it again')}, or load the draft and its tokenizer "
+            "yourself and pass draft=<model>, draft_tokenizer=<tokenizer>"
+        )
         tokenizer = saved_tokenizer(
-            folder, f"The draft {name}", trust_remote_code=trust_remote_code, instead=_LOAD_IT_YOURSELF
+            folder, f"The draft {name}", trust_remote_code=trust_remote_code, remedy=remedy
         )
         loaded = (model, tokenizer)
         _LOADED.clear()  # keep one draft in memory, not every one ever used
         _LOADED[key] = loaded  # returned as it is: another thread may clear the dict meanwhile
     return loaded
-
-
-_LOAD_IT_YOURSELF = (
-    "load the draft and its tokenizer yourself and pass draft=<model>, draft_tokenizer=<tokenizer>"
-)
-
-
-def saved_tokenizer(folder: Path, name: str, *, trust_remote_code: bool, instead: str) -> Any:
-    """The tokenizer saved in `folder`, or None where it holds none (a pair is then judged by
-    vocabulary size). Files that are there but do not load are an error, saying `instead` as the
-    other way out: read as none, they let a draft of another tokenizer through unchecked."""
-    if not any((folder / f).is_file() for f in TOKENIZER_MARKERS):
-        return None
-    try:
-        return AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as err:  # JSONDecodeError is a ValueError
-        first_line = (str(err).strip().splitlines() or [""])[0]  # transformers' may run to ten lines
-        raise ValueError(
-            f"{name} has tokenizer files that do not load ({type(err).__name__}: {first_line}): "
-            f"{refetch_advice(folder, 'save or download it again')}, or {instead}."
-        ) from None
 
 
 def _loaded_as(name: str, local: bool) -> tuple:

@@ -10,8 +10,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
+from transformers import AutoConfig, PretrainedConfig
 
+from ..hub.tokenizer_files import saved_tokenizer
 from .kv import OrtKV
 from .layout import LOGITS_TO_KEEP, TREE_MASK, find_model_file, kv_shape, require
 
@@ -197,15 +198,8 @@ def _read_config(path: Path) -> Any:
 def _read_tokenizer(path: Path) -> Any:
     for folder in (path.parent, path.parent.parent):
         if any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
-            try:
-                return AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
-            except (OSError, ValueError) as err:  # JSONDecodeError is a ValueError
-                # Read as none, they would let an export of another tokenizer through unchecked.
-                first_line = (str(err).strip().splitlines() or [""])[0]
-                raise ValueError(
-                    f"The ONNX draft {folder} has tokenizer files that do not load ({type(err).__name__}: "
-                    f"{first_line}): export it again, or pass its tokenizer as draft_tokenizer=."
-                ) from None
+            remedy = "export it again, or pass its tokenizer as draft_tokenizer="
+            return saved_tokenizer(folder, f"The ONNX draft {folder}", trust_remote_code=False, remedy=remedy)
     return None
 
 

@@ -11,9 +11,10 @@ from typing import Any
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from ..core.checks import check_causal_checkpoint, check_causal_folder
-from ..drafters.draft_model import saved_tokenizer
 from ..heads.mtp import declared_mtp_fields
+from ..hub.download import refetch_advice
 from ..hub.tokenizer_check import compare_tokenizers
+from ..hub.tokenizer_files import saved_tokenizer
 from ..loading import adapter_base, is_missing_path
 from ..selection.select import assistant_lookup
 from .base import ServingExportError
@@ -99,7 +100,8 @@ def _tokenizer(name: str) -> Any:
     load are refused (read as none, the check below would pass a draft of another tokenizer)."""
     if Path(name).is_dir():
         try:
-            return saved_tokenizer(Path(name), name, trust_remote_code=False, instead="export --method ngram")
+            remedy = f"{refetch_advice(Path(name), 'save or download it again')}, or export --method ngram"
+            return saved_tokenizer(Path(name), name, trust_remote_code=False, remedy=remedy)
         except ValueError as err:
             raise ServingExportError(str(err)) from None
     try:
